@@ -1,0 +1,26 @@
+"""decoder-audit: build decoder-only language models from one config and prove them correct
+before training."""
+
+from .config import DecoderConfig
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    ContextLengthError,
+    DecoderInputError,
+    InputShapeError,
+    TokenIdError,
+)
+from .ledger import Ledger, LedgerRow, measured_ledger, parameter_ledger, reconcile
+from .model import Decoder
+from .oracle import oracle_logits
+from .presets import preset, preset_names
+from .trace import Trace, run_with_trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError", "ConfigError", "ContextLengthError", "Decoder", "DecoderConfig",
+    "DecoderInputError", "InputShapeError", "Ledger", "LedgerRow", "TokenIdError", "Trace",
+    "measured_ledger", "oracle_logits", "parameter_ledger", "preset", "preset_names", "reconcile",
+    "run_with_trace",
+]

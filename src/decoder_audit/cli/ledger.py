@@ -1,0 +1,67 @@
+"""`decoder-audit ledger`: the parameter ledger, analytic against measured."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from rich.table import Table
+
+from ..ledger import measured_ledger, parameter_ledger, reconcile
+from .common import add_model_source, config_from_args, console, model_from_args
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "ledger", help="parameter ledger, analytic vs measured",
+        description="Count every component's parameters from the config (analytic) and from the "
+                    "built module (measured, on the meta device: no weights are allocated), and "
+                    "reconcile the two.")
+    add_model_source(parser, foreign=True)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    cfg = config_from_args(args)
+    if args.model:
+        model = model_from_args(args)
+    else:
+        from ..model import Decoder
+
+        with torch.device("meta"):  # shapes only: gpt2-xl is counted without allocating it
+            model = Decoder(cfg)
+    measured = measured_ledger(model)
+    analytic = parameter_ledger(cfg) if cfg is not None else None
+    problems = reconcile(analytic, measured) if analytic is not None else []
+    if args.json:
+        print(json.dumps({
+            "analytic": analytic.as_dict() if analytic else None,
+            "analytic_total": analytic.total if analytic else None,
+            "measured": measured.as_dict(),
+            "measured_total": measured.total,
+            "reconciled": analytic is not None and not problems,
+            "differences": problems,
+        }, indent=2))
+        return 0 if not problems else 1
+    out = console()
+    shown = analytic or measured
+    table = Table(title=f"parameter ledger ({shown.source})")
+    table.add_column("component")
+    table.add_column("parameters", justify="right")
+    table.add_column("formula")
+    for name, count, formula in shown.grouped():
+        table.add_row(name, f"{count:,}", formula)
+    table.add_row("total", f"{shown.total:,}", "", style="bold")
+    out.print(table)
+    if analytic is None:
+        out.print("no DecoderConfig: measured ledger only (unique Parameters, a tied weight once)")
+        return 0
+    if problems:
+        out.print("[red]analytic and measured ledgers differ:[/red]")
+        for line in problems:
+            out.print(f"  {line}")
+        return 1
+    out.print(f"measured unique parameters: {measured.total:,} = analytic {analytic.total:,} "
+              "[green]reconciled[/green]")
+    return 0

@@ -1,0 +1,182 @@
+"""`DecoderConfig`: the one object that owns every dimension and policy of a decoder.
+
+Shape letters used throughout the package:
+    B batch, T sequence length, D d_model, H query heads, Hkv key/value heads,
+    Dh = D / H head width, F FFN width, V vocabulary, L layers.
+
+The config validates itself on construction, before a single weight exists, and raises
+`ConfigError` listing every offending field with its value. Modules receive final integers
+from it (`head_dim`, `kv_heads`, `kv_group_size`) and never rescale them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("relu", "gelu", "gelu_tanh", "swiglu")
+POSITIONS = ("learned", "rope", "none")
+# "reject" raises ContextLengthError on T > max_seq_len. No other policy is implemented, so no
+# other policy is accepted: a config cannot promise cropping or sliding that the model won't do.
+CONTEXT_POLICIES = ("reject",)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Architecture of a pre-norm causal decoder. Frozen: a model's config never changes."""
+
+    vocab_size: int
+    """V: number of token ids; ids lie in [0, V)."""
+    d_model: int
+    """D: width of the residual stream."""
+    n_layers: int
+    """L: number of pre-norm blocks."""
+    n_heads: int
+    """H: query heads per attention layer."""
+    d_ff: int
+    """F: hidden width of the MLP (final number; SwiGLU does not rescale it)."""
+    max_seq_len: int
+    """Longest sequence the model accepts; longer input is rejected, never cropped."""
+    n_kv_heads: int | None = None
+    """Hkv: key/value heads (grouped-query attention). None means Hkv = H (plain MHA)."""
+    norm: str = "layernorm"
+    """"layernorm" (with bias) or "rmsnorm" (gain only)."""
+    norm_eps: float = 1e-5
+    """Epsilon added to the variance (LayerNorm) or mean square (RMSNorm)."""
+    mlp: str = "gelu"
+    """"relu", "gelu" (exact erf), "gelu_tanh" (GPT-2's approximation) or "swiglu"."""
+    pos: str = "learned"
+    """"learned" absolute positions, "rope" (interleaved pairs) or "none"."""
+    rope_theta: float = 10000.0
+    """RoPE base: pair j of a head rotates by pos * theta^(-2j/Dh)."""
+    attn_bias: bool = False
+    """Biases on q/k/v/output projections."""
+    mlp_bias: bool = False
+    """Biases on the MLP matrices."""
+    tie_embeddings: bool = True
+    """Readout uses the token-embedding Parameter itself (one object, one gradient)."""
+    context_policy: str = "reject"
+    """What happens to T > max_seq_len; only "reject" exists."""
+
+    def __post_init__(self) -> None:
+        problems = _validate(self)
+        if problems:
+            raise ConfigError("invalid DecoderConfig: " + "; ".join(problems))
+
+    # Derived values: computed here once so no module ever recomputes or rescales them.
+    @property
+    def kv_heads(self) -> int:
+        """Hkv, with None resolved to H."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Dh = D / H."""
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_group_size(self) -> int:
+        """Query heads that share one KV head: query head h reads KV head h // group."""
+        return self.n_heads // self.kv_heads
+
+    # JSON round trip.
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DecoderConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}; known fields are {sorted(known)}")
+        missing = sorted(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.name not in data
+        )
+        if missing:
+            raise ConfigError(f"missing required config field(s) {missing}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DecoderConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config is not valid JSON: {exc}") from exc
+        return cls.from_dict(data)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the config as JSON, atomically: a failed write leaves any old file intact."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json() + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "DecoderConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        return cls.from_json(path.read_text())
+
+    def replace(self, **changes: Any) -> "DecoderConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _validate(cfg: DecoderConfig) -> list[str]:
+    """Every problem with the config, each naming the field and its value."""
+    problems: list[str] = []
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
+        value = getattr(cfg, name)
+        if not _is_int(value) or value <= 0:
+            problems.append(f"{name}={value!r} must be a positive integer")
+    if cfg.n_kv_heads is not None and (not _is_int(cfg.n_kv_heads) or cfg.n_kv_heads <= 0):
+        problems.append(f"n_kv_heads={cfg.n_kv_heads!r} must be a positive integer or None")
+    for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS),
+                          ("context_policy", CONTEXT_POLICIES)):
+        value = getattr(cfg, name)
+        if value not in allowed:
+            problems.append(f"{name}={value!r} is not one of {list(allowed)}")
+    for name in ("norm_eps", "rope_theta"):
+        value = getattr(cfg, name)
+        if not _is_real(value) or not value >= 0 or value == float("inf"):
+            problems.append(f"{name}={value!r} must be a finite number >= 0")
+    if _is_real(cfg.rope_theta) and cfg.pos == "rope" and not cfg.rope_theta > 0:
+        problems.append(f"rope_theta={cfg.rope_theta!r} must be > 0 with pos='rope'")
+    for name in ("attn_bias", "mlp_bias", "tie_embeddings"):
+        value = getattr(cfg, name)
+        if not isinstance(value, bool):
+            problems.append(f"{name}={value!r} must be true or false")
+    if problems:  # the divisibility checks below need valid integers
+        return problems
+    if cfg.d_model % cfg.n_heads:
+        problems.append(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
+    if cfg.n_heads % cfg.kv_heads:
+        problems.append(f"n_heads={cfg.n_heads} is not divisible by n_kv_heads={cfg.kv_heads}")
+    if cfg.pos == "rope" and cfg.d_model % cfg.n_heads == 0 and cfg.head_dim % 2:
+        problems.append(
+            f"head width d_model/n_heads={cfg.head_dim} is odd; RoPE rotates pairs and needs it even"
+        )
+    return problems

@@ -1,0 +1,29 @@
+"""The typed errors of decoder-audit.
+
+Every error names the offending value and the limit it broke, so a user can fix the input
+without reading our code. All of them are `ValueError`s, so generic callers still catch them.
+"""
+
+
+class ConfigError(ValueError):
+    """A `DecoderConfig` field (or a combination of fields) is invalid."""
+
+
+class DecoderInputError(ValueError):
+    """Token ids given to a decoder break its input contract."""
+
+
+class ContextLengthError(DecoderInputError):
+    """The sequence is empty or longer than `max_seq_len`; nothing is ever cropped."""
+
+
+class TokenIdError(DecoderInputError):
+    """A token id lies outside `[0, vocab_size)`."""
+
+
+class InputShapeError(DecoderInputError):
+    """The ids are not an integer tensor of rank 2 `(B, T)` with B >= 1."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, corrupt, or does not fit its config."""

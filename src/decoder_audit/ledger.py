@@ -1,0 +1,153 @@
+"""The parameter ledger: every component counted from the config by formula (analytic) and from
+the module's unique Parameters (measured), and the reconciliation of the two.
+
+For tiny-368 the analytic rows are the seeds' table:
+    token_embeddings 8x4 = 32, position_embeddings 4x4 = 16,
+    per block: norms 2 x (4 + 4) = 16, attention 4 x 4x4 = 64, MLP 4x8+8 + 8x4+4 = 76,
+    2 blocks = 312, ln_final 8, lm_head 0 additional (tied) -> 368.
+A tied readout adds nothing; a readout that is a separate Parameter (even with equal values) is
+measured as V x D more, and the reconciliation says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from .config import DecoderConfig
+
+BLOCK_PARTS = ("norms", "attn", "ffn")
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    name: str  # e.g. "token_embeddings", "layers.0.attn", "lm_head"
+    count: int
+    formula: str = ""  # how the analytic count was derived, e.g. "V*D = 8*4"
+
+
+@dataclass
+class Ledger:
+    rows: list[LedgerRow]
+    source: str  # "analytic" or "measured"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(row.count for row in self.rows)
+
+    def as_dict(self) -> dict[str, int]:
+        return {row.name: row.count for row in self.rows}
+
+    def __getitem__(self, name: str) -> int:
+        return self.as_dict()[name]
+
+    def grouped(self) -> list[tuple[str, int, str]]:
+        """Display rows: the embeddings, one block broken into its parts, L blocks, the rest.
+        Blocks are shown once when all layers agree (the usual case), otherwise per layer."""
+        counts = self.as_dict()
+        formulas = {row.name: row.formula for row in self.rows}
+        n_layers = len({name.split(".")[1] for name in counts if name.startswith("layers.")})
+        out: list[tuple[str, int, str]] = []
+        for name in ("token_embeddings", "position_embeddings"):
+            out.append((name, counts.get(name, 0), formulas.get(name, "")))
+        per_layer = [tuple(counts.get(f"layers.{i}.{part}", 0) for part in BLOCK_PARTS)
+                     for i in range(n_layers)]
+        if n_layers and len(set(per_layer)) == 1:
+            for part, count in zip(BLOCK_PARTS, per_layer[0]):
+                out.append((f"  one block: {part}", count, formulas.get(f"layers.0.{part}", "")))
+            block = sum(per_layer[0])
+            out.append((f"{n_layers} blocks", n_layers * block, f"{n_layers} x {block}"))
+        else:
+            for i, parts in enumerate(per_layer):
+                out.append((f"layers.{i}", sum(parts), " + ".join(map(str, parts))))
+        for name in ("ln_final", "lm_head"):
+            out.append((name, counts.get(name, 0), formulas.get(name, "")))
+        extra = [row for row in self.rows if row.name == "other"]
+        out.extend((row.name, row.count, row.formula) for row in extra)
+        return out
+
+
+def _norm_count(cfg: DecoderConfig) -> tuple[int, str]:
+    if cfg.norm == "layernorm":
+        return 2 * cfg.d_model, f"2*D = 2*{cfg.d_model} (gain + bias)"
+    return cfg.d_model, f"D = {cfg.d_model} (gain)"
+
+
+def parameter_ledger(cfg: DecoderConfig) -> Ledger:
+    """Analytic ledger: every component's learned scalars, by formula from the config alone."""
+    V, D, F, T = cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.max_seq_len
+    d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    rows = [LedgerRow("token_embeddings", V * D, f"V*D = {V}*{D}")]
+    if cfg.pos == "learned":
+        rows.append(LedgerRow("position_embeddings", T * D, f"max_seq_len*D = {T}*{D}"))
+    else:
+        rows.append(LedgerRow("position_embeddings", 0, f"pos={cfg.pos}: nothing learned"))
+
+    norm, norm_formula = _norm_count(cfg)
+    attn = D * d_q + 2 * D * d_kv + d_q * D
+    attn_formula = f"D*H*Dh + 2*D*Hkv*Dh + H*Dh*D = {D}*{d_q} + 2*{D}*{d_kv} + {d_q}*{D}"
+    if cfg.attn_bias:
+        attn += d_q + 2 * d_kv + D
+        attn_formula += f" + biases {d_q}+2*{d_kv}+{D}"
+    n_in = 2 if cfg.mlp == "swiglu" else 1  # matrices D -> F (w1, and w3 for SwiGLU)
+    ffn = n_in * D * F + F * D
+    ffn_formula = f"{n_in + 1}*D*F = {n_in + 1}*{D}*{F}"
+    if cfg.mlp_bias:
+        ffn += n_in * F + D
+        ffn_formula += f" + biases {n_in}*{F}+{D}"
+    for i in range(cfg.n_layers):
+        rows += [
+            LedgerRow(f"layers.{i}.norms", 2 * norm, f"2 norms x {norm_formula}"),
+            LedgerRow(f"layers.{i}.attn", attn, attn_formula),
+            LedgerRow(f"layers.{i}.ffn", ffn, ffn_formula),
+        ]
+    rows.append(LedgerRow("ln_final", norm, norm_formula))
+    if cfg.tie_embeddings:
+        rows.append(LedgerRow("lm_head", 0, "tied: the token_embeddings Parameter, 0 additional"))
+    else:
+        rows.append(LedgerRow("lm_head", V * D, f"untied: V*D = {V}*{D}"))
+    return Ledger(rows, "analytic")
+
+
+def _component(name: str) -> str:
+    """Ledger row of a parameter of our Decoder, from its DESIGN.md weight name."""
+    parts = name.split(".")
+    if parts[0] == "layers" and len(parts) >= 3:
+        part = "norms" if parts[2] in ("ln1", "ln2") else parts[2]
+        if part in BLOCK_PARTS:
+            return f"layers.{parts[1]}.{part}"
+    if parts[0] in ("token_embeddings", "position_embeddings", "ln_final", "lm_head"):
+        return parts[0]
+    return "other"
+
+
+def measured_ledger(module: nn.Module) -> Ledger:
+    """Walk the module's unique Parameters (a tied weight is one object, counted once, under the
+    first name it was registered with) and sum them into ledger rows by weight name."""
+    counts: dict[str, int] = {}
+    others: list[str] = []
+    for name, param in module.named_parameters():  # deduplicated by object identity
+        row = _component(name)
+        counts[row] = counts.get(row, 0) + param.numel()
+        if row == "other":
+            others.append(name)
+    notes = [f"parameters outside the known layout: {others}"] if others else []
+    return Ledger([LedgerRow(name, count) for name, count in counts.items()], "measured", notes)
+
+
+def reconcile(analytic: Ledger, measured: Ledger) -> list[str]:
+    """Every row where the two ledgers differ, with both counts; empty when they agree."""
+    want, got = analytic.as_dict(), measured.as_dict()
+    problems = []
+    for name in list(want) + [n for n in got if n not in want]:
+        a, m = want.get(name, 0), got.get(name, 0)
+        if a != m:
+            hint = ""
+            if name == "lm_head" and a == 0:
+                hint = " (declared tied, but the readout is a separate Parameter)"
+            problems.append(f"{name}: analytic {a:,} vs measured {m:,} ({m - a:+,}){hint}")
+    if analytic.total != measured.total:
+        problems.append(f"total: analytic {analytic.total:,} vs measured {measured.total:,}")
+    return problems

@@ -1,0 +1,332 @@
+"""`Decoder`: a configurable pre-norm causal decoder, readable top to bottom.
+
+    ids (B, T) -> E[ids] (+ P[:T]) -> L x Block -> final norm -> h @ E^T (or an untied head)
+    Block:  resid_mid  = resid_pre + Attn(N1(resid_pre))
+            resid_post = resid_mid + MLP(N2(resid_mid))
+
+Shape letters: B batch, T sequence, D d_model, H query heads, Hkv KV heads, Dh head width,
+F FFN width, V vocabulary. Every component is built here from `nn.Parameter` and tensor ops; the
+weight names are those of DESIGN.md (the CS336 names, extended). The fast path uses
+`F.scaled_dot_product_attention`; `run_with_trace` takes the eager path (scores, mask, softmax,
+pattern) and records every intermediate. Both compute the same function.
+
+Initialisation (GPT-2's scheme): every matrix and embedding ~ N(0, 0.02); the two projections
+that write into the residual stream (attn.output_proj, ffn.w2) ~ N(0, 0.02 / sqrt(2L)) so the
+residual variance does not grow with depth; biases 0; norm gains 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DecoderConfig
+from .errors import ContextLengthError, InputShapeError, TokenIdError
+from .trace import Trace
+
+INIT_STD = 0.02
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def check_ids(ids: torch.Tensor, cfg: DecoderConfig) -> None:
+    """Enforce the input contract before any lookup: integer (B, T), 1 <= T <= max_seq_len,
+    ids in [0, V). Raises a DecoderInputError subclass naming the value and the limit."""
+    if not isinstance(ids, torch.Tensor):
+        raise InputShapeError(f"token ids must be a torch.Tensor (B, T), got {type(ids).__name__}")
+    if ids.dtype not in _INTEGER_DTYPES:
+        raise InputShapeError(f"token ids must have an integer dtype, got dtype={ids.dtype}")
+    if ids.dim() != 2:
+        raise InputShapeError(
+            f"token ids must have rank 2 (B, T), got rank {ids.dim()} with shape {tuple(ids.shape)}"
+        )
+    batch, seq_len = ids.shape
+    if batch < 1:
+        raise InputShapeError(f"batch size B={batch} must be at least 1")
+    if seq_len < 1:
+        raise ContextLengthError(f"sequence length T={seq_len} must be at least 1")
+    if seq_len > cfg.max_seq_len:
+        raise ContextLengthError(
+            f"sequence length T={seq_len} exceeds max_seq_len={cfg.max_seq_len}; "
+            "the input is rejected, never cropped"
+        )
+    if ids.device.type == "meta":  # meta tensors carry shapes only (used for FLOP counting)
+        return
+    lowest, highest = torch.aminmax(ids)
+    if lowest < 0 or highest >= cfg.vocab_size:
+        bad = ((ids < 0) | (ids >= cfg.vocab_size)).nonzero()[0].tolist()
+        raise TokenIdError(
+            f"token id {ids[bad[0], bad[1]].item()} at batch {bad[0]}, position {bad[1]} "
+            f"is outside [0, vocab_size={cfg.vocab_size})"
+        )
+
+
+def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
+    if trace is not None:
+        trace.record(name, value)
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b) with W (out, in). `weight` may be passed in to share a Parameter (tying)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool,
+                 weight: nn.Parameter | None = None, **factory) -> None:
+        super().__init__()
+        self.weight = weight if weight is not None else nn.Parameter(
+            torch.empty(out_features, in_features, **factory))  # (out, in)
+        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """Row lookup E[ids]; E is (num_embeddings, D)."""
+
+    def __init__(self, num_embeddings: int, dim: int, **factory) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, dim, **factory))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class LayerNorm(nn.Module):
+    """(x - mean) / sqrt(var + eps) * g + b over the last axis (biased variance)."""
+
+    def __init__(self, dim: int, eps: float, **factory) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, **factory))
+        self.bias = nn.Parameter(torch.empty(dim, **factory))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * g, computed in at least float32 (CS336's convention)."""
+
+    def __init__(self, dim: int, eps: float, **factory) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, **factory))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        normed = x_wide * torch.rsqrt(x_wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+def make_norm(cfg: DecoderConfig, **factory) -> nn.Module:
+    norm = LayerNorm if cfg.norm == "layernorm" else RMSNorm
+    return norm(cfg.d_model, cfg.norm_eps, **factory)
+
+
+def rope_tables(cfg: DecoderConfig, seq_len: int, device: torch.device,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the RoPE angles pos * theta^(-2j/Dh), each (T, Dh/2).
+
+    The angles are computed in float64 on every call and only then rounded to the compute dtype
+    (float32 at least), so a model cast to bf16 never rotates by low-precision angles."""
+    table_dtype = torch.promote_types(dtype, torch.float32)
+    exponents = torch.arange(0, cfg.head_dim, 2, device=device, dtype=torch.float64) / cfg.head_dim
+    inv_freq = cfg.rope_theta ** -exponents  # (Dh/2,)
+    positions = torch.arange(seq_len, device=device, dtype=torch.float64)  # (T,)
+    angles = positions[:, None] * inv_freq[None, :]  # (T, Dh/2)
+    return angles.cos().to(table_dtype), angles.sin().to(table_dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2j], x[2j+1]) of x (..., T, Dh) by the tabled angles.
+
+    This is the CS336 / original-Llama layout. Hugging Face Llama rotates halves
+    (x[j], x[j + Dh/2]) instead; its q/k rows are permuted on conversion."""
+    pairs = x.to(cos.dtype).unflatten(-1, (-1, 2))  # (..., T, Dh/2, 2)
+    even, odd = pairs[..., 0], pairs[..., 1]  # (..., T, Dh/2) each
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2).to(x.dtype)  # (..., T, Dh)
+
+
+class CausalSelfAttention(nn.Module):
+    """Grouped-query causal attention. Head h owns rows h*Dh..(h+1)*Dh-1 of q_proj and reads
+    KV head h // group, e.g. H=4, Hkv=2: query heads 0,1 -> KV head 0; 2,3 -> KV head 1."""
+
+    def __init__(self, cfg: DecoderConfig, **factory) -> None:
+        super().__init__()
+        self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        self.q_proj = Linear(cfg.d_model, d_q, cfg.attn_bias, **factory)
+        self.k_proj = Linear(cfg.d_model, d_kv, cfg.attn_bias, **factory)
+        self.v_proj = Linear(cfg.d_model, d_kv, cfg.attn_bias, **factory)
+        self.output_proj = Linear(d_q, cfg.d_model, cfg.attn_bias, **factory)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                trace: Trace | None = None, prefix: str = "") -> torch.Tensor:
+        batch, seq_len, _ = x.shape
+        q = self.q_proj(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if trace is None:
+            z = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.n_heads)
+        else:
+            z = self._eager(q, k, v, trace, prefix)
+        # z (B, H, T, Dh) -> (B, T, H*Dh): heads side by side, in head order
+        z = z.transpose(1, 2).reshape(batch, seq_len, self.n_heads * self.head_dim)
+        return self.output_proj(z)
+
+    def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trace: Trace,
+               prefix: str) -> torch.Tensor:
+        """The inspectable path: explicit scores, -inf strictly above the diagonal, softmax."""
+        group = self.n_heads // self.kv_heads
+        # repeat_interleave gives KV order [k0, k0, k1, k1] for group 2: query head h -> h // group
+        k = k.repeat_interleave(group, dim=1)  # (B, H, T, Dh)
+        v = v.repeat_interleave(group, dim=1)  # (B, H, T, Dh)
+        seq_len = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
+        future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).triu(1)
+        masked = scores.masked_fill(future, float("-inf"))  # -inf -> exactly 0 after softmax
+        # softmax in at least float32 so low-precision models still sum to one
+        pattern = masked.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
+        z = pattern @ v  # (B, H, T, Dh)
+        for name, value in (("q", q), ("k", k[:, ::group]), ("v", v[:, ::group]),
+                            ("scores", scores), ("pattern", pattern), ("z", z)):
+            trace.record(f"{prefix}.{name}", value)
+        return z
+
+
+class FeedForward(nn.Module):
+    """w2(act(w1 x)), or SwiGLU w2(silu(w1 x) * w3 x). F is final: nothing rescales it."""
+
+    _ACTIVATIONS = {
+        "relu": F.relu,
+        "gelu": F.gelu,
+        "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    }
+
+    def __init__(self, cfg: DecoderConfig, **factory) -> None:
+        super().__init__()
+        self.kind = cfg.mlp
+        self.w1 = Linear(cfg.d_model, cfg.d_ff, cfg.mlp_bias, **factory)
+        self.w2 = Linear(cfg.d_ff, cfg.d_model, cfg.mlp_bias, **factory)
+        self.w3 = Linear(cfg.d_model, cfg.d_ff, cfg.mlp_bias, **factory) if cfg.mlp == "swiglu" else None
+
+    def forward(self, x: torch.Tensor, trace: Trace | None = None, prefix: str = "") -> torch.Tensor:
+        if self.w3 is not None:
+            hidden = F.silu(self.w1(x)) * self.w3(x)  # (B, T, F)
+        else:
+            hidden = self._ACTIVATIONS[self.kind](self.w1(x))  # (B, T, F)
+        _record(trace, f"{prefix}.hidden", hidden)
+        return self.w2(hidden)
+
+
+class Block(nn.Module):
+    """One pre-norm block: two residual updates, each reading a normalised copy of the stream."""
+
+    def __init__(self, cfg: DecoderConfig, **factory) -> None:
+        super().__init__()
+        self.ln1 = make_norm(cfg, **factory)
+        self.attn = CausalSelfAttention(cfg, **factory)
+        self.ln2 = make_norm(cfg, **factory)
+        self.ffn = FeedForward(cfg, **factory)
+
+    def forward(self, resid_pre: torch.Tensor, rope, trace: Trace | None = None,
+                prefix: str = "") -> torch.Tensor:
+        normed = self.ln1(resid_pre)
+        _record(trace, f"{prefix}.ln1", normed)
+        attn_out = self.attn(normed, rope, trace, f"{prefix}.attn")
+        _record(trace, f"{prefix}.attn.out", attn_out)
+        resid_mid = resid_pre + attn_out
+        _record(trace, f"{prefix}.resid_mid", resid_mid)
+        normed = self.ln2(resid_mid)
+        _record(trace, f"{prefix}.ln2", normed)
+        ffn_out = self.ffn(normed, trace, f"{prefix}.ffn")
+        _record(trace, f"{prefix}.ffn.out", ffn_out)
+        resid_post = resid_mid + ffn_out
+        _record(trace, f"{prefix}.resid_post", resid_post)
+        return resid_post
+
+
+class Decoder(nn.Module):
+    """The assembled decoder: ids (B, T) -> raw logits (B, T, V). Never applies softmax."""
+
+    def __init__(self, config: DecoderConfig, *, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if not isinstance(config, DecoderConfig):
+            raise TypeError(f"Decoder needs a DecoderConfig, got {type(config).__name__}")
+        self.config = cfg = config
+        factory = {"device": device, "dtype": dtype}
+        self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, **factory)  # (V, D)
+        self.position_embeddings = (
+            Embedding(cfg.max_seq_len, cfg.d_model, **factory) if cfg.pos == "learned" else None
+        )  # (max_seq_len, D)
+        self.layers = nn.ModuleList(Block(cfg, **factory) for _ in range(cfg.n_layers))
+        self.ln_final = make_norm(cfg, **factory)
+        # Tying: the readout *is* the embedding Parameter, so both paths add into one .grad.
+        shared = self.token_embeddings.weight if cfg.tie_embeddings else None
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, False, weight=shared, **factory)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation (see the module docstring). A no-op on the meta device."""
+        residual_std = INIT_STD / math.sqrt(2 * self.config.n_layers)
+        for name, param in self.named_parameters():  # the tied weight appears once
+            if name.endswith(".bias"):
+                param.zero_()
+            elif param.dim() == 1:  # norm gains
+                param.fill_(1.0)
+            elif name.endswith(("attn.output_proj.weight", "ffn.w2.weight")):
+                param.normal_(0.0, residual_std)
+            else:
+                param.normal_(0.0, INIT_STD)
+
+    def _apply(self, fn, recurse: bool = True):
+        # Module.to_empty() and some dtype/device moves give every parameter slot a fresh
+        # Parameter, which would silently untie the readout (DEFECTS.md A1). Tie it again.
+        super()._apply(fn, recurse)
+        if self.config.tie_embeddings and self.lm_head.weight is not self.token_embeddings.weight:
+            self.lm_head.weight = self.token_embeddings.weight
+        return self
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) integer -> logits (B, T, V)."""
+        return self._run(ids, None)
+
+    def run_with_trace(self, ids: torch.Tensor) -> tuple[torch.Tensor, Trace]:
+        """Like forward, through the eager attention path, recording every named site."""
+        check_ids(ids, self.config)
+        trace = Trace(self.config, *ids.shape)
+        return self._run(ids, trace), trace
+
+    def _run(self, ids: torch.Tensor, trace: Trace | None) -> torch.Tensor:
+        cfg = self.config
+        check_ids(ids, cfg)
+        ids = ids.long()
+        seq_len = ids.shape[1]
+        x = self.token_embeddings(ids)  # (B, T, D)
+        _record(trace, "tokens", x)
+        if self.position_embeddings is not None:
+            positions = self.position_embeddings.weight[:seq_len]  # (T, D); T <= max_seq_len
+            _record(trace, "positions", positions)
+            x = x + positions
+        _record(trace, "embed", x)
+        rope = rope_tables(cfg, seq_len, x.device, x.dtype) if cfg.pos == "rope" else None
+        for i, block in enumerate(self.layers):
+            x = block(x, rope, trace, f"layers.{i}")
+        x = self.ln_final(x)
+        _record(trace, "ln_final", x)
+        logits = self.lm_head(x)  # (B, T, V): h @ E^T when tied
+        _record(trace, "logits", logits)
+        return logits
+
+    def num_parameters(self) -> int:
+        """Unique learned scalars (a tied weight counts once)."""
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,88 @@
+"""Named intermediate records of one forward pass, with their declared shapes.
+
+`run_with_trace(model, ids)` runs the decoder's eager path (scores -> mask -> softmax -> pattern,
+the path a person can inspect) and returns `(logits, trace)`. The trace maps a stable dotted
+name to a tensor, e.g. `trace["layers.0.attn.pattern"]` of shape (B, H, T, T). The plain forward
+records nothing: recording is only switched on by passing a Trace into the model.
+
+Each site declares its shape in the letters of DESIGN.md; `trace.expected_shape(name)` resolves
+the letters for this run, and `trace.shape_mismatches()` is the shape ledger's verdict.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .config import DecoderConfig
+
+if TYPE_CHECKING:
+    from .model import Decoder
+
+Shape = tuple[str, ...]
+
+
+def declared_shapes(cfg: DecoderConfig) -> dict[str, Shape]:
+    """Every trace site of a decoder with this config, in forward order, with symbolic shapes."""
+    sites: dict[str, Shape] = {"tokens": ("B", "T", "D")}
+    if cfg.pos == "learned":
+        sites["positions"] = ("T", "D")
+    sites["embed"] = ("B", "T", "D")  # the residual stream entering block 0
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}"
+        sites.update({
+            f"{p}.ln1": ("B", "T", "D"),
+            f"{p}.attn.q": ("B", "H", "T", "Dh"),  # after RoPE, when pos = rope
+            f"{p}.attn.k": ("B", "Hkv", "T", "Dh"),
+            f"{p}.attn.v": ("B", "Hkv", "T", "Dh"),
+            f"{p}.attn.scores": ("B", "H", "T", "T"),  # scaled, before the mask
+            f"{p}.attn.pattern": ("B", "H", "T", "T"),  # softmax rows; zero above the diagonal
+            f"{p}.attn.z": ("B", "H", "T", "Dh"),  # pattern @ v, per head
+            f"{p}.attn.out": ("B", "T", "D"),  # after output_proj
+            f"{p}.resid_mid": ("B", "T", "D"),
+            f"{p}.ln2": ("B", "T", "D"),
+            f"{p}.ffn.hidden": ("B", "T", "F"),
+            f"{p}.ffn.out": ("B", "T", "D"),
+            f"{p}.resid_post": ("B", "T", "D"),
+        })
+    sites["ln_final"] = ("B", "T", "D")
+    sites["logits"] = ("B", "T", "V")
+    return sites
+
+
+class Trace(dict):
+    """name -> recorded tensor, plus each site's declared shape for one run of size (B, T)."""
+
+    def __init__(self, cfg: DecoderConfig, batch_size: int, seq_len: int):
+        super().__init__()
+        self.declared = declared_shapes(cfg)
+        self.sizes = {
+            "B": batch_size, "T": seq_len, "D": cfg.d_model, "H": cfg.n_heads,
+            "Hkv": cfg.kv_heads, "Dh": cfg.head_dim, "F": cfg.d_ff, "V": cfg.vocab_size,
+        }
+
+    def record(self, name: str, value: torch.Tensor) -> None:
+        if name not in self.declared:
+            raise KeyError(f"trace site {name!r} is not declared")
+        self[name] = value.detach()
+
+    def expected_shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.sizes[letter] for letter in self.declared[name])
+
+    def shape_mismatches(self) -> list[str]:
+        """Sites whose recorded shape differs from the declared one, or that were never recorded."""
+        problems = []
+        for name, letters in self.declared.items():
+            if name not in self:
+                problems.append(f"{name}: declared {letters} but not recorded")
+                continue
+            got, want = tuple(self[name].shape), self.expected_shape(name)
+            if got != want:
+                problems.append(f"{name}: shape {got}, declared ({', '.join(letters)}) = {want}")
+        return problems
+
+
+def run_with_trace(model: "Decoder", ids: torch.Tensor) -> tuple[torch.Tensor, Trace]:
+    """Run one forward pass of `model` on ids (B, T) and record every named site."""
+    return model.run_with_trace(ids)
