@@ -189,16 +189,25 @@ class CausalSelfAttention(nn.Module):
         k = k.repeat_interleave(group, dim=1)  # (B, H, T, Dh)
         v = v.repeat_interleave(group, dim=1)  # (B, H, T, Dh)
         seq_len = q.shape[-2]
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
-        future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).triu(1)
-        masked = scores.masked_fill(future, float("-inf"))  # -inf -> exactly 0 after softmax
-        # softmax in at least float32 so low-precision models still sum to one
-        pattern = masked.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
-        z = pattern @ v  # (B, H, T, Dh)
+        causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()  # (T, T)
+        z, scores, pattern = eager_attention(q, k, v, causal)
         for name, value in (("q", q), ("k", k[:, ::group]), ("v", v[:, ::group]),
                             ("scores", scores), ("pattern", pattern), ("z", z)):
             trace.record(f"{prefix}.{name}", value)
         return z
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """softmax(q k^T / sqrt(Dh), masked) v for q (..., Tq, Dh), k and v (..., Tk, Dh), and a
+    boolean `allowed` (..., Tq, Tk) where True means "may attend" (SDPA's convention, the
+    opposite of nn.MultiheadAttention's). Returns (z, scores, pattern); a disallowed key gets
+    -inf, hence exactly zero probability. Every query row must allow at least one key."""
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (..., Tq, Tk)
+    masked = scores.masked_fill(~allowed, float("-inf"))
+    # softmax in at least float32 so low-precision models still sum to one
+    pattern = masked.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
+    return pattern @ v, scores, pattern  # z (..., Tq, Dh)
 
 
 class FeedForward(nn.Module):

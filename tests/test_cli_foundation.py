@@ -1,0 +1,66 @@
+"""`decoder-audit ledger` and `presets` through the real console script entry point."""
+
+import json
+
+import pytest
+
+import decoder_audit as da
+from decoder_audit.cli import main
+
+
+def test_ledger_of_tiny_368_prints_the_seeds_rows(capsys):
+    assert main(["ledger", "--preset", "tiny-368"]) == 0
+    out = capsys.readouterr().out
+    for row, count in (("token_embeddings", "32"), ("position_embeddings", "16"),
+                       ("one block: norms", "16"), ("one block: attn", "64"),
+                       ("one block: ffn", "76"), ("2 blocks", "312"), ("ln_final", "8"),
+                       ("lm_head", "0"), ("total", "368")):
+        line = next(line for line in out.splitlines() if row in line)
+        assert f" {count} " in line, line
+    assert "reconciled" in out
+
+
+def test_ledger_json_of_gpt2_xl_without_allocating(capsys):
+    assert main(["ledger", "--preset", "gpt2-xl", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["measured_total"] == data["analytic_total"] == 1_557_611_200
+    assert data["reconciled"] is True
+
+
+def test_ledger_of_a_config_file(tmp_path, capsys):
+    path = tmp_path / "cfg.json"
+    da.preset("llama-debug").save(path)
+    assert main(["ledger", "--config", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["analytic_total"] == da.parameter_ledger(
+        da.preset("llama-debug")).total
+
+
+def test_ledger_of_a_users_model_file(tmp_path, capsys):
+    path = tmp_path / "my_model.py"
+    path.write_text("import torch\n"
+                    "def build():\n"
+                    "    return torch.nn.Sequential(torch.nn.Embedding(10, 3), torch.nn.Linear(3, 10))\n")
+    assert main(["ledger", "--model", f"{path}:build", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["measured_total"] == 10 * 3 + 3 * 10 + 10 and data["analytic"] is None
+
+
+def test_bad_config_file_is_a_clean_error(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**da.preset("tiny-368").to_dict(), "n_heads": 3}))
+    assert main(["ledger", "--config", str(path)]) == 2
+    assert "d_model=4 is not divisible by n_heads=3" in capsys.readouterr().err
+
+
+def test_presets_lists_every_preset_with_its_count(capsys):
+    assert main(["presets", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert list(data) == da.preset_names()
+    assert data["gpt2-small"]["parameters"] == 124_439_808
+
+
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "ledger" in out and "presets" in out

@@ -1,0 +1,100 @@
+"""DecoderConfig: validation before any weight exists, derived values, JSON round trip."""
+
+import dataclasses
+import json
+
+import pytest
+
+import decoder_audit as da
+from decoder_audit import ConfigError, DecoderConfig
+
+BASE = dict(vocab_size=11, d_model=12, n_layers=2, n_heads=6, d_ff=20, max_seq_len=9)
+
+
+def make(**changes):
+    return DecoderConfig(**{**BASE, **changes})
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "d_model", "n_layers", "n_heads", "d_ff",
+                                   "max_seq_len"])
+@pytest.mark.parametrize("value", [0, -3, 2.5, True])
+def test_non_positive_or_non_integer_sizes_are_rejected_by_name(field, value):
+    with pytest.raises(ConfigError, match=f"{field}={value!r}"):
+        make(**{field: value})
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(d_model=12, n_heads=5), "d_model=12 is not divisible by n_heads=5"),
+    (dict(n_heads=6, n_kv_heads=4), "n_heads=6 is not divisible by n_kv_heads=4"),
+    (dict(n_kv_heads=0), "n_kv_heads=0"),
+    (dict(d_model=18, n_heads=6, pos="rope"), "head width d_model/n_heads=3 is odd"),
+    (dict(norm="batchnorm"), "norm='batchnorm' is not one of"),
+    (dict(mlp="geglu"), "mlp='geglu' is not one of"),
+    (dict(pos="alibi"), "pos='alibi' is not one of"),
+    (dict(context_policy="crop"), "context_policy='crop' is not one of ['reject']"),
+    (dict(norm_eps=-1e-5), "norm_eps=-1e-05 must be a finite number >= 0"),
+    (dict(rope_theta=-10.0), "rope_theta=-10.0 must be a finite number >= 0"),
+    (dict(rope_theta=0.0, pos="rope"), "rope_theta=0.0 must be > 0"),
+    (dict(tie_embeddings="yes"), "tie_embeddings='yes' must be true or false"),
+])
+def test_each_bad_field_is_named_with_its_value(changes, message):
+    with pytest.raises(ConfigError) as info:
+        make(**changes)
+    assert message in str(info.value)
+
+
+def test_all_problems_are_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        make(vocab_size=0, norm="x", mlp="y")
+    text = str(info.value)
+    assert "vocab_size=0" in text and "norm='x'" in text and "mlp='y'" in text
+
+
+def test_odd_head_width_is_fine_without_rope():
+    assert make(d_model=18, n_heads=6, pos="learned").head_dim == 3
+
+
+def test_derived_values():
+    cfg = make(d_model=24, n_heads=6, n_kv_heads=2)
+    assert (cfg.head_dim, cfg.kv_heads, cfg.kv_group_size) == (4, 2, 3)
+    mha = make(d_model=24, n_heads=6)
+    assert (mha.kv_heads, mha.kv_group_size) == (6, 1)
+
+
+def test_frozen():
+    cfg = make()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.d_model = 8
+
+
+def test_json_round_trip(tmp_path):
+    cfg = make(n_kv_heads=3, pos="rope", norm="rmsnorm", mlp="swiglu", tie_embeddings=False)
+    path = tmp_path / "cfg.json"
+    cfg.save(path)
+    assert DecoderConfig.load(path) == cfg
+    assert json.loads(path.read_text())["n_kv_heads"] == 3
+
+
+def test_json_errors_name_the_problem(tmp_path):
+    with pytest.raises(ConfigError, match="unknown config field"):
+        DecoderConfig.from_dict({**BASE, "n_embd": 3})
+    with pytest.raises(ConfigError, match=r"missing required config field\(s\) \['d_ff'\]"):
+        DecoderConfig.from_dict({k: v for k, v in BASE.items() if k != "d_ff"})
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        DecoderConfig.from_json("{")
+    with pytest.raises(ConfigError, match="does not exist"):
+        DecoderConfig.load(tmp_path / "missing.json")
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="unknown preset 'gpt5'.*tiny-368"):
+        da.preset("gpt5")
+
+
+def test_cs336_test_preset_matches_the_reference_config(cs336_reference):
+    ref = json.loads((cs336_reference / "model_config.json").read_text())
+    cfg = da.preset("cs336-test")
+    assert (cfg.vocab_size, cfg.max_seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_ff,
+            cfg.rope_theta) == (ref["vocab_size"], ref["context_length"], ref["d_model"],
+                                ref["num_layers"], ref["num_heads"], ref["d_ff"], ref["rope_theta"])
+    assert (cfg.norm, cfg.pos, cfg.mlp, cfg.tie_embeddings) == ("rmsnorm", "rope", "swiglu", False)

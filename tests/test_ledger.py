@@ -1,0 +1,110 @@
+"""The parameter ledger against the seeds' table, independent formulas and published figures."""
+
+import pytest
+import torch
+from torch import nn
+
+import decoder_audit as da
+
+
+def test_tiny_368_ledger_row_by_row():
+    """The seeds' table: token embedding 8x4 = 32, learned positions 4x4 = 16,
+    per block two LayerNorm(4) = 16, bias-free Q/K/V/O 4 x 4x4 = 64, biased 4->8->4 MLP
+    (4*8 + 8) + (8*4 + 4) = 76, two blocks 2 x 156 = 312, final LayerNorm 8, tied readout 0."""
+    ledger = da.parameter_ledger(da.preset("tiny-368"))
+    rows = ledger.as_dict()
+    assert rows["token_embeddings"] == 32
+    assert rows["position_embeddings"] == 16
+    for i in range(2):
+        assert rows[f"layers.{i}.norms"] == 16
+        assert rows[f"layers.{i}.attn"] == 64
+        assert rows[f"layers.{i}.ffn"] == 76
+    assert sum(rows[f"layers.{i}.{p}"] for i in range(2) for p in ("norms", "attn", "ffn")) == 312
+    assert rows["ln_final"] == 8
+    assert rows["lm_head"] == 0
+    assert ledger.total == 368
+
+
+def test_tiny_368_model_is_truly_tied():
+    model = da.Decoder(da.preset("tiny-368"))
+    assert model.lm_head.weight is model.token_embeddings.weight
+    assert model.lm_head.weight.data_ptr() == model.token_embeddings.weight.data_ptr()
+    assert sum(p.numel() for p in model.parameters()) == 368
+    names_by_object = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_by_object.setdefault(id(param), []).append(name)
+    assert ["token_embeddings.weight", "lm_head.weight"] in names_by_object.values()
+    measured = da.measured_ledger(model)
+    assert da.reconcile(da.parameter_ledger(model.config), measured) == []
+
+
+def test_a_same_valued_copy_is_not_tying():
+    """Seed 000, Q1: copying the embedding into a separate readout gives 400 parameters."""
+    model = da.Decoder(da.preset("tiny-368"))
+    model.lm_head.weight = nn.Parameter(model.token_embeddings.weight.detach().clone())
+    assert torch.equal(model.lm_head.weight, model.token_embeddings.weight)
+    measured = da.measured_ledger(model)
+    assert measured.total == 400
+    problems = da.reconcile(da.parameter_ledger(model.config), measured)
+    assert any("lm_head: analytic 0 vs measured 32" in p and "separate Parameter" in p
+               for p in problems)
+
+
+def test_tying_survives_to_empty():
+    """DEFECTS A1: materialising from meta gives each slot fresh storage; the Decoder re-ties."""
+    with torch.device("meta"):
+        model = da.Decoder(da.preset("tiny-368"))
+    model.to_empty(device="cpu")
+    assert model.lm_head.weight is model.token_embeddings.weight
+    assert model.num_parameters() == 368
+
+
+def _independent_count(cfg: da.DecoderConfig) -> int:
+    """Unique parameters written directly from the architecture, not from ledger.py."""
+    V, D, L, F, T = cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.d_ff, cfg.max_seq_len
+    kv = cfg.kv_heads * (D // cfg.n_heads)
+    norm = 2 * D if cfg.norm == "layernorm" else D
+    attn = 2 * D * D + 2 * D * kv + (2 * D + 2 * kv if cfg.attn_bias else 0)
+    n_mat = 3 if cfg.mlp == "swiglu" else 2
+    mlp = n_mat * D * F + ((n_mat - 1) * F + D if cfg.mlp_bias else 0)
+    return (V * D + (T * D if cfg.pos == "learned" else 0) + L * (2 * norm + attn + mlp) + norm
+            + (0 if cfg.tie_embeddings else V * D))
+
+
+@pytest.mark.parametrize("name", da.preset_names())
+def test_every_preset_reconciles_on_the_meta_device(name):
+    cfg = da.preset(name)
+    with torch.device("meta"):
+        model = da.Decoder(cfg)
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert da.measured_ledger(model).total == da.parameter_ledger(cfg).total == _independent_count(cfg)
+    assert da.reconcile(da.parameter_ledger(cfg), da.measured_ledger(model)) == []
+
+
+@pytest.mark.parametrize("name, published", [
+    ("gpt2-small", 124_439_808),   # GPT-2 small, tied (HF GPT2LMHeadModel unique parameters)
+    ("gpt2-xl", 1_557_611_200),    # GPT-2 XL, tied
+    ("cs336-xl", 2_127_057_600),   # CS336 transformer_accounting (a), untied
+    ("cs336-test", 1_403_328),     # CS336 reference test model (FACTS.md)
+])
+def test_published_parameter_counts(name, published):
+    with torch.device("meta"):
+        model = da.Decoder(da.preset(name))
+    assert model.num_parameters() == published
+
+
+def test_unit_2_7_formula_for_the_cs336_architecture():
+    """Unit 2.7: untied bias-free MHA + 2 RMSNorms + SwiGLU is 2VD + L(4D^2 + 3DF + 2D) + D;
+    tying subtracts VD; RoPE adds nothing."""
+    cfg = da.preset("cs336-medium")
+    V, D, L, F = cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.d_ff
+    untied = 2 * V * D + L * (4 * D * D + 3 * D * F + 2 * D) + D
+    assert da.parameter_ledger(cfg).total == untied
+    assert da.parameter_ledger(cfg.replace(tie_embeddings=True)).total == untied - V * D
+
+
+def test_extra_parameters_are_reported_where_they_differ():
+    model = da.Decoder(da.preset("tiny-368"))
+    model.layers[1].attn.q_proj.bias = nn.Parameter(torch.zeros(4))  # a bias the config forbids
+    problems = da.reconcile(da.parameter_ledger(model.config), da.measured_ledger(model))
+    assert problems[0] == "layers.1.attn: analytic 64 vs measured 68 (+4)"

@@ -1,0 +1,248 @@
+"""Decoder against the slow oracle, the input contract, the trace and the meta device."""
+
+import numpy as np
+import pytest
+import torch
+
+import decoder_audit as da
+from decoder_audit import ContextLengthError, InputShapeError, TokenIdError
+from decoder_audit.model import apply_rope, eager_attention, rope_tables
+
+# A grid that covers every norm, MLP, position kind, bias setting, tying, and GQA with >= 2 KV
+# heads and group size >= 2; odd widths so no axis can be identified by its size.
+GRID = {
+    "tiny-368": da.preset("tiny-368"),
+    "ln-gelu-learned-biases-gqa-untied": da.DecoderConfig(
+        vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=24, max_seq_len=5,
+        norm="layernorm", mlp="gelu", pos="learned", attn_bias=True, mlp_bias=True,
+        tie_embeddings=False),
+    "rms-swiglu-rope-gqa3-untied": da.DecoderConfig(
+        vocab_size=29, d_model=24, n_layers=2, n_heads=6, n_kv_heads=2, d_ff=37, max_seq_len=6,
+        norm="rmsnorm", mlp="swiglu", pos="rope", rope_theta=10000.0, tie_embeddings=False),
+    "ln-gelutanh-nopos-attnbias-tied": da.DecoderConfig(
+        vocab_size=11, d_model=12, n_layers=3, n_heads=3, d_ff=20, max_seq_len=5,
+        norm="layernorm", mlp="gelu_tanh", pos="none", attn_bias=True, tie_embeddings=True),
+    "rms-relu-rope-mlpbias-tied": da.DecoderConfig(
+        vocab_size=17, d_model=16, n_layers=2, n_heads=2, d_ff=12, max_seq_len=5,
+        norm="rmsnorm", mlp="relu", pos="rope", rope_theta=500.0, mlp_bias=True,
+        tie_embeddings=True),
+    "ln-swiglu-rope-allbias-gqa": da.DecoderConfig(
+        vocab_size=19, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=10, max_seq_len=4,
+        norm="layernorm", mlp="swiglu", pos="rope", attn_bias=True, mlp_bias=True,
+        tie_embeddings=False),
+}
+
+
+def _randomise(model: da.Decoder) -> da.Decoder:
+    """Non-trivial norms and biases (the default init makes them 1 and 0)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("name", GRID)
+def test_decoder_equals_slow_oracle_in_float64(name):
+    cfg = GRID[name]
+    model = _randomise(da.Decoder(cfg, dtype=torch.float64))
+    state = model.state_dict()
+    for seq_len in range(1, cfg.max_seq_len + 1):
+        for batch in (1, 3):
+            if batch == seq_len:
+                continue  # B != T, so no axis is identified by its size
+            ids = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+            fast = model(ids)
+            traced, _ = model.run_with_trace(ids)
+            slow = da.oracle_logits(state, cfg, ids)
+            assert fast.shape == (batch, seq_len, cfg.vocab_size)
+            torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+            torch.testing.assert_close(traced, slow, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["tiny-368", "rms-swiglu-rope-gqa3-untied"])
+def test_gradients_equal_the_oracle(name):
+    cfg = GRID[name]
+    model = _randomise(da.Decoder(cfg, dtype=torch.float64))
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
+    weights = torch.randn(2, cfg.max_seq_len, cfg.vocab_size, dtype=torch.float64)
+    (model(ids) * weights).sum().backward()
+    # the oracle gets its own leaf tensors; a tied state dict names one tensor twice, so share it
+    leaves = {}
+    for pname, param in model.named_parameters(remove_duplicate=False):
+        shared = next((leaves[n] for n, p in model.named_parameters(remove_duplicate=False)
+                       if p is param and n in leaves), None)
+        leaves[pname] = shared if shared is not None else param.detach().clone().requires_grad_()
+    (da.oracle_logits(leaves, cfg, ids) * weights).sum().backward()
+    for pname, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, leaves[pname].grad, atol=1e-10, rtol=0)
+
+
+def test_fp32_fast_path_matches_float64_oracle():
+    cfg = GRID["rms-swiglu-rope-gqa3-untied"]
+    model = da.Decoder(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
+    slow = da.oracle_logits(model.state_dict(), cfg, ids)
+    torch.testing.assert_close(model(ids).double(), slow, atol=1e-5, rtol=0)
+
+
+def test_gqa_equals_mha_with_duplicated_kv_heads():
+    """DEFECTS 21: query head h reads KV head h // group, i.e. repeat_interleave order."""
+    gqa_cfg = GRID["rms-swiglu-rope-gqa3-untied"]
+    mha_cfg = gqa_cfg.replace(n_kv_heads=None)
+    gqa = _randomise(da.Decoder(gqa_cfg, dtype=torch.float64))
+    mha = da.Decoder(mha_cfg, dtype=torch.float64)
+    group, dh = gqa_cfg.kv_group_size, gqa_cfg.head_dim
+    state = {}
+    for name, tensor in gqa.state_dict().items():
+        if name.endswith(("k_proj.weight", "v_proj.weight")):
+            heads = tensor.view(gqa_cfg.kv_heads, dh, -1)  # (Hkv, Dh, D)
+            tensor = heads.repeat_interleave(group, dim=0).reshape(-1, tensor.shape[-1])
+        state[name] = tensor
+    mha.load_state_dict(state)
+    ids = torch.randint(0, gqa_cfg.vocab_size, (2, 5))
+    torch.testing.assert_close(gqa(ids), mha(ids), atol=1e-12, rtol=0)
+
+
+def test_tied_readout_is_h_times_embedding_transpose():
+    model = da.Decoder(da.preset("tiny-368"))
+    ids = torch.randint(0, 8, (2, 3))
+    logits, trace = model.run_with_trace(ids)
+    torch.testing.assert_close(logits, trace["ln_final"] @ model.token_embeddings.weight.T)
+
+
+# ---- the input contract ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("ids, error, message", [
+    (torch.zeros(2, 5, dtype=torch.long), ContextLengthError, "T=5 exceeds max_seq_len=4"),
+    (torch.zeros(2, 0, dtype=torch.long), ContextLengthError, "T=0 must be at least 1"),
+    (torch.tensor([[1, 8]]), TokenIdError, "token id 8 at batch 0, position 1 is outside [0, vocab_size=8)"),
+    (torch.tensor([[1, 2], [-1, 0]]), TokenIdError, "token id -1 at batch 1, position 0"),
+    (torch.zeros(2, 3), InputShapeError, "integer dtype, got dtype=torch.float32"),
+    (torch.zeros(2, 3, dtype=torch.bool), InputShapeError, "dtype=torch.bool"),
+    (torch.zeros(3, dtype=torch.long), InputShapeError, "rank 2 (B, T), got rank 1 with shape (3,)"),
+    (torch.zeros(1, 2, 3, dtype=torch.long), InputShapeError, "got rank 3"),
+    (torch.zeros(0, 3, dtype=torch.long), InputShapeError, "batch size B=0"),
+    ([[1, 2]], InputShapeError, "must be a torch.Tensor"),
+])
+def test_bad_input_raises_a_typed_error_naming_the_value(ids, error, message):
+    model = da.Decoder(da.preset("tiny-368"))
+    for run in (model, lambda x: model.run_with_trace(x)):
+        with pytest.raises(error) as info:
+            run(ids)
+        assert message in str(info.value)
+        assert isinstance(info.value, da.DecoderInputError) and isinstance(info.value, ValueError)
+
+
+def test_overlength_is_rejected_before_any_lookup():
+    model = da.Decoder(da.preset("tiny-368"))
+    called = []
+    model.token_embeddings.register_forward_pre_hook(lambda *a: called.append(1))
+    with pytest.raises(ContextLengthError):
+        model(torch.zeros(1, 5, dtype=torch.long))
+    assert called == []
+
+
+def test_every_legal_length_and_two_batch_sizes_run():
+    model = da.Decoder(da.preset("tiny-368"))
+    for batch in (2, 3):
+        for seq_len in range(1, 5):
+            assert model(torch.randint(0, 8, (batch, seq_len))).shape == (batch, seq_len, 8)
+
+
+# ---- the trace ------------------------------------------------------------------------------
+
+def test_trace_records_every_site_with_its_declared_shape():
+    cfg = GRID["rms-swiglu-rope-gqa3-untied"]
+    model = da.Decoder(cfg)
+    logits, trace = da.run_with_trace(model, torch.randint(0, cfg.vocab_size, (3, 5)))
+    assert trace.shape_mismatches() == []
+    assert trace["layers.1.attn.pattern"].shape == (3, 6, 5, 5)
+    assert trace["layers.0.attn.k"].shape == (3, 2, 5, 4)
+    assert trace["layers.0.ffn.hidden"].shape == (3, 5, 37)
+    torch.testing.assert_close(trace["logits"], logits)
+    first = next(iter(trace))
+    assert first == "tokens"
+
+
+def test_attention_rows_sum_to_one_with_zero_future_probability():
+    model = da.Decoder(da.preset("tiny-368"))
+    _, trace = model.run_with_trace(torch.randint(0, 8, (3, 4)))
+    for layer in range(2):
+        pattern = trace[f"layers.{layer}.attn.pattern"]
+        torch.testing.assert_close(pattern.sum(-1), torch.ones(3, 2, 4))
+        assert (pattern.triu(1) == 0).all()
+
+
+def test_plain_forward_records_nothing(monkeypatch):
+    def refuse(*args):
+        raise AssertionError("the plain forward must not record")
+    monkeypatch.setattr(da.Trace, "record", refuse)
+    da.Decoder(GRID["ln-swiglu-rope-allbias-gqa"])(torch.randint(0, 19, (2, 4)))
+
+
+def test_meta_construction_allocates_nothing():
+    with torch.device("meta"):
+        model = da.Decoder(da.preset("gpt2-xl"))
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    logits = model(torch.zeros(1, 8, dtype=torch.long, device="meta"))
+    assert logits.shape == (1, 8, 50257) and logits.device.type == "meta"
+
+
+# ---- RoPE -----------------------------------------------------------------------------------
+
+def test_rope_relative_position_property():
+    """<R(m) q, R(n) k> depends only on m - n."""
+    cfg = da.DecoderConfig(vocab_size=4, d_model=16, n_layers=1, n_heads=2, d_ff=4,
+                           max_seq_len=12, pos="rope", rope_theta=100.0)
+    cos, sin = rope_tables(cfg, 12, torch.device("cpu"), torch.float64)
+    q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    rotated_q = apply_rope(q.expand(12, 8), cos, sin)  # (T, Dh)
+    rotated_k = apply_rope(k.expand(12, 8), cos, sin)
+    dots = rotated_q @ rotated_k.T  # (T, T): entry (m, n)
+    for offset in range(-3, 4):
+        diagonal = torch.diagonal(dots, offset)
+        torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal))
+
+
+def test_rope_tables_stay_float32_in_a_bf16_model():
+    """DEFECTS 16: angles are computed in float64 and held in at least float32."""
+    cfg = GRID["rms-swiglu-rope-gqa3-untied"]
+    cos, _ = rope_tables(cfg, 6, torch.device("cpu"), torch.bfloat16)
+    assert cos.dtype == torch.float32
+
+
+# ---- CS336 component snapshots --------------------------------------------------------------
+
+def _snapshot(reference, name):
+    return torch.from_numpy(np.load(reference / "snapshots" / f"{name}.npz")["array"])
+
+
+def _attention_inputs():
+    tensors = []
+    for seed, shape in ((1, (4, 12, 64)), (2, (4, 16, 64)), (3, (4, 16, 64))):
+        torch.manual_seed(seed)
+        tensors.append(torch.randn(*shape))
+    torch.manual_seed(5)
+    return (*tensors, torch.randn(4, 12, 16) > 0.5)
+
+
+def test_cs336_rope_snapshot(cs336_reference):
+    torch.manual_seed(4)
+    x = torch.randn(4, 12, 64)
+    cfg = da.DecoderConfig(vocab_size=2, d_model=64, n_layers=1, n_heads=1, d_ff=4,
+                           max_seq_len=12, pos="rope", rope_theta=10000.0)
+    cos, sin = rope_tables(cfg, 12, x.device, x.dtype)
+    torch.testing.assert_close(apply_rope(x, cos, sin), _snapshot(cs336_reference, "test_rope"),
+                               atol=1e-6, rtol=0)
+
+
+def test_cs336_attention_snapshots(cs336_reference):
+    q, k, v, mask = _attention_inputs()
+    z, _, pattern = eager_attention(q, k, v, mask)
+    torch.testing.assert_close(z, _snapshot(cs336_reference, "test_scaled_dot_product_attention"),
+                               atol=1e-6, rtol=0)
+    assert (pattern[~mask] == 0).all()
+    split = lambda t: t.reshape(2, 2, *t.shape[1:])  # (4, ...) -> (2, 2, ...)
+    z4, _, _ = eager_attention(split(q), split(k), split(v), split(mask))
+    torch.testing.assert_close(
+        z4, _snapshot(cs336_reference, "test_4d_scaled_dot_product_attention"), atol=1e-6, rtol=0)
