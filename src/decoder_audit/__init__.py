@@ -1,6 +1,7 @@
 """decoder-audit: build decoder-only language models from one config and prove them correct
 before training."""
 
+from .accounting import Accounting, account
 from .config import DecoderConfig
 from .errors import (
     CheckpointError,
@@ -19,6 +20,7 @@ from .trace import Trace, run_with_trace
 __version__ = "0.1.0"
 
 __all__ = [
+    "Accounting", "account",
     "CheckpointError", "ConfigError", "ContextLengthError", "Decoder", "DecoderConfig",
     "DecoderInputError", "InputShapeError", "Ledger", "LedgerRow", "TokenIdError", "Trace",
     "measured_ledger", "oracle_logits", "parameter_ledger", "preset", "preset_names", "reconcile",

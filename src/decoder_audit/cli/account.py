@@ -1,0 +1,172 @@
+"""`decoder-audit account`: parameters, memory and every forward matmul of a config, analytic and
+measured on the meta device. No weight is allocated, so gpt2-xl is sized on a laptop."""
+
+from __future__ import annotations
+
+import json
+
+from rich.table import Table
+
+from ..accounting import FLOP_CONVENTIONS, account, plot_context_sweep
+from .common import add_model_source, config_from_args, console, rerun_command
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "account", help="parameters, memory and forward FLOPs, without building the model",
+        description="Size a decoder from its config: parameters per component (tied/untied and "
+                    "embedding conventions labelled), memory for weights and AdamW training, and "
+                    "every forward matrix multiply with its FLOPs (2mnp). The analytic FLOPs are "
+                    "cross-checked by torch's FlopCounterMode on the meta device.")
+    add_model_source(parser, foreign=False, checkpoint=True)
+    parser.add_argument("--batch", type=int, default=1, metavar="B", help="batch size (default 1)")
+    parser.add_argument("--seq", type=int, default=None, metavar="T",
+                        help="sequence length (default: the config's max_seq_len)")
+    parser.add_argument("--max-seq-len", type=int, default=None, metavar="N",
+                        help="account a variant of the config with this context length (learned "
+                             "position embeddings grow with it); --seq defaults to it")
+    parser.add_argument("--no-measure", action="store_true",
+                        help="skip the FlopCounterMode cross-check (analytic numbers only)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="write a log-log plot of each group's FLOPs as the context doubles")
+    parser.set_defaults(func=run)
+
+
+def _gb(n_bytes: int) -> str:
+    return f"{n_bytes / 1e9:,.2f} GB"
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:,.2f} GiB"
+
+
+def _source_name(args) -> str:
+    for flag in ("preset", "config", "checkpoint"):
+        if getattr(args, flag, None):
+            return f"{flag} {getattr(args, flag)}"
+    return "preset tiny-368"
+
+
+def run(args) -> int:
+    cfg = config_from_args(args)
+    if args.max_seq_len is not None:
+        cfg = cfg.replace(max_seq_len=args.max_seq_len)
+    acct = account(cfg, batch_size=args.batch, seq_len=args.seq, measure=not args.no_measure)
+    extra = [f"--batch={args.batch}", f"--seq={acct.seq_len}"]
+    if args.max_seq_len is not None:
+        extra.append(f"--max-seq-len={args.max_seq_len}")
+    if args.plot:
+        plot_context_sweep(cfg, args.plot, args.batch, seq_len=acct.seq_len,
+                           title=f"{_source_name(args)}: forward matmul FLOPs vs context (B={args.batch})")
+    matched = acct.measured is None or acct.measured.matches_analytic
+    if args.json:
+        out = acct.to_dict()
+        out["command"] = rerun_command("account", args, *extra)
+        out["plot"] = args.plot
+        print(json.dumps(out, indent=2))
+        return 0 if matched else 1
+    _print(acct, args, extra)
+    return 0 if matched else 1
+
+
+def _print(acct, args, extra) -> None:
+    cfg, out = acct.config, console()
+    B, T = acct.batch_size, acct.seq_len
+    out.print(f"[bold]{_source_name(args)}[/bold], accounted at B={B}, T={T}")
+    out.print(f"  L={cfg.n_layers} D={cfg.d_model} H={cfg.n_heads} Hkv={cfg.kv_heads} "
+              f"Dh={cfg.head_dim} F={cfg.d_ff} V={cfg.vocab_size} max_seq_len={cfg.max_seq_len} "
+              f"mlp={cfg.mlp} pos={cfg.pos} norm={cfg.norm} tied={cfg.tie_embeddings}")
+
+    p = acct.parameters
+    table = Table(title="parameters (from the analytic ledger)")
+    table.add_column("component")
+    table.add_column("parameters", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("formula", overflow="fold")
+    for comp in p.components:
+        table.add_row(comp.name, f"{comp.count:,}", f"{comp.count / p.total:.1%}", comp.formula)
+    table.add_row("total (unique: a tied weight once)", f"{p.total:,}", "100.0%", "", style="bold")
+    out.print(table)
+    tie_word = "tied" if p.tied else "untied"
+    out.print(f"  without embeddings (token + position tables removed; an untied lm_head stays): "
+              f"{p.non_embedding:,}")
+    out.print(f"  without position embeddings only (nanoGPT convention): "
+              f"{p.non_position_embedding:,}")
+    out.print(f"  this config is {tie_word}; the same shape tied: {p.total_if_tied:,}, "
+              f"untied: {p.total_if_untied:,} (+V*D)")
+
+    m = acct.memory
+    table = Table(title="memory in bytes (GB = 10^9, GiB = 2^30; P = parameters)")
+    table.add_column("what")
+    table.add_column("bytes", justify="right")
+    table.add_column("GB", justify="right")
+    table.add_column("GiB", justify="right")
+    table.add_column("formula")
+    for dtype, n_bytes in m.weights.items():
+        table.add_row(f"weights in {dtype}", f"{n_bytes:,}", _gb(n_bytes), _gib(n_bytes),
+                      f"{n_bytes // p.total if p.total else 0} x P")
+    table.add_section()
+    for row in m.training:
+        table.add_row(row.name, f"{row.bytes:,}", _gb(row.bytes), _gib(row.bytes), row.formula)
+    table.add_row("training total", f"{m.training_total:,}",
+                  _gb(m.training_total), _gib(m.training_total), "16 x P", style="bold")
+    table.add_section()
+    for row in m.activations:
+        table.add_row(row.name, f"{row.bytes:,}", _gb(row.bytes), _gib(row.bytes), row.formula)
+    table.add_row("activations (an estimate)", f"{m.activations_total:,}",
+                  _gb(m.activations_total), _gib(m.activations_total), "", style="bold")
+    out.print(table)
+    out.print("activation estimate assumes:")
+    for line in m.activation_assumptions:
+        out.print(f"  - {line}")
+
+    table = Table(title=f"forward matrix multiplies (B={B}, T={T}); FLOPs = runs x 2mnp")
+    table.add_column("matmul")
+    table.add_column("operands (m x n)(n x p)")
+    table.add_column("runs", justify="right")
+    table.add_column("FLOPs", justify="right")
+    table.add_column("share", justify="right")
+    for mm in acct.matmuls:
+        table.add_row(mm.name, f"{mm.shape_formula}\n= {mm.operands}",
+                      f"{mm.count:,} ({mm.count_formula})", f"{mm.flops:,}",
+                      f"{mm.flops / acct.forward_flops:.1%}")
+    table.add_row("total forward", "", "", f"{acct.forward_flops:,}", "100.0%", style="bold")
+    out.print(table)
+
+    table = Table(title="forward FLOPs by group")
+    table.add_column("group")
+    table.add_column("FLOPs", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("grows")
+    table.add_column("closed form")
+    for group in acct.groups:
+        table.add_row(group.name, f"{group.flops:,}", f"{group.share:.1%}", group.scaling,
+                      group.formula)
+    out.print(table)
+    out.print(f"[bold]total forward FLOPs: {acct.forward_flops:,}[/bold]  "
+              f"(dominant: {', '.join(acct.dominant)})")
+    out.print(f"forward + backward, estimated as 3 x forward: {acct.forward_backward_flops:,}")
+
+    if acct.measured is None:
+        out.print("measured: skipped (--no-measure)")
+    else:
+        meas = acct.measured
+        ops = ", ".join(f"{op} {n:,}" for op, n in sorted(meas.by_op.items()))
+        verdict = ("[green]equal to the analytic total[/green]" if meas.matches_analytic
+                   else "[red]DIFFERS from the analytic count[/red]")
+        out.print(f"measured: {meas.total:,} {verdict}")
+        out.print(f"  how: {meas.path}")
+        out.print(f"  by op: {ops}")
+        if meas.sdpa_meta_total is not None:
+            out.print(f"  the plain forward (F.scaled_dot_product_attention) on meta counts "
+                      f"{meas.sdpa_meta_total:,} (torch lowers it to the math path's bmm there; "
+                      "on real CPU tensors the fused kernel is not counted)")
+        for line in meas.differences:
+            out.print(f"  [red]{line}[/red]")
+    out.print("conventions:")
+    for line in FLOP_CONVENTIONS:
+        out.print(f"  - {line}")
+    if args.plot:
+        out.print(f"plot: {args.plot}")
+    out.print(f"rerun: {rerun_command('account', args, *extra)}")
