@@ -1,0 +1,226 @@
+"""The torch.nn twin: seed 000's table made literal, an independent reference for `Decoder`.
+
+Every operation is a registered PyTorch module, so the twin shares no code with `model.py`:
+
+    nn.Embedding(V, D)                                token lookup E[ids]
+    nn.Parameter(max_seq_len, D)                      learned positions P[:T]   (pos="learned")
+    per block: nn.LayerNorm(D)                        N1
+               nn.MultiheadAttention(D, H, bias=attn_bias, batch_first=True)
+               nn.LayerNorm(D)                        N2
+               nn.Sequential(Linear(D, F), ReLU | GELU | GELU(tanh), Linear(F, D))
+    nn.LayerNorm(D)                                   final norm
+    nn.Linear(D, V, bias=False)                       readout; its weight IS the embedding's
+                                                      Parameter when tied (one object)
+
+It expresses the configs of this family (LayerNorm, learned or no positions, full multi-head
+attention, optional biases, relu/gelu/gelu_tanh) and refuses the rest with a ConfigError naming
+the field: RMSNorm, SwiGLU, RoPE and grouped-query attention have no stock nn module.
+
+nn.MultiheadAttention conventions to mind (DEFECTS.md B7):
+  * a boolean `attn_mask` marks with True the keys a query may NOT see (SDPA uses the opposite),
+    so the causal mask is True strictly above the diagonal;
+  * `need_weights=True` averages the heads unless `average_attn_weights=False`;
+  * q, k, v projections live stacked in one `in_proj_weight` (3D, D): rows [q; k; v], each block
+    with head h owning rows h*Dh..(h+1)*Dh-1, exactly as our q_proj/k_proj/v_proj.
+
+Weight transfer is a name table plus one concatenation (q, k, v <-> in_proj):
+`twin_from_decoder(decoder)`, `decoder_from_twin(twin)`; both copy, neither shares storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from ..config import DecoderConfig
+from ..errors import ConfigError
+from ..model import Decoder, check_ids
+
+_ACTIVATIONS = {
+    "relu": lambda: nn.ReLU(),
+    "gelu": lambda: nn.GELU(),  # exact erf GELU
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # GPT-2's approximation
+}
+
+
+def twin_unsupported(cfg: DecoderConfig) -> list[str]:
+    """Why the twin cannot express `cfg`, one entry per field (empty when it can)."""
+    problems = []
+    if cfg.norm != "layernorm":
+        problems.append(f"norm={cfg.norm!r}: the twin has nn.LayerNorm only (no stock RMSNorm "
+                        "matching ours)")
+    if cfg.mlp not in _ACTIVATIONS:
+        problems.append(f"mlp={cfg.mlp!r}: the twin's MLP is Linear, {'/'.join(_ACTIVATIONS)}, Linear")
+    if cfg.pos not in ("learned", "none"):
+        problems.append(f"pos={cfg.pos!r}: nn.MultiheadAttention cannot rotate q and k (RoPE)")
+    if cfg.kv_heads != cfg.n_heads:
+        problems.append(f"n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}: "
+                        "nn.MultiheadAttention has no grouped-query attention")
+    return problems
+
+
+def _require_supported(cfg: DecoderConfig) -> None:
+    problems = twin_unsupported(cfg)
+    if problems:
+        raise ConfigError("the torch.nn twin cannot express this config: " + "; ".join(problems))
+
+
+class TwinBlock(nn.Module):
+    """resid_mid = resid_pre + MHA(N1(resid_pre)); resid_post = resid_mid + MLP(N2(resid_mid))."""
+
+    def __init__(self, cfg: DecoderConfig, **factory) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.ln1 = nn.LayerNorm(d, eps=cfg.norm_eps, **factory)
+        self.attn = nn.MultiheadAttention(d, cfg.n_heads, bias=cfg.attn_bias, batch_first=True,
+                                          **factory)
+        self.ln2 = nn.LayerNorm(d, eps=cfg.norm_eps, **factory)
+        self.mlp = nn.Sequential(
+            nn.Linear(d, cfg.d_ff, bias=cfg.mlp_bias, **factory),
+            _ACTIVATIONS[cfg.mlp](),
+            nn.Linear(cfg.d_ff, d, bias=cfg.mlp_bias, **factory),
+        )
+
+    def forward(self, resid_pre: torch.Tensor, future: torch.Tensor, need_weights: bool
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        normed = self.ln1(resid_pre)  # (B, T, D)
+        # q, k and v all read the same normalised stream. `future` is True where masked.
+        attn_out, pattern = self.attn(normed, normed, normed, attn_mask=future,
+                                      need_weights=need_weights, average_attn_weights=False)
+        resid_mid = resid_pre + attn_out  # (B, T, D)
+        resid_post = resid_mid + self.mlp(self.ln2(resid_mid))  # (B, T, D)
+        return resid_post, pattern  # pattern (B, H, T, T) per head, or None
+
+
+class TorchTwin(nn.Module):
+    """ids (B, T) -> logits (B, T, V), built from stock torch.nn modules only."""
+
+    def __init__(self, config: DecoderConfig, *, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        _require_supported(config)
+        self.config = cfg = config
+        factory = {"device": device, "dtype": dtype}
+        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model, **factory)  # (V, D)
+        self.position = (
+            nn.Parameter(torch.zeros(cfg.max_seq_len, cfg.d_model, **factory))
+            if cfg.pos == "learned" else None
+        )  # (max_seq_len, D)
+        self.blocks = nn.ModuleList(TwinBlock(cfg, **factory) for _ in range(cfg.n_layers))
+        self.ln_final = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, **factory)
+        self.readout = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False, **factory)  # (V, D)
+        if cfg.tie_embeddings:
+            self.readout.weight = self.token_embedding.weight  # the same Parameter object
+
+    def _apply(self, fn, recurse: bool = True):
+        # to_empty() and some conversions give each slot a new Parameter; tie again (DEFECTS A1).
+        super()._apply(fn, recurse)
+        if self.config.tie_embeddings and self.readout.weight is not self.token_embedding.weight:
+            self.readout.weight = self.token_embedding.weight
+        return self
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) -> logits (B, T, V)."""
+        return self._run(ids, need_weights=False)[0]
+
+    def forward_with_patterns(self, ids: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits and, per layer, nn.MultiheadAttention's per-head weights (B, H, T, T)."""
+        return self._run(ids, need_weights=True)
+
+    def _run(self, ids: torch.Tensor, need_weights: bool):
+        check_ids(ids, self.config)  # the same input contract: typed errors, nothing cropped
+        seq_len = ids.shape[1]
+        x = self.token_embedding(ids.long())  # (B, T, D)
+        if self.position is not None:
+            x = x + self.position[:seq_len]  # (T, D) broadcast over B
+        # nn.MultiheadAttention: boolean True = "may not attend". Strictly above the diagonal.
+        future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=ids.device).triu(1)
+        patterns = []
+        for block in self.blocks:
+            x, pattern = block(x, future, need_weights)
+            patterns.append(pattern)
+        return self.readout(self.ln_final(x)), patterns  # (B, T, V)
+
+
+# ----------------------------------------------------------------------------------------------
+# Weight transfer. The tables below map our unique parameter names to the twin's; the only
+# non-rename is q_proj, k_proj, v_proj (each (D, D)) <-> in_proj_weight (3D, D), rows stacked.
+# ----------------------------------------------------------------------------------------------
+
+def _name_table(cfg: DecoderConfig) -> list[tuple[tuple[str, ...], str]]:
+    """(our names, twin name): one our-name renames; three are stacked along rows."""
+    table: list[tuple[tuple[str, ...], str]] = [(("token_embeddings.weight",), "token_embedding.weight")]
+    if cfg.pos == "learned":
+        table.append((("position_embeddings.weight",), "position"))
+    for i in range(cfg.n_layers):
+        ours, twin = f"layers.{i}", f"blocks.{i}"
+        table += [((f"{ours}.ln1.weight",), f"{twin}.ln1.weight"),
+                  ((f"{ours}.ln1.bias",), f"{twin}.ln1.bias"),
+                  (tuple(f"{ours}.attn.{p}_proj.weight" for p in "qkv"), f"{twin}.attn.in_proj_weight"),
+                  ((f"{ours}.attn.output_proj.weight",), f"{twin}.attn.out_proj.weight"),
+                  ((f"{ours}.ln2.weight",), f"{twin}.ln2.weight"),
+                  ((f"{ours}.ln2.bias",), f"{twin}.ln2.bias"),
+                  ((f"{ours}.ffn.w1.weight",), f"{twin}.mlp.0.weight"),
+                  ((f"{ours}.ffn.w2.weight",), f"{twin}.mlp.2.weight")]
+        if cfg.attn_bias:
+            table += [(tuple(f"{ours}.attn.{p}_proj.bias" for p in "qkv"), f"{twin}.attn.in_proj_bias"),
+                      ((f"{ours}.attn.output_proj.bias",), f"{twin}.attn.out_proj.bias")]
+        if cfg.mlp_bias:
+            table += [((f"{ours}.ffn.w1.bias",), f"{twin}.mlp.0.bias"),
+                      ((f"{ours}.ffn.w2.bias",), f"{twin}.mlp.2.bias")]
+    table += [(("ln_final.weight",), "ln_final.weight"), (("ln_final.bias",), "ln_final.bias")]
+    if not cfg.tie_embeddings:
+        table.append((("lm_head.weight",), "readout.weight"))
+    return table
+
+
+def decoder_to_twin_tensors(cfg: DecoderConfig, tensors: Mapping[str, torch.Tensor]
+                            ) -> dict[str, torch.Tensor]:
+    """Our unique-parameter names -> the twin's (works for weights and for gradients alike)."""
+    return {twin: torch.cat([tensors[n] for n in ours]) if len(ours) > 1 else tensors[ours[0]]
+            for ours, twin in _name_table(cfg)}
+
+
+def twin_to_decoder_tensors(cfg: DecoderConfig, tensors: Mapping[str, torch.Tensor]
+                            ) -> dict[str, torch.Tensor]:
+    """The twin's unique-parameter names -> ours (the inverse of decoder_to_twin_tensors)."""
+    out: dict[str, torch.Tensor] = {}
+    for ours, twin in _name_table(cfg):
+        for name, part in zip(ours, tensors[twin].chunk(len(ours))):  # rows [q; k; v]
+            out[name] = part
+    return out
+
+
+def _copy_parameters(module: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy tensors into module's unique Parameters; names and shapes must match exactly."""
+    params = dict(module.named_parameters())  # a tied weight appears once
+    missing, unexpected = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
+    mismatched = [f"{n}: {tuple(tensors[n].shape)} vs {tuple(params[n].shape)}"
+                  for n in set(params) & set(tensors) if tensors[n].shape != params[n].shape]
+    if missing or unexpected or mismatched:
+        raise ConfigError(f"weight transfer mismatch: missing {missing}, unexpected {unexpected}, "
+                          f"shapes {mismatched}")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            params[name].copy_(tensor)
+
+
+def twin_from_decoder(decoder: Decoder) -> TorchTwin:
+    """A TorchTwin with the decoder's config, dtype and device, holding copies of its weights."""
+    cfg = decoder.config
+    _require_supported(cfg)
+    weight = decoder.token_embeddings.weight
+    twin = TorchTwin(cfg, device=weight.device, dtype=weight.dtype)
+    _copy_parameters(twin, decoder_to_twin_tensors(cfg, dict(decoder.named_parameters())))
+    return twin.train(decoder.training)
+
+
+def decoder_from_twin(twin: TorchTwin) -> Decoder:
+    """A Decoder with the twin's config, dtype and device, holding copies of its weights."""
+    cfg = twin.config
+    weight = twin.token_embedding.weight
+    decoder = Decoder(cfg, device=weight.device, dtype=weight.dtype)
+    _copy_parameters(decoder, twin_to_decoder_tensors(cfg, dict(twin.named_parameters())))
+    return decoder.train(twin.training)
