@@ -2,6 +2,7 @@
 before training."""
 
 from .accounting import Accounting, account
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import DecoderConfig
 from .errors import (
     CheckpointError,
@@ -15,6 +16,15 @@ from .ledger import Ledger, LedgerRow, measured_ledger, parameter_ledger, reconc
 from .model import Decoder
 from .oracle import oracle_logits
 from .presets import preset, preset_names
+from .references import (
+    TorchTwin,
+    decoder_from_twin,
+    from_hf,
+    load_hf_folder,
+    save_hf_folder,
+    to_hf,
+    twin_from_decoder,
+)
 from .trace import Trace, run_with_trace
 
 __version__ = "0.1.0"
@@ -25,4 +35,6 @@ __all__ = [
     "DecoderInputError", "InputShapeError", "Ledger", "LedgerRow", "TokenIdError", "Trace",
     "measured_ledger", "oracle_logits", "parameter_ledger", "preset", "preset_names", "reconcile",
     "run_with_trace",
+    "TorchTwin", "decoder_from_twin", "from_hf", "load_checkpoint", "load_hf_folder",
+    "save_checkpoint", "save_hf_folder", "to_hf", "twin_from_decoder",
 ]

@@ -1,0 +1,96 @@
+"""`decoder-audit convert`: move weights between Hugging Face folders and our checkpoints.
+
+    decoder-audit convert --from-hf HF_DIR --out CKPT_DIR
+    decoder-audit convert --to-hf --checkpoint CKPT_DIR --out HF_DIR
+
+Every conversion is proven before the command reports success: the written result is loaded
+back from disk and its logits are compared with the source's on a seeded random batch that
+fills the whole context (float32; tolerance --tolerance, default 1e-4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from .common import console
+
+CHECK_BATCH = 2
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "convert", help="convert weights to and from Hugging Face (GPT-2, Llama)",
+        description="Convert a Hugging Face GPT-2 or Llama folder (config.json + "
+                    "model.safetensors, as save_pretrained writes it) into a decoder-audit "
+                    "checkpoint, or a checkpoint into such a folder. The result is read back and "
+                    "its logits compared with the source's before success is reported.")
+    direction = parser.add_mutually_exclusive_group(required=True)
+    direction.add_argument("--from-hf", metavar="HF_DIR",
+                           help="Hugging Face folder to convert into a checkpoint")
+    direction.add_argument("--to-hf", action="store_true",
+                           help="convert --checkpoint DIR into a Hugging Face folder")
+    parser.add_argument("--checkpoint", metavar="DIR", help="decoder-audit checkpoint (with --to-hf)")
+    parser.add_argument("--out", metavar="DIR", required=True,
+                        help="folder to write (replaced atomically if it holds an earlier output)")
+    parser.add_argument("--tolerance", type=float, default=1e-4,
+                        help="largest accepted |logit difference| in the check (default 1e-4)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the check's random ids")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(func=run, _parser=parser)
+
+
+def run(args) -> int:
+    if args.to_hf and not args.checkpoint:
+        args._parser.error("--to-hf needs --checkpoint DIR")
+    if args.from_hf and args.checkpoint:
+        args._parser.error("--checkpoint goes with --to-hf; --from-hf reads HF_DIR")
+    from ..checkpoint import load_checkpoint, save_checkpoint
+    from ..references.hf import load_hf_folder, max_logit_difference, save_hf_folder, _transformers
+
+    try:
+        tf = _transformers()
+    except ImportError as exc:
+        print(f"decoder-audit convert: error: {exc}", file=sys.stderr)
+        return 2
+    if args.from_hf:
+        source = args.from_hf
+        decoder = load_hf_folder(args.from_hf)
+        written = save_checkpoint(decoder, args.out)
+        ours = load_checkpoint(written)
+        hf_model = tf.AutoModelForCausalLM.from_pretrained(args.from_hf, attn_implementation="eager")
+        direction = "Hugging Face -> decoder-audit checkpoint"
+    else:
+        source = args.checkpoint
+        ours = load_checkpoint(args.checkpoint)
+        written = save_hf_folder(ours, args.out)
+        hf_model = tf.AutoModelForCausalLM.from_pretrained(str(written), attn_implementation="eager")
+        direction = "decoder-audit checkpoint -> Hugging Face"
+    hf_model = hf_model.to(torch.float32).eval()
+    ours = ours.to(torch.float32)
+
+    cfg = ours.config
+    generator = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(0, cfg.vocab_size, (CHECK_BATCH, cfg.max_seq_len), generator=generator)
+    diff = max_logit_difference(ours, hf_model, ids)
+    passed = diff <= args.tolerance
+    result = {
+        "direction": direction, "source": str(source), "out": str(written),
+        "hf_class": type(hf_model).__name__, "config": cfg.to_dict(),
+        "parameters": ours.num_parameters(), "check_ids_shape": list(ids.shape),
+        "max_abs_logit_difference": diff, "tolerance": args.tolerance, "passed": passed,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        out = console()
+        out.print(f"{direction}: {source} -> {written}")
+        out.print(f"{type(hf_model).__name__}, {ours.num_parameters():,} parameters, "
+                  f"tie_embeddings={cfg.tie_embeddings}")
+        verdict = "[green]equal[/green]" if passed else "[red]DIFFERENT[/red]"
+        out.print(f"logits on random ids {tuple(ids.shape)} (float32): max |ours - HF| = "
+                  f"{diff:.3e} (tolerance {args.tolerance:g}) {verdict}")
+    return 0 if passed else 1
