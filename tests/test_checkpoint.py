@@ -1,0 +1,263 @@
+"""Checkpoints: bitwise round trips with tying kept, refusal of anything damaged, mismatched or
+pickled, and survival of the previous checkpoint when a save dies half way."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import decoder_audit as da
+import decoder_audit.checkpoint as ckpt
+from decoder_audit.checkpoint import load_checkpoint, save_checkpoint
+
+ODD = dict(vocab_size=29, d_model=24, n_heads=6, d_ff=37, max_seq_len=9)
+CONFIGS = {
+    "tiny-368": da.preset("tiny-368"),
+    "llama-gqa-untied": da.DecoderConfig(**ODD, n_layers=2, n_kv_heads=2, norm="rmsnorm",
+                                         mlp="swiglu", pos="rope", tie_embeddings=False),
+    "gpt-tied-biases": da.DecoderConfig(**ODD, n_layers=3, n_kv_heads=3, mlp="gelu_tanh",
+                                        attn_bias=True, mlp_bias=True),
+}
+
+
+def _model(cfg, seed=0, dtype=None):
+    torch.manual_seed(seed)
+    model = da.Decoder(cfg, dtype=dtype)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.5)
+    return model
+
+
+def _ids(cfg):
+    return torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len), generator=torch.Generator().manual_seed(3))
+
+
+def _assert_same_model(a, b):
+    assert a.config == b.config
+    assert a.state_dict().keys() == b.state_dict().keys()
+    for key, value in a.state_dict().items():
+        assert b.state_dict()[key].dtype == value.dtype
+        assert torch.equal(b.state_dict()[key], value), key
+    ids = _ids(a.config)
+    assert torch.equal(a(ids), b(ids))  # bitwise, not approximately
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_round_trip_is_bitwise_and_keeps_the_tie(tmp_path, name):
+    cfg = CONFIGS[name]
+    model = _model(cfg)
+    folder = save_checkpoint(model, tmp_path / "ckpt")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert da.DecoderConfig.from_json((folder / "config.json").read_text()) == cfg
+
+    # Plain safetensors reads it (no shared-tensor error); the tied weight is stored once.
+    stored = load_file(str(folder / "model.safetensors"))
+    assert ("lm_head.weight" in stored) == (not cfg.tie_embeddings)
+    assert len(stored) == len(list(model.parameters()))
+
+    loaded = load_checkpoint(folder)
+    _assert_same_model(model, loaded)
+    if cfg.tie_embeddings:
+        assert loaded.lm_head.weight is loaded.token_embeddings.weight
+        assert len(list(loaded.parameters())) == len(list(loaded.named_parameters(remove_duplicate=False))) - 1
+
+
+def test_bfloat16_round_trip_and_dtype_override(tmp_path):
+    model = _model(CONFIGS["gpt-tied-biases"], dtype=torch.bfloat16)
+    save_checkpoint(model, tmp_path / "c")
+    loaded = load_checkpoint(tmp_path / "c")
+    _assert_same_model(model, loaded)
+    wide = load_checkpoint(tmp_path / "c", dtype=torch.float64)
+    assert wide.token_embeddings.weight.dtype == torch.float64
+    assert torch.equal(wide.token_embeddings.weight, model.token_embeddings.weight.double())
+    assert wide.lm_head.weight is wide.token_embeddings.weight
+
+
+def test_extra_files_are_saved_beside_the_weights(tmp_path):
+    model = _model(CONFIGS["tiny-368"])
+    folder = save_checkpoint(model, tmp_path / "c", extra_files={"optimizer.safetensors": b"\x01\x02",
+                                                                 "trainer.json": b"{}"})
+    assert (folder / "optimizer.safetensors").read_bytes() == b"\x01\x02"
+    assert (folder / "trainer.json").read_bytes() == b"{}"
+    _assert_same_model(model, load_checkpoint(folder))
+    for bad in ("../escape", "sub/dir", "config.json", "model.safetensors", ""):
+        with pytest.raises(da.CheckpointError, match="plain file name"):
+            save_checkpoint(model, tmp_path / "d", extra_files={bad: b""})
+
+
+def test_wrong_config_lists_missing_unexpected_and_mismatched_names(tmp_path):
+    folder = save_checkpoint(_model(CONFIGS["gpt-tied-biases"]), tmp_path / "c")
+    # A config with other widths and no biases: shapes and names both disagree.
+    other = CONFIGS["gpt-tied-biases"].replace(d_ff=40, mlp_bias=False)
+    (folder / "config.json").write_text(other.to_json())
+    with pytest.raises(da.CheckpointError) as info:
+        load_checkpoint(folder)
+    message = str(info.value)
+    assert "model.safetensors" in message and "config.json" in message
+    assert "unexpected ['layers.0.ffn.w1.bias'" in message
+    assert "layers.0.ffn.w1.weight stored (37, 24) but the config needs (40, 24)" in message
+
+
+def test_missing_and_renamed_tensors_are_named(tmp_path):
+    cfg = CONFIGS["tiny-368"]
+    folder = save_checkpoint(_model(cfg), tmp_path / "c")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["ln_final.gain"] = tensors.pop("ln_final.weight")
+    del tensors["position_embeddings.weight"]
+    tensors["lm_head.weight"] = tensors["token_embeddings.weight"].clone()
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(da.CheckpointError) as info:
+        load_checkpoint(folder)
+    message = str(info.value)
+    assert "missing ['ln_final.weight', 'position_embeddings.weight']" in message
+    assert "unexpected ['lm_head.weight', 'ln_final.gain']" in message
+    assert "stored once" in message  # the hint about tying
+
+
+def test_invalid_config_json_is_a_checkpoint_error_naming_the_file(tmp_path):
+    folder = save_checkpoint(_model(CONFIGS["tiny-368"]), tmp_path / "c")
+    (folder / "config.json").write_text(json.dumps({**CONFIGS["tiny-368"].to_dict(), "n_heads": 3}))
+    with pytest.raises(da.CheckpointError, match=r"config\.json.*d_model=4 is not divisible by n_heads=3"):
+        load_checkpoint(folder)
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(da.CheckpointError, match=r"config\.json.*not valid JSON"):
+        load_checkpoint(folder)
+
+
+def test_flipped_data_byte_is_caught_by_the_digest(tmp_path):
+    folder = save_checkpoint(_model(CONFIGS["tiny-368"]), tmp_path / "c")
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x40  # inside the last tensor's data; the header is still valid
+    weights.write_bytes(bytes(data))
+    with pytest.raises(da.CheckpointError, match=r"model\.safetensors.*corrupted.*SHA-256"):
+        load_checkpoint(folder)
+
+
+def test_corrupted_header_and_truncated_file_name_the_file(tmp_path):
+    folder = save_checkpoint(_model(CONFIGS["tiny-368"]), tmp_path / "c")
+    weights = folder / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:8] + b"#" + good[9:])  # the JSON header no longer parses
+    with pytest.raises(da.CheckpointError, match=r"model\.safetensors.*not a readable safetensors"):
+        load_checkpoint(folder)
+    weights.write_bytes(good[: len(good) - 100])  # truncated
+    with pytest.raises(da.CheckpointError, match=r"model\.safetensors.*not a readable safetensors"):
+        load_checkpoint(folder)
+    weights.write_bytes(b"")
+    with pytest.raises(da.CheckpointError, match=r"model\.safetensors"):
+        load_checkpoint(folder)
+
+
+def test_pickles_are_refused_without_being_unpickled(tmp_path, monkeypatch):
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("torch.load must never be called on a checkpoint")
+
+    model = _model(CONFIGS["tiny-368"])
+    folder = save_checkpoint(model, tmp_path / "c")
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    # A torch.save pickle offered under the weights file's name.
+    torch.save(model.state_dict(), folder / "model.safetensors")
+    with pytest.raises(da.CheckpointError, match="pickle file, not safetensors; refused"):
+        load_checkpoint(folder)
+    # A folder with only pickle weights.
+    os.replace(folder / "model.safetensors", folder / "pytorch_model.bin")
+    with pytest.raises(da.CheckpointError, match=r"pickle weights \['pytorch_model.bin'\]"):
+        load_checkpoint(folder)
+
+
+def test_missing_folder_and_file_instead_of_folder(tmp_path):
+    with pytest.raises(da.CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(da.CheckpointError, match="is a file"):
+        load_checkpoint(tmp_path / "file")
+    with pytest.raises(da.CheckpointError, match="not a folder"):
+        save_checkpoint(_model(CONFIGS["tiny-368"]), tmp_path / "file")
+
+
+def test_save_refuses_to_replace_an_unrelated_folder(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("precious")
+    with pytest.raises(da.CheckpointError, match="does not look like one of our outputs"):
+        save_checkpoint(_model(CONFIGS["tiny-368"]), tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
+
+
+def test_crash_while_writing_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    cfg = CONFIGS["gpt-tied-biases"]
+    old, new = _model(cfg, seed=0), _model(cfg, seed=1)
+    path = save_checkpoint(old, tmp_path / "c")
+
+    def dying_save_file(tensors, filename, metadata=None):
+        with open(filename, "wb") as handle:  # half a file, then the process "dies"
+            handle.write(b"\x00" * 100)
+        raise KeyboardInterrupt("simulated crash mid-write")
+
+    monkeypatch.setattr(ckpt, "save_file", dying_save_file)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(new, path)
+    _assert_same_model(old, load_checkpoint(path))
+    stale = list(tmp_path.glob(".c.tmp-*"))
+    assert len(stale) == 1  # the half-written temporary is what a crash leaves
+
+    monkeypatch.undo()
+    save_checkpoint(new, path)  # the next save cleans up and replaces
+    _assert_same_model(new, load_checkpoint(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+
+
+def test_crash_after_the_exchange_leaves_the_new_checkpoint(tmp_path, monkeypatch):
+    cfg = CONFIGS["tiny-368"]
+    old, new = _model(cfg, seed=0), _model(cfg, seed=1)
+    path = save_checkpoint(old, tmp_path / "c")
+    (tmp_path / "x").mkdir(), (tmp_path / "y").mkdir()
+    if not ckpt._exchange(tmp_path / "x", tmp_path / "y"):
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
+    (tmp_path / "x").rmdir(), (tmp_path / "y").rmdir()
+
+    def dying_rmtree(*args, **kwargs):
+        raise KeyboardInterrupt("simulated crash before removing the old copy")
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", dying_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(new, path)
+    monkeypatch.undo()
+    _assert_same_model(new, load_checkpoint(path))
+    assert len(list(tmp_path.glob(".c.tmp-*"))) == 1  # holds the old checkpoint, now debris
+    save_checkpoint(old, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+
+
+def test_crash_between_the_two_renames_of_the_portable_path(tmp_path, monkeypatch):
+    """Without RENAME_EXCHANGE the old folder is moved aside first; a crash then leaves no
+    `c/` at all, but load_checkpoint("c") still finds the previous checkpoint."""
+    cfg = CONFIGS["llama-gqa-untied"]
+    old, new = _model(cfg, seed=0), _model(cfg, seed=1)
+    path = save_checkpoint(old, tmp_path / "c")
+    monkeypatch.setattr(ckpt, "_exchange", lambda a, b: False)
+    real_rename, calls = os.rename, []
+
+    def rename_then_die(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:  # path -> .old done; .tmp -> path never happens
+            raise KeyboardInterrupt("simulated crash between the renames")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "rename", rename_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(new, path)
+    monkeypatch.setattr(ckpt.os, "rename", real_rename)
+    assert not path.exists()
+    with pytest.warns(UserWarning, match="loading the previous checkpoint"):
+        recovered = load_checkpoint(path)
+    _assert_same_model(old, recovered)
+
+    save_checkpoint(new, path)  # the portable path completes and removes every backup
+    _assert_same_model(new, load_checkpoint(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
