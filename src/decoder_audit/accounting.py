@@ -515,10 +515,12 @@ def plot_context_sweep(cfg: DecoderConfig, path, batch_size: int = 1, *, title: 
     points = context_sweep(cfg, batch_size, start=start)
     ts = [t for t, _ in points]
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
-    for name in GROUPS:
+    # Distinct markers and widths, so groups with equal FLOPs (e.g. projections and a 4D MLP
+    # when F = 2D) still show as two lines.
+    for name, marker, width in zip(GROUPS, "osD^", (4.0, 2.0, 2.0, 2.0)):
         quadratic = GROUP_SCALING[name] == "quadratic in T"
-        ax.plot(ts, [flops[name] for _, flops in points], marker="o", markersize=3,
-                linestyle="--" if quadratic else "-", linewidth=2,
+        ax.plot(ts, [flops[name] for _, flops in points], marker=marker, markersize=4,
+                linestyle="--" if quadratic else "-", linewidth=width, alpha=0.9,
                 label=f"{name} ({GROUP_SCALING[name]})")
     ax.plot(ts, [sum(flops.values()) for _, flops in points], color="black", linewidth=1,
             label="total forward matmul FLOPs")
