@@ -1,0 +1,176 @@
+"""Training data: the tiny model's counting task and byte-level text.
+
+Both sources hand out *global* batches drawn from one seeded `torch.Generator`. Under
+DistributedDataParallel every rank draws the same global batch and keeps its own contiguous slice
+of rows (`shard`), so the union of the ranks' batches is exactly the batch a single process would
+train on; that is what lets N processes reproduce single-process training.
+
+The counting task (default for the 8-token vocabulary)
+-------------------------------------------------------
+Every sequence is five tokens, `<bos> x y z <eos>`:
+
+    x ~ uniform over {A, B, C, D}
+    y = next(x), z = next(y)        with next: A -> B -> C -> D -> A (cyclic)
+
+e.g. `<bos> C D A <eos>`. Inputs are the first four ids, targets the last four:
+
+    input:  <bos> x y z
+    target: x     y z <eos>
+
+Entropy floor: the best possible predictor is uncertain only about x (4 equally likely letters,
+ln 4 nats); y, z and <eos> are determined by the prefix (0 nats). The mean cross-entropy per target
+token of the optimal predictor is therefore (ln 4 + 0 + 0 + 0) / 4 = ln(4)/4 = 0.34657 nats.
+A fresh model predicts about uniformly over V = 8 tokens: ln 8 = 2.0794 nats.
+
+Byte-level text
+---------------
+A text file's bytes are the ids (V >= 256). The first `1 - val_fraction` of the bytes train, the
+rest validate; a batch is B random windows of `T + 1` consecutive bytes (T = max_seq_len), split
+into inputs `w[:T]` and targets `w[1:]`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from .errors import ConfigError
+
+LETTERS = ("A", "B", "C", "D")
+SEQUENCE_LENGTH = 5  # <bos> x y z <eos>
+
+
+def tiny_vocab():
+    """The 8-token vocabulary module of the gate (TINY_VOCAB, encode, decode)."""
+    from .gate import vocab
+
+    return vocab
+
+
+def _next_letter(letter: str) -> str:
+    return LETTERS[(LETTERS.index(letter) + 1) % len(LETTERS)]
+
+
+class CountingTask:
+    """`<bos> x next(x) next(next(x)) <eos>` with x uniform over A-D (see the module docstring)."""
+
+    name = "counting"
+    tokenizer = "tiny-vocab"
+    seq_len = SEQUENCE_LENGTH - 1  # T = 4 input positions
+
+    def __init__(self) -> None:
+        vocab = tiny_vocab()
+        self.vocab_size = len(vocab.TINY_VOCAB)
+        # Every sequence the task can produce, one per first letter, each with probability 1/4.
+        rows = []
+        for x in LETTERS:
+            y = _next_letter(x)
+            z = _next_letter(y)
+            rows.append(vocab.encode(f"<bos> {x} {y} {z} <eos>"))
+        self.sequences = torch.tensor(rows, dtype=torch.long)  # (4, 5)
+
+    @staticmethod
+    def entropy_floor() -> float:
+        """Mean per-target cross-entropy of the optimal predictor: (ln 4 + 0 + 0 + 0) / 4."""
+        return math.log(len(LETTERS)) / (SEQUENCE_LENGTH - 1)
+
+    def check_model(self, vocab_size: int, max_seq_len: int) -> None:
+        if vocab_size < self.vocab_size or max_seq_len < self.seq_len:
+            raise ConfigError(
+                f"the counting task needs vocab_size >= {self.vocab_size} and max_seq_len >= "
+                f"{self.seq_len}; the model has vocab_size={vocab_size}, max_seq_len={max_seq_len}")
+
+    def batch(self, generator: torch.Generator, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A global batch: inputs and targets, each (B, 4)."""
+        which = torch.randint(len(self.sequences), (batch_size,), generator=generator)  # (B,)
+        seqs = self.sequences[which]  # (B, 5)
+        return seqs[:, :-1], seqs[:, 1:]
+
+    def eval_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every sequence once with its probability: the exact expected loss, no sampling noise."""
+        weights = torch.full((len(self.sequences),), 1.0 / len(self.sequences))
+        return self.sequences[:, :-1], self.sequences[:, 1:], weights
+
+    def describe_pair(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[str]:
+        """One aligned input/target pair, decoded token by token in columns."""
+        vocab = tiny_vocab()
+        ins = [vocab.decode([i]) for i in inputs.tolist()]
+        outs = [vocab.decode([t]) for t in targets.tolist()]
+        width = max(len(s) for s in ins + outs)
+        return ["input:  " + " ".join(s.ljust(width) for s in ins).rstrip(),
+                "target: " + " ".join(s.ljust(width) for s in outs).rstrip()]
+
+    def state(self) -> dict:
+        return {"task": self.name, "tokenizer": self.tokenizer}
+
+
+class ByteText:
+    """Random windows of T + 1 bytes from a text file, split into train and validation."""
+
+    name = "bytes"
+    tokenizer = "bytes"
+    vocab_size = 256
+    eval_windows = 64
+
+    def __init__(self, path: str | Path, seq_len: int, *, val_fraction: float = 0.1,
+                 seed: int = 0) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"--text file {str(path)!r} does not exist")
+        if not 0.0 < val_fraction < 1.0:
+            raise ConfigError(f"val_fraction={val_fraction} must lie strictly between 0 and 1")
+        data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).long()  # (N,)
+        self.path, self.seq_len = path, seq_len
+        split = int(len(data) * (1.0 - val_fraction))
+        self.train, self.val = data[:split], data[split:]
+        need = seq_len + 1
+        for part, tensor in (("training", self.train), ("validation", self.val)):
+            if len(tensor) < need:
+                raise ConfigError(
+                    f"{str(path)!r} has {len(data)} bytes: its {part} part ({len(tensor)} bytes, "
+                    f"val_fraction={val_fraction}) is shorter than one window of max_seq_len + 1 = "
+                    f"{need} bytes")
+        # Fixed validation windows from their own generator: evaluating never moves the training
+        # sampler, so a run with and without evaluation (or a resumed run) sees the same batches.
+        val_gen = torch.Generator().manual_seed(seed + 1)
+        starts = torch.randint(len(self.val) - need + 1, (self.eval_windows,), generator=val_gen)
+        windows = self.val[starts[:, None] + torch.arange(need)]  # (W, T+1)
+        self._eval = (windows[:, :-1], windows[:, 1:])
+
+    def check_model(self, vocab_size: int, max_seq_len: int) -> None:
+        if vocab_size < 256:
+            raise ConfigError(
+                f"--text trains a byte-level model, so vocab_size must be >= 256 (one id per byte); "
+                f"the model has vocab_size={vocab_size}. Use e.g. --config with vocab_size 256")
+
+    def batch(self, generator: torch.Generator, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        need = self.seq_len + 1
+        starts = torch.randint(len(self.train) - need + 1, (batch_size,), generator=generator)
+        windows = self.train[starts[:, None] + torch.arange(need)]  # (B, T+1)
+        return windows[:, :-1], windows[:, 1:]
+
+    def eval_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        inputs, targets = self._eval
+        return inputs, targets, torch.full((len(inputs),), 1.0 / len(inputs))
+
+    @staticmethod
+    def entropy_floor() -> None:
+        return None  # unknown for natural text
+
+    def describe_pair(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[str]:
+        show = lambda ids: repr(bytes(ids.tolist()).decode("utf-8", errors="replace"))  # noqa: E731
+        return [f"input:  {show(inputs)}", f"target: {show(targets)}"]
+
+    def state(self) -> dict:
+        return {"task": self.name, "tokenizer": self.tokenizer, "text": str(self.path)}
+
+
+def shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank `rank`'s contiguous slice of a global batch (B rows -> B / world_size rows)."""
+    if tensor.shape[0] % world_size:
+        raise ConfigError(f"global batch size {tensor.shape[0]} is not divisible by the "
+                          f"world size {world_size}")
+    per_rank = tensor.shape[0] // world_size
+    return tensor[rank * per_rank:(rank + 1) * per_rank]
