@@ -1,0 +1,260 @@
+"""Hugging Face GPT-2 and Llama as independent references under transferred weights.
+
+Tolerances (measured with every weight ~ N(0, 0.3), logits O(1), T = max_seq_len):
+  GPT-2  float32 ~5e-7, float64 ~1e-15  -> asserted 1e-5 and 1e-10.
+  Llama  float32 ~5e-7, float64 ~4e-7   -> asserted 1e-5 and 2e-6: transformers computes the
+         rotary angles (and RMSNorm) in float32 even for a float64 model, which bounds the float64
+         comparison near 1e-6; our own float64 path agrees with the float64 oracle to 1e-12.
+Round trips (HF -> ours -> HF, ours -> HF -> ours) are bitwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import decoder_audit as da
+from decoder_audit.references import hf as hfref
+
+tf = pytest.importorskip("transformers")
+tf.logging.set_verbosity_error()  # tiny vocabularies trigger harmless special-token warnings
+
+V, D, H, F, T = 29, 24, 6, 37, 32  # odd sizes; Dh = 4
+
+
+def _randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter (norm gains and biases too) random and O(1)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return module.eval()
+
+
+def _gpt2(tied: bool, seed: int = 0):
+    config = tf.GPT2Config(vocab_size=V, n_positions=T, n_embd=D, n_layer=3, n_head=H, n_inner=F,
+                           layer_norm_epsilon=1e-4, tie_word_embeddings=tied, bos_token_id=None,
+                           eos_token_id=None, attn_implementation="eager")
+    return _randomise(tf.GPT2LMHeadModel(config), seed)
+
+
+def _llama(tied: bool, kv_heads: int, seed: int = 0, **extra):
+    config = tf.LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=2,
+                            num_attention_heads=H, num_key_value_heads=kv_heads,
+                            max_position_embeddings=T, rms_norm_eps=1e-5, tie_word_embeddings=tied,
+                            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                            bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                            attn_implementation="eager", **extra)
+    return _randomise(tf.LlamaForCausalLM(config), seed)
+
+
+HF_MODELS = {
+    "gpt2-tied": lambda: _gpt2(True),
+    "gpt2-untied": lambda: _gpt2(False),
+    "llama-kv2-tied": lambda: _llama(True, 2),
+    "llama-kv3-untied": lambda: _llama(False, 3),
+    "llama-kv6-biases": lambda: _llama(False, 6, attention_bias=True, mlp_bias=True),
+}
+FLOAT64_TOLERANCE = {"gpt2": 1e-10, "llama": 2e-6}
+
+
+@pytest.fixture(scope="module")
+def hf_models():
+    return {name: build() for name, build in HF_MODELS.items()}
+
+
+def _ids(batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, V, (batch, T), generator=torch.Generator().manual_seed(5))
+
+
+def _assert_state_dicts_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("name", HF_MODELS)
+def test_from_hf_logits_equal_and_round_trip_is_exact(hf_models, name):
+    hf_model = hf_models[name]
+    ours = hfref.from_hf(hf_model)
+    ids = _ids()  # T = max_seq_len: every position, every RoPE angle we can reach
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf_model(ids).logits, rtol=0, atol=1e-5)
+    assert ours.config.tie_embeddings == hf_model.config.tie_word_embeddings
+    if ours.config.tie_embeddings:
+        assert ours.lm_head.weight is ours.token_embeddings.weight
+    _assert_state_dicts_equal(hfref.to_hf(ours).state_dict(), hf_model.state_dict())
+
+    wide = copy.deepcopy(hf_model).double()
+    ours_wide = hfref.from_hf(wide)
+    assert ours_wide.token_embeddings.weight.dtype == torch.float64
+    tolerance = FLOAT64_TOLERANCE[wide.config.model_type]
+    with torch.no_grad():
+        torch.testing.assert_close(ours_wide(ids), wide(ids).logits, rtol=0, atol=tolerance)
+        # Our side of the float64 gap is exact: the slow float64 oracle agrees to 1e-12.
+        oracle = da.oracle_logits(ours_wide.state_dict(), ours_wide.config, ids)
+        torch.testing.assert_close(ours_wide(ids), oracle.to(torch.float64), rtol=0, atol=1e-12)
+
+
+OURS = {
+    "gpt-tied-nobias-relu": da.DecoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=F,
+                                             max_seq_len=T, mlp="relu", attn_bias=False,
+                                             mlp_bias=True),
+    "gpt-untied-gelu": da.DecoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=F,
+                                        max_seq_len=T, mlp="gelu", attn_bias=True, mlp_bias=True,
+                                        tie_embeddings=False),
+    "llama-kv2-untied": da.DecoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H,
+                                         n_kv_heads=2, d_ff=F, max_seq_len=T, norm="rmsnorm",
+                                         mlp="swiglu", pos="rope", rope_theta=10000.0,
+                                         tie_embeddings=False),
+    "llama-kv3-tied": da.DecoderConfig(vocab_size=V, d_model=D, n_layers=3, n_heads=H, n_kv_heads=3,
+                                       d_ff=F, max_seq_len=T, norm="rmsnorm", mlp="swiglu",
+                                       pos="rope", rope_theta=777.0, tie_embeddings=True),
+}
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_to_hf_logits_equal_and_round_trip_is_exact(name):
+    cfg = OURS[name]
+    torch.manual_seed(1)
+    ours = _randomise(da.Decoder(cfg), seed=1)
+    hf_model = hfref.to_hf(ours)
+    assert hf_model.config._attn_implementation == "eager"
+    assert (hf_model.lm_head.weight is hf_model.get_input_embeddings().weight) == cfg.tie_embeddings
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(hf_model(ids).logits, ours(ids), rtol=0, atol=1e-5)
+    back = hfref.from_hf(hf_model)
+    if cfg.attn_bias or hfref.hf_family(cfg) == "llama":
+        assert back.config == cfg
+        _assert_state_dicts_equal(back.state_dict(), ours.state_dict())
+    else:
+        # GPT-2 always has biases: ours had none in attention, so they came back as exact zeros.
+        assert back.config == cfg.replace(attn_bias=True)
+        for key, value in ours.state_dict().items():
+            assert torch.equal(back.state_dict()[key], value), key
+        assert all(torch.all(back.state_dict()[f"layers.{i}.attn.{p}.bias"] == 0)
+                   for i in range(cfg.n_layers) for p in ("q_proj", "k_proj", "v_proj", "output_proj"))
+
+
+def test_tiny_368_runs_as_a_gpt2_model():
+    ours = da.Decoder(da.preset("tiny-368"))
+    hf_model = hfref.to_hf(ours)
+    assert hf_model.config.activation_function == "relu"
+    ids = torch.tensor([[0, 3, 7, 1], [5, 5, 2, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf_model(ids).logits, ours(ids), rtol=0, atol=1e-6)
+
+
+def test_rope_row_permutation_turns_rotate_half_into_interleaved():
+    """HF's own apply_rotary_pos_emb on a head vector equals our apply_rope on the same vector
+    with its components reordered by the permutation the converter uses."""
+    from decoder_audit.model import apply_rope, rope_tables
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    dh, seq = 8, T
+    assert hfref._rope_permutation(4).tolist() == [0, 2, 1, 3]  # written out by hand
+    assert hfref._rope_permutation(8).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    perm = hfref._rope_permutation(dh)
+    llama = tf.LlamaConfig(hidden_size=2 * dh, num_attention_heads=2, max_position_embeddings=seq,
+                           rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    x = torch.randn(1, 2, seq, dh, dtype=torch.float64)  # (B, H, T, Dh), HF layout
+    cos, sin = LlamaRotaryEmbedding(llama)(x, torch.arange(seq)[None])
+    theirs, _ = apply_rotary_pos_emb(x, x, cos, sin)
+    cfg = da.DecoderConfig(vocab_size=2, d_model=2 * dh, n_layers=1, n_heads=2, d_ff=2,
+                           max_seq_len=seq, pos="rope", rope_theta=500.0)
+    ours = apply_rope(x[..., perm], *rope_tables(cfg, seq, x.device, x.dtype))
+    torch.testing.assert_close(ours, theirs[..., perm], rtol=0, atol=1e-5)  # HF angles: float32
+
+
+@pytest.mark.parametrize("config,field", [
+    (lambda: tf.GPT2Config(activation_function="silu"), "activation_function='silu'"),
+    (lambda: tf.GPT2Config(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
+    (lambda: tf.GPT2Config(reorder_and_upcast_attn=True), "reorder_and_upcast_attn"),
+    (lambda: tf.GPT2Config(scale_attn_weights=False), "scale_attn_weights=False"),
+    (lambda: tf.LlamaConfig(hidden_act="gelu"), "hidden_act='gelu'"),
+    (lambda: tf.LlamaConfig(hidden_size=24, num_attention_heads=6, head_dim=8), "head_dim=8"),
+    (lambda: tf.LlamaConfig(rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                             "rope_theta": 1e4}),
+     "rope_parameters.rope_type='linear'"),
+    (lambda: tf.BertConfig(), "model_type='bert'"),
+])
+def test_unsupported_hf_configs_are_refused_naming_the_field(config, field):
+    with pytest.raises(da.ConfigError, match=field.replace("(", r"\(").replace(".", r"\.")):
+        hfref.config_from_hf(config())
+
+
+def test_sliding_window_is_refused():
+    config = tf.LlamaConfig()
+    config.sliding_window = 128  # as Mistral-style configs carry it
+    with pytest.raises(da.ConfigError, match="sliding_window=128"):
+        hfref.config_from_hf(config)
+
+
+def test_tie_flag_that_disagrees_with_the_weights_is_refused(hf_models):
+    model = copy.deepcopy(hf_models["gpt2-tied"])
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # untied
+    with pytest.raises(da.ConfigError, match="tie_word_embeddings=True but lm_head.weight is not"):
+        hfref.from_hf(model)
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(norm="rmsnorm"), "norm='rmsnorm'"),
+    (dict(pos="rope", norm="layernorm", mlp="swiglu"), "pos='rope'"),
+    (dict(n_kv_heads=2), "n_kv_heads=2"),
+])
+def test_to_hf_refuses_what_no_family_expresses(change, field):
+    cfg = OURS["gpt-untied-gelu"].replace(**change)
+    with pytest.raises(da.ConfigError, match=field):
+        hfref.to_hf(da.Decoder(cfg))
+
+
+def test_weights_that_do_not_fit_are_listed(hf_models):
+    cfg = hfref.config_from_hf(hf_models["llama-kv3-untied"].config)
+    state = dict(hf_models["llama-kv3-untied"].state_dict())
+    state["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(5, D)
+    del state["model.norm.weight"]
+    state["model.extra.weight"] = torch.zeros(1)
+    with pytest.raises(da.CheckpointError) as info:
+        hfref.hf_tensors_to_ours(cfg, state)
+    message = str(info.value)
+    assert "missing ['model.norm.weight']" in message
+    assert "unexpected ['model.extra.weight']" in message
+    assert "model.layers.0.self_attn.k_proj.weight is (5, 24), the config needs (12, 24)" in message
+
+
+@pytest.mark.parametrize("name", ["gpt2-tied", "llama-kv3-untied"])
+def test_save_pretrained_folder_loads_and_ours_exports_to_one(tmp_path, hf_models, name):
+    hf_model = hf_models[name]
+    hf_model.save_pretrained(tmp_path / "hf")
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    ours = hfref.load_hf_folder(tmp_path / "hf")
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf_model(ids).logits, rtol=0, atol=1e-5)
+
+    written = hfref.save_hf_folder(ours, tmp_path / "exported")
+    assert {"config.json", "model.safetensors"} <= {p.name for p in written.iterdir()}
+    reloaded = tf.AutoModelForCausalLM.from_pretrained(written, attn_implementation="eager").eval()
+    assert type(reloaded) is type(hf_model)
+    _assert_state_dicts_equal(reloaded.state_dict(), hf_model.state_dict())
+
+
+def test_core_package_imports_without_transformers():
+    """`transformers` is an optional extra: the core imports without it, and the HF functions
+    then raise an ImportError that says how to install it."""
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import decoder_audit as da\n"
+        "try:\n"
+        "    da.to_hf(da.Decoder(da.preset('tiny-368')))\n"
+        "except ImportError as exc:\n"
+        "    print('IMPORT-ERROR', exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "IMPORT-ERROR" in result.stdout and "pip install 'decoder-audit[hf]'" in result.stdout
