@@ -1,0 +1,228 @@
+"""`audit()`: run every check of the gate on a model and collect an `AuditReport`.
+
+    import decoder_audit as da
+    report = da.audit(da.Decoder(da.preset("tiny-368")))          # white-box
+    report = da.audit(hf_model, vocab_size=V, max_seq_len=T)        # black-box
+    report.passed, report.first_failure, report.checks
+
+The runner orders results by the seeds' diagnosis order (result.CHECK_ORDER) and names the first
+contract that broke. A check that raises, because the model raised inside it, fails with the
+exception as its evidence; the gate itself does not crash. The user's model is never modified.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import inputs, invariance, loss, whitebox
+from .result import CHECK_ORDER, CHECK_TITLES, CheckResult, crashed, skipped
+from .subject import Subject
+
+CHECKS: dict[str, Callable[[Subject], CheckResult]] = {
+    "inputs": inputs.check_inputs,
+    "overlength": inputs.check_overlength,
+    "shapes": inputs.check_shapes,
+    "raw_logits": inputs.check_raw_logits,
+    "determinism": invariance.check_determinism,
+    "batch_independence": invariance.check_batch_independence,
+    "causal": invariance.check_causal,
+    "prefix": invariance.check_prefix,
+    "attention_rows": whitebox.check_attention_rows,
+    "params": whitebox.check_params,
+    "tying": whitebox.check_tying,
+    "tying_grad": whitebox.check_tying_grad,
+    "oracle": whitebox.check_oracle,
+    "loss_alignment": loss.check_loss_alignment,
+}
+assert tuple(CHECKS) == CHECK_ORDER
+
+
+@dataclass
+class AuditReport:
+    """The gate's verdict on one model: every check in diagnosis order, and how it ran."""
+
+    checks: list[CheckResult]
+    model: str
+    mode: str  # "white-box" or "black-box"
+    dtype: str  # the dtype the behavioural checks ran in
+    vocab_size: int
+    max_seq_len: int | None
+    seed: int = 0
+    seconds: float = 0.0
+    tokens: int = 0  # token positions pushed through the model
+    calls: int = 0
+    notes: list[str] = field(default_factory=list)
+    config: dict[str, Any] | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Every check passed (skipped checks neither pass nor fail; see `skipped`)."""
+        return all(c.passed for c in self.checks)
+
+    @property
+    def first_failure(self) -> CheckResult | None:
+        return next((c for c in self.checks if not c.passed), None)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [c for c in self.checks if not c.passed]
+
+    @property
+    def skipped(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.skipped]
+
+    def __getitem__(self, name: str) -> CheckResult:
+        for check in self.checks:
+            if check.name == name:
+                return check
+        raise KeyError(f"no check named {name!r}; checks are {[c.name for c in self.checks]}")
+
+    @property
+    def forward_equivalents(self) -> float:
+        """Cost in full forward passes of one sequence at the longest length checked."""
+        length = self.max_seq_len or 16
+        return self.tokens / length
+
+    def to_dict(self) -> dict[str, Any]:
+        first = self.first_failure
+        return {
+            "passed": self.passed,
+            "first_failure": None if first is None else first.name,
+            "model": self.model,
+            "mode": self.mode,
+            "dtype": self.dtype,
+            "vocab_size": self.vocab_size,
+            "max_seq_len": self.max_seq_len,
+            "seed": self.seed,
+            "config": self.config,
+            "checks": [c.to_dict() for c in self.checks],
+            "skipped": [c.name for c in self.skipped],
+            "cost": {"seconds": round(self.seconds, 3), "tokens": self.tokens,
+                     "model_calls": self.calls,
+                     "forward_equivalents": round(self.forward_equivalents, 2)},
+            "notes": self.notes,
+        }
+
+    def to_markdown(self, command: str | None = None) -> str:
+        from .report import markdown
+
+        return markdown(self, command)
+
+    def write(self, directory: str | Path, command: str | None = None) -> list[Path]:
+        """report.md, report.json and the PNG pictures into `directory`; returns the paths."""
+        from .report import write_report
+
+        return write_report(self, Path(directory), command)
+
+    def summary(self) -> str:
+        first = self.first_failure
+        verdict = "PASSED" if first is None else f"FAILED at {first.name}: {first.detail}"
+        return f"{self.model} ({self.mode}): {verdict}"
+
+
+def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int | None = None,
+          progress: bool = False, seed: int = 0, **options: Any) -> AuditReport:
+    """Run the acceptance gate on `model` and return its `AuditReport`.
+
+    White-box when the model carries a `DecoderConfig` as `.config` (vocab_size and max_seq_len
+    come from it); otherwise black-box, and `vocab_size` is required. `max_seq_len=None` skips the
+    overlength check (listed as skipped). Options: `checks=[names]` runs only those checks (the
+    rest are listed as skipped), `intervention_len=T` sets the causal/prefix length (default
+    min(max_seq_len, 64)).
+    """
+    wanted = options.pop("checks", None)
+    wanted = set(CHECK_ORDER if wanted is None else _validate_names(wanted))
+    subject = Subject(model, vocab_size=vocab_size, max_seq_len=max_seq_len, seed=seed,
+                      options=options)
+    started = time.perf_counter()
+    results: dict[str, CheckResult] = {}
+    with torch.random.fork_rng(devices=[]):  # the user's global RNG stream is left untouched
+        torch.manual_seed(seed)  # for models that draw random numbers themselves
+        subject.prepare()
+        try:
+            with _progress(progress, len(wanted)) as advance:
+                for name in CHECK_ORDER:
+                    if name not in wanted:
+                        results[name] = skipped(name, "not requested")
+                        continue
+                    advance(name)
+                    results[name] = _run_one(name, subject)
+                advance(None)
+        finally:
+            subject.release()
+    cfg = subject.cfg
+    return AuditReport(
+        checks=[results[name] for name in CHECK_ORDER],
+        model=type(model).__name__,
+        mode="white-box" if subject.whitebox else "black-box",
+        dtype=str(subject.dtype).removeprefix("torch."),
+        vocab_size=subject.vocab_size,
+        max_seq_len=subject.max_seq_len,
+        seed=seed,
+        seconds=time.perf_counter() - started,
+        tokens=subject.tokens,
+        calls=subject.calls,
+        notes=subject.notes,
+        config=None if cfg is None else cfg.to_dict(),
+    )
+
+
+def _run_one(name: str, subject: Subject) -> CheckResult:
+    try:
+        result = CHECKS[name](subject)
+    except Exception as exc:  # the model raised inside the check: that is evidence
+        result = crashed(name, exc)
+    if not isinstance(result, CheckResult) or result.name != name:
+        raise AssertionError(f"check {name} returned {result!r}")
+    return result
+
+
+def _validate_names(names: Iterable[str]) -> list[str]:
+    names = list(names)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ValueError(f"unknown check(s) {unknown}; checks are {list(CHECK_ORDER)}")
+    return names
+
+
+class _progress:
+    """A rich progress bar over the checks, on stderr; a no-op when not asked for."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+        self.bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda name: None
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("gate: {task.description:<20}"), BarColumn(),
+                            TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                            console=Console(stderr=True), transient=True)
+        self.bar.__enter__()
+        task = self.bar.add_task("starting", total=self.total)
+        started = [False]
+
+        def advance(name: str | None) -> None:
+            if started[0]:
+                self.bar.advance(task)
+            started[0] = True
+            self.bar.update(task, description=name or "done")
+
+        return advance
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+__all__ = ["AuditReport", "CheckResult", "CHECK_ORDER", "CHECK_TITLES", "audit"]
