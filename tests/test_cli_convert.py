@@ -1,0 +1,81 @@
+"""`decoder-audit convert` round-trips a folder written by `save_pretrained`, and
+`--checkpoint DIR` model sources load our checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+import decoder_audit as da
+from decoder_audit.cli import main
+from decoder_audit.cli.common import config_from_args, model_from_args
+
+tf = pytest.importorskip("transformers")
+tf.logging.set_verbosity_error()
+
+
+def _randomised(module, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return module.eval()
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A grouped-query, untied Llama saved by save_pretrained, as a user would download it."""
+    config = tf.LlamaConfig(vocab_size=29, hidden_size=24, intermediate_size=37, num_hidden_layers=2,
+                            num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=16,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+                            bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+    model = _randomised(tf.LlamaForCausalLM(config))
+    folder = tmp_path_factory.mktemp("hf") / "llama"
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_from_hf_then_to_hf_round_trips_a_save_pretrained_folder(tmp_path, llama_folder, capsys):
+    folder, hf_model = llama_folder
+    assert main(["convert", "--from-hf", str(folder), "--out", str(tmp_path / "ckpt"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] and report["max_abs_logit_difference"] <= 1e-5
+    assert report["hf_class"] == "LlamaForCausalLM" and report["check_ids_shape"] == [2, 16]
+
+    ours = da.load_checkpoint(tmp_path / "ckpt")
+    ids = torch.randint(0, 29, (2, 16), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf_model(ids).logits, rtol=0, atol=1e-5)
+
+    assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "ckpt"),
+                 "--out", str(tmp_path / "back")]) == 0
+    assert "equal" in capsys.readouterr().out
+    back = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "back")
+    original, returned = hf_model.state_dict(), back.state_dict()
+    assert original.keys() == returned.keys()
+    assert all(torch.equal(original[k], returned[k]) for k in original)  # bitwise round trip
+
+
+def test_checkpoint_model_source_loads_our_checkpoint(tmp_path):
+    model = da.Decoder(da.preset("tiny-368"))
+    da.save_checkpoint(model, tmp_path / "ckpt")
+    args = argparse.Namespace(checkpoint=str(tmp_path / "ckpt"), model=None, config=None, preset=None)
+    assert config_from_args(args) == model.config
+    loaded = model_from_args(args)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert torch.equal(loaded(ids), model(ids))
+    assert loaded.lm_head.weight is loaded.token_embeddings.weight
+
+
+def test_bad_arguments_and_missing_folders(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["convert", "--to-hf", "--out", str(tmp_path / "x")])  # no --checkpoint
+    assert "--to-hf needs --checkpoint" in capsys.readouterr().err
+    assert main(["convert", "--from-hf", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+    assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "missing"),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
