@@ -37,7 +37,7 @@ def _randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 def _gpt2(tied: bool, seed: int = 0):
     config = tf.GPT2Config(vocab_size=V, n_positions=T, n_embd=D, n_layer=3, n_head=H, n_inner=F,
-                           layer_norm_epsilon=1e-4, tie_word_embeddings=tied, bos_token_id=None,
+                           layer_norm_epsilon=1e-3, tie_word_embeddings=tied, bos_token_id=None,
                            eos_token_id=None, attn_implementation="eager")
     return _randomise(tf.GPT2LMHeadModel(config), seed)
 
@@ -45,7 +45,7 @@ def _gpt2(tied: bool, seed: int = 0):
 def _llama(tied: bool, kv_heads: int, seed: int = 0, **extra):
     config = tf.LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=2,
                             num_attention_heads=H, num_key_value_heads=kv_heads,
-                            max_position_embeddings=T, rms_norm_eps=1e-5, tie_word_embeddings=tied,
+                            max_position_embeddings=T, rms_norm_eps=3e-4, tie_word_embeddings=tied,
                             rope_parameters={"rope_type": "default", "rope_theta": 500.0},
                             bos_token_id=None, eos_token_id=None, pad_token_id=None,
                             attn_implementation="eager", **extra)
