@@ -49,6 +49,13 @@ def tiny_vocab():
     return vocab
 
 
+def next_token_batch(sequences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T+1) -> inputs (B, T), targets (B, T): the gate's shift, proven by its loss check."""
+    from .gate import next_token_batch as shift
+
+    return shift(sequences)
+
+
 def _next_letter(letter: str) -> str:
     return LETTERS[(LETTERS.index(letter) + 1) % len(LETTERS)]
 
@@ -85,13 +92,12 @@ class CountingTask:
     def batch(self, generator: torch.Generator, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A global batch: inputs and targets, each (B, 4)."""
         which = torch.randint(len(self.sequences), (batch_size,), generator=generator)  # (B,)
-        seqs = self.sequences[which]  # (B, 5)
-        return seqs[:, :-1], seqs[:, 1:]
+        return next_token_batch(self.sequences[which])  # (B, 5) -> (B, 4), (B, 4)
 
     def eval_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every sequence once with its probability: the exact expected loss, no sampling noise."""
         weights = torch.full((len(self.sequences),), 1.0 / len(self.sequences))
-        return self.sequences[:, :-1], self.sequences[:, 1:], weights
+        return (*next_token_batch(self.sequences), weights)
 
     def describe_pair(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[str]:
         """One aligned input/target pair, decoded token by token in columns."""
@@ -137,7 +143,7 @@ class ByteText:
         val_gen = torch.Generator().manual_seed(seed + 1)
         starts = torch.randint(len(self.val) - need + 1, (self.eval_windows,), generator=val_gen)
         windows = self.val[starts[:, None] + torch.arange(need)]  # (W, T+1)
-        self._eval = (windows[:, :-1], windows[:, 1:])
+        self._eval = next_token_batch(windows)
 
     def check_model(self, vocab_size: int, max_seq_len: int) -> None:
         if vocab_size < 256:
@@ -148,8 +154,7 @@ class ByteText:
     def batch(self, generator: torch.Generator, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         need = self.seq_len + 1
         starts = torch.randint(len(self.train) - need + 1, (batch_size,), generator=generator)
-        windows = self.train[starts[:, None] + torch.arange(need)]  # (B, T+1)
-        return windows[:, :-1], windows[:, 1:]
+        return next_token_batch(self.train[starts[:, None] + torch.arange(need)])  # (B, T+1)
 
     def eval_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         inputs, targets = self._eval

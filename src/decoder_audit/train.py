@@ -214,13 +214,15 @@ def next_token_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tenso
     """Mean cross-entropy of logits (B, T, V) against targets (B, T), flattened row-major to
     (B*T, V) and (B*T,) so logit row b*T + t meets target [b, t]. `weights` (B,) weights whole
     sequences (they sum to one); None means a plain mean over all B*T tokens."""
+    from .gate import flatten_for_loss  # the flattening the gate's loss_alignment check proves
+
     out = model(inputs)
     logits = getattr(out, "logits", out)  # (B, T, V); HF-style outputs carry .logits
-    batch, seq_len, vocab = logits.shape
+    flat_logits, flat_targets = flatten_for_loss(logits, targets)  # (B*T, V), (B*T,)
     if weights is None:
-        return F.cross_entropy(logits.reshape(batch * seq_len, vocab), targets.reshape(-1))
-    per_token = F.cross_entropy(logits.reshape(batch * seq_len, vocab), targets.reshape(-1),
-                                reduction="none").view(batch, seq_len)  # (B, T)
+        return F.cross_entropy(flat_logits, flat_targets)
+    per_token = F.cross_entropy(flat_logits, flat_targets, reduction="none")  # (B*T,)
+    per_token = per_token.view(targets.shape)  # (B, T)
     return (per_token.mean(1) * weights.to(per_token.dtype)).sum()
 
 

@@ -1,0 +1,86 @@
+"""`decoder-audit train`: audit the model, refuse on any failure, train what passed.
+
+Runs unchanged under `torchrun --nproc_per_node N --no-python decoder-audit train ...`
+(DistributedDataParallel; rank 0 prints and writes)."""
+
+from __future__ import annotations
+
+import sys
+
+from .common import add_model_source, console, model_from_args
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train", help="audit, then train (refuses any model that fails a check)",
+        description="Run the full gate on the model; if any check fails, name the first failed "
+                    "check and exit 1 without training or writing anything. Otherwise train it: "
+                    "by default the tiny model's counting task (<bos> x y z <eos>), or a byte-level "
+                    "model on --text FILE. There is no option to train a model that failed.")
+    add_model_source(parser, foreign=True)
+    parser.add_argument("--steps", type=int, help="optimizer steps (default 400)")
+    parser.add_argument("--seed", type=int, help="seeds the initialisation and the batches (default 0)")
+    parser.add_argument("--batch-size", type=int, help="global batch, all processes together (default 64)")
+    parser.add_argument("--lr", type=float, help="peak learning rate (default 3e-2; 3e-3 with --text)")
+    parser.add_argument("--warmup", type=int, help="linear warmup steps (default 20)")
+    parser.add_argument("--weight-decay", type=float, help="AdamW decay on matrices (default 0.1)")
+    parser.add_argument("--decay-embeddings", action="store_true", default=None,
+                        help="also decay embeddings (and a tied readout)")
+    parser.add_argument("--grad-clip", type=float, help="clip the gradient norm (default 1.0; 0 = off)")
+    parser.add_argument("--text", metavar="FILE", help="train a byte-level model (V >= 256) on FILE")
+    parser.add_argument("--out", metavar="DIR", help="run folder: metrics.jsonl, loss_curve.png, "
+                                                     "checkpoint/ (default runs/train)")
+    parser.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
+    parser.add_argument("--save-every", type=int, default=0, metavar="N",
+                        help="checkpoint every N steps too (default: only at the end)")
+    parser.add_argument("--eval-every", type=int, default=50, metavar="N",
+                        help="evaluation loss every N steps (default 50)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+# CLI flag -> TrainConfig field, for the flags that define the run.
+_OPTIONS = ("steps", "seed", "batch_size", "lr", "warmup", "weight_decay", "decay_embeddings",
+            "grad_clip", "text")
+
+
+def run(args) -> int:
+    from ..train import GateRefusal, train
+
+    options = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
+    source_given = any(getattr(args, f, None) for f in ("preset", "config", "checkpoint", "model"))
+    if args.resume:
+        if source_given:
+            print("decoder-audit train: error: --resume loads the model from its checkpoint; "
+                  "drop --preset/--config/--checkpoint/--model", file=sys.stderr)
+            return 2
+        model = None
+    else:
+        model = model_from_args(args, seed=options.get("seed", 0))
+    try:
+        result = train(
+            model, out=args.out or (None if args.resume else "runs/train"), resume=args.resume,
+            save_every=args.save_every, eval_every=args.eval_every, device=args.device,
+            progress=not args.no_progress, expect_fresh=not args.checkpoint,
+            vocab_size=args.vocab_size, max_seq_len=args.max_seq_len, **options)
+    except GateRefusal as refusal:
+        _print_refusal(refusal)
+        return 1
+    return 0 if result is not None else 1
+
+
+def _print_refusal(refusal) -> None:
+    import os
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    out = console()
+    out.print(f"[bold red]training refused[/bold red]: check [bold]{refusal.check}[/bold] failed")
+    out.print(f"  {refusal.detail}")
+    report = refusal.report
+    failed = [c for c in getattr(report, "checks", []) if not c.passed and not c.skipped]
+    if len(failed) > 1:
+        out.print(f"  other failed checks: {', '.join(c.name for c in failed[1:])}")
+    out.print("Nothing was trained and no checkpoint was written. Fix the model and rerun; "
+              "`decoder-audit verify` shows the full evidence.")

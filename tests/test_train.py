@@ -1,0 +1,307 @@
+"""Gated training: refusal of failing models, learning the counting task to its entropy floor,
+the optimizer's view of the tied weight, the schedule, exact resume, and crash-safe saves.
+
+Independent expectations: the entropy floor ln(4)/4 and each sequence's continuation are written
+here from the task's rule; 368 and the tensor counts come from the seeds' ledger; the schedule is
+the formula in the test; resume is compared with a run that never stopped."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import pytest
+import torch
+
+import decoder_audit as da
+import decoder_audit.checkpoint as ckpt_module
+from decoder_audit.checkpoint import load_checkpoint
+from decoder_audit.cli import main
+from decoder_audit.train import (GateRefusal, TrainConfig, lr_lambda, make_optimizer,
+                                 read_trainer_state, train)
+
+FLOOR = math.log(4) / 4  # only the first letter is uncertain (1 of 4); y, z, <eos> are determined
+LETTERS = "ABCD"
+
+
+def _next(letter: str) -> str:
+    return LETTERS[(LETTERS.index(letter) + 1) % 4]
+
+
+# ----------------------------------------------------------------------------------------------
+# Refusal
+# ----------------------------------------------------------------------------------------------
+
+MUTANTS = textwrap.dedent('''
+    import torch
+    import decoder_audit as da
+    from decoder_audit.model import eager_attention
+
+    def _bidirectional(attn):
+        """Planted defect: attention sees every position (the causal mask is ignored)."""
+        def forward(x, rope, trace=None, prefix=""):
+            B, T, _ = x.shape
+            q = attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(B, T, attn.kv_heads, attn.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(B, T, attn.kv_heads, attn.head_dim).transpose(1, 2)
+            everything = torch.ones(T, T, dtype=torch.bool)
+            z, scores, pattern = eager_attention(q, k, v, everything)
+            if trace is not None:
+                for name, value in (("q", q), ("k", k), ("v", v), ("scores", scores),
+                                    ("pattern", pattern), ("z", z)):
+                    trace.record(f"{prefix}.{name}", value)
+            return attn.output_proj(z.transpose(1, 2).reshape(B, T, -1))
+        return forward
+
+    def leaky():
+        torch.manual_seed(0)
+        model = da.Decoder(da.preset("tiny-368"))
+        for layer in model.layers:
+            layer.attn.forward = _bidirectional(layer.attn)
+        return model
+
+    def falsely_tied():
+        """Config-broken: the config declares tie_embeddings=True, the readout is a copy."""
+        torch.manual_seed(0)
+        model = da.Decoder(da.preset("tiny-368"))
+        copy = torch.nn.Parameter(model.token_embeddings.weight.detach().clone())
+        model.lm_head.weight = copy
+        return model
+''')
+
+
+@pytest.fixture
+def mutants(tmp_path):
+    path = tmp_path / "mutants.py"
+    path.write_text(MUTANTS)
+    namespace: dict = {}
+    exec(compile(MUTANTS, str(path), "exec"), namespace)
+    return path, namespace
+
+
+@pytest.mark.parametrize("factory, failed", [("leaky", {"causal"}),
+                                             ("falsely_tied", {"params", "tying"})])
+def test_failing_models_are_refused_and_nothing_is_trained(mutants, tmp_path, factory, failed):
+    _, namespace = mutants
+    model = namespace[factory]()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    out = tmp_path / "run"
+    with pytest.raises(GateRefusal) as refusal:
+        train(model, out=out, steps=5, progress=False, verbose=False)
+    assert refusal.value.check in failed
+    assert refusal.value.check == refusal.value.report.first_failure.name
+    assert not out.exists()  # no metrics, no checkpoint
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # not trained
+
+
+def test_cli_refuses_a_users_model_file_with_nonzero_exit(mutants, tmp_path, capsys):
+    path, _ = mutants
+    out = tmp_path / "run"
+    code = main(["train", "--model", f"{path}:leaky", "--out", str(out), "--steps", "5",
+                 "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 1
+    assert "training refused" in printed and "causal" in printed
+    assert not out.exists()
+    # The help offers no way around the gate.
+    assert not any(word in main.__globals__["build_parser"]().format_help().lower()
+                   for word in ("--skip-gate", "--force", "--no-gate"))
+
+
+def test_text_needs_a_byte_vocabulary(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 20)
+    with pytest.raises(da.ConfigError, match=r"vocab_size must be >= 256.*vocab_size=8"):
+        train("tiny-368", text=str(text), progress=False, verbose=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Learning the counting task
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    return train("tiny-368", out=out, steps=300, progress=False, verbose=False)
+
+
+def test_tiny_model_learns_to_its_entropy_floor(tiny_run):
+    assert abs(tiny_run.initial_loss - math.log(8)) <= 0.1 * math.log(8)  # fresh: ~uniform
+    assert tiny_run.entropy_floor == pytest.approx(FLOOR, rel=1e-12)
+    assert FLOOR <= tiny_run.final_loss <= 1.05 * FLOOR  # the floor is a true lower bound
+
+
+def test_greedy_sampling_continues_every_prompt(tiny_run):
+    model = tiny_run.model.eval()
+    vocab = da.gate.vocab if hasattr(da, "gate") else __import__(
+        "decoder_audit.gate.vocab", fromlist=["vocab"])
+    from decoder_audit.sample import generate
+
+    for x in LETTERS:
+        y, z = _next(x), _next(_next(x))
+        full = ["<bos>", x, y, z, "<eos>"]
+        for cut in range(2, 5):  # prompts "<bos> x", "<bos> x y", "<bos> x y z"
+            prompt = vocab.encode(" ".join(full[:cut]))
+            out = generate(model, prompt, max_seq_len=4, eos_id=vocab.encode("<eos>")[0])
+            assert vocab.decode(out.ids) == " ".join(full), (full[:cut], vocab.decode(out.ids))
+            assert out.stop == "eos"
+
+
+def test_sample_cli_on_the_trained_checkpoint(tiny_run, capsys):
+    assert main(["sample", "--checkpoint", str(tiny_run.out), "--prompt", "<bos> C"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "<bos> C D A <eos>"
+    assert main(["sample", "--checkpoint", str(tiny_run.out),
+                 "--prompt", "<bos> A B C D"]) == 2  # 5 > max_seq_len=4: refused, not cropped
+    assert "never cropped" in capsys.readouterr().err
+
+
+def test_run_folder_holds_metrics_plot_and_a_resumable_checkpoint(tiny_run):
+    rows = [json.loads(line) for line in (tiny_run.out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(0, 301))
+    assert rows[0]["eval_loss"] == pytest.approx(tiny_run.initial_loss)
+    assert all(r["tokens"] == r["step"] * 64 * 4 for r in rows[1:])
+    assert (tiny_run.out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    meta, state = read_trainer_state(tiny_run.checkpoint)
+    assert meta["step"] == state["step"] == 300 and meta["tokenizer"] == "tiny-vocab"
+    loaded = load_checkpoint(tiny_run.checkpoint)
+    assert loaded.lm_head.weight is loaded.token_embeddings.weight
+    for name, tensor in tiny_run.model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_tie_is_kept_after_training(tiny_run):
+    model = tiny_run.model
+    assert model.lm_head.weight is model.token_embeddings.weight
+    assert model.num_parameters() == 368
+
+
+# ----------------------------------------------------------------------------------------------
+# Optimizer and schedule
+# ----------------------------------------------------------------------------------------------
+
+def test_one_optimizer_state_per_unique_parameter_and_the_tie_updated_once():
+    torch.manual_seed(0)
+    model = da.Decoder(da.preset("tiny-368"))
+    optimizer, _ = make_optimizer(model, TrainConfig())
+    # Tensors of tiny-368 (seed ledger): E, P; per block ln1 (2), q k v o (4), ln2 (2),
+    # w1 w2 with biases (4) = 12; final norm (2). The tied readout adds none.
+    n_tensors = 2 + 2 * 12 + 2
+    grouped = [p for g in optimizer.param_groups for p in g["params"]]
+    assert len(grouped) == len({id(p) for p in grouped}) == n_tensors
+    assert sum(p.numel() for p in grouped) == 368
+    decay, no_decay = optimizer.param_groups
+    assert decay["weight_decay"] > 0 and no_decay["weight_decay"] == 0
+    # Decayed: the 6 matrices per block (q, k, v, o, w1, w2); not norms, biases, embeddings.
+    assert len(decay["params"]) == 2 * 6
+    assert any(p is model.token_embeddings.weight for p in no_decay["params"])
+
+    ids = torch.tensor([[1, 3, 4, 5]])
+    before = model.token_embeddings.weight.detach().clone()
+    torch.nn.functional.cross_entropy(model(ids).view(-1, 8), torch.tensor([3, 4, 5, 2])).backward()
+    optimizer.step()
+    assert len(optimizer.state) == n_tensors
+    assert float(optimizer.state[model.token_embeddings.weight]["step"]) == 1.0  # updated once
+    assert model.lm_head.weight is model.token_embeddings.weight
+    assert not torch.equal(before, model.lm_head.weight)
+
+
+def test_warmup_cosine_schedule():
+    steps, warmup, floor = 100, 10, 0.1
+    f = lr_lambda(steps, warmup, floor)
+    for s in range(warmup):
+        assert f(s) == pytest.approx((s + 1) / warmup)
+    assert f(warmup) == pytest.approx(1.0)
+    assert f(steps - 1) == pytest.approx(floor)
+    mid = warmup + (steps - 1 - warmup) / 2
+    assert f(int(mid)) == pytest.approx(floor + (1 - floor) * 0.5 * (1 + math.cos(
+        math.pi * (int(mid) - warmup) / (steps - 1 - warmup))))
+    values = [f(s) for s in range(warmup, steps)]
+    assert all(a >= b for a, b in zip(values, values[1:]))  # monotone after warmup
+
+
+# ----------------------------------------------------------------------------------------------
+# Resume and crash safety
+# ----------------------------------------------------------------------------------------------
+
+RUN = dict(steps=24, batch_size=16, warmup=4, progress=False, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return train("tiny-368", out=tmp_path_factory.mktemp("full"), save_every=8, **RUN)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def _assert_bitwise(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+def test_interrupted_and_resumed_run_is_bitwise_equal(uninterrupted, tmp_path):
+    out = tmp_path / "run"
+
+    def stop_at_13(step, row):
+        if step == 13:
+            raise Interrupt  # the process dies after step 13; the last checkpoint is step 8
+
+    with pytest.raises(Interrupt):
+        train("tiny-368", out=out, save_every=8, callback=stop_at_13, **RUN)
+    assert read_trainer_state(out / "checkpoint")[0]["step"] == 8
+    resumed = train(resume=out, save_every=8, progress=False, verbose=False)
+    assert resumed.step == 24
+    _assert_bitwise(resumed.model, uninterrupted.model)
+    assert resumed.model.lm_head.weight is resumed.model.token_embeddings.weight
+    # Steps 9..13 were logged twice by the two processes; the resumed log has each step once.
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(0, 25))
+    # A resumed run keeps its settings: changing one is refused.
+    with pytest.raises(da.ConfigError, match="lr"):
+        train(resume=out, lr=1e-3, progress=False, verbose=False)
+
+
+def test_crash_during_save_leaves_the_last_good_checkpoint(uninterrupted, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real_save_file = ckpt_module.save_file
+    calls = {"n": 0}
+
+    def dies_on_second_save(tensors, filename, metadata=None):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the step-16 checkpoint: die half way through writing it
+            with open(filename, "wb") as handle:
+                handle.write(b"\x00" * 10)
+            raise OSError("disk vanished mid-save")
+        return real_save_file(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(ckpt_module, "save_file", dies_on_second_save)
+    with pytest.raises(OSError, match="mid-save"):
+        train("tiny-368", out=out, save_every=8, **RUN)
+    monkeypatch.setattr(ckpt_module, "save_file", real_save_file)
+
+    loaded = load_checkpoint(out / "checkpoint")  # the step-8 checkpoint, intact
+    assert read_trainer_state(out / "checkpoint")[0]["step"] == 8
+    assert loaded.lm_head.weight is loaded.token_embeddings.weight
+    resumed = train(resume=out, save_every=8, progress=False, verbose=False)
+    _assert_bitwise(resumed.model, uninterrupted.model)
+
+
+# ----------------------------------------------------------------------------------------------
+# Byte-level text
+# ----------------------------------------------------------------------------------------------
+
+def test_byte_level_training_on_a_text_file(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("abcdefgh" * 400)
+    cfg = da.DecoderConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+                           max_seq_len=16, mlp="gelu")
+    result = train(cfg, text=str(text), steps=60, batch_size=16, lr=1e-2, out=tmp_path / "run",
+                   progress=False, verbose=False)
+    # A fresh byte model is near uniform over 256 ids; the cyclic text is learnable almost exactly.
+    assert abs(result.initial_loss - math.log(256)) <= 0.1 * math.log(256)
+    assert result.final_loss < 0.5
+    assert main(["sample", "--checkpoint", str(tmp_path / "run"), "--prompt", "abc"]) == 0
