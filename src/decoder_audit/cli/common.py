@@ -50,7 +50,9 @@ def config_from_args(args) -> DecoderConfig | None:
         config = getattr(load_factory(args.model), "config", None)
         return config if isinstance(config, DecoderConfig) else None
     if getattr(args, "checkpoint", None):
-        return DecoderConfig.load(Path(args.checkpoint) / "config.json")
+        from ..checkpoint import CONFIG_FILE, resolve_checkpoint_dir
+
+        return DecoderConfig.load(resolve_checkpoint_dir(args.checkpoint) / CONFIG_FILE)
     if getattr(args, "config", None):
         return DecoderConfig.load(args.config)
     return preset(getattr(args, "preset", None) or DEFAULT_PRESET)
