@@ -26,6 +26,7 @@ from .references import (
     twin_from_decoder,
 )
 from .trace import Trace, run_with_trace
+from .train import GateRefusal, TrainConfig, TrainResult, train
 
 __version__ = "0.1.0"
 
@@ -37,4 +38,5 @@ __all__ = [
     "run_with_trace",
     "TorchTwin", "decoder_from_twin", "from_hf", "load_checkpoint", "load_hf_folder",
     "save_checkpoint", "save_hf_folder", "to_hf", "twin_from_decoder",
+    "GateRefusal", "TrainConfig", "TrainResult", "train",
 ]
