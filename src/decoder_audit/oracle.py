@@ -2,7 +2,7 @@
 
 It reads only a state dict (DESIGN.md's weight names) and a config, and shares no code path with
 model.py: no fused kernels, no masks (query row t simply reads keys 0..t), LayerNorm and RMSNorm
-from their definitions, GELU from erf or tanh, RoPE as a complex multiplication. It computes in
+from their definitions, GELU from erf or tanh, RoPE as explicit 2x2 rotations pair by pair. It computes in
 float64 by default, so a disagreement with the fast model is a bug, not rounding.
 
 It is built from differentiable torch ops, so gradients can be compared too: pass a state dict
@@ -41,16 +41,14 @@ def _activation(kind: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def _rope_row(vec: torch.Tensor, position: int, theta: float) -> torch.Tensor:
-    """Rotate one head vector (Dh,) at `position`: pair j, read as the complex number
-    vec[2j] + i vec[2j+1], is multiplied by exp(i * position * theta^(-2j/Dh))."""
+    """Rotate one head vector (Dh,) at `position`: each pair (vec[2j], vec[2j+1]) turns by the
+    angle position * theta^(-2j/Dh), written out as the 2x2 rotation."""
     head_dim = vec.shape[-1]
-    angles = torch.tensor(
-        [position * theta ** (-2.0 * j / head_dim) for j in range(head_dim // 2)],
-        dtype=torch.float64, device=vec.device,
-    )
-    pairs = torch.complex(vec[0::2].double(), vec[1::2].double())
-    rotated = pairs * torch.polar(torch.ones_like(angles), angles)
-    return torch.stack((rotated.real, rotated.imag), dim=-1).reshape(head_dim).to(vec.dtype)
+    angles = torch.tensor([position * theta ** (-2.0 * j / head_dim) for j in range(head_dim // 2)],
+                          dtype=vec.dtype, device=vec.device)  # (Dh/2,)
+    c, s = torch.cos(angles), torch.sin(angles)
+    x0, x1 = vec[0::2], vec[1::2]
+    return torch.stack((c * x0 - s * x1, s * x0 + c * x1), dim=-1).reshape(head_dim)
 
 
 def _linear(x: torch.Tensor, sd: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
