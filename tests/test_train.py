@@ -134,8 +134,7 @@ def test_tiny_model_learns_to_its_entropy_floor(tiny_run):
 
 def test_greedy_sampling_continues_every_prompt(tiny_run):
     model = tiny_run.model.eval()
-    vocab = da.gate.vocab if hasattr(da, "gate") else __import__(
-        "decoder_audit.gate.vocab", fromlist=["vocab"])
+    from decoder_audit.gate import vocab
     from decoder_audit.sample import generate
 
     for x in LETTERS:

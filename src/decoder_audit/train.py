@@ -58,6 +58,8 @@ STATE_FILE = "train_state.pt"
 TRAINER_FILE = "trainer.json"
 # A fresh model is close to uniform over V: its loss must lie within this fraction of ln V.
 INITIAL_LOSS_TOLERANCE = 0.10
+# Below this many parameters, intra-op threading costs more than it gains on CPU.
+SMALL_MODEL_PARAMETERS = 1_000_000
 # Default peak learning rates: the 368-parameter model tolerates a large one; text models do not.
 DEFAULT_LR = {"counting": 3e-2, "bytes": 3e-3}
 
@@ -147,6 +149,7 @@ class TrainResult:
     initial_loss: float | None
     entropy_floor: float | None
     seconds: float
+    """Wall time of the whole call: gate, training, evaluation, checkpoints."""
     tokens_per_s: float
     out: Path | None
     checkpoint: Path | None
@@ -228,8 +231,9 @@ def next_token_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tenso
 
 def check_tied(model: nn.Module, when: str) -> None:
     """A tied Decoder's readout must be the embedding Parameter itself (DEFECTS.md A1-A3)."""
-    cfg = getattr(model, "config", None)
-    if isinstance(cfg, DecoderConfig) and cfg.tie_embeddings:
+    from .model import Decoder
+
+    if isinstance(model, Decoder) and model.config.tie_embeddings:
         if model.lm_head.weight is not model.token_embeddings.weight:
             raise RuntimeError(f"weight tying broken {when}: lm_head.weight is no longer the "
                                "token_embeddings.weight Parameter")
@@ -298,8 +302,10 @@ def _gate(model: nn.Module, dist_info: _Dist, *, vocab_size, max_seq_len, seed, 
             verdict = [False, failure.name, failure.detail]
         ran = [c for c in report.checks if not getattr(c, "skipped", False)]
         passed = sum(1 for c in ran if c.passed)
-        say(f"gate: {passed}/{len(ran)} checks passed"
-            f" ({len(report.checks) - len(ran)} skipped) in {time.perf_counter() - start:.1f} s")
+        skipped = len(report.checks) - len(ran)
+        say(f"gate: {passed}/{len(ran)} checks passed" + (f" ({skipped} skipped)" if skipped else "")
+            + f" in {time.perf_counter() - start:.2f} s")
+        say("  " + ", ".join(c.name + ("" if c.passed else " [red]FAILED[/red]") for c in ran))
     if dist_info.world_size > 1:
         import torch.distributed as dist
 
@@ -429,7 +435,7 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
           save_every: int = 0, eval_every: int = 50, device: str = "cpu",
           progress: bool = True, verbose: bool = True, expect_fresh: bool = True,
           vocab_size: int | None = None, max_seq_len: int | None = None,
-          callback: Callable[[int, dict[str, Any]], None] | None = None,
+          threads: int | str | None = "auto", callback: Callable[[int, dict[str, Any]], None] | None = None,
           **options: Any) -> TrainResult:
     """Audit `model` and, if every check passes, train it. See the module docstring.
 
@@ -443,6 +449,10 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
     save_every: also checkpoint every N steps (0: only at the end). eval_every: evaluate every N.
     device: "cpu" (default; bitwise reproducible), "cuda" or "auto".
     expect_fresh: check that the initial loss is within 10% of ln V (skipped on resume).
+    threads: CPU threads for the run (torch.set_num_threads; restored afterwards). "auto": 1
+        for CPU models under 1M parameters, whose ops are too small to split (the counting task
+        trains ~7x faster on 1 thread than on 2 on a busy 2-core machine), else torch's setting;
+        None keeps torch's setting. Bitwise resume needs the same thread count.
     callback(step, metrics): called after every step (after its checkpoint, if any).
 
     Raises GateRefusal if any check fails; ConfigError if the data does not fit the model.
@@ -474,14 +484,17 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
             out = Path(resume) if Path(resume).name != CHECKPOINT_DIR else Path(resume).parent
 
     dist_info = _init_distributed(_resolve_device(device, int(os.environ.get("LOCAL_RANK", "0"))))
+    previous_threads = torch.get_num_threads()
     try:
         return _run(model, cfg, dist_info, out=Path(out) if out is not None else None,
                     resume_folder=resume_folder, resume_state=resume_state,
                     save_every=save_every, eval_every=eval_every, device=device,
                     progress=progress, verbose=verbose, expect_fresh=expect_fresh,
-                    vocab_size=vocab_size, max_seq_len=max_seq_len, callback=callback,
+                    vocab_size=vocab_size, max_seq_len=max_seq_len, threads=threads,
+                    callback=callback,
                     start_time=start_time)
     finally:
+        torch.set_num_threads(previous_threads)
         if dist_info.owns_group:
             import torch.distributed as dist
 
@@ -490,13 +503,19 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
 
 def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resume_state,
          save_every, eval_every, device, progress, verbose, expect_fresh, vocab_size,
-         max_seq_len, callback, start_time) -> TrainResult:
+         max_seq_len, threads, callback, start_time) -> TrainResult:
     from .cli.common import console as make_console
 
     con = make_console()
     say = con.print if (verbose and dist_info.is_main) else (lambda *a, **k: None)
     model, fresh = _resolve_model(model, resume_folder, cfg.seed)
     fresh = fresh and expect_fresh
+    if threads == "auto":
+        small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS
+        on_cpu = _resolve_device(device, dist_info.local_rank) == "cpu"
+        threads = 1 if small and on_cpu else None
+    if threads is not None:
+        torch.set_num_threads(int(threads))  # train() restores the previous value
 
     # 1. The data must fit the model.
     model_cfg = getattr(model, "config", None)
@@ -593,13 +612,16 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
         say(f"task: {task.name}; entropy floor ln(4)/4 = {floor:.4f} nats/token")
 
     # 4. The loop.
+    from .model import Decoder
+
     ckpt_folder = out / CHECKPOINT_DIR if out is not None else None
-    can_save = ckpt_folder is not None and white_box
-    if out is not None and not white_box:
+    can_save = ckpt_folder is not None and isinstance(model, Decoder)
+    if out is not None and not can_save:
         say("note: checkpoints need a decoder-audit Decoder; this model's weights are not saved")
     tokens_per_step = cfg.batch_size * task.seq_len if isinstance(task, CountingTask) \
         else cfg.batch_size * T
     loop_start, first_step, last_loss = time.perf_counter(), step, float("nan")
+    reached = None  # (step, seconds) of the first evaluation within 5% of the entropy floor
     checkpoint = None
 
     def save(at_step: int) -> Path | None:
@@ -648,6 +670,8 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
                    "elapsed_s": elapsed}
             if step % eval_every == 0 or step == cfg.steps:
                 row["eval_loss"] = evaluate() if dist_info.is_main else float("nan")
+                if floor is not None and reached is None and row["eval_loss"] <= 1.05 * floor:
+                    reached = (step, elapsed)
             if dist_info.is_main and metrics_path is not None:
                 with metrics_path.open("a") as handle:
                     handle.write(json.dumps(row) + "\n")
@@ -657,12 +681,12 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
             if callback is not None:
                 callback(step, row)
 
-    seconds = time.perf_counter() - start_time
+    loop_seconds = time.perf_counter() - loop_start
     final_loss = evaluate()
     check_tied(model, "after training")
     if can_save:
         checkpoint = save(step) or checkpoint
-    tps = (step - first_step) * tokens_per_step / max(time.perf_counter() - loop_start, 1e-9)
+    tps = (step - first_step) * tokens_per_step / max(loop_seconds, 1e-9)
     if dist_info.world_size > 1:
         import torch.distributed as dist
 
@@ -675,7 +699,13 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
     summary = f"final eval loss {final_loss:.4f}"
     if floor is not None:
         summary += f" vs entropy floor {floor:.4f} ({final_loss / floor - 1:+.2%})"
-    say(f"{summary}; {step - first_step} steps in {seconds:.1f} s ({tps:,.0f} tokens/s)")
+        if reached is not None:
+            summary += (f"\nwithin 5% of the floor from step {reached[0]} "
+                        f"({reached[1]:.1f} s into training)")
+    seconds = time.perf_counter() - start_time
+    say(f"{summary}")
+    say(f"{step - first_step} steps in {loop_seconds:.1f} s ({tps:,.0f} tokens/s); "
+        f"{seconds:.1f} s in all, gate and checkpoints included")
     return TrainResult(model=model, config=cfg, step=step, final_loss=final_loss,
                        initial_loss=initial_loss, entropy_floor=floor, seconds=seconds,
                        tokens_per_s=tps, out=out, checkpoint=checkpoint, report=report)

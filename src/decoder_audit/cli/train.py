@@ -36,6 +36,9 @@ def register(subparsers) -> None:
     parser.add_argument("--eval-every", type=int, default=50, metavar="N",
                         help="evaluation loss every N steps (default 50)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads (default: 1 for models under 1M parameters, whose ops "
+                             "are too small to split, else torch's default)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -63,7 +66,8 @@ def run(args) -> int:
             model, out=args.out or (None if args.resume else "runs/train"), resume=args.resume,
             save_every=args.save_every, eval_every=args.eval_every, device=args.device,
             progress=not args.no_progress, expect_fresh=not args.checkpoint,
-            vocab_size=args.vocab_size, max_seq_len=args.max_seq_len, **options)
+            vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
+            threads=args.threads or "auto", **options)
     except GateRefusal as refusal:
         _print_refusal(refusal)
         return 1
