@@ -12,7 +12,7 @@ import torch
 from ..errors import DecoderInputError
 from . import tolerances
 from .result import CheckResult
-from .subject import SHORT_CONTEXT, Subject, batch_not_equal
+from .subject import SHORT_CONTEXT, OutputError, Subject, batch_not_equal
 
 def _probe_lengths(s: Subject) -> list[int]:
     top = s.probe_max
@@ -91,6 +91,10 @@ def _rejections(s: Subject, gen: torch.Generator) -> list[dict]:
         record = {"probe": name, "rejected": False, "verdict": ""}
         try:
             logits = s.run(ids)
+        except OutputError as exc:
+            record["verdict"] = f"not rejected: {exc}"
+            out.append(record)
+            continue
         except Exception as exc:
             typed = isinstance(exc, DecoderInputError)
             record.update(rejected=True, error=type(exc).__name__, message=str(exc)[:200],
@@ -116,6 +120,8 @@ def check_overlength(s: Subject) -> CheckResult:
     ids = s.random_ids(1, seq_len, s.generator(2))
     try:
         logits = s.run(ids)
+    except OutputError:
+        raise  # not a rejection: the model ran and returned something else
     except Exception as exc:
         evidence = {"seq_len": seq_len, "error": type(exc).__name__, "message": str(exc)[:300]}
         return CheckResult("overlength", True, f"T={seq_len} rejected with {type(exc).__name__}: "

@@ -50,6 +50,8 @@ class CheckResult:
     skipped: bool = False
     arrays: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """Large numeric arrays for the pictures (attention patterns); never serialised."""
+    seconds: float = field(default=0.0, compare=False)
+    """Wall time the check took (set by the runner)."""
 
     @property
     def status(self) -> str:
@@ -64,6 +66,7 @@ class CheckResult:
             "detail": self.detail,
             "tolerance": self.tolerance,
             "evidence": self.evidence,
+            "seconds": round(self.seconds, 3),
         }
 
 

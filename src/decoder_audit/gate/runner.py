@@ -175,12 +175,14 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
 
 
 def _run_one(name: str, subject: Subject) -> CheckResult:
+    started = time.perf_counter()
     try:
         result = CHECKS[name](subject)
     except Exception as exc:  # the model raised inside the check: that is evidence
         result = crashed(name, exc)
     if not isinstance(result, CheckResult) or result.name != name:
         raise AssertionError(f"check {name} returned {result!r}")
+    result.seconds = time.perf_counter() - started
     return result
 
 

@@ -31,6 +31,11 @@ SHORT_CONTEXT = 32
 DEFAULT_INTERVENTION_LEN = 64
 
 
+class OutputError(TypeError):
+    """The model ran but returned something that is not logits. Unlike an exception raised by
+    the model, this never counts as the model rejecting its input."""
+
+
 def logits_of(output: Any) -> torch.Tensor:
     """The logits tensor of a forward's output: a tensor, `.logits`, or a tuple's first item."""
     if isinstance(output, torch.Tensor):
@@ -40,7 +45,7 @@ def logits_of(output: Any) -> torch.Tensor:
         return logits
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
-    raise TypeError(f"the model returned {type(output).__name__}; expected logits (B, T, V), "
+    raise OutputError(f"the model returned {type(output).__name__}; expected logits (B, T, V), "
                     "an object with .logits, or a tuple whose first item is the logits")
 
 

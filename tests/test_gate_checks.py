@@ -1,0 +1,282 @@
+"""The gate's contracts beyond the zoo: evidence content, robustness (never crashes, never mutates
+the model), the tiny vocabulary and loss helpers, the report files, and the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import decoder_audit as da
+from decoder_audit.cli import main
+from decoder_audit.gate import TINY_VOCAB, decode, encode, flatten_for_loss, next_token_batch
+from decoder_audit.gate import tolerances
+
+import zoo
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_report():
+    return da.audit(zoo.decoder())
+
+
+# ---- the tiny vocabulary and the loss helpers -------------------------------------------------
+
+def test_tiny_vocabulary_has_8_tokens_and_encodes_the_seeds_example():
+    assert len(TINY_VOCAB) == 8 and {"<bos>", "<eos>", "A", "B", "C", "D"} <= set(TINY_VOCAB)
+    ids = encode("<bos> A B C <eos>")
+    assert [TINY_VOCAB[i] for i in ids] == ["<bos>", "A", "B", "C", "<eos>"]
+    assert decode(ids) == "<bos> A B C <eos>"
+    with pytest.raises(ValueError, match="'Z'"):
+        encode("<bos> Z")
+    with pytest.raises(ValueError, match="8"):
+        decode([8])
+
+
+def test_next_token_batch_and_flatten_keep_rows_aligned():
+    seq = torch.tensor([[1, 3, 4, 5, 2], [1, 6, 7, 3, 2]])
+    inputs, targets = next_token_batch(seq)
+    assert inputs.tolist() == [[1, 3, 4, 5], [1, 6, 7, 3]]
+    assert targets.tolist() == [[3, 4, 5, 2], [6, 7, 3, 2]]
+    logits = torch.arange(2 * 4 * 8, dtype=torch.float64).reshape(2, 4, 8)
+    flat_logits, flat_targets = flatten_for_loss(logits, targets)
+    assert flat_logits.shape == (8, 8) and flat_targets.shape == (8,)
+    for b in range(2):
+        for t in range(4):
+            assert torch.equal(flat_logits[b * 4 + t], logits[b, t])
+            assert flat_targets[b * 4 + t] == seq[b, t + 1]
+    with pytest.raises(ValueError):
+        flatten_for_loss(logits, targets[:, :3])
+
+
+# ---- evidence ---------------------------------------------------------------------------------
+
+def test_tiny_368_evidence_matches_the_seeds(tiny_report):
+    assert tiny_report.passed and tiny_report.first_failure is None
+    assert [c.name for c in tiny_report.checks] == list(da.gate.CHECK_ORDER)
+    params = tiny_report["params"].evidence
+    assert params["analytic_total"] == params["measured_total"] == 32 + 16 + 2 * (16 + 64 + 76) + 8
+    inputs = tiny_report["inputs"].evidence
+    assert inputs["lengths"] == [1, 2, 3, 4] and len(inputs["batch_sizes"]) >= 2
+    alignment = tiny_report["loss_alignment"].evidence
+    assert alignment["input"] == "<bos> A B C" and alignment["target"] == "A B C <eos>"
+    causal = tiny_report["causal"].evidence
+    assert [c["cut"] for c in causal["cuts"]] == [0, 1, 2, 3]
+    # lower-triangular dependency matrix: row t never moves for a cut c > t
+    matrix = causal["dependency"]["max_change"]
+    for t, row in enumerate(matrix):
+        for j, cut in enumerate(causal["dependency"]["cols"]):
+            if t < cut:
+                assert row[j] <= causal["allowed"]
+            if t == cut:
+                assert row[j] > causal["allowed"]
+    assert tiny_report["causal"].tolerance == tolerances.INVARIANCE_FP64
+
+
+def test_causal_evidence_names_the_rows_that_moved_and_the_cut():
+    report = da.audit(zoo.with_attention(zoo.LeakOne, zoo.SMALL), checks=["causal"])
+    check = report["causal"]
+    assert not check.passed
+    by_cut = {rec["cut"]: rec for rec in check.evidence["cuts"]}
+    # one future token visible per layer: changing tokens from c on moves row c - 1 at least
+    for cut in range(1, zoo.SMALL.max_seq_len):
+        assert cut - 1 in by_cut[cut]["moved_rows"]
+        assert by_cut[cut]["max_change_earlier"] > check.evidence["allowed"]
+    assert "cut c=1" in check.detail and "rows [0]" in check.detail
+
+
+def test_finite_mask_is_beaten_only_under_stress():
+    check = da.audit(zoo.with_attention(zoo.FiniteMask), checks=["attention_rows"])["attention_rows"]
+    assert not check.passed
+    natural = max(h["max_future_probability"] for h in check.evidence["heads"])
+    assert natural == 0.0  # exp(-1e4) underflows: the natural run cannot see the defect
+    assert check.evidence["stressed"]["max_future_probability"] > 0.0
+    assert "scaled-up Q/K" in check.detail
+
+
+def test_long_context_samples_cuts_and_lengths():
+    cfg = da.DecoderConfig(vocab_size=9, d_model=8, n_layers=1, n_heads=2, d_ff=8, max_seq_len=200)
+    report = da.audit(zoo.decoder(cfg), checks=["inputs", "causal", "prefix", "overlength"])
+    assert report.passed
+    cuts = [c["cut"] for c in report["causal"].evidence["cuts"]]
+    assert report["causal"].evidence["seq_len"] == 64
+    assert 0 in cuts and 1 in cuts and 63 in cuts and len(cuts) <= 16
+    assert 1 in report["inputs"].evidence["lengths"] and 200 in report["inputs"].evidence["lengths"]
+    assert report["overlength"].evidence["seq_len"] == 201
+    assert [c.name for c in report.skipped] == [n for n in da.gate.CHECK_ORDER
+                                                 if n not in ("inputs", "causal", "prefix", "overlength")]
+
+
+# ---- robustness -------------------------------------------------------------------------------
+
+def test_the_gate_does_not_mutate_the_model_or_the_global_rng():
+    model = zoo.decoder()
+    model.train()
+    model.layers[0].eval()  # a mixed mode, restored exactly
+    modes = [m.training for m in model.modules()]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = [p.requires_grad for p in model.parameters()]
+    rng = torch.get_rng_state()
+    da.audit(model)
+    assert [m.training for m in model.modules()] == modes
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert [p.requires_grad for p in model.parameters()] == flags
+    assert all(p.grad is None for p in model.parameters())
+    assert model.lm_head.weight is model.token_embeddings.weight
+    assert next(model.parameters()).dtype == torch.float32
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+class RaisesPastTwo(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(5, 5)
+
+    def forward(self, ids):
+        if ids.shape[-1] > 2:
+            raise RuntimeError("boom at T > 2")
+        return self.embed(ids)
+
+
+class ReturnsAString(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids):
+        return "not logits"
+
+
+def test_a_model_that_raises_fails_checks_and_the_gate_carries_on():
+    report = da.audit(RaisesPastTwo(), vocab_size=5, max_seq_len=4)
+    assert not report.passed
+    assert "boom at T > 2" in report["inputs"].detail
+    assert report["causal"].evidence["exception"] == "RuntimeError"
+    report = da.audit(ReturnsAString(), vocab_size=5, max_seq_len=4)
+    assert all(not c.passed for c in report.checks if not c.skipped)
+
+
+class Float32Only(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = zoo.TorchDecoder()
+
+    def forward(self, ids):
+        if self.inner.head.weight.dtype == torch.float64:
+            raise TypeError("this model only runs in float32")
+        return self.inner(ids)
+
+
+def test_a_model_that_refuses_float64_is_audited_in_float32_with_the_looser_tolerance():
+    torch.manual_seed(0)
+    report = da.audit(Float32Only(), **zoo.TORCH_BLACKBOX)
+    assert report.passed and report.dtype == "float32"
+    assert report["causal"].tolerance == tolerances.INVARIANCE_FP32
+    assert any("float64" in note for note in report.notes)
+
+
+def test_audit_argument_errors():
+    with pytest.raises(da.ConfigError, match="vocab_size"):
+        da.audit(zoo.TorchDecoder())
+    with pytest.raises(da.ConfigError, match="disagrees"):
+        da.audit(zoo.decoder(), vocab_size=9)
+    with pytest.raises(ValueError, match="unknown check"):
+        da.audit(zoo.decoder(), checks=["causality"])
+
+
+# ---- report files -----------------------------------------------------------------------------
+
+def test_report_dict_has_stable_keys_and_write_produces_the_evidence(tiny_report, tmp_path):
+    data = tiny_report.to_dict()
+    assert set(data) == {"passed", "first_failure", "model", "mode", "dtype", "vocab_size",
+                         "max_seq_len", "seed", "config", "checks", "skipped", "cost", "notes"}
+    assert set(data["checks"][0]) == {"name", "status", "passed", "skipped", "detail",
+                                      "tolerance", "evidence", "seconds"}
+    written = tiny_report.write(tmp_path / "out", command="decoder-audit verify")
+    names = sorted(p.name for p in written)
+    assert names == ["attention_patterns.png", "dependency_matrix.png", "report.json", "report.md"]
+    on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert on_disk["passed"] is True and on_disk["command"] == "decoder-audit verify"
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    for needle in ("## Shape ledger", "## Parameter ledger", "## Causal interventions",
+                   "## Attention row sums", "input:  <bos> A B C", "decoder-audit verify"):
+        assert needle in markdown
+    for png in ("attention_patterns.png", "dependency_matrix.png"):
+        assert (tmp_path / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_failing_report_names_the_first_failure_in_markdown(tmp_path):
+    report = da.audit(zoo.copied_readout())
+    assert report.first_failure.name == "params"
+    text = report.to_markdown()
+    assert "first broken contract is `params`" in text and "### `tying`" in text
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+def test_cli_verify_default_is_tiny_368_and_passes(capsys):
+    assert main(["verify", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("shape ledger", "parameter ledger", "368", "causal interventions",
+                   "attention row sums", "input:  <bos> A B C", "target: A     B C <eos>",
+                   "PASSED", "rerun: decoder-audit verify --preset tiny-368"):
+        assert needle in out, needle
+
+
+def test_cli_verify_json(capsys):
+    assert main(["verify", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] and data["first_failure"] is None
+    assert data["command"] == "decoder-audit verify --preset tiny-368"
+
+
+USER_FILE = '''
+import sys
+sys.path.insert(0, {tests!r})
+import zoo
+
+def good():
+    return zoo.TorchDecoder()
+
+def leaky():
+    return zoo.with_attention(zoo.NoMask)
+'''
+
+
+def test_cli_verify_a_users_model_file(tmp_path, capsys):
+    path = tmp_path / "my_model.py"
+    path.write_text(USER_FILE.format(tests=str(__import__("pathlib").Path(__file__).parent)))
+    report_dir = tmp_path / "report"
+    assert main(["verify", "--model", f"{path}:good", "--vocab-size", "13", "--max-seq-len", "9",
+                 "--report", str(report_dir)]) == 0
+    assert (report_dir / "dependency_matrix.png").exists()
+    assert not (report_dir / "attention_patterns.png").exists()  # black-box: no patterns
+    assert main(["verify", "--model", f"{path}:leaky"]) == 1  # white-box via its DecoderConfig
+    out = capsys.readouterr().out
+    assert "first broken contract is 'causal'" in out
+    assert main(["verify", "--model", f"{path}:good"]) == 2  # no --vocab-size: usage error
+    assert "vocab_size" in capsys.readouterr().err
+
+
+def test_cli_usage_errors_exit_2():
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "--preset", "tiny-368", "--config", "x.json"])
+    assert exc.value.code == 2
+    assert main(["verify", "--preset", "no-such-preset"]) == 2
+    assert main(["verify", "--intervention-len", "0"]) == 2
+
+
+def test_cross_entropy_of_a_fresh_tiny_model_is_near_ln_v(tiny_report):
+    # an independent figure: a freshly initialised model is near uniform over V = 8 tokens
+    assert abs(tiny_report["loss_alignment"].evidence["loss"] - math.log(8)) < 0.05

@@ -1,0 +1,119 @@
+"""Proof that the gate works: every mutant of the zoo fails with the right check named, and the
+correct models (our presets, odd configs, a plain torch decoder, Hugging Face GPT-2 and Llama
+from small random configs) pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decoder_audit as da
+from decoder_audit.gate import CHECK_ORDER
+
+import zoo
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny matmuls on 2 shared cores spend more time synchronising threads than computing.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_zoo_covers_at_least_15_defect_classes():
+    assert len(zoo.MUTANTS) >= 15
+    assert len({case.name for case in zoo.MUTANTS}) == len(zoo.MUTANTS)
+    assert {case.expect for case in zoo.MUTANTS} <= set(CHECK_ORDER)
+
+
+@pytest.mark.parametrize("case", zoo.MUTANTS, ids=lambda case: case.name)
+def test_mutant_is_caught_by_the_right_check(case):
+    report = da.audit(case.build(), **case.kwargs)
+    assert not report.passed
+    failing = [c.name for c in report.failures]
+    assert case.expect in failing, f"{case.name}: expected {case.expect} to fail, got {failing}"
+    if case.first:
+        assert report.first_failure.name == case.expect, (
+            f"{case.name}: first failure {report.first_failure.name}: {report.first_failure.detail}")
+    assert report[case.expect].detail  # the failure says what broke
+
+
+def _passes(model, **kwargs):
+    report = da.audit(model, **kwargs)
+    failures = {c.name: c.detail for c in report.failures}
+    assert report.passed, failures
+    return report
+
+
+@pytest.mark.parametrize("name", ["tiny-368", "cs336-test", "llama-debug"])
+def test_presets_pass(name):
+    report = _passes(zoo.decoder(da.preset(name)))
+    assert report.mode == "white-box" and report.dtype == "float64"
+    expected_skips = [] if da.preset(name).tie_embeddings else ["tying_grad"]
+    assert [c.name for c in report.skipped] == expected_skips
+
+
+@pytest.mark.parametrize("cfg", [
+    zoo.GQA,
+    da.DecoderConfig(vocab_size=13, d_model=12, n_layers=3, n_heads=3, d_ff=20, max_seq_len=5,
+                     mlp="gelu_tanh", attn_bias=True, mlp_bias=True),
+    da.DecoderConfig(vocab_size=10, d_model=8, n_layers=1, n_heads=4, n_kv_heads=1, d_ff=9,
+                     max_seq_len=3, norm="rmsnorm", mlp="gelu", pos="none", tie_embeddings=True),
+    da.DecoderConfig(vocab_size=7, d_model=12, n_layers=2, n_heads=6, n_kv_heads=3, d_ff=16,
+                     max_seq_len=40, mlp="swiglu", pos="rope", rope_theta=500.0,
+                     tie_embeddings=False),
+], ids=["gqa-rope-rms-swiglu-untied", "gelu-tanh-biases", "mqa-nopos-tied", "long-context-sampled"])
+def test_odd_configs_pass(cfg):
+    _passes(zoo.decoder(cfg, seed=3))
+
+
+def test_hand_written_attention_passes_so_each_mutant_differs_by_its_defect_only():
+    _passes(zoo.with_attention(zoo.HandAttention))
+    _passes(zoo.with_attention(zoo.HandAttention, zoo.GQA))
+
+
+def test_plain_torch_decoder_passes_black_box():
+    torch.manual_seed(0)
+    report = _passes(zoo.TorchDecoder(), **zoo.TORCH_BLACKBOX)
+    assert report.mode == "black-box"
+    assert {c.name for c in report.skipped} == {"attention_rows", "params", "tying", "tying_grad",
+                                               "oracle"}
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=37, n_positions=12, n_embd=16, n_layer=2,
+                                     n_head=2, attn_implementation="eager")
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _llama():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=37, hidden_size=16, intermediate_size=24,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=12,
+                                      attn_implementation="eager")
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_hugging_face_gpt2_passes_black_box_with_its_attention_patterns():
+    report = _passes(_gpt2(), vocab_size=37, max_seq_len=12)
+    assert not report["attention_rows"].skipped  # read through output_attentions
+    assert report["overlength"].evidence["error"] == "IndexError"  # position table lookup
+
+
+def test_hugging_face_llama_passes_without_a_length_limit():
+    report = _passes(_llama(), vocab_size=37)
+    assert report["overlength"].skipped  # listed, not silently passed
+
+
+def test_hugging_face_llama_does_not_reject_overlength_input():
+    # RoPE models raise nothing past their trained length (DEFECTS.md D17): the gate says so.
+    report = da.audit(_llama(), vocab_size=37, max_seq_len=12)
+    assert [c.name for c in report.failures] == ["overlength"]
+    assert report["overlength"].evidence["output_shape"] == [1, 13, 37]
