@@ -12,6 +12,7 @@ from .errors import (
     InputShapeError,
     TokenIdError,
 )
+from .gate import AuditReport, CheckResult, audit
 from .ledger import Ledger, LedgerRow, measured_ledger, parameter_ledger, reconcile
 from .model import Decoder
 from .oracle import oracle_logits
@@ -39,4 +40,5 @@ __all__ = [
     "TorchTwin", "decoder_from_twin", "from_hf", "load_checkpoint", "load_hf_folder",
     "save_checkpoint", "save_hf_folder", "to_hf", "twin_from_decoder",
     "GateRefusal", "TrainConfig", "TrainResult", "train",
+    "AuditReport", "CheckResult", "audit",
 ]
