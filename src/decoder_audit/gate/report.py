@@ -325,11 +325,13 @@ def attention_png(report: AuditReport, path: Path) -> bool:
     fig, axes = plt.subplots(n_layers_shown, n_heads_shown, squeeze=False,
                              figsize=(0.8 + size * n_heads_shown, 0.8 + size * n_layers_shown))
     ids = check.arrays.get("ids", [])
+    cmap = plt.get_cmap("viridis").with_extremes(bad="0.85")
     for layer in range(n_layers_shown):
         for head in range(n_heads_shown):
             ax = axes[layer][head]
             pattern = np.asarray(patterns[layer][head], dtype=float)
-            ax.imshow(np.nan_to_num(pattern, nan=-1.0), cmap="magma", vmin=0, vmax=1,
+            # exact zeros (masked keys) in grey, so a tiny nonzero leak still shows in colour
+            ax.imshow(np.where(pattern == 0.0, np.nan, pattern), cmap=cmap, vmin=0, vmax=1,
                       interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
@@ -340,7 +342,7 @@ def attention_png(report: AuditReport, path: Path) -> bool:
     cut = "" if (n_layers_shown, n_heads_shown) == (n_layers, n_heads) else \
         f" (first {n_layers_shown} of {n_layers} layers, {n_heads_shown} of {n_heads} heads)"
     fig.suptitle(f"attention patterns, rows = queries, columns = keys, T={len(ids)}{cut}\n"
-                 "black above the diagonal = exactly 0 on future keys", fontsize=9)
+                 "grey = probability exactly 0 (future keys); colour 0..1 otherwise", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

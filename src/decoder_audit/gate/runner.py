@@ -195,7 +195,10 @@ def _validate_names(names: Iterable[str]) -> list[str]:
 
 
 class _progress:
-    """A rich progress bar over the checks, on stderr; a no-op when not asked for."""
+    """A rich progress bar over the checks, on stderr, shown once the gate has run for a second
+    (a fast gate prints nothing extra); a no-op when not asked for."""
+
+    DELAY_S = 1.0
 
     def __init__(self, enabled: bool, total: int) -> None:
         self.enabled, self.total = enabled, total
@@ -204,6 +207,19 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return lambda name: None
+        started = time.perf_counter()
+        done = [-1]  # checks finished before the current one
+
+        def advance(name: str | None) -> None:
+            done[0] += 1
+            if self.bar is None and time.perf_counter() - started >= self.DELAY_S and name:
+                self._start(done[0])
+            if self.bar is not None:
+                self.bar.update(self.task, completed=done[0], description=name or "done")
+
+        return advance
+
+    def _start(self, completed: int) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -211,16 +227,7 @@ class _progress:
                             TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                             console=Console(stderr=True), transient=True)
         self.bar.__enter__()
-        task = self.bar.add_task("starting", total=self.total)
-        started = [False]
-
-        def advance(name: str | None) -> None:
-            if started[0]:
-                self.bar.advance(task)
-            started[0] = True
-            self.bar.update(task, description=name or "done")
-
-        return advance
+        self.task = self.bar.add_task("", total=self.total, completed=completed)
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
