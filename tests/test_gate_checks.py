@@ -280,3 +280,19 @@ def test_cli_usage_errors_exit_2():
 def test_cross_entropy_of_a_fresh_tiny_model_is_near_ln_v(tiny_report):
     # an independent figure: a freshly initialised model is near uniform over V = 8 tokens
     assert abs(tiny_report["loss_alignment"].evidence["loss"] - math.log(8)) < 0.05
+
+
+class RefusesCopy(zoo.TorchDecoder):
+    def __deepcopy__(self, memo):
+        raise TypeError("no copies of me")
+
+
+def test_a_model_that_cannot_be_copied_is_audited_in_place_and_restored():
+    torch.manual_seed(0)
+    model = RefusesCopy()
+    model.train()
+    report = da.audit(model, **zoo.TORCH_BLACKBOX)
+    assert report.passed and report.dtype == "float32"
+    assert any("deep-copy" in note for note in report.notes)
+    assert all(m.training for m in model.modules())
+    assert all(p.grad is None for p in model.parameters())

@@ -296,13 +296,15 @@ def check_oracle(s: Subject) -> CheckResult:
     tol, grad_tol = tolerances.oracle(s.dtype), tolerances.oracle_grad(s.dtype)
     with_grads = not s.in_place
     named = list(model.named_parameters(remove_duplicate=False))
-    # One oracle leaf per Parameter object, so a tied weight is one leaf under both names.
+    # One oracle leaf per Parameter object, so a tied weight is one leaf under both names. The
+    # oracle runs on the CPU in float64 whatever device the model is on.
     leaves: dict[int, torch.Tensor] = {}
     for _, param in named:
         if id(param) not in leaves:
-            leaves[id(param)] = param.detach().to(torch.float64).clone().requires_grad_(with_grads)
+            leaves[id(param)] = (param.detach().to("cpu", torch.float64).clone()
+                                 .requires_grad_(with_grads))
     state = {name: leaves[id(param)] for name, param in named}
-    state.update({name: buf for name, buf in model.named_buffers()})
+    state.update({name: buf.cpu() for name, buf in model.named_buffers()})
     weights = torch.randn(batch, seq_len, s.vocab_size, generator=gen, dtype=torch.float64)
 
     if with_grads:
@@ -338,6 +340,7 @@ def check_oracle(s: Subject) -> CheckResult:
                         f"{int((rows > allowed).nonzero()[0])}")
     if s.has_trace:
         eager, _ = model.run_with_trace(ids.to(s.device))
+        s.tokens += ids.numel()
         e_worst, e_allowed = scaled_excess(eager.double().cpu() - fast, fast, tol)
         evidence["eager_vs_fast_max_abs"] = e_worst
         if not e_worst <= e_allowed:
