@@ -169,6 +169,11 @@ def test_run_folder_holds_metrics_plot_and_a_resumable_checkpoint(tiny_run):
         assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
+def test_a_finished_run_folder_is_not_overwritten(tiny_run):
+    with pytest.raises(da.ConfigError, match="already holds a training run"):
+        train("tiny-368", out=tiny_run.out, progress=False, verbose=False)
+
+
 def test_tie_is_kept_after_training(tiny_run):
     model = tiny_run.model
     assert model.lm_head.weight is model.token_embeddings.weight
@@ -287,6 +292,17 @@ def test_crash_during_save_leaves_the_last_good_checkpoint(uninterrupted, tmp_pa
     assert loaded.lm_head.weight is loaded.token_embeddings.weight
     resumed = train(resume=out, save_every=8, progress=False, verbose=False)
     _assert_bitwise(resumed.model, uninterrupted.model)
+
+
+def test_resume_never_unpickles_arbitrary_objects(uninterrupted, tmp_path):
+    import pickle
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted.out, run)
+    torch.save({"step": 8, "payload": Interrupt("not a tensor")}, run / "checkpoint" / "train_state.pt")
+    with pytest.raises(pickle.UnpicklingError):  # torch.load(weights_only=True) refuses it
+        train(resume=run, progress=False, verbose=False)
 
 
 # ----------------------------------------------------------------------------------------------

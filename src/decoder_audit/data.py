@@ -66,6 +66,7 @@ class CountingTask:
     name = "counting"
     tokenizer = "tiny-vocab"
     seq_len = SEQUENCE_LENGTH - 1  # T = 4 input positions
+    eval_label = "loss (exact, over the 4 sequences)"
 
     def __init__(self) -> None:
         vocab = tiny_vocab()
@@ -119,6 +120,7 @@ class ByteText:
     tokenizer = "bytes"
     vocab_size = 256
     eval_windows = 64
+    eval_label = "validation loss"
 
     def __init__(self, path: str | Path, seq_len: int, *, val_fraction: float = 0.1,
                  seed: int = 0) -> None:

@@ -71,6 +71,9 @@ def run(args) -> int:
     except GateRefusal as refusal:
         _print_refusal(refusal)
         return 1
+    except KeyboardInterrupt:
+        _print_interrupted(args.out or args.resume or "runs/train")
+        return 130
     return 0 if result is not None else 1
 
 
@@ -88,3 +91,19 @@ def _print_refusal(refusal) -> None:
         out.print(f"  other failed checks: {', '.join(c.name for c in failed[1:])}")
     out.print("Nothing was trained and no checkpoint was written. Fix the model and rerun; "
               "`decoder-audit verify` shows the full evidence.")
+
+
+def _print_interrupted(out: str) -> None:
+    import json
+    import os
+    from pathlib import Path
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    meta = Path(out) / "checkpoint" / "trainer.json"
+    if meta.is_file():
+        step = json.loads(meta.read_text())["step"]
+        print(f"\ninterrupted; the last checkpoint is at step {step}: continue with "
+              f"`decoder-audit train --resume {out}`", file=sys.stderr)
+    else:
+        print("\ninterrupted before the first checkpoint; nothing to resume", file=sys.stderr)
