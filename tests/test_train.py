@@ -309,7 +309,7 @@ def test_resume_never_unpickles_arbitrary_objects(uninterrupted, tmp_path):
 # Byte-level text
 # ----------------------------------------------------------------------------------------------
 
-def test_byte_level_training_on_a_text_file(tmp_path):
+def test_byte_level_training_on_a_text_file(tmp_path, capsys):
     text = tmp_path / "corpus.txt"
     text.write_text("abcdefgh" * 400)
     cfg = da.DecoderConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, d_ff=64,
@@ -319,4 +319,13 @@ def test_byte_level_training_on_a_text_file(tmp_path):
     # A fresh byte model is near uniform over 256 ids; the cyclic text is learnable almost exactly.
     assert abs(result.initial_loss - math.log(256)) <= 0.1 * math.log(256)
     assert result.final_loss < 0.5
-    assert main(["sample", "--checkpoint", str(tmp_path / "run"), "--prompt", "abc"]) == 0
+    assert main(["sample", "--checkpoint", str(tmp_path / "run"), "--prompt", "cdefgh",
+                 "--json"]) == 0
+    sampled = json.loads(capsys.readouterr().out)
+    # The text repeats with period 8, so the greedy continuation runs on to the context limit
+    # (max_seq_len + 1 = 17 bytes) along the cycle.
+    assert sampled["stop"] == "context" and sampled["text"] == ("cdefgh" + "abcdefgh" * 2)[:17]
+    # Resuming on an edited text file would not continue the same run: refused.
+    text.write_text("abcdefgh" * 399 + "abcdefgX")
+    with pytest.raises(da.ConfigError, match="changed since the checkpoint"):
+        train(resume=tmp_path / "run", progress=False, verbose=False)

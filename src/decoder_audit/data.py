@@ -31,6 +31,7 @@ into inputs `w[:T]` and targets `w[1:]`.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -129,7 +130,9 @@ class ByteText:
             raise ConfigError(f"--text file {str(path)!r} does not exist")
         if not 0.0 < val_fraction < 1.0:
             raise ConfigError(f"val_fraction={val_fraction} must lie strictly between 0 and 1")
-        data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).long()  # (N,)
+        raw = path.read_bytes()
+        self.sha256 = hashlib.sha256(raw).hexdigest()  # a resumed run must see the same text
+        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()  # (N,)
         self.path, self.seq_len = path, seq_len
         split = int(len(data) * (1.0 - val_fraction))
         self.train, self.val = data[:split], data[split:]
@@ -171,7 +174,8 @@ class ByteText:
         return [f"input:  {show(inputs)}", f"target: {show(targets)}"]
 
     def state(self) -> dict:
-        return {"task": self.name, "tokenizer": self.tokenizer, "text": str(self.path)}
+        return {"task": self.name, "tokenizer": self.tokenizer, "text": str(self.path),
+                "text_sha256": self.sha256}
 
 
 def shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

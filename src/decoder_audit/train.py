@@ -503,8 +503,8 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
     previous_threads = torch.get_num_threads()
     try:
         return _run(model, cfg, dist_info, out=Path(out) if out is not None else None,
-                    resume_folder=resume_folder, resume_state=resume_state,
-                    save_every=save_every, eval_every=eval_every, device=device,
+                    resume_folder=resume_folder, resume_meta=resume_meta,
+                    resume_state=resume_state, save_every=save_every, eval_every=eval_every, device=device,
                     progress=progress, verbose=verbose, expect_fresh=expect_fresh,
                     vocab_size=vocab_size, max_seq_len=max_seq_len, threads=threads,
                     callback=callback,
@@ -517,9 +517,9 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
             dist.destroy_process_group()
 
 
-def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resume_state,
-         save_every, eval_every, device, progress, verbose, expect_fresh, vocab_size,
-         max_seq_len, threads, callback, start_time) -> TrainResult:
+def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resume_meta,
+         resume_state, save_every, eval_every, device, progress, verbose, expect_fresh,
+         vocab_size, max_seq_len, threads, callback, start_time) -> TrainResult:
     from .cli.common import console as make_console
 
     con = make_console()
@@ -544,6 +544,10 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
     task = (ByteText(cfg.text, T, val_fraction=cfg.val_fraction, seed=cfg.seed)
             if cfg.text is not None else CountingTask())
     task.check_model(V, T)
+    saved_sha = (resume_meta or {}).get("text_sha256")
+    if saved_sha is not None and saved_sha != getattr(task, "sha256", None):
+        raise ConfigError(f"the text file {cfg.text!r} changed since the checkpoint was written "
+                          "(SHA-256 differs); resuming on other data would not continue the run")
     if cfg.batch_size % dist_info.world_size:
         raise ConfigError(f"batch_size={cfg.batch_size} must be divisible by the number of "
                           f"processes ({dist_info.world_size}) so every rank gets equal rows")
