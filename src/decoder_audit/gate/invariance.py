@@ -165,7 +165,8 @@ def check_prefix(s: Subject) -> CheckResult:
         first = failures[0]
         return CheckResult("prefix", False, f"prefix of length {first['prefix_len']} run alone "
                            f"differs from the full run at rows {first['rows_differing'][:8]} by up "
-                           f"to {first['max_abs_diff']:.3g}: the output depends on the total length",
+                           f"to {first['max_abs_diff']:.3g}: rows depend on what follows them (future tokens "
+                           "or the total length)",
                            evidence, tol)
     if not lengths:
         return CheckResult("prefix", True, "max_seq_len is 1: no proper prefix exists", evidence, tol)
