@@ -300,7 +300,8 @@ def test_resume_never_unpickles_arbitrary_objects(uninterrupted, tmp_path):
 
     run = tmp_path / "run"
     shutil.copytree(uninterrupted.out, run)
-    torch.save({"step": 8, "payload": Interrupt("not a tensor")}, run / "checkpoint" / "train_state.pt")
+    torch.save({"step": 8, "payload": Interrupt("not a tensor")},
+               run / "checkpoint" / "train_state.pt")
     with pytest.raises(pickle.UnpicklingError):  # torch.load(weights_only=True) refuses it
         train(resume=run, progress=False, verbose=False)
 

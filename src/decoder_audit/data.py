@@ -91,7 +91,8 @@ class CountingTask:
                 f"the counting task needs vocab_size >= {self.vocab_size} and max_seq_len >= "
                 f"{self.seq_len}; the model has vocab_size={vocab_size}, max_seq_len={max_seq_len}")
 
-    def batch(self, generator: torch.Generator, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, generator: torch.Generator, batch_size: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """A global batch: inputs and targets, each (B, 4)."""
         which = torch.randint(len(self.sequences), (batch_size,), generator=generator)  # (B,)
         return next_token_batch(self.sequences[which])  # (B, 5) -> (B, 4), (B, 4)
@@ -153,10 +154,12 @@ class ByteText:
     def check_model(self, vocab_size: int, max_seq_len: int) -> None:
         if vocab_size < 256:
             raise ConfigError(
-                f"--text trains a byte-level model, so vocab_size must be >= 256 (one id per byte); "
-                f"the model has vocab_size={vocab_size}. Use e.g. --config with vocab_size 256")
+                "--text trains a byte-level model, so vocab_size must be >= 256 (one id per "
+                f"byte); the model has vocab_size={vocab_size}. Use e.g. --config with "
+                "vocab_size 256")
 
-    def batch(self, generator: torch.Generator, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, generator: torch.Generator, batch_size: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         need = self.seq_len + 1
         starts = torch.randint(len(self.train) - need + 1, (batch_size,), generator=generator)
         return next_token_batch(self.train[starts[:, None] + torch.arange(need)])  # (B, T+1)

@@ -316,7 +316,8 @@ def _gate(model: nn.Module, dist_info: _Dist, *, vocab_size, max_seq_len, seed, 
         ran = [c for c in report.checks if not getattr(c, "skipped", False)]
         passed = sum(1 for c in ran if c.passed)
         skipped = len(report.checks) - len(ran)
-        say(f"gate: {passed}/{len(ran)} checks passed" + (f" ({skipped} skipped)" if skipped else "")
+        say(f"gate: {passed}/{len(ran)} checks passed"
+            + (f" ({skipped} skipped)" if skipped else "")
             + f" in {time.perf_counter() - start:.2f} s")
         say("  " + ", ".join(c.name + ("" if c.passed else " [red]FAILED[/red]") for c in ran))
     if dist_info.world_size > 1:
@@ -448,7 +449,8 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
           save_every: int = 0, eval_every: int = 50, device: str = "cpu",
           progress: bool = True, verbose: bool = True, expect_fresh: bool = True,
           vocab_size: int | None = None, max_seq_len: int | None = None,
-          threads: int | str | None = "auto", callback: Callable[[int, dict[str, Any]], None] | None = None,
+          threads: int | str | None = "auto",
+          callback: Callable[[int, dict[str, Any]], None] | None = None,
           **options: Any) -> TrainResult:
     """Audit `model` and, if every check passes, train it. See the module docstring.
 
@@ -497,18 +499,18 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
             out = Path(resume) if Path(resume).name != CHECKPOINT_DIR else Path(resume).parent
 
     if resume is None and out is not None and (Path(out) / CHECKPOINT_DIR).exists():
-        raise ConfigError(f"{str(out)!r} already holds a training run ({CHECKPOINT_DIR}/); continue "
-                          "it with resume (--resume), or choose another out folder (--out)")
+        raise ConfigError(f"{str(out)!r} already holds a training run ({CHECKPOINT_DIR}/); "
+                          "continue it with resume (--resume), or choose another out folder "
+                          "(--out)")
     dist_info = _init_distributed(_resolve_device(device, int(os.environ.get("LOCAL_RANK", "0"))))
     previous_threads = torch.get_num_threads()
     try:
         return _run(model, cfg, dist_info, out=Path(out) if out is not None else None,
                     resume_folder=resume_folder, resume_meta=resume_meta,
-                    resume_state=resume_state, save_every=save_every, eval_every=eval_every, device=device,
-                    progress=progress, verbose=verbose, expect_fresh=expect_fresh,
-                    vocab_size=vocab_size, max_seq_len=max_seq_len, threads=threads,
-                    callback=callback,
-                    start_time=start_time)
+                    resume_state=resume_state, save_every=save_every,
+                    eval_every=eval_every, device=device, progress=progress, verbose=verbose,
+                    expect_fresh=expect_fresh, vocab_size=vocab_size, max_seq_len=max_seq_len,
+                    threads=threads, callback=callback, start_time=start_time)
     finally:
         torch.set_num_threads(previous_threads)
         if dist_info.owns_group:
@@ -564,7 +566,8 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
     model.train()
 
     optimizer, scheduler = make_optimizer(model, cfg)
-    generator = torch.Generator().manual_seed(cfg.seed)  # the batch sampler; CPU, device-independent
+    # The batch sampler: a CPU generator, so the batches do not depend on the device.
+    generator = torch.Generator().manual_seed(cfg.seed)
     step = 0
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
@@ -615,9 +618,10 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
     if resume_state is None:
         initial_loss = evaluate()
         ok = abs(initial_loss - uniform) <= INITIAL_LOSS_TOLERANCE * uniform
-        say(f"initial loss {initial_loss:.4f} vs ln V = {uniform:.4f} "
-            f"(tolerance +/-{INITIAL_LOSS_TOLERANCE:.0%} = {INITIAL_LOSS_TOLERANCE * uniform:.3f}): "
-            + ("ok" if ok else ("[red]FAILED[/red]" if fresh else "not checked (not a fresh model)")))
+        verdict = ("ok" if ok else "[red]FAILED[/red]" if fresh
+                   else "not a fresh model: not checked")
+        say(f"initial loss {initial_loss:.4f} vs ln V = {uniform:.4f} (tolerance "
+            f"+/-{INITIAL_LOSS_TOLERANCE:.0%} = {INITIAL_LOSS_TOLERANCE * uniform:.3f}): {verdict}")
         if fresh and not ok:
             raise GateRefusal(
                 "initial loss near ln V",

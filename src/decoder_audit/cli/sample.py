@@ -51,7 +51,8 @@ def run(args) -> int:
         print(json.dumps({"prompt": args.prompt, "ids": result.ids, "new_ids": result.new_ids,
                           "text": tokenizer.decode(result.ids), "stop": result.stop}))
         return 0
-    mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, seed {args.seed}"
+    mode = ("greedy" if args.temperature == 0
+            else f"temperature {args.temperature}, seed {args.seed}")
     print(tokenizer.decode(result.ids))
     print(f"({mode}; {len(result.new_ids)} new tokens; stopped at {result.stop})")
     return 0

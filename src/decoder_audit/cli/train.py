@@ -15,19 +15,26 @@ def register(subparsers) -> None:
         "train", help="audit, then train (refuses any model that fails a check)",
         description="Run the full gate on the model; if any check fails, name the first failed "
                     "check and exit 1 without training or writing anything. Otherwise train it: "
-                    "by default the tiny model's counting task (<bos> x y z <eos>), or a byte-level "
-                    "model on --text FILE. There is no option to train a model that failed.")
+                    "by default the tiny model's counting task (<bos> x y z <eos>), or a "
+                    "byte-level model on --text FILE. There is no option to train a model that "
+                    "failed.")
     add_model_source(parser, foreign=True)
-    parser.add_argument("--steps", type=int, help="optimizer steps (default 400)")
-    parser.add_argument("--seed", type=int, help="seeds the initialisation and the batches (default 0)")
-    parser.add_argument("--batch-size", type=int, help="global batch, all processes together (default 64)")
-    parser.add_argument("--lr", type=float, help="peak learning rate (default 3e-2; 3e-3 with --text)")
-    parser.add_argument("--warmup", type=int, help="linear warmup steps (default 20)")
-    parser.add_argument("--weight-decay", type=float, help="AdamW decay on matrices (default 0.1)")
+    parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default 400)")
+    parser.add_argument("--seed", type=int, metavar="S",
+                        help="seeds the initialisation and the batches (default 0)")
+    parser.add_argument("--batch-size", type=int, metavar="B",
+                        help="global batch, all processes together (default 64)")
+    parser.add_argument("--lr", type=float,
+                        help="peak learning rate (default 3e-2; 3e-3 with --text)")
+    parser.add_argument("--warmup", type=int, metavar="N", help="linear warmup steps (default 20)")
+    parser.add_argument("--weight-decay", type=float, metavar="WD",
+                        help="AdamW decay on matrices (default 0.1)")
     parser.add_argument("--decay-embeddings", action="store_true", default=None,
                         help="also decay embeddings (and a tied readout)")
-    parser.add_argument("--grad-clip", type=float, help="clip the gradient norm (default 1.0; 0 = off)")
-    parser.add_argument("--text", metavar="FILE", help="train a byte-level model (V >= 256) on FILE")
+    parser.add_argument("--grad-clip", type=float, metavar="NORM",
+                        help="clip the gradient norm (default 1.0; 0 = off)")
+    parser.add_argument("--text", metavar="FILE",
+                        help="train a byte-level model (V >= 256) on FILE")
     parser.add_argument("--out", metavar="DIR", help="run folder: metrics.jsonl, loss_curve.png, "
                                                      "checkpoint/ (default runs/train)")
     parser.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
