@@ -323,7 +323,9 @@ def attention_png(report: AuditReport, path: Path) -> bool:
     n_layers_shown, n_heads_shown = min(n_layers, 12), min(n_heads, 16)
     size = 1.6 if n_layers_shown * n_heads_shown <= 64 else 1.0
     fig, axes = plt.subplots(n_layers_shown, n_heads_shown, squeeze=False,
-                             figsize=(0.8 + size * n_heads_shown, 0.8 + size * n_layers_shown))
+                             # wide enough for the two-line title even with one or two heads
+                             figsize=(max(5.5, 0.8 + size * n_heads_shown),
+                                      1.0 + size * n_layers_shown))
     ids = check.arrays.get("ids", [])
     cmap = plt.get_cmap("viridis").with_extremes(bad="0.85")
     for layer in range(n_layers_shown):
