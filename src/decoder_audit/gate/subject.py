@@ -5,8 +5,10 @@ The gate never mutates the user's model. Forward-only checks run on a working co
 (ledger, tying) only read the original. If the model cannot be deep-copied, checks run on the
 original under `torch.no_grad()` in eval mode, and its train/eval flags are restored afterwards.
 
-White-box means the model carries a `DecoderConfig` as `.config` (our `Decoder`, or a module built
-to its layout); black-box is any module mapping ids (B, T) to logits (B, T, V), or to an object
+White-box means the model carries a `DecoderConfig` as `.config` and every weight name a
+`Decoder` of that config has (our `Decoder`, or a module built to its layout). A module with a
+`DecoderConfig` but other names (the torch.nn twin, say) is audited as a black box whose V and
+max_seq_len come from its config; black-box is any module mapping ids (B, T) to logits (B, T, V), or to an object
 with `.logits` (Hugging Face), or to a tuple whose first item is the logits.
 """
 
@@ -58,6 +60,17 @@ def _restore_modes(flags: list[tuple[nn.Module, bool]]) -> None:
         module.training = training
 
 
+def _has_decoder_layout(model: nn.Module, cfg: DecoderConfig) -> bool:
+    """Whether `model` has every parameter name a Decoder built from `cfg` has (extra ones are
+    allowed: the params check reports them)."""
+    from ..model import Decoder
+
+    with torch.device("meta"):
+        expected = {name for name, _ in Decoder(cfg).named_parameters(remove_duplicate=False)}
+    present = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    return expected <= present
+
+
 class Subject:
     def __init__(self, model: nn.Module, *, vocab_size: int | None, max_seq_len: int | None,
                  seed: int, options: dict[str, Any]) -> None:
@@ -74,6 +87,12 @@ class Subject:
                     raise ConfigError(f"{name}={given} disagrees with the model's config "
                                       f"{name}={declared}")
             vocab_size, max_seq_len = self.cfg.vocab_size, self.cfg.max_seq_len
+        layout_note = None
+        if self.cfg is not None and not _has_decoder_layout(model, self.cfg):
+            layout_note = (f"{type(model).__name__} has a DecoderConfig but not the Decoder's "
+                           "weight names: audited as a black box (V and max_seq_len from its config)")
+            self.cfg = None
+            self.whitebox = False
         if vocab_size is None:
             raise ConfigError(
                 f"{type(model).__name__} has no DecoderConfig, so audit() needs vocab_size=V "
@@ -94,7 +113,7 @@ class Subject:
         self.work: nn.Module = model
         self.dtype = self.native_dtype
         self.in_place = True
-        self.notes: list[str] = []
+        self.notes: list[str] = [layout_note] if layout_note else []
         self.tokens = 0  # token positions pushed through the model, for the cost line
         self.calls = 0
         self._saved_modes: list[tuple[nn.Module, bool]] | None = None
