@@ -18,7 +18,7 @@ import decoder_audit as da
 import decoder_audit.checkpoint as ckpt_module
 from decoder_audit.checkpoint import load_checkpoint
 from decoder_audit.cli import main
-from decoder_audit.train import (GateRefusal, TrainConfig, lr_lambda, make_optimizer,
+from decoder_audit.training import (GateRefusal, TrainConfig, lr_lambda, make_optimizer,
                                  read_trainer_state, train)
 
 FLOOR = math.log(4) / 4  # only the first letter is uncertain (1 of 4); y, z, <eos> are determined

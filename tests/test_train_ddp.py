@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from decoder_audit.checkpoint import load_checkpoint
-from decoder_audit.train import train
+from decoder_audit.training import train
 
 TOLERANCE = 1e-5
 RUN = ["--steps", "40", "--batch-size", "16", "--warmup", "4", "--seed", "3"]

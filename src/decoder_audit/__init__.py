@@ -27,7 +27,7 @@ from .references import (
     twin_from_decoder,
 )
 from .trace import Trace, run_with_trace
-from .train import GateRefusal, TrainConfig, TrainResult, train
+from .training import GateRefusal, TrainConfig, TrainResult, train
 
 __version__ = "0.1.0"
 

@@ -29,7 +29,7 @@ def run(args) -> int:
 
     from ..checkpoint import load_checkpoint
     from ..sample import Tokenizer, generate
-    from ..train import TRAINER_FILE, checkpoint_folder
+    from ..training import TRAINER_FILE, checkpoint_folder
 
     folder = checkpoint_folder(args.checkpoint)
     model = load_checkpoint(folder).eval()

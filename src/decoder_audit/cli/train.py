@@ -56,7 +56,7 @@ _OPTIONS = ("steps", "seed", "batch_size", "lr", "warmup", "weight_decay", "deca
 
 
 def run(args) -> int:
-    from ..train import GateRefusal, train
+    from ..training import GateRefusal, train
 
     options = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
     source_given = any(getattr(args, f, None) for f in ("preset", "config", "checkpoint", "model"))
