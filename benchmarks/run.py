@@ -133,6 +133,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _git_state() -> str:
+    """The commit measured, and whether the model file differs from it (results stay traceable)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/decoder_audit"],
+                               cwd=root, text=True, capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + uncommitted changes under src/decoder_audit" if dirty else "")
+
+
 def machine_info(threads: int) -> dict[str, Any]:
     import transformers
 
@@ -148,6 +161,7 @@ def machine_info(threads: int) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "load_average_at_start": list(os.getloadavg()),
+        "git": _git_state(),
         "note": "shared machine: absolute times are noisy; the interleaved ratios are the figures",
     }
 
@@ -444,12 +458,14 @@ def gate_cost(preset_name: str, threads: int, repeats: int) -> dict[str, Any]:
     del model64
     f32, f64 = statistics.median(t32), statistics.median(t64)
     return {
-        "preset": preset_name, "passed": report.passed,
+        "preset": preset_name, "passed": report.passed, "max_seq_len": cfg.max_seq_len,
         "failed_checks": [c.name for c in report.failures],
         "seconds": seconds,
         "decoder_passes": len(calls), "rejected_inputs": rejected[0],
         "tokens": tokens, "largest_pass": {"batch": big_b, "seq_len": big_t, "tokens": big_b * big_t},
         "forward_equivalents_tokens": tokens / (big_b * big_t),
+        # The same tokens over one sequence at full context (B=1, T=max_seq_len).
+        "forward_equivalents_max_len": tokens / cfg.max_seq_len,
         "oracle_tokens": oracle_tokens[0],
         "forward_seconds_largest_fp32": f32, "forward_seconds_largest_fp64": f64,
         "forward_equivalents_time_fp32": seconds / f32,
@@ -514,7 +530,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"Command: `{results['command']}`  ",
         f"Machine: {m['cpu_model']}, {m['logical_cpus']} logical CPUs, {m['threads_used']} threads "
         f"used (both sides), CPU capability {m['cpu_capability']}; torch {m['torch']}, "
-        f"transformers {m['transformers']}, Python {m['python']}.  ",
+        f"transformers {m['transformers']}, Python {m['python']}; code at {m['git']}.  ",
         f"Load average at start: {', '.join(f'{x:.2f}' for x in m['load_average_at_start'])} "
         "(a shared machine: absolute numbers are noisy, the interleaved ratios are what count).  ",
         f"Repeats: {results['repeats']} timed after {results['warmup']} warm-up per side, "
@@ -573,6 +589,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f"T={g['largest_pass']['seq_len']}.", "",
                 "| measure | forward-equivalents |", "|---|---|",
                 f"| tokens / tokens of the largest pass | {g['forward_equivalents_tokens']:.1f} |",
+                f"| tokens / one max-length sequence (B=1, T={g['max_seq_len']}) | "
+                f"{g['forward_equivalents_max_len']:.1f} |",
                 f"| audit time / fp32 forward at the largest shape "
                 f"({g['forward_seconds_largest_fp32'] * 1e3:.0f} ms) | "
                 f"{g['forward_equivalents_time_fp32']:.1f} |",
@@ -595,7 +613,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def profiles_markdown(results: dict[str, Any]) -> str:
-    lines = ["# Profiles: top ops by self CPU time (one step after warm-up)", "",
+    lines = ["# Profiles: top ops by self CPU time (three steps after the timed repeats)", "",
              f"torch {results['machine']['torch']}, {results['machine']['threads_used']} threads.", ""]
     for r in results["rows"]:
         for side in ("ours", "hf"):

@@ -108,6 +108,7 @@ def test_memory_gate_and_account_sections(smoke):
     biggest = gate["largest_pass"]
     assert gate["forward_equivalents_tokens"] == pytest.approx(gate["tokens"] / biggest["tokens"])
     assert gate["tokens"] >= biggest["tokens"] > 0 and gate["seconds_by_step"]
+    assert gate["forward_equivalents_max_len"] == pytest.approx(gate["tokens"] / 4)  # tiny-368: T<=4
     assert results["account"]["peak_rss_mb"] > 0 and results["account"]["seconds"] > 0
 
 
