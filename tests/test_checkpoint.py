@@ -10,6 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers import random_decoder
+
 import decoder_audit as da
 import decoder_audit.checkpoint as ckpt
 from decoder_audit.checkpoint import load_checkpoint, save_checkpoint
@@ -22,15 +24,6 @@ CONFIGS = {
     "gpt-tied-biases": da.DecoderConfig(**ODD, n_layers=3, n_kv_heads=3, mlp="gelu_tanh",
                                         attn_bias=True, mlp_bias=True),
 }
-
-
-def _model(cfg, seed=0, dtype=None):
-    torch.manual_seed(seed)
-    model = da.Decoder(cfg, dtype=dtype)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.5)
-    return model
 
 
 def _ids(cfg):
@@ -50,7 +43,7 @@ def _assert_same_model(a, b):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_round_trip_is_bitwise_and_keeps_the_tie(tmp_path, name):
     cfg = CONFIGS[name]
-    model = _model(cfg)
+    model = random_decoder(cfg)
     folder = save_checkpoint(model, tmp_path / "ckpt")
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     assert da.DecoderConfig.from_json((folder / "config.json").read_text()) == cfg
@@ -68,7 +61,7 @@ def test_round_trip_is_bitwise_and_keeps_the_tie(tmp_path, name):
 
 
 def test_bfloat16_round_trip_and_dtype_override(tmp_path):
-    model = _model(CONFIGS["gpt-tied-biases"], dtype=torch.bfloat16)
+    model = random_decoder(CONFIGS["gpt-tied-biases"], dtype=torch.bfloat16)
     save_checkpoint(model, tmp_path / "c")
     loaded = load_checkpoint(tmp_path / "c")
     _assert_same_model(model, loaded)
@@ -79,7 +72,7 @@ def test_bfloat16_round_trip_and_dtype_override(tmp_path):
 
 
 def test_extra_files_are_saved_beside_the_weights(tmp_path):
-    model = _model(CONFIGS["tiny-368"])
+    model = random_decoder(CONFIGS["tiny-368"])
     folder = save_checkpoint(model, tmp_path / "c", extra_files={"optimizer.safetensors": b"\x01\x02",
                                                                  "trainer.json": b"{}"})
     assert (folder / "optimizer.safetensors").read_bytes() == b"\x01\x02"
@@ -91,7 +84,7 @@ def test_extra_files_are_saved_beside_the_weights(tmp_path):
 
 
 def test_wrong_config_lists_missing_unexpected_and_mismatched_names(tmp_path):
-    folder = save_checkpoint(_model(CONFIGS["gpt-tied-biases"]), tmp_path / "c")
+    folder = save_checkpoint(random_decoder(CONFIGS["gpt-tied-biases"]), tmp_path / "c")
     # A config with other widths and no biases: shapes and names both disagree.
     other = CONFIGS["gpt-tied-biases"].replace(d_ff=40, mlp_bias=False)
     (folder / "config.json").write_text(other.to_json())
@@ -105,7 +98,7 @@ def test_wrong_config_lists_missing_unexpected_and_mismatched_names(tmp_path):
 
 def test_missing_and_renamed_tensors_are_named(tmp_path):
     cfg = CONFIGS["tiny-368"]
-    folder = save_checkpoint(_model(cfg), tmp_path / "c")
+    folder = save_checkpoint(random_decoder(cfg), tmp_path / "c")
     tensors = load_file(str(folder / "model.safetensors"))
     tensors["ln_final.gain"] = tensors.pop("ln_final.weight")
     del tensors["position_embeddings.weight"]
@@ -120,7 +113,7 @@ def test_missing_and_renamed_tensors_are_named(tmp_path):
 
 
 def test_invalid_config_json_is_a_checkpoint_error_naming_the_file(tmp_path):
-    folder = save_checkpoint(_model(CONFIGS["tiny-368"]), tmp_path / "c")
+    folder = save_checkpoint(random_decoder(CONFIGS["tiny-368"]), tmp_path / "c")
     (folder / "config.json").write_text(json.dumps({**CONFIGS["tiny-368"].to_dict(), "n_heads": 3}))
     with pytest.raises(da.CheckpointError, match=r"config\.json.*d_model=4 is not divisible by n_heads=3"):
         load_checkpoint(folder)
@@ -130,7 +123,7 @@ def test_invalid_config_json_is_a_checkpoint_error_naming_the_file(tmp_path):
 
 
 def test_flipped_data_byte_is_caught_by_the_digest(tmp_path):
-    folder = save_checkpoint(_model(CONFIGS["tiny-368"]), tmp_path / "c")
+    folder = save_checkpoint(random_decoder(CONFIGS["tiny-368"]), tmp_path / "c")
     weights = folder / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-3] ^= 0x40  # inside the last tensor's data; the header is still valid
@@ -140,7 +133,7 @@ def test_flipped_data_byte_is_caught_by_the_digest(tmp_path):
 
 
 def test_corrupted_header_and_truncated_file_name_the_file(tmp_path):
-    folder = save_checkpoint(_model(CONFIGS["tiny-368"]), tmp_path / "c")
+    folder = save_checkpoint(random_decoder(CONFIGS["tiny-368"]), tmp_path / "c")
     weights = folder / "model.safetensors"
     good = weights.read_bytes()
     weights.write_bytes(good[:8] + b"#" + good[9:])  # the JSON header no longer parses
@@ -158,7 +151,7 @@ def test_pickles_are_refused_without_being_unpickled(tmp_path, monkeypatch):
     def no_unpickling(*args, **kwargs):
         raise AssertionError("torch.load must never be called on a checkpoint")
 
-    model = _model(CONFIGS["tiny-368"])
+    model = random_decoder(CONFIGS["tiny-368"])
     folder = save_checkpoint(model, tmp_path / "c")
     monkeypatch.setattr(torch, "load", no_unpickling)
     # A torch.save pickle offered under the weights file's name.
@@ -178,20 +171,20 @@ def test_missing_folder_and_file_instead_of_folder(tmp_path):
     with pytest.raises(da.CheckpointError, match="is a file"):
         load_checkpoint(tmp_path / "file")
     with pytest.raises(da.CheckpointError, match="not a folder"):
-        save_checkpoint(_model(CONFIGS["tiny-368"]), tmp_path / "file")
+        save_checkpoint(random_decoder(CONFIGS["tiny-368"]), tmp_path / "file")
 
 
 def test_save_refuses_to_replace_an_unrelated_folder(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("precious")
     with pytest.raises(da.CheckpointError, match="does not look like one of our outputs"):
-        save_checkpoint(_model(CONFIGS["tiny-368"]), tmp_path / "mine")
+        save_checkpoint(random_decoder(CONFIGS["tiny-368"]), tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
 
 
 def test_crash_while_writing_leaves_the_old_checkpoint(tmp_path, monkeypatch):
     cfg = CONFIGS["gpt-tied-biases"]
-    old, new = _model(cfg, seed=0), _model(cfg, seed=1)
+    old, new = random_decoder(cfg, seed=0), random_decoder(cfg, seed=1)
     path = save_checkpoint(old, tmp_path / "c")
 
     def dying_save_file(tensors, filename, metadata=None):
@@ -214,7 +207,7 @@ def test_crash_while_writing_leaves_the_old_checkpoint(tmp_path, monkeypatch):
 
 def test_crash_after_the_exchange_leaves_the_new_checkpoint(tmp_path, monkeypatch):
     cfg = CONFIGS["tiny-368"]
-    old, new = _model(cfg, seed=0), _model(cfg, seed=1)
+    old, new = random_decoder(cfg, seed=0), random_decoder(cfg, seed=1)
     path = save_checkpoint(old, tmp_path / "c")
     (tmp_path / "x").mkdir(), (tmp_path / "y").mkdir()
     if not ckpt._exchange(tmp_path / "x", tmp_path / "y"):
@@ -238,7 +231,7 @@ def test_crash_between_the_two_renames_of_the_portable_path(tmp_path, monkeypatc
     """Without RENAME_EXCHANGE the old folder is moved aside first; a crash then leaves no
     `c/` at all, but load_checkpoint("c") still finds the previous checkpoint."""
     cfg = CONFIGS["llama-gqa-untied"]
-    old, new = _model(cfg, seed=0), _model(cfg, seed=1)
+    old, new = random_decoder(cfg, seed=0), random_decoder(cfg, seed=1)
     path = save_checkpoint(old, tmp_path / "c")
     monkeypatch.setattr(ckpt, "_exchange", lambda a, b: False)
     real_rename, calls = os.rename, []

@@ -9,6 +9,8 @@ import json
 import pytest
 import torch
 
+from helpers import randomise
+
 import decoder_audit as da
 from decoder_audit.cli import main
 from decoder_audit.cli.common import config_from_args, model_from_args
@@ -17,12 +19,6 @@ tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()
 
 
-def _randomised(module, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in module.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return module.eval()
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +28,7 @@ def llama_folder(tmp_path_factory):
                             num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=16,
                             rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
                             bos_token_id=None, eos_token_id=None, attn_implementation="eager")
-    model = _randomised(tf.LlamaForCausalLM(config))
+    model = randomise(tf.LlamaForCausalLM(config), std=0.3)
     folder = tmp_path_factory.mktemp("hf") / "llama"
     model.save_pretrained(folder)
     return folder, model

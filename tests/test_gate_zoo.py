@@ -13,13 +13,6 @@ from decoder_audit.gate import CHECK_ORDER
 import zoo
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny matmuls on 2 shared cores spend more time synchronising threads than computing.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_zoo_covers_at_least_15_defect_classes():

@@ -17,6 +17,8 @@ import sys
 import pytest
 import torch
 
+from helpers import randomise
+
 import decoder_audit as da
 from decoder_audit.references import hf as hfref
 
@@ -26,20 +28,13 @@ tf.logging.set_verbosity_error()  # tiny vocabularies trigger harmless special-t
 V, D, H, F, T = 29, 24, 6, 37, 32  # odd sizes; Dh = 4
 
 
-def _randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Every parameter (norm gains and biases too) random and O(1)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in module.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return module.eval()
 
 
 def _gpt2(tied: bool, seed: int = 0):
     config = tf.GPT2Config(vocab_size=V, n_positions=T, n_embd=D, n_layer=3, n_head=H, n_inner=F,
                            layer_norm_epsilon=1e-3, tie_word_embeddings=tied, bos_token_id=None,
                            eos_token_id=None, attn_implementation="eager")
-    return _randomise(tf.GPT2LMHeadModel(config), seed)
+    return randomise(tf.GPT2LMHeadModel(config), seed, std=0.3)
 
 
 def _llama(tied: bool, kv_heads: int, seed: int = 0, **extra):
@@ -49,7 +44,7 @@ def _llama(tied: bool, kv_heads: int, seed: int = 0, **extra):
                             rope_parameters={"rope_type": "default", "rope_theta": 500.0},
                             bos_token_id=None, eos_token_id=None, pad_token_id=None,
                             attn_implementation="eager", **extra)
-    return _randomise(tf.LlamaForCausalLM(config), seed)
+    return randomise(tf.LlamaForCausalLM(config), seed, std=0.3)
 
 
 HF_MODELS = {
@@ -121,7 +116,7 @@ OURS = {
 def test_to_hf_logits_equal_and_round_trip_is_exact(name):
     cfg = OURS[name]
     torch.manual_seed(1)
-    ours = _randomise(da.Decoder(cfg), seed=1)
+    ours = randomise(da.Decoder(cfg), seed=1, std=0.3)
     hf_model = hfref.to_hf(ours)
     assert hf_model.config._attn_implementation == "eager"
     assert (hf_model.lm_head.weight is hf_model.get_input_embeddings().weight) == cfg.tie_embeddings

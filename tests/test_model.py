@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import random_decoder
+
 import decoder_audit as da
 from decoder_audit import ContextLengthError, InputShapeError, TokenIdError
 from decoder_audit.model import apply_rope, eager_attention, rope_tables
@@ -33,18 +35,10 @@ GRID = {
 }
 
 
-def _randomise(model: da.Decoder) -> da.Decoder:
-    """Non-trivial norms and biases (the default init makes them 1 and 0)."""
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.5)
-    return model
-
-
 @pytest.mark.parametrize("name", GRID)
 def test_decoder_equals_slow_oracle_in_float64(name):
     cfg = GRID[name]
-    model = _randomise(da.Decoder(cfg, dtype=torch.float64))
+    model = random_decoder(cfg, dtype=torch.float64)
     state = model.state_dict()
     for seq_len in range(1, cfg.max_seq_len + 1):
         for batch in (1, 3):
@@ -62,7 +56,7 @@ def test_decoder_equals_slow_oracle_in_float64(name):
 @pytest.mark.parametrize("name", ["tiny-368", "rms-swiglu-rope-gqa3-untied"])
 def test_gradients_equal_the_oracle(name):
     cfg = GRID[name]
-    model = _randomise(da.Decoder(cfg, dtype=torch.float64))
+    model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
     weights = torch.randn(2, cfg.max_seq_len, cfg.vocab_size, dtype=torch.float64)
     (model(ids) * weights).sum().backward()
@@ -89,7 +83,7 @@ def test_gqa_equals_mha_with_duplicated_kv_heads():
     """DEFECTS 21: query head h reads KV head h // group, i.e. repeat_interleave order."""
     gqa_cfg = GRID["rms-swiglu-rope-gqa3-untied"]
     mha_cfg = gqa_cfg.replace(n_kv_heads=None)
-    gqa = _randomise(da.Decoder(gqa_cfg, dtype=torch.float64))
+    gqa = random_decoder(gqa_cfg, dtype=torch.float64)
     mha = da.Decoder(mha_cfg, dtype=torch.float64)
     group, dh = gqa_cfg.kv_group_size, gqa_cfg.head_dim
     state = {}

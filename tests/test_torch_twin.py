@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import random_decoder
+
 import decoder_audit as da
 from decoder_audit.references.torch_modules import (
     TorchTwin,
@@ -32,17 +34,6 @@ CONFIGS = {
     "relu-nopos-untied": da.DecoderConfig(**ODD, n_layers=2, mlp="relu", pos="none",
                                           attn_bias=True, tie_embeddings=False),
 }
-
-
-def _random_decoder(cfg: da.DecoderConfig, dtype: torch.dtype, seed: int = 0) -> da.Decoder:
-    """A decoder whose every parameter (norm gains and biases too) is random and O(1), so no
-    term of the computation is trivially zero or one."""
-    torch.manual_seed(seed)
-    model = da.Decoder(cfg, dtype=dtype)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.5)
-    return model
 
 
 def _ids(cfg: da.DecoderConfig, batch: int = 3) -> torch.Tensor:
@@ -68,7 +59,7 @@ def test_tiny_368_twin_is_seed_000s_table():
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)])
 def test_logits_and_gradients_match_under_transferred_weights(name, dtype, tol):
     cfg = CONFIGS[name]
-    ours = _random_decoder(cfg, dtype)
+    ours = random_decoder(cfg, dtype=dtype)
     twin = twin_from_decoder(ours)
     ids = _ids(cfg)  # T = max_seq_len: every learned position is used
 
@@ -94,7 +85,7 @@ def test_logits_and_gradients_match_under_transferred_weights(name, dtype, tol):
 @pytest.mark.parametrize("name", ["tiny-368", "gelu_tanh-tied-biases"])
 def test_per_head_attention_weights_equal_our_trace(name):
     cfg = CONFIGS[name]
-    ours = _random_decoder(cfg, torch.float64)
+    ours = random_decoder(cfg, dtype=torch.float64)
     twin = twin_from_decoder(ours)
     ids = _ids(cfg)
     _, patterns = twin.forward_with_patterns(ids)  # need_weights=True, average_attn_weights=False
@@ -111,7 +102,7 @@ def test_per_head_attention_weights_equal_our_trace(name):
 def test_twin_mask_is_causal_by_intervention():
     """Changing the last token changes only the last row of the twin's logits."""
     cfg = CONFIGS["gelu_tanh-tied-biases"]
-    twin = twin_from_decoder(_random_decoder(cfg, torch.float64))
+    twin = twin_from_decoder(random_decoder(cfg, dtype=torch.float64))
     ids = _ids(cfg, batch=1)
     changed = ids.clone()
     changed[0, -1] = (changed[0, -1] + 1) % cfg.vocab_size
@@ -123,7 +114,7 @@ def test_twin_mask_is_causal_by_intervention():
 @pytest.mark.parametrize("name", CONFIGS)
 def test_round_trip_is_exact_and_tie_holds(name):
     cfg = CONFIGS[name]
-    ours = _random_decoder(cfg, torch.float32)
+    ours = random_decoder(cfg, dtype=torch.float32)
     twin = twin_from_decoder(ours)
     back = decoder_from_twin(twin)
     assert ours.state_dict().keys() == back.state_dict().keys()
@@ -142,7 +133,7 @@ def test_round_trip_is_exact_and_tie_holds(name):
 
 def test_tie_survives_an_optimizer_step_in_the_twin():
     cfg = CONFIGS["tiny-368"]
-    twin = twin_from_decoder(_random_decoder(cfg, torch.float32))
+    twin = twin_from_decoder(random_decoder(cfg, dtype=torch.float32))
     optimizer = torch.optim.SGD(twin.parameters(), lr=0.1)
     twin(_ids(cfg)).square().mean().backward()
     optimizer.step()

@@ -1,0 +1,23 @@
+"""Helpers the test modules share (import as `from helpers import ...`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import decoder_audit as da
+
+
+def randomise(module: nn.Module, seed: int = 0, std: float = 0.5) -> nn.Module:
+    """Every parameter (norm gains and biases too) ~ N(0, std) from its own generator, so no term
+    of the computation is trivially zero or one; returns the module in eval mode."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():  # a tied weight is drawn once
+            param.copy_(torch.randn(param.shape, generator=generator) * std)
+    return module.eval()
+
+
+def random_decoder(cfg: da.DecoderConfig, seed: int = 0, dtype: torch.dtype | None = None,
+                   std: float = 0.5) -> da.Decoder:
+    return randomise(da.Decoder(cfg, dtype=dtype), seed, std)
