@@ -197,7 +197,7 @@ def test_cli_longer_context_variant_and_rejection(capsys):
 
 
 CHILD = """
-import contextlib, io, json, resource, sys
+import contextlib, io, json, sys
 from decoder_audit.cli import main
 results = {}
 for name in ("gpt2-xl", "cs336-xl"):
@@ -206,7 +206,10 @@ for name in ("gpt2-xl", "cs336-xl"):
         rc = main(["account", "--preset", name, "--json"])
     out = json.loads(buf.getvalue())
     results[name] = [rc, out["parameters"]["total"], out["measured"]["total"]]
-peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+# VmHWM is this process image's own peak RSS; ru_maxrss would include the peak inherited
+# from the (pytest) parent across fork + exec.
+status = open("/proc/self/status").read()
+peak_kib = int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
 print(json.dumps({"peak_bytes": peak_kib * 1024, "results": results}))
 """
 
