@@ -301,7 +301,9 @@ def check_oracle(s: Subject) -> CheckResult:
     leaves: dict[int, torch.Tensor] = {}
     for _, param in named:
         if id(param) not in leaves:
-            leaves[id(param)] = (param.detach().to("cpu", torch.float64).clone()
+            # detach() shares storage with the (float64, CPU) working copy: nothing is copied,
+            # and neither side writes to it.
+            leaves[id(param)] = (param.detach().to("cpu", torch.float64)
                                  .requires_grad_(with_grads))
     state = {name: leaves[id(param)] for name, param in named}
     state.update({name: buf.cpu() for name, buf in model.named_buffers()})
