@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 import decoder_audit as da
 from decoder_audit.gate import CHECK_ORDER
@@ -110,3 +111,30 @@ def test_hugging_face_llama_does_not_reject_overlength_input():
     report = da.audit(_llama(), vocab_size=37, max_seq_len=12)
     assert [c.name for c in report.failures] == ["overlength"]
     assert report["overlength"].evidence["output_shape"] == [1, 13, 37]
+
+
+# GPT-2 rejects T > 12 (its position table); Llama accepts any T, so it is given no limit.
+HF_FACTS = {"gpt2": dict(vocab_size=37, max_seq_len=12), "llama": dict(vocab_size=37)}
+
+
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_hugging_face_models_match_the_oracle_fed_their_weights(build):
+    from helpers import randomise
+
+    facts = HF_FACTS["gpt2" if build is _gpt2 else "llama"]
+    report = _passes(randomise(build(), seed=2, std=0.3), **facts)
+    oracle = report["oracle"]
+    assert not oracle.skipped and "via references.hf.from_hf" in oracle.evidence["reference"]
+
+
+@pytest.mark.parametrize("build, swap", [
+    (_gpt2, lambda m: setattr(m.transformer.h[1].mlp, "act", nn.ReLU())),
+    (_llama, lambda m: setattr(m.model.layers[0].mlp, "act_fn", nn.GELU())),
+], ids=["gpt2-relu-instead-of-gelu", "llama-gelu-instead-of-silu"])
+def test_a_hugging_face_model_whose_forward_breaks_its_config_fails_the_oracle(build, swap):
+    """Same weights, same config, a different activation inside the forward: every invariance
+    still holds, so only the reference comparison can see it."""
+    model = build()
+    swap(model)
+    report = da.audit(model, **HF_FACTS["gpt2" if build is _gpt2 else "llama"])
+    assert [c.name for c in report.failures] == ["oracle"]

@@ -2,7 +2,8 @@
 
 They need to see inside the model: a `DecoderConfig` and our weight layout (DESIGN.md's names:
 `token_embeddings`, `layers.{i}.attn.q_proj`, `lm_head`, ...). `attention_rows` also works on a
-black-box model that returns its attention patterns (Hugging Face `output_attentions=True`).
+black-box model that returns its attention patterns (Hugging Face `output_attentions=True`), and
+`oracle` on a Hugging Face GPT-2 or Llama model, whose weights the converter can read.
 """
 
 from __future__ import annotations
@@ -285,7 +286,7 @@ def check_oracle(s: Subject) -> CheckResult:
     sequence (the oracle loops over heads and rows in Python). Values, the eager trace path, and
     the gradients of a fixed random projection of the logits with respect to every weight."""
     if s.cfg is None:
-        return skipped("oracle", "black-box: the oracle needs a DecoderConfig and our weight names")
+        return _check_hf_against_oracle(s)
     cfg = s.cfg
     big = sum(p.numel() for p in s.model.parameters()) > 10_000_000
     seq_len = s.short_len(6 if big else 12)
@@ -371,3 +372,39 @@ def check_oracle(s: Subject) -> CheckResult:
     grads_note = f"; gradients of {len(leaves)} weights agree" if with_grads else ""
     return CheckResult("oracle", True, f"fast logits = oracle on ({batch}, {seq_len}) ids (max error "
                        f"{worst:.1e}){grads_note}", evidence, tol)
+
+
+def _check_hf_against_oracle(s: Subject) -> CheckResult:
+    """A Hugging Face GPT-2 or Llama model (a black box to the rest of the gate) against the slow
+    oracle fed its weights, read through our converter (`references.hf`): the HF forward must
+    compute the architecture its config declares. Other black boxes are skipped."""
+    family = type(s.model).__name__
+    if family not in ("GPT2LMHeadModel", "LlamaForCausalLM"):
+        return skipped("oracle", "black-box: the oracle needs a DecoderConfig and our weight names "
+                                 "(or a Hugging Face GPT-2 / Llama model to convert)")
+    from ..errors import ConfigError
+    from ..references.hf import from_hf
+
+    try:
+        converted = from_hf(s.model)
+    except (ConfigError, ImportError) as exc:
+        return skipped("oracle", f"{family} could not be converted for the oracle: {exc}")
+    cfg = converted.config
+    seq_len = s.short_len(6 if converted.num_parameters() > 10_000_000 else 12)
+    ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(11))
+    with torch.no_grad():
+        fast = logits_of(s.work(ids.to(s.device))).double().cpu()
+        s.tokens += ids.numel()
+        reference = oracle_logits(converted.state_dict(), cfg, ids)
+    tol = tolerances.hf_oracle(s.dtype, cfg)
+    worst, allowed = scaled_excess(fast - reference, reference, tol)
+    evidence = {"batch": ids.shape[0], "seq_len": seq_len, "dtype": str(s.dtype),
+                "reference": f"{family} weights via references.hf.from_hf",
+                "max_abs_logit_error": worst, "allowed": allowed}
+    if not worst <= allowed:
+        rows = (fast - reference).abs().amax((0, 2))
+        evidence["error_by_position"] = rows.tolist()
+        return CheckResult("oracle", False, f"{family} logits differ from the slow oracle fed its "
+                           f"weights by up to {worst:.3g} (allowed {allowed:.1e})", evidence, tol)
+    return CheckResult("oracle", True, f"{family} logits = oracle fed its converted weights on "
+                       f"({ids.shape[0]}, {seq_len}) ids (max error {worst:.1e})", evidence, tol)
