@@ -310,6 +310,7 @@ class Decoder(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) integer -> logits (B, T, V)."""
+        check_ids(ids, self.config)
         return self._run(ids, None)
 
     def run_with_trace(self, ids: torch.Tensor) -> tuple[torch.Tensor, Trace]:
@@ -319,8 +320,8 @@ class Decoder(nn.Module):
         return self._run(ids, trace), trace
 
     def _run(self, ids: torch.Tensor, trace: Trace | None) -> torch.Tensor:
+        """The forward pass proper, on ids that passed `check_ids`."""
         cfg = self.config
-        check_ids(ids, cfg)
         ids = ids.long()
         seq_len = ids.shape[1]
         x = self.token_embeddings(ids)  # (B, T, D)
