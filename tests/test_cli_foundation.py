@@ -39,7 +39,8 @@ def test_ledger_of_a_users_model_file(tmp_path, capsys):
     path = tmp_path / "my_model.py"
     path.write_text("import torch\n"
                     "def build():\n"
-                    "    return torch.nn.Sequential(torch.nn.Embedding(10, 3), torch.nn.Linear(3, 10))\n")
+                    "    return torch.nn.Sequential(torch.nn.Embedding(10, 3),\n"
+                    "                               torch.nn.Linear(3, 10))\n")
     assert main(["ledger", "--model", f"{path}:build", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["measured_total"] == 10 * 3 + 3 * 10 + 10 and data["analytic"] is None

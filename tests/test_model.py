@@ -60,12 +60,9 @@ def test_gradients_equal_the_oracle(name):
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
     weights = torch.randn(2, cfg.max_seq_len, cfg.vocab_size, dtype=torch.float64)
     (model(ids) * weights).sum().backward()
-    # the oracle gets its own leaf tensors; a tied state dict names one tensor twice, so share it
-    leaves = {}
-    for pname, param in model.named_parameters(remove_duplicate=False):
-        shared = next((leaves[n] for n, p in model.named_parameters(remove_duplicate=False)
-                       if p is param and n in leaves), None)
-        leaves[pname] = shared if shared is not None else param.detach().clone().requires_grad_()
+    # the oracle gets its own leaf per Parameter object: a tied weight is one leaf under two names
+    fresh = {id(p): p.detach().clone().requires_grad_() for p in model.parameters()}
+    leaves = {name: fresh[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}
     (da.oracle_logits(leaves, cfg, ids) * weights).sum().backward()
     for pname, param in model.named_parameters():
         torch.testing.assert_close(param.grad, leaves[pname].grad, atol=1e-10, rtol=0)
@@ -109,11 +106,13 @@ def test_tied_readout_is_h_times_embedding_transpose():
 @pytest.mark.parametrize("ids, error, message", [
     (torch.zeros(2, 5, dtype=torch.long), ContextLengthError, "T=5 exceeds max_seq_len=4"),
     (torch.zeros(2, 0, dtype=torch.long), ContextLengthError, "T=0 must be at least 1"),
-    (torch.tensor([[1, 8]]), TokenIdError, "token id 8 at batch 0, position 1 is outside [0, vocab_size=8)"),
+    (torch.tensor([[1, 8]]), TokenIdError,
+     "token id 8 at batch 0, position 1 is outside [0, vocab_size=8)"),
     (torch.tensor([[1, 2], [-1, 0]]), TokenIdError, "token id -1 at batch 1, position 0"),
     (torch.zeros(2, 3), InputShapeError, "integer dtype, got dtype=torch.float32"),
     (torch.zeros(2, 3, dtype=torch.bool), InputShapeError, "dtype=torch.bool"),
-    (torch.zeros(3, dtype=torch.long), InputShapeError, "rank 2 (B, T), got rank 1 with shape (3,)"),
+    (torch.zeros(3, dtype=torch.long), InputShapeError,
+     "rank 2 (B, T), got rank 1 with shape (3,)"),
     (torch.zeros(1, 2, 3, dtype=torch.long), InputShapeError, "got rank 3"),
     (torch.zeros(0, 3, dtype=torch.long), InputShapeError, "batch size B=0"),
     ([[1, 2]], InputShapeError, "must be a torch.Tensor"),

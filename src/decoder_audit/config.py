@@ -97,7 +97,8 @@ class DecoderConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown config field(s) {unknown}; known fields are {sorted(known)}")
+            raise ConfigError(
+                f"unknown config field(s) {unknown}; known fields are {sorted(known)}")
         missing = sorted(
             f.name
             for f in dataclasses.fields(cls)
@@ -177,6 +178,7 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         problems.append(f"n_heads={cfg.n_heads} is not divisible by n_kv_heads={cfg.kv_heads}")
     if cfg.pos == "rope" and cfg.d_model % cfg.n_heads == 0 and cfg.head_dim % 2:
         problems.append(
-            f"head width d_model/n_heads={cfg.head_dim} is odd; RoPE rotates pairs and needs it even"
+            f"head width d_model/n_heads={cfg.head_dim} is odd; "
+            "RoPE rotates pairs and needs it even"
         )
     return problems

@@ -160,6 +160,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: DecoderConfig, **factory) -> None:
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.group = cfg.kv_group_size
         d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         self.q_proj = Linear(cfg.d_model, d_q, cfg.attn_bias, **factory)
         self.k_proj = Linear(cfg.d_model, d_kv, cfg.attn_bias, **factory)
@@ -187,7 +188,7 @@ class CausalSelfAttention(nn.Module):
     def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trace: Trace,
                prefix: str) -> torch.Tensor:
         """The inspectable path: explicit scores, -inf strictly above the diagonal, softmax."""
-        group = self.n_heads // self.kv_heads
+        group = self.group
         # repeat_interleave gives KV order [k0, k0, k1, k1] for group 2: query head h -> h // group
         k = k.repeat_interleave(group, dim=1)  # (B, H, T, Dh)
         v = v.repeat_interleave(group, dim=1)  # (B, H, T, Dh)
@@ -224,16 +225,18 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: DecoderConfig, **factory) -> None:
         super().__init__()
-        self.kind = cfg.mlp
+        swiglu = cfg.mlp == "swiglu"
+        self.activation = None if swiglu else self._ACTIVATIONS[cfg.mlp]
         self.w1 = Linear(cfg.d_model, cfg.d_ff, cfg.mlp_bias, **factory)
         self.w2 = Linear(cfg.d_ff, cfg.d_model, cfg.mlp_bias, **factory)
-        self.w3 = Linear(cfg.d_model, cfg.d_ff, cfg.mlp_bias, **factory) if cfg.mlp == "swiglu" else None
+        self.w3 = Linear(cfg.d_model, cfg.d_ff, cfg.mlp_bias, **factory) if swiglu else None
 
-    def forward(self, x: torch.Tensor, trace: Trace | None = None, prefix: str = "") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, trace: Trace | None = None,
+                prefix: str = "") -> torch.Tensor:
         if self.w3 is not None:
             hidden = F.silu(self.w1(x)) * self.w3(x)  # (B, T, F)
         else:
-            hidden = self._ACTIVATIONS[self.kind](self.w1(x))  # (B, T, F)
+            hidden = self.activation(self.w1(x))  # (B, T, F)
         _record(trace, f"{prefix}.hidden", hidden)
         return self.w2(hidden)
 

@@ -2,8 +2,8 @@
 
 It reads only a state dict (DESIGN.md's weight names) and a config, and shares no code path with
 model.py: no fused kernels, no masks (query row t simply reads keys 0..t), LayerNorm and RMSNorm
-from their definitions, GELU from erf or tanh, RoPE as explicit 2x2 rotations pair by pair. It computes in
-float64 by default, so a disagreement with the fast model is a bug, not rounding.
+from their definitions, GELU from erf or tanh, RoPE as explicit 2x2 rotations pair by pair. It
+computes in float64 by default, so a disagreement with the fast model is a bug, not rounding.
 
 It is built from differentiable torch ops, so gradients can be compared too: pass a state dict
 whose tensors require grad.
@@ -51,6 +51,11 @@ def _rope_row(vec: torch.Tensor, position: int, theta: float) -> torch.Tensor:
     return torch.stack((c * x0 - s * x1, s * x0 + c * x1), dim=-1).reshape(head_dim)
 
 
+def _rope_rows(rows: torch.Tensor, theta: float) -> torch.Tensor:
+    """Row t of `rows` (T, Dh) rotated as the token at position t."""
+    return torch.stack([_rope_row(rows[t], t, theta) for t in range(rows.shape[0])])
+
+
 def _linear(x: torch.Tensor, sd: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
     y = x @ sd[f"{name}.weight"].T
     bias = sd.get(f"{name}.bias")
@@ -91,8 +96,8 @@ def oracle_logits(state_dict: Mapping[str, torch.Tensor], cfg: DecoderConfig, id
                 k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
                 v_h = v[:, kv * head_dim:(kv + 1) * head_dim]
                 if cfg.pos == "rope":
-                    q_h = torch.stack([_rope_row(q_h[t], t, cfg.rope_theta) for t in range(seq_len)])
-                    k_h = torch.stack([_rope_row(k_h[t], t, cfg.rope_theta) for t in range(seq_len)])
+                    q_h = _rope_rows(q_h, cfg.rope_theta)
+                    k_h = _rope_rows(k_h, cfg.rope_theta)
                 out_rows = []
                 for t in range(seq_len):
                     visible = slice(0, t + 1)  # inclusive causal: row t reads keys 0..t only

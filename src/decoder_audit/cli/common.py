@@ -31,7 +31,8 @@ def console() -> Console:
 def add_model_source(parser, *, foreign: bool = True, checkpoint: bool = True) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--preset", metavar="NAME",
-                       help=f"a named configuration (default {DEFAULT_PRESET}): {', '.join(preset_names())}")
+                       help=f"a named configuration (default {DEFAULT_PRESET}): "
+                            f"{', '.join(preset_names())}")
     group.add_argument("--config", metavar="FILE.json", help="a DecoderConfig saved as JSON")
     if checkpoint:
         group.add_argument("--checkpoint", metavar="DIR", help="a decoder-audit checkpoint folder")
