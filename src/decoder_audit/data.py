@@ -38,23 +38,10 @@ from pathlib import Path
 import torch
 
 from .errors import ConfigError
+from .gate import next_token_batch, vocab  # the shift the gate's loss_alignment check proves
 
 LETTERS = ("A", "B", "C", "D")
 SEQUENCE_LENGTH = 5  # <bos> x y z <eos>
-
-
-def tiny_vocab():
-    """The 8-token vocabulary module of the gate (TINY_VOCAB, encode, decode)."""
-    from .gate import vocab
-
-    return vocab
-
-
-def next_token_batch(sequences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T+1) -> inputs (B, T), targets (B, T): the gate's shift, proven by its loss check."""
-    from .gate import next_token_batch as shift
-
-    return shift(sequences)
 
 
 def _next_letter(letter: str) -> str:
@@ -67,11 +54,10 @@ class CountingTask:
     name = "counting"
     tokenizer = "tiny-vocab"
     seq_len = SEQUENCE_LENGTH - 1  # T = 4 input positions
+    vocab_size = len(vocab.TINY_VOCAB)
     eval_label = "loss (exact, over the 4 sequences)"
 
     def __init__(self) -> None:
-        vocab = tiny_vocab()
-        self.vocab_size = len(vocab.TINY_VOCAB)
         # Every sequence the task can produce, one per first letter, each with probability 1/4.
         rows = []
         for x in LETTERS:
@@ -104,7 +90,6 @@ class CountingTask:
 
     def describe_pair(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[str]:
         """One aligned input/target pair, decoded token by token in columns."""
-        vocab = tiny_vocab()
         ins = [vocab.decode([i]) for i in inputs.tolist()]
         outs = [vocab.decode([t]) for t in targets.tolist()]
         width = max(len(s) for s in ins + outs)
@@ -152,7 +137,7 @@ class ByteText:
         self._eval = next_token_batch(windows)
 
     def check_model(self, vocab_size: int, max_seq_len: int) -> None:
-        if vocab_size < 256:
+        if vocab_size < self.vocab_size:
             raise ConfigError(
                 "--text trains a byte-level model, so vocab_size must be >= 256 (one id per "
                 f"byte); the model has vocab_size={vocab_size}. Use e.g. --config with "

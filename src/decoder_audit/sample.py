@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 from .errors import ConfigError, ContextLengthError, InputShapeError
+from .gate import vocab
+from .gate.subject import logits_of
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def generate(model: nn.Module, prompt: list[int], *, max_seq_len: int,
     ids = list(prompt)
     while True:
         out = model(torch.tensor([ids], device=device))  # (1, T, V)
-        logits = getattr(out, "logits", out)[0, -1].float()  # (V,): the next-token row
+        logits = logits_of(out)[0, -1].float()  # (V,): the next-token row
         if temperature == 0.0:
             nxt = int(logits.argmax())
         else:
@@ -76,39 +78,23 @@ class Tokenizer:
     @classmethod
     def for_vocab_size(cls, vocab_size: int, declared: str | None = None) -> "Tokenizer":
         """The tokenizer a checkpoint declares, else the one its vocabulary size implies."""
-        from .data import tiny_vocab
-
         if declared is not None:
             return cls(declared)
-        if vocab_size == len(tiny_vocab().TINY_VOCAB):
+        if vocab_size == len(vocab.TINY_VOCAB):
             return cls("tiny-vocab")
         if vocab_size >= 256:
             return cls("bytes")
         raise ConfigError(f"no tokenizer for vocab_size={vocab_size}: sampling knows the "
-                          f"{len(tiny_vocab().TINY_VOCAB)}-token vocabulary and bytes (V >= 256)")
+                          f"{len(vocab.TINY_VOCAB)}-token vocabulary and bytes (V >= 256)")
 
     @property
     def eos_id(self) -> int | None:
-        if self.kind == "bytes":
-            return None  # raw bytes have no end-of-sequence token
-        return tiny_vocab_eos()
+        return None if self.kind == "bytes" else vocab.EOS  # raw bytes have no end token
 
     def encode(self, text: str) -> list[int]:
-        if self.kind == "bytes":
-            return list(text.encode("utf-8"))
-        from .data import tiny_vocab
-
-        return list(tiny_vocab().encode(text))
+        return list(text.encode("utf-8")) if self.kind == "bytes" else vocab.encode(text)
 
     def decode(self, ids: list[int]) -> str:
         if self.kind == "bytes":
             return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-        from .data import tiny_vocab
-
-        return tiny_vocab().decode(ids)
-
-
-def tiny_vocab_eos() -> int:
-    from .data import tiny_vocab
-
-    return tiny_vocab().TINY_VOCAB.index("<eos>")
+        return vocab.decode(ids)
