@@ -15,27 +15,20 @@ How a save is made atomic (one writer per folder at a time):
 
     1. Remove stale temporaries left by an earlier crashed save: `.ckpt.tmp-*` siblings always,
        `.ckpt.old-*` siblings only when `ckpt/` itself exists (otherwise one of them holds the
-       previous checkpoint, see 4b).
+       previous checkpoint, see 3).
     2. Write every file into a fresh sibling `.ckpt.tmp-<pid>-<random>/`, fsync each file and
        the folder. `ckpt/` is untouched so far.
-    3. No previous `ckpt/`: rename the temporary folder to `ckpt/`, fsync the parent. Done.
-    4a. Linux (renameat2 with RENAME_EXCHANGE): swap `.ckpt.tmp-*` and `ckpt/` in one atomic
-        step, fsync the parent, then delete the temporary (which now holds the old checkpoint).
-        There is no instant at which `ckpt/` is missing or half written.
-    4b. Elsewhere (or a filesystem without RENAME_EXCHANGE): rename `ckpt/` to `.ckpt.old-*`,
-        rename the temporary to `ckpt/`, fsync, delete the `.old` folder. A crash between the two
-        renames leaves no `ckpt/` but a complete `.ckpt.old-*`; `load_checkpoint("ckpt")` finds
-        and loads it (with a warning), and the next save cleans it up.
+    3. Rename `ckpt/` (if there is one) to `.ckpt.old-*`, rename the temporary to `ckpt/`, fsync
+       the parent after each rename, then delete the `.old` folder.
 
-What a crash leaves behind: during 1-2, the old `ckpt/` plus a stale `.ckpt.tmp-*`; after the
-swap in 4a, the new `ckpt/` plus a stale `.ckpt.tmp-*` holding the old one; in 4b, as described.
-Every case loads with `load_checkpoint("ckpt")`, and the next `save_checkpoint` removes the debris.
+What a crash leaves behind: during 1-2, the old `ckpt/` plus a stale `.ckpt.tmp-*`; between the
+two renames of 3, no `ckpt/` but a complete `.ckpt.old-*`, which `load_checkpoint("ckpt")` finds
+and loads (with a warning); after them, the new `ckpt/` plus a stale `.ckpt.old-*`. Every case
+loads with `load_checkpoint("ckpt")`, and the next `save_checkpoint` removes the debris.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
 import os
 import re
@@ -153,18 +146,14 @@ def write_folder_atomically(path: str | os.PathLike, write: Callable[[Path], Non
             _fsync_file(child)
     _fsync_dir(tmp)
 
-    if not path.exists():
-        os.rename(tmp, path)
-        _fsync_dir(parent)
-    elif _exchange(tmp, path):
-        _fsync_dir(parent)  # the swap is durable: path is new, tmp holds the old contents
-        shutil.rmtree(tmp)
-    else:
+    old = None
+    if path.exists():
         old = parent / f".{name}.old-{os.getpid()}-{secrets.token_hex(4)}"
         os.rename(path, old)
         _fsync_dir(parent)
-        os.rename(tmp, path)  # a crash before this line leaves the old checkpoint in `old`
-        _fsync_dir(parent)
+    os.rename(tmp, path)  # a crash before this line leaves the old checkpoint in `old`
+    _fsync_dir(parent)
+    if old is not None:
         shutil.rmtree(old)
     _remove_stale(parent, name, keep_backups=False)  # backups a crash stranded are superseded
     return path
@@ -200,37 +189,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths with Linux renameat2(RENAME_EXCHANGE). False where that is not
-    available (other systems, old kernels, filesystems without support); raises on real errors."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                          ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return False
-    raise OSError(err, f"renameat2(RENAME_EXCHANGE) failed: {os.strerror(err)}", str(b))
-
-
 # ----------------------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------------------
 
 def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
     """The folder that holds the checkpoint named `path`: `path` itself, or, when a crash in the
-    middle of a (non-Linux) save left no `path`, the complete backup `.NAME.old-*` beside it."""
+    middle of a save left no `path`, the complete backup `.NAME.old-*` beside it."""
     path = Path(path)
     if path.is_dir():
         return path
