@@ -40,16 +40,14 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     model = model_from_args(args, seed=args.seed)
-    options = {}
-    if args.intervention_len is not None:
-        if args.intervention_len < 1:
-            print(f"decoder-audit verify: error: --intervention-len={args.intervention_len} "
-                  "must be >= 1", file=sys.stderr)
-            return 2
-        options["intervention_len"] = args.intervention_len
+    if args.intervention_len is not None and args.intervention_len < 1:
+        print(f"decoder-audit verify: error: --intervention-len={args.intervention_len} "
+              "must be >= 1", file=sys.stderr)
+        return 2
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     report = audit(model, vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
-                   progress=show_progress and not args.json, seed=args.seed, **options)
+                   progress=show_progress and not args.json, seed=args.seed,
+                   intervention_len=args.intervention_len)
     extra = []
     if args.seed:
         extra += ["--seed", str(args.seed)]

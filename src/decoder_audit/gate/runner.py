@@ -128,19 +128,19 @@ class AuditReport:
 
 
 def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int | None = None,
-          progress: bool = False, seed: int = 0, **options: Any) -> AuditReport:
+          progress: bool = False, seed: int = 0, checks: Iterable[str] | None = None,
+          intervention_len: int | None = None) -> AuditReport:
     """Run the acceptance gate on `model` and return its `AuditReport`.
 
     White-box when the model carries a `DecoderConfig` as `.config` (vocab_size and max_seq_len
     come from it); otherwise black-box, and `vocab_size` is required. `max_seq_len=None` skips the
-    overlength check (listed as skipped). Options: `checks=[names]` runs only those checks (the
-    rest are listed as skipped), `intervention_len=T` sets the causal/prefix length (default
+    overlength check (listed as skipped). `checks=[names]` runs only those checks (the rest are
+    listed as skipped); `intervention_len=T` sets the causal/prefix length (default
     min(max_seq_len, 64)).
     """
-    wanted = options.pop("checks", None)
-    wanted = set(CHECK_ORDER if wanted is None else _validate_names(wanted))
+    wanted = set(CHECK_ORDER if checks is None else _validate_names(checks))
     subject = Subject(model, vocab_size=vocab_size, max_seq_len=max_seq_len, seed=seed,
-                      options=options)
+                      intervention_len=intervention_len)
     started = time.perf_counter()
     results: dict[str, CheckResult] = {}
     with torch.random.fork_rng(devices=[]):  # the user's global RNG stream is left untouched

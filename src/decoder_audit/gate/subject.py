@@ -73,13 +73,12 @@ def _has_decoder_layout(model: nn.Module, cfg: DecoderConfig) -> bool:
 
 class Subject:
     def __init__(self, model: nn.Module, *, vocab_size: int | None, max_seq_len: int | None,
-                 seed: int, options: dict[str, Any]) -> None:
+                 seed: int, intervention_len: int | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"audit() needs a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         config = getattr(model, "config", None)
         self.cfg: DecoderConfig | None = config if isinstance(config, DecoderConfig) else None
-        self.whitebox = self.cfg is not None
         if self.cfg is not None:
             for name, given in (("vocab_size", vocab_size), ("max_seq_len", max_seq_len)):
                 declared = getattr(self.cfg, name)
@@ -92,7 +91,6 @@ class Subject:
             layout_note = (f"{type(model).__name__} has a DecoderConfig but not the Decoder's "
                            "weight names: audited as a black box (V and max_seq_len from its config)")
             self.cfg = None
-            self.whitebox = False
         if vocab_size is None:
             raise ConfigError(
                 f"{type(model).__name__} has no DecoderConfig, so audit() needs vocab_size=V "
@@ -104,15 +102,14 @@ class Subject:
         self.vocab_size: int = vocab_size
         self.max_seq_len: int | None = max_seq_len
         self.seed = seed
-        self.options = options
+        self.intervention_cap = int(DEFAULT_INTERVENTION_LEN if intervention_len is None
+                                    else intervention_len)
         self.has_trace = self.whitebox and callable(getattr(model, "run_with_trace", None))
         first = next(iter(model.parameters()), None)
         self.device = first.device if first is not None else torch.device("cpu")
         floats = [p.dtype for p in model.parameters() if p.is_floating_point()]
-        self.native_dtype = floats[0] if floats else torch.float32
+        self.dtype = floats[0] if floats else torch.float32  # the working copy's, once prepared
         self.work: nn.Module = model
-        self.dtype = self.native_dtype
-        self.in_place = True
         self.notes: list[str] = [layout_note] if layout_note else []
         self.tokens = 0  # token positions pushed through the model, for the cost line
         self.calls = 0
@@ -139,7 +136,7 @@ class Subject:
                 continue
             for param in candidate.parameters():
                 param.requires_grad_(False)  # a forward-only copy; the oracle makes its own
-            self.work, self.dtype, self.in_place = candidate, dtype, False
+            self.work, self.dtype = candidate, dtype
             return
         self.notes.append("checks ran on the model itself in its own dtype, in eval mode; its "
                           "train/eval flags were restored afterwards")
@@ -154,19 +151,27 @@ class Subject:
         self.work = self.model
 
     @property
+    def whitebox(self) -> bool:
+        return self.cfg is not None
+
+    @property
+    def in_place(self) -> bool:
+        """The checks run on the user's model itself (it could not be copied)."""
+        return self.work is self.model
+
+    @property
     def tol(self) -> float:
         return tolerances.invariance(self.dtype)
 
     # ---- running the model ----------------------------------------------------------------
-    def run(self, ids: torch.Tensor, module: nn.Module | None = None, **kwargs) -> torch.Tensor:
+    def run(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits of the working copy for ids (B, T), without gradients."""
-        module = self.work if module is None else module
         ids = ids.to(self.device)
         self.calls += 1
         if ids.dim() >= 1:
             self.tokens += ids.numel()
         with torch.no_grad():
-            return logits_of(module(ids, **kwargs))
+            return logits_of(self.work(ids))
 
     def random_ids(self, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
         return torch.randint(0, self.vocab_size, (batch, seq_len), generator=generator)
@@ -182,8 +187,7 @@ class Subject:
         return self.max_seq_len if self.max_seq_len is not None else DEFAULT_PROBE_LEN
 
     def intervention_len(self) -> int:
-        cap = int(self.options.get("intervention_len", DEFAULT_INTERVENTION_LEN))
-        return max(1, min(self.probe_max, cap))
+        return self.short_len(self.intervention_cap)
 
     def short_len(self, cap: int) -> int:
         return max(1, min(self.probe_max, cap))
