@@ -29,6 +29,7 @@ loads with `load_checkpoint("ckpt")`, and the next `save_checkpoint` removes the
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import re
@@ -143,16 +144,16 @@ def write_folder_atomically(path: str | os.PathLike, write: Callable[[Path], Non
     write(tmp)
     for child in tmp.rglob("*"):
         if child.is_file():
-            _fsync_file(child)
-    _fsync_dir(tmp)
+            _fsync(child)
+    _fsync(tmp)
 
     old = None
     if path.exists():
         old = parent / f".{name}.old-{os.getpid()}-{secrets.token_hex(4)}"
         os.rename(path, old)
-        _fsync_dir(parent)
+        _fsync(parent)
     os.rename(tmp, path)  # a crash before this line leaves the old checkpoint in `old`
-    _fsync_dir(parent)
+    _fsync(parent)
     if old is not None:
         shutil.rmtree(old)
     _remove_stale(parent, name, keep_backups=False)  # backups a crash stranded are superseded
@@ -160,27 +161,15 @@ def write_folder_atomically(path: str | os.PathLike, write: Callable[[Path], Non
 
 
 def _remove_stale(parent: Path, name: str, *, keep_backups: bool) -> None:
-    for stale in parent.glob(f".{glob_escape(name)}.tmp-*"):
+    for stale in parent.glob(f".{glob.escape(name)}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     if not keep_backups:
-        for stale in parent.glob(f".{glob_escape(name)}.old-*"):
+        for stale in parent.glob(f".{glob.escape(name)}.old-*"):
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", text)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    if sys.platform == "win32":  # folders cannot be opened for fsync there
+def _fsync(path: Path) -> None:
+    if sys.platform == "win32" and path.is_dir():  # folders cannot be opened for fsync there
         return
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -203,7 +192,7 @@ def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"checkpoint {str(path)!r} is a file; a checkpoint is a folder "
                               f"holding {CONFIG_FILE} and {WEIGHTS_FILE}")
     parent = path.absolute().parent
-    backups = sorted(parent.glob(f".{glob_escape(path.name)}.old-*"),
+    backups = sorted(parent.glob(f".{glob.escape(path.name)}.old-*"),
                      key=lambda p: p.stat().st_mtime, reverse=True)
     for backup in backups:
         if (backup / CONFIG_FILE).is_file() and (backup / WEIGHTS_FILE).is_file():
