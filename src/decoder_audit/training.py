@@ -48,12 +48,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .checkpoint import CONFIG_FILE, load_checkpoint, resolve_checkpoint_dir, save_checkpoint
 from .config import DecoderConfig
 from .data import ByteText, CountingTask, shard
 from .errors import CheckpointError, ConfigError
+from .gate import audit, flatten_for_loss
+from .gate.subject import logits_of
+from .model import Decoder, Embedding
+from .presets import preset
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
@@ -170,11 +176,7 @@ def param_groups(model: nn.Module, weight_decay: float, *, decay_embeddings: boo
     """AdamW groups over the model's *unique* Parameters: matrices decay; norms, biases and
     (unless `decay_embeddings`) embeddings do not. A tied readout is the embedding Parameter, so
     it appears once, in the embedding's group."""
-    embedding_types = (nn.Embedding,)
-    from .model import Embedding
-
-    embedding_types += (Embedding,)
-    embedding_ids = {id(p) for m in model.modules() if isinstance(m, embedding_types)
+    embedding_ids = {id(p) for m in model.modules() if isinstance(m, (nn.Embedding, Embedding))
                      for p in m.parameters(recurse=False)}
     decay, no_decay = [], []
     for name, param in model.named_parameters():  # duplicates (the tie) removed by identity
@@ -220,11 +222,9 @@ def next_token_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tenso
                     weights: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy of logits (B, T, V) against targets (B, T), flattened row-major to
     (B*T, V) and (B*T,) so logit row b*T + t meets target [b, t]. `weights` (B,) weights whole
-    sequences (they sum to one); None means a plain mean over all B*T tokens."""
-    from .gate import flatten_for_loss  # the flattening the gate's loss_alignment check proves
-
-    out = model(inputs)
-    logits = getattr(out, "logits", out)  # (B, T, V); HF-style outputs carry .logits
+    sequences (they sum to one); None means a plain mean over all B*T tokens. The flattening is
+    the one the gate's loss_alignment check proves."""
+    logits = logits_of(model(inputs))  # (B, T, V), read as the gate reads it
     flat_logits, flat_targets = flatten_for_loss(logits, targets)  # (B*T, V), (B*T,)
     if weights is None:
         return F.cross_entropy(flat_logits, flat_targets)
@@ -235,8 +235,6 @@ def next_token_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tenso
 
 def check_tied(model: nn.Module, when: str) -> None:
     """A tied Decoder's readout must be the embedding Parameter itself (DEFECTS.md A1-A3)."""
-    from .model import Decoder
-
     if isinstance(model, Decoder) and model.config.tie_embeddings:
         if model.lm_head.weight is not model.token_embeddings.weight:
             raise RuntimeError(f"weight tying broken {when}: lm_head.weight is no longer the "
@@ -260,8 +258,6 @@ class _Dist:
 
 
 def _init_distributed(device: str) -> _Dist:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return _Dist(dist.get_rank(), dist.get_world_size(),
                      int(os.environ.get("LOCAL_RANK", "0")))
@@ -288,14 +284,6 @@ def _resolve_device(device: str, local_rank: int) -> str:
 # The gate
 # ----------------------------------------------------------------------------------------------
 
-def audit_model(model: nn.Module, *, vocab_size: int | None, max_seq_len: int | None,
-                seed: int) -> Any:
-    """Run the full acceptance gate (decoder_audit.gate.audit) and return its report."""
-    from .gate import audit
-
-    return audit(model, vocab_size=vocab_size, max_seq_len=max_seq_len, progress=False, seed=seed)
-
-
 def _gate(model: nn.Module, dist_info: _Dist, *, vocab_size, max_seq_len, seed, say) -> Any:
     """Rank 0 audits; every rank learns the verdict; a failure raises GateRefusal everywhere."""
     report, verdict = None, [True, "", ""]
@@ -303,17 +291,17 @@ def _gate(model: nn.Module, dist_info: _Dist, *, vocab_size, max_seq_len, seed, 
         say("[bold]gate[/bold]: running the full audit before any training ...")
         start = time.perf_counter()
         try:
-            report = audit_model(model, vocab_size=vocab_size, max_seq_len=max_seq_len, seed=seed)
+            report = audit(model, vocab_size=vocab_size, max_seq_len=max_seq_len, progress=False,
+                           seed=seed)
         except Exception as exc:  # the gate should never crash; if it does, nothing trains
             if dist_info.world_size == 1:
                 raise
-            report = None
             verdict = [False, "gate", f"the gate itself raised {exc!r}"]
     if report is not None:
         if not report.passed:
             failure = report.first_failure
             verdict = [False, failure.name, failure.detail]
-        ran = [c for c in report.checks if not getattr(c, "skipped", False)]
+        ran = [c for c in report.checks if not c.skipped]
         passed = sum(1 for c in ran if c.passed)
         skipped = len(report.checks) - len(ran)
         say(f"gate: {passed}/{len(ran)} checks passed"
@@ -321,8 +309,6 @@ def _gate(model: nn.Module, dist_info: _Dist, *, vocab_size, max_seq_len, seed, 
             + f" in {time.perf_counter() - start:.2f} s")
         say("  " + ", ".join(c.name + ("" if c.passed else " [red]FAILED[/red]") for c in ran))
     if dist_info.world_size > 1:
-        import torch.distributed as dist
-
         dist.broadcast_object_list(verdict, src=0)
     if not verdict[0]:
         raise GateRefusal(verdict[1], verdict[2], report)
@@ -336,11 +322,8 @@ def _gate(model: nn.Module, dist_info: _Dist, *, vocab_size, max_seq_len, seed, 
 def checkpoint_folder(path: str | os.PathLike) -> Path:
     """The checkpoint inside a run folder (`DIR/checkpoint`), or `DIR` if it is one itself."""
     path = Path(path)
-    if (path / CHECKPOINT_DIR).exists() or not (path / "config.json").exists():
-        candidate = path / CHECKPOINT_DIR
-        from .checkpoint import resolve_checkpoint_dir
-
-        return resolve_checkpoint_dir(candidate)
+    if (path / CHECKPOINT_DIR).exists() or not (path / CONFIG_FILE).exists():
+        return resolve_checkpoint_dir(path / CHECKPOINT_DIR)
     return path
 
 
@@ -358,8 +341,6 @@ def read_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _save(model, folder: Path, *, cfg: TrainConfig, step: int, optimizer, scheduler,
           generator: torch.Generator, task, world_size: int) -> Path:
-    from .checkpoint import save_checkpoint
-
     buffer = io.BytesIO()
     torch.save({
         "step": step,
@@ -422,14 +403,9 @@ def plot_losses(metrics_path: Path, png_path: Path, *, floor: float | None,
 
 def _resolve_model(model, resume_folder: Path | None, seed: int) -> tuple[nn.Module, bool]:
     """(model, built_fresh_here)."""
-    from .model import Decoder
-    from .presets import preset
-
     if resume_folder is not None:
         if model is not None:
             raise ConfigError("resume loads the model from its checkpoint; do not pass a model too")
-        from .checkpoint import load_checkpoint
-
         return load_checkpoint(resume_folder), False
     if model is None:
         model = "tiny-368"
@@ -502,25 +478,25 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
         raise ConfigError(f"{str(out)!r} already holds a training run ({CHECKPOINT_DIR}/); "
                           "continue it with resume (--resume), or choose another out folder "
                           "(--out)")
-    dist_info = _init_distributed(_resolve_device(device, int(os.environ.get("LOCAL_RANK", "0"))))
+    run_device = _resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))
+    dist_info = _init_distributed(run_device)
     previous_threads = torch.get_num_threads()
     try:
         return _run(model, cfg, dist_info, out=Path(out) if out is not None else None,
                     resume_folder=resume_folder, resume_meta=resume_meta,
                     resume_state=resume_state, save_every=save_every,
-                    eval_every=eval_every, device=device, progress=progress, verbose=verbose,
+                    eval_every=eval_every, run_device=run_device, progress=progress,
+                    verbose=verbose,
                     expect_fresh=expect_fresh, vocab_size=vocab_size, max_seq_len=max_seq_len,
                     threads=threads, callback=callback, start_time=start_time)
     finally:
         torch.set_num_threads(previous_threads)
         if dist_info.owns_group:
-            import torch.distributed as dist
-
             dist.destroy_process_group()
 
 
 def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resume_meta,
-         resume_state, save_every, eval_every, device, progress, verbose, expect_fresh,
+         resume_state, save_every, eval_every, run_device, progress, verbose, expect_fresh,
          vocab_size, max_seq_len, threads, callback, start_time) -> TrainResult:
     from .cli.common import console as make_console
 
@@ -530,8 +506,7 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
     fresh = fresh and expect_fresh
     if threads == "auto":
         small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS
-        on_cpu = _resolve_device(device, dist_info.local_rank) == "cpu"
-        threads = 1 if small and on_cpu else None
+        threads = 1 if small and run_device == "cpu" else None
     if threads is not None:
         torch.set_num_threads(int(threads))  # train() restores the previous value
 
@@ -558,7 +533,6 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
     report = _gate(model, dist_info, vocab_size=None if white_box else V,
                    max_seq_len=None if white_box else T, seed=cfg.seed, say=say)
 
-    run_device = _resolve_device(device, dist_info.local_rank)
     if run_device.startswith("cuda"):
         torch.cuda.set_device(torch.device(run_device))
     model = model.to(run_device)
@@ -636,14 +610,11 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
         say(f"task: {task.name}; entropy floor ln(4)/4 = {floor:.4f} nats/token")
 
     # 4. The loop.
-    from .model import Decoder
-
     ckpt_folder = out / CHECKPOINT_DIR if out is not None else None
     can_save = ckpt_folder is not None and isinstance(model, Decoder)
     if out is not None and not can_save:
         say("note: checkpoints need a decoder-audit Decoder; this model's weights are not saved")
-    tokens_per_step = cfg.batch_size * task.seq_len if isinstance(task, CountingTask) \
-        else cfg.batch_size * T
+    tokens_per_step = cfg.batch_size * task.seq_len
     loop_start, first_step, last_loss = time.perf_counter(), step, float("nan")
     reached = None  # (step, seconds) of the first evaluation within 5% of the entropy floor
     checkpoint = None
@@ -681,8 +652,6 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
 
             reported = loss.detach()
             if dist_info.world_size > 1:  # the global batch's mean loss, for the log only
-                import torch.distributed as dist
-
                 reported = reported.clone()
                 dist.all_reduce(reported)
                 reported /= dist_info.world_size
@@ -708,12 +677,9 @@ def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resum
     loop_seconds = time.perf_counter() - loop_start
     final_loss = evaluate()
     check_tied(model, "after training")
-    if can_save:
-        checkpoint = save(step) or checkpoint
+    checkpoint = save(step) or checkpoint
     tps = (step - first_step) * tokens_per_step / max(loop_seconds, 1e-9)
     if dist_info.world_size > 1:
-        import torch.distributed as dist
-
         dist.barrier()  # the final checkpoint is on disk before any rank returns
     if dist_info.is_main and metrics_path is not None:
         plot = plot_losses(metrics_path, out / PLOT_FILE, floor=floor, uniform=uniform)
