@@ -181,9 +181,9 @@ class MeasuredFlops(_ToDict):
     """mm + addmm: every F.linear, to compare with projections + MLP + readout."""
     attention_ops_total: int
     """bmm (+ baddbmm): the per-head products, to compare with scores + weighted sum."""
-    sdpa_meta_total: int | None
+    sdpa_meta_total: int
     """The plain forward (F.scaled_dot_product_attention) on meta, where torch decomposes it
-    into the math path's bmm; None when not measured."""
+    into the math path's bmm."""
     matches_analytic: bool
     differences: list[str]
 
@@ -211,11 +211,6 @@ class Accounting(_ToDict):
             if group.name == name:
                 return group
         raise KeyError(f"no FLOP group {name!r}; groups are {list(GROUPS)}")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = _plain(self)
-        out["config"] = self.config.to_dict()
-        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,17 +397,17 @@ def _count_flops(run) -> dict[str, int]:
     return {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
 
 
-def measure_forward_flops(cfg: DecoderConfig, batch_size: int, seq_len: int,
-                          *, sdpa_too: bool = True) -> dict[str, Any]:
+def measure_forward_flops(cfg: DecoderConfig, batch_size: int,
+                          seq_len: int) -> dict[str, dict[str, int]]:
     """Build Decoder(cfg) on the meta device (no storage) and count the FLOPs of one forward
-    pass on meta ids (B, T). Returns {"eager": by_op, "sdpa": by_op or None}."""
+    pass on meta ids (B, T), traced and plain. Returns {"eager": by_op, "sdpa": by_op}."""
     from .model import Decoder
 
     with torch.device("meta"):  # shapes only: gpt2-xl costs no memory here
         model = Decoder(cfg)
     ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")  # (B, T)
     eager = _count_flops(lambda: model.run_with_trace(ids))
-    sdpa = _count_flops(lambda: model(ids)) if sdpa_too else None
+    sdpa = _count_flops(lambda: model(ids))
     return {"eager": eager, "sdpa": sdpa}
 
 
@@ -436,8 +431,8 @@ def _measured(cfg: DecoderConfig, batch_size: int, seq_len: int, groups: list[Gr
     others = sorted(op for op in by_op if op not in _LINEAR_OPS + _ATTENTION_OPS)
     if others:
         differences.append(f"ops outside the matmul groups: {others}")
-    sdpa_total = sum(counts["sdpa"].values()) if counts["sdpa"] is not None else None
-    if sdpa_total is not None and sdpa_total != total:
+    sdpa_total = sum(counts["sdpa"].values())
+    if sdpa_total != total:
         differences.append(f"plain forward (SDPA) on meta: {sdpa_total:,} vs analytic {total:,}")
     return MeasuredFlops(
         path=MEASURED_PATH, total=measured_total, by_op=by_op, linear_ops_total=linear,

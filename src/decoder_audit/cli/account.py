@@ -7,8 +7,9 @@ import json
 
 from rich.table import Table
 
-from ..accounting import FLOP_CONVENTIONS, account, plot_context_sweep
-from .common import add_model_source, config_from_args, console, rerun_command
+from ..accounting import BYTES_PER_ELEMENT, FLOP_CONVENTIONS, account, plot_context_sweep
+from .common import (DEFAULT_PRESET, add_model_source, config_from_args, console,
+                     rerun_command)
 
 
 def register(subparsers) -> None:
@@ -33,19 +34,16 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _gb(n_bytes: int) -> str:
-    return f"{n_bytes / 1e9:,.2f} GB"
-
-
-def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:,.2f} GiB"
+def _sizes(n_bytes: int) -> tuple[str, str, str]:
+    """The bytes, GB (10^9) and GiB (2^30) cells of a memory row."""
+    return f"{n_bytes:,}", f"{n_bytes / 1e9:,.2f} GB", f"{n_bytes / 2**30:,.2f} GiB"
 
 
 def _source_name(args) -> str:
     for flag in ("preset", "config", "checkpoint"):
         if getattr(args, flag, None):
             return f"{flag} {getattr(args, flag)}"
-    return "preset tiny-368"
+    return f"preset {DEFAULT_PRESET}"
 
 
 def run(args) -> int:
@@ -57,16 +55,16 @@ def run(args) -> int:
     if args.max_seq_len is not None:
         extra.append(f"--max-seq-len={args.max_seq_len}")
     if args.plot:
-        plot_context_sweep(cfg, args.plot, args.batch, seq_len=acct.seq_len,
-                           title=f"{_source_name(args)}: forward matmul FLOPs vs context (B={args.batch})")
-    matched = acct.measured is None or acct.measured.matches_analytic
+        title = f"{_source_name(args)}: forward matmul FLOPs vs context (B={args.batch})"
+        plot_context_sweep(cfg, args.plot, args.batch, seq_len=acct.seq_len, title=title)
     if args.json:
         out = acct.to_dict()
         out["command"] = rerun_command("account", args, *extra)
         out["plot"] = args.plot
         print(json.dumps(out, indent=2))
-        return 0 if matched else 1
-    _print(acct, args, extra)
+    else:
+        _print(acct, args, extra)
+    matched = acct.measured is None or acct.measured.matches_analytic
     return 0 if matched else 1
 
 
@@ -104,18 +102,15 @@ def _print(acct, args, extra) -> None:
     table.add_column("GiB", justify="right")
     table.add_column("formula")
     for dtype, n_bytes in m.weights.items():
-        table.add_row(f"weights in {dtype}", f"{n_bytes:,}", _gb(n_bytes), _gib(n_bytes),
-                      f"{n_bytes // p.total if p.total else 0} x P")
+        table.add_row(f"weights in {dtype}", *_sizes(n_bytes), f"{BYTES_PER_ELEMENT[dtype]} x P")
     table.add_section()
     for row in m.training:
-        table.add_row(row.name, f"{row.bytes:,}", _gb(row.bytes), _gib(row.bytes), row.formula)
-    table.add_row("training total", f"{m.training_total:,}",
-                  _gb(m.training_total), _gib(m.training_total), "16 x P", style="bold")
+        table.add_row(row.name, *_sizes(row.bytes), row.formula)
+    table.add_row("training total", *_sizes(m.training_total), "16 x P", style="bold")
     table.add_section()
     for row in m.activations:
-        table.add_row(row.name, f"{row.bytes:,}", _gb(row.bytes), _gib(row.bytes), row.formula)
-    table.add_row("activations (an estimate)", f"{m.activations_total:,}",
-                  _gb(m.activations_total), _gib(m.activations_total), "", style="bold")
+        table.add_row(row.name, *_sizes(row.bytes), row.formula)
+    table.add_row("activations (an estimate)", *_sizes(m.activations_total), "", style="bold")
     out.print(table)
     out.print("activation estimate assumes:")
     for line in m.activation_assumptions:
@@ -158,10 +153,9 @@ def _print(acct, args, extra) -> None:
         out.print(f"measured: {meas.total:,} {verdict}")
         out.print(f"  how: {meas.path}")
         out.print(f"  by op: {ops}")
-        if meas.sdpa_meta_total is not None:
-            out.print(f"  the plain forward (F.scaled_dot_product_attention) on meta counts "
-                      f"{meas.sdpa_meta_total:,} (torch lowers it to the math path's bmm there; "
-                      "on real CPU tensors the fused kernel is not counted)")
+        out.print(f"  the plain forward (F.scaled_dot_product_attention) on meta counts "
+                  f"{meas.sdpa_meta_total:,} (torch lowers it to the math path's bmm there; "
+                  "on real CPU tensors the fused kernel is not counted)")
         for line in meas.differences:
             out.print(f"  [red]{line}[/red]")
     out.print("conventions:")
