@@ -5,9 +5,14 @@ Runs unchanged under `torchrun --nproc_per_node N --no-python decoder-audit trai
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+from pathlib import Path
 
 from .common import add_model_source, console, model_from_args
+
+DEFAULT_OUT = "runs/train"
 
 
 def register(subparsers) -> None:
@@ -36,7 +41,7 @@ def register(subparsers) -> None:
     parser.add_argument("--text", metavar="FILE",
                         help="train a byte-level model (V >= 256) on FILE")
     parser.add_argument("--out", metavar="DIR", help="run folder: metrics.jsonl, loss_curve.png, "
-                                                     "checkpoint/ (default runs/train)")
+                                                     f"checkpoint/ (default {DEFAULT_OUT})")
     parser.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
     parser.add_argument("--save-every", type=int, default=0, metavar="N",
                         help="checkpoint every N steps too (default: only at the end)")
@@ -68,9 +73,10 @@ def run(args) -> int:
         model = None
     else:
         model = model_from_args(args, seed=options.get("seed", 0))
+    out = args.out or (None if args.resume else DEFAULT_OUT)  # resuming writes into its run
     try:
-        result = train(
-            model, out=args.out or (None if args.resume else "runs/train"), resume=args.resume,
+        train(
+            model, out=out, resume=args.resume,
             save_every=args.save_every, eval_every=args.eval_every, device=args.device,
             progress=not args.no_progress, expect_fresh=not args.checkpoint,
             vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
@@ -79,14 +85,12 @@ def run(args) -> int:
         _print_refusal(refusal)
         return 1
     except KeyboardInterrupt:
-        _print_interrupted(args.out or args.resume or "runs/train")
+        _print_interrupted(out or args.resume)
         return 130
-    return 0 if result is not None else 1
+    return 0
 
 
 def _print_refusal(refusal) -> None:
-    import os
-
     if int(os.environ.get("RANK", "0")) != 0:
         return
     out = console()
@@ -101,13 +105,11 @@ def _print_refusal(refusal) -> None:
 
 
 def _print_interrupted(out: str) -> None:
-    import json
-    import os
-    from pathlib import Path
+    from ..training import CHECKPOINT_DIR, TRAINER_FILE
 
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    meta = Path(out) / "checkpoint" / "trainer.json"
+    meta = Path(out) / CHECKPOINT_DIR / TRAINER_FILE
     if meta.is_file():
         step = json.loads(meta.read_text())["step"]
         print(f"\ninterrupted; the last checkpoint is at step {step}: continue with "
