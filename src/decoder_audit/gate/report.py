@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .result import CHECK_TITLES
+from .subject import DEFAULT_PROBE_LEN
 
 if TYPE_CHECKING:
     from .result import CheckResult
@@ -69,6 +70,9 @@ def _attention_rows(check: CheckResult) -> list[list[str]]:
     return rows
 
 
+_CAUSAL_HEADER = ("cut c", "rows < c", "max change rows < c", "rows moved", "change at row c")
+
+
 def _causal_rows(check: CheckResult) -> list[list[str]]:
     rows = []
     for rec in check.evidence.get("cuts", []):
@@ -81,6 +85,16 @@ def _causal_rows(check: CheckResult) -> list[list[str]]:
 
 
 # ---- terminal --------------------------------------------------------------------------------
+
+def _rich_table(title: str, header: tuple[str, ...], rows: list[list[str]],
+                justify: str = "left") -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in header:
+        table.add_column(col, justify=justify)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
 
 def print_report(report: AuditReport, console: Console | None = None, command: str | None = None,
                  sections: bool = True) -> None:
@@ -116,7 +130,7 @@ def print_report(report: AuditReport, console: Console | None = None, command: s
             out.print(f"  also failing: {', '.join(others)}")
     out.print(f"cost: {report.seconds:.1f} s, {report.tokens:,} token positions in {report.calls} "
               f"model calls = {report.forward_equivalents:.1f} forward passes at "
-              f"T={report.max_seq_len or 16}")
+              f"T={report.max_seq_len or DEFAULT_PROBE_LEN}")
     slow = sorted((c for c in report.checks if c.seconds >= 0.5), key=lambda c: -c.seconds)
     if slow:
         out.print("  slowest: " + ", ".join(f"{c.name} {c.seconds:.1f} s" for c in slow[:5]))
@@ -128,14 +142,9 @@ def _print_sections(report: AuditReport, out: Console) -> None:
     shapes = report["shapes"]
     if shapes.evidence.get("sites"):
         rows, note = _shape_rows(shapes)
-        ev = shapes.evidence
-        sizes = ", ".join(f"{k}={v}" for k, v in ev.get("sizes", {}).items())
-        table = Table(title=f"shape ledger ({sizes})", title_justify="left")
-        for col in ("site", "declared", "recorded", ""):
-            table.add_column(col)
-        for row in rows:
-            table.add_row(*row)
-        out.print(table)
+        sizes = ", ".join(f"{k}={v}" for k, v in shapes.evidence.get("sizes", {}).items())
+        out.print(_rich_table(f"shape ledger ({sizes})", ("site", "declared", "recorded", ""),
+                              rows))
         if note:
             out.print(f"  {note}")
     params = report["params"]
@@ -155,23 +164,15 @@ def _print_sections(report: AuditReport, out: Console) -> None:
     causal = report["causal"]
     if causal.evidence.get("cuts"):
         ev = causal.evidence
-        table = Table(title=f"causal interventions: T={ev['seq_len']}, tokens from cut c on "
-                      f"changed (allowed {ev['allowed']:.1e}, {ev['dtype'].removeprefix('torch.')})",
-                      title_justify="left")
-        for col in ("cut c", "rows < c", "max change rows < c", "rows moved", "change at row c"):
-            table.add_column(col, justify="right")
-        for row in _causal_rows(causal):
-            table.add_row(*row)
-        out.print(table)
+        out.print(_rich_table(f"causal interventions: T={ev['seq_len']}, tokens from cut c on "
+                              f"changed (allowed {ev['allowed']:.1e}, "
+                              f"{ev['dtype'].removeprefix('torch.')})",
+                              _CAUSAL_HEADER, _causal_rows(causal), justify="right"))
     attention = report["attention_rows"]
     if attention.evidence.get("heads"):
-        table = Table(title=f"attention row sums (T={attention.evidence['seq_len']})",
-                      title_justify="left")
-        for col in ("layer", "heads", "max |row sum - 1|", "max p(future key)", "finite"):
-            table.add_column(col, justify="right")
-        for row in _attention_rows(attention):
-            table.add_row(*row)
-        out.print(table)
+        out.print(_rich_table(f"attention row sums (T={attention.evidence['seq_len']})",
+                              ("layer", "heads", "max |row sum - 1|", "max p(future key)",
+                               "finite"), _attention_rows(attention), justify="right"))
         stressed = attention.evidence.get("stressed")
         if stressed:
             out.print(f"  stressed ({stressed['how']}): max p(future key) = "
@@ -226,8 +227,7 @@ def markdown(report: AuditReport, command: str | None = None) -> str:
         parts += ["## Causal interventions",
                   f"T = {ev['seq_len']}; for each cut c every token from position c on is changed; "
                   f"rows < c must not move by more than {ev['allowed']:.1e}; row c must move.",
-                  _md_table(["cut c", "rows < c", "max change rows < c", "rows moved",
-                             "change at row c"], _causal_rows(causal)),
+                  _md_table(list(_CAUSAL_HEADER), _causal_rows(causal)),
                   "![dependency matrix](dependency_matrix.png)"]
     attention = report["attention_rows"]
     if attention.evidence.get("heads"):
@@ -239,17 +239,16 @@ def markdown(report: AuditReport, command: str | None = None) -> str:
     if alignment.evidence.get("pairs"):
         inp, tgt = _aligned(alignment.evidence["pairs"])
         parts += ["## Aligned example", f"```\n{inp}\n{tgt}\n```"]
-    failing = [c for c in report.checks if not c.passed]
-    if failing:
+    if report.failures:
         parts.append("## Evidence of failing checks")
-        for c in failing:
+        for c in report.failures:
             parts.append(f"### `{c.name}`\n{c.detail}\n\n```json\n"
                          f"{json.dumps(_trim(c.evidence), indent=2)[:4000]}\n```")
     if report.notes:
         parts += ["## Notes", "\n".join(f"- {n}" for n in report.notes)]
     parts.append(f"Cost: {report.seconds:.1f} s, {report.tokens:,} token positions in "
                  f"{report.calls} model calls ({report.forward_equivalents:.1f} forward passes at "
-                 f"T = {report.max_seq_len or 16}).")
+                 f"T = {report.max_seq_len or DEFAULT_PROBE_LEN}).")
     if command:
         parts += ["## Rerun", f"```\n{command}\n```"]
     return "\n\n".join(parts) + "\n"

@@ -23,7 +23,7 @@ from torch import nn
 
 from . import inputs, invariance, loss, whitebox
 from .result import CHECK_ORDER, CHECK_TITLES, CheckResult, crashed, skipped
-from .subject import Subject
+from .subject import DEFAULT_PROBE_LEN, Subject
 
 CHECKS: dict[str, Callable[[Subject], CheckResult]] = {
     "inputs": inputs.check_inputs,
@@ -87,8 +87,7 @@ class AuditReport:
     @property
     def forward_equivalents(self) -> float:
         """Cost in full forward passes of one sequence at the longest length checked."""
-        length = self.max_seq_len or 16
-        return self.tokens / length
+        return self.tokens / (self.max_seq_len or DEFAULT_PROBE_LEN)
 
     def to_dict(self) -> dict[str, Any]:
         first = self.first_failure
