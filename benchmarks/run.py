@@ -611,10 +611,8 @@ def profiles_markdown(results: dict[str, Any]) -> str:
     lines = ["# Profiles: top ops by self CPU time (three steps after the timed repeats)", "",
              f"torch {results['machine']['torch']}, {results['machine']['threads_used']} threads.", ""]
     for r in results["rows"]:
-        for side in ("ours", "hf"):
-            if "profile" in r:
-                lines += [f"## {r['label']}: {side}", "", "```", r["profile"][side]["table"].rstrip(),
-                          "```", ""]
+        for side, profile in r.get("profile", {}).items():
+            lines += [f"## {r['label']}: {side}", "", "```", profile["table"].rstrip(), "```", ""]
     return "\n".join(lines)
 
 
@@ -680,9 +678,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     results["rows"] = []
     for row in rows:
-        profile = smoke or (not args.no_profile and
-                            (row.config_name, row.batch, row.seq_len, row.backward) in PROFILED)
-        r = measure_row(row, warmup, repeats, ceiling, profile and not args.no_profile)
+        profile = not args.no_profile and (
+            smoke or (row.config_name, row.batch, row.seq_len, row.backward) in PROFILED)
+        r = measure_row(row, warmup, repeats, ceiling, profile)
         results["rows"].append(r)
         say(f"{row.label}: ours {r['ours']['seconds']['median'] * 1e3:.0f} ms, HF "
             f"{r['hf']['seconds']['median'] * 1e3:.0f} ms, HF/ours {r['hf_over_ours']:.2f}")
