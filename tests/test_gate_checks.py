@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +17,6 @@ from decoder_audit.gate import TINY_VOCAB, decode, encode, flatten_for_loss, nex
 from decoder_audit.gate import tolerances
 
 import zoo
-
-
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +209,7 @@ def test_report_dict_has_stable_keys_and_write_produces_the_evidence(tiny_report
         assert (tmp_path / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_failing_report_names_the_first_failure_in_markdown(tmp_path):
+def test_failing_report_names_the_first_failure_in_markdown():
     report = da.audit(zoo.copied_readout())
     assert report.first_failure.name == "params"
     text = report.to_markdown()
@@ -250,7 +249,7 @@ def leaky():
 
 def test_cli_verify_a_users_model_file(tmp_path, capsys):
     path = tmp_path / "my_model.py"
-    path.write_text(USER_FILE.format(tests=str(__import__("pathlib").Path(__file__).parent)))
+    path.write_text(USER_FILE.format(tests=str(Path(__file__).parent)))
     report_dir = tmp_path / "report"
     assert main(["verify", "--model", f"{path}:good", "--vocab-size", "13", "--max-seq-len", "9",
                  "--report", str(report_dir)]) == 0
