@@ -93,7 +93,7 @@ def test_wrong_config_lists_missing_unexpected_and_mismatched_names(tmp_path):
     message = str(info.value)
     assert "model.safetensors" in message and "config.json" in message
     assert "unexpected ['layers.0.ffn.w1.bias'" in message
-    assert "layers.0.ffn.w1.weight stored (37, 24) but the config needs (40, 24)" in message
+    assert "layers.0.ffn.w1.weight is (37, 24), the config needs (40, 24)" in message
 
 
 def test_missing_and_renamed_tensors_are_named(tmp_path):

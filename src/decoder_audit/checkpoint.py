@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+from torch import nn
 
 from .config import DecoderConfig
 from .errors import CheckpointError, ConfigError
@@ -230,10 +231,13 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
             stored = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
             # 3. Names and shapes against the config, before a single weight is read.
             expected = expected_shapes(cfg)
-            problems = _name_and_shape_problems(expected, stored, cfg)
+            problems = name_and_shape_problems(expected, stored)
+            if cfg.tie_embeddings and "lm_head.weight" in stored:
+                problems.append("tie_embeddings=True: the readout is token_embeddings.weight, "
+                                "stored once")
             if problems:
-                raise CheckpointError(
-                    f"{str(weights_path)!r} does not fit {str(config_path)!r}: " + "; ".join(problems))
+                raise CheckpointError(f"{str(weights_path)!r} does not fit {str(config_path)!r}: "
+                                      + "; ".join(problems))
             tensors = {name: handle.get_tensor(name) for name in expected}
     except SafetensorError as exc:
         raise CheckpointError(f"{str(weights_path)!r} is not a readable safetensors file "
@@ -249,16 +253,8 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     if not_float:
         raise CheckpointError(f"{str(weights_path)!r}: tensors {not_float} are not floating point")
 
-    # 5. Build without initialising (meta, then empty storage; Decoder re-ties in _apply) and copy.
-    dtype = dtype or tensors["token_embeddings.weight"].dtype
-    model = Decoder(cfg, device="meta", dtype=dtype).to_empty(device=device)
-    params = dict(model.named_parameters())  # the tied weight appears once
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            params[name].copy_(tensor)
-    if cfg.tie_embeddings and model.lm_head.weight is not model.token_embeddings.weight:
-        raise CheckpointError("internal error: tying was not re-established on load")
-    return model
+    # 5. Only now a model.
+    return decoder_from_tensors(cfg, tensors, device=device, dtype=dtype)
 
 
 def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
@@ -267,22 +263,44 @@ def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
-def _name_and_shape_problems(expected: Mapping[str, tuple[int, ...]],
-                             stored: Mapping[str, tuple[int, ...]], cfg: DecoderConfig) -> list[str]:
-    problems = []
-    missing = sorted(set(expected) - set(stored))
-    unexpected = sorted(set(stored) - set(expected))
-    mismatched = sorted(f"{n} stored {stored[n]} but the config needs {expected[n]}"
-                        for n in set(expected) & set(stored) if tuple(stored[n]) != expected[n])
-    if missing:
-        problems.append(f"missing {missing}")
-    if unexpected:
-        hint = (" (tie_embeddings=True: the readout is token_embeddings.weight, stored once)"
-                if cfg.tie_embeddings and "lm_head.weight" in unexpected else "")
-        problems.append(f"unexpected {unexpected}{hint}")
-    if mismatched:
-        problems.append("mismatched shapes: " + ", ".join(mismatched))
-    return problems
+def name_and_shape_problems(expected: Mapping[str, tuple[int, ...]],
+                            got: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """The missing, unexpected and mismatched names of `got` against `expected` (name -> shape),
+    one entry per kind; empty when they fit."""
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    mismatched = sorted(f"{n} is {tuple(got[n])}, the config needs {tuple(expected[n])}"
+                        for n in set(expected) & set(got) if tuple(got[n]) != tuple(expected[n]))
+    return (([f"missing {missing}"] if missing else [])
+            + ([f"unexpected {unexpected}"] if unexpected else [])
+            + (["mismatched shapes: " + ", ".join(mismatched)] if mismatched else []))
+
+
+def copy_into_parameters(module: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy `tensors` into `module`'s unique Parameters (a tied weight appears once); the names
+    and shapes must match exactly."""
+    params = dict(module.named_parameters())
+    problems = name_and_shape_problems({n: p.shape for n, p in params.items()},
+                                       {n: t.shape for n, t in tensors.items()})
+    if problems:
+        raise CheckpointError(f"the tensors do not fit {type(module).__name__}: "
+                              + "; ".join(problems))
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            params[name].copy_(tensor)
+
+
+def decoder_from_tensors(cfg: DecoderConfig, tensors: Mapping[str, torch.Tensor], *,
+                         device: torch.device | str | None = None,
+                         dtype: torch.dtype | None = None) -> Decoder:
+    """A Decoder holding copies of `tensors` (our unique-parameter names), built without
+    initialising: on the meta device, then empty storage (where Decoder re-ties), then filled.
+    `device` and `dtype` default to those of token_embeddings.weight."""
+    like = tensors["token_embeddings.weight"]
+    model = Decoder(cfg, device="meta", dtype=dtype or like.dtype)
+    model.to_empty(device=device or like.device)
+    copy_into_parameters(model, tensors)
+    return model
 
 
 def _refuse_pickles(folder: Path, weights_path: Path) -> None:

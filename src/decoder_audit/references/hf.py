@@ -50,6 +50,12 @@ from typing import Any
 
 import torch
 
+from ..checkpoint import (
+    copy_into_parameters,
+    decoder_from_tensors,
+    name_and_shape_problems,
+    write_folder_atomically,
+)
 from ..config import DecoderConfig
 from ..errors import CheckpointError, ConfigError
 from ..model import Decoder
@@ -343,8 +349,9 @@ def hf_tensors_to_ours(cfg: DecoderConfig, hf_tensors: Mapping[str, torch.Tensor
             raise ConfigError(f"{source}: tie_word_embeddings=True but lm_head.weight differs from "
                               f"{rules[0].hf[0]}; the flag and the weights disagree")
     expected = {n: s for rule in rules for n, s in zip(rule.hf, rule.hf_shapes)}
-    got = {n: tuple(t.shape) for n, t in tensors.items()}
-    _check_names_and_shapes(expected, got, source)
+    problems = name_and_shape_problems(expected, {n: t.shape for n, t in tensors.items()})
+    if problems:
+        raise CheckpointError(f"{source} do not fit the config: " + "; ".join(problems))
     ours: dict[str, torch.Tensor] = {}
     for rule in rules:
         ours.update(zip(rule.ours, rule.to_ours([tensors[n] for n in rule.hf])))
@@ -387,30 +394,6 @@ def _normalise_names(hf_tensors: Mapping[str, torch.Tensor], prefix: str) -> dic
     return kept
 
 
-def _check_names_and_shapes(expected: Mapping[str, tuple[int, ...]],
-                            got: Mapping[str, tuple[int, ...]], source: str) -> None:
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    mismatched = sorted(f"{n} is {got[n]}, the config needs {expected[n]}"
-                        for n in set(expected) & set(got) if tuple(got[n]) != tuple(expected[n]))
-    problems = ([f"missing {missing}"] if missing else []) + \
-        ([f"unexpected {unexpected}"] if unexpected else []) + \
-        (["mismatched shapes: " + ", ".join(mismatched)] if mismatched else [])
-    if problems:
-        raise CheckpointError(f"{source} do not fit the config: " + "; ".join(problems))
-
-
-def _copy_unique(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor], what: str) -> None:
-    params = dict(module.named_parameters())  # a tied weight appears once
-    if set(params) != set(tensors):
-        raise CheckpointError(f"internal error filling {what}: missing "
-                              f"{sorted(set(params) - set(tensors))}, unexpected "
-                              f"{sorted(set(tensors) - set(params))}")
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            params[name].copy_(tensor)
-
-
 # ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
@@ -431,17 +414,8 @@ def from_hf(hf_model: Any) -> Decoder:
     _transformers()
     cfg = config_from_hf(hf_model.config)
     _check_tie_flag(hf_model)
-    return _decoder_from_hf_tensors(cfg, hf_model.state_dict(), f"{type(hf_model).__name__} weights")
-
-
-def _decoder_from_hf_tensors(cfg: DecoderConfig, hf_tensors: Mapping[str, torch.Tensor],
-                             source: str) -> Decoder:
-    ours = hf_tensors_to_ours(cfg, hf_tensors, source=source)
-    like = ours["token_embeddings.weight"]
-    # Build without initialising (meta, then empty storage; Decoder re-ties), then fill.
-    decoder = Decoder(cfg, device="meta", dtype=like.dtype).to_empty(device=like.device)
-    _copy_unique(decoder, ours, "the Decoder")
-    return decoder
+    source = f"{type(hf_model).__name__} weights"
+    return decoder_from_tensors(cfg, hf_tensors_to_ours(cfg, hf_model.state_dict(), source=source))
 
 
 def to_hf(decoder: Decoder) -> Any:
@@ -455,8 +429,7 @@ def to_hf(decoder: Decoder) -> Any:
     model_cls = tf.GPT2LMHeadModel if hf_family(cfg) == "gpt2" else tf.LlamaForCausalLM
     like = decoder.token_embeddings.weight
     hf_model = model_cls(hf_config).to(device=like.device, dtype=like.dtype).eval()
-    _copy_unique(hf_model, our_tensors_to_hf(cfg, dict(decoder.named_parameters())),
-                 type(hf_model).__name__)
+    copy_into_parameters(hf_model, our_tensors_to_hf(cfg, dict(decoder.named_parameters())))
     _check_tie_flag(hf_model)
     return hf_model
 
@@ -476,7 +449,8 @@ def load_hf_folder(folder: str | os.PathLike) -> Decoder:
         raise CheckpointError(f"{str(config_path)!r} is not a readable Hugging Face config: "
                               f"{exc}") from exc
     cfg = config_from_hf(hf_config)
-    return _decoder_from_hf_tensors(cfg, _read_hf_weights(folder), f"weights in {str(folder)!r}")
+    ours = hf_tensors_to_ours(cfg, _read_hf_weights(folder), source=f"weights in {str(folder)!r}")
+    return decoder_from_tensors(cfg, ours)
 
 
 def _read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -511,8 +485,6 @@ def _read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
 def save_hf_folder(decoder: Decoder, folder: str | os.PathLike) -> Path:
     """Write the decoder as a Hugging Face folder (config.json + model.safetensors, via
     `save_pretrained`), swapped into place atomically like our own checkpoints."""
-    from ..checkpoint import write_folder_atomically
-
     hf_model = to_hf(decoder)
     return write_folder_atomically(folder, lambda tmp: hf_model.save_pretrained(tmp),
                                    marker_files=("config.json",))

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from ..checkpoint import copy_into_parameters, decoder_from_tensors
 from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..model import Decoder, check_ids
@@ -193,34 +194,16 @@ def twin_to_decoder_tensors(cfg: DecoderConfig, tensors: Mapping[str, torch.Tens
     return out
 
 
-def _copy_parameters(module: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Copy tensors into module's unique Parameters; names and shapes must match exactly."""
-    params = dict(module.named_parameters())  # a tied weight appears once
-    missing, unexpected = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
-    mismatched = [f"{n}: {tuple(tensors[n].shape)} vs {tuple(params[n].shape)}"
-                  for n in set(params) & set(tensors) if tensors[n].shape != params[n].shape]
-    if missing or unexpected or mismatched:
-        raise ConfigError(f"weight transfer mismatch: missing {missing}, unexpected {unexpected}, "
-                          f"shapes {mismatched}")
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            params[name].copy_(tensor)
-
-
 def twin_from_decoder(decoder: Decoder) -> TorchTwin:
     """A TorchTwin with the decoder's config, dtype and device, holding copies of its weights."""
     cfg = decoder.config
-    _require_supported(cfg)
     weight = decoder.token_embeddings.weight
-    twin = TorchTwin(cfg, device=weight.device, dtype=weight.dtype)
-    _copy_parameters(twin, decoder_to_twin_tensors(cfg, dict(decoder.named_parameters())))
+    twin = TorchTwin(cfg, device=weight.device, dtype=weight.dtype)  # refuses what it can't express
+    copy_into_parameters(twin, decoder_to_twin_tensors(cfg, dict(decoder.named_parameters())))
     return twin.train(decoder.training)
 
 
 def decoder_from_twin(twin: TorchTwin) -> Decoder:
     """A Decoder with the twin's config, dtype and device, holding copies of its weights."""
-    cfg = twin.config
-    weight = twin.token_embedding.weight
-    decoder = Decoder(cfg, device=weight.device, dtype=weight.dtype)
-    _copy_parameters(decoder, twin_to_decoder_tensors(cfg, dict(twin.named_parameters())))
-    return decoder.train(twin.training)
+    tensors = twin_to_decoder_tensors(twin.config, dict(twin.named_parameters()))
+    return decoder_from_tensors(twin.config, tensors).train(twin.training)
