@@ -49,7 +49,13 @@ def run(args) -> int:
     if args.from_hf and args.checkpoint:
         args._parser.error("--checkpoint goes with --to-hf; --from-hf reads HF_DIR")
     from ..checkpoint import load_checkpoint, save_checkpoint
-    from ..references.hf import load_hf_folder, max_logit_difference, save_hf_folder, _transformers
+    from ..references.hf import (
+        ATTN_IMPLEMENTATION,
+        _transformers,
+        load_hf_folder,
+        max_logit_difference,
+        save_hf_folder,
+    )
 
     try:
         tf = _transformers()
@@ -62,13 +68,15 @@ def run(args) -> int:
         decoder = load_hf_folder(args.from_hf)
         written = save_checkpoint(decoder, args.out)
         ours = load_checkpoint(written)
-        hf_model = tf.AutoModelForCausalLM.from_pretrained(args.from_hf, attn_implementation="eager")
+        hf_model = tf.AutoModelForCausalLM.from_pretrained(
+            args.from_hf, attn_implementation=ATTN_IMPLEMENTATION)
         direction = "Hugging Face -> decoder-audit checkpoint"
     else:
         source = args.checkpoint
         ours = load_checkpoint(args.checkpoint)
         written = save_hf_folder(ours, args.out)
-        hf_model = tf.AutoModelForCausalLM.from_pretrained(str(written), attn_implementation="eager")
+        hf_model = tf.AutoModelForCausalLM.from_pretrained(
+            str(written), attn_implementation=ATTN_IMPLEMENTATION)
         direction = "decoder-audit checkpoint -> Hugging Face"
     hf_model = hf_model.to(torch.float32).eval()
     ours = ours.to(torch.float32)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -496,7 +496,3 @@ def max_logit_difference(decoder: Decoder, hf_model: Any, ids: torch.Tensor) -> 
     ours = decoder(ids)
     theirs = hf_model(input_ids=ids).logits
     return (ours - theirs.to(ours.dtype)).abs().max().item()
-
-
-def supported_families() -> Sequence[str]:
-    return ("gpt2", "llama")
