@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import textwrap
 
 import pytest
 import torch
@@ -17,9 +16,11 @@ import torch
 import decoder_audit as da
 import decoder_audit.checkpoint as ckpt_module
 from decoder_audit.checkpoint import load_checkpoint
-from decoder_audit.cli import main
+from decoder_audit.cli import build_parser, main
 from decoder_audit.training import (GateRefusal, TrainConfig, lr_lambda, make_optimizer,
                                  read_trainer_state, train)
+
+import zoo
 
 FLOOR = math.log(4) / 4  # only the first letter is uncertain (1 of 4); y, z, <eos> are determined
 LETTERS = "ABCD"
@@ -33,58 +34,15 @@ def _next(letter: str) -> str:
 # Refusal
 # ----------------------------------------------------------------------------------------------
 
-MUTANTS = textwrap.dedent('''
-    import torch
-    import decoder_audit as da
-    from decoder_audit.model import eager_attention
-
-    def _bidirectional(attn):
-        """Planted defect: attention sees every position (the causal mask is ignored)."""
-        def forward(x, rope, trace=None, prefix=""):
-            B, T, _ = x.shape
-            q = attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(B, T, attn.kv_heads, attn.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(B, T, attn.kv_heads, attn.head_dim).transpose(1, 2)
-            everything = torch.ones(T, T, dtype=torch.bool)
-            z, scores, pattern = eager_attention(q, k, v, everything)
-            if trace is not None:
-                for name, value in (("q", q), ("k", k), ("v", v), ("scores", scores),
-                                    ("pattern", pattern), ("z", z)):
-                    trace.record(f"{prefix}.{name}", value)
-            return attn.output_proj(z.transpose(1, 2).reshape(B, T, -1))
-        return forward
-
-    def leaky():
-        torch.manual_seed(0)
-        model = da.Decoder(da.preset("tiny-368"))
-        for layer in model.layers:
-            layer.attn.forward = _bidirectional(layer.attn)
-        return model
-
-    def falsely_tied():
-        """Config-broken: the config declares tie_embeddings=True, the readout is a copy."""
-        torch.manual_seed(0)
-        model = da.Decoder(da.preset("tiny-368"))
-        copy = torch.nn.Parameter(model.token_embeddings.weight.detach().clone())
-        model.lm_head.weight = copy
-        return model
-''')
+# The gate's mutant zoo holds both defects: attention that sees every position, and a readout
+# that is a copy of the embedding while the config declares tie_embeddings=True.
+REFUSED = [(lambda: zoo.with_attention(zoo.NoMask), {"causal"}),
+           (zoo.copied_readout, {"params", "tying"})]
 
 
-@pytest.fixture
-def mutants(tmp_path):
-    path = tmp_path / "mutants.py"
-    path.write_text(MUTANTS)
-    namespace: dict = {}
-    exec(compile(MUTANTS, str(path), "exec"), namespace)
-    return path, namespace
-
-
-@pytest.mark.parametrize("factory, failed", [("leaky", {"causal"}),
-                                             ("falsely_tied", {"params", "tying"})])
-def test_failing_models_are_refused_and_nothing_is_trained(mutants, tmp_path, factory, failed):
-    _, namespace = mutants
-    model = namespace[factory]()
+@pytest.mark.parametrize("factory, failed", REFUSED, ids=["leaky", "falsely_tied"])
+def test_failing_models_are_refused_and_nothing_is_trained(tmp_path, factory, failed):
+    model = factory()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     out = tmp_path / "run"
     with pytest.raises(GateRefusal) as refusal:
@@ -95,8 +53,10 @@ def test_failing_models_are_refused_and_nothing_is_trained(mutants, tmp_path, fa
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # not trained
 
 
-def test_cli_refuses_a_users_model_file_with_nonzero_exit(mutants, tmp_path, capsys):
-    path, _ = mutants
+def test_cli_refuses_a_users_model_file_with_nonzero_exit(tmp_path, capsys):
+    path = tmp_path / "mutants.py"
+    path.write_text("from zoo import NoMask, with_attention\n\n\n"
+                    "def leaky():\n    return with_attention(NoMask)\n")
     out = tmp_path / "run"
     code = main(["train", "--model", f"{path}:leaky", "--out", str(out), "--steps", "5",
                  "--no-progress"])
@@ -105,7 +65,7 @@ def test_cli_refuses_a_users_model_file_with_nonzero_exit(mutants, tmp_path, cap
     assert "training refused" in printed and "causal" in printed
     assert not out.exists()
     # The help offers no way around the gate.
-    assert not any(word in main.__globals__["build_parser"]().format_help().lower()
+    assert not any(word in build_parser().format_help().lower()
                    for word in ("--skip-gate", "--force", "--no-gate"))
 
 
