@@ -149,7 +149,7 @@ def check_shapes(s: Subject) -> CheckResult:
     problems = [] if got == want else [f"logits: shape {got}, expected (B, T, V) = {want}"]
     if s.has_trace:
         _, trace = s.work.run_with_trace(ids.to(s.device))
-        s.tokens += ids.numel()
+        s.count(ids)
         sites = []
         for name, letters in trace.declared.items():
             expected = trace.expected_shape(name)

@@ -167,11 +167,15 @@ class Subject:
     def run(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits of the working copy for ids (B, T), without gradients."""
         ids = ids.to(self.device)
-        self.calls += 1
-        if ids.dim() >= 1:
-            self.tokens += ids.numel()
+        self.count(ids)
         with torch.no_grad():
             return logits_of(self.work(ids))
+
+    def count(self, ids: torch.Tensor) -> None:
+        """Book one model call on `ids` for the cost line; checks that call the model themselves
+        (for a trace, attention patterns or gradients) book their calls here too."""
+        self.calls += 1
+        self.tokens += ids.numel()
 
     def random_ids(self, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
         return torch.randint(0, self.vocab_size, (batch, seq_len), generator=generator)

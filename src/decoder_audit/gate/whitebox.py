@@ -44,7 +44,7 @@ def _patterns(s: Subject, module: nn.Module,
     (trace only)."""
     if s.has_trace:
         _, trace = module.run_with_trace(ids.to(s.device))
-        s.tokens += ids.numel()
+        s.count(ids)
         layers = sorted({int(n.split(".")[1]) for n in trace if n.endswith(".attn.pattern")})
         scores = [float(trace[f"layers.{i}.attn.scores"].abs().max())
                   if f"layers.{i}.attn.scores" in trace else None for i in layers]
@@ -54,7 +54,7 @@ def _patterns(s: Subject, module: nn.Module,
             out = module(ids.to(s.device), output_attentions=True)
     except Exception:
         return None, None
-    s.tokens += ids.numel()
+    s.count(ids)
     attentions = getattr(out, "attentions", None)
     if not attentions or not all(isinstance(a, torch.Tensor) and a.dim() == 4 for a in attentions):
         return None, None
@@ -248,7 +248,7 @@ def check_tying_grad(s: Subject) -> CheckResult:
     finally:
         for hook in hooks:
             hook.remove()
-    s.tokens += ids.numel()
+    s.count(ids)
     if "lookup_out" not in seen or "readout_out" not in seen or seen["readout_out"].grad is None:
         return CheckResult("tying_grad", False, "the lookup or readout path was never run "
                            "through token_embeddings / lm_head", {})
@@ -318,7 +318,7 @@ def check_oracle(s: Subject) -> CheckResult:
     try:
         with torch.enable_grad():
             fast = logits_of(model(ids.to(s.device)))
-            s.tokens += ids.numel()
+            s.count(ids)
             if with_grads:
                 (fast.double() * weights.to(fast.device)).sum().backward()
         reference = oracle_logits(state, cfg, ids)
@@ -344,7 +344,7 @@ def check_oracle(s: Subject) -> CheckResult:
                         f"{int((rows > allowed).nonzero()[0])}")
     if s.has_trace:
         eager, _ = model.run_with_trace(ids.to(s.device))
-        s.tokens += ids.numel()
+        s.count(ids)
         e_worst, e_allowed = scaled_excess(eager.double().cpu() - fast, fast, tol)
         evidence["eager_vs_fast_max_abs"] = e_worst
         if not e_worst <= e_allowed:
@@ -395,7 +395,7 @@ def _check_hf_against_oracle(s: Subject) -> CheckResult:
     ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(11))
     with torch.no_grad():
         fast = logits_of(s.work(ids.to(s.device))).double().cpu()
-        s.tokens += ids.numel()
+        s.count(ids)
         reference = oracle_logits(converted.state_dict(), cfg, ids)
     tol = tolerances.hf_oracle(s.dtype, cfg)
     worst, allowed = scaled_excess(fast - reference, reference, tol)
