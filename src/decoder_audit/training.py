@@ -484,9 +484,8 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
     try:
         return _run(model, cfg, dist_info, out=Path(out) if out is not None else None,
                     resume_folder=resume_folder, resume_meta=resume_meta,
-                    resume_state=resume_state, save_every=save_every,
-                    eval_every=eval_every, run_device=run_device, progress=progress,
-                    verbose=verbose,
+                    resume_state=resume_state, save_every=save_every, eval_every=eval_every,
+                    run_device=run_device, progress=progress, verbose=verbose,
                     expect_fresh=expect_fresh, vocab_size=vocab_size, max_seq_len=max_seq_len,
                     threads=threads, callback=callback, start_time=start_time)
     finally:
