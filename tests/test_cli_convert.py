@@ -19,8 +19,6 @@ tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()
 
 
-
-
 @pytest.fixture(scope="module")
 def llama_folder(tmp_path_factory):
     """A grouped-query, untied Llama saved by save_pretrained, as a user would download it."""

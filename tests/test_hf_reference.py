@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from helpers import randomise
+from helpers import random_decoder, randomise
 
 import decoder_audit as da
 from decoder_audit.references import hf as hfref
@@ -26,8 +26,6 @@ tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()  # tiny vocabularies trigger harmless special-token warnings
 
 V, D, H, F, T = 29, 24, 6, 37, 32  # odd sizes; Dh = 4
-
-
 
 
 def _gpt2(tied: bool, seed: int = 0):
@@ -115,8 +113,7 @@ OURS = {
 @pytest.mark.parametrize("name", OURS)
 def test_to_hf_logits_equal_and_round_trip_is_exact(name):
     cfg = OURS[name]
-    torch.manual_seed(1)
-    ours = randomise(da.Decoder(cfg), seed=1, std=0.3)
+    ours = random_decoder(cfg, seed=1, std=0.3)
     hf_model = hfref.to_hf(ours)
     assert hf_model.config._attn_implementation == "eager"
     assert (hf_model.lm_head.weight is hf_model.get_input_embeddings().weight) == cfg.tie_embeddings
@@ -137,7 +134,7 @@ def test_to_hf_logits_equal_and_round_trip_is_exact(name):
 
 
 def test_tiny_368_runs_as_a_gpt2_model():
-    ours = da.Decoder(da.preset("tiny-368"))
+    ours = random_decoder(da.preset("tiny-368"))
     hf_model = hfref.to_hf(ours)
     assert hf_model.config.activation_function == "relu"
     ids = torch.tensor([[0, 3, 7, 1], [5, 5, 2, 6]])
