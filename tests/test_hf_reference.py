@@ -145,7 +145,7 @@ def test_tiny_368_runs_as_a_gpt2_model():
 def test_rope_row_permutation_turns_rotate_half_into_interleaved():
     """HF's own apply_rotary_pos_emb on a head vector equals our apply_rope on the same vector
     with its components reordered by the permutation the converter uses."""
-    from decoder_audit.model import apply_rope, rope_tables
+    from decoder_audit.model import apply_rope, rope_rotations
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     dh, seq = 8, T
@@ -159,7 +159,7 @@ def test_rope_row_permutation_turns_rotate_half_into_interleaved():
     theirs, _ = apply_rotary_pos_emb(x, x, cos, sin)
     cfg = da.DecoderConfig(vocab_size=2, d_model=2 * dh, n_layers=1, n_heads=2, d_ff=2,
                            max_seq_len=seq, pos="rope", rope_theta=500.0)
-    ours = apply_rope(x[..., perm], *rope_tables(cfg, seq, x.device, x.dtype))
+    ours = apply_rope(x[..., perm], rope_rotations(cfg, seq, x.device, x.dtype))
     torch.testing.assert_close(ours, theirs[..., perm], rtol=0, atol=1e-5)  # HF angles: float32
 
 

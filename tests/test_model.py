@@ -8,7 +8,7 @@ from helpers import random_decoder
 
 import decoder_audit as da
 from decoder_audit import ContextLengthError, InputShapeError, TokenIdError
-from decoder_audit.model import apply_rope, eager_attention, rope_tables
+from decoder_audit.model import apply_rope, eager_attention, rope_rotations
 
 # A grid that covers every norm, MLP, position kind, bias setting, tying, and GQA with >= 2 KV
 # heads and group size >= 2; odd widths so no axis can be identified by its size.
@@ -187,21 +187,21 @@ def test_rope_relative_position_property():
     """<R(m) q, R(n) k> depends only on m - n."""
     cfg = da.DecoderConfig(vocab_size=4, d_model=16, n_layers=1, n_heads=2, d_ff=4,
                            max_seq_len=12, pos="rope", rope_theta=100.0)
-    cos, sin = rope_tables(cfg, 12, torch.device("cpu"), torch.float64)
+    rotations = rope_rotations(cfg, 12, torch.device("cpu"), torch.float64)
     q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
-    rotated_q = apply_rope(q.expand(12, 8), cos, sin)  # (T, Dh)
-    rotated_k = apply_rope(k.expand(12, 8), cos, sin)
+    rotated_q = apply_rope(q.expand(12, 8), rotations)  # (T, Dh)
+    rotated_k = apply_rope(k.expand(12, 8), rotations)
     dots = rotated_q @ rotated_k.T  # (T, T): entry (m, n)
     for offset in range(-3, 4):
         diagonal = torch.diagonal(dots, offset)
         torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal))
 
 
-def test_rope_tables_stay_float32_in_a_bf16_model():
+def test_rope_rotations_stay_float32_in_a_bf16_model():
     """DEFECTS 16: angles are computed in float64 and held in at least float32."""
     cfg = GRID["rms-swiglu-rope-gqa3-untied"]
-    cos, _ = rope_tables(cfg, 6, torch.device("cpu"), torch.bfloat16)
-    assert cos.dtype == torch.float32
+    rotations = rope_rotations(cfg, 6, torch.device("cpu"), torch.bfloat16)
+    assert rotations.dtype == torch.complex64  # float32 real and imaginary parts
 
 
 # ---- CS336 component snapshots --------------------------------------------------------------
@@ -224,8 +224,8 @@ def test_cs336_rope_snapshot(cs336_reference):
     x = torch.randn(4, 12, 64)
     cfg = da.DecoderConfig(vocab_size=2, d_model=64, n_layers=1, n_heads=1, d_ff=4,
                            max_seq_len=12, pos="rope", rope_theta=10000.0)
-    cos, sin = rope_tables(cfg, 12, x.device, x.dtype)
-    torch.testing.assert_close(apply_rope(x, cos, sin), _snapshot(cs336_reference, "test_rope"),
+    rotations = rope_rotations(cfg, 12, x.device, x.dtype)
+    torch.testing.assert_close(apply_rope(x, rotations), _snapshot(cs336_reference, "test_rope"),
                                atol=1e-6, rtol=0)
 
 

@@ -67,7 +67,7 @@ class HandAttention(CausalSelfAttention):
         k = self.split(self.k_proj(x), self.kv_heads)
         v = self.split(self.v_proj(x), self.kv_heads)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         scores = q @ self.expand(k).transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, T)
         masked = scores.masked_fill(~self.visible(seq_len).to(x.device), self.mask_value)
         pattern = self.probabilities(masked)

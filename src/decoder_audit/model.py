@@ -127,29 +127,29 @@ def make_norm(cfg: DecoderConfig, **factory) -> nn.Module:
     return norm(cfg.d_model, cfg.norm_eps, **factory)
 
 
-def rope_tables(cfg: DecoderConfig, seq_len: int, device: torch.device,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the RoPE angles pos * theta^(-2j/Dh), each (T, Dh/2).
+def rope_rotations(cfg: DecoderConfig, seq_len: int, device: torch.device,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """exp(i * pos * theta^(-2j/Dh)) as a complex table (T, Dh/2), built once per forward.
 
     The angles are computed in float64 on every call and only then rounded to the compute dtype
-    (float32 at least), so a model cast to bf16 never rotates by low-precision angles."""
-    table_dtype = torch.promote_types(dtype, torch.float32)
+    (complex64 at least), so a model cast to bf16 never rotates by low-precision angles."""
+    real_dtype = torch.promote_types(dtype, torch.float32)
     exponents = torch.arange(0, cfg.head_dim, 2, device=device, dtype=torch.float64) / cfg.head_dim
     inv_freq = cfg.rope_theta ** -exponents  # (Dh/2,)
     positions = torch.arange(seq_len, device=device, dtype=torch.float64)  # (T,)
     angles = positions[:, None] * inv_freq[None, :]  # (T, Dh/2)
-    return angles.cos().to(table_dtype), angles.sin().to(table_dtype)
+    return torch.complex(angles.cos().to(real_dtype), angles.sin().to(real_dtype))
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved pairs (x[2j], x[2j+1]) of x (..., T, Dh) by the tabled angles:
-    (x[2j] + i x[2j+1]) * (cos + i sin), one complex multiply per pair.
+    (x[2j] + i x[2j+1]) * exp(i angle), one complex multiply per pair.
 
     This is the CS336 / original-Llama layout. Hugging Face Llama rotates halves
     (x[j], x[j + Dh/2]) instead; its q/k rows are permuted on conversion. The complex form is
     one kernel instead of the eight a real-valued rotation takes (~10x faster on CPU)."""
-    rotations = torch.complex(cos, sin)  # (T, Dh/2)
-    pairs = torch.view_as_complex(x.to(cos.dtype).unflatten(-1, (-1, 2)))  # (..., T, Dh/2)
+    real_dtype = rotations.real.dtype
+    pairs = torch.view_as_complex(x.to(real_dtype).unflatten(-1, (-1, 2)))  # (..., T, Dh/2)
     return torch.view_as_real(pairs * rotations).flatten(-2).to(x.dtype)  # (..., T, Dh)
 
 
@@ -167,7 +167,7 @@ class CausalSelfAttention(nn.Module):
         self.v_proj = Linear(cfg.d_model, d_kv, cfg.attn_bias, **factory)
         self.output_proj = Linear(d_q, cfg.d_model, cfg.attn_bias, **factory)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
                 trace: Trace | None = None, prefix: str = "") -> torch.Tensor:
         batch, seq_len, _ = x.shape
         q = self.q_proj(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
@@ -175,7 +175,7 @@ class CausalSelfAttention(nn.Module):
         v = self.v_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         if trace is None:
             z = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.n_heads)
@@ -334,7 +334,7 @@ class Decoder(nn.Module):
             _record(trace, "positions", positions)
             x = x + positions
         _record(trace, "embed", x)
-        rope = rope_tables(cfg, seq_len, x.device, x.dtype) if cfg.pos == "rope" else None
+        rope = rope_rotations(cfg, seq_len, x.device, x.dtype) if cfg.pos == "rope" else None
         for i, block in enumerate(self.layers):
             x = block(x, rope, trace, f"layers.{i}")
         x = self.ln_final(x)
