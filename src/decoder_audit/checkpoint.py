@@ -51,6 +51,8 @@ from .model import Decoder
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+# A training run folder keeps its latest checkpoint here (see training/state.py).
+CHECKPOINT_DIR = "checkpoint"
 FORMAT_VERSION = "1"
 _DIGEST_PREFIX = "decoder_audit.sha256."
 # File names that mean "pickle weights": we refuse them rather than ever calling torch.load.
@@ -201,6 +203,15 @@ def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
                           f"loading the previous checkpoint from {str(backup)!r}", stacklevel=3)
             return backup
     raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist")
+
+
+def checkpoint_folder(path: str | os.PathLike) -> Path:
+    """The checkpoint a user names: a checkpoint folder itself, or the checkpoint inside a
+    training run folder (`DIR/checkpoint`)."""
+    path = Path(path)
+    if (path / CHECKPOINT_DIR).exists() or not (path / CONFIG_FILE).exists():
+        return resolve_checkpoint_dir(path / CHECKPOINT_DIR)
+    return path
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cpu",

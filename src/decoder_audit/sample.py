@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from .errors import ConfigError, ContextLengthError, InputShapeError
-from .gate import vocab
-from .gate.subject import logits_of
+from .objective import logits_of
+from .tokenizer import Tokenizer  # noqa: F401  (its home was here)
 
 
 @dataclass(frozen=True)
@@ -65,36 +65,3 @@ def generate(model: nn.Module, prompt: list[int], *, max_seq_len: int,
             return Generation(ids, new, "context")
         if max_new_tokens is not None and len(new) >= max_new_tokens:
             return Generation(ids, new, "max_new_tokens")
-
-
-class Tokenizer:
-    """How a model's ids read as text: the tiny 8-token vocabulary or raw bytes."""
-
-    def __init__(self, kind: str) -> None:
-        if kind not in ("tiny-vocab", "bytes"):
-            raise ConfigError(f"unknown tokenizer {kind!r}; known: 'tiny-vocab', 'bytes'")
-        self.kind = kind
-
-    @classmethod
-    def for_vocab_size(cls, vocab_size: int, declared: str | None = None) -> "Tokenizer":
-        """The tokenizer a checkpoint declares, else the one its vocabulary size implies."""
-        if declared is not None:
-            return cls(declared)
-        if vocab_size == len(vocab.TINY_VOCAB):
-            return cls("tiny-vocab")
-        if vocab_size >= 256:
-            return cls("bytes")
-        raise ConfigError(f"no tokenizer for vocab_size={vocab_size}: sampling knows the "
-                          f"{len(vocab.TINY_VOCAB)}-token vocabulary and bytes (V >= 256)")
-
-    @property
-    def eos_id(self) -> int | None:
-        return None if self.kind == "bytes" else vocab.EOS  # raw bytes have no end token
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8")) if self.kind == "bytes" else vocab.encode(text)
-
-    def decode(self, ids: list[int]) -> str:
-        if self.kind == "bytes":
-            return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-        return vocab.decode(ids)

@@ -49,19 +49,19 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import CONFIG_FILE, load_checkpoint, resolve_checkpoint_dir, save_checkpoint
+from .checkpoint import (CHECKPOINT_DIR, CONFIG_FILE, checkpoint_folder, load_checkpoint,
+                         save_checkpoint)
 from .config import DecoderConfig
+from .console import console as make_console
 from .data import ByteText, CountingTask, shard
 from .errors import CheckpointError, ConfigError
-from .gate import audit, flatten_for_loss
-from .gate.subject import logits_of
+from .gate import audit
+from .objective import next_token_loss
 from .model import Decoder, Embedding
-from .presets import preset
+from .sources import Source
 
-CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss_curve.png"
 STATE_FILE = "train_state.pt"
@@ -218,21 +218,6 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig
     return optimizer, scheduler
 
 
-def next_token_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-                    weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean cross-entropy of logits (B, T, V) against targets (B, T), flattened row-major to
-    (B*T, V) and (B*T,) so logit row b*T + t meets target [b, t]. `weights` (B,) weights whole
-    sequences (they sum to one); None means a plain mean over all B*T tokens. The flattening is
-    the one the gate's loss_alignment check proves."""
-    logits = logits_of(model(inputs))  # (B, T, V), read as the gate reads it
-    flat_logits, flat_targets = flatten_for_loss(logits, targets)  # (B*T, V), (B*T,)
-    if weights is None:
-        return F.cross_entropy(flat_logits, flat_targets)
-    per_token = F.cross_entropy(flat_logits, flat_targets, reduction="none")  # (B*T,)
-    per_token = per_token.view(targets.shape)  # (B, T)
-    return (per_token.mean(1) * weights.to(per_token.dtype)).sum()
-
-
 def check_tied(model: nn.Module, when: str) -> None:
     """A tied Decoder's readout must be the embedding Parameter itself (DEFECTS.md A1-A3)."""
     if isinstance(model, Decoder) and model.config.tie_embeddings:
@@ -319,14 +304,6 @@ def _gate(model: nn.Module, dist_info: _Dist, *, vocab_size, max_seq_len, seed, 
 # Checkpoint state
 # ----------------------------------------------------------------------------------------------
 
-def checkpoint_folder(path: str | os.PathLike) -> Path:
-    """The checkpoint inside a run folder (`DIR/checkpoint`), or `DIR` if it is one itself."""
-    path = Path(path)
-    if (path / CHECKPOINT_DIR).exists() or not (path / CONFIG_FILE).exists():
-        return resolve_checkpoint_dir(path / CHECKPOINT_DIR)
-    return path
-
-
 def read_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(trainer.json, train_state.pt) of a checkpoint; the .pt is read with weights_only=True,
     so only tensors and plain containers are accepted, never arbitrary pickled objects."""
@@ -407,17 +384,8 @@ def _resolve_model(model, resume_folder: Path | None, seed: int) -> tuple[nn.Mod
         if model is not None:
             raise ConfigError("resume loads the model from its checkpoint; do not pass a model too")
         return load_checkpoint(resume_folder), False
-    if model is None:
-        model = "tiny-368"
-    if isinstance(model, str):
-        model = preset(model)
-    if isinstance(model, DecoderConfig):
-        torch.manual_seed(seed)
-        return Decoder(model), True
-    if isinstance(model, nn.Module):
-        return model, True
-    raise TypeError(f"train needs a Decoder, an nn.Module, a DecoderConfig or a preset name, "
-                    f"got {type(model).__name__}")
+    source = Source.of(model)
+    return source.build(seed=seed), source.built_fresh or source.kind == "module"
 
 
 def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainConfig | None = None,
@@ -497,7 +465,6 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
 def _run(model, cfg: TrainConfig, dist_info: _Dist, *, out, resume_folder, resume_meta,
          resume_state, save_every, eval_every, run_device, progress, verbose, expect_fresh,
          vocab_size, max_seq_len, threads, callback, start_time) -> TrainResult:
-    from .cli.common import console as make_console
 
     con = make_console()
     say = con.print if (verbose and dist_info.is_main) else (lambda *a, **k: None)

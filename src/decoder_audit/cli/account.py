@@ -8,8 +8,8 @@ import json
 from rich.table import Table
 
 from ..accounting import BYTES_PER_ELEMENT, FLOP_CONVENTIONS, account, plot_context_sweep
-from .common import (DEFAULT_PRESET, add_model_source, config_from_args, console,
-                     rerun_command)
+from ..console import console
+from .common import DEFAULT_PRESET, add_model_source, config_from_args, rerun_command
 
 
 def register(subparsers) -> None:

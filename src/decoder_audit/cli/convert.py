@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from .common import console
+from ..console import console
 
 CHECK_BATCH = 2
 

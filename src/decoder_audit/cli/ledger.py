@@ -8,7 +8,8 @@ import torch
 from rich.table import Table
 
 from ..ledger import measured_ledger, parameter_ledger, reconcile
-from .common import add_model_source, config_from_args, console, model_from_args
+from ..console import console
+from .common import add_model_source, config_from_args, model_from_args
 
 
 def register(subparsers) -> None:

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from ..ledger import parameter_ledger
 from ..presets import PRESETS
-from .common import console
+from ..console import console
 
 
 def register(subparsers) -> None:

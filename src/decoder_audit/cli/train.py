@@ -10,7 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from .common import add_model_source, console, model_from_args
+from ..console import console
+from .common import add_model_source, model_from_args
 
 DEFAULT_OUT = "runs/train"
 

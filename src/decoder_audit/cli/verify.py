@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sys
 
-from ..gate import audit
-from ..gate.report import print_report, to_json
-from .common import add_model_source, console, model_from_args, rerun_command
+from ..gate import audit, print_report, to_json
+from ..console import console
+from .common import add_model_source, model_from_args, rerun_command
 
 
 def register(subparsers) -> None:

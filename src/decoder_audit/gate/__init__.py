@@ -1,21 +1,33 @@
 """The acceptance gate: every check of the seeds run as one gate, on our models or anyone's.
 
 `audit(model)` returns an `AuditReport` whose checks (a `CheckResult` each) come in the seeds'
-diagnosis order; `report.first_failure` names the first contract that broke. One module per
-family of checks:
+diagnosis order; `report.first_failure` names the first contract that broke.
+    registry.py    the one table of checks: name, title, family, function, what it needs
+    runner.py      audit(): the working copy, the checks in order, the cost line
+    subject.py     the model under audit as every check sees it
+    tolerances.py  every tolerance, declared and justified
+    result.py      CheckResult; report.py AuditReport; render.py the text; ../plots.py pictures
+One module per family of checks:
     inputs.py      inputs, overlength, shapes, raw_logits
     invariance.py  determinism, batch_independence, causal, prefix
-    whitebox.py    attention_rows, params, tying, tying_grad, oracle
-    loss.py        loss_alignment, and the next-token helpers the trainer uses
-    tolerances.py  every tolerance, declared and justified
-    vocab.py       the tiny model's 8-token vocabulary
-    runner.py      audit() and AuditReport; report.py renders them
+    attention.py   attention_rows
+    weights.py     params, tying, tying_grad
+    reference.py   oracle
+    alignment.py   loss_alignment
+Nothing outside this package imports a module of it other than through these names.
 """
 
-from .loss import flatten_for_loss, next_token_batch
-from .result import CHECK_ORDER, CheckResult
-from .runner import AuditReport, audit
-from .vocab import TINY_VOCAB, decode, encode
+from .registry import CHECK_ORDER, CHECK_TITLES, CHECKS, Check
+from .render import print_report, to_json
+from .report import AuditReport
+from .result import CheckResult
+from .runner import audit
 
-__all__ = ["AuditReport", "CHECK_ORDER", "CheckResult", "TINY_VOCAB", "audit", "decode", "encode",
-           "flatten_for_loss", "next_token_batch"]
+# Old homes of the next-token helpers and the tiny vocabulary (now `decoder_audit.objective` and
+# `decoder_audit.tokenizer`), kept importable from here.
+from ..objective import flatten_for_loss, next_token_batch  # noqa: E402
+from ..tokenizer import TINY_VOCAB, decode, encode  # noqa: E402
+
+__all__ = ["AuditReport", "CHECKS", "CHECK_ORDER", "CHECK_TITLES", "Check", "CheckResult",
+           "TINY_VOCAB", "audit", "decode", "encode", "flatten_for_loss", "next_token_batch",
+           "print_report", "to_json"]

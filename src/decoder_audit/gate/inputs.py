@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 
 from ..errors import DecoderInputError
+from ..objective import OutputError
 from . import tolerances
 from .result import CheckResult
-from .subject import SHORT_CONTEXT, OutputError, Subject, batch_not_equal
+from .subject import SHORT_CONTEXT, Subject, batch_not_equal
 
 def _probe_lengths(s: Subject) -> list[int]:
     top = s.probe_max

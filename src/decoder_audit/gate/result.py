@@ -6,35 +6,6 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-# The checks, in the seeds' diagnosis order ("locate the first changed contract in this order:
-# IDs and positions; blocks; final normalisation; tied logits; target alignment; loss"):
-# first the input contract and the shape of what comes out, then the behavioural invariants of
-# the blocks (a nondeterministic or batch-mixing model makes every later comparison
-# meaningless, so those come first), then the white-box structure (ledger, tying, oracle), and
-# last the alignment of logits with targets. The names are stable: reports and tests use them.
-CHECK_ORDER = (
-    "inputs", "overlength", "shapes", "raw_logits", "determinism", "batch_independence",
-    "causal", "prefix", "attention_rows", "params", "tying", "tying_grad", "oracle",
-    "loss_alignment",
-)
-
-CHECK_TITLES = {
-    "inputs": "ids and lengths 1..max_seq_len run; bad ids rejected",
-    "overlength": "max_seq_len + 1 tokens rejected, never cropped",
-    "shapes": "logits (B, T, V); shape ledger of every trace site",
-    "raw_logits": "forward returns raw, finite logits (no softmax)",
-    "determinism": "same input twice in eval mode, identical logits",
-    "batch_independence": "a row does not change when other rows do",
-    "causal": "suffix changes leave earlier logits unchanged",
-    "prefix": "a prefix alone equals the same rows of the full run",
-    "attention_rows": "attention rows sum to 1, zero on future keys",
-    "params": "measured parameter ledger reconciles with the config",
-    "tying": "declared tying is one Parameter object",
-    "tying_grad": "shared weight gradient = lookup + readout paths",
-    "oracle": "fast forward equals the slow oracle (values, grads)",
-    "loss_alignment": "inputs/targets shifted by one, rows aligned",
-}
-
 
 @dataclass
 class CheckResult:

@@ -5,7 +5,7 @@
     report = da.audit(hf_model, vocab_size=V, max_seq_len=T)        # black-box
     report.passed, report.first_failure, report.checks
 
-The runner orders results by the seeds' diagnosis order (result.CHECK_ORDER) and names the first
+The runner orders results by the seeds' diagnosis order (registry.py) and names the first
 contract that broke. A check that raises, because the model raised inside it, fails with the
 exception as its evidence; the gate itself does not crash. The user's model is never modified.
 """
@@ -13,117 +13,16 @@ exception as its evidence; the gate itself does not crash. The user's model is n
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
-from . import inputs, invariance, loss, whitebox
-from .result import CHECK_ORDER, CHECK_TITLES, CheckResult, crashed, skipped
-from .subject import DEFAULT_PROBE_LEN, Subject
+from .registry import CHECK_ORDER, CHECKS
+from .report import AuditReport
+from .result import CheckResult, crashed, skipped
+from .subject import Subject
 
-CHECKS: dict[str, Callable[[Subject], CheckResult]] = {
-    "inputs": inputs.check_inputs,
-    "overlength": inputs.check_overlength,
-    "shapes": inputs.check_shapes,
-    "raw_logits": inputs.check_raw_logits,
-    "determinism": invariance.check_determinism,
-    "batch_independence": invariance.check_batch_independence,
-    "causal": invariance.check_causal,
-    "prefix": invariance.check_prefix,
-    "attention_rows": whitebox.check_attention_rows,
-    "params": whitebox.check_params,
-    "tying": whitebox.check_tying,
-    "tying_grad": whitebox.check_tying_grad,
-    "oracle": whitebox.check_oracle,
-    "loss_alignment": loss.check_loss_alignment,
-}
-assert tuple(CHECKS) == CHECK_ORDER
-
-
-@dataclass
-class AuditReport:
-    """The gate's verdict on one model: every check in diagnosis order, and how it ran."""
-
-    checks: list[CheckResult]
-    model: str
-    mode: str  # "white-box" or "black-box"
-    dtype: str  # the dtype the behavioural checks ran in
-    vocab_size: int
-    max_seq_len: int | None
-    seed: int = 0
-    seconds: float = 0.0
-    tokens: int = 0  # token positions pushed through the model
-    calls: int = 0
-    notes: list[str] = field(default_factory=list)
-    config: dict[str, Any] | None = None
-
-    @property
-    def passed(self) -> bool:
-        """Every check passed (skipped checks neither pass nor fail; see `skipped`)."""
-        return all(c.passed for c in self.checks)
-
-    @property
-    def first_failure(self) -> CheckResult | None:
-        return next((c for c in self.checks if not c.passed), None)
-
-    @property
-    def failures(self) -> list[CheckResult]:
-        return [c for c in self.checks if not c.passed]
-
-    @property
-    def skipped(self) -> list[CheckResult]:
-        return [c for c in self.checks if c.skipped]
-
-    def __getitem__(self, name: str) -> CheckResult:
-        for check in self.checks:
-            if check.name == name:
-                return check
-        raise KeyError(f"no check named {name!r}; checks are {[c.name for c in self.checks]}")
-
-    @property
-    def forward_equivalents(self) -> float:
-        """Cost in full forward passes of one sequence at the longest length checked."""
-        return self.tokens / (self.max_seq_len or DEFAULT_PROBE_LEN)
-
-    def to_dict(self) -> dict[str, Any]:
-        first = self.first_failure
-        return {
-            "passed": self.passed,
-            "first_failure": None if first is None else first.name,
-            "model": self.model,
-            "mode": self.mode,
-            "dtype": self.dtype,
-            "vocab_size": self.vocab_size,
-            "max_seq_len": self.max_seq_len,
-            "seed": self.seed,
-            "config": self.config,
-            "checks": [c.to_dict() for c in self.checks],
-            "skipped": [c.name for c in self.skipped],
-            "cost": {"seconds": round(self.seconds, 3), "tokens": self.tokens,
-                     "model_calls": self.calls,
-                     "forward_equivalents": round(self.forward_equivalents, 2)},
-            "notes": self.notes,
-        }
-
-    def to_markdown(self, command: str | None = None) -> str:
-        from .report import markdown
-
-        return markdown(self, command)
-
-    def write(self, directory: str | Path, command: str | None = None) -> list[Path]:
-        """report.md, report.json and the PNG pictures into `directory`; returns the paths."""
-        from .report import write_report
-
-        return write_report(self, Path(directory), command)
-
-    def summary(self) -> str:
-        first = self.first_failure
-        verdict = "PASSED" if first is None else f"FAILED at {first.name}: {first.detail}"
-        return f"{self.model} ({self.mode}): {verdict}"
 
 
 def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int | None = None,
@@ -174,9 +73,13 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
 
 
 def _run_one(name: str, subject: Subject) -> CheckResult:
+    check = CHECKS[name]
+    missing = check.missing(subject)
+    if missing is not None:
+        return skipped(name, missing)
     started = time.perf_counter()
     try:
-        result = CHECKS[name](subject)
+        result = check.run(subject)
     except Exception as exc:  # the model raised inside the check: that is evidence
         result = crashed(name, exc)
     if not isinstance(result, CheckResult) or result.name != name:
@@ -233,4 +136,4 @@ class _progress:
             self.bar.__exit__(*exc)
 
 
-__all__ = ["AuditReport", "CheckResult", "CHECK_ORDER", "CHECK_TITLES", "audit"]
+__all__ = ["AuditReport", "audit"]

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..config import DecoderConfig
 from ..errors import ConfigError
+from ..objective import logits_of
 from . import tolerances
 
 # Lengths used when a black-box model declares no max_seq_len.
@@ -31,24 +32,6 @@ SHORT_CONTEXT = 32
 # Causal and prefix interventions run at most this long by default (batched cuts cost
 # (cuts + 1) * T tokens; GPT-2 small at T=1024 would take minutes on a laptop CPU).
 DEFAULT_INTERVENTION_LEN = 64
-
-
-class OutputError(TypeError):
-    """The model ran but returned something that is not logits. Unlike an exception raised by
-    the model, this never counts as the model rejecting its input."""
-
-
-def logits_of(output: Any) -> torch.Tensor:
-    """The logits tensor of a forward's output: a tensor, `.logits`, or a tuple's first item."""
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise OutputError(f"the model returned {type(output).__name__}; expected logits (B, T, V), "
-                    "an object with .logits, or a tuple whose first item is the logits")
 
 
 def _mode_flags(model: nn.Module) -> list[tuple[nn.Module, bool]]:
@@ -195,6 +178,16 @@ class Subject:
 
     def short_len(self, cap: int) -> int:
         return max(1, min(self.probe_max, cap))
+
+
+def get_attr(module: nn.Module, dotted: str):
+    """module.<dotted> or None (e.g. "lm_head.weight")."""
+    obj = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
 
 
 def batch_not_equal(seq_len: int, preferred: tuple[int, ...] = (3, 2, 5)) -> int:

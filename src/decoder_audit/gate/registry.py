@@ -1,0 +1,77 @@
+"""The gate's checks, in one table: name, title, family, the function, and what it needs.
+
+The order of the table is the seeds' diagnosis order ("locate the first changed contract in this
+order: IDs and positions; blocks; final normalisation; tied logits; target alignment; loss"):
+first the input contract and the shape of what comes out, then the behavioural invariants of
+the blocks (a nondeterministic or batch-mixing model makes every later comparison meaningless,
+so those come first), then the white-box structure (ledger, tying, oracle), and last the
+alignment of logits with targets. The names are stable: reports and tests use them.
+
+`needs` names the facts a check cannot run without; the runner skips a check whose needs the
+subject lacks, with the reason below, so no check function re-decides what kind of model it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import alignment, attention, inputs, invariance, reference, weights
+from .result import CheckResult
+from .subject import Subject
+
+# Why a check is skipped when the subject lacks what it needs.
+NEED_REASONS = {
+    "whitebox": "black-box: needs a DecoderConfig and the Decoder's weight names",
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    title: str
+    family: str
+    run: Callable[[Subject], CheckResult]
+    needs: tuple[str, ...] = ()
+
+    def missing(self, subject: Subject) -> str | None:
+        """The reason this check cannot run on `subject`, or None when it can."""
+        for need in self.needs:
+            if not getattr(subject, need):
+                return NEED_REASONS[need]
+        return None
+
+
+CHECKS: dict[str, Check] = {check.name: check for check in (
+    Check("inputs", "ids and lengths 1..max_seq_len run; bad ids rejected", "inputs",
+          inputs.check_inputs),
+    Check("overlength", "max_seq_len + 1 tokens rejected, never cropped", "inputs",
+          inputs.check_overlength),
+    Check("shapes", "logits (B, T, V); shape ledger of every trace site", "inputs",
+          inputs.check_shapes),
+    Check("raw_logits", "forward returns raw, finite logits (no softmax)", "inputs",
+          inputs.check_raw_logits),
+    Check("determinism", "same input twice in eval mode, identical logits", "invariance",
+          invariance.check_determinism),
+    Check("batch_independence", "a row does not change when other rows do", "invariance",
+          invariance.check_batch_independence),
+    Check("causal", "suffix changes leave earlier logits unchanged", "invariance",
+          invariance.check_causal),
+    Check("prefix", "a prefix alone equals the same rows of the full run", "invariance",
+          invariance.check_prefix),
+    Check("attention_rows", "attention rows sum to 1, zero on future keys", "attention",
+          attention.check_attention_rows),
+    Check("params", "measured parameter ledger reconciles with the config", "weights",
+          weights.check_params, needs=("whitebox",)),
+    Check("tying", "declared tying is one Parameter object", "weights",
+          weights.check_tying, needs=("whitebox",)),
+    Check("tying_grad", "shared weight gradient = lookup + readout paths", "weights",
+          weights.check_tying_grad, needs=("whitebox",)),
+    Check("oracle", "fast forward equals the slow oracle (values, grads)", "reference",
+          reference.check_oracle),
+    Check("loss_alignment", "inputs/targets shifted by one, rows aligned", "alignment",
+          alignment.check_loss_alignment),
+)}
+
+CHECK_ORDER: tuple[str, ...] = tuple(CHECKS)
+CHECK_TITLES: dict[str, str] = {name: check.title for name, check in CHECKS.items()}

@@ -1,0 +1,142 @@
+"""White-box weight checks: the parameter ledger, tying by identity, and the tied weight's
+gradient as the sum of its two paths. They need a `DecoderConfig` and the Decoder's weight names
+(`token_embeddings`, `lm_head`, ...); the registry skips them on a black box.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from ..ledger import measured_ledger, parameter_ledger, reconcile
+from ..objective import logits_of
+from . import tolerances
+from .result import CheckResult, skipped
+from .subject import Subject, batch_not_equal, get_attr
+
+
+def check_params(s: Subject) -> CheckResult:
+    analytic, measured = parameter_ledger(s.cfg), measured_ledger(s.model)
+    problems = reconcile(analytic, measured)
+    evidence = {
+        "analytic": analytic.as_dict(), "measured": measured.as_dict(),
+        "analytic_total": analytic.total, "measured_total": measured.total,
+        "rows": [list(row) for row in analytic.grouped()],
+        "measured_rows": [list(row) for row in measured.grouped()],
+        "differences": problems, "notes": measured.notes,
+    }
+    if problems:
+        return CheckResult("params", False, problems[0] if len(problems) == 1 else
+                           f"{problems[0]}; {problems[-1]}", evidence)
+    return CheckResult("params", True, f"measured {measured.total:,} unique parameters = analytic "
+                       f"{analytic.total:,}", evidence)
+
+
+def check_tying(s: Subject) -> CheckResult:
+    emb, head = get_attr(s.model, "token_embeddings.weight"), get_attr(s.model, "lm_head.weight")
+    if emb is None or head is None:
+        return CheckResult("tying", False, "no token_embeddings.weight / lm_head.weight to compare",
+                           {"found": {"token_embeddings.weight": emb is not None,
+                                      "lm_head.weight": head is not None}})
+    same_object = head is emb
+    same_storage = head.data_ptr() == emb.data_ptr()
+    same_values = head.shape == emb.shape and bool(torch.equal(head.detach(), emb.detach()))
+    listed = len(list(s.model.named_parameters(remove_duplicate=False)))
+    unique = len(list(s.model.parameters()))
+    evidence = {"declared_tied": s.cfg.tie_embeddings, "same_object": same_object,
+                "same_storage": same_storage, "same_values": same_values,
+                "parameters_listed": listed, "parameters_unique": unique}
+    if s.cfg.tie_embeddings:
+        if same_object:
+            return CheckResult("tying", True, "lm_head.weight is token_embeddings.weight "
+                               "(one Parameter object)", evidence)
+        if same_storage:
+            why = "two Parameter objects share one storage: the optimizer keeps two states"
+        elif same_values:
+            why = "same values copied into a separate Parameter: false tying, they drift apart"
+        else:
+            why = "lm_head.weight is a separate Parameter with different values: the tie was lost"
+        return CheckResult("tying", False, f"declared tied, but {why}", evidence)
+    if same_object or same_storage:
+        return CheckResult("tying", False, "declared untied (tie_embeddings=False), but lm_head "
+                           "uses the token-embedding weight", evidence)
+    return CheckResult("tying", True, "declared untied: lm_head.weight is its own Parameter",
+                       evidence)
+
+
+def check_tying_grad(s: Subject) -> CheckResult:
+    """The shared weight's gradient equals the gradient through the lookup plus the gradient
+    through the readout, each computed separately from the recorded activations:
+        lookup[v]  = sum of dL/d(embedding output) over the positions whose id is v
+        readout    = (dL/dlogits)^T @ h, h the input of the readout (B*T, D)."""
+    if not s.cfg.tie_embeddings:
+        return skipped("tying_grad", "declared untied: no shared weight")
+    try:
+        model = copy.deepcopy(s.model)  # its own dtype: a dtype move could re-tie our Decoder
+    except Exception as exc:
+        return skipped("tying_grad", f"the model cannot be copied ({type(exc).__name__}); "
+                       "gradients would touch the user's model")
+    model.eval()
+    emb_module, head_module = get_attr(model, "token_embeddings"), get_attr(model, "lm_head")
+    emb = get_attr(model, "token_embeddings.weight")
+    if emb_module is None or head_module is None or emb is None:
+        return CheckResult("tying_grad", False, "no token_embeddings / lm_head modules to observe",
+                           {})
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep_lookup(_module, _inputs, output):
+        output.retain_grad()
+        seen["lookup_out"] = output
+
+    def keep_readout(_module, inputs, output):
+        output.retain_grad()
+        seen["readout_in"], seen["readout_out"] = inputs[0].detach(), output
+
+    hooks = [emb_module.register_forward_hook(keep_lookup),
+             head_module.register_forward_hook(keep_readout)]
+    seq_len = s.short_len(8)
+    batch = batch_not_equal(seq_len, (2, 3))
+    gen = s.generator(10)
+    ids = s.random_ids(batch, seq_len, gen).to(s.device)
+    targets = s.random_ids(batch, seq_len, gen).to(s.device)
+    try:
+        logits = logits_of(model(ids))
+        loss = F.cross_entropy(logits.reshape(-1, s.vocab_size).float(), targets.reshape(-1))
+        loss.backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    s.count(ids)
+    if "lookup_out" not in seen or "readout_out" not in seen or seen["readout_out"].grad is None:
+        return CheckResult("tying_grad", False, "the lookup or readout path was never run "
+                           "through token_embeddings / lm_head", {})
+    dim = emb.shape[1]
+    d_lookup = seen["lookup_out"].grad.reshape(-1, dim)  # (B*T, D)
+    lookup = torch.zeros_like(emb).index_add_(0, ids.reshape(-1), d_lookup.to(emb.dtype))  # (V, D)
+    d_logits = seen["readout_out"].grad.reshape(-1, s.vocab_size)  # (B*T, V)
+    readout = (d_logits.T @ seen["readout_in"].reshape(-1, dim)).to(emb.dtype)  # (V, D)
+    expected = lookup + readout
+    got = emb.grad if emb.grad is not None else torch.zeros_like(emb)
+    tol = tolerances.tying_grad(emb.dtype)
+    worst = float((got - expected).abs().max())
+    allowed = tol * float(expected.abs().max())
+    missing_readout = float((got - lookup).abs().max())
+    evidence = {"batch": batch, "seq_len": seq_len, "dtype": str(emb.dtype),
+                "max_abs_error": worst, "allowed": allowed,
+                "lookup_grad_max": float(lookup.abs().max()),
+                "readout_grad_max": float(readout.abs().max()),
+                "shared_minus_lookup_max": missing_readout}
+    if worst <= allowed:
+        return CheckResult("tying_grad", True, "shared weight gradient = lookup path + readout "
+                           f"path (max error {worst:.1e}, allowed {allowed:.1e})", evidence, tol)
+    if missing_readout <= allowed:
+        why = ("the embedding's gradient holds only the lookup path: the readout's gradient goes "
+               "elsewhere")
+    else:
+        why = "the embedding's gradient is not the sum of the two paths"
+    return CheckResult("tying_grad", False, f"{why} (max error {worst:.3g}, allowed {allowed:.1e})",
+                       evidence, tol)
+
+

@@ -1,0 +1,103 @@
+"""Pictures: the gate's dependency matrix and attention patterns.
+
+matplotlib is imported only when a picture is drawn (the Agg backend: no display needed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class CheckResult(Protocol):
+    """What a picture reads of a gate check's result (`decoder_audit.CheckResult`)."""
+
+    passed: bool
+    evidence: dict[str, Any]
+    arrays: dict[str, Any]
+
+
+def dependency_png(causal: CheckResult, path: Path) -> bool:
+    """The causal check's dependency matrix: logit rows against the first changed position."""
+    dep = causal.evidence.get("dependency")
+    if not dep:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    matrix = np.array(dep["max_change"], dtype=float)  # (T rows, cuts)
+    cols, rows = dep["cols"], dep["rows"]
+    allowed = causal.evidence.get("allowed", 0.0)
+    with np.errstate(divide="ignore"):
+        shown = np.log10(np.where(matrix > 0, matrix, np.nan))
+    fig, ax = plt.subplots(figsize=(max(6.5, min(3 + 0.45 * len(cols), 11)),
+                                    max(4.5, min(2 + 0.3 * len(rows), 9))))
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")
+    image = ax.imshow(shown, cmap=cmap, aspect="auto", interpolation="nearest")
+    # a red frame on every cell above the diagonal that moved: a causal leak
+    for i, row in enumerate(rows):
+        for j, cut in enumerate(cols):
+            if row < cut and matrix[i, j] > allowed:
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=1.5))
+    step_c = max(1, len(cols) // 16)
+    step_r = max(1, len(rows) // 32)
+    ax.set_xticks(range(0, len(cols), step_c), [str(c) for c in cols[::step_c]])
+    ax.set_yticks(range(0, len(rows), step_r), [str(r) for r in rows[::step_r]])
+    ax.set_xlabel("first changed input position c (tokens c.. changed)")
+    ax.set_ylabel("logit row t")
+    verdict = "causal: lower-triangular" if causal.passed else "LEAK: red cells above the diagonal"
+    ax.set_title(f"dependency matrix ({verdict})\ncolour = log10 largest logit change; white = exactly 0",
+                 fontsize=10)
+    fig.colorbar(image, ax=ax, label="log10 max |change in logits|")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def attention_png(check: CheckResult, path: Path) -> bool:
+    """The attention_rows check's patterns, one panel per layer and head."""
+    patterns = check.arrays.get("patterns")
+    if not patterns:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    n_layers, n_heads = len(patterns), patterns[0].shape[0]
+    n_layers_shown, n_heads_shown = min(n_layers, 12), min(n_heads, 16)
+    size = 1.6 if n_layers_shown * n_heads_shown <= 64 else 1.0
+    fig, axes = plt.subplots(n_layers_shown, n_heads_shown, squeeze=False,
+                             # wide enough for the two-line title even with one or two heads
+                             figsize=(max(5.5, 0.8 + size * n_heads_shown),
+                                      1.0 + size * n_layers_shown))
+    ids = check.arrays.get("ids", [])
+    cmap = plt.get_cmap("viridis").with_extremes(bad="0.85")
+    for layer in range(n_layers_shown):
+        for head in range(n_heads_shown):
+            ax = axes[layer][head]
+            pattern = np.asarray(patterns[layer][head], dtype=float)
+            # exact zeros (masked keys) in grey, so a tiny nonzero leak still shows in colour
+            ax.imshow(np.where(pattern == 0.0, np.nan, pattern), cmap=cmap, vmin=0, vmax=1,
+                      interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if layer == 0:
+                ax.set_title(f"head {head}", fontsize=8)
+            if head == 0:
+                ax.set_ylabel(f"layer {layer}", fontsize=8)
+    cut = "" if (n_layers_shown, n_heads_shown) == (n_layers, n_heads) else \
+        f" (first {n_layers_shown} of {n_layers} layers, {n_heads_shown} of {n_heads} heads)"
+    fig.suptitle(f"attention patterns, rows = queries, columns = keys, T={len(ids)}{cut}\n"
+                 "grey = probability exactly 0 (future keys); colour 0..1 otherwise", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+

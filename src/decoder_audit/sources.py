@@ -1,0 +1,120 @@
+"""Where a model comes from, resolved in one place for every command and for the trainer.
+
+A source is one of
+    preset       a named configuration (`da.preset_names()`), built with seeded random weights
+    config       a DecoderConfig saved as JSON, built likewise
+    checkpoint   a checkpoint folder, or a training run folder holding `checkpoint/`
+    model        FILE.py:FACTORY, a user's own module (FACTORY() returns an nn.Module)
+    module       an nn.Module already in hand (the Python API)
+The Python API may also pass a DecoderConfig or a preset name; `Source.of` says which it is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpoint import CONFIG_FILE, checkpoint_folder, load_checkpoint
+from .config import DecoderConfig
+from .errors import ConfigError
+from .model import Decoder
+from .presets import preset
+
+DEFAULT_PRESET = "tiny-368"
+KINDS = ("preset", "config", "checkpoint", "model", "module")
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    value: Any
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"unknown model source kind {self.kind!r}; kinds are {KINDS}")
+
+    @classmethod
+    def of(cls, thing: Any) -> "Source":
+        """The source a Python caller means: a module, a DecoderConfig, a preset name, or None
+        (the tiny-368 teaching model)."""
+        if thing is None:
+            return cls("preset", DEFAULT_PRESET)
+        if isinstance(thing, Source):
+            return thing
+        if isinstance(thing, nn.Module):
+            return cls("module", thing)
+        if isinstance(thing, DecoderConfig):
+            return cls("config", thing)
+        if isinstance(thing, str):
+            return cls("preset", thing)
+        raise TypeError(f"a model source is a Decoder or other nn.Module, a DecoderConfig or a "
+                        f"preset name, got {type(thing).__name__}")
+
+    def config(self) -> DecoderConfig | None:
+        """The DecoderConfig this source names, or None for a module that carries none."""
+        if self.kind == "preset":
+            return preset(self.value)
+        if self.kind == "config":
+            return self.value if isinstance(self.value, DecoderConfig) else \
+                DecoderConfig.load(self.value)
+        if self.kind == "checkpoint":
+            return DecoderConfig.load(checkpoint_folder(self.value) / CONFIG_FILE)
+        module = load_factory(self.value) if self.kind == "model" else self.value
+        config = getattr(module, "config", None)
+        return config if isinstance(config, DecoderConfig) else None
+
+    def build(self, *, seed: int = 0) -> nn.Module:
+        """The model: built from `seed` (preset, config), loaded (checkpoint) or imported."""
+        if self.kind == "module":
+            return self.value
+        if self.kind == "model":
+            return load_factory(self.value)
+        if self.kind == "checkpoint":
+            return load_checkpoint(checkpoint_folder(self.value))
+        config = self.config()
+        torch.manual_seed(seed)
+        return Decoder(config)
+
+    @property
+    def built_fresh(self) -> bool:
+        """Whether `build` initialises new weights (a preset or config), so the model's loss
+        before training should be near ln V."""
+        return self.kind in ("preset", "config")
+
+
+_FACTORY_CACHE: dict[str, nn.Module] = {}
+
+
+def load_factory(spec: str) -> nn.Module:
+    """Import FILE.py and call FACTORY() -> nn.Module. Runs the user's code: only point it at
+    files you trust. The module is built once per process."""
+    if spec in _FACTORY_CACHE:
+        return _FACTORY_CACHE[spec]
+    path_text, sep, factory_name = spec.rpartition(":")
+    if not sep or not path_text or not factory_name:
+        raise ConfigError(f"--model {spec!r} must look like path/to/file.py:factory")
+    path = Path(path_text)
+    if not path.is_file():
+        raise ConfigError(f"--model file {str(path)!r} does not exist")
+    module_spec = importlib.util.spec_from_file_location(f"_user_model_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, str(path.parent.resolve()))  # let the file import its neighbours
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise ConfigError(f"{str(path)!r} has no callable {factory_name!r}")
+    model = factory()
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{factory_name}() in {str(path)!r} returned {type(model).__name__}, "
+                          "not a torch.nn.Module")
+    _FACTORY_CACHE[spec] = model
+    return model
