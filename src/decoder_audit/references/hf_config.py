@@ -1,0 +1,155 @@
+"""Hugging Face configs <-> DecoderConfig: which GPT2Config / LlamaConfig fields we can express,
+and the family (and model class) that expresses a DecoderConfig.
+
+Refused, with a ConfigError naming the field: RoPE scaling (rope_parameters.rope_type other than
+"default"), partial rotary factors, sliding windows, head_dim != hidden_size / heads, activations
+other than SiLU (Llama) or gelu_new / gelu_pytorch_tanh / gelu / relu (GPT-2),
+scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, unscaled attention and cross attention.
+
+`transformers` is imported only inside `_transformers()`, so this module loads without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import DecoderConfig
+from ..errors import ConfigError
+
+INSTALL_HINT = "pip install 'decoder-audit[hf]'"
+ATTN_IMPLEMENTATION = "eager"
+
+# HF activation name -> ours. GPT-2's "gelu_new" is the tanh approximation written out; it equals
+# F.gelu(approximate="tanh") up to float rounding. On export we write "gelu_new", GPT-2's own.
+_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+                     "relu": "relu"}
+_GPT2_EXPORT_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ImportError(
+            "Hugging Face conversion needs the optional dependency 'transformers'; install it "
+            f"with: {INSTALL_HINT}") from exc
+    return transformers
+
+
+
+def model_classes(tf: Any) -> dict[str, type]:
+    """The model class of each family we convert, from the transformers module `tf`. Accessing
+    them imports only these two modeling files (transformers loads its models lazily)."""
+    return {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM}
+
+
+def config_from_hf(hf_config: Any) -> DecoderConfig:
+    """A DecoderConfig for a GPT2Config or LlamaConfig, or ConfigError naming every field we
+    cannot express."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type == "gpt2":
+        return _gpt2_config(hf_config)
+    if model_type == "llama":
+        return _llama_config(hf_config)
+    raise ConfigError(f"model_type={model_type!r} is not supported; supported are 'gpt2' "
+                      "(GPT2LMHeadModel) and 'llama' (LlamaForCausalLM)")
+
+
+def _refuse(family: str, problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(f"cannot convert this {family} config: " + "; ".join(problems))
+
+
+def _gpt2_config(c: Any) -> DecoderConfig:
+    problems = []
+    act = c.activation_function
+    if act not in _GPT2_ACTIVATIONS:
+        problems.append(f"activation_function={act!r} (supported: {sorted(_GPT2_ACTIVATIONS)})")
+    if not c.scale_attn_weights:
+        problems.append("scale_attn_weights=False (we always scale scores by 1/sqrt(Dh))")
+    if c.scale_attn_by_inverse_layer_idx:
+        problems.append("scale_attn_by_inverse_layer_idx=True (no per-layer score scaling here)")
+    if c.reorder_and_upcast_attn:
+        problems.append("reorder_and_upcast_attn=True")
+    if getattr(c, "add_cross_attention", False):
+        problems.append("add_cross_attention=True (a decoder-only model has no cross attention)")
+    _refuse("GPT-2", problems)
+    return DecoderConfig(
+        vocab_size=c.vocab_size, d_model=c.n_embd, n_layers=c.n_layer, n_heads=c.n_head,
+        d_ff=c.n_inner if c.n_inner is not None else 4 * c.n_embd, max_seq_len=c.n_positions,
+        norm="layernorm", norm_eps=float(c.layer_norm_epsilon), mlp=_GPT2_ACTIVATIONS[act],
+        pos="learned", attn_bias=True, mlp_bias=True, tie_embeddings=bool(c.tie_word_embeddings),
+    )
+
+
+def _llama_config(c: Any) -> DecoderConfig:
+    problems = []
+    if c.hidden_act != "silu":
+        problems.append(f"hidden_act={c.hidden_act!r} (our SwiGLU gate is SiLU)")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if head_dim * c.num_attention_heads != c.hidden_size:
+        problems.append(f"head_dim={head_dim} != hidden_size/num_attention_heads="
+                        f"{c.hidden_size}/{c.num_attention_heads}")
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        problems.append(f"rope_parameters.rope_type={rope_type!r} (RoPE scaling is not supported)")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        problems.append(f"rope_parameters.partial_rotary_factor={rope['partial_rotary_factor']}")
+    theta = rope.get("rope_theta", getattr(c, "rope_theta", None))
+    if theta is None:
+        problems.append("rope_parameters.rope_theta is missing")
+    if getattr(c, "sliding_window", None) is not None:
+        problems.append(f"sliding_window={c.sliding_window} (attention here is full causal)")
+    layer_types = getattr(c, "layer_types", None)
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        problems.append(f"layer_types={layer_types} (only full_attention)")
+    _refuse("Llama", problems)
+    n_kv = c.num_key_value_heads
+    return DecoderConfig(
+        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        n_kv_heads=None if n_kv in (None, c.num_attention_heads) else n_kv,
+        d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, norm="rmsnorm",
+        norm_eps=float(c.rms_norm_eps), mlp="swiglu", pos="rope", rope_theta=float(theta),
+        attn_bias=bool(c.attention_bias), mlp_bias=bool(c.mlp_bias),
+        tie_embeddings=bool(c.tie_word_embeddings),
+    )
+
+
+def hf_family(cfg: DecoderConfig) -> str:
+    """"gpt2" or "llama": the HF family that expresses cfg, or ConfigError naming the fields."""
+    if cfg.norm == "layernorm" and cfg.pos == "learned" and cfg.mlp in _GPT2_EXPORT_ACTIVATIONS:
+        if cfg.kv_heads != cfg.n_heads:
+            raise ConfigError(f"n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}: GPT-2 has "
+                              "no grouped-query attention")
+        return "gpt2"
+    if cfg.norm == "rmsnorm" and cfg.pos == "rope" and cfg.mlp == "swiglu":
+        return "llama"
+    raise ConfigError(
+        f"no supported Hugging Face family expresses norm={cfg.norm!r}, pos={cfg.pos!r}, "
+        f"mlp={cfg.mlp!r}: GPT-2 needs norm='layernorm', pos='learned', mlp in "
+        f"{sorted(_GPT2_EXPORT_ACTIVATIONS)}; Llama needs norm='rmsnorm', pos='rope', mlp='swiglu'")
+
+
+def config_to_hf(cfg: DecoderConfig) -> Any:
+    """The GPT2Config or LlamaConfig of a decoder (eager attention, no dropout, no special ids:
+    a decoder-audit model has no dropout and knows nothing of a tokenizer)."""
+    tf = _transformers()
+    common = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_embeddings,
+                  bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                  attn_implementation=ATTN_IMPLEMENTATION)
+    if hf_family(cfg) == "gpt2":
+        return tf.GPT2Config(
+            n_embd=cfg.d_model, n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff,
+            n_positions=cfg.max_seq_len, layer_norm_epsilon=cfg.norm_eps,
+            activation_function=_GPT2_EXPORT_ACTIVATIONS[cfg.mlp],
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+    return tf.LlamaConfig(
+        hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+        intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps, hidden_act="silu",
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+        attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_bias, attention_dropout=0.0, **common)
+
