@@ -108,20 +108,17 @@ def check_oracle(s: Subject) -> CheckResult:
 
 
 def _check_hf_against_oracle(s: Subject) -> CheckResult:
-    """A Hugging Face GPT-2 or Llama model (a black box to the rest of the gate) against the slow
-    oracle fed its weights, read through our converter (`references.hf`): the HF forward must
-    compute the architecture its config declares. Other black boxes are skipped."""
-    family = type(s.model).__name__
-    if family not in ("GPT2LMHeadModel", "LlamaForCausalLM"):
-        return skipped("oracle", "black-box: the oracle needs a DecoderConfig and our weight names "
-                                 "(or a Hugging Face GPT-2 / Llama model to convert)")
-    from ..errors import ConfigError
-    from ..references.hf import from_hf
+    """A Hugging Face model (a black box to the rest of the gate) against the slow oracle fed its
+    weights, when our converter can read it (`references.try_from_hf` decides, by model class):
+    the HF forward must compute the architecture its config declares. Other black boxes, and HF
+    models the converter refuses, are skipped with the converter's reason."""
+    from ..references import try_from_hf
 
-    try:
-        converted = from_hf(s.model)
-    except (ConfigError, ImportError) as exc:
-        return skipped("oracle", f"{family} could not be converted for the oracle: {exc}")
+    converted, source = try_from_hf(s.model)
+    if converted is None:
+        return skipped("oracle", "black-box: the oracle needs a DecoderConfig and our weight names, "
+                                 f"or a model the Hugging Face converter can read ({source})")
+    name = type(s.model).__name__
     cfg = converted.config
     seq_len = s.short_len(6 if converted.num_parameters() > 10_000_000 else 12)
     ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(11))
@@ -132,12 +129,12 @@ def _check_hf_against_oracle(s: Subject) -> CheckResult:
     tol = tolerances.hf_oracle(s.dtype, cfg)
     worst, allowed = scaled_excess(fast - reference, reference, tol)
     evidence = {"batch": ids.shape[0], "seq_len": seq_len, "dtype": str(s.dtype),
-                "reference": f"{family} weights via references.hf.from_hf",
+                "reference": source,
                 "max_abs_logit_error": worst, "allowed": allowed}
     if not worst <= allowed:
         rows = (fast - reference).abs().amax((0, 2))
         evidence["error_by_position"] = rows.tolist()
-        return CheckResult("oracle", False, f"{family} logits differ from the slow oracle fed its "
+        return CheckResult("oracle", False, f"{name} logits differ from the slow oracle fed its "
                            f"weights by up to {worst:.3g} (allowed {allowed:.1e})", evidence, tol)
-    return CheckResult("oracle", True, f"{family} logits = oracle fed its converted weights on "
+    return CheckResult("oracle", True, f"{name} logits = oracle fed its converted weights on "
                        f"({ids.shape[0]}, {seq_len}) ids (max error {worst:.1e})", evidence, tol)
