@@ -11,43 +11,48 @@ the letters for this run, and `trace.shape_mismatches()` is the shape ledger's v
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
+from torch import nn
 
 from .config import DecoderConfig
 
-if TYPE_CHECKING:
-    from .model import Decoder
-
 Shape = tuple[str, ...]
+
+# The one table of trace sites: every name the model records, with its declared shape.
+# Recording a name that is not here raises, so the table and the model cannot drift apart.
+INPUT_SITES: dict[str, Shape] = {
+    "tokens": ("B", "T", "D"),
+    "positions": ("T", "D"),  # pos = learned only
+    "embed": ("B", "T", "D"),  # the residual stream entering block 0
+}
+BLOCK_SITES: dict[str, Shape] = {  # each under "layers.{i}."
+    "ln1": ("B", "T", "D"),
+    "attn.q": ("B", "H", "T", "Dh"),  # after RoPE, when pos = rope
+    "attn.k": ("B", "Hkv", "T", "Dh"),
+    "attn.v": ("B", "Hkv", "T", "Dh"),
+    "attn.scores": ("B", "H", "T", "T"),  # scaled, before the mask
+    "attn.pattern": ("B", "H", "T", "T"),  # softmax rows; zero above the diagonal
+    "attn.z": ("B", "H", "T", "Dh"),  # pattern @ v, per head
+    "attn.out": ("B", "T", "D"),  # after output_proj
+    "resid_mid": ("B", "T", "D"),
+    "ln2": ("B", "T", "D"),
+    "ffn.hidden": ("B", "T", "F"),
+    "ffn.out": ("B", "T", "D"),
+    "resid_post": ("B", "T", "D"),
+}
+OUTPUT_SITES: dict[str, Shape] = {
+    "ln_final": ("B", "T", "D"),
+    "logits": ("B", "T", "V"),
+}
 
 
 def declared_shapes(cfg: DecoderConfig) -> dict[str, Shape]:
     """Every trace site of a decoder with this config, in forward order, with symbolic shapes."""
-    sites: dict[str, Shape] = {"tokens": ("B", "T", "D")}
-    if cfg.pos == "learned":
-        sites["positions"] = ("T", "D")
-    sites["embed"] = ("B", "T", "D")  # the residual stream entering block 0
+    sites = {name: shape for name, shape in INPUT_SITES.items()
+             if name != "positions" or cfg.pos == "learned"}
     for i in range(cfg.n_layers):
-        p = f"layers.{i}"
-        sites.update({
-            f"{p}.ln1": ("B", "T", "D"),
-            f"{p}.attn.q": ("B", "H", "T", "Dh"),  # after RoPE, when pos = rope
-            f"{p}.attn.k": ("B", "Hkv", "T", "Dh"),
-            f"{p}.attn.v": ("B", "Hkv", "T", "Dh"),
-            f"{p}.attn.scores": ("B", "H", "T", "T"),  # scaled, before the mask
-            f"{p}.attn.pattern": ("B", "H", "T", "T"),  # softmax rows; zero above the diagonal
-            f"{p}.attn.z": ("B", "H", "T", "Dh"),  # pattern @ v, per head
-            f"{p}.attn.out": ("B", "T", "D"),  # after output_proj
-            f"{p}.resid_mid": ("B", "T", "D"),
-            f"{p}.ln2": ("B", "T", "D"),
-            f"{p}.ffn.hidden": ("B", "T", "F"),
-            f"{p}.ffn.out": ("B", "T", "D"),
-            f"{p}.resid_post": ("B", "T", "D"),
-        })
-    sites["ln_final"] = ("B", "T", "D")
-    sites["logits"] = ("B", "T", "V")
+        sites.update({f"layers.{i}.{name}": shape for name, shape in BLOCK_SITES.items()})
+    sites.update(OUTPUT_SITES)
     return sites
 
 
@@ -83,6 +88,6 @@ class Trace(dict):
         return problems
 
 
-def run_with_trace(model: "Decoder", ids: torch.Tensor) -> tuple[torch.Tensor, Trace]:
-    """Run one forward pass of `model` on ids (B, T) and record every named site."""
+def run_with_trace(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, Trace]:
+    """Run one forward pass of `model` (a Decoder) on ids (B, T) and record every named site."""
     return model.run_with_trace(ids)
