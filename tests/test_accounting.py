@@ -12,6 +12,8 @@ import pytest
 import decoder_audit as da
 from decoder_audit.cli import main
 
+import configs
+
 CS336 = ["cs336-small", "cs336-medium", "cs336-large", "cs336-xl", "cs336-test"]
 
 
@@ -137,14 +139,9 @@ VARIANTS = {
     "cs336-test tied": da.preset("cs336-test").replace(tie_embeddings=True),
     "gpt2-small untied": da.preset("gpt2-small").replace(tie_embeddings=False, n_layers=2),
     "llama-debug tied": da.preset("llama-debug").replace(tie_embeddings=True),
-    "GQA gelu + biases": da.DecoderConfig(vocab_size=50, d_model=48, n_layers=2, n_heads=6,
-                                          n_kv_heads=3, d_ff=40, max_seq_len=12, mlp="gelu",
-                                          attn_bias=True, mlp_bias=True, tie_embeddings=False),
-    "MQA rope relu": da.DecoderConfig(vocab_size=30, d_model=32, n_layers=3, n_heads=4,
-                                      n_kv_heads=1, d_ff=24, max_seq_len=9, mlp="relu",
-                                      pos="rope", norm="rmsnorm"),
 }
-MEASURED = [(name, da.preset(name)) for name in da.preset_names()] + list(VARIANTS.items())
+MEASURED = ([(name, da.preset(name)) for name in da.preset_names()] + list(VARIANTS.items())
+            + configs.entries("gqa3-gelu-biases-untied", "mqa-rope-relu") + configs.grid())
 
 
 @pytest.mark.parametrize("name,cfg", MEASURED, ids=[name for name, _ in MEASURED])

@@ -10,21 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import configs
 from helpers import random_decoder
 
 import decoder_audit as da
 import decoder_audit.checkpoint as ckpt
 from decoder_audit.checkpoint import load_checkpoint, save_checkpoint
-
-ODD = dict(vocab_size=29, d_model=24, n_heads=6, d_ff=37, max_seq_len=9)
-CONFIGS = {
-    "tiny-368": da.preset("tiny-368"),
-    "llama-gqa-untied": da.DecoderConfig(**ODD, n_layers=2, n_kv_heads=2, norm="rmsnorm",
-                                         mlp="swiglu", pos="rope", tie_embeddings=False),
-    "gpt-tied-biases": da.DecoderConfig(**ODD, n_layers=3, n_kv_heads=3, mlp="gelu_tanh",
-                                        attn_bias=True, mlp_bias=True),
-}
-
 
 def _ids(cfg):
     return torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len), generator=torch.Generator().manual_seed(3))
@@ -40,9 +31,9 @@ def _assert_same_model(a, b):
     assert torch.equal(a(ids), b(ids))  # bitwise, not approximately
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_round_trip_is_bitwise_and_keeps_the_tie(tmp_path, name):
-    cfg = CONFIGS[name]
+@pytest.mark.parametrize("cfg", configs.params(
+    configs.entries("tiny-368", "gqa-odd", "gqa3-gelutanh-biases-tied") + configs.grid()))
+def test_round_trip_is_bitwise_and_keeps_the_tie(tmp_path, cfg):
     model = random_decoder(cfg)
     folder = save_checkpoint(model, tmp_path / "ckpt")
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
@@ -61,7 +52,7 @@ def test_round_trip_is_bitwise_and_keeps_the_tie(tmp_path, name):
 
 
 def test_bfloat16_round_trip_and_dtype_override(tmp_path):
-    model = random_decoder(CONFIGS["gpt-tied-biases"], dtype=torch.bfloat16)
+    model = random_decoder(configs.named("gqa3-gelutanh-biases-tied"), dtype=torch.bfloat16)
     save_checkpoint(model, tmp_path / "c")
     loaded = load_checkpoint(tmp_path / "c")
     _assert_same_model(model, loaded)
@@ -72,7 +63,7 @@ def test_bfloat16_round_trip_and_dtype_override(tmp_path):
 
 
 def test_extra_files_are_saved_beside_the_weights(tmp_path):
-    model = random_decoder(CONFIGS["tiny-368"])
+    model = random_decoder(configs.named("tiny-368"))
     folder = save_checkpoint(model, tmp_path / "c", extra_files={"optimizer.safetensors": b"\x01\x02",
                                                                  "trainer.json": b"{}"})
     assert (folder / "optimizer.safetensors").read_bytes() == b"\x01\x02"
@@ -84,9 +75,10 @@ def test_extra_files_are_saved_beside_the_weights(tmp_path):
 
 
 def test_wrong_config_lists_missing_unexpected_and_mismatched_names(tmp_path):
-    folder = save_checkpoint(random_decoder(CONFIGS["gpt-tied-biases"]), tmp_path / "c")
+    cfg = configs.named("gqa3-gelutanh-biases-tied")
+    folder = save_checkpoint(random_decoder(cfg), tmp_path / "c")
     # A config with other widths and no biases: shapes and names both disagree.
-    other = CONFIGS["gpt-tied-biases"].replace(d_ff=40, mlp_bias=False)
+    other = cfg.replace(d_ff=40, mlp_bias=False)
     (folder / "config.json").write_text(other.to_json())
     with pytest.raises(da.CheckpointError) as info:
         load_checkpoint(folder)
@@ -97,7 +89,7 @@ def test_wrong_config_lists_missing_unexpected_and_mismatched_names(tmp_path):
 
 
 def test_missing_and_renamed_tensors_are_named(tmp_path):
-    cfg = CONFIGS["tiny-368"]
+    cfg = configs.named("tiny-368")
     folder = save_checkpoint(random_decoder(cfg), tmp_path / "c")
     tensors = load_file(str(folder / "model.safetensors"))
     tensors["ln_final.gain"] = tensors.pop("ln_final.weight")
@@ -113,8 +105,9 @@ def test_missing_and_renamed_tensors_are_named(tmp_path):
 
 
 def test_invalid_config_json_is_a_checkpoint_error_naming_the_file(tmp_path):
-    folder = save_checkpoint(random_decoder(CONFIGS["tiny-368"]), tmp_path / "c")
-    (folder / "config.json").write_text(json.dumps({**CONFIGS["tiny-368"].to_dict(), "n_heads": 3}))
+    cfg = configs.named("tiny-368")
+    folder = save_checkpoint(random_decoder(cfg), tmp_path / "c")
+    (folder / "config.json").write_text(json.dumps({**cfg.to_dict(), "n_heads": 3}))
     with pytest.raises(da.CheckpointError, match=r"config\.json.*d_model=4 is not divisible by n_heads=3"):
         load_checkpoint(folder)
     (folder / "config.json").write_text("{not json")
@@ -123,7 +116,7 @@ def test_invalid_config_json_is_a_checkpoint_error_naming_the_file(tmp_path):
 
 
 def test_flipped_data_byte_is_caught_by_the_digest(tmp_path):
-    folder = save_checkpoint(random_decoder(CONFIGS["tiny-368"]), tmp_path / "c")
+    folder = save_checkpoint(random_decoder(configs.named("tiny-368")), tmp_path / "c")
     weights = folder / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-3] ^= 0x40  # inside the last tensor's data; the header is still valid
@@ -133,7 +126,7 @@ def test_flipped_data_byte_is_caught_by_the_digest(tmp_path):
 
 
 def test_corrupted_header_and_truncated_file_name_the_file(tmp_path):
-    folder = save_checkpoint(random_decoder(CONFIGS["tiny-368"]), tmp_path / "c")
+    folder = save_checkpoint(random_decoder(configs.named("tiny-368")), tmp_path / "c")
     weights = folder / "model.safetensors"
     good = weights.read_bytes()
     weights.write_bytes(good[:8] + b"#" + good[9:])  # the JSON header no longer parses
@@ -151,7 +144,7 @@ def test_pickles_are_refused_without_being_unpickled(tmp_path, monkeypatch):
     def no_unpickling(*args, **kwargs):
         raise AssertionError("torch.load must never be called on a checkpoint")
 
-    model = random_decoder(CONFIGS["tiny-368"])
+    model = random_decoder(configs.named("tiny-368"))
     folder = save_checkpoint(model, tmp_path / "c")
     monkeypatch.setattr(torch, "load", no_unpickling)
     # A torch.save pickle offered under the weights file's name.
@@ -171,19 +164,19 @@ def test_missing_folder_and_file_instead_of_folder(tmp_path):
     with pytest.raises(da.CheckpointError, match="is a file"):
         load_checkpoint(tmp_path / "file")
     with pytest.raises(da.CheckpointError, match="not a folder"):
-        save_checkpoint(random_decoder(CONFIGS["tiny-368"]), tmp_path / "file")
+        save_checkpoint(random_decoder(configs.named("tiny-368")), tmp_path / "file")
 
 
 def test_save_refuses_to_replace_an_unrelated_folder(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("precious")
     with pytest.raises(da.CheckpointError, match="does not look like one of our outputs"):
-        save_checkpoint(random_decoder(CONFIGS["tiny-368"]), tmp_path / "mine")
+        save_checkpoint(random_decoder(configs.named("tiny-368")), tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
 
 
 def test_crash_while_writing_leaves_the_old_checkpoint(tmp_path, monkeypatch):
-    cfg = CONFIGS["gpt-tied-biases"]
+    cfg = configs.named("gqa3-gelutanh-biases-tied")
     old, new = random_decoder(cfg, seed=0), random_decoder(cfg, seed=1)
     path = save_checkpoint(old, tmp_path / "c")
 
@@ -206,7 +199,7 @@ def test_crash_while_writing_leaves_the_old_checkpoint(tmp_path, monkeypatch):
 
 
 def test_crash_after_the_swap_leaves_the_new_checkpoint(tmp_path, monkeypatch):
-    cfg = CONFIGS["tiny-368"]
+    cfg = configs.named("tiny-368")
     old, new = random_decoder(cfg, seed=0), random_decoder(cfg, seed=1)
     path = save_checkpoint(old, tmp_path / "c")
 
@@ -226,7 +219,7 @@ def test_crash_after_the_swap_leaves_the_new_checkpoint(tmp_path, monkeypatch):
 def test_crash_between_the_two_renames(tmp_path, monkeypatch):
     """The old folder is moved aside first; a crash then leaves no `c/` at all, but
     load_checkpoint("c") still finds the previous checkpoint."""
-    cfg = CONFIGS["llama-gqa-untied"]
+    cfg = configs.named("gqa-odd")
     old, new = random_decoder(cfg, seed=0), random_decoder(cfg, seed=1)
     path = save_checkpoint(old, tmp_path / "c")
     real_rename, calls = os.rename, []

@@ -8,6 +8,8 @@ import pytest
 import decoder_audit as da
 from decoder_audit import ConfigError, DecoderConfig
 
+import configs
+
 BASE = dict(vocab_size=11, d_model=12, n_layers=2, n_heads=6, d_ff=20, max_seq_len=9)
 
 
@@ -67,12 +69,12 @@ def test_frozen():
         cfg.d_model = 8
 
 
-def test_json_round_trip(tmp_path):
-    cfg = make(n_kv_heads=3, pos="rope", norm="rmsnorm", mlp="swiglu", tie_embeddings=False)
+@pytest.mark.parametrize("cfg", configs.params(configs.everything()))
+def test_json_round_trip(tmp_path, cfg):
     path = tmp_path / "cfg.json"
     cfg.save(path)
     assert DecoderConfig.load(path) == cfg
-    assert json.loads(path.read_text())["n_kv_heads"] == 3
+    assert json.loads(path.read_text())["n_kv_heads"] == cfg.n_kv_heads
 
 
 def test_json_errors_name_the_problem(tmp_path):

@@ -16,6 +16,7 @@ from decoder_audit.cli import main
 from decoder_audit.gate import TINY_VOCAB, decode, encode, flatten_for_loss, next_token_batch
 from decoder_audit.gate import tolerances
 
+import configs
 import zoo
 
 
@@ -99,7 +100,7 @@ def test_finite_mask_is_beaten_only_under_stress():
 
 
 def test_long_context_samples_cuts_and_lengths():
-    cfg = da.DecoderConfig(vocab_size=9, d_model=8, n_layers=1, n_heads=2, d_ff=8, max_seq_len=200)
+    cfg = configs.named("long-context-200")
     report = da.audit(zoo.decoder(cfg), checks=["inputs", "causal", "prefix", "overlength"])
     assert report.passed
     cuts = [c["cut"] for c in report["causal"].evidence["cuts"]]

@@ -11,6 +11,7 @@ from torch import nn
 import decoder_audit as da
 from decoder_audit.gate import CHECK_ORDER
 
+import configs
 import zoo
 
 
@@ -48,16 +49,9 @@ def test_presets_pass(name):
     assert [c.name for c in report.skipped] == expected_skips
 
 
-@pytest.mark.parametrize("cfg", [
-    zoo.GQA,
-    da.DecoderConfig(vocab_size=13, d_model=12, n_layers=3, n_heads=3, d_ff=20, max_seq_len=5,
-                     mlp="gelu_tanh", attn_bias=True, mlp_bias=True),
-    da.DecoderConfig(vocab_size=10, d_model=8, n_layers=1, n_heads=4, n_kv_heads=1, d_ff=9,
-                     max_seq_len=3, norm="rmsnorm", mlp="gelu", pos="none", tie_embeddings=True),
-    da.DecoderConfig(vocab_size=7, d_model=12, n_layers=2, n_heads=6, n_kv_heads=3, d_ff=16,
-                     max_seq_len=40, mlp="swiglu", pos="rope", rope_theta=500.0,
-                     tie_embeddings=False),
-], ids=["gqa-rope-rms-swiglu-untied", "gelu-tanh-biases", "mqa-nopos-tied", "long-context-sampled"])
+@pytest.mark.parametrize("cfg", configs.params(
+    configs.entries("gqa-small", "ln-gelutanh-biases-tied", "mqa-nopos-tied", "long-context-40")
+    + configs.grid()))
 def test_odd_configs_pass(cfg):
     _passes(zoo.decoder(cfg, seed=3))
 

@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+import configs
 from helpers import random_decoder, randomise
 
 import decoder_audit as da
@@ -93,26 +94,14 @@ def test_from_hf_logits_equal_and_round_trip_is_exact(hf_models, name):
         torch.testing.assert_close(ours_wide(ids), oracle.to(torch.float64), rtol=0, atol=1e-12)
 
 
-OURS = {
-    "gpt-tied-nobias-relu": da.DecoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=F,
-                                             max_seq_len=T, mlp="relu", attn_bias=False,
-                                             mlp_bias=True),
-    "gpt-untied-gelu": da.DecoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=F,
-                                        max_seq_len=T, mlp="gelu", attn_bias=True, mlp_bias=True,
-                                        tie_embeddings=False),
-    "llama-kv2-untied": da.DecoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H,
-                                         n_kv_heads=2, d_ff=F, max_seq_len=T, norm="rmsnorm",
-                                         mlp="swiglu", pos="rope", rope_theta=10000.0,
-                                         tie_embeddings=False),
-    "llama-kv3-tied": da.DecoderConfig(vocab_size=V, d_model=D, n_layers=3, n_heads=H, n_kv_heads=3,
-                                       d_ff=F, max_seq_len=T, norm="rmsnorm", mlp="swiglu",
-                                       pos="rope", rope_theta=777.0, tie_embeddings=True),
-}
+# Our tiny conversion shapes (the V, D, H, F, T above): GPT-2 tied without attention biases and
+# untied with them, Llama with GQA 6/2 untied and 6/3 tied.
+OURS = configs.entries("hf-gpt-relu-mlpbias-tied", "hf-gpt-gelu-biases-untied",
+                       "hf-llama-kv2-untied", "hf-llama-kv3-tied")
 
 
-@pytest.mark.parametrize("name", OURS)
-def test_to_hf_logits_equal_and_round_trip_is_exact(name):
-    cfg = OURS[name]
+@pytest.mark.parametrize("cfg", configs.params(OURS))
+def test_to_hf_logits_equal_and_round_trip_is_exact(cfg):
     ours = random_decoder(cfg, seed=1, std=0.3)
     hf_model = hfref.to_hf(ours)
     assert hf_model.config._attn_implementation == "eager"
@@ -157,8 +146,7 @@ def test_rope_row_permutation_turns_rotate_half_into_interleaved():
     x = torch.randn(1, 2, seq, dh, dtype=torch.float64)  # (B, H, T, Dh), HF layout
     cos, sin = LlamaRotaryEmbedding(llama)(x, torch.arange(seq)[None])
     theirs, _ = apply_rotary_pos_emb(x, x, cos, sin)
-    cfg = da.DecoderConfig(vocab_size=2, d_model=2 * dh, n_layers=1, n_heads=2, d_ff=2,
-                           max_seq_len=seq, pos="rope", rope_theta=500.0)
+    cfg = configs.rope_only(head_dim=dh, max_seq_len=seq, rope_theta=500.0, n_heads=2)
     ours = apply_rope(x[..., perm], rope_rotations(cfg, seq, x.device, x.dtype))
     torch.testing.assert_close(ours, theirs[..., perm], rtol=0, atol=1e-5)  # HF angles: float32
 
@@ -200,7 +188,7 @@ def test_tie_flag_that_disagrees_with_the_weights_is_refused(hf_models):
     (dict(n_kv_heads=2), "n_kv_heads=2"),
 ])
 def test_to_hf_refuses_what_no_family_expresses(change, field):
-    cfg = OURS["gpt-untied-gelu"].replace(**change)
+    cfg = configs.named("hf-gpt-gelu-biases-untied").replace(**change)
     with pytest.raises(da.ConfigError, match=field):
         hfref.to_hf(da.Decoder(cfg))
 

@@ -4,40 +4,22 @@ import numpy as np
 import pytest
 import torch
 
+import configs
 from helpers import random_decoder
 
 import decoder_audit as da
 from decoder_audit import ContextLengthError, InputShapeError, TokenIdError
 from decoder_audit.model import apply_rope, eager_attention, rope_rotations
 
-# A grid that covers every norm, MLP, position kind, bias setting, tying, and GQA with >= 2 KV
-# heads and group size >= 2; odd widths so no axis can be identified by its size.
-GRID = {
-    "tiny-368": da.preset("tiny-368"),
-    "ln-gelu-learned-biases-gqa-untied": da.DecoderConfig(
-        vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=24, max_seq_len=5,
-        norm="layernorm", mlp="gelu", pos="learned", attn_bias=True, mlp_bias=True,
-        tie_embeddings=False),
-    "rms-swiglu-rope-gqa3-untied": da.DecoderConfig(
-        vocab_size=29, d_model=24, n_layers=2, n_heads=6, n_kv_heads=2, d_ff=37, max_seq_len=6,
-        norm="rmsnorm", mlp="swiglu", pos="rope", rope_theta=10000.0, tie_embeddings=False),
-    "ln-gelutanh-nopos-attnbias-tied": da.DecoderConfig(
-        vocab_size=11, d_model=12, n_layers=3, n_heads=3, d_ff=20, max_seq_len=5,
-        norm="layernorm", mlp="gelu_tanh", pos="none", attn_bias=True, tie_embeddings=True),
-    "rms-relu-rope-mlpbias-tied": da.DecoderConfig(
-        vocab_size=17, d_model=16, n_layers=2, n_heads=2, d_ff=12, max_seq_len=5,
-        norm="rmsnorm", mlp="relu", pos="rope", rope_theta=500.0, mlp_bias=True,
-        tie_embeddings=True),
-    "ln-swiglu-rope-allbias-gqa": da.DecoderConfig(
-        vocab_size=19, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=10, max_seq_len=4,
-        norm="layernorm", mlp="swiglu", pos="rope", attn_bias=True, mlp_bias=True,
-        tie_embeddings=False),
-}
+# The oracle walks the whole grid (every pair of norm, MLP, position kind, biases, tying and
+# MHA/GQA/MQA) and the hand-named configs this module has always covered.
+ORACLE = configs.grid() + configs.entries(
+    "tiny-368", "ln-gelu-learned-biases-gqa-untied", "gqa-odd", "ln-gelutanh-nopos-attnbias-tied",
+    "rms-relu-rope-mlpbias-tied", "ln-swiglu-rope-allbias-gqa")
 
 
-@pytest.mark.parametrize("name", GRID)
-def test_decoder_equals_slow_oracle_in_float64(name):
-    cfg = GRID[name]
+@pytest.mark.parametrize("cfg", configs.params(ORACLE))
+def test_decoder_equals_slow_oracle_in_float64(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     state = model.state_dict()
     for seq_len in range(1, cfg.max_seq_len + 1):
@@ -53,9 +35,8 @@ def test_decoder_equals_slow_oracle_in_float64(name):
             torch.testing.assert_close(traced, slow, atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["tiny-368", "rms-swiglu-rope-gqa3-untied"])
-def test_gradients_equal_the_oracle(name):
-    cfg = GRID[name]
+@pytest.mark.parametrize("cfg", configs.params(configs.entries("tiny-368", "gqa-odd")))
+def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
     weights = torch.randn(2, cfg.max_seq_len, cfg.vocab_size, dtype=torch.float64)
@@ -69,7 +50,7 @@ def test_gradients_equal_the_oracle(name):
 
 
 def test_fp32_fast_path_matches_float64_oracle():
-    cfg = GRID["rms-swiglu-rope-gqa3-untied"]
+    cfg = configs.named("gqa-odd")
     model = da.Decoder(cfg)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
     slow = da.oracle_logits(model.state_dict(), cfg, ids)
@@ -78,7 +59,7 @@ def test_fp32_fast_path_matches_float64_oracle():
 
 def test_gqa_equals_mha_with_duplicated_kv_heads():
     """DEFECTS 21: query head h reads KV head h // group, i.e. repeat_interleave order."""
-    gqa_cfg = GRID["rms-swiglu-rope-gqa3-untied"]
+    gqa_cfg = configs.named("gqa-odd")
     mha_cfg = gqa_cfg.replace(n_kv_heads=None)
     gqa = random_decoder(gqa_cfg, dtype=torch.float64)
     mha = da.Decoder(mha_cfg, dtype=torch.float64)
@@ -145,7 +126,7 @@ def test_every_legal_length_and_two_batch_sizes_run():
 # ---- the trace ------------------------------------------------------------------------------
 
 def test_trace_records_every_site_with_its_declared_shape():
-    cfg = GRID["rms-swiglu-rope-gqa3-untied"]
+    cfg = configs.named("gqa-odd")
     model = da.Decoder(cfg)
     logits, trace = da.run_with_trace(model, torch.randint(0, cfg.vocab_size, (3, 5)))
     assert trace.shape_mismatches() == []
@@ -170,7 +151,7 @@ def test_plain_forward_records_nothing(monkeypatch):
     def refuse(*args):
         raise AssertionError("the plain forward must not record")
     monkeypatch.setattr(da.Trace, "record", refuse)
-    da.Decoder(GRID["ln-swiglu-rope-allbias-gqa"])(torch.randint(0, 19, (2, 4)))
+    da.Decoder(configs.named("ln-swiglu-rope-allbias-gqa"))(torch.randint(0, 19, (2, 4)))
 
 
 def test_meta_construction_allocates_nothing():
@@ -185,8 +166,7 @@ def test_meta_construction_allocates_nothing():
 
 def test_rope_relative_position_property():
     """<R(m) q, R(n) k> depends only on m - n."""
-    cfg = da.DecoderConfig(vocab_size=4, d_model=16, n_layers=1, n_heads=2, d_ff=4,
-                           max_seq_len=12, pos="rope", rope_theta=100.0)
+    cfg = configs.rope_only(head_dim=8, max_seq_len=12, rope_theta=100.0)
     rotations = rope_rotations(cfg, 12, torch.device("cpu"), torch.float64)
     q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
     rotated_q = apply_rope(q.expand(12, 8), rotations)  # (T, Dh)
@@ -199,7 +179,7 @@ def test_rope_relative_position_property():
 
 def test_rope_rotations_stay_float32_in_a_bf16_model():
     """DEFECTS 16: angles are computed in float64 and held in at least float32."""
-    cfg = GRID["rms-swiglu-rope-gqa3-untied"]
+    cfg = configs.named("gqa-odd")
     rotations = rope_rotations(cfg, 6, torch.device("cpu"), torch.bfloat16)
     assert rotations.dtype == torch.complex64  # float32 real and imaginary parts
 
@@ -207,7 +187,7 @@ def test_rope_rotations_stay_float32_in_a_bf16_model():
 # ---- CS336 component snapshots --------------------------------------------------------------
 
 def _snapshot(reference, name):
-    return torch.from_numpy(np.load(reference / "snapshots" / f"{name}.npz")["array"])
+    return torch.from_numpy(np.load(reference / f"{name}.npz")["array"])
 
 
 def _attention_inputs():
@@ -222,8 +202,7 @@ def _attention_inputs():
 def test_cs336_rope_snapshot(cs336_reference):
     torch.manual_seed(4)
     x = torch.randn(4, 12, 64)
-    cfg = da.DecoderConfig(vocab_size=2, d_model=64, n_layers=1, n_heads=1, d_ff=4,
-                           max_seq_len=12, pos="rope", rope_theta=10000.0)
+    cfg = configs.rope_only(head_dim=64, max_seq_len=12, rope_theta=10000.0)
     rotations = rope_rotations(cfg, 12, x.device, x.dtype)
     torch.testing.assert_close(apply_rope(x, rotations), _snapshot(cs336_reference, "test_rope"),
                                atol=1e-6, rtol=0)

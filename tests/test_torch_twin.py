@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import configs
 from helpers import random_decoder
 
 import decoder_audit as da
@@ -23,17 +24,10 @@ from decoder_audit.references.torch_modules import (
 )
 
 # Odd, small GPT-style configs (D=24, H=6 -> Dh=4, F=37, V=29), tied and untied, with and without
-# biases, every activation the twin can express.
-ODD = dict(vocab_size=29, d_model=24, n_heads=6, d_ff=37, max_seq_len=11)
-CONFIGS = {
-    "tiny-368": da.preset("tiny-368"),
-    "gelu_tanh-tied-biases": da.DecoderConfig(**ODD, n_layers=3, mlp="gelu_tanh", attn_bias=True,
-                                              mlp_bias=True, tie_embeddings=True),
-    "gelu-untied-nobias": da.DecoderConfig(**ODD, n_layers=2, mlp="gelu", attn_bias=False,
-                                           mlp_bias=False, tie_embeddings=False, norm_eps=1e-3),
-    "relu-nopos-untied": da.DecoderConfig(**ODD, n_layers=2, mlp="relu", pos="none",
-                                          attn_bias=True, tie_embeddings=False),
-}
+# biases, every activation the twin can express; and every grid config the twin can express.
+CONFIGS = configs.entries("tiny-368", "twin-gelutanh-biases-tied", "twin-gelu-nobias-untied",
+                          "twin-relu-nopos-untied")
+CONFIGS += [entry for entry in configs.grid() if not twin_unsupported(entry.config)]
 
 
 def _ids(cfg: da.DecoderConfig, batch: int = 3) -> torch.Tensor:
@@ -55,10 +49,9 @@ def test_tiny_368_twin_is_seed_000s_table():
     assert twin.readout.weight is twin.token_embedding.weight  # one Parameter, not a copy
 
 
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("cfg", configs.params(CONFIGS))
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)])
-def test_logits_and_gradients_match_under_transferred_weights(name, dtype, tol):
-    cfg = CONFIGS[name]
+def test_logits_and_gradients_match_under_transferred_weights(cfg, dtype, tol):
     ours = random_decoder(cfg, dtype=dtype)
     twin = twin_from_decoder(ours)
     ids = _ids(cfg)  # T = max_seq_len: every learned position is used
@@ -82,9 +75,9 @@ def test_logits_and_gradients_match_under_transferred_weights(name, dtype, tol):
                                    msg=lambda m, n=param_name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize("name", ["tiny-368", "gelu_tanh-tied-biases"])
-def test_per_head_attention_weights_equal_our_trace(name):
-    cfg = CONFIGS[name]
+@pytest.mark.parametrize("cfg", configs.params(configs.entries("tiny-368",
+                                                                "twin-gelutanh-biases-tied")))
+def test_per_head_attention_weights_equal_our_trace(cfg):
     ours = random_decoder(cfg, dtype=torch.float64)
     twin = twin_from_decoder(ours)
     ids = _ids(cfg)
@@ -101,7 +94,7 @@ def test_per_head_attention_weights_equal_our_trace(name):
 
 def test_twin_mask_is_causal_by_intervention():
     """Changing the last token changes only the last row of the twin's logits."""
-    cfg = CONFIGS["gelu_tanh-tied-biases"]
+    cfg = configs.named("twin-gelutanh-biases-tied")
     twin = twin_from_decoder(random_decoder(cfg, dtype=torch.float64))
     ids = _ids(cfg, batch=1)
     changed = ids.clone()
@@ -111,9 +104,8 @@ def test_twin_mask_is_causal_by_intervention():
     assert not torch.equal(before[:, -1], after[:, -1])
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_round_trip_is_exact_and_tie_holds(name):
-    cfg = CONFIGS[name]
+@pytest.mark.parametrize("cfg", configs.params(CONFIGS))
+def test_round_trip_is_exact_and_tie_holds(cfg):
     ours = random_decoder(cfg, dtype=torch.float32)
     twin = twin_from_decoder(ours)
     back = decoder_from_twin(twin)
@@ -132,7 +124,7 @@ def test_round_trip_is_exact_and_tie_holds(name):
 
 
 def test_tie_survives_an_optimizer_step_in_the_twin():
-    cfg = CONFIGS["tiny-368"]
+    cfg = configs.named("tiny-368")
     twin = twin_from_decoder(random_decoder(cfg, dtype=torch.float32))
     optimizer = torch.optim.SGD(twin.parameters(), lr=0.1)
     twin(_ids(cfg)).square().mean().backward()
@@ -150,7 +142,7 @@ def test_tie_survives_an_optimizer_step_in_the_twin():
     (dict(n_kv_heads=2), "n_kv_heads=2"),
 ])
 def test_refuses_configs_it_cannot_express(change, field):
-    cfg = CONFIGS["gelu_tanh-tied-biases"].replace(**change)
+    cfg = configs.named("twin-gelutanh-biases-tied").replace(**change)
     assert any(field in problem for problem in twin_unsupported(cfg))
     with pytest.raises(da.ConfigError, match=field.replace("(", r"\(")):
         TorchTwin(cfg)

@@ -21,11 +21,11 @@ from torch import nn
 import decoder_audit as da
 from decoder_audit.model import CausalSelfAttention, apply_rope
 
+import configs
+
 # A small grouped-query config: H=4 query heads over Hkv=2 KV heads (group 2; Hkv=1 would hide
 # a wrong repeat order), RoPE, RMSNorm, SwiGLU, untied, odd widths and length.
-GQA = da.DecoderConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=24,
-                       max_seq_len=7, norm="rmsnorm", mlp="swiglu", pos="rope",
-                       tie_embeddings=False)
+GQA = configs.named("gqa-small")
 TINY = da.preset("tiny-368")
 # tiny-368's shape with more room: T = 6 so a cut and a prefix have rows on both sides.
 SMALL = TINY.replace(max_seq_len=6, vocab_size=9)

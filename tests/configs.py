@@ -1,0 +1,227 @@
+"""The one grid of test configs (STYLE.md 16): every config a test builds a decoder from is
+named here, once, and test modules select from it instead of writing `DecoderConfig(...)`.
+
+Two parts:
+- `grid()`: configs generated from the axes below (norm x MLP x position kind x biases x tying x
+  attention heads), chosen so that every pair of values of any two axes occurs in at least one
+  entry (`product()` is the full cross product, far larger). Widths are odd or unequal so no axis
+  can be identified by its size; RoPE entries have an even head width, GQA entries a group >= 2
+  over >= 2 KV heads.
+- `SPECIAL`: hand-named configs that particular tests need for their shape (GQA 6/2, MQA, the
+  tiny Hugging Face conversion shapes, long contexts, the torch.nn twin's shapes, ...).
+
+Use `named(name)` for one config, `entries(*names)` / `grid()` for lists of `Entry`, and
+`params(entries)` for `pytest.mark.parametrize("cfg", params(...))` with the names as test ids.
+Configs that must be *invalid* (ConfigError tests) are not here: they stay beside their tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+import pytest
+
+import decoder_audit as da
+
+
+class Entry(NamedTuple):
+    name: str
+    config: da.DecoderConfig
+
+
+# ---- the axes of the grid ---------------------------------------------------------------------
+
+NORMS = {"ln": "layernorm", "rms": "rmsnorm"}
+MLPS = {"relu": "relu", "gelu": "gelu", "gelutanh": "gelu_tanh", "swiglu": "swiglu"}
+POSITIONS = {"learned": "learned", "rope": "rope", "nopos": "none"}
+BIASES = {"nobias": (False, False), "attnbias": (True, False), "mlpbias": (False, True),
+          "biases": (True, True)}  # (attn_bias, mlp_bias)
+TYING = {"tied": True, "untied": False}
+HEADS = ("mha", "gqa", "mqa")  # n_kv_heads = None, 2 (group >= 2), 1
+AXES = (NORMS, MLPS, POSITIONS, BIASES, TYING, HEADS)
+
+# Two odd shapes, alternated along the grid: (V, D, L, H, F, T, rope_theta). Head widths 6 and 4
+# (even, for RoPE); H = 4 and 6 both split into 2 KV heads with groups 2 and 3; F = 23 < D.
+SHAPES = (
+    dict(vocab_size=13, d_model=24, n_layers=2, n_heads=4, d_ff=23, max_seq_len=5),
+    dict(vocab_size=29, d_model=24, n_layers=3, n_heads=6, d_ff=37, max_seq_len=7,
+         rope_theta=500.0),
+)
+
+
+def _build(labels: tuple[str, ...], shape: dict) -> Entry:
+    norm, mlp, pos, bias, tie, heads = labels
+    attn_bias, mlp_bias = BIASES[bias]
+    n_kv_heads = {"mha": None, "gqa": 2, "mqa": 1}[heads]
+    cfg = da.DecoderConfig(**shape, n_kv_heads=n_kv_heads, norm=NORMS[norm], mlp=MLPS[mlp],
+                           pos=POSITIONS[pos], attn_bias=attn_bias, mlp_bias=mlp_bias,
+                           tie_embeddings=TYING[tie])
+    return Entry("-".join(labels), cfg)
+
+
+def _labels() -> list[tuple[str, ...]]:
+    return list(itertools.product(*(list(axis) for axis in AXES)))
+
+
+def product() -> Iterator[Entry]:
+    """The full cross product of the axes (576 configs): for exhaustive runs, not the suite."""
+    for i, labels in enumerate(_labels()):
+        yield _build(labels, SHAPES[i % len(SHAPES)])
+
+
+def _pairs(labels: tuple[str, ...]) -> set[tuple[int, str, int, str]]:
+    return {(i, labels[i], j, labels[j]) for i, j in itertools.combinations(range(len(labels)), 2)}
+
+
+def _pairwise_labels() -> list[tuple[str, ...]]:
+    """Greedy all-pairs cover: repeatedly take the first combination of the cross product that
+    covers the most still-uncovered value pairs. Deterministic."""
+    candidates = _labels()
+    uncovered = set().union(*(_pairs(labels) for labels in candidates))
+    chosen = []
+    while uncovered:
+        best = max(candidates, key=lambda labels: len(_pairs(labels) & uncovered))
+        chosen.append(best)
+        uncovered -= _pairs(best)
+    return chosen
+
+
+GRID: tuple[Entry, ...] = tuple(_build(labels, SHAPES[i % len(SHAPES)])
+                                for i, labels in enumerate(_pairwise_labels()))
+
+
+def grid() -> list[Entry]:
+    """Every pair of axis values in at least one config (see the module docstring)."""
+    return list(GRID)
+
+
+# ---- special configs, named for what the tests need of them -----------------------------------
+
+# The odd GPT-ish width several modules share: D=24, H=6 -> Dh=4, F=37, V=29.
+ODD = dict(vocab_size=29, d_model=24, n_heads=6, d_ff=37)
+# Hugging Face conversion: ODD widths, T=32 (test_hf_reference feeds ids of length 32).
+HF = dict(ODD, max_seq_len=32)
+# The torch.nn twin: ODD widths, T=11, GPT-style (LayerNorm, MHA) so the twin can express them.
+TWIN = dict(ODD, max_seq_len=11)
+
+SPECIAL: dict[str, da.DecoderConfig] = {
+    "tiny-368": da.preset("tiny-368"),
+    # GQA 6/2 (group 3), the Llama recipe, odd widths: trace shapes, gradients, GQA == MHA with
+    # duplicated KV heads, checkpoints.
+    "gqa-odd": da.DecoderConfig(**ODD, n_layers=2, n_kv_heads=2, max_seq_len=6, norm="rmsnorm",
+                                mlp="swiglu", pos="rope", rope_theta=10000.0,
+                                tie_embeddings=False),
+    # GQA 4/2 (group 2; Hkv=1 would hide a wrong repeat order), RoPE, RMSNorm, SwiGLU, untied:
+    # the mutant zoo's grouped-query subject.
+    "gqa-small": da.DecoderConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2,
+                                  d_ff=24, max_seq_len=7, norm="rmsnorm", mlp="swiglu",
+                                  pos="rope", tie_embeddings=False),
+    # GQA 6/3, gelu_tanh, every bias, tied (LayerNorm, learned positions): checkpoints.
+    "gqa3-gelutanh-biases-tied": da.DecoderConfig(**ODD, n_layers=3, n_kv_heads=3, max_seq_len=9,
+                                                  mlp="gelu_tanh", attn_bias=True, mlp_bias=True),
+    # GQA 4/2 with LayerNorm, SwiGLU under RoPE and every bias, d_ff < d_model.
+    "ln-swiglu-rope-allbias-gqa": da.DecoderConfig(
+        vocab_size=19, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=10, max_seq_len=4,
+        norm="layernorm", mlp="swiglu", pos="rope", attn_bias=True, mlp_bias=True,
+        tie_embeddings=False),
+    "ln-gelu-learned-biases-gqa-untied": da.DecoderConfig(
+        vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=24, max_seq_len=5,
+        norm="layernorm", mlp="gelu", pos="learned", attn_bias=True, mlp_bias=True,
+        tie_embeddings=False),
+    "ln-gelutanh-nopos-attnbias-tied": da.DecoderConfig(
+        vocab_size=11, d_model=12, n_layers=3, n_heads=3, d_ff=20, max_seq_len=5,
+        norm="layernorm", mlp="gelu_tanh", pos="none", attn_bias=True, tie_embeddings=True),
+    "rms-relu-rope-mlpbias-tied": da.DecoderConfig(
+        vocab_size=17, d_model=16, n_layers=2, n_heads=2, d_ff=12, max_seq_len=5,
+        norm="rmsnorm", mlp="relu", pos="rope", rope_theta=500.0, mlp_bias=True,
+        tie_embeddings=True),
+    "ln-gelutanh-biases-tied": da.DecoderConfig(
+        vocab_size=13, d_model=12, n_layers=3, n_heads=3, d_ff=20, max_seq_len=5,
+        mlp="gelu_tanh", attn_bias=True, mlp_bias=True),
+    # MQA (four query heads over one KV head) without positions, one layer: a minimal model.
+    "mqa-nopos-tied": da.DecoderConfig(vocab_size=10, d_model=8, n_layers=1, n_heads=4,
+                                       n_kv_heads=1, d_ff=9, max_seq_len=3, norm="rmsnorm",
+                                       mlp="gelu", pos="none", tie_embeddings=True),
+    # MQA under RoPE with a ReLU MLP: FLOP accounting.
+    "mqa-rope-relu": da.DecoderConfig(vocab_size=30, d_model=32, n_layers=3, n_heads=4,
+                                      n_kv_heads=1, d_ff=24, max_seq_len=9, mlp="relu",
+                                      pos="rope", norm="rmsnorm"),
+    # GQA 6/3, GELU, every bias, untied: FLOP accounting.
+    "gqa3-gelu-biases-untied": da.DecoderConfig(vocab_size=50, d_model=48, n_layers=2, n_heads=6,
+                                                n_kv_heads=3, d_ff=40, max_seq_len=12, mlp="gelu",
+                                                attn_bias=True, mlp_bias=True,
+                                                tie_embeddings=False),
+    # Long contexts: the gate samples cuts and lengths instead of trying every one.
+    "long-context-40": da.DecoderConfig(vocab_size=7, d_model=12, n_layers=2, n_heads=6,
+                                        n_kv_heads=3, d_ff=16, max_seq_len=40, mlp="swiglu",
+                                        pos="rope", rope_theta=500.0, tie_embeddings=False),
+    "long-context-200": da.DecoderConfig(vocab_size=9, d_model=8, n_layers=1, n_heads=2, d_ff=8,
+                                         max_seq_len=200),
+    # The torch.nn twin: every activation it can express, tied and untied, with and without
+    # biases, a non-default norm_eps.
+    "twin-gelutanh-biases-tied": da.DecoderConfig(**TWIN, n_layers=3, mlp="gelu_tanh",
+                                                  attn_bias=True, mlp_bias=True,
+                                                  tie_embeddings=True),
+    "twin-gelu-nobias-untied": da.DecoderConfig(**TWIN, n_layers=2, mlp="gelu", attn_bias=False,
+                                                mlp_bias=False, tie_embeddings=False,
+                                                norm_eps=1e-3),
+    "twin-relu-nopos-untied": da.DecoderConfig(**TWIN, n_layers=2, mlp="relu", pos="none",
+                                               attn_bias=True, tie_embeddings=False),
+    # Tiny shapes for Hugging Face conversion: two GPT-2 and two Llama (GQA 6/2 and 6/3).
+    "hf-gpt-relu-mlpbias-tied": da.DecoderConfig(**HF, n_layers=2, mlp="relu", attn_bias=False,
+                                                 mlp_bias=True),
+    "hf-gpt-gelu-biases-untied": da.DecoderConfig(**HF, n_layers=2, mlp="gelu", attn_bias=True,
+                                                  mlp_bias=True, tie_embeddings=False),
+    "hf-llama-kv2-untied": da.DecoderConfig(**HF, n_layers=2, n_kv_heads=2, norm="rmsnorm",
+                                            mlp="swiglu", pos="rope", rope_theta=10000.0,
+                                            tie_embeddings=False),
+    "hf-llama-kv3-tied": da.DecoderConfig(**HF, n_layers=3, n_kv_heads=3, norm="rmsnorm",
+                                          mlp="swiglu", pos="rope", rope_theta=777.0,
+                                          tie_embeddings=True),
+}
+
+
+def rope_only(head_dim: int, max_seq_len: int, rope_theta: float, n_heads: int = 1,
+              ) -> da.DecoderConfig:
+    """The smallest config whose RoPE table has this head width, length and base: for tests of
+    `rope_rotations` / `apply_rope` on their own (its other widths are placeholders)."""
+    return da.DecoderConfig(vocab_size=2, d_model=n_heads * head_dim, n_layers=1, n_heads=n_heads,
+                            d_ff=2, max_seq_len=max_seq_len, pos="rope", rope_theta=rope_theta)
+
+
+# ---- selection --------------------------------------------------------------------------------
+
+def _all() -> dict[str, da.DecoderConfig]:
+    return {**{entry.name: entry.config for entry in GRID}, **SPECIAL}
+
+
+def named(name: str) -> da.DecoderConfig:
+    """One config of the grid or the specials, by name."""
+    known = _all()
+    if name not in known:
+        raise KeyError(f"no test config named {name!r}; known: {sorted(known)}")
+    return known[name]
+
+
+def entries(*names: str) -> list[Entry]:
+    return [Entry(name, named(name)) for name in names]
+
+
+def specials() -> list[Entry]:
+    return [Entry(name, cfg) for name, cfg in SPECIAL.items()]
+
+
+def everything() -> list[Entry]:
+    """The grid and every special."""
+    return grid() + specials()
+
+
+def params(selection: Iterable[Entry]) -> list:
+    """`pytest.param(config, id=name)` for each entry: `parametrize("cfg", params(...))`."""
+    return [pytest.param(entry.config, id=entry.name) for entry in selection]
+
+
+def ids(selection: Iterable[Entry]) -> list[str]:
+    return [entry.name for entry in selection]
