@@ -75,7 +75,19 @@ def _print(acct, args, extra) -> None:
     out.print(f"  L={cfg.n_layers} D={cfg.d_model} H={cfg.n_heads} Hkv={cfg.kv_heads} "
               f"Dh={cfg.head_dim} F={cfg.d_ff} V={cfg.vocab_size} max_seq_len={cfg.max_seq_len} "
               f"mlp={cfg.mlp} pos={cfg.pos} norm={cfg.norm} tied={cfg.tie_embeddings}")
+    for section in (_print_parameters, _print_memory, _print_matmuls, _print_groups,
+                    _print_measured):
+        section(acct, out)
+    out.print("conventions:")
+    for line in FLOP_CONVENTIONS:
+        out.print(f"  - {line}")
+    if args.plot:
+        out.print(f"plot: {args.plot}")
+    out.print(f"rerun: {rerun_command('account', args, *extra)}")
 
+
+def _print_parameters(acct, out) -> None:
+    """The analytic ledger, and the counts under each labelled convention."""
     p = acct.parameters
     table = Table(title="parameters (from the analytic ledger)")
     table.add_column("component")
@@ -94,6 +106,9 @@ def _print(acct, args, extra) -> None:
     out.print(f"  this config is {tie_word}; the same shape tied: {p.total_if_tied:,}, "
               f"untied: {p.total_if_untied:,} (+V*D)")
 
+
+def _print_memory(acct, out) -> None:
+    """Weights per dtype, the AdamW training footprint, the activation estimate."""
     m = acct.memory
     table = Table(title="memory in bytes (GB = 10^9, GiB = 2^30; P = parameters)")
     table.add_column("what")
@@ -116,6 +131,10 @@ def _print(acct, args, extra) -> None:
     for line in m.activation_assumptions:
         out.print(f"  - {line}")
 
+
+def _print_matmuls(acct, out) -> None:
+    """Every forward matrix multiply with its operands, runs and FLOPs."""
+    B, T = acct.batch_size, acct.seq_len
     table = Table(title=f"forward matrix multiplies (B={B}, T={T}); FLOPs = runs x 2mnp")
     table.add_column("matmul")
     table.add_column("operands (m x n)(n x p)")
@@ -129,6 +148,9 @@ def _print(acct, args, extra) -> None:
     table.add_row("total forward", "", "", f"{acct.forward_flops:,}", "100.0%", style="bold")
     out.print(table)
 
+
+def _print_groups(acct, out) -> None:
+    """FLOPs by group, the dominant terms, forward + backward."""
     table = Table(title="forward FLOPs by group")
     table.add_column("group")
     table.add_column("FLOPs", justify="right")
@@ -143,6 +165,9 @@ def _print(acct, args, extra) -> None:
               f"(dominant: {', '.join(acct.dominant)})")
     out.print(f"forward + backward, estimated as 3 x forward: {acct.forward_backward_flops:,}")
 
+
+def _print_measured(acct, out) -> None:
+    """The FlopCounterMode cross-check on the meta device."""
     if acct.measured is None:
         out.print("measured: skipped (--no-measure)")
     else:
@@ -158,9 +183,3 @@ def _print(acct, args, extra) -> None:
                   "on real CPU tensors the fused kernel is not counted)")
         for line in meas.differences:
             out.print(f"  [red]{line}[/red]")
-    out.print("conventions:")
-    for line in FLOP_CONVENTIONS:
-        out.print(f"  - {line}")
-    if args.plot:
-        out.print(f"plot: {args.plot}")
-    out.print(f"rerun: {rerun_command('account', args, *extra)}")

@@ -27,6 +27,7 @@ from . import tolerances
 from .result import CheckResult
 from .subject import Subject, batch_not_equal
 
+
 def _describe(ids: list[int], tiny: bool) -> str:
     return decode(ids) if tiny else " ".join(str(i) for i in ids)
 
@@ -48,16 +49,7 @@ def check_loss_alignment(s: Subject) -> CheckResult:
         return CheckResult("loss_alignment", False, f"logits {tuple(logits.shape)} cannot be "
                            f"aligned with targets {tuple(targets.shape)}", {})
     flat_logits, flat_targets = flatten_for_loss(logits, targets)
-    # Row alignment, each flat row against its (b, t) computed independently.
-    for r in range(batch * seq_len):
-        b, t = divmod(r, seq_len)
-        if not torch.equal(flat_logits[r], logits[b, t]):
-            problems.append(f"flat logits row {r} is not logits[{b}, {t}]")
-        if int(flat_targets[r]) != int(sequences[b, t + 1]):
-            problems.append(f"flat target {r} is {int(flat_targets[r])}, not id {t + 1} of "
-                            f"sequence {b} ({int(sequences[b, t + 1])})")
-        if t + 1 < seq_len and int(flat_targets[r]) != int(inputs[b, t + 1]):
-            problems.append(f"target ({b}, {t}) is not the next input ({b}, {t + 1})")
+    problems += _row_problems(sequences, inputs, logits, flat_logits, flat_targets)
     loss = F.cross_entropy(flat_logits, flat_targets)
     loop = sum(-torch.log_softmax(logits[b, t], -1)[sequences[b, t + 1]]
                for b in range(batch) for t in range(seq_len)) / (batch * seq_len)
@@ -65,13 +57,7 @@ def check_loss_alignment(s: Subject) -> CheckResult:
         problems.append(f"flattened loss {float(loss):.6g} != per-position loop {float(loop):.6g}")
     if not math.isfinite(float(loss)):
         problems.append(f"the loss on the model's logits is {float(loss)}")
-    # The shift's direction: logits that put all mass on the next id give loss ~0; logits that
-    # copy the current input (the unshifted mistake) give a large loss.
-    peaked_next = F.one_hot(flat_targets, s.vocab_size).double() * 50.0
-    peaked_copy = F.one_hot(inputs.reshape(-1), s.vocab_size).double() * 50.0
-    loss_next = float(F.cross_entropy(peaked_next, flat_targets))
-    copies = (inputs.reshape(-1) == flat_targets)
-    loss_copy = float(F.cross_entropy(peaked_copy[~copies], flat_targets[~copies])) if (~copies).any() else float("inf")
+    loss_next, loss_copy = _peaked_losses(inputs, flat_targets, s.vocab_size)
     if not loss_next < 1e-6 or not loss_copy > 10.0:
         problems.append(f"shift direction: next-id logits give loss {loss_next:.3g}, copy-input "
                         f"logits give {loss_copy:.3g}")
@@ -94,3 +80,34 @@ def check_loss_alignment(s: Subject) -> CheckResult:
                        f"{evidence['target']}; (B, T, V) -> ({batch * seq_len}, V) rows aligned; "
                        f"loss {float(loss):.4f} (ln V = {math.log(s.vocab_size):.4f})",
                        evidence, tolerances.LOSS_ALIGNMENT)
+
+
+def _row_problems(sequences: torch.Tensor, inputs: torch.Tensor, logits: torch.Tensor,
+                  flat_logits: torch.Tensor, flat_targets: torch.Tensor) -> list[str]:
+    """Each flat row r against its (b, t) = divmod(r, T), computed independently of the
+    flattening: logits[b, t], id t + 1 of sequence b, and the next input."""
+    problems = []
+    batch, seq_len = logits.shape[:2]
+    for r in range(batch * seq_len):
+        b, t = divmod(r, seq_len)
+        if not torch.equal(flat_logits[r], logits[b, t]):
+            problems.append(f"flat logits row {r} is not logits[{b}, {t}]")
+        if int(flat_targets[r]) != int(sequences[b, t + 1]):
+            problems.append(f"flat target {r} is {int(flat_targets[r])}, not id {t + 1} of "
+                            f"sequence {b} ({int(sequences[b, t + 1])})")
+        if t + 1 < seq_len and int(flat_targets[r]) != int(inputs[b, t + 1]):
+            problems.append(f"target ({b}, {t}) is not the next input ({b}, {t + 1})")
+    return problems
+
+
+def _peaked_losses(inputs: torch.Tensor, flat_targets: torch.Tensor, vocab_size: int
+                   ) -> tuple[float, float]:
+    """The shift's direction: logits that put all mass on the next id give loss ~0; logits that
+    copy the current input (the unshifted mistake) give a large loss. Returns both losses."""
+    peaked_next = F.one_hot(flat_targets, vocab_size).double() * 50.0
+    peaked_copy = F.one_hot(inputs.reshape(-1), vocab_size).double() * 50.0
+    loss_next = float(F.cross_entropy(peaked_next, flat_targets))
+    differ = inputs.reshape(-1) != flat_targets  # where copying the input is wrong
+    loss_copy = (float(F.cross_entropy(peaked_copy[differ], flat_targets[differ]))
+                 if differ.any() else float("inf"))
+    return loss_next, loss_copy

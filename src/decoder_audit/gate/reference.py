@@ -5,6 +5,8 @@ with the oracle fed its converted weights.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..objective import logits_of
@@ -20,91 +22,108 @@ def check_oracle(s: Subject) -> CheckResult:
     the gradients of a fixed random projection of the logits with respect to every weight."""
     if s.cfg is None:
         return _check_hf_against_oracle(s)
-    cfg = s.cfg
     big = sum(p.numel() for p in s.model.parameters()) > 10_000_000
     seq_len = s.short_len(6 if big else 12)
     batch = batch_not_equal(seq_len, (2, 3))
     gen = s.generator(11)
     ids = s.random_ids(batch, seq_len, gen)
-    model = s.work
-    tol, grad_tol = tolerances.oracle(s.dtype), tolerances.oracle_grad(s.dtype)
-    with_grads = not s.in_place
-    named = list(model.named_parameters(remove_duplicate=False))
-    # One oracle leaf per Parameter object, so a tied weight is one leaf under both names. The
-    # oracle runs on the CPU in float64 whatever device the model is on.
-    leaves: dict[int, torch.Tensor] = {}
-    for _, param in named:
-        if id(param) not in leaves:
-            # detach() shares storage with the (float64, CPU) working copy: nothing is copied,
-            # and neither side writes to it.
-            leaves[id(param)] = (param.detach().to("cpu", torch.float64)
-                                 .requires_grad_(with_grads))
-    state = {name: leaves[id(param)] for name, param in named}
-    state.update({name: buf.cpu() for name, buf in model.named_buffers()})
-    weights = torch.randn(batch, seq_len, s.vocab_size, generator=gen, dtype=torch.float64)
-
-    if with_grads:
-        for _, param in named:
-            param.requires_grad_(True)
-            param.grad = None
-    try:
-        with torch.enable_grad():
-            fast = logits_of(model(ids.to(s.device)))
-            s.count(ids)
-            if with_grads:
-                (fast.double() * weights.to(fast.device)).sum().backward()
-        reference = oracle_logits(state, cfg, ids)
-        if with_grads:
-            (reference * weights).sum().backward()
-    finally:
-        grads = {name: (None if p.grad is None else p.grad.detach().double().cpu())
-                 for name, p in model.named_parameters()}
-        if with_grads:
-            for _, param in named:
-                param.grad = None
-                param.requires_grad_(False)
-    fast = fast.detach().double().cpu()
-    worst, allowed = scaled_excess(fast - reference.detach(), reference, tol)
+    # The logits are projected on fixed random weights (B, T, V) so one backward gives every
+    # weight's gradient.
+    projection = torch.randn(batch, seq_len, s.vocab_size, generator=gen, dtype=torch.float64)
+    tol = tolerances.oracle(s.dtype)
+    run = _run_fast_and_oracle(s, ids, projection, with_grads=not s.in_place)
+    worst, allowed = scaled_excess(run.fast - run.reference, run.reference, tol)
     evidence: dict = {"batch": batch, "seq_len": seq_len, "dtype": str(s.dtype),
                       "max_abs_logit_error": worst, "allowed": allowed}
     problems = []
     if not worst <= allowed:
-        rows = (fast - reference.detach()).abs().amax((0, 2))
+        rows = (run.fast - run.reference).abs().amax((0, 2))
         evidence["error_by_position"] = rows.tolist()
         problems.append(f"fast logits differ from the slow oracle by up to {worst:.3g} (allowed "
                         f"{allowed:.1e}); first differing position "
                         f"{int((rows > allowed).nonzero()[0])}")
     if s.has_trace:
-        eager, _ = model.run_with_trace(ids.to(s.device))
+        eager, _ = s.work.run_with_trace(ids.to(s.device))
         s.count(ids)
-        e_worst, e_allowed = scaled_excess(eager.double().cpu() - fast, fast, tol)
+        e_worst, e_allowed = scaled_excess(eager.double().cpu() - run.fast, run.fast, tol)
         evidence["eager_vs_fast_max_abs"] = e_worst
         if not e_worst <= e_allowed:
             problems.append(f"the eager (traced) path differs from the fast path by {e_worst:.3g}")
-    if with_grads and not problems:
-        by_object = {id(p): name for name, p in model.named_parameters()}
-        scale = max((float(leaf.grad.abs().max()) for leaf in leaves.values()
-                     if leaf.grad is not None), default=0.0)
-        g_allowed = grad_tol * max(scale, 1e-30)
-        grad_worst, grad_name = 0.0, None
-        for pid, leaf in leaves.items():
-            name = by_object.get(pid)
-            want = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            have = grads.get(name)
-            have = torch.zeros_like(want) if have is None else have
-            err = float((have - want).abs().max()) if want.numel() else 0.0
-            if err > grad_worst:
-                grad_worst, grad_name = err, name
-        evidence.update(max_abs_grad_error=grad_worst, worst_grad_parameter=grad_name,
-                        grad_allowed=g_allowed)
-        if not grad_worst <= g_allowed:
-            problems.append(f"gradient of {grad_name} differs from the oracle's by {grad_worst:.3g} "
-                            f"(allowed {g_allowed:.1e})")
+    if run.leaves is not None and not problems:
+        problems += _compare_grads(s, run, evidence)
     if problems:
         return CheckResult("oracle", False, problems[0], evidence, tol)
-    grads_note = f"; gradients of {len(leaves)} weights agree" if with_grads else ""
-    return CheckResult("oracle", True, f"fast logits = oracle on ({batch}, {seq_len}) ids (max error "
-                       f"{worst:.1e}){grads_note}", evidence, tol)
+    grads_note = f"; gradients of {len(run.leaves)} weights agree" if run.leaves else ""
+    return CheckResult("oracle", True, f"fast logits = oracle on ({batch}, {seq_len}) ids (max "
+                       f"error {worst:.1e}){grads_note}", evidence, tol)
+
+
+@dataclass
+class _OracleRun:
+    fast: torch.Tensor  # (B, T, V) float64 CPU, detached
+    reference: torch.Tensor  # (B, T, V) float64 CPU, detached
+    leaves: dict[int, torch.Tensor] | None  # id(Parameter) -> oracle leaf with .grad
+    grads: dict[str, torch.Tensor | None]  # the fast model's gradient per parameter name
+
+
+def _run_fast_and_oracle(s: Subject, ids: torch.Tensor, projection: torch.Tensor, *,
+                         with_grads: bool) -> _OracleRun:
+    model = s.work
+    named = list(model.named_parameters(remove_duplicate=False))
+    # One oracle leaf per Parameter object, so a tied weight is one leaf under both names. The
+    # oracle runs on the CPU in float64 whatever device the model is on; detach() shares
+    # storage with the (float64, CPU) working copy: nothing is copied, neither side writes.
+    leaves: dict[int, torch.Tensor] = {}
+    for _, param in named:
+        if id(param) not in leaves:
+            leaves[id(param)] = (param.detach().to("cpu", torch.float64)
+                                 .requires_grad_(with_grads))
+    state = {name: leaves[id(param)] for name, param in named}
+    state.update({name: buf.cpu() for name, buf in model.named_buffers()})
+    trainable = [param for _, param in named] if with_grads else []
+    for param in trainable:
+        param.requires_grad_(True)
+        param.grad = None
+    try:
+        with torch.enable_grad():
+            fast = logits_of(model(ids.to(s.device)))
+            s.count(ids)
+            if with_grads:
+                (fast.double() * projection.to(fast.device)).sum().backward()
+        reference = oracle_logits(state, s.cfg, ids)
+        if with_grads:
+            (reference * projection).sum().backward()
+    finally:
+        grads = {name: (None if p.grad is None else p.grad.detach().double().cpu())
+                 for name, p in model.named_parameters()}
+        for param in trainable:
+            param.grad = None
+            param.requires_grad_(False)
+    return _OracleRun(fast.detach().double().cpu(), reference.detach(),
+                      leaves if with_grads else None, grads)
+
+
+def _compare_grads(s: Subject, run: _OracleRun, evidence: dict) -> list[str]:
+    """Every weight's gradient against the oracle leaf's, scaled by the largest oracle grad."""
+    by_object = {id(p): name for name, p in s.work.named_parameters()}
+    scale = max((float(leaf.grad.abs().max()) for leaf in run.leaves.values()
+                 if leaf.grad is not None), default=0.0)
+    g_allowed = tolerances.oracle_grad(s.dtype) * max(scale, 1e-30)
+    grad_worst, grad_name = 0.0, None
+    for pid, leaf in run.leaves.items():
+        name = by_object.get(pid)
+        want = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        have = run.grads.get(name)
+        have = torch.zeros_like(want) if have is None else have
+        err = float((have - want).abs().max()) if want.numel() else 0.0
+        if err > grad_worst:
+            grad_worst, grad_name = err, name
+    evidence.update(max_abs_grad_error=grad_worst, worst_grad_parameter=grad_name,
+                    grad_allowed=g_allowed)
+    if grad_worst <= g_allowed:
+        return []
+    return [f"gradient of {grad_name} differs from the oracle's by {grad_worst:.3g} "
+            f"(allowed {g_allowed:.1e})"]
 
 
 def _check_hf_against_oracle(s: Subject) -> CheckResult:

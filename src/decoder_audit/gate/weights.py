@@ -84,31 +84,8 @@ def check_tying_grad(s: Subject) -> CheckResult:
     if emb_module is None or head_module is None or emb is None:
         return CheckResult("tying_grad", False, "no token_embeddings / lm_head modules to observe",
                            {})
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep_lookup(_module, _inputs, output):
-        output.retain_grad()
-        seen["lookup_out"] = output
-
-    def keep_readout(_module, inputs, output):
-        output.retain_grad()
-        seen["readout_in"], seen["readout_out"] = inputs[0].detach(), output
-
-    hooks = [emb_module.register_forward_hook(keep_lookup),
-             head_module.register_forward_hook(keep_readout)]
-    seq_len = s.short_len(8)
-    batch = batch_not_equal(seq_len, (2, 3))
-    gen = s.generator(10)
-    ids = s.random_ids(batch, seq_len, gen).to(s.device)
-    targets = s.random_ids(batch, seq_len, gen).to(s.device)
-    try:
-        logits = logits_of(model(ids))
-        loss = F.cross_entropy(logits.reshape(-1, s.vocab_size).float(), targets.reshape(-1))
-        loss.backward()
-    finally:
-        for hook in hooks:
-            hook.remove()
-    s.count(ids)
+    ids, seen = _backward_recording_both_paths(s, model, emb_module, head_module)
+    batch, seq_len = ids.shape
     if "lookup_out" not in seen or "readout_out" not in seen or seen["readout_out"].grad is None:
         return CheckResult("tying_grad", False, "the lookup or readout path was never run "
                            "through token_embeddings / lm_head", {})
@@ -140,3 +117,33 @@ def check_tying_grad(s: Subject) -> CheckResult:
                        evidence, tol)
 
 
+def _backward_recording_both_paths(s: Subject, model, emb_module, head_module
+                                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One loss.backward() on random ids and targets, with the lookup's output (B, T, D) and
+    the readout's input (B, T, D) and output (B, T, V) kept, each with its gradient."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep_lookup(_module, _inputs, output):
+        output.retain_grad()
+        seen["lookup_out"] = output
+
+    def keep_readout(_module, inputs, output):
+        output.retain_grad()
+        seen["readout_in"], seen["readout_out"] = inputs[0].detach(), output
+
+    hooks = [emb_module.register_forward_hook(keep_lookup),
+             head_module.register_forward_hook(keep_readout)]
+    seq_len = s.short_len(8)
+    batch = batch_not_equal(seq_len, (2, 3))
+    gen = s.generator(10)
+    ids = s.random_ids(batch, seq_len, gen).to(s.device)
+    targets = s.random_ids(batch, seq_len, gen).to(s.device)
+    try:
+        logits = logits_of(model(ids))
+        loss = F.cross_entropy(logits.reshape(-1, s.vocab_size).float(), targets.reshape(-1))
+        loss.backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    s.count(ids)
+    return ids, seen
