@@ -1,4 +1,4 @@
-"""Pictures: the gate's dependency matrix and attention patterns.
+"""Pictures: the gate's dependency matrix and attention patterns, and a training run's loss curve.
 
 matplotlib is imported only when a picture is drawn (the Agg backend: no display needed).
 """
@@ -101,3 +101,32 @@ def attention_png(check: CheckResult, path: Path) -> bool:
     return True
 
 
+def loss_curve_png(rows: list[dict[str, Any]], path: Path, *, floor: float | None,
+                   uniform: float) -> Path:
+    """A training run's metrics rows as a PNG: training loss per step, evaluation loss, the
+    entropy floor (when the task has one) and ln V (a uniform predictor's loss)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    train_rows = [r for r in rows if "loss" in r]
+    ax.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], lw=1,
+            label="train loss")
+    evals = [r for r in rows if "eval_loss" in r]
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", ms=3,
+                label="eval loss")
+    ax.axhline(uniform, color="grey", ls=":", label=f"ln V = {uniform:.3f} (uniform)")
+    if floor is not None:
+        ax.axhline(floor, color="green", ls="--", label=f"entropy floor = {floor:.4f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    ax.set_title("training loss")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
