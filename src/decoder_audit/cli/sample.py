@@ -27,9 +27,9 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import torch
 
-    from ..checkpoint import load_checkpoint
+    from ..checkpoint import checkpoint_folder, load_checkpoint
     from ..sample import Tokenizer, generate
-    from ..training import TRAINER_FILE, checkpoint_folder
+    from ..training import TRAINER_FILE
 
     folder = checkpoint_folder(args.checkpoint)
     model = load_checkpoint(folder).eval()

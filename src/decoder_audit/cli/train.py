@@ -106,7 +106,8 @@ def _print_refusal(refusal) -> None:
 
 
 def _print_interrupted(out: str) -> None:
-    from ..training import CHECKPOINT_DIR, TRAINER_FILE
+    from ..checkpoint import CHECKPOINT_DIR
+    from ..training import TRAINER_FILE
 
     if int(os.environ.get("RANK", "0")) != 0:
         return

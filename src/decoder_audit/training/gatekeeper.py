@@ -1,0 +1,133 @@
+"""The gate in front of training, and the evidence shown before step 1.
+
+The full gate (`decoder_audit.audit`) runs on the model exactly as it will be trained. Any failed
+check raises `GateRefusal` naming the first failed check: nothing is trained and no file is
+written. There is no switch to skip it. Under torchrun rank 0 audits and every rank learns the
+verdict, and the facts the gate established (`ModelFacts`), from it.
+
+Which model this is, white-box or not, its V and max_seq_len and whether it is tied, are decided
+once, by the gate; the trainer reads them from the report instead of deciding again.
+
+Before step 1, the evidence: one decoded input/target pair of the first batch (the loss
+alignment) and, for a fresh model, the initial loss, which must lie within 10% of ln V (a model
+that already "knows" the targets before training is leaking them; one far above ln V is broken).
+A fresh model failing it is refused like a gate failure.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..gate import AuditReport, audit
+from .distributed import RankInfo, share_from_main
+
+# A fresh model is close to uniform over V: its loss must lie within this fraction of ln V.
+INITIAL_LOSS_TOLERANCE = 0.10
+
+Say = Callable[..., None]
+
+
+class GateRefusal(RuntimeError):
+    """Training refused: a gate check (or the initial-loss check) failed. Nothing was trained."""
+
+    def __init__(self, check: str, detail: str, report: Any = None) -> None:
+        super().__init__(f"training refused: check {check!r} failed: {detail}")
+        self.check, self.detail, self.report = check, detail, report
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the gate established about the model, as the trainer needs it."""
+
+    white_box: bool
+    """Our Decoder's layout and a DecoderConfig: its weights can be checkpointed."""
+    vocab_size: int
+    max_seq_len: int | None
+    tied: bool
+    """White-box with tie_embeddings: lm_head.weight must stay the embedding Parameter."""
+
+    @classmethod
+    def of(cls, report: AuditReport) -> "ModelFacts":
+        white_box = report.mode == "white-box"
+        tied = white_box and bool((report.config or {}).get("tie_embeddings"))
+        return cls(white_box, report.vocab_size, report.max_seq_len, tied)
+
+
+def run_gate(model: nn.Module, ranks: RankInfo, *, vocab_size: int, max_seq_len: int,
+             seed: int, say: Say) -> tuple[AuditReport | None, ModelFacts]:
+    """Rank 0 audits; every rank learns the verdict and the facts; a failure raises
+    GateRefusal everywhere. The report is rank 0's (None elsewhere)."""
+    report, verdict = None, [True, "", "", None]
+    if ranks.is_main:
+        say("[bold]gate[/bold]: running the full audit before any training ...")
+        start = time.perf_counter()
+        try:
+            report = audit(model, vocab_size=vocab_size, max_seq_len=max_seq_len, progress=False,
+                           seed=seed)
+        except Exception as exc:  # the gate should never crash; if it does, nothing trains
+            if not ranks.distributed:
+                raise
+            verdict = [False, "gate", f"the gate itself raised {exc!r}", None]
+    if report is not None:
+        failure = report.first_failure
+        verdict = [failure is None, getattr(failure, "name", ""), getattr(failure, "detail", ""),
+                   ModelFacts.of(report)]
+        _say_summary(report, time.perf_counter() - start, say)
+    passed, check, detail, facts = share_from_main(ranks, verdict)
+    if not passed:
+        raise GateRefusal(check, detail, report)
+    return report, facts
+
+
+def _say_summary(report: AuditReport, seconds: float, say: Say) -> None:
+    ran = [c for c in report.checks if not c.skipped]
+    passed = sum(1 for c in ran if c.passed)
+    skipped = len(report.checks) - len(ran)
+    say(f"gate: {passed}/{len(ran)} checks passed"
+        + (f" ({skipped} skipped)" if skipped else "")
+        + f" in {seconds:.2f} s")
+    say("  " + ", ".join(c.name + ("" if c.passed else " [red]FAILED[/red]") for c in ran))
+
+
+def check_tied(model: nn.Module, facts: ModelFacts, when: str) -> None:
+    """A tied model's readout must be the embedding Parameter itself, not a copy (DEFECTS.md
+    A1-A3); the gate's facts say whether the model is tied."""
+    if not facts.tied:
+        return
+    if model.get_parameter("lm_head.weight") is not model.get_parameter(
+            "token_embeddings.weight"):
+        raise RuntimeError(f"weight tying broken {when}: lm_head.weight is no longer the "
+                           "token_embeddings.weight Parameter")
+
+
+def show_alignment(task: Any, generator: torch.Generator, say: Say) -> None:
+    """One aligned input/target pair of the next batch, drawn from a copy of the sampler, so
+    looking does not move it."""
+    peek_in, peek_tgt = task.batch(torch.Generator().set_state(generator.get_state()), 1)
+    say("loss alignment (first sequence of the next batch):")
+    for line in task.describe_pair(peek_in[0], peek_tgt[0]):
+        say("  " + line)
+
+
+def check_initial_loss(loss: float, facts: ModelFacts, *, fresh: bool, report: Any,
+                       say: Say) -> None:
+    """A fresh model's loss lies within INITIAL_LOSS_TOLERANCE of ln V, else GateRefusal; any
+    other model's is shown, not judged."""
+    uniform = math.log(facts.vocab_size)
+    ok = abs(loss - uniform) <= INITIAL_LOSS_TOLERANCE * uniform
+    verdict = "ok" if ok else "[red]FAILED[/red]" if fresh else "not a fresh model: not checked"
+    say(f"initial loss {loss:.4f} vs ln V = {uniform:.4f} (tolerance "
+        f"+/-{INITIAL_LOSS_TOLERANCE:.0%} = {INITIAL_LOSS_TOLERANCE * uniform:.3f}): {verdict}")
+    if fresh and not ok:
+        raise GateRefusal(
+            "initial loss near ln V",
+            f"a fresh model's loss is {loss:.4f}, more than {INITIAL_LOSS_TOLERANCE:.0%} away "
+            f"from ln V = {uniform:.4f}; far below suggests the targets leak into the inputs, far "
+            "above a broken model", report)

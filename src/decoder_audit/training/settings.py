@@ -1,0 +1,126 @@
+"""What a run is: `TrainConfig` (the settings that define its result) and `TrainResult`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..errors import ConfigError
+
+# Default peak learning rates: the 368-parameter model tolerates a large one; text models do not.
+DEFAULT_LR = {"counting": 3e-2, "bytes": 3e-3}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What defines a run's result. A resumed run must use the same values (checked)."""
+
+    steps: int = 400
+    """Optimizer steps in the whole run (the cosine schedule spans them)."""
+    seed: int = 0
+    """Seeds the model's initialisation and the batch sampler."""
+    batch_size: int = 64
+    """Global batch (sequences per step, summed over all ranks)."""
+    lr: float | None = None
+    """Peak learning rate; None picks 3e-2 for the counting task and 3e-3 for text."""
+    warmup: int = 20
+    """Linear warmup steps: lr * (s + 1) / warmup for step s < warmup."""
+    min_lr_ratio: float = 0.1
+    """The cosine decays from lr to lr * min_lr_ratio at the last step."""
+    weight_decay: float = 0.1
+    """AdamW decoupled decay on matrices; never on norms or biases."""
+    decay_embeddings: bool = False
+    """Also decay embeddings (and therefore a tied readout)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables clipping)."""
+    text: str | None = None
+    """A text file for byte-level training; None trains the counting task."""
+    val_fraction: float = 0.1
+    """Share of the text file kept for validation (its last bytes)."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("steps", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{name}={value!r} must be a positive integer")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            problems.append(f"warmup={self.warmup!r} must be an integer >= 0")
+        if self.lr is not None and not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            problems.append(f"lr={self.lr!r} must be > 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            problems.append(f"min_lr_ratio={self.min_lr_ratio} must lie in [0, 1]")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            problems.append(f"weight_decay={self.weight_decay} and grad_clip={self.grad_clip} "
+                            "must be >= 0")
+        if problems:
+            raise ConfigError("invalid TrainConfig: " + "; ".join(problems))
+
+    @property
+    def task_name(self) -> str:
+        return "bytes" if self.text is not None else "counting"
+
+    @property
+    def peak_lr(self) -> float:
+        return float(self.lr) if self.lr is not None else DEFAULT_LR[self.task_name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        data = dict(data)
+        data["betas"] = tuple(data["betas"])
+        return cls(**data)
+
+    def differences(self, other: "TrainConfig") -> list[str]:
+        """One line per field whose value differs, `name: checkpoint X, given Y` (self is the
+        checkpoint's)."""
+        return [f"{f.name}: checkpoint {getattr(self, f.name)!r}, given {getattr(other, f.name)!r}"
+                for f in dataclasses.fields(TrainConfig)
+                if getattr(self, f.name) != getattr(other, f.name)]
+
+
+def settings_from(config: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
+    """`config` (default TrainConfig()) with `options` replacing its fields."""
+    try:
+        return dataclasses.replace(config or TrainConfig(), **options)
+    except TypeError as exc:
+        raise TypeError(f"train: unknown option ({exc}); options are the TrainConfig fields "
+                        f"{[f.name for f in dataclasses.fields(TrainConfig)]}") from None
+
+
+def resumed_settings(meta: dict[str, Any], cfg: TrainConfig, *, given: bool) -> TrainConfig:
+    """The checkpoint's TrainConfig; settings given for the resumed run must agree with it."""
+    saved = TrainConfig.from_dict(meta["train_config"])
+    differ = saved.differences(cfg) if given else []
+    if differ:
+        raise ConfigError("a resumed run must keep its training settings; these differ: "
+                          + "; ".join(differ))
+    return saved
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module
+    """The trained model (unwrapped from DDP)."""
+    config: TrainConfig
+    step: int
+    """Steps completed."""
+    final_loss: float
+    """Evaluation loss at the end: the exact expected loss over the counting task's sequences,
+    or the mean loss over fixed validation windows for text."""
+    initial_loss: float | None
+    entropy_floor: float | None
+    seconds: float
+    """Wall time of the whole call: gate, training, evaluation, checkpoints."""
+    tokens_per_s: float
+    out: Path | None
+    checkpoint: Path | None
+    report: Any
+    """The gate's AuditReport (rank 0; None on other ranks)."""
