@@ -18,7 +18,7 @@ import decoder_audit.checkpoint as ckpt_module
 from decoder_audit.checkpoint import load_checkpoint
 from decoder_audit.cli import build_parser, main
 from decoder_audit.training import (GateRefusal, TrainConfig, lr_lambda, make_optimizer,
-                                 read_trainer_state, train)
+                                    read_trainer_state, train)
 
 import zoo
 
@@ -67,6 +67,47 @@ def test_cli_refuses_a_users_model_file_with_nonzero_exit(tmp_path, capsys):
     # The help offers no way around the gate.
     assert not any(word in build_parser().format_help().lower()
                    for word in ("--skip-gate", "--force", "--no-gate"))
+
+
+def test_a_fresh_model_far_from_ln_v_is_refused_before_step_1(tmp_path):
+    torch.manual_seed(0)
+    model = da.Decoder(da.preset("tiny-368"))
+    with torch.no_grad():
+        model.ln_final.weight.mul_(20)  # passes every gate check; confident from the start
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(GateRefusal) as refusal:
+        train(model, out=tmp_path / "run", steps=3, progress=False, verbose=False)
+    assert refusal.value.check == "initial loss near ln V" and refusal.value.report.passed
+    assert "2.8121" in refusal.value.detail  # measured; ln 8 = 2.0794, 10% = 0.208
+    assert not (tmp_path / "run" / "checkpoint").exists()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class DecoderLayout(torch.nn.Module):
+    """Not a Decoder subclass: a Decoder's parts under the Decoder's names, with its config."""
+
+    def __init__(self, cfg: da.DecoderConfig) -> None:
+        super().__init__()
+        inner = da.Decoder(cfg)
+        self.config = cfg
+        for name, child in inner.named_children():
+            self.add_module(name, child)
+        self._forward = inner.forward  # runs on the very modules registered above
+
+    def forward(self, ids):
+        return self._forward(ids)
+
+
+def test_what_the_gate_calls_white_box_is_checkpointed(tmp_path):
+    """Whether a model's weights can be saved is the gate's white-box verdict, not its class."""
+    torch.manual_seed(0)
+    model = DecoderLayout(da.preset("tiny-368"))
+    result = train(model, out=tmp_path / "run", steps=5, progress=False, verbose=False)
+    assert result.report.mode == "white-box" and result.checkpoint is not None
+    loaded = load_checkpoint(result.checkpoint)
+    assert loaded.lm_head.weight is loaded.token_embeddings.weight
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
 def test_text_needs_a_byte_vocabulary(tmp_path):
