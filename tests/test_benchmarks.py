@@ -1,10 +1,11 @@
-"""Smoke test of benchmarks/run.py: the whole benchmark runs end to end on tiny configs with one
-repeat and writes JSON and Markdown with the expected keys. It asserts structure and the
+"""Smoke test of benchmarks/run.py (the entry point of the benchmarks/ package): the whole
+benchmark runs end to end on tiny configs with one repeat and writes JSON and Markdown with the expected keys. It asserts structure and the
 arithmetic that links the figures (tokens/s = B*T / median time, ratio = HF / ours, FLOPs from
 the accounting formula), never a timing: the machine is shared and timings are noise here."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import sys
@@ -18,8 +19,9 @@ RUN_PY = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
 
 
 def _load_run_module():
-    """benchmarks/ is not a package; load run.py by path (registered first: dataclasses look
-    their module up in sys.modules)."""
+    """Load the entry point by path, as `python benchmarks/run.py` runs it (registered first:
+    dataclasses look their module up in sys.modules); it makes the `benchmarks` package
+    importable, where the moved names live."""
     if "benchmarks_run" in sys.modules:
         return sys.modules["benchmarks_run"]
     spec = importlib.util.spec_from_file_location("benchmarks_run", RUN_PY)
@@ -29,12 +31,17 @@ def _load_run_module():
     return module
 
 
+def _bench(name: str):
+    """A module of the benchmarks package (rows, pair, ...), importable once run.py is loaded."""
+    _load_run_module()
+    return importlib.import_module(f"benchmarks.{name}")
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    run = _load_run_module()
-    results = run.main(["--smoke", "--threads", "1", "--out", str(out)])
-    return run, results, out
+    results = _load_run_module().main(["--smoke", "--threads", "1", "--out", str(out)])
+    return results, out
 
 
 def _forward_flops(cfg, B: int, T: int) -> int:
@@ -50,7 +57,7 @@ def _forward_flops(cfg, B: int, T: int) -> int:
 
 
 def test_files_written_with_expected_keys(smoke):
-    _, results, out = smoke
+    results, out = smoke
     on_disk = json.loads((out / "benchmark.json").read_text())
     for key in ("command", "machine", "ceiling", "rows", "memory", "gate", "account",
                 "repeats", "warmup", "wall_seconds"):
@@ -66,10 +73,10 @@ def test_files_written_with_expected_keys(smoke):
 
 
 def test_rows_cover_the_three_architectures_and_both_modes(smoke):
-    run, results, _ = smoke
+    results, _ = smoke
     rows = results["rows"]
     assert {(r["config"], r["mode"]) for r in rows} == {
-        (name, mode) for name in run.SMOKE_CONFIGS for mode in ("forward", "forward+backward")}
+        (name, mode) for name in _bench("rows").SMOKE_CONFIGS for mode in ("forward", "forward+backward")}
     # GPT-2 goes to GPT2LMHeadModel; the GQA Llama shape and the CS336 architecture (RMSNorm,
     # SwiGLU, interleaved RoPE, no biases) both go to LlamaForCausalLM.
     hf_class = {r["config"]: r["equality"]["hf_class"] for r in rows}
@@ -78,14 +85,14 @@ def test_rows_cover_the_three_architectures_and_both_modes(smoke):
 
 
 def test_row_arithmetic(smoke):
-    run, results, _ = smoke
+    results, _ = smoke
     ceiling = results["ceiling"]["ceiling_gflops"]
     for r in results["rows"]:
-        cfg = run.SMOKE_CONFIGS[r["config"]]
+        cfg = _bench("rows").SMOKE_CONFIGS[r["config"]]
         B, T = r["batch"], r["seq_len"]
         forward = _forward_flops(cfg, B, T)
         assert r["flops"] == (3 * forward if r["mode"] == "forward+backward" else forward)
-        assert r["equality"]["max_abs_logit_diff"] <= run.EQUALITY_TOL * (
+        assert r["equality"]["max_abs_logit_diff"] <= _bench("pair").EQUALITY_TOL * (
             1 + r["equality"]["logit_scale"])
         for side in ("ours", "hf"):
             s = r[side]
@@ -99,7 +106,7 @@ def test_row_arithmetic(smoke):
 
 
 def test_memory_gate_and_account_sections(smoke):
-    _, results, _ = smoke
+    results, _ = smoke
     (mem,) = results["memory"]
     for side in ("ours", "hf"):
         assert mem[side]["peak_rss_mb"] >= mem[side]["rss_before_steps_mb"] > 0
@@ -118,8 +125,8 @@ def test_unequal_models_are_refused(monkeypatch):
 
     import decoder_audit as da
 
-    run = _load_run_module()
-    cfg = run.SMOKE_CONFIGS["gpt2-tiny"]
+    pair = _bench("pair")
+    cfg = _bench("rows").SMOKE_CONFIGS["gpt2-tiny"]
     real_to_hf = da.to_hf
 
     def broken_to_hf(decoder):
@@ -128,6 +135,6 @@ def test_unequal_models_are_refused(monkeypatch):
             hf.transformer.ln_f.bias.add_(0.5)  # a planted conversion bug
         return hf
 
-    monkeypatch.setattr(run.da, "to_hf", broken_to_hf)
-    with pytest.raises(run.BenchmarkError, match="refusing to time unequal models"):
-        run.build_pair(cfg, torch.zeros(1, 4, dtype=torch.long))
+    monkeypatch.setattr(da, "to_hf", broken_to_hf)
+    with pytest.raises(_bench("common").BenchmarkError, match="refusing to time unequal models"):
+        pair.build_pair(cfg, torch.zeros(1, 4, dtype=torch.long))

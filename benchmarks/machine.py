@@ -1,0 +1,85 @@
+"""The machine a run measured: what it is (CPU, versions, load, code version) and its ceiling,
+the dense fp32 matmul GFLOP/s that MFU is measured against."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .common import SEED, stats
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_state() -> str:
+    """The commit measured, and whether the model file differs from it (results stay traceable)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/decoder_audit"],
+                               cwd=root, text=True, capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + uncommitted changes under src/decoder_audit" if dirty else "")
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    import transformers
+
+    return {
+        "cpu_model": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "threads_used": threads,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_at_start": list(os.getloadavg()),
+        "git": _git_state(),
+        "note": "shared machine: absolute times are noisy; the interleaved ratios are the figures",
+    }
+
+
+def matmul_ceiling(shapes: list[tuple[int, int, int]], repeats: int) -> dict[str, Any]:
+    """fp32 torch.mm GFLOP/s for (m x n)(n x p), 2mnp FLOPs each; the first shape is the ceiling."""
+    gen = torch.Generator().manual_seed(SEED)
+    results = []
+    for m, n, p in shapes:
+        a = torch.randn(m, n, generator=gen)
+        b = torch.randn(n, p, generator=gen)
+        out = torch.empty(m, p)
+        torch.mm(a, b, out=out)  # warm-up: first call pays for packing buffers and threads
+        gflops = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b, out=out)
+            gflops.append(2 * m * n * p / (time.perf_counter() - start) / 1e9)
+        results.append({"shape": f"({m} x {n})({n} x {p})", "gflops": stats(gflops)})
+    return {"ceiling_gflops": results[0]["gflops"]["median"], "ceiling_shape": results[0]["shape"],
+            "shapes": results}
+
+
+def ceiling(smoke: bool, quick: bool) -> dict[str, Any]:
+    """The run's ceiling: a cube of 2048 (1024 with --quick, 64 with --smoke), plus two products
+    shaped like the models' (GPT-2 small's MLP, the Llama GQA shape's) listed beside it."""
+    size = 64 if smoke else 1024 if quick else 2048
+    shapes = [(size, size, size)] + ([] if smoke else [(256, 768, 3072), (1024, 512, 1376)])
+    return matmul_ceiling(shapes, 3 if smoke else 7)
