@@ -1,17 +1,7 @@
-"""Target alignment: the check that the next-token shift and flattening
-(`decoder_audit.objective`) pair every logit row with the right target.
-
-For a batch of sequences of length T + 1, the inputs are the first T ids and the targets the
-last T, so the logit row at position t is scored against id t + 1:
-
-    sequence: <bos> A B C <eos>
-    input:    <bos> A B C
-    target:   A     B C <eos>
-
-The loss flattens logits (B, T, V) -> (B*T, V) and targets (B, T) -> (B*T,) in the same
-row-major order: flat row r is (b, t) = (r // T, r % T) in both. `next_token_batch` and
-`flatten_for_loss` (in `objective`) are the helpers the trainer uses; this check proves them on
-the model's real logits against an explicit per-(b, t) loop.
+"""`loss_alignment`: the next-token shift and flattening of `decoder_audit.objective` pair every
+logit row (b, t) with target id t + 1 of sequence b, on the model's real logits, against an
+explicit per-(b, t) loop; the shift's direction is proven with peaked logits; one decoded
+input/target pair is kept as evidence (the seeds' `<bos> A B C` / `A B C <eos>` on tiny-368).
 """
 
 from __future__ import annotations
