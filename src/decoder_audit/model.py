@@ -10,6 +10,11 @@ weight names are those of DESIGN.md (the CS336 names, extended). The fast path u
 `F.scaled_dot_product_attention`; `run_with_trace` takes the eager path (scores, mask, softmax,
 pattern) and records every intermediate. Both compute the same function.
 
+Generation (`forward(ids, attention_mask, cache=)`, cache.py) takes a third path through the same
+weights: an optional attention mask for padded batches, positions taken from it, and a static
+KV cache, so a prompt is prefilled once and each new token (or chunk) attends to the cached keys
+at its absolute position. The gate's kv_cache and padding checks prove it equals the full forward.
+
 Initialisation (GPT-2's scheme): every matrix and embedding ~ N(0, 0.02); the two projections
 that write into the residual stream (attn.output_proj, ffn.w2) ~ N(0, 0.02 / sqrt(2L)) so the
 residual variance does not grow with depth; biases 0; norm gains 1.
@@ -23,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cache import KVCache, attention_allowed
 from .config import DecoderConfig
 from .errors import ContextLengthError, InputShapeError, TokenIdError
 from .trace import Trace
@@ -61,6 +67,25 @@ def check_ids(ids: torch.Tensor, cfg: DecoderConfig) -> None:
             f"token id {ids[bad[0], bad[1]].item()} at batch {bad[0]}, position {bad[1]} "
             f"is outside [0, vocab_size={cfg.vocab_size})"
         )
+
+
+def check_mask(mask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """An attention mask (B, T) for ids (B, T): bool or integer, 1 (True) for real tokens, 0
+    for pads. Returns it as bool; raises InputShapeError naming what is wrong."""
+    if not isinstance(mask, torch.Tensor):
+        raise InputShapeError(f"attention_mask must be a torch.Tensor (B, T), got "
+                              f"{type(mask).__name__}")
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise InputShapeError(f"attention_mask has shape {tuple(mask.shape)}; it must match the "
+                              f"ids (B, T) = {tuple(ids.shape)}")
+    if mask.dtype != torch.bool:
+        if mask.dtype not in _INTEGER_DTYPES:
+            raise InputShapeError(f"attention_mask must be bool or integer 0/1, got "
+                                  f"dtype={mask.dtype}")
+        if bool(((mask != 0) & (mask != 1)).any()):
+            raise InputShapeError("attention_mask values must be 0 (pad) or 1 (real token)")
+        mask = mask != 0
+    return mask
 
 
 def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
@@ -151,16 +176,18 @@ def make_norm(cfg: DecoderConfig, **factory) -> nn.Module:
 
 
 def rope_rotations(cfg: DecoderConfig, seq_len: int, device: torch.device,
-                   dtype: torch.dtype) -> torch.Tensor:
-    """exp(i * pos * theta^(-2j/Dh)) as a complex table (T, Dh/2), built once per forward.
+                   dtype: torch.dtype, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """exp(i * pos * theta^(-2j/Dh)) as a complex table (T, Dh/2), built once per forward, for
+    pos = 0..T-1, or for the given `positions` (..., T) -> (..., T, Dh/2).
 
     The angles are computed in float64 on every call and only then rounded to the compute dtype
     (complex64 at least), so a model cast to bf16 never rotates by low-precision angles."""
     real_dtype = torch.promote_types(dtype, torch.float32)
     exponents = torch.arange(0, cfg.head_dim, 2, device=device, dtype=torch.float64) / cfg.head_dim
     inv_freq = cfg.rope_theta ** -exponents  # (Dh/2,)
-    positions = torch.arange(seq_len, device=device, dtype=torch.float64)  # (T,)
-    angles = positions[:, None] * inv_freq[None, :]  # (T, Dh/2)
+    positions = (torch.arange(seq_len, device=device, dtype=torch.float64) if positions is None
+                 else positions.to(torch.float64))  # (..., T)
+    angles = positions[..., None] * inv_freq  # (..., T, Dh/2)
     return torch.complex(angles.cos().to(real_dtype), angles.sin().to(real_dtype))
 
 
@@ -194,6 +221,30 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
                 trace: Trace | None = None, prefix: str = "") -> torch.Tensor:
+        """The full causal square: x (B, T, D) -> (B, T, D), fused or traced (eager)."""
+        q, k, v = self._project(x, rope)
+        if trace is None:
+            z = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.n_heads)
+        else:
+            z = self._eager(q, k, v, trace, prefix)
+        return self._merge(z)
+
+    def attend(self, x: torch.Tensor, rope: torch.Tensor | None, allowed: torch.Tensor | None,
+               cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        """The generation path: x (B, T, D) holds new tokens; with a cache they read every key
+        it holds too. `allowed` (B|1, 1, T, S) says which keys each query reads; None means
+        is_causal for a square (no cache yet) or no mask for one new token (cache.py)."""
+        q, k, v = self._project(x, rope)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, Hkv, S, Dh): every filled slot
+        z = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, is_causal=allowed is None and q.shape[-2] > 1,
+            enable_gqa=self.kv_heads != self.n_heads)
+        return self._merge(z)
+
+    def _project(self, x: torch.Tensor, rope: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, seq_len, _ = x.shape
         q = self.q_proj(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -201,14 +252,12 @@ class CausalSelfAttention(nn.Module):
         # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        if trace is None:
-            z = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.n_heads)
-        else:
-            z = self._eager(q, k, v, trace, prefix)
+        return q, k, v
+
+    def _merge(self, z: torch.Tensor) -> torch.Tensor:
         # z (B, H, T, Dh) -> (B, T, H*Dh): heads side by side, in head order
-        z = z.transpose(1, 2).reshape(batch, seq_len, self.n_heads * self.head_dim)
-        return self.output_proj(z)
+        batch, _, seq_len, _ = z.shape
+        return self.output_proj(z.transpose(1, 2).reshape(batch, seq_len, -1))
 
     def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trace: Trace,
                prefix: str) -> torch.Tensor:
@@ -279,10 +328,14 @@ class Block(nn.Module):
         self.ffn = FeedForward(cfg, residual_std=residual_std, **factory)
 
     def forward(self, resid_pre: torch.Tensor, rope, trace: Trace | None = None,
-                prefix: str = "") -> torch.Tensor:
+                prefix: str = "", *, allowed: torch.Tensor | None = None,
+                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         normed = self.ln1(resid_pre)
         _record(trace, f"{prefix}.ln1", normed)
-        attn_out = self.attn(normed, rope, trace, f"{prefix}.attn")
+        if allowed is None and cache is None:  # the full causal square
+            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn")
+        else:  # padded or cached: the generation path (same weights)
+            attn_out = self.attn.attend(normed, rope, allowed, cache, layer)
         _record(trace, f"{prefix}.attn.out", attn_out)
         resid_mid = resid_pre + attn_out
         _record(trace, f"{prefix}.resid_mid", resid_mid)
@@ -338,10 +391,53 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.token_embeddings.weight
         return self
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) integer -> logits (B, T, V)."""
+    cache_class = KVCache
+
+    def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
+        """An empty static KV cache for `batch` rows and `capacity` slots (default max_seq_len),
+        in the weights' dtype and on their device."""
+        like = self.token_embeddings.weight
+        return self.cache_class(self.config, batch, self.config.max_seq_len
+                                if capacity is None else capacity,
+                                device=like.device, dtype=like.dtype)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
+        """ids (B, T) integer -> logits (B, T, V), or (B, 1, V) for the last position only.
+
+        `attention_mask` (B, T): 1 for real tokens, 0 for pads (a left-padded batch of
+        prompts); each row's positions count its real tokens only, so a padded row gives the
+        logits of its unpadded run on its real tokens. `cache` (from `new_cache`): the ids
+        continue the tokens the cache holds (a prefill, then one token or a chunk at a time),
+        at their absolute positions; a row past max_seq_len is rejected, never cropped."""
         check_ids(ids, self.config)
-        return self._run(ids, None)
+        if attention_mask is None and cache is None:  # the plain path: no extra work
+            return self._run(ids, None, last_only=last_only)
+        mask = None if attention_mask is None else check_mask(attention_mask, ids)
+        if cache is not None and cache.batch != ids.shape[0]:
+            raise InputShapeError(f"the ids have batch size B={ids.shape[0]} but the cache was "
+                                  f"built for B={cache.batch}")
+        positions, allowed = self._positions(ids, mask, cache)
+        return self._run(ids, None, positions=positions, allowed=allowed, cache=cache,
+                         last_only=last_only)
+
+    def _positions(self, ids: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Positions of the new tokens (B|1, T) and the keys they may read (cache.py): after
+        the tokens the cache holds, counting real tokens only (the mask's cumulative sum)."""
+        if cache is not None:
+            positions = cache.append(ids.shape[1], mask)  # raises past max_seq_len
+            return positions, cache.allowed()
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0)  # (B, T); pads before a row: 0
+        return positions, attention_allowed(0, ids.shape[1], mask, ids.device)
+
+    def _rotations(self, positions: torch.Tensor | None, seq_len: int,
+                   like: torch.Tensor) -> torch.Tensor:
+        """The RoPE table: (T, Dh/2) for positions 0..T-1, or (B|1, 1, T, Dh/2) for given
+        positions (B|1, T), broadcast over heads."""
+        if positions is None:
+            return rope_rotations(self.config, seq_len, like.device, like.dtype)
+        return rope_rotations(self.config, seq_len, like.device, like.dtype, positions)[:, None]
 
     def run_with_trace(self, ids: torch.Tensor) -> tuple[torch.Tensor, Trace]:
         """Like forward, through the eager attention path, recording every named site."""
@@ -349,21 +445,28 @@ class Decoder(nn.Module):
         trace = Trace(self.config, *ids.shape)
         return self._run(ids, trace), trace
 
-    def _run(self, ids: torch.Tensor, trace: Trace | None) -> torch.Tensor:
-        """The forward pass proper, on ids that passed `check_ids`."""
+    def _run(self, ids: torch.Tensor, trace: Trace | None, *,
+             positions: torch.Tensor | None = None, allowed: torch.Tensor | None = None,
+             cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
+        """The forward pass proper, on ids that passed `check_ids`. `positions` None: 0..T-1
+        over the full causal square; else the generation path (see `forward`)."""
         cfg = self.config
         ids = ids.long()
         seq_len = ids.shape[1]
         x = self.token_embeddings(ids)  # (B, T, D)
         _record(trace, "tokens", x)
         if self.position_embeddings is not None:
-            positions = self.position_embeddings.weight[:seq_len]  # (T, D); T <= max_seq_len
-            _record(trace, "positions", positions)
-            x = x + positions
+            table = self.position_embeddings.weight  # (max_seq_len, D)
+            # rows 0..T-1 (T, D), or the given positions' rows (B|1, T, D); all < max_seq_len
+            rows = table[:seq_len] if positions is None else table[positions]
+            _record(trace, "positions", rows)
+            x = x + rows
         _record(trace, "embed", x)
-        rope = rope_rotations(cfg, seq_len, x.device, x.dtype) if cfg.pos == "rope" else None
+        rope = self._rotations(positions, seq_len, x) if cfg.pos == "rope" else None
         for i, block in enumerate(self.layers):
-            x = block(x, rope, trace, f"layers.{i}")
+            x = block(x, rope, trace, f"layers.{i}", allowed=allowed, cache=cache, layer=i)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, D): generation reads the next-token row only
         x = self.ln_final(x)
         _record(trace, "ln_final", x)
         logits = self.lm_head(x)  # (B, T, V): h @ E^T when tied

@@ -1,10 +1,10 @@
-"""Sampling from a trained decoder: greedy or temperature, never cropping the prompt.
+"""Sampling one prompt: the single-row form of `decoder_audit.generate`, kept for its callers.
 
-The loop feeds the whole sequence each step (no KV cache: these models are small) and stops at
-the first of: the end-of-sequence id, the context limit, or `max_new_tokens`. The context limit:
-a model accepting T <= max_seq_len can be fed at most max_seq_len ids, and its last row predicts
-one more, so a finished sequence holds at most max_seq_len + 1 ids. A prompt longer than
-max_seq_len is an error, never silently cropped to its last max_seq_len ids.
+`generate(model, prompt, max_seq_len=...)` continues one list of ids until the end-of-sequence
+id, the context limit (max_seq_len + 1 ids: the longest input fed is max_seq_len) or
+`max_new_tokens`, and returns one `Generation`. It runs `decoder_audit.generate.generate` (KV
+cache where the model has one, full recomputation otherwise); batches, ragged prompts, top-k and
+top-p are there.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import ConfigError, ContextLengthError, InputShapeError
-from .objective import logits_of
+from .errors import ConfigError
+from .generate import generate as generate_batch
 from .tokenizer import Tokenizer  # noqa: F401  (its home was here)
 
 
@@ -29,39 +29,20 @@ class Generation:
     """Why generation ended: "eos", "context" (max_seq_len + 1 ids) or "max_new_tokens"."""
 
 
-@torch.no_grad()
 def generate(model: nn.Module, prompt: list[int], *, max_seq_len: int,
              eos_id: int | None = None, temperature: float = 0.0,
-             max_new_tokens: int | None = None,
-             generator: torch.Generator | None = None) -> Generation:
+             max_new_tokens: int | None = None, generator: torch.Generator | None = None,
+             top_k: int | None = None, top_p: float | None = None,
+             use_cache: bool = True) -> Generation:
     """Continue `prompt` (a list of ids). temperature 0 is greedy (argmax); T > 0 samples from
-    softmax(logits / T) with `generator`."""
+    softmax(logits / T) with `generator`. max_new_tokens None runs to eos or the context."""
     prompt = [int(i) for i in prompt]
-    if not prompt:
-        raise InputShapeError("the prompt is empty; give at least one token (e.g. '<bos>')")
-    if len(prompt) > max_seq_len:
-        raise ContextLengthError(
-            f"the prompt has {len(prompt)} tokens but the model accepts at most "
-            f"max_seq_len={max_seq_len}; it is rejected, never cropped")
-    if not temperature >= 0.0:
-        raise ConfigError(f"temperature={temperature} must be >= 0 (0 is greedy)")
-    if max_new_tokens is not None and max_new_tokens < 1:
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
         raise ConfigError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    device = next(model.parameters()).device
-    ids = list(prompt)
-    while True:
-        out = model(torch.tensor([ids], device=device))  # (1, T, V)
-        logits = logits_of(out)[0, -1].float()  # (V,): the next-token row
-        if temperature == 0.0:
-            nxt = int(logits.argmax())
-        else:
-            probs = torch.softmax(logits / temperature, dim=-1).cpu()
-            nxt = int(torch.multinomial(probs, 1, generator=generator))
-        ids.append(nxt)
-        new = ids[len(prompt):]
-        if eos_id is not None and nxt == eos_id:
-            return Generation(ids, new, "eos")
-        if len(ids) > max_seq_len:  # ids can no longer be fed to the model
-            return Generation(ids, new, "context")
-        if max_new_tokens is not None and len(new) >= max_new_tokens:
-            return Generation(ids, new, "max_new_tokens")
+    # Without a token budget a row can grow to max_seq_len + 1 ids; a prompt longer than
+    # max_seq_len is refused by generate_batch (never cropped).
+    budget = max_new_tokens if max_new_tokens is not None else max(1, max_seq_len + 1 - len(prompt))
+    out = generate_batch(model, prompt, max_new_tokens=budget, temperature=temperature,
+                         top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
+                         use_cache=use_cache, max_seq_len=max_seq_len)
+    return Generation(out.ids[0], out.new_ids[0], out.stop[0])

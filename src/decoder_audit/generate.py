@@ -1,0 +1,428 @@
+"""`generate`: continue prompts with a decoder, through its KV cache where it has one.
+
+    gen = da.generate(model, [1, 5, 7], max_new_tokens=32)                  # greedy, one row
+    gen = da.generate(model, [[1, 5, 7], [1, 2]], max_new_tokens=8,         # ragged: left-padded
+                      temperature=0.8, top_k=50, top_p=0.9, generator=torch.Generator().manual_seed(0))
+    gen.ids[i], gen.new_ids[i], gen.stop[i]      # per row: prompt + new ids, new ids, why it stopped
+
+The model is driven by its call convention (`convention(model)`, read from its forward's
+signature):
+  "decoder"       our Decoder: `model(ids, attention_mask, cache=KVCache, last_only=True)`, a
+                  static cache from `model.new_cache(B, capacity)`;
+  "hugging face"  `model(input_ids, attention_mask=, position_ids=, past_key_values=,
+                  use_cache=True)` returning `.logits` and `.past_key_values` (transformers
+                  models, or a wrapper that names those parameters; transformers >= 5.2x
+                  renamed the cache argument and output field `cache`, which is read the same);
+  "plain"         ids (B, T) -> logits: every step recomputes the whole sequence.
+`use_cache=False` recomputes the whole sequence every step under any convention (the reference
+the cache must equal; greedy output is identical either way).
+
+Prompts of different lengths are left-padded into one batch with an attention mask; positions
+come from the mask (cumulative sum of real tokens minus one, as Hugging Face `generate` computes
+them), so each row generates what it would alone. A model that takes no mask runs ragged prompts
+row by row. A finished row (end-of-sequence id, the context limit, or max_new_tokens) is fed as
+padding until every row has finished, so it never moves past its own limit.
+
+The context limit: a model accepting T <= max_seq_len can be fed at most max_seq_len ids of a
+row, and its last row predicts one more, so a finished row holds at most max_seq_len + 1 ids. A
+prompt longer than max_seq_len is an error, never cropped. max_seq_len comes from the model's
+DecoderConfig, or from `max_seq_len=` for another model (None: no limit is known or enforced).
+
+Sampling (temperature > 0): logits / temperature, then top-k (keep the k largest scores; ties
+with the k-th are kept), then top-p (keep, in order of decreasing probability, each token whose
+more probable predecessors hold less than p of the mass; the most probable token is always
+kept), then one draw from the renormalised softmax with `generator`. temperature 0 is greedy
+(argmax; the first index among equal maxima).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import DecoderConfig
+from .errors import ConfigError, ContextLengthError, InputShapeError, TokenIdError
+from .objective import logits_of
+
+# A pad slot holds this id; its value never matters (the mask hides it), it only has to be a
+# valid id.
+PAD_ID = 0
+
+
+@dataclass(frozen=True)
+class Generated:
+    """The result of `generate`, one entry per prompt row."""
+
+    ids: list[list[int]]
+    """The prompt (unpadded) followed by the generated ids."""
+    new_ids: list[list[int]]
+    """The generated ids only."""
+    stop: list[str]
+    """Why each row ended: "eos", "context" (max_seq_len + 1 ids) or "max_new_tokens"."""
+
+
+# ---- call conventions ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Convention:
+    """How to call a model for padded batches and cached steps (see the module docstring)."""
+
+    name: str  # "decoder" | "hugging face" | "plain"
+    cached: bool  # it keeps a KV cache across calls
+    masked: bool  # it takes an attention_mask
+    position_ids: bool = False  # it takes position_ids (Hugging Face)
+    last_only: str | None = None  # the keyword that limits logits to the last position
+    cache_arg: str = "cache"  # Hugging Face: "past_key_values", or "cache" in transformers 5.2x
+
+    @property
+    def why_no_cache(self) -> str:
+        return (f"the model takes no KV cache (call convention {self.name!r}: neither a Decoder's "
+                "new_cache + forward(cache=) nor forward(past_key_values=, use_cache=) "
+                "returning .past_key_values)")
+
+    @property
+    def why_no_mask(self) -> str:
+        return (f"the model takes no attention_mask (call convention {self.name!r}: its forward "
+                "names no attention_mask parameter)")
+
+
+def convention(model: nn.Module) -> Convention:
+    """The call convention of `model`, from the parameter names of its forward."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    masked = "attention_mask" in params
+    if "cache" in params and callable(getattr(model, "new_cache", None)):
+        return Convention("decoder", True, masked,
+                          last_only="last_only" if "last_only" in params else None)
+    cache_arg = next((name for name in ("past_key_values", "cache") if name in params), None)
+    if cache_arg is not None and "use_cache" in params:
+        return Convention("hugging face", True, masked, "position_ids" in params,
+                          "logits_to_keep" if "logits_to_keep" in params else None, cache_arg)
+    return Convention("plain", False, masked, "position_ids" in params)
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Positions (B, T) of a padded batch: real tokens counted from 0 in each row (the mask's
+    cumulative sum minus one); a pad before a row's first real token gets 0."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class Stepper:
+    """Feeds one batch of B rows to a model: a prefill, then new tokens (one or a chunk) per
+    call, under its call convention. With a cache it keeps the model's cache; without one it
+    keeps every token so far and recomputes. `capacity` bounds the slots (prompt + steps)."""
+
+    def __init__(self, model: nn.Module, conv: Convention, batch: int, capacity: int,
+                 use_cache: bool = True) -> None:
+        self.model, self.conv, self.batch = model, conv, batch
+        self.cached = use_cache and conv.cached
+        self.length = 0  # slots fed so far
+        self.cache: Any = None
+        self.ids: torch.Tensor | None = None  # recomputation: every id so far (B, S)
+        self.mask: torch.Tensor | None = None  # (B, capacity) real-token flags, when needed
+        self.capacity = capacity
+        self.padded = False  # some slot so far was a pad
+        if self.cached and conv.name == "decoder":
+            self.cache = model.new_cache(batch, capacity)
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None = None,
+                 last_only: bool = False) -> torch.Tensor:
+        """Logits (B, T, V) of the new ids (B, T), or (B, 1, V) with last_only; `mask` (B, T)
+        marks their real tokens (None: all real)."""
+        start, end = self.length, self.length + ids.shape[1]
+        self.length = end
+        if self.cached and self.conv.name == "decoder":  # the cache keeps the mask itself
+            return self._call(ids, mask, last_only, cache=self.cache)
+        if mask is not None or self.padded:
+            self._record_mask(start, end, mask)
+        if self.cached:  # Hugging Face: the mask of every slot, positions of the new ones
+            full = None if self.mask is None else self.mask[:, :end]
+            out = self._call(ids, full, last_only, positions=self._positions(start, end, ids),
+                             use_cache=True, **{self.conv.cache_arg: self.cache})
+            self.cache = _returned_cache(out, self.conv.cache_arg)
+            return logits_of(out)
+        # recomputation: every token so far, then the rows of the new ones
+        self.ids = ids if self.ids is None else torch.cat([self.ids, ids], 1)  # (B, S)
+        full = None if self.mask is None else self.mask[:, :end]
+        positions = (None if full is None or not self.conv.position_ids
+                     else positions_from_mask(full))
+        extra = {"use_cache": False} if self.conv.name == "hugging face" else {}
+        out = self._call(self.ids, full, last_only, positions=positions, **extra)
+        logits = logits_of(out)
+        return logits[:, -1:] if last_only else logits[:, start - end:]
+
+    def _record_mask(self, start: int, end: int, mask: torch.Tensor | None) -> None:
+        if self.mask is None:
+            self.mask = torch.ones(self.batch, self.capacity, dtype=torch.long,
+                                   device=self._device())
+        if mask is not None:
+            self.mask[:, start:end] = mask
+            self.padded = True
+
+    def _positions(self, start: int, end: int, ids: torch.Tensor) -> torch.Tensor | None:
+        if not self.conv.position_ids:
+            return None
+        if self.mask is None:
+            return torch.arange(start, end, device=ids.device).expand(ids.shape[0], -1)
+        return positions_from_mask(self.mask[:, :end])[:, start:]
+
+    def _call(self, ids: torch.Tensor, mask: torch.Tensor | None, last_only: bool,
+              positions: torch.Tensor | None = None, **extra) -> Any:
+        kwargs = dict(extra)
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if positions is not None:
+            kwargs["position_ids"] = positions
+        if last_only and self.conv.last_only is not None:
+            kwargs[self.conv.last_only] = True if self.conv.name == "decoder" else 1
+        if self.conv.name == "decoder":
+            return self.model(ids, **kwargs)
+        if self.conv.name == "hugging face":
+            return self.model(input_ids=ids, **kwargs)
+        return self.model(ids, **kwargs)
+
+    def _device(self) -> torch.device:
+        first = next(iter(self.model.parameters()), None)
+        return first.device if first is not None else torch.device("cpu")
+
+
+# ---- generate --------------------------------------------------------------------------------
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor, *,
+             max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, eos_id: int | None = None,
+             generator: torch.Generator | None = None, use_cache: bool = True,
+             max_seq_len: int | None = None,
+             on_token: Callable[[int], None] | None = None) -> Generated:
+    """Continue `prompt`: a list of ids (one row), a list of lists (rows of any lengths, padded
+    for you) or a (B, T0) integer tensor. See the module docstring for conventions, stopping
+    and sampling. `max_seq_len` is for a model without a DecoderConfig; `on_token(n)` is called
+    after each generated token of the batch (n new tokens so far), e.g. for a progress bar.
+    Raises ConfigError for a bad option and a DecoderInputError for a bad prompt, naming the
+    value and its limit."""
+    cfg = getattr(model, "config", None)
+    cfg = cfg if isinstance(cfg, DecoderConfig) else None
+    if cfg is not None:
+        if max_seq_len is not None and max_seq_len != cfg.max_seq_len:
+            raise ConfigError(f"max_seq_len={max_seq_len} disagrees with the model's config "
+                              f"max_seq_len={cfg.max_seq_len}")
+        max_seq_len = cfg.max_seq_len
+    vocab = cfg.vocab_size if cfg is not None else None
+    rows = _prompt_rows(prompt, vocab)
+    _check_options(max_new_tokens, temperature, top_k, top_p, eos_id, generator, use_cache,
+                   max_seq_len, vocab)
+    if max_seq_len is not None:
+        for i, row in enumerate(rows):
+            if len(row) > max_seq_len:
+                raise ContextLengthError(
+                    f"prompt row {i} has {len(row)} tokens but the model accepts at most "
+                    f"max_seq_len={max_seq_len}; it is rejected, never cropped")
+    conv = convention(model)
+    if len({len(row) for row in rows}) > 1 and not conv.masked:
+        # no mask, no padding: each row alone (the rows draw from `generator` in turn)
+        parts = [generate(model, [row], max_new_tokens=max_new_tokens, temperature=temperature,
+                          top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
+                          use_cache=use_cache, max_seq_len=max_seq_len, on_token=on_token)
+                 for row in rows]
+        return Generated([p.ids[0] for p in parts], [p.new_ids[0] for p in parts],
+                         [p.stop[0] for p in parts])
+    sampler = Sampler(temperature, top_k, top_p, generator)
+    return _Loop(model, conv, rows, max_new_tokens, eos_id, max_seq_len, use_cache, sampler,
+                 on_token).run()
+
+
+class Sampler:
+    """Next ids (B,) from next-token logits (B, V): greedy, or temperature, top-k, top-p."""
+
+    def __init__(self, temperature: float, top_k: int | None, top_p: float | None,
+                 generator: torch.Generator | None) -> None:
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.generator = generator
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.temperature == 0.0:
+            return logits.argmax(-1)
+        probs = self.probabilities(logits)
+        device = self.generator.device if self.generator is not None else probs.device
+        drawn = torch.multinomial(probs.to(device), 1, generator=self.generator)  # (B, 1)
+        return drawn[:, 0].to(logits.device)
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution (B, V) a draw comes from (temperature > 0): softmax of
+        logits / temperature over the tokens top-k and top-p keep (zero elsewhere)."""
+        scores = logits.float() / self.temperature  # (B, V)
+        if self.top_k is not None and self.top_k < scores.shape[-1]:
+            kth = scores.topk(self.top_k, dim=-1).values[:, -1:]  # (B, 1)
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1.0:
+            ordered, order = scores.sort(-1, descending=True)  # (B, V)
+            probs = ordered.softmax(-1)
+            before = probs.cumsum(-1) - probs  # mass of the more probable tokens
+            drop = torch.empty_like(before, dtype=torch.bool).scatter_(
+                -1, order, before >= self.top_p)  # back to vocabulary order
+            scores = scores.masked_fill(drop, float("-inf"))
+        return scores.softmax(-1)
+
+
+class _Loop:
+    """One batched generation: left-pad, prefill, then one token per step for every row."""
+
+    def __init__(self, model, conv, rows, max_new_tokens, eos_id, max_seq_len, use_cache,
+                 sampler, on_token) -> None:
+        self.model, self.conv, self.rows = model, conv, rows
+        self.eos_id, self.sampler, self.on_token = eos_id, sampler, on_token
+        # New tokens row i may produce, and why it stops there if no eos comes first: a row of
+        # n ids reaches the context limit after max_seq_len + 1 - n new ones (when both limits
+        # fall on the same token, the context is named).
+        self.limits, self.reasons = [], []
+        for row in rows:
+            room = None if max_seq_len is None else max_seq_len + 1 - len(row)
+            context = room is not None and room <= max_new_tokens
+            self.limits.append(room if context else max_new_tokens)
+            self.reasons.append("context" if context else "max_new_tokens")
+        self.steps = max(self.limits)
+        # slots: the padded prompt, then every generated token but the last (never fed)
+        self.capacity = max(len(row) for row in rows) + self.steps - 1
+        self.use_cache = use_cache
+
+    def run(self) -> Generated:
+        device = _device_of(self.model)
+        batch, width = len(self.rows), self.capacity - self.steps + 1
+        ids = torch.full((batch, width), PAD_ID, dtype=torch.long)
+        mask = torch.zeros(batch, width, dtype=torch.bool)
+        for i, row in enumerate(self.rows):  # left padding: real tokens end every row
+            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row):] = True
+        ids, mask = ids.to(device), (None if bool(mask.all()) else mask.to(device))
+        stepper = Stepper(self.model, self.conv, batch, self.capacity, self.use_cache)
+        new = torch.empty(batch, self.steps, dtype=torch.long, device=device)
+        done_at: list[int | None] = [None] * batch  # new tokens when the row finished
+        stop = list(self.reasons)
+        logits = stepper(ids, mask, last_only=True)[:, -1]  # (B, V)
+        feed_mask = None
+        for step in range(self.steps):
+            nxt = self.sampler(logits)  # (B,)
+            new[:, step] = nxt
+            if self.on_token is not None:
+                self.on_token(step + 1)
+            finished = self._finished(step, nxt, done_at, stop)
+            if all(at is not None for at in done_at):
+                break
+            if finished and self.conv.masked:  # feed finished rows as pads from now on
+                feed_mask = torch.tensor([[at is None] for at in done_at], device=device)
+            logits = stepper(nxt[:, None], feed_mask, last_only=True)[:, -1]
+        new_rows = new.tolist()
+        news = [new_rows[i][:done_at[i]] for i in range(batch)]
+        return Generated([row + n for row, n in zip(self.rows, news)], news, stop)
+
+    def _finished(self, step: int, nxt: torch.Tensor, done_at: list, stop: list) -> bool:
+        """Mark rows that end with token `step` (eos, or their limit); whether any did."""
+        hits = nxt.tolist() if self.eos_id is not None else None
+        finished = False
+        for i in range(len(done_at)):
+            if done_at[i] is not None:
+                continue
+            if hits is not None and hits[i] == self.eos_id:
+                done_at[i], stop[i], finished = step + 1, "eos", True
+            elif step + 1 == self.limits[i]:
+                done_at[i], finished = step + 1, True
+        return finished
+
+
+def _returned_cache(out: Any, name: str) -> Any:
+    """The cache a Hugging Face-convention forward returned (the field named like its argument;
+    the other name as a fallback)."""
+    for field in (name, "cache" if name == "past_key_values" else "past_key_values"):
+        value = out.get(field) if hasattr(out, "get") else getattr(out, field, None)
+        if value is not None:
+            return value
+    raise TypeError(f"{type(out).__name__} has no .{name}: the model returned no cache although "
+                    "use_cache=True was passed")
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _prompt_rows(prompt: Any, vocab: int | None) -> list[list[int]]:
+    """The prompt as rows of python ints; InputShapeError / TokenIdError naming the problem."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+            raise InputShapeError(f"a prompt tensor must have an integer dtype, got "
+                                  f"dtype={prompt.dtype}")
+        if prompt.dim() not in (1, 2):
+            raise InputShapeError(f"a prompt tensor must be (T0,) or (B, T0), got shape "
+                                  f"{tuple(prompt.shape)}")
+        rows = [prompt.tolist()] if prompt.dim() == 1 else prompt.tolist()
+    elif isinstance(prompt, (list, tuple)):
+        nested = [isinstance(item, (list, tuple, torch.Tensor)) for item in prompt]
+        if any(nested) and not all(nested):
+            raise InputShapeError("the prompt mixes ids and rows; give a list of ids or a list "
+                                  "of lists of ids")
+        rows = [list(r.tolist() if isinstance(r, torch.Tensor) else r) for r in prompt] \
+            if prompt and all(nested) else [list(prompt)]
+    else:
+        raise InputShapeError(f"the prompt must be a list of ids, a list of lists or a (B, T0) "
+                              f"tensor, got {type(prompt).__name__}")
+    if not rows:
+        raise InputShapeError("the prompt has no rows; give at least one row of ids")
+    for i, row in enumerate(rows):
+        if not row:
+            raise InputShapeError(f"prompt row {i} is empty; give at least one token "
+                                  "(e.g. '<bos>')")
+        for t, tok in enumerate(row):
+            if isinstance(tok, bool) or not isinstance(tok, int):
+                raise InputShapeError(f"prompt row {i}, position {t}: {tok!r} is not an "
+                                      "integer id")
+            if tok < 0 or (vocab is not None and tok >= vocab):
+                limit = f"vocab_size={vocab}" if vocab is not None else "infinity"
+                raise TokenIdError(f"token id {tok} at prompt row {i}, position {t} is outside "
+                                   f"[0, {limit})")
+    return rows
+
+
+def _check_options(max_new_tokens, temperature, top_k, top_p, eos_id, generator, use_cache,
+                   max_seq_len, vocab) -> None:
+    def integer(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not integer(max_new_tokens) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise ConfigError(f"temperature={temperature!r} must be a finite number >= 0 "
+                          "(0 is greedy)")
+    if top_k is not None and (not integer(top_k) or top_k < 1):
+        raise ConfigError(f"top_k={top_k!r} must be an integer >= 1 (or None)")
+    if top_k is not None and vocab is not None and top_k > vocab:
+        raise ConfigError(f"top_k={top_k} exceeds the vocabulary size V={vocab}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0.0 < top_p <= 1.0):
+        raise ConfigError(f"top_p={top_p!r} must lie in (0, 1] (or None)")
+    if temperature == 0 and (top_k is not None or top_p is not None):
+        raise ConfigError(f"top_k={top_k!r} / top_p={top_p!r} need temperature > 0; "
+                          "temperature=0 is greedy and would ignore them")
+    if eos_id is not None and (not integer(eos_id) or eos_id < 0
+                               or (vocab is not None and eos_id >= vocab)):
+        limit = vocab if vocab is not None else "V"
+        raise ConfigError(f"eos_id={eos_id!r} must be an id in [0, {limit})")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ConfigError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if not isinstance(use_cache, bool):
+        raise ConfigError(f"use_cache={use_cache!r} must be True or False")
+    if max_seq_len is not None and (not integer(max_seq_len) or max_seq_len < 1):
+        raise ConfigError(f"max_seq_len={max_seq_len!r} must be a positive integer (or None)")
+
+
+__all__ = ["Convention", "Generated", "Sampler", "Stepper", "convention", "generate",
+           "positions_from_mask"]
