@@ -13,6 +13,7 @@ from .errors import (
     TokenIdError,
 )
 from .gate import AuditReport, CheckResult, audit
+from .generate import Generated, generate
 from .ledger import Ledger, LedgerRow, measured_ledger, parameter_ledger, reconcile
 from .model import Decoder
 from .oracle import oracle_logits
@@ -41,4 +42,5 @@ __all__ = [
     "save_checkpoint", "save_hf_folder", "to_hf", "twin_from_decoder",
     "GateRefusal", "TrainConfig", "TrainResult", "train",
     "AuditReport", "CheckResult", "audit",
+    "Generated", "generate",
 ]
