@@ -59,11 +59,6 @@ class KVCache:
         Raises ContextLengthError, before touching the cache, if a row would hold more than
         max_seq_len real tokens or the slots would exceed the capacity."""
         start, end = self.length, self.length + new
-        if end > self.capacity:
-            raise ContextLengthError(
-                f"the cache holds {start} tokens and {new} more would need {end} slots; its "
-                f"capacity is {self.capacity} (max_seq_len={self.max_seq_len}); nothing is "
-                "cropped or wrapped")
         if mask is None and self.valid is None:  # every slot real: positions are the slots
             positions = torch.arange(start, end, device=self.keys.device)[None]  # (1, new)
             seen, real, longest = None, None, end
@@ -82,6 +77,11 @@ class KVCache:
                 f"a row would hold {longest} tokens (the cache holds {start} slots, {new} more "
                 f"given), exceeding max_seq_len={self.max_seq_len}; the input is rejected, "
                 "never cropped or wrapped")
+        if end > self.capacity:
+            raise ContextLengthError(
+                f"the cache holds {start} tokens and {new} more would need {end} slots; its "
+                f"capacity is {self.capacity} (max_seq_len={self.max_seq_len}); nothing is "
+                "cropped or wrapped")
         if real is not None:
             if self.valid is None:  # the first pads: every earlier slot was real
                 self.valid = torch.ones(self.batch, self.capacity, dtype=torch.bool,

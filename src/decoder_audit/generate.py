@@ -116,63 +116,51 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 class Stepper:
-    """Feeds one batch of B rows to a model: a prefill, then new tokens (one or a chunk) per
-    call, under its call convention. With a cache it keeps the model's cache; without one it
-    keeps every token so far and recomputes. `capacity` bounds the slots (prompt + steps)."""
+    """Feeds B rows to a model under its call convention.
+
+    With a cache (use_cache, and a model that keeps one): a prefill, then new tokens (one or a
+    chunk) per call, the cache kept between calls; `capacity` bounds the slots. Without: each
+    call is one full forward of the ids it is given, positions from their mask; nothing is
+    kept between calls."""
 
     def __init__(self, model: nn.Module, conv: Convention, batch: int, capacity: int,
                  use_cache: bool = True) -> None:
-        self.model, self.conv, self.batch = model, conv, batch
+        self.model, self.conv, self.batch, self.capacity = model, conv, batch, capacity
         self.cached = use_cache and conv.cached
         self.length = 0  # slots fed so far
-        self.cache: Any = None
-        self.ids: torch.Tensor | None = None  # recomputation: every id so far (B, S)
-        self.mask: torch.Tensor | None = None  # (B, capacity) real-token flags, when needed
-        self.capacity = capacity
-        self.padded = False  # some slot so far was a pad
-        if self.cached and conv.name == "decoder":
-            self.cache = model.new_cache(batch, capacity)
+        self.cache: Any = (model.new_cache(batch, capacity)
+                           if self.cached and conv.name == "decoder" else None)
+        self.mask: torch.Tensor | None = None  # Hugging Face: (B, capacity) flags, once padded
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None = None,
                  last_only: bool = False) -> torch.Tensor:
         """Logits (B, T, V) of the new ids (B, T), or (B, 1, V) with last_only; `mask` (B, T)
         marks their real tokens (None: all real)."""
+        if not self.cached:
+            positions = (positions_from_mask(mask) if mask is not None and self.conv.position_ids
+                         else None)
+            extra = {"use_cache": False} if self.conv.name == "hugging face" else {}
+            logits = logits_of(self._call(ids, mask, last_only, positions, **extra))
+            return logits[:, -1:] if last_only else logits
         start, end = self.length, self.length + ids.shape[1]
         self.length = end
-        if self.cached and self.conv.name == "decoder":  # the cache keeps the mask itself
-            return self._call(ids, mask, last_only, cache=self.cache)
-        if mask is not None or self.padded:
-            self._record_mask(start, end, mask)
-        if self.cached:  # Hugging Face: the mask of every slot, positions of the new ones
-            full = None if self.mask is None else self.mask[:, :end]
-            out = self._call(ids, full, last_only, positions=self._positions(start, end, ids),
-                             use_cache=True, **{self.conv.cache_arg: self.cache})
-            self.cache = _returned_cache(out, self.conv.cache_arg)
-            return logits_of(out)
-        # recomputation: every token so far, then the rows of the new ones
-        self.ids = ids if self.ids is None else torch.cat([self.ids, ids], 1)  # (B, S)
-        full = None if self.mask is None else self.mask[:, :end]
-        positions = (None if full is None or not self.conv.position_ids
-                     else positions_from_mask(full))
-        extra = {"use_cache": False} if self.conv.name == "hugging face" else {}
-        out = self._call(self.ids, full, last_only, positions=positions, **extra)
-        logits = logits_of(out)
-        return logits[:, -1:] if last_only else logits[:, start - end:]
-
-    def _record_mask(self, start: int, end: int, mask: torch.Tensor | None) -> None:
-        if self.mask is None:
+        if self.conv.name == "decoder":  # our cache keeps the mask and positions itself
+            return logits_of(self._call(ids, mask, last_only, cache=self.cache))
+        # Hugging Face: the mask of every slot so far, and the positions of the new ones
+        if mask is not None and self.mask is None:
             self.mask = torch.ones(self.batch, self.capacity, dtype=torch.long,
-                                   device=self._device())
+                                   device=ids.device)  # (B, S): earlier slots were real
         if mask is not None:
             self.mask[:, start:end] = mask
-            self.padded = True
-
-    def _positions(self, start: int, end: int, ids: torch.Tensor) -> torch.Tensor | None:
-        if not self.conv.position_ids:
-            return None
-        if self.mask is None:
-            return torch.arange(start, end, device=ids.device).expand(ids.shape[0], -1)
-        return positions_from_mask(self.mask[:, :end])[:, start:]
+        full = None if self.mask is None else self.mask[:, :end]  # (B, end)
+        positions = None
+        if self.conv.position_ids:
+            positions = (torch.arange(start, end, device=ids.device).expand(ids.shape[0], -1)
+                         if full is None else positions_from_mask(full)[:, start:])
+        out = self._call(ids, full, last_only, positions, use_cache=True,
+                         **{self.conv.cache_arg: self.cache})
+        self.cache = _returned_cache(out, self.conv.cache_arg)
+        return logits_of(out)
 
     def _call(self, ids: torch.Tensor, mask: torch.Tensor | None, last_only: bool,
               positions: torch.Tensor | None = None, **extra) -> Any:
@@ -183,15 +171,22 @@ class Stepper:
             kwargs["position_ids"] = positions
         if last_only and self.conv.last_only is not None:
             kwargs[self.conv.last_only] = True if self.conv.name == "decoder" else 1
-        if self.conv.name == "decoder":
-            return self.model(ids, **kwargs)
         if self.conv.name == "hugging face":
             return self.model(input_ids=ids, **kwargs)
         return self.model(ids, **kwargs)
 
-    def _device(self) -> torch.device:
-        first = next(iter(self.model.parameters()), None)
-        return first.device if first is not None else torch.device("cpu")
+
+def left_padded(rows: list[list[int]], device: torch.device | str | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows of ids -> (ids (B, T) left-padded with PAD_ID, mask (B, T) bool or None when every
+    row has the same length)."""
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):  # real tokens end every row
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = True
+    return ids.to(device), (None if bool(mask.all()) else mask.to(device))
 
 
 # ---- generate --------------------------------------------------------------------------------
@@ -295,19 +290,17 @@ class _Loop:
         self.use_cache = use_cache
 
     def run(self) -> Generated:
-        device = _device_of(self.model)
-        batch, width = len(self.rows), self.capacity - self.steps + 1
-        ids = torch.full((batch, width), PAD_ID, dtype=torch.long)
-        mask = torch.zeros(batch, width, dtype=torch.bool)
-        for i, row in enumerate(self.rows):  # left padding: real tokens end every row
-            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = True
-        ids, mask = ids.to(device), (None if bool(mask.all()) else mask.to(device))
-        stepper = Stepper(self.model, self.conv, batch, self.capacity, self.use_cache)
+        batch, device = len(self.rows), _device_of(self.model)
+        cached = self.use_cache and self.conv.cached
+        stepper = Stepper(self.model, self.conv, batch, self.capacity) if cached else None
         new = torch.empty(batch, self.steps, dtype=torch.long, device=device)
         done_at: list[int | None] = [None] * batch  # new tokens when the row finished
         stop = list(self.reasons)
-        logits = stepper(ids, mask, last_only=True)[:, -1]  # (B, V)
+        if cached:
+            ids, mask = left_padded(self.rows, device)
+            logits = stepper(ids, mask, last_only=True)[:, -1]  # (B, V): the prefill
+        else:
+            logits = self._recompute(new, 0, done_at, device)
         feed_mask = None
         for step in range(self.steps):
             nxt = self.sampler(logits)  # (B,)
@@ -317,12 +310,28 @@ class _Loop:
             finished = self._finished(step, nxt, done_at, stop)
             if all(at is not None for at in done_at):
                 break
+            if not cached:
+                logits = self._recompute(new, step + 1, done_at, device)
+                continue
             if finished and self.conv.masked:  # feed finished rows as pads from now on
                 feed_mask = torch.tensor([[at is None] for at in done_at], device=device)
             logits = stepper(nxt[:, None], feed_mask, last_only=True)[:, -1]
         new_rows = new.tolist()
         news = [new_rows[i][:done_at[i]] for i in range(batch)]
         return Generated([row + n for row, n in zip(self.rows, news)], news, stop)
+
+    def _recompute(self, new: torch.Tensor, made: int, done_at: list, device) -> torch.Tensor:
+        """Next-token logits (B, V) by one full forward of every unfinished row (its prompt and
+        the `made` tokens so far, left-padded); finished rows get zeros (never read)."""
+        alive = [i for i, at in enumerate(done_at) if at is None]
+        made_rows = new[alive, :made].tolist()
+        ids, mask = left_padded([self.rows[i] + made_rows[j] for j, i in enumerate(alive)],
+                                device)
+        stepper = Stepper(self.model, self.conv, len(alive), ids.shape[1], use_cache=False)
+        rows = stepper(ids, mask, last_only=True)[:, -1]  # (alive, V)
+        logits = rows.new_zeros(len(done_at), rows.shape[-1])
+        logits[alive] = rows
+        return logits
 
     def _finished(self, step: int, nxt: torch.Tensor, done_at: list, stop: list) -> bool:
         """Mark rows that end with token `step` (eos, or their limit); whether any did."""
