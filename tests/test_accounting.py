@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import decoder_audit as da
 from decoder_audit.cli import main
@@ -61,12 +62,42 @@ def test_published_parameter_counts_and_fp32_memory():
     assert xl.parameters.total == 2_127_057_600  # CS336 transformer_accounting (a)
     assert xl.memory.weights["fp32"] == 4 * 2_127_057_600  # about 8.5 GB
     assert 8.5e9 < xl.memory.weights["fp32"] < 8.52e9
-    assert xl.memory.weights["bf16"] == xl.memory.weights["fp16"] == 2 * 2_127_057_600
-    # fp32 weights, grads and the two AdamW moments: 4 bytes each, per parameter.
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        assert xl.memory.weights[name] == torch.finfo(dtype).bits // 8 * 2_127_057_600
+    # CS336 transformer_accounting (AdamW in fp32): parameters, gradients and the two moments,
+    # 4 bytes each, i.e. 16 bytes per parameter.
     assert xl.memory.training_total == 16 * 2_127_057_600
     assert da.account(da.preset("gpt2-xl"), measure=False).parameters.total == 1_557_611_200
     assert da.account(da.preset("gpt2-small"), measure=False).parameters.total == 124_439_808
     assert da.account(da.preset("cs336-test"), measure=False).parameters.total == 1_403_328
+
+
+def matmul_shapes(cfg, B, T):
+    """Every forward matmul as (m, n, p, count): count products of (m x n)(n x p), written from
+    the architecture: per layer the q, k, v, o projections over B*T rows, one score and one
+    weighted-sum product per (batch row, query head), the MLP matrices; one readout."""
+    D, H, Hkv, Dh, F, V, L = (cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff,
+                              cfg.vocab_size, cfg.n_layers)
+    shapes = {
+        "attn.q_proj": (B * T, D, H * Dh, L),
+        "attn.k_proj": (B * T, D, Hkv * Dh, L),
+        "attn.v_proj": (B * T, D, Hkv * Dh, L),
+        "attn.scores": (T, Dh, T, B * H * L),
+        "attn.weighted_sum": (T, T, Dh, B * H * L),
+        "attn.output_proj": (B * T, H * Dh, D, L),
+        "ffn.w1": (B * T, D, F, L),
+        "ffn.w2": (B * T, F, D, L),
+        "lm_head (tied)" if cfg.tie_embeddings else "lm_head": (B * T, D, V, 1),
+    }
+    if cfg.mlp == "swiglu":
+        shapes["ffn.w3"] = (B * T, D, F, L)
+    return shapes
+
+
+def matmul_flops(shapes, names=None):
+    """2 FLOPs per multiply-add: 2 * m * n * p per product, times the count."""
+    return sum(2 * m * n * p * count for name, (m, n, p, count) in shapes.items()
+               if names is None or name in names)
 
 
 def dense_terms(cfg, B, T):
@@ -88,10 +119,13 @@ def test_group_flops_match_dense_formulas(name, B, T):
     want = dense_terms(cfg, B, T)
     assert {g.name: g.flops for g in acct.groups} == want
     assert acct.forward_flops == sum(want.values())
+    # Kaplan et al. 2020 (C = 6N per token): backward costs twice the forward
     assert acct.forward_backward_flops == 3 * sum(want.values())
-    assert sum(mm.flops for mm in acct.matmuls) == acct.forward_flops
-    for mm in acct.matmuls:
-        assert mm.flops == mm.count * 2 * mm.m * mm.n * mm.p
+    shapes = matmul_shapes(cfg, B, T)
+    assert {mm.name: (mm.m, mm.n, mm.p, mm.count) for mm in acct.matmuls} == shapes
+    assert {mm.name: mm.flops for mm in acct.matmuls} == {
+        name: matmul_flops({name: shape}) for name, shape in shapes.items()}
+    assert matmul_flops(shapes) == sum(want.values())
 
 
 def test_cs336_xl_forward_flops_published_total():
@@ -113,8 +147,10 @@ def test_gqa_shrinks_only_the_kv_projections():
     B, T, D, L = 2, 10, 256, 4
     acct = da.account(cfg, batch_size=B, seq_len=T, measure=False)
     by_name = {mm.name: mm for mm in acct.matmuls}
-    assert (by_name["attn.k_proj"].m, by_name["attn.k_proj"].n, by_name["attn.k_proj"].p) == (
-        B * T, D, 2 * 32)
+    for name in ("attn.k_proj", "attn.v_proj"):
+        assert (by_name[name].m, by_name[name].n, by_name[name].p) == (B * T, D, 2 * 32)
+    assert (by_name["attn.q_proj"].m, by_name["attn.q_proj"].n, by_name["attn.q_proj"].p) == (
+        B * T, D, 8 * 32)
     q_and_out = 2 * (2 * B * T * D * D)
     k_and_v = 2 * (2 * B * T * D * (2 * 32))
     assert acct.group("attention projections").flops == L * (q_and_out + k_and_v)
@@ -153,10 +189,13 @@ def test_measured_on_meta_equals_analytic(name, cfg):
     assert meas.matches_analytic, meas.differences
     assert meas.total == acct.forward_flops  # torch's count of the eager path
     assert meas.sdpa_meta_total == acct.forward_flops  # and of the plain (SDPA) forward on meta
-    # The per-head products are the batched matmuls; each is 2 x (B*H*L) x T*Dh*T.
-    D, L = cfg.n_heads * cfg.head_dim, cfg.n_layers
-    assert meas.attention_ops_total == L * 4 * B * T * T * D
-    assert meas.linear_ops_total == meas.total - meas.attention_ops_total
+    # torch's count, split by op kind, against the products written from the architecture:
+    # the per-head products are the batched matmuls (bmm), everything else is F.linear.
+    shapes = matmul_shapes(cfg, B, T)
+    per_head = ("attn.scores", "attn.weighted_sum")
+    assert meas.attention_ops_total == matmul_flops(shapes, per_head)
+    assert meas.linear_ops_total == matmul_flops(shapes, set(shapes) - set(per_head))
+    assert meas.total == matmul_flops(shapes)
     assert "run_with_trace" in meas.path and "meta" in meas.path
 
 

@@ -15,10 +15,23 @@ import configs
 import zoo
 
 
-def test_zoo_covers_at_least_15_defect_classes():
-    assert len(zoo.MUTANTS) >= 15
+# Checks whose defects are planted outside this zoo, and where: their defect is not a model.
+PLANTED_ELSEWHERE = {
+    "loss_alignment": "test_gate_checks.py: the objective's shift and flattening broken",
+    "kv_cache": "zoo_generation.py", "padding": "zoo_generation.py",
+    "grad_causal": "zoo_generation.py",
+}
+
+
+def test_every_check_of_the_registry_has_a_mutant_it_must_catch():
+    """A check added to the registry without a planted defect fails here: the gate's principle
+    is that every check is tested against a model with its defect."""
     assert len({case.name for case in zoo.MUTANTS}) == len(zoo.MUTANTS)
-    assert {case.expect for case in zoo.MUTANTS} <= set(CHECK_ORDER)
+    expected = {case.expect for case in zoo.MUTANTS}
+    assert expected <= set(CHECK_ORDER), expected - set(CHECK_ORDER)
+    uncovered = [name for name in CHECK_ORDER
+                 if name not in expected and name not in PLANTED_ELSEWHERE]
+    assert uncovered == [], f"checks without a mutant in tests/zoo.py: {uncovered}"
 
 
 @pytest.mark.parametrize("case", zoo.MUTANTS, ids=lambda case: case.name)
@@ -30,8 +43,58 @@ def test_mutant_is_caught_by_the_right_check(case):
     if case.first:
         assert report.first_failure.name == case.expect, (
             f"{case.name}: first failure {report.first_failure.name}: {report.first_failure.detail}")
+    if case.only:  # every other check ran and passed: only the named check can see this defect
+        assert failing == [case.expect], {c.name: c.detail for c in report.failures}
     # caught by the check's own verdict, not by the check crashing on the mutant
     assert "exception" not in report[case.expect].evidence, report[case.expect].detail
+
+
+def _case(name: str) -> zoo.Case:
+    return next(case for case in zoo.MUTANTS if case.name == name)
+
+
+@pytest.mark.parametrize("name, moved", [
+    ("batch_rows_mixed", {"other rows changed", "row run alone (B=1)"}),
+    ("batch_rows_read_row_0", {"batch order reversed"}),
+    ("scaled_by_batch_size", {"row run alone (B=1)"}),
+])
+def test_each_batch_independence_variant_catches_a_defect_the_others_miss(name, moved):
+    """Other rows changed, reversed, or dropped: each variant is the only one to see one mutant
+    (a batch mean is invariant under reordering; a row that reads row 0 is unchanged when only
+    the other rows change; a division by B keeps B under both)."""
+    check = da.audit(_case(name).build(), checks=["batch_independence"],
+                     **_case(name).kwargs)["batch_independence"]
+    assert not check.passed
+    failed = {v["variant"] for v in check.evidence["variants"]
+              if not v["max_abs_diff"] <= v["allowed"]}
+    assert failed == moved, check.evidence["variants"]
+
+
+@pytest.mark.parametrize("name, part", [
+    ("position_table_detached", "gradient of position_embeddings.weight"),
+    ("traced_path_differs_from_fast", "the eager (traced) path differs from the fast path"),
+    ("gqa_tiled_not_interleaved", "fast logits differ from the slow oracle"),
+])
+def test_each_part_of_the_oracle_check_catches_its_own_mutant(name, part):
+    """Values, traced-vs-fast and gradients: a detached position table has the right logits on
+    both paths; a traced path with another score scale has the right fast logits."""
+    check = da.audit(_case(name).build(), checks=["oracle"])["oracle"]
+    assert not check.passed and part in check.detail, check.detail
+    if name == "position_table_detached":
+        assert check.evidence["max_abs_logit_error"] <= check.evidence["allowed"]
+        assert check.evidence["eager_vs_fast_max_abs"] <= check.evidence["allowed"]
+    if name == "traced_path_differs_from_fast":
+        assert check.evidence["max_abs_logit_error"] <= check.evidence["allowed"]
+
+
+def test_a_pattern_with_mass_on_the_next_key_is_seen_only_in_the_pattern():
+    """The output drops the leaked mass, so the logits equal the correct model's (the oracle
+    and causal agree); the pattern itself has probability on key t + 1."""
+    report = da.audit(_case("pattern_mass_on_next_key_unused").build())
+    check = report["attention_rows"]
+    assert [c.name for c in report.failures] == ["attention_rows"]
+    assert "on a future key" in check.detail and "key 1)" in check.detail, check.detail
+    assert report["oracle"].evidence["max_abs_logit_error"] <= 1e-12
 
 
 def _passes(model, **kwargs):
@@ -69,10 +132,13 @@ def test_plain_torch_decoder_passes_black_box():
                                                "oracle"}
 
 
-transformers = pytest.importorskip("transformers")
+def _transformers():
+    """Hugging Face, imported per test: without it only these tests skip, never the zoo."""
+    return pytest.importorskip("transformers")
 
 
 def _gpt2():
+    transformers = _transformers()
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=37, n_positions=12, n_embd=16, n_layer=2,
                                      n_head=2, attn_implementation="eager")
@@ -80,6 +146,7 @@ def _gpt2():
 
 
 def _llama():
+    transformers = _transformers()
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=37, hidden_size=16, intermediate_size=24,
                                       num_hidden_layers=2, num_attention_heads=4,

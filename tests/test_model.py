@@ -1,5 +1,7 @@
 """Decoder against the slow oracle, the input contract, the trace and the meta device."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -82,6 +84,44 @@ def test_tied_readout_is_h_times_embedding_transpose():
     torch.testing.assert_close(logits, trace["ln_final"] @ model.token_embeddings.weight.T)
 
 
+# ---- initialisation --------------------------------------------------------------------------
+
+# GPT-2's scheme (Radford et al. 2019, section 2.3; nanoGPT's _init_weights): every matrix and
+# embedding ~ N(0, 0.02); the two projections that write into the residual stream ~ N(0, 0.02 /
+# sqrt(2L)) (two residual adds per block); biases 0; norm gains 1.
+GPT2_STD = 0.02
+RESIDUAL_PROJECTIONS = ("attn.output_proj.weight", "ffn.w2.weight")
+# Shapes large enough that the sample std of the smallest matrix is within 3% of the true std at
+# 5 standard errors (k_proj of llama-debug: 64 x 256 entries, standard error 1/sqrt(2n) = 0.55%),
+# while the residual std differs from 0.02 by a factor sqrt(2L) >= 2.
+INIT_CONFIGS = {
+    "gpt2-small-2-layers": da.preset("gpt2-small").replace(n_layers=2, vocab_size=2000,
+                                                           max_seq_len=256),
+    "llama-debug": da.preset("llama-debug"),
+}
+
+
+@pytest.mark.parametrize("name", INIT_CONFIGS)
+def test_each_weight_is_initialised_with_its_own_std(name):
+    cfg = INIT_CONFIGS[name]
+    model = da.Decoder(cfg)
+    residual_std = GPT2_STD / (2 * cfg.n_layers) ** 0.5
+    residual = []
+    for pname, param in model.named_parameters():
+        values = param.detach().double().flatten()
+        if pname.endswith(".bias"):
+            assert torch.equal(values, torch.zeros_like(values)), pname
+        elif pname.startswith("ln_final.") or ".ln1." in pname or ".ln2." in pname:
+            assert torch.equal(values, torch.ones_like(values)), pname
+        else:
+            residual += [pname] if pname.endswith(RESIDUAL_PROJECTIONS) else []
+            want = residual_std if pname.endswith(RESIDUAL_PROJECTIONS) else GPT2_STD
+            n, std = values.numel(), float(values.std())
+            assert abs(std / want - 1) < 5 / (2 * n) ** 0.5, f"{pname}: std {std:.5f}, want {want:.5f}"
+            assert abs(float(values.mean())) < 5 * want / n ** 0.5, pname
+    assert len(residual) == 2 * cfg.n_layers, residual
+
+
 # ---- the input contract ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("ids, error, message", [
@@ -128,12 +168,15 @@ def test_every_legal_length_and_two_batch_sizes_run():
 def test_trace_records_every_site_with_its_declared_shape():
     cfg = configs.named("gqa-odd")
     model = da.Decoder(cfg)
-    logits, trace = da.run_with_trace(model, torch.randint(0, cfg.vocab_size, (3, 5)))
+    ids = torch.randint(0, cfg.vocab_size, (3, 5))
+    logits, trace = da.run_with_trace(model, ids)
     assert trace.shape_mismatches() == []
     assert trace["layers.1.attn.pattern"].shape == (3, 6, 5, 5)
     assert trace["layers.0.attn.k"].shape == (3, 2, 5, 4)
     assert trace["layers.0.ffn.hidden"].shape == (3, 5, 37)
-    torch.testing.assert_close(trace["logits"], logits)
+    # the traced logits are the eager path's; the oracle computes them independently
+    torch.testing.assert_close(trace["logits"].double(),
+                               da.oracle_logits(model.state_dict(), cfg, ids), atol=1e-5, rtol=0)
     first = next(iter(trace))
     assert first == "tokens"
 
@@ -163,6 +206,41 @@ def test_meta_construction_allocates_nothing():
 
 
 # ---- RoPE -----------------------------------------------------------------------------------
+
+def _rope_by_hand(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Interleaved RoPE written out as 2x2 rotations: row t of x (T, Dh), pair (x[2j], x[2j+1])
+    turned by the angle t * theta^(-2j/Dh) (DESIGN.md; RoFormer eq. 34 in the CS336 layout)."""
+    seq_len, head_dim = x.shape
+    out = torch.empty_like(x)
+    for t in range(seq_len):
+        for j in range(head_dim // 2):
+            angle = t * theta ** (-2.0 * j / head_dim)
+            c, s = math.cos(angle), math.sin(angle)
+            a, b = float(x[t, 2 * j]), float(x[t, 2 * j + 1])
+            out[t, 2 * j], out[t, 2 * j + 1] = c * a - s * b, s * a + c * b
+    return out
+
+
+def test_rope_rotates_each_interleaved_pair_by_its_own_angle():
+    """Exact against the hand rotation, so a wrong sign, frequency, base or pairing fails."""
+    cfg = configs.rope_only(head_dim=8, max_seq_len=12, rope_theta=100.0)
+    rotations = rope_rotations(cfg, 12, torch.device("cpu"), torch.float64)
+    x = torch.randn(12, 8, dtype=torch.float64)
+    torch.testing.assert_close(apply_rope(x, rotations), _rope_by_hand(x, 100.0),
+                               atol=1e-12, rtol=0)
+
+
+def test_rope_worked_example():
+    """Dh = 4, theta = 100: pair 0 turns by t radians, pair 1 by t / 10. At t = 3 the unit
+    vector (1, 0) of pair 0 becomes (cos 3, sin 3): counter-clockwise."""
+    cfg = configs.rope_only(head_dim=4, max_seq_len=4, rope_theta=100.0)
+    rotations = rope_rotations(cfg, 4, torch.device("cpu"), torch.float64)
+    x = torch.tensor([[1.0, 0.0, 1.0, 0.0]], dtype=torch.float64).expand(4, 4)
+    got = apply_rope(x, rotations)[3]
+    want = torch.tensor([math.cos(3), math.sin(3), math.cos(0.3), math.sin(0.3)],
+                        dtype=torch.float64)
+    torch.testing.assert_close(got, want, atol=1e-15, rtol=0)
+
 
 def test_rope_relative_position_property():
     """<R(m) q, R(n) k> depends only on m - n."""

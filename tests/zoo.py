@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import decoder_audit as da
-from decoder_audit.model import CausalSelfAttention, apply_rope
+from decoder_audit.model import CausalSelfAttention, Embedding, Linear, apply_rope
 
 import configs
 
@@ -55,8 +55,20 @@ class HandAttention(CausalSelfAttention):
     def expand(self, kv: torch.Tensor) -> torch.Tensor:
         return kv.repeat_interleave(self.n_heads // self.kv_heads, dim=1)  # (B, H, T, Dh)
 
+    def scale(self, traced: bool) -> float:
+        """The score scale 1/sqrt(Dh), on the traced (eager) path and the untraced one alike."""
+        return 1.0 / math.sqrt(self.head_dim)
+
     def probabilities(self, masked: torch.Tensor) -> torch.Tensor:
         return masked.softmax(-1)
+
+    def combine(self, pattern: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """z = pattern @ v: (B, H, T, T) x (B, H, T, Dh) -> (B, H, T, Dh)."""
+        return pattern @ v
+
+    def sites(self, q, k, v, scores, pattern, z) -> tuple[tuple[str, torch.Tensor], ...]:
+        """What the trace records: k and v per KV head (B, Hkv, T, Dh), as declared."""
+        return (("q", q), ("k", k), ("v", v), ("scores", scores), ("pattern", pattern), ("z", z))
 
     def finish(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return out
@@ -68,13 +80,12 @@ class HandAttention(CausalSelfAttention):
         v = self.split(self.v_proj(x), self.kv_heads)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        scores = q @ self.expand(k).transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, T)
+        scores = q @ self.expand(k).transpose(-2, -1) * self.scale(trace is not None)  # (B, H, T, T)
         masked = scores.masked_fill(~self.visible(seq_len).to(x.device), self.mask_value)
         pattern = self.probabilities(masked)
-        z = pattern @ self.expand(v)  # (B, H, T, Dh)
+        z = self.combine(pattern, self.expand(v))  # (B, H, T, Dh)
         if trace is not None:
-            for name, value in (("q", q), ("k", k), ("v", v), ("scores", scores),
-                                ("pattern", pattern), ("z", z)):
+            for name, value in self.sites(q, k, v, scores, pattern, z):
                 trace.record(f"{prefix}.{name}", value)
         out = self.output_proj(z.transpose(1, 2).reshape(batch, seq_len, -1))
         return self.finish(out, x)
@@ -150,6 +161,36 @@ class TinyLeak(HandAttention):  # a leak of ~1e-6: attention output nudged by th
         return out + 1e-6 * x[:, -1:, :]
 
 
+class TracedPathDiffers(HandAttention):
+    """The traced (eager) path divides scores by Dh, the untraced (fast) path by sqrt(Dh): the
+    trace, and every picture drawn from it, describes another model than the one that runs. Its
+    patterns are still proper (rows sum to 1, nothing on the future)."""
+
+    def scale(self, traced):
+        return 1.0 / self.head_dim if traced else 1.0 / math.sqrt(self.head_dim)
+
+
+class PatternLeaksUnused(HandAttention):
+    """The recorded pattern is a softmax under tril(1), with mass on key t + 1, while the output
+    is computed from the correct causal pattern: the logits (and their gradients) are the correct
+    model's; only the pattern the trace shows is wrong."""
+
+    def sites(self, q, k, v, scores, pattern, z):
+        seq_len = scores.shape[-1]
+        one_ahead = torch.ones(seq_len, seq_len, dtype=torch.bool, device=scores.device).tril(1)
+        shown = scores.masked_fill(~one_ahead, float("-inf")).softmax(-1)
+        return (("q", q), ("k", k), ("v", v), ("scores", scores), ("pattern", shown), ("z", z))
+
+
+class TraceRecordsExpandedKV(HandAttention):
+    """Records k and v after the GQA repeat (B, H, T, Dh) instead of per KV head
+    (B, Hkv, T, Dh): the computation is right, the shape ledger is not."""
+
+    def sites(self, q, k, v, scores, pattern, z):
+        return (("q", q), ("k", self.expand(k)), ("v", self.expand(v)), ("scores", scores),
+                ("pattern", pattern), ("z", z))
+
+
 # ---- decoder-level mutants --------------------------------------------------------------------
 
 class SoftmaxOutput(da.Decoder):
@@ -192,6 +233,36 @@ class SkipsFinalNorm(nn.Module):
 
     def forward(self, x):
         return x
+
+
+class DetachedTable(Embedding):
+    """An embedding whose table is read `.detach()`ed: same values, no gradient to the table.
+    The Parameter stays registered under `weight` (the ledger and the weight names are intact)."""
+
+    @property
+    def weight(self):
+        return self._parameters["weight"].detach()
+
+
+def detached_positions() -> da.Decoder:
+    """The position table added `.detach()`ed: identical logits, but training never moves it."""
+    model = decoder(SMALL)
+    model.position_embeddings.__class__ = DetachedTable
+    return model
+
+
+class DetachedReadout(Linear):
+    """A readout that reads its (shared) weight `.detach()`ed: the tied weight is one Parameter,
+    but only the lookup path reaches its gradient."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight.detach(), self.bias)
+
+
+def detached_readout() -> da.Decoder:
+    model = decoder(TINY)
+    model.lm_head.__class__ = DetachedReadout
+    return model
 
 
 def missing_final_norm() -> da.Decoder:
@@ -279,7 +350,60 @@ class TorchDecoder(nn.Module):
             mask = None
         for layer in self.layers:
             x = layer(x, src_mask=mask)
-        return self.head(self.norm(x))  # (B, T, V)
+        return self.finish(self.head(self.norm(x)), ids)  # (B, T, V)
+
+    def finish(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The last step of the forward: nothing here; the black-box mutants below plant theirs."""
+        return logits
+
+
+class ReadsRowZero(TorchDecoder):
+    """Every row's logits are biased towards batch row 0's token at the same position (a
+    lookup, mask or position table computed from `ids[0]` and broadcast over the batch). Row 0
+    reads only itself, so changing the other rows or running row 0 alone moves nothing; only a
+    reordering, which puts another sequence first, shows it."""
+
+    def finish(self, logits, ids):
+        return logits + F.one_hot(ids[:1], logits.shape[-1]).to(logits.dtype)  # (1, T, V)
+
+
+class ScalesByBatch(TorchDecoder):
+    """Logits divided by the batch size (a mean over the batch where a sum per row was meant).
+    Changing or reordering rows keeps B; only the row run alone (B = 1) shows it."""
+
+    def finish(self, logits, ids):
+        return logits * (2.0 / logits.shape[0])
+
+
+class ClampsIds(TorchDecoder):
+    """Out-of-range ids are clamped into [0, V) instead of rejected (DEFECTS.md D-class: nothing
+    is clipped silently)."""
+
+    def forward(self, ids):
+        return super().forward(ids.clamp(0, self.embed.num_embeddings - 1))
+
+
+class LeaksLastToken(TorchDecoder):
+    """Every row's logit for the last token's id is raised by `leak`: when the last token
+    changes, every earlier row moves by exactly `leak` (two logits, by -leak and +leak), and
+    nothing else changes. Built in `dtype`; a float32 one refuses to run in float64, so the gate
+    audits it in float32 whatever it does with models that allow float64."""
+
+    def __init__(self, leak: float, dtype: torch.dtype = torch.float64) -> None:
+        torch.manual_seed(0)
+        super().__init__()
+        self.leak = leak
+        self.to(dtype)
+        self.float32_only = dtype == torch.float32
+
+    def forward(self, ids):
+        if self.float32_only and self.head.weight.dtype == torch.float64:
+            raise TypeError("this model only runs in float32")
+        return super().forward(ids)
+
+    def finish(self, logits, ids):
+        last = F.one_hot(ids[:, -1:], logits.shape[-1]).to(logits.dtype)  # (B, 1, V)
+        return logits + self.leak * last
 
 
 # ---- the registry -----------------------------------------------------------------------------
@@ -291,6 +415,7 @@ class Case:
     expect: str | None = None  # the check that must fail; None: every check must pass
     first: bool = True  # and it must be the first failure
     defect: str = ""
+    only: bool = False  # and every other check must pass: no other check can see the defect
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -329,4 +454,28 @@ MUTANTS = [
          defect="B8", kwargs=TORCH_BLACKBOX),
     Case("torch_positions_clipped", lambda: TorchDecoder(clip_positions=True), "overlength",
          defect="D17", kwargs=TORCH_BLACKBOX),
+    # Defects only one check (or one part of a check) can see; each was a surviving mutation of
+    # the gate (issue 16) until it had a mutant here.
+    Case("ids_clamped_into_range", ClampsIds, "inputs", defect="D17 (ids)", only=True,
+         kwargs=TORCH_BLACKBOX),
+    Case("trace_records_expanded_kv", lambda: with_attention(TraceRecordsExpandedKV, GQA),
+         "shapes", defect="shape ledger", only=True),
+    Case("batch_rows_read_row_0", ReadsRowZero, "batch_independence", defect="B12 (reorder)",
+         only=True, kwargs=TORCH_BLACKBOX),
+    Case("scaled_by_batch_size", ScalesByBatch, "batch_independence", defect="B12 (B=1)",
+         only=True, kwargs=TORCH_BLACKBOX),
+    # 1e-8 is 10^5 above float64 rounding and 100x below the shape-change tolerance: only the
+    # same-shape causal intervention at INVARIANCE_FP64 can see it.
+    Case("leak_of_1e-8_float64", lambda: LeaksLastToken(1e-8), "causal", defect="B8 (tiny)",
+         only=True, kwargs=TORCH_BLACKBOX),
+    # 1e-3 is 10^4 above float32 rounding: the prefix check (same tolerance in float32) sees it too.
+    Case("leak_of_1e-3_float32", lambda: LeaksLastToken(1e-3, torch.float32), "causal",
+         defect="B8 (tiny)", kwargs=TORCH_BLACKBOX),
+    Case("pattern_mass_on_next_key_unused", lambda: with_attention(PatternLeaksUnused, SMALL),
+         "attention_rows", defect="B9 (pattern only)", only=True),
+    Case("readout_detached_from_tied_weight", detached_readout, "tying_grad",
+         defect="A: one path of the tied gradient lost"),
+    Case("position_table_detached", detached_positions, "oracle", defect="gradient", only=True),
+    Case("traced_path_differs_from_fast", lambda: with_attention(TracedPathDiffers, SMALL),
+         "oracle", defect="eager vs fused", only=True),
 ]
