@@ -1,4 +1,5 @@
-"""Training data: the tiny model's counting task and byte-level text.
+"""Training data: the tiny model's counting task and byte-level text (token files prepared with a
+real tokenizer: `decoder_audit.datasets.TokenDataset`).
 
 Both sources hand out *global* batches drawn from one seeded `torch.Generator`. Under
 DistributedDataParallel every rank draws the same global batch and keeps its own contiguous slice
@@ -100,6 +101,10 @@ class CountingTask:
     def state(self) -> dict:
         return {"task": self.name, "tokenizer": self.tokenizer}
 
+    def checkpoint_files(self) -> dict[str, bytes]:
+        """The tokenizer's manifest, to be saved beside the weights."""
+        return vocab.Tokenizer(self.tokenizer).folder_files()
+
 
 class ByteText:
     """Random windows of T + 1 bytes from a text file, split into train and validation."""
@@ -165,6 +170,10 @@ class ByteText:
     def state(self) -> dict:
         return {"task": self.name, "tokenizer": self.tokenizer, "text": str(self.path),
                 "text_sha256": self.sha256}
+
+    def checkpoint_files(self) -> dict[str, bytes]:
+        """The tokenizer's manifest, to be saved beside the weights."""
+        return vocab.Tokenizer(self.tokenizer).folder_files()
 
 
 def shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

@@ -1,4 +1,22 @@
-"""How ids read as text: the tiny teaching vocabulary, and raw bytes.
+"""How ids read as text: one `Tokenizer` over four kinds, and the tiny teaching vocabulary.
+
+    kind             ids                               files it is made of
+    tiny-vocab       the 8 tokens below (V = 8)        none
+    bytes            one id per UTF-8 byte (V = 256)   none
+    tokenizer.json   a Hugging Face tokenizer          tokenizer.json (read by the `tokenizers`
+                                                       library), beside it tokenizer_config.json
+                                                       and special_tokens_map.json when present
+    gpt2-bpe         GPT-2's byte-level BPE            vocab.json + merges.txt (run through
+                                                       `tokenizers`' BPE model with GPT-2's
+                                                       byte-level pre-tokenizer and decoder)
+
+Every kind answers the same questions: `encode`, `decode`, `eos_id`, `vocab_size` (ids span
+[0, vocab_size): the largest id + 1), `name` and `sha256` (a digest of what defines the ids, the
+same wherever the files are). A tokenizer travels with a checkpoint or a prepared dataset as its
+files, verbatim, plus a manifest (`MANIFEST_FILE`) naming the kind, each file's SHA-256, the
+vocabulary size and the end-of-sequence id; `Tokenizer.from_folder` reads it back and refuses a
+file whose digest changed. The files are read (and checked) in `tokenizer_files`; `tokenizers` is
+needed only for the two file kinds (it comes with transformers, the `hf` extra).
 
 The tiny teaching vocabulary: 8 tokens, one per id of the tiny-368 model (V = 8).
 
@@ -18,13 +36,27 @@ letters A..E between <bos> and <eos>) is written in these tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
+from .tokenizer_files import (companions, find_eos, merges_beside, parse_gpt2,
+                              parse_tokenizer_json, read_file, read_json)
 
 TINY_VOCAB: list[str] = ["<pad>", "<bos>", "<eos>", "A", "B", "C", "D", "E"]
 PAD, BOS, EOS = 0, 1, 2
 _ID_OF = {token: i for i, token in enumerate(TINY_VOCAB)}
+
+BUILTIN_KINDS = ("tiny-vocab", "bytes")
+FILE_KINDS = ("tokenizer.json", "gpt2-bpe")
+# The file(s) that define each file kind's ids; the companions only carry settings (eos).
+DEFINING_FILES = {"tokenizer.json": ("tokenizer.json",), "gpt2-bpe": ("vocab.json", "merges.txt")}
+MANIFEST_FILE = "decoder_audit_tokenizer.json"
+MANIFEST_FORMAT = 1
 
 
 def encode(text: str) -> list[int]:
@@ -48,18 +80,139 @@ def decode(ids: Iterable[int]) -> str:
     return " ".join(tokens)
 
 
-class Tokenizer:
-    """How a model's ids read as text: the tiny 8-token vocabulary or raw bytes."""
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
-    def __init__(self, kind: str) -> None:
-        if kind not in ("tiny-vocab", "bytes"):
-            raise ConfigError(f"unknown tokenizer {kind!r}; known: 'tiny-vocab', 'bytes'")
+
+class Tokenizer:
+    """How a model's ids read as text (see the module docstring for the kinds).
+
+    `Tokenizer("bytes")` and `Tokenizer("tiny-vocab")` need no files; the file kinds are made by
+    `from_tokenizer_json`, `from_gpt2_files`, `from_spec` (what `--tokenizer` accepts) and
+    `from_folder` (a checkpoint, prepared dataset or Hugging Face folder)."""
+
+    def __init__(self, kind: str, *, files: Mapping[str, bytes] | None = None,
+                 label: str | None = None, eos_id: int | None = None) -> None:
+        if kind not in BUILTIN_KINDS + FILE_KINDS:
+            raise ConfigError(f"unknown tokenizer {kind!r}; known: {BUILTIN_KINDS + FILE_KINDS}")
         self.kind = kind
+        self.files = dict(files or {})
+        self._backend = None
+        if kind in BUILTIN_KINDS:
+            self.name = kind
+            self.vocab_size = len(TINY_VOCAB) if kind == "tiny-vocab" else 256
+            self.eos_id = EOS if kind == "tiny-vocab" else None  # raw bytes have no end token
+            return
+        missing = [f for f in DEFINING_FILES[kind] if f not in self.files]
+        if missing:
+            raise ConfigError(f"a {kind} tokenizer needs the files {list(DEFINING_FILES[kind])}; "
+                              f"missing {missing}")
+        self.name = f"{kind}:{label}" if label else kind
+        self._backend = (parse_tokenizer_json(self.files["tokenizer.json"], label)
+                         if kind == "tokenizer.json" else
+                         parse_gpt2(self.files["vocab.json"], self.files["merges.txt"], label))
+        vocab = self._backend.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(vocab.values()) + 1
+        self.eos_id = eos_id if eos_id is not None else find_eos(vocab, self.files)
+        if self.eos_id is not None and not 0 <= self.eos_id < self.vocab_size:
+            raise ConfigError(f"tokenizer {self.name}: eos_id={self.eos_id} is outside its ids "
+                              f"[0, {self.vocab_size})")
+
+    # ------------------------------------------------------------------------------------------
+    # Making one
+    # ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_tokenizer_json(cls, path: str | os.PathLike) -> "Tokenizer":
+        """A Hugging Face tokenizer.json (any file name); companions beside it are kept."""
+        path = Path(path)
+        files = {"tokenizer.json": read_file(path), **companions(path.parent)}
+        return cls("tokenizer.json", files=files, label=path.name)
+
+    @classmethod
+    def from_gpt2_files(cls, vocab: str | os.PathLike, merges: str | os.PathLike) -> "Tokenizer":
+        """GPT-2's vocab.json + merges.txt (any file names)."""
+        vocab, merges = Path(vocab), Path(merges)
+        files = {"vocab.json": read_file(vocab), "merges.txt": read_file(merges),
+                 **companions(vocab.parent)}
+        return cls("gpt2-bpe", files=files, label=vocab.resolve().parent.name or vocab.name)
+
+    @classmethod
+    def from_spec(cls, spec: str | os.PathLike) -> "Tokenizer":
+        """What `--tokenizer T` names: "bytes", "tiny-vocab", a tokenizer.json file, a GPT-2
+        vocab.json (its merges beside it: merges.txt, or the name with vocab -> merges and
+        .json -> .txt), or a folder holding one of those or a tokenizer manifest (a checkpoint,
+        a training run folder, a prepared dataset, a Hugging Face model folder)."""
+        if str(spec) in BUILTIN_KINDS:
+            return cls(str(spec))
+        path = Path(spec)
+        if path.is_dir():
+            found = cls.from_folder(path)
+            if found is None:
+                raise ConfigError(
+                    f"--tokenizer folder {str(path)!r} holds no tokenizer: looked for "
+                    f"{MANIFEST_FILE}, tokenizer.json, vocab.json + merges.txt (also in "
+                    f"checkpoint/)")
+            return found
+        if not path.is_file():
+            raise ConfigError(f"--tokenizer {str(spec)!r} is neither {' nor '.join(BUILTIN_KINDS)}"
+                              " nor an existing file or folder")
+        content = read_json(read_file(path), path)
+        if isinstance(content, dict) and isinstance(content.get("model"), dict):
+            return cls.from_tokenizer_json(path)
+        if isinstance(content, dict) and all(isinstance(v, int) for v in content.values()):
+            return cls.from_gpt2_files(path, merges_beside(path))
+        raise ConfigError(f"--tokenizer file {str(path)!r} is neither a tokenizer.json (it has "
+                          "no 'model') nor a GPT-2 vocab.json (token -> id)")
+
+    @classmethod
+    def from_folder(cls, folder: str | os.PathLike) -> "Tokenizer | None":
+        """The tokenizer a folder carries, or None: its manifest (file digests checked), else a
+        tokenizer.json, else vocab.json + merges.txt; a run folder's checkpoint/ is looked in
+        too."""
+        folder = Path(folder)
+        if (folder / MANIFEST_FILE).is_file():
+            return cls._from_manifest(folder)
+        if (folder / "tokenizer.json").is_file():
+            return cls.from_tokenizer_json(folder / "tokenizer.json")
+        if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+            return cls.from_gpt2_files(folder / "vocab.json", folder / "merges.txt")
+        if (folder / "checkpoint").is_dir():
+            return cls.from_folder(folder / "checkpoint")
+        return None
+
+    @classmethod
+    def _from_manifest(cls, folder: Path) -> "Tokenizer":
+        path = folder / MANIFEST_FILE
+        manifest = read_json(read_file(path), path)
+        try:
+            kind, digests = manifest["kind"], dict(manifest.get("files", {}))
+        except (TypeError, KeyError) as exc:
+            raise ConfigError(f"{str(path)!r} is not a tokenizer manifest (no {exc})") from None
+        if kind in BUILTIN_KINDS:
+            tokenizer = cls(kind)
+        else:
+            files = {}
+            for name, digest in digests.items():
+                files[name] = read_file(folder / name)
+                if _sha256(files[name]) != digest:
+                    raise ConfigError(f"tokenizer file {str(folder / name)!r} changed: its "
+                                      f"SHA-256 differs from the one {MANIFEST_FILE} recorded")
+            label = str(manifest.get("name", kind)).partition(":")[2] or None
+            tokenizer = cls(kind, files=files, label=label, eos_id=manifest.get("eos_id"))
+        if manifest.get("vocab_size", tokenizer.vocab_size) != tokenizer.vocab_size:
+            raise ConfigError(f"{str(path)!r} records vocab_size={manifest['vocab_size']} but "
+                              f"the tokenizer's ids span {tokenizer.vocab_size}")
+        return tokenizer
 
     @classmethod
     def for_vocab_size(cls, vocab_size: int, declared: str | None = None) -> "Tokenizer":
-        """The tokenizer a checkpoint declares, else the one its vocabulary size implies."""
+        """The built-in tokenizer a checkpoint declares, else the one its vocabulary size
+        implies (checkpoints that carry no tokenizer files)."""
         if declared is not None:
+            if declared not in BUILTIN_KINDS:
+                raise ConfigError(f"the checkpoint declares tokenizer {declared!r} but carries "
+                                  f"no {MANIFEST_FILE}; name one with --tokenizer")
             return cls(declared)
         if vocab_size == len(TINY_VOCAB):
             return cls("tiny-vocab")
@@ -68,14 +221,76 @@ class Tokenizer:
         raise ConfigError(f"no tokenizer for vocab_size={vocab_size}: sampling knows the "
                           f"{len(TINY_VOCAB)}-token vocabulary and bytes (V >= 256)")
 
-    @property
-    def eos_id(self) -> int | None:
-        return None if self.kind == "bytes" else EOS  # raw bytes have no end token
+    @classmethod
+    def for_checkpoint(cls, folder: str | os.PathLike, vocab_size: int, *,
+                       declared: str | None = None,
+                       override: str | os.PathLike | None = None) -> "Tokenizer":
+        """The tokenizer to read a checkpoint's model with: `override` (--tokenizer) if given,
+        else the one the checkpoint carries, else the built-in one `declared` (trainer.json) or
+        `vocab_size` implies. It must fit the model (`check_fits`)."""
+        tokenizer = (cls.from_spec(override) if override is not None
+                     else cls.from_folder(folder) or cls.for_vocab_size(vocab_size, declared))
+        tokenizer.check_fits(vocab_size, f"the model in {str(folder)!r}")
+        return tokenizer
+
+    # ------------------------------------------------------------------------------------------
+    # Using one
+    # ------------------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8")) if self.kind == "bytes" else encode(text)
-
-    def decode(self, ids: list[int]) -> str:
+        """Text -> ids. File kinds apply the tokenizer's own post-processing (e.g. a leading
+        <s> for Llama); GPT-2 adds nothing."""
         if self.kind == "bytes":
-            return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-        return decode(ids)
+            return list(text.encode("utf-8"))
+        if self.kind == "tiny-vocab":
+            return encode(text)
+        return list(self._backend.encode(text).ids)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids -> text, special tokens included. Ids the tokenizer lacks (a model's V may be
+        padded past it) are left out."""
+        ids = [int(i) for i in ids]
+        if self.kind == "bytes":
+            return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        if self.kind == "tiny-vocab":
+            return decode(ids)
+        return self._backend.decode([i for i in ids if 0 <= i < self.vocab_size],
+                                    skip_special_tokens=False)
+
+    def check_fits(self, vocab_size: int, where: str) -> None:
+        """ConfigError unless every id of this tokenizer is < `vocab_size` (a model's V)."""
+        if self.vocab_size > vocab_size:
+            raise ConfigError(f"tokenizer {self.name} has ids 0..{self.vocab_size - 1} "
+                              f"(vocab_size={self.vocab_size}) but {where} has "
+                              f"vocab_size={vocab_size}: its ids would not fit")
+
+    @property
+    def sha256(self) -> str:
+        """Digest of what defines the ids: the kind, the defining files' digests, eos_id (the
+        same wherever the files lie, whatever they are named on disk)."""
+        defining = {name: _sha256(self.files[name]) for name in DEFINING_FILES.get(self.kind, ())}
+        key = {"kind": self.kind, "files": defining, "eos_id": self.eos_id}
+        if self.kind == "tiny-vocab":
+            key["vocab"] = TINY_VOCAB
+        return _sha256(json.dumps(key, sort_keys=True).encode())
+
+    def manifest(self) -> dict[str, Any]:
+        return {"format": MANIFEST_FORMAT, "kind": self.kind, "name": self.name,
+                "sha256": self.sha256, "vocab_size": self.vocab_size, "eos_id": self.eos_id,
+                "files": {name: _sha256(data) for name, data in sorted(self.files.items())}}
+
+    def folder_files(self) -> dict[str, bytes]:
+        """name -> bytes to write beside a checkpoint's weights or a dataset's tokens: the
+        tokenizer's files verbatim and the manifest."""
+        manifest = (json.dumps(self.manifest(), indent=2) + "\n").encode()
+        return {**self.files, MANIFEST_FILE: manifest}
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in self.folder_files().items():
+            (folder / name).write_bytes(data)
+        return folder
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"

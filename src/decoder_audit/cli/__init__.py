@@ -10,7 +10,7 @@ import sys
 from ..errors import CheckpointError, ConfigError, DecoderInputError
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ["verify", "ledger", "account", "train", "sample", "convert", "presets"]
+COMMANDS = ["verify", "ledger", "account", "train", "sample", "convert", "prepare", "presets"]
 
 
 def build_parser() -> argparse.ArgumentParser:

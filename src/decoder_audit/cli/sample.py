@@ -20,6 +20,10 @@ def register(subparsers) -> None:
                         help="0 (default) is greedy; T > 0 samples from softmax(logits / T)")
     parser.add_argument("--seed", type=int, default=0, help="seed for temperature sampling")
     parser.add_argument("--max-new-tokens", type=int, metavar="N", help="stop after N new tokens")
+    parser.add_argument("--tokenizer", metavar="T",
+                        help="read the model's ids with T (bytes, tiny-vocab, a tokenizer.json, a "
+                             "GPT-2 vocab.json or a folder holding one) instead of the tokenizer "
+                             "the checkpoint carries")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 
@@ -37,7 +41,8 @@ def run(args) -> int:
     declared = None
     if (folder / TRAINER_FILE).is_file():
         declared = json.loads((folder / TRAINER_FILE).read_text()).get("tokenizer")
-    tokenizer = Tokenizer.for_vocab_size(cfg.vocab_size, declared)
+    tokenizer = Tokenizer.for_checkpoint(folder, cfg.vocab_size, declared=declared,
+                                         override=args.tokenizer)
     try:
         prompt = tokenizer.encode(args.prompt)
     except ValueError as exc:  # a token outside the vocabulary

@@ -22,8 +22,8 @@ def register(subparsers) -> None:
         description="Run the full gate on the model; if any check fails, name the first failed "
                     "check and exit 1 without training or writing anything. Otherwise train it: "
                     "by default the tiny model's counting task (<bos> x y z <eos>), or a "
-                    "byte-level model on --text FILE. There is no option to train a model that "
-                    "failed.")
+                    "byte-level model on --text FILE, or on a prepared token dataset (--data "
+                    "DIR). There is no option to train a model that failed.")
     add_model_source(parser, foreign=True)
     parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default 400)")
     parser.add_argument("--seed", type=int, metavar="S",
@@ -39,8 +39,11 @@ def register(subparsers) -> None:
                         help="also decay embeddings (and a tied readout)")
     parser.add_argument("--grad-clip", type=float, metavar="NORM",
                         help="clip the gradient norm (default 1.0; 0 = off)")
-    parser.add_argument("--text", metavar="FILE",
-                        help="train a byte-level model (V >= 256) on FILE")
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument("--text", metavar="FILE", help="train a byte-level model (V >= 256) on FILE")
+    data.add_argument("--data", metavar="DIR",
+                      help="train on a token dataset written by `decoder-audit prepare` (V >= "
+                           "its tokenizer's ids); the checkpoint carries the tokenizer")
     parser.add_argument("--out", metavar="DIR", help="run folder: metrics.jsonl, loss_curve.png, "
                                                      f"checkpoint/ (default {DEFAULT_OUT})")
     parser.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
@@ -58,7 +61,7 @@ def register(subparsers) -> None:
 
 # CLI flag -> TrainConfig field, for the flags that define the run.
 _OPTIONS = ("steps", "seed", "batch_size", "lr", "warmup", "weight_decay", "decay_embeddings",
-            "grad_clip", "text")
+            "grad_clip", "text", "data")
 
 
 def run(args) -> int:

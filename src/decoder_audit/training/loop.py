@@ -2,7 +2,8 @@
 
   prepare   the model (through `sources.Source`) and the task: the data must fit the model (the
             8-token counting task needs V >= 8 and max_seq_len >= 4; `text=` byte-level training
-            needs V >= 256), else ConfigError, before the gate is spent.
+            needs V >= 256; `data=` a prepared dataset, V >= its tokenizer's ids), else
+            ConfigError, before the gate is spent.
   gate      the full gate on the model exactly as it will be trained (gatekeeper.py); then the
             device, AdamW with warmup + cosine (optim.py), the resumed state, DDP.
   evidence  the run folder, one decoded input/target pair, a fresh model's initial loss vs ln V.
@@ -29,6 +30,7 @@ from ..checkpoint import checkpoint_folder
 from ..config import DecoderConfig
 from ..console import console as make_console
 from ..data import ByteText, CountingTask, shard
+from ..datasets import TokenDataset
 from ..errors import ConfigError
 from ..objective import next_token_loss
 from ..sources import Source
@@ -202,13 +204,19 @@ def _prepare(run: Run, model: Any) -> tuple[int, int]:
     if vocab_size is None or max_seq_len is None:
         raise ConfigError("a model without a DecoderConfig needs vocab_size and max_seq_len "
                           "(--vocab-size/--max-seq-len) to be audited and trained")
-    run.task = (ByteText(cfg.text, max_seq_len, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    run.task = (TokenDataset(cfg.data, max_seq_len) if cfg.data is not None else
+                ByteText(cfg.text, max_seq_len, val_fraction=cfg.val_fraction, seed=cfg.seed)
                 if cfg.text is not None else CountingTask())
     run.task.check_model(vocab_size, max_seq_len)
     saved_sha = (opts.resume_meta or {}).get("text_sha256")
     if saved_sha is not None and saved_sha != getattr(run.task, "sha256", None):
         raise ConfigError(f"the text file {cfg.text!r} changed since the checkpoint was written "
                           "(SHA-256 differs); resuming on other data would not continue the run")
+    saved_data = (opts.resume_meta or {}).get("data_sha256")
+    if saved_data is not None and saved_data != getattr(run.task, "sha256", None):
+        raise ConfigError(f"the dataset {cfg.data!r} changed since the checkpoint was written "
+                          "(its dataset.json's SHA-256 differs); prepare it again or resume on "
+                          "the data the run started with")
     if cfg.batch_size % run.ranks.world_size:
         raise ConfigError(f"batch_size={cfg.batch_size} must be divisible by the number of "
                           f"processes ({run.ranks.world_size}) so every rank gets equal rows")

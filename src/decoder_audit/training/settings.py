@@ -12,7 +12,7 @@ from torch import nn
 from ..errors import ConfigError
 
 # Default peak learning rates: the 368-parameter model tolerates a large one; text models do not.
-DEFAULT_LR = {"counting": 3e-2, "bytes": 3e-3}
+DEFAULT_LR = {"counting": 3e-2, "bytes": 3e-3, "tokens": 3e-3}
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class TrainConfig:
     batch_size: int = 64
     """Global batch (sequences per step, summed over all ranks)."""
     lr: float | None = None
-    """Peak learning rate; None picks 3e-2 for the counting task and 3e-3 for text."""
+    """Peak learning rate; None picks 3e-2 for the counting task and 3e-3 for text and data."""
     warmup: int = 20
     """Linear warmup steps: lr * (s + 1) / warmup for step s < warmup."""
     min_lr_ratio: float = 0.1
@@ -41,7 +41,11 @@ class TrainConfig:
     text: str | None = None
     """A text file for byte-level training; None trains the counting task."""
     val_fraction: float = 0.1
-    """Share of the text file kept for validation (its last bytes)."""
+    """Share of the text file kept for validation (its last bytes); a prepared dataset (`data`)
+    declares its own held-out split."""
+    data: str | None = None
+    """A token dataset folder written by `decoder-audit prepare` (datasets.py); None: `text` or
+    the counting task."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -58,11 +62,15 @@ class TrainConfig:
         if self.weight_decay < 0 or self.grad_clip < 0:
             problems.append(f"weight_decay={self.weight_decay} and grad_clip={self.grad_clip} "
                             "must be >= 0")
+        if self.text is not None and self.data is not None:
+            problems.append(f"text={self.text!r} and data={self.data!r}: train on one of them")
         if problems:
             raise ConfigError("invalid TrainConfig: " + "; ".join(problems))
 
     @property
     def task_name(self) -> str:
+        if self.data is not None:
+            return "tokens"
         return "bytes" if self.text is not None else "counting"
 
     @property

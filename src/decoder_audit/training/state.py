@@ -5,6 +5,7 @@
     OUT/checkpoint/                the weights (safetensors) and config.json (checkpoint.py), and
         train_state.pt             step, optimizer, scheduler, data sampler and torch RNG states
         trainer.json               the TrainConfig, the task, the world size
+        <tokenizer files>          the task's tokenizer and its manifest (tokenizer.py)
 
 Reproducibility. The model is initialised from `seed`; batches come from their own
 `torch.Generator(seed)`; nothing else draws random numbers. A checkpoint stores the weights, the
@@ -135,6 +136,7 @@ def save_training_checkpoint(model: nn.Module, folder: Path, *, cfg: TrainConfig
     meta = {"format": STATE_FORMAT, "step": step, "train_config": cfg.to_dict(), **task.state(),
             "world_size": world_size, "entropy_floor": task.entropy_floor()}
     return save_checkpoint(_as_decoder(model), folder, extra_files={
+        **task.checkpoint_files(),  # the tokenizer, so `sample` reads the model as it was trained
         STATE_FILE: buffer.getvalue(),
         TRAINER_FILE: (json.dumps(meta, indent=2) + "\n").encode(),
     })

@@ -1,0 +1,86 @@
+"""The dataset path end to end on the command line: `prepare` writes a token dataset, `train --data`
+trains a small model on it for a few steps, the checkpoint carries the tokenizer, and `sample`
+reads the model's ids with it.
+
+The tokenizer is word-level, "w{i}" -> id i, over the text "w0 w1 ... w299": the expected ids of
+any prompt and the tokens at any offset follow from that construction alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from decoder_audit.cli import main
+from decoder_audit.tokenizer import MANIFEST_FILE, Tokenizer
+
+tokenizers = pytest.importorskip("tokenizers")
+
+WORDS = 300  # w0 .. w299, and "</s>" = 300: V = 301
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("walkthrough")
+    vocab = {f"w{i}": i for i in range(WORDS)} | {"</s>": WORDS}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="</s>"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    backend.decoder = tokenizers.decoders.WordPiece()  # joins words with spaces
+    backend.save(str(root / "words.json"))
+    (root / "text.txt").write_text(" ".join(f"w{i}" for i in range(WORDS)))
+    (root / "model.json").write_text(json.dumps({
+        "vocab_size": WORDS + 1, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16,
+        "max_seq_len": 8}))
+    assert main(["prepare", "--text", str(root / "text.txt"), "--tokenizer",
+                 str(root / "words.json"), "--out", str(root / "data"), "--val-fraction",
+                 "0.2"]) == 0
+    assert main(["train", "--config", str(root / "model.json"), "--data", str(root / "data"),
+                 "--steps", "3", "--batch-size", "4", "--eval-every", "3", "--out",
+                 str(root / "run"), "--no-progress"]) == 0
+    return root
+
+
+def test_prepare_writes_the_dataset_and_prints_its_header(trained, tmp_path, capsys):
+    header = json.loads((trained / "data" / "dataset.json").read_text())
+    assert header["tokens"] == WORDS + 1 and header["dtype"] == "uint16"
+    assert header["splits"]["val"] == [WORDS + 1 - 61, WORDS + 1]  # ceil(0.2 * 301) = 61
+    assert main(["prepare", "--text", str(trained / "text.txt"), "--tokenizer", "bytes",
+                 "--out", str(tmp_path / "b"), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["tokens"] == len((trained / "text.txt").read_bytes())
+    assert printed == json.loads((tmp_path / "b" / "dataset.json").read_text())
+
+
+def test_train_data_checkpoint_carries_the_tokenizer(trained):
+    checkpoint = trained / "run" / "checkpoint"
+    meta = json.loads((checkpoint / "trainer.json").read_text())
+    assert meta["task"] == "tokens" and meta["train_config"]["data"] == str(trained / "data")
+    assert meta["step"] == 3
+    assert (checkpoint / "tokenizer.json").read_bytes() == (trained / "words.json").read_bytes()
+    manifest = json.loads((checkpoint / MANIFEST_FILE).read_text())
+    assert manifest["sha256"] == Tokenizer.from_spec(trained / "words.json").sha256
+    assert manifest["eos_id"] == WORDS
+    metrics = [json.loads(line) for line in (trained / "run" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3] and "eval_loss" in metrics[-1]
+
+
+def test_sample_reads_the_model_with_the_checkpoints_tokenizer(trained, capsys):
+    assert main(["sample", "--checkpoint", str(trained / "run"), "--prompt", "w5 w6 w7",
+                 "--max-new-tokens", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ids"][:3] == [5, 6, 7] and len(out["new_ids"]) <= 3
+    words = [f"w{i}" if i < WORDS else "</s>" for i in out["ids"]]
+    assert out["text"] == " ".join(words)
+    # --tokenizer overrides what the checkpoint carries (bytes fit: V = 301 >= 256)
+    assert main(["sample", "--checkpoint", str(trained / "run"), "--prompt", "w5",
+                 "--max-new-tokens", "1", "--tokenizer", "bytes", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids"][:2] == [ord("w"), ord("5")]
+
+
+def test_train_refuses_a_dataset_whose_ids_exceed_the_model(trained, capsys):
+    assert main(["train", "--preset", "tiny-368", "--data", str(trained / "data"), "--steps",
+                 "1", "--out", str(trained / "refused"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "ids 0..300" in err and "vocab_size=8" in err
+    assert not (trained / "refused" / "checkpoint").exists()

@@ -1,0 +1,185 @@
+"""Tokenizers: GPT-2 vocab.json + merges.txt written by hand, a BPE tokenizer trained here with the
+`tokenizers` library, the built-in kinds, the manifest a checkpoint carries, and typed errors.
+
+Expected ids come from the files the tests write (which id each token was given, which merges
+exist and in what order), never from the code under test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from decoder_audit.errors import ConfigError
+from decoder_audit.tokenizer import MANIFEST_FILE, Tokenizer
+
+tokenizers = pytest.importorskip("tokenizers")
+
+
+def gpt2_byte_symbols() -> dict[int, str]:
+    """GPT-2's byte -> printable-symbol table, written from its definition: the 188 printable
+    bytes ('!'..'~', '¡'..'¬', '®'..'ÿ') stand for themselves; the other 68 bytes, in increasing
+    order, take the characters 256, 257, ... (so the space, byte 32, is chr(288) = 'Ġ')."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[byte] = chr(byte)
+        else:
+            table[byte] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+SYMBOL = gpt2_byte_symbols()
+# Each byte's symbol gets the byte's value as its id; then three merges and the end token.
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]  # in rank order
+MERGED_IDS = {"Ġt": 256, "he": 257, "Ġthe": 258}
+ENDOFTEXT = 259
+
+
+@pytest.fixture
+def gpt2_folder(tmp_path):
+    vocab = {SYMBOL[b]: b for b in range(256)} | MERGED_IDS | {"<|endoftext|>": ENDOFTEXT}
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in MERGES))
+    return folder
+
+
+def test_gpt2_byte_table_matches_the_library_alphabet():
+    # the table above is the published one: the same 256 symbols the library uses
+    assert SYMBOL[32] == "Ġ" and SYMBOL[10] == "Ċ"
+    assert set(SYMBOL.values()) == set(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+
+
+def test_gpt2_vocab_and_merges_encode_as_the_merges_say(gpt2_folder):
+    tok = Tokenizer.from_spec(gpt2_folder)
+    assert tok.kind == "gpt2-bpe" and tok.vocab_size == 260 and tok.eos_id == ENDOFTEXT
+    # "the": t h e -> only (h, e) applies -> [t, he]
+    # " the": Ġ t h e -> (Ġ,t) rank 0 -> Ġt h e -> (h,e) rank 1 -> Ġt he -> (Ġt,he) -> Ġthe
+    assert tok.encode("the the") == [ord("t"), MERGED_IDS["he"], MERGED_IDS["Ġthe"]]
+    # no merge covers "ht" or " h": bytes stay bytes
+    assert tok.encode("ht h") == [ord("h"), ord("t"), 32, ord("h")]
+    # the end token in text is that one id; "é" is its two UTF-8 bytes
+    assert tok.encode("é<|endoftext|>") == [0xC3, 0xA9, ENDOFTEXT]
+    text = "the théâtre\n\tthe end<|endoftext|>"
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.decode([ord("t"), MERGED_IDS["he"], MERGED_IDS["Ġthe"]]) == "the the"
+
+
+def test_gpt2_files_by_other_names_and_by_vocab_file(gpt2_folder, tmp_path):
+    (tmp_path / "gpt2-vocab.json").write_bytes((gpt2_folder / "vocab.json").read_bytes())
+    (tmp_path / "gpt2-merges.txt").write_bytes((gpt2_folder / "merges.txt").read_bytes())
+    renamed = Tokenizer.from_spec(tmp_path / "gpt2-vocab.json")
+    original = Tokenizer.from_spec(gpt2_folder / "vocab.json")
+    assert renamed.encode("the the") == original.encode("the the") == [116, 257, 258]
+    # the digest names what defines the ids, not where the files lie or what they are called
+    assert renamed.sha256 == original.sha256
+
+
+def test_bpe_trained_here_round_trips_and_finds_its_end_token(tmp_path):
+    lib = tokenizers
+    backend = lib.Tokenizer(lib.models.BPE())
+    backend.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = lib.decoders.ByteLevel()
+    trainer = lib.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                      initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+    corpus = ["the cat sat on the mat", "the dog ate the log"] * 20
+    backend.train_from_iterator(corpus, trainer)
+    backend.save(str(tmp_path / "tok.json"))
+
+    tok = Tokenizer.from_spec(tmp_path / "tok.json")
+    assert tok.kind == "tokenizer.json" and tok.eos_id == 0  # the first special token
+    vocab = json.loads((tmp_path / "tok.json").read_text())["model"]["vocab"]
+    assert tok.vocab_size == max(vocab.values()) + 1
+    ids = tok.encode("the cat ate the mat")
+    # a learned merge: " the" (space included) is one token of the file's vocabulary
+    assert vocab["Ġthe"] in ids and len(ids) < len("the cat ate the mat")
+    for text in ("the cat ate the mat", "unseen wörds ✓ and\nnewlines  "):
+        assert tok.decode(tok.encode(text)) == text
+
+
+def test_tokenizer_config_names_the_end_token(tmp_path):
+    vocab = {"[UNK]": 0, "<eos>": 1, "</s>": 2, "a": 3}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    backend.save(str(tmp_path / "tokenizer.json"))
+    assert Tokenizer.from_folder(tmp_path).eos_id == 2  # "</s>" comes before "<eos>" by convention
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<eos>"}}))
+    tok = Tokenizer.from_folder(tmp_path)
+    assert tok.eos_id == 1 and "tokenizer_config.json" in tok.files
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<nope>"}))
+    with pytest.raises(ConfigError, match="<nope>"):
+        Tokenizer.from_folder(tmp_path)
+
+
+def test_manifest_round_trip_and_a_changed_file_is_refused(gpt2_folder, tmp_path):
+    tok = Tokenizer.from_spec(gpt2_folder)
+    saved = tok.save(tmp_path / "ckpt")
+    manifest = json.loads((saved / MANIFEST_FILE).read_text())
+    assert manifest["kind"] == "gpt2-bpe" and manifest["vocab_size"] == 260
+    assert manifest["eos_id"] == ENDOFTEXT and set(manifest["files"]) == {"vocab.json",
+                                                                          "merges.txt"}
+    back = Tokenizer.from_folder(saved)
+    assert back.sha256 == tok.sha256 and back.name == tok.name
+    assert back.encode("the the") == [116, 257, 258]
+    (saved / "merges.txt").write_text("#version: 0.2\nh e\n")  # a different tokenizer now
+    with pytest.raises(ConfigError, match="merges.txt"):
+        Tokenizer.from_folder(saved)
+
+
+@pytest.mark.parametrize("kind, vocab_size, eos_id", [("bytes", 256, None),
+                                                      ("tiny-vocab", 8, 2)])
+def test_builtin_kinds_travel_as_a_manifest(tmp_path, kind, vocab_size, eos_id):
+    tok = Tokenizer.from_spec(kind)
+    assert (tok.vocab_size, tok.eos_id) == (vocab_size, eos_id)
+    assert set(tok.folder_files()) == {MANIFEST_FILE}
+    back = Tokenizer.from_folder(tok.save(tmp_path))
+    assert back.kind == kind and back.sha256 == tok.sha256
+    assert Tokenizer.from_spec("bytes").sha256 != Tokenizer.from_spec("tiny-vocab").sha256
+
+
+def test_checkpoint_tokenizer_falls_back_to_the_vocabulary_size(tmp_path):
+    assert Tokenizer.for_checkpoint(tmp_path, 300).kind == "bytes"
+    assert Tokenizer.for_checkpoint(tmp_path, 8, declared="tiny-vocab").kind == "tiny-vocab"
+    with pytest.raises(ConfigError, match="carries no"):
+        Tokenizer.for_checkpoint(tmp_path, 300, declared="tokenizer.json:tok.json")
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(gpt2_folder, tmp_path):
+    tok = Tokenizer.from_spec(gpt2_folder)
+    tok.check_fits(260, "a model")  # ids 0..259 fit V = 260
+    with pytest.raises(ConfigError, match=r"ids 0\.\.259 .*vocab_size=259"):
+        tok.check_fits(259, "a model")
+    with pytest.raises(ConfigError, match="vocab_size=256"):
+        Tokenizer.for_checkpoint(tmp_path, 256, override=str(gpt2_folder))
+
+
+def test_bad_files_raise_config_errors_naming_them(gpt2_folder, tmp_path):
+    (gpt2_folder / "merges.txt").write_text("#version: 0.2\nĠ t\nt x y\n")
+    with pytest.raises(ConfigError, match="line 3"):
+        Tokenizer.from_spec(gpt2_folder)
+    # a merge whose parts or result the vocabulary lacks (the library would panic on it)
+    (gpt2_folder / "merges.txt").write_text("#version: 0.2\nt h\n")
+    with pytest.raises(ConfigError, match=r"line 2: 't h' uses \['th'\]"):
+        Tokenizer.from_spec(gpt2_folder)
+    # a byte-level vocabulary must spell every byte, else text would be dropped silently
+    (tmp_path / "vocab.json").write_text(json.dumps({"a": 0, "b": 1}))
+    (tmp_path / "merges.txt").write_text("")
+    with pytest.raises(ConfigError, match="lacks 254 of the 256"):
+        Tokenizer.from_spec(tmp_path / "vocab.json")
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="broken.json"):
+        Tokenizer.from_spec(tmp_path / "broken.json")
+    (tmp_path / "odd.json").write_text(json.dumps({"model": {"type": "Nonsense"}}))
+    with pytest.raises(ConfigError, match="odd.json"):
+        Tokenizer.from_spec(tmp_path / "odd.json")
+    with pytest.raises(ConfigError, match="no-such"):
+        Tokenizer.from_spec(tmp_path / "no-such")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no tokenizer"):
+        Tokenizer.from_spec(tmp_path / "empty")
