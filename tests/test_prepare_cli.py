@@ -84,3 +84,33 @@ def test_train_refuses_a_dataset_whose_ids_exceed_the_model(trained, capsys):
     err = capsys.readouterr().err
     assert "ids 0..300" in err and "vocab_size=8" in err
     assert not (trained / "refused" / "checkpoint").exists()
+
+
+def test_convert_from_hf_keeps_the_folders_tokenizer(trained, tmp_path, capsys):
+    tf = pytest.importorskip("transformers")
+    tf.logging.set_verbosity_error()
+
+    def hf_folder(name, vocab_size):
+        config = tf.GPT2Config(vocab_size=vocab_size, n_embd=8, n_layer=1, n_head=2,
+                               n_positions=8, attn_implementation="eager")
+        folder = tmp_path / name
+        tf.GPT2LMHeadModel(config).save_pretrained(folder)
+        (folder / "tokenizer.json").write_bytes((trained / "words.json").read_bytes())
+        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "w0"}))
+        return folder
+
+    folder = hf_folder("gpt2", WORDS + 1)
+    assert main(["convert", "--from-hf", str(folder), "--out", str(tmp_path / "ckpt"),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokenizer"] == "tokenizer.json:tokenizer.json"
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # kept byte for byte
+        assert (tmp_path / "ckpt" / name).read_bytes() == (folder / name).read_bytes()
+    assert json.loads((tmp_path / "ckpt" / MANIFEST_FILE).read_text())["eos_id"] == 0  # "w0"
+    assert main(["sample", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "w5 w6",
+                 "--max-new-tokens", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids"][:2] == [5, 6]
+
+    # a tokenizer with more ids than the model's V: refused, nothing written
+    small = hf_folder("small", WORDS)
+    assert main(["convert", "--from-hf", str(small), "--out", str(tmp_path / "no")]) == 2
+    assert "vocab_size=300" in capsys.readouterr().err and not (tmp_path / "no").exists()

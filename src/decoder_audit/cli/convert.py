@@ -63,10 +63,13 @@ def run(args) -> int:
         print(f"decoder-audit convert: error: {exc}", file=sys.stderr)
         return 2
     tf.utils.logging.disable_progress_bar()  # keep our output readable; the check is the evidence
+    tokenizer = None  # the Hugging Face folder's, kept with the checkpoint (--from-hf)
     if args.from_hf:
         source = args.from_hf
         decoder = load_hf_folder(args.from_hf)
-        written = save_checkpoint(decoder, args.out)
+        tokenizer = _hf_tokenizer(args.from_hf, decoder.config.vocab_size)
+        written = save_checkpoint(decoder, args.out,
+                                  extra_files=tokenizer.folder_files() if tokenizer else None)
         ours = load_checkpoint(written)
         hf_model = tf.AutoModelForCausalLM.from_pretrained(
             args.from_hf, attn_implementation=ATTN_IMPLEMENTATION)
@@ -91,15 +94,30 @@ def run(args) -> int:
         "hf_class": type(hf_model).__name__, "config": cfg.to_dict(),
         "parameters": ours.num_parameters(), "check_ids_shape": list(ids.shape),
         "max_abs_logit_difference": diff, "tolerance": args.tolerance, "passed": passed,
+        "tokenizer": tokenizer.name if tokenizer is not None else None,
     }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         out = console()
         out.print(f"{direction}: {source} -> {written}")
+        if tokenizer is not None:
+            out.print(f"tokenizer {tokenizer.name} kept with the checkpoint")
         out.print(f"{type(hf_model).__name__}, {ours.num_parameters():,} parameters, "
                   f"tie_embeddings={cfg.tie_embeddings}")
         verdict = "[green]equal[/green]" if passed else "[red]DIFFERENT[/red]"
         out.print(f"logits on random ids {tuple(ids.shape)} (float32): max |ours - HF| = "
                   f"{diff:.3e} (tolerance {args.tolerance:g}) {verdict}")
     return 0 if passed else 1
+
+
+def _hf_tokenizer(folder: str, vocab_size: int):
+    """The tokenizer a Hugging Face folder holds (tokenizer.json, or vocab.json + merges.txt,
+    with tokenizer_config.json and special_tokens_map.json), checked to fit the model's V; None
+    when it holds none. Its files are saved beside the checkpoint's weights."""
+    from ..tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_folder(folder)
+    if tokenizer is not None:
+        tokenizer.check_fits(vocab_size, f"the model in {folder!r}")
+    return tokenizer
