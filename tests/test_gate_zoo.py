@@ -45,8 +45,10 @@ def test_mutant_is_caught_by_the_right_check(case):
             f"{case.name}: first failure {report.first_failure.name}: {report.first_failure.detail}")
     if case.only:  # every other check ran and passed: only the named check can see this defect
         assert failing == [case.expect], {c.name: c.detail for c in report.failures}
-    # caught by the check's own verdict, not by the check crashing on the mutant
+    # caught by the check's own verdict, not by the check crashing on the mutant, and for this
+    # defect, not for another reason the same check can fail for
     assert "exception" not in report[case.expect].evidence, report[case.expect].detail
+    assert case.says in report[case.expect].detail, report[case.expect].detail
 
 
 def _case(name: str) -> zoo.Case:
