@@ -1,8 +1,8 @@
 """`KVCache`: the Decoder's static key/value cache for incremental decoding.
 
-    cache = model.new_cache(batch)               # preallocated once: L x (B, Hkv, S, Dh), S <= capacity
-    logits = model(prompt, attention_mask, cache=cache)   # prefill (B, T0): fills slots 0..T0-1
-    logits = model(next_ids, cache=cache)        # (B, 1) or a chunk (B, Tc): the next slots
+    cache = model.new_cache(batch)          # preallocated once: L x (B, Hkv, S, Dh)
+    logits = model(prompt, attention_mask, cache=cache)  # prefill (B, T0): slots 0..T0-1
+    logits = model(next_ids, cache=cache)   # (B, 1) or a chunk (B, Tc): the next slots
 
 Every row of a batch fills the same slots (a left-padded prompt keeps its pads in the cache), so
 one integer `length` says which slots are full. Nothing is re-allocated per step: keys and values

@@ -1,9 +1,9 @@
 """`generate`: continue prompts with a decoder, through its KV cache where it has one.
 
-    gen = da.generate(model, [1, 5, 7], max_new_tokens=32)                  # greedy, one row
-    gen = da.generate(model, [[1, 5, 7], [1, 2]], max_new_tokens=8,         # ragged: left-padded
-                      temperature=0.8, top_k=50, top_p=0.9, generator=torch.Generator().manual_seed(0))
-    gen.ids[i], gen.new_ids[i], gen.stop[i]      # per row: prompt + new ids, new ids, why it stopped
+    gen = da.generate(model, [1, 5, 7], max_new_tokens=32)           # greedy, one row
+    gen = da.generate(model, [[1, 5, 7], [1, 2]], max_new_tokens=8,  # ragged: left-padded
+                      temperature=0.8, top_k=50, top_p=0.9, generator=torch.Generator())
+    gen.ids[i], gen.new_ids[i], gen.stop[i]   # per row: prompt + new, new ids, why it stopped
 
 The model is driven by its call convention (`convention(model)`, read from its forward's
 signature):
