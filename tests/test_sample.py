@@ -104,3 +104,48 @@ def test_tokenizers():
     text = Tokenizer.for_vocab_size(256)
     assert text.encode("hé") == [104, 0xC3, 0xA9] and text.eos_id is None
     assert text.decode([104, 0xC3, 0xA9]) == "hé"
+
+
+# ---- the command line -------------------------------------------------------------------------
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path):
+    import decoder_audit as da
+    from helpers import random_decoder
+
+    model = random_decoder(da.preset("tiny-368"), seed=4, std=0.8)
+    da.save_checkpoint(model, tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def test_sample_command_draws_several_seeded_samples_with_top_k(tiny_checkpoint, capsys):
+    import json
+
+    from decoder_audit.cli import main
+
+    args = ["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A",
+            "--temperature", "1.0", "--top-k", "3", "--top-p", "0.9", "--num-samples", "4",
+            "--max-new-tokens", "2", "--seed", "3", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out) == first  # the seed fixes every sample
+    samples = first["samples"]
+    assert len(samples) == 4
+    assert all(s["ids"][:2] == [1, 3] and 1 <= len(s["new_ids"]) <= 2 for s in samples)
+    assert all(s["stop"] in ("eos", "max_new_tokens") for s in samples)
+
+
+def test_sample_command_prints_each_sample_and_refuses_top_k_when_greedy(tiny_checkpoint, capsys):
+    from decoder_audit.cli import main
+
+    assert main(["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A",
+                 "--num-samples", "2", "--max-new-tokens", "1"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0].startswith("[1/2] <bos> A ") and lines[1].startswith("[2/2] <bos> A ")
+    assert lines[2].startswith("(greedy; 2 samples; new tokens 1, 1")
+    assert captured.err == ""  # no progress bar off a terminal
+    assert main(["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A",
+                 "--top-k", "2"]) == 2
+    assert "top_k=2" in capsys.readouterr().err

@@ -1,25 +1,38 @@
-"""`decoder-audit sample`: continue a prompt with a trained checkpoint, greedy or sampled."""
+"""`decoder-audit sample`: continue a prompt with a trained checkpoint, greedy or sampled.
+
+Runs `decoder_audit.generate` (the model's KV cache; --num-samples rows in one batch) and shows
+a progress bar on stderr for long generations when stderr is a terminal."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "sample", help="continue a prompt with a trained checkpoint",
-        description="Greedy (default) or temperature sampling. Stops at <eos>, at the context "
-                    "limit (max_seq_len + 1 tokens in all) or after --max-new-tokens. A prompt "
-                    "longer than max_seq_len is an error, never cropped. Tiny-vocabulary models "
-                    "take space-separated tokens ('<bos> A'); byte-level models take text.")
+        description="Greedy (default) or temperature sampling, with optional top-k and top-p "
+                    "filtering. Stops at <eos>, at the context limit (max_seq_len + 1 tokens in "
+                    "all) or after --max-new-tokens. A prompt longer than max_seq_len is an "
+                    "error, never cropped. Tiny-vocabulary models take space-separated tokens "
+                    "('<bos> A'); byte-level models take text.")
     parser.add_argument("--checkpoint", required=True, metavar="DIR",
                         help="a checkpoint folder, or a training run folder holding checkpoint/")
     parser.add_argument("--prompt", required=True, help="e.g. '<bos> A'")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0 (default) is greedy; T > 0 samples from softmax(logits / T)")
+    parser.add_argument("--top-k", type=int, metavar="K",
+                        help="sample among the K most likely tokens only (needs --temperature)")
+    parser.add_argument("--top-p", type=float, metavar="P",
+                        help="sample from the smallest set of most likely tokens holding "
+                             "probability P (nucleus; needs --temperature)")
+    parser.add_argument("--num-samples", type=int, default=1, metavar="N",
+                        help="N continuations of the prompt, generated as one batch (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed for temperature sampling")
-    parser.add_argument("--max-new-tokens", type=int, metavar="N", help="stop after N new tokens")
+    parser.add_argument("--max-new-tokens", type=int, metavar="N",
+                        help="stop after N new tokens (default: up to the context limit)")
     parser.add_argument("--tokenizer", metavar="T",
                         help="read the model's ids with T (bytes, tiny-vocab, a tokenizer.json, a "
                              "GPT-2 vocab.json or a folder holding one) instead of the tokenizer "
@@ -32,7 +45,9 @@ def run(args) -> int:
     import torch
 
     from ..checkpoint import checkpoint_folder, load_checkpoint
-    from ..sample import Tokenizer, generate
+    from ..errors import ConfigError
+    from ..generate import generate
+    from ..tokenizer import Tokenizer
     from ..training import TRAINER_FILE
 
     folder = checkpoint_folder(args.checkpoint)
@@ -48,16 +63,75 @@ def run(args) -> int:
     except ValueError as exc:  # a token outside the vocabulary
         print(f"decoder-audit sample: error: {exc}", file=sys.stderr)
         return 2
+    if args.num_samples < 1:
+        raise ConfigError(f"--num-samples {args.num_samples} must be at least 1")
+    # without --max-new-tokens: up to the context limit (max_seq_len + 1 ids in all); a prompt
+    # longer than max_seq_len is refused by generate, never cropped
+    budget = (args.max_new_tokens if args.max_new_tokens is not None
+              else max(1, cfg.max_seq_len + 1 - len(prompt)))
     generator = torch.Generator().manual_seed(args.seed)
-    result = generate(model, prompt, max_seq_len=cfg.max_seq_len, eos_id=tokenizer.eos_id,
-                      temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                      generator=generator)
+    with _Progress(budget) as on_token:
+        result = generate(model, [prompt] * args.num_samples, max_new_tokens=budget,
+                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          eos_id=tokenizer.eos_id, generator=generator, on_token=on_token)
+    samples = [{"ids": ids, "new_ids": new, "text": tokenizer.decode(ids), "stop": stop}
+               for ids, new, stop in zip(result.ids, result.new_ids, result.stop)]
     if args.json:
-        print(json.dumps({"prompt": args.prompt, "ids": result.ids, "new_ids": result.new_ids,
-                          "text": tokenizer.decode(result.ids), "stop": result.stop}))
+        body = samples[0] if args.num_samples == 1 else {"samples": samples}
+        print(json.dumps({"prompt": args.prompt, **body}))
         return 0
-    mode = ("greedy" if args.temperature == 0
-            else f"temperature {args.temperature}, seed {args.seed}")
-    print(tokenizer.decode(result.ids))
-    print(f"({mode}; {len(result.new_ids)} new tokens; stopped at {result.stop})")
+    mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}"
+    mode += "".join(f", {name} {value}" for name, value in (("top-k", args.top_k),
+                                                            ("top-p", args.top_p)) if value)
+    mode += f", seed {args.seed}" if args.temperature else ""
+    for i, sample in enumerate(samples):
+        if args.num_samples > 1:
+            print(f"[{i + 1}/{args.num_samples}] ", end="")
+        print(sample["text"])
+    if args.num_samples == 1:
+        print(f"({mode}; {len(samples[0]['new_ids'])} new tokens; stopped at "
+              f"{samples[0]['stop']})")
+    else:
+        counts = ", ".join(str(len(sample["new_ids"])) for sample in samples)
+        stops = ", ".join(sorted({sample["stop"] for sample in samples}))
+        print(f"({mode}; {args.num_samples} samples; new tokens {counts}; stopped at {stops})")
     return 0
+
+
+class _Progress:
+    """A rich progress bar of new tokens on stderr, only when stderr is a terminal, shown once
+    generation has run for a second (a short one prints nothing extra). Yields `on_token(n)`."""
+
+    DELAY_S = 1.0
+
+    def __init__(self, total: int) -> None:
+        self.total, self.bar, self.task = total, None, None
+        self.enabled = sys.stderr.isatty()
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        started = time.perf_counter()
+
+        def on_token(done: int) -> None:
+            if self.bar is None and time.perf_counter() - started >= self.DELAY_S:
+                self._start()
+            if self.bar is not None:
+                self.bar.update(self.task, completed=done)
+
+        return on_token
+
+    def _start(self) -> None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+
+        self.bar = Progress(TextColumn("sample: new tokens"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), TimeRemainingColumn(),
+                            console=Console(stderr=True), transient=True)
+        self.bar.__enter__()
+        self.task = self.bar.add_task("", total=self.total)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
