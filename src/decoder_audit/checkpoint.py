@@ -6,6 +6,20 @@ Layout of a checkpoint folder `ckpt/`:
     ckpt/model.safetensors  every unique tensor once; a tied readout is *not* stored again
     ckpt/<extra files>      optional bytes the caller hands in (e.g. the trainer's optimizer state)
 
+The safetensors metadata records a SHA-256 per tensor, one of the config (its canonical JSON) and
+one per extra file, so a flipped bit, an edited `config.json` (e.g. mlp relu -> gelu, same
+shapes) or a replaced or truncated extra file is caught when it is read. Weights holding NaN or
+inf are refused on save and on load.
+
+A module that is not a Decoder (a user's `--model FILE.py:FACTORY`) is saved by
+`save_module_weights`: its state dict in `model.safetensors` (shared tensors once) and
+`factory.json` naming the factory that rebuilds it; `load_module_weights` reads it back.
+
+Nothing a user had on disk is lost: a folder is replaced only when it is one of ours of the same
+kind and every entry in it will be written again; anything else there (a `NOTES.md`, a training
+checkpoint's `train_state.pt` under a plain save, a Hugging Face folder under a checkpoint save)
+makes the save refuse, naming the entries, before anything is moved.
+
 Nothing is ever unpickled. Weights are read with safetensors only; a folder that holds
 `.pt`/`.bin` pickle weights, or a `model.safetensors` that is really a `torch.save` pickle, is
 refused before a byte of it is interpreted. The safetensors metadata carries a SHA-256 digest per
@@ -31,13 +45,14 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import re
 import secrets
 import shutil
 import sys
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import torch
@@ -51,10 +66,15 @@ from .model import Decoder
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+# A module that is not a Decoder: the factory that rebuilds it (save_module_weights).
+FACTORY_FILE = "factory.json"
 # A training run folder keeps its latest checkpoint here (see training/state.py).
 CHECKPOINT_DIR = "checkpoint"
 FORMAT_VERSION = "1"
 _DIGEST_PREFIX = "decoder_audit.sha256."
+_CONFIG_DIGEST = "decoder_audit.config_sha256"
+_FILE_DIGEST_PREFIX = "decoder_audit.file_sha256."
+_ALIAS_PREFIX = "decoder_audit.alias."
 # File names that mean "pickle weights": we refuse them rather than ever calling torch.load.
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 # torch.save writes a zip archive ("PK\x03\x04"); a bare pickle starts with the PROTO opcode 0x80.
@@ -67,33 +87,46 @@ _EXTRA_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 # ----------------------------------------------------------------------------------------------
 
 def save_checkpoint(model: Decoder, path: str | os.PathLike, *,
-                    extra_files: Mapping[str, bytes] | None = None) -> Path:
+                    extra_files: Mapping[str, bytes] | None = None,
+                    check: Callable[[Path], None] | None = None) -> Path:
     """Write `model` (a Decoder) to the folder `path` atomically and return the folder's Path.
 
     The tied weight is stored once (as `token_embeddings.weight`), so the file loads in plain
     safetensors without the shared-tensor error. `extra_files` maps plain file names to bytes
-    written beside the weights inside the same atomic swap."""
+    written beside the weights inside the same atomic swap. `check(folder)`, if given, runs on
+    the complete new folder before it replaces anything; if it raises, nothing is replaced and
+    nothing is left behind. An existing `path` is replaced only if it is a checkpoint whose every
+    entry is written again (see `write_folder_atomically`)."""
     if not isinstance(model, Decoder):
         raise TypeError(f"save_checkpoint needs a decoder_audit Decoder, got {type(model).__name__}")
-    extra = dict(extra_files or {})
-    for name, data in extra.items():
-        if not isinstance(name, str) or not _EXTRA_NAME.match(name) or name in (WEIGHTS_FILE,
-                                                                                  CONFIG_FILE):
-            raise CheckpointError(
-                f"extra file name {name!r} must be a plain file name (letters, digits, '._-', no "
-                f"folders) other than {WEIGHTS_FILE!r} and {CONFIG_FILE!r}")
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise CheckpointError(f"extra file {name!r} must be bytes, got {type(data).__name__}")
-
+    extra = _checked_extra_files(extra_files, reserved=(WEIGHTS_FILE, CONFIG_FILE, FACTORY_FILE))
     tensors, metadata = _tensors_to_store(model)
+    metadata[_CONFIG_DIGEST] = config_digest(model.config)
+    metadata.update({_FILE_DIGEST_PREFIX + name: _sha256(data) for name, data in extra.items()})
 
     def write(folder: Path) -> None:
         save_file(tensors, str(folder / WEIGHTS_FILE), metadata=metadata)
         (folder / CONFIG_FILE).write_text(model.config.to_json() + "\n")
         for name, data in extra.items():
-            (folder / name).write_bytes(bytes(data))
+            (folder / name).write_bytes(data)
+        if check is not None:
+            check(folder)
 
-    return write_folder_atomically(path, write, marker_files=(CONFIG_FILE, WEIGHTS_FILE))
+    return write_folder_atomically(path, write, same_kind=is_checkpoint_folder, what="checkpoint",
+                                   names=(WEIGHTS_FILE, CONFIG_FILE, *extra))
+
+
+def _checked_extra_files(extra_files: Mapping[str, bytes] | None, *,
+                         reserved: tuple[str, ...]) -> dict[str, bytes]:
+    extra = dict(extra_files or {})
+    for name, data in extra.items():
+        if not isinstance(name, str) or not _EXTRA_NAME.match(name) or name in reserved:
+            raise CheckpointError(
+                f"extra file name {name!r} must be a plain file name (letters, digits, '._-', no "
+                f"folders) other than {' and '.join(repr(r) for r in reserved)}")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise CheckpointError(f"extra file {name!r} must be bytes, got {type(data).__name__}")
+    return {name: bytes(data) for name, data in extra.items()}
 
 
 def _tensors_to_store(model: Decoder) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -109,6 +142,7 @@ def _tensors_to_store(model: Decoder) -> tuple[dict[str, torch.Tensor], dict[str
         if tied and name == "lm_head.weight":
             continue  # the same Parameter as token_embeddings.weight: stored once
         tensors[name] = tensor.detach().to("cpu").contiguous()
+    _refuse_non_finite(tensors, "refusing to save")
     metadata = {
         "format": "pt",
         "decoder_audit.format": FORMAT_VERSION,
@@ -118,37 +152,176 @@ def _tensors_to_store(model: Decoder) -> tuple[dict[str, torch.Tensor], dict[str
     return tensors, metadata
 
 
+def _refuse_non_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """NaN or inf weights are a diverged model, never a checkpoint worth keeping or sampling."""
+    bad = sorted(name for name, t in tensors.items()
+                 if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+    if bad:
+        raise CheckpointError(f"{what}: tensors {bad} hold NaN or inf (a diverged model)")
+
+
 def _digest(tensor: torch.Tensor) -> str:
     """SHA-256 of a tensor's raw bytes (any dtype: viewed as uint8, so bf16 works too)."""
     raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
     return hashlib.sha256(raw.numpy().tobytes()).hexdigest()
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def config_digest(cfg: DecoderConfig) -> str:
+    """SHA-256 of the config's canonical JSON (sorted keys): any change of a field changes it,
+    re-formatting the file does not."""
+    return _sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode())
+
+
+# ---- modules that are not a Decoder ------------------------------------------------------------
+
+def save_module_weights(module: nn.Module, path: str | os.PathLike, *,
+                        factory: Mapping[str, object],
+                        extra_files: Mapping[str, bytes] | None = None) -> Path:
+    """Save any module's state dict to the folder `path` atomically: `model.safetensors` (a
+    tensor shared under several names is stored once, the other names recorded as aliases) and
+    `factory.json` (`factory`: what rebuilds the module, e.g. {"factory": "/abs/model.py:build"}).
+    `load_module_weights(factory_built_module, path)` reads it back."""
+    extra = _checked_extra_files(extra_files, reserved=(WEIGHTS_FILE, CONFIG_FILE, FACTORY_FILE))
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[int, int, tuple[int, ...], torch.dtype], str] = {}
+    for name, tensor in module.state_dict(keep_vars=False).items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tensor.dtype)
+        if key in seen:  # a tied weight: the same storage under a second name
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        tensors[name] = tensor.detach().to("cpu").contiguous()
+    _refuse_non_finite(tensors, "refusing to save")
+    factory_json = (json.dumps(dict(factory), indent=2) + "\n").encode()
+    metadata = {"format": "pt", "decoder_audit.format": FORMAT_VERSION,
+                _FILE_DIGEST_PREFIX + FACTORY_FILE: _sha256(factory_json)}
+    metadata.update({_DIGEST_PREFIX + name: _digest(t) for name, t in tensors.items()})
+    metadata.update({_ALIAS_PREFIX + name: target for name, target in aliases.items()})
+    metadata.update({_FILE_DIGEST_PREFIX + name: _sha256(data) for name, data in extra.items()})
+
+    def write(folder: Path) -> None:
+        save_file(tensors, str(folder / WEIGHTS_FILE), metadata=metadata)
+        (folder / FACTORY_FILE).write_bytes(factory_json)
+        for name, data in extra.items():
+            (folder / name).write_bytes(data)
+
+    return write_folder_atomically(path, write, same_kind=is_checkpoint_folder, what="checkpoint",
+                                   names=(WEIGHTS_FILE, FACTORY_FILE, *extra))
+
+
+def load_module_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Copy the weights `save_module_weights` wrote into `module` (built by the same factory);
+    names, shapes and digests must all match. Returns the module."""
+    folder = resolve_checkpoint_dir(path)
+    weights_path = folder / WEIGHTS_FILE
+    _refuse_pickles(folder, weights_path)
+    try:
+        with safe_open(str(weights_path), framework="pt", device="cpu") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except SafetensorError as exc:
+        raise CheckpointError(f"{str(weights_path)!r} is not a readable safetensors file "
+                              f"(corrupted or truncated?): {exc}") from exc
+    _check_digests(weights_path, tensors, metadata)
+    _refuse_non_finite(tensors, f"{str(weights_path)!r}")
+    for key, target in metadata.items():
+        if key.startswith(_ALIAS_PREFIX) and target in tensors:
+            tensors[key[len(_ALIAS_PREFIX):]] = tensors[target]
+    wanted = module.state_dict()
+    problems = name_and_shape_problems({n: tuple(t.shape) for n, t in wanted.items()},
+                                       {n: tuple(t.shape) for n, t in tensors.items()})
+    if problems:
+        raise CheckpointError(f"{str(weights_path)!r} does not fit {type(module).__name__}: "
+                              + "; ".join(problems))
+    module.load_state_dict(tensors)
+    return module
+
+
+def read_checked_file(folder: str | os.PathLike, name: str) -> bytes:
+    """An extra file of a checkpoint, checked against the SHA-256 recorded when it was saved
+    (files saved before digests were recorded are returned as they are)."""
+    folder = Path(folder)
+    path = folder / name
+    data = path.read_bytes()
+    try:
+        with safe_open(str(folder / WEIGHTS_FILE), framework="pt", device="cpu") as handle:
+            recorded = (handle.metadata() or {}).get(_FILE_DIGEST_PREFIX + name)
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{str(folder / WEIGHTS_FILE)!r} is not a readable safetensors "
+                              f"file (corrupted or truncated?): {exc}") from exc
+    if recorded is not None and recorded != _sha256(data):
+        raise CheckpointError(f"{str(path)!r} ({len(data):,} bytes) is not the file saved with "
+                              "this checkpoint: its SHA-256 differs from the one recorded in "
+                              f"{WEIGHTS_FILE} (replaced, edited or truncated)")
+    return data
+
+
+# ---- the folder swap ---------------------------------------------------------------------------
+
+def is_checkpoint_folder(path: Path) -> bool:
+    """A decoder-audit checkpoint: a config.json that is not a Hugging Face config, or a
+    factory.json (a module's weights)."""
+    if (path / FACTORY_FILE).is_file():
+        return True
+    config = _json_object(path / CONFIG_FILE)
+    return config is not None and "model_type" not in config and "architectures" not in config
+
+
+def _json_object(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def write_folder_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
-                            marker_files: tuple[str, ...] = (CONFIG_FILE,)) -> Path:
+                            same_kind: Callable[[Path], bool], what: str,
+                            names: Collection[str] | None = None) -> Path:
     """Call `write(tmp_folder)` to fill a fresh sibling folder, fsync it, and swap it into `path`
     (see the module docstring for the steps and what a crash leaves behind).
 
-    An existing `path` is replaced only if it looks like what we write: it must contain at least
-    one of `marker_files` (a safety net against replacing an unrelated folder)."""
+    Nothing a user had is lost: an existing non-empty `path` is replaced only if
+    `same_kind(path)` (it is an earlier output of this kind, `what`) and every entry in it is
+    written again. `names` (the entries `write` will make, when known) lets that be refused
+    before writing; it is checked again on what `write` made. If `write` (or anything before
+    the swap) raises, the temporary folder and any parent folders made for it are removed."""
     path = Path(path).absolute()
     parent, name = path.parent, path.name
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{str(path)!r} exists and is not a folder; refusing to replace it")
-    if path.is_dir() and any(path.iterdir()) and not any((path / m).exists() for m in marker_files):
+    if path.is_dir() and any(path.iterdir()) and not same_kind(path):
         raise CheckpointError(
-            f"{str(path)!r} is a non-empty folder without {' or '.join(marker_files)}; refusing "
-            "to replace what does not look like one of our outputs")
-    parent.mkdir(parents=True, exist_ok=True)
+            f"{str(path)!r} is a non-empty folder ({_listing(path)}) that is not a {what}; "
+            "refusing to replace what does not look like one of our outputs (nothing was "
+            "written): choose another folder")
+    if names is not None:
+        refuse_to_lose(path, names, what=what)
+    made = _make_folders(parent)
     _remove_stale(parent, name, keep_backups=not path.is_dir())
 
     tmp = parent / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
-    write(tmp)
-    for child in tmp.rglob("*"):
-        if child.is_file():
-            _fsync(child)
-    _fsync(tmp)
+    try:
+        tmp.mkdir()
+        write(tmp)
+        refuse_to_lose(path, [child.name for child in tmp.iterdir()], what=what)
+        mode = _default_file_mode()
+        for child in tmp.rglob("*"):
+            if child.is_file():
+                os.chmod(child, mode)  # safetensors creates 0600; ours get what any file gets
+                _fsync(child)
+        _fsync(tmp)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for folder in reversed(made):
+            _rmdir_if_empty(folder)
+        raise
 
     old = None
     if path.exists():
@@ -161,6 +334,52 @@ def write_folder_atomically(path: str | os.PathLike, write: Callable[[Path], Non
         shutil.rmtree(old)
     _remove_stale(parent, name, keep_backups=False)  # backups a crash stranded are superseded
     return path
+
+
+def refuse_to_lose(path: str | os.PathLike, names: Collection[str], *, what: str) -> None:
+    """CheckpointError if the folder `path` holds an entry outside `names` (the entries a write
+    of this `what` makes): replacing the folder would delete it."""
+    path = Path(path)
+    if not path.is_dir():
+        return
+    lost = sorted(child.name for child in path.iterdir() if child.name not in set(names))
+    if lost:
+        raise CheckpointError(
+            f"{str(path)!r} holds {lost}, which a {what} does not write; refusing to replace the "
+            "folder and delete them (nothing was written): move them out or choose another "
+            "folder")
+
+
+def _listing(path: Path, most: int = 5) -> str:
+    entries = sorted(child.name for child in path.iterdir())
+    shown = ", ".join(entries[:most]) + (f", ... ({len(entries)} entries)" if len(entries) > most
+                                         else "")
+    return shown
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """mkdir -p `folder`; the folders it created, outermost first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for created in reversed(missing):
+        created.mkdir(exist_ok=True)
+    return list(reversed(missing))
+
+
+def _rmdir_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty (someone else wrote there) or already gone
+
+
+def _default_file_mode() -> int:
+    """The mode a new file gets from open(): 0o666 less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _remove_stale(parent: Path, name: str, *, keep_backups: bool) -> None:
@@ -198,7 +417,8 @@ def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
     backups = sorted(parent.glob(f".{glob.escape(path.name)}.old-*"),
                      key=lambda p: p.stat().st_mtime, reverse=True)
     for backup in backups:
-        if (backup / CONFIG_FILE).is_file() and (backup / WEIGHTS_FILE).is_file():
+        if (backup / WEIGHTS_FILE).is_file() and ((backup / CONFIG_FILE).is_file()
+                                                  or (backup / FACTORY_FILE).is_file()):
             warnings.warn(f"checkpoint {str(path)!r} is missing (a save crashed mid-swap); "
                           f"loading the previous checkpoint from {str(backup)!r}", stacklevel=3)
             return backup
@@ -209,9 +429,17 @@ def checkpoint_folder(path: str | os.PathLike) -> Path:
     """The checkpoint a user names: a checkpoint folder itself, or the checkpoint inside a
     training run folder (`DIR/checkpoint`)."""
     path = Path(path)
-    if (path / CHECKPOINT_DIR).exists() or not (path / CONFIG_FILE).exists():
-        return resolve_checkpoint_dir(path / CHECKPOINT_DIR)
-    return path
+    if (path / CONFIG_FILE).exists() or (path / FACTORY_FILE).exists():
+        return path
+    if not path.is_dir():  # a backup a crashed save left, or "does not exist" / "is a file"
+        return resolve_checkpoint_dir(path)
+    run_checkpoint = path / CHECKPOINT_DIR
+    if (not run_checkpoint.exists()
+            and not any(run_checkpoint.parent.glob(f".{CHECKPOINT_DIR}.old-*"))):
+        raise CheckpointError(
+            f"{str(path)!r} is neither a checkpoint (no {CONFIG_FILE}) nor a training run folder "
+            f"(no {CHECKPOINT_DIR}/)")
+    return resolve_checkpoint_dir(run_checkpoint)
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cpu",
@@ -227,6 +455,13 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
 
     # 1. The config, before anything else.
+    if not config_path.is_file() and (folder / FACTORY_FILE).is_file():
+        factory = (_json_object(folder / FACTORY_FILE) or {}).get("factory")
+        raise CheckpointError(
+            f"{str(folder)!r} holds the weights of a module that is not a Decoder (factory.json: "
+            f"{factory!r}), not a Decoder checkpoint: rebuild the module with its factory and "
+            "read them with decoder_audit.checkpoint.load_module_weights(module, folder), or "
+            "continue its training with `decoder-audit train --resume`")
     if not config_path.is_file():
         raise CheckpointError(f"checkpoint {str(folder)!r} has no {CONFIG_FILE}")
     try:
@@ -254,18 +489,31 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
         raise CheckpointError(f"{str(weights_path)!r} is not a readable safetensors file "
                               f"(corrupted or truncated?): {exc}") from exc
 
-    # 4. Integrity of the data itself (safetensors checks the header, not the bytes).
+    # 4. Integrity of the data itself (safetensors checks the header, not the bytes), and of the
+    #    config: one edited field with the same shapes (mlp relu -> gelu) changes the model.
+    _check_digests(weights_path, tensors, metadata)
+    recorded = metadata.get(_CONFIG_DIGEST)
+    if recorded is not None and recorded != config_digest(cfg):
+        raise CheckpointError(
+            f"{str(config_path)!r} was changed after the checkpoint was saved: the config's "
+            f"SHA-256 differs from the one recorded in {WEIGHTS_FILE} (these weights were "
+            "trained under another config); restore the saved config.json")
+    not_float = sorted(n for n, t in tensors.items() if not t.is_floating_point())
+    if not_float:
+        raise CheckpointError(f"{str(weights_path)!r}: tensors {not_float} are not floating point")
+    _refuse_non_finite(tensors, f"{str(weights_path)!r}")
+
+    # 5. Only now a model.
+    return decoder_from_tensors(cfg, tensors, device=device, dtype=dtype)
+
+
+def _check_digests(weights_path: Path, tensors: Mapping[str, torch.Tensor],
+                   metadata: Mapping[str, str]) -> None:
     bad = [name for name, tensor in tensors.items()
            if _DIGEST_PREFIX + name in metadata and _digest(tensor) != metadata[_DIGEST_PREFIX + name]]
     if bad:
         raise CheckpointError(f"{str(weights_path)!r} is corrupted: the SHA-256 of {bad} does not "
                               "match the digest recorded when it was saved")
-    not_float = sorted(n for n, t in tensors.items() if not t.is_floating_point())
-    if not_float:
-        raise CheckpointError(f"{str(weights_path)!r}: tensors {not_float} are not floating point")
-
-    # 5. Only now a model.
-    return decoder_from_tensors(cfg, tensors, device=device, dtype=dtype)
 
 
 def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:

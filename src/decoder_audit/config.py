@@ -130,8 +130,16 @@ class DecoderConfig:
     def load(cls, path: str | os.PathLike) -> "DecoderConfig":
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        return cls.from_json(path.read_text())
+            raise ConfigError(f"config file {str(path)!r} does not exist"
+                              + (" (it is a folder)" if path.is_dir() else ""))
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte "
+                              f"0x{raw[exc.start]:02x} at offset {exc.start}); a config is a "
+                              "JSON file") from None
+        return cls.from_json(text)
 
     def replace(self, **changes: Any) -> "DecoderConfig":
         """A copy with some fields changed (validated again)."""

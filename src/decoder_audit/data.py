@@ -119,10 +119,18 @@ class ByteText:
                  seed: int = 0) -> None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"--text file {str(path)!r} does not exist")
+            raise ConfigError(f"--text file {str(path)!r} does not exist"
+                              + (" (it is a folder)" if path.is_dir() else ""))
         if not 0.0 < val_fraction < 1.0:
             raise ConfigError(f"val_fraction={val_fraction} must lie strictly between 0 and 1")
-        raw = path.read_bytes()
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"--text file {str(path)!r} cannot be read: {exc.strerror}") from None
+        if not raw:
+            raise ConfigError(f"--text file {str(path)!r} is empty (0 bytes); byte-level training "
+                              f"needs at least one window of max_seq_len + 1 = {seq_len + 1} bytes "
+                              "for training and one for validation")
         self.sha256 = hashlib.sha256(raw).hexdigest()  # a resumed run must see the same text
         data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()  # (N,)
         self.path, self.seq_len = path, seq_len

@@ -27,3 +27,17 @@ class InputShapeError(DecoderInputError):
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, corrupt, or does not fit its config."""
+
+
+class RunFolderError(ValueError):
+    """A training run folder is in use by another run (its lock is held), or holds files a new
+    run would overwrite."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss (or the gradient norm, or the evaluation loss) became NaN or inf: the run stops
+    at that step without applying it, and the last finite checkpoint is kept."""
+
+    def __init__(self, message: str, *, step: int, quantity: str, value: float) -> None:
+        super().__init__(message)
+        self.step, self.quantity, self.value = step, quantity, value

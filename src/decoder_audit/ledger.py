@@ -11,7 +11,9 @@ measured as V x D more, and the reconciliation says so.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -75,8 +77,14 @@ def _norm_count(cfg: DecoderConfig) -> tuple[int, str]:
     return cfg.d_model, f"D = {cfg.d_model} (gain)"
 
 
-def parameter_ledger(cfg: DecoderConfig) -> Ledger:
-    """Analytic ledger: every component's learned scalars, by formula from the config alone."""
+def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
+    """Analytic ledger: every component's learned scalars, by formula from the config alone.
+    `cfg` is a DecoderConfig, or its fields as a dict (validated like a config file)."""
+    if isinstance(cfg, Mapping):
+        cfg = DecoderConfig.from_dict(dict(cfg))
+    if not isinstance(cfg, DecoderConfig):
+        raise TypeError(f"parameter_ledger needs a DecoderConfig (or a dict of its fields), got "
+                        f"{type(cfg).__name__}; e.g. da.preset('tiny-368')")
     V, D, F, T = cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.max_seq_len
     d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     rows = [LedgerRow("token_embeddings", V * D, f"V*D = {V}*{D}")]

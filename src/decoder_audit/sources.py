@@ -12,7 +12,9 @@ The Python API may also pass a DecoderConfig or a preset name; `Source.of` says 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from torch import nn
 from .checkpoint import CONFIG_FILE, checkpoint_folder, load_checkpoint
 from .config import DecoderConfig
 from .errors import ConfigError
+from .memory import check_fits
 from .model import Decoder
 from .presets import preset
 
@@ -78,6 +81,7 @@ class Source:
         if self.kind == "checkpoint":
             return load_checkpoint(checkpoint_folder(self.value))
         config = self.config()
+        check_fits(config)  # V = 10^9 is refused here, not inside the allocator
         torch.manual_seed(seed)
         return Decoder(config)
 
@@ -103,18 +107,51 @@ def load_factory(spec: str) -> nn.Module:
     if not path.is_file():
         raise ConfigError(f"--model file {str(path)!r} does not exist")
     module_spec = importlib.util.spec_from_file_location(f"_user_model_{path.stem}", path)
+    if module_spec is None:
+        raise ConfigError(f"--model file {str(path)!r} is not a Python file (FILE.py:FACTORY)")
     module = importlib.util.module_from_spec(module_spec)
     sys.path.insert(0, str(path.parent.resolve()))  # let the file import its neighbours
     try:
-        module_spec.loader.exec_module(module)
+        _user_code(f"--model file {str(path)!r} failed to import",
+                   lambda: module_spec.loader.exec_module(module))
     finally:
         sys.path.pop(0)
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise ConfigError(f"{str(path)!r} has no callable {factory_name!r}")
-    model = factory()
+    _refuse_required_arguments(factory, f"{factory_name}() in {str(path)!r}")
+    model = _user_code(f"{factory_name}() in {str(path)!r} failed", factory)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{factory_name}() in {str(path)!r} returned {type(model).__name__}, "
                           "not a torch.nn.Module")
     _FACTORY_CACHE[spec] = model
     return model
+
+
+def _user_code(what: str, call: Callable[[], Any]) -> Any:
+    """Run a user's code; whatever it raises (or a sys.exit, which would end the command with
+    its status as if it had finished) becomes one ConfigError line naming it."""
+    try:
+        return call()
+    except SyntaxError as exc:
+        raise ConfigError(f"{what}: SyntaxError at line {exc.lineno}: {exc.msg}") from None
+    except SystemExit as exc:
+        raise ConfigError(f"{what}: it called sys.exit({exc.code!r}) instead of returning a "
+                          "module") from None
+    except Exception as exc:  # noqa: BLE001 - any failure in user code is reported, not raised
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{what}: {type(exc).__name__}: {first}") from exc
+
+
+def _refuse_required_arguments(factory: Callable[..., Any], what: str) -> None:
+    """--model calls FACTORY() with no arguments: one that needs some is refused before."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C callable: just call it
+        return
+    required = [name for name, p in signature.parameters.items()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                       p.KEYWORD_ONLY)]
+    if required:
+        raise ConfigError(f"{what} needs arguments {required} (signature {signature}); --model "
+                          "calls it with none: give them defaults or add a factory that takes none")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..console import console
-from .common import add_model_source, model_from_args
+from .common import add_model_source, source_from_args
 
 DEFAULT_OUT = "runs/train"
 
@@ -47,14 +47,18 @@ def register(subparsers) -> None:
     parser.add_argument("--out", metavar="DIR", help="run folder: metrics.jsonl, loss_curve.png, "
                                                      f"checkpoint/ (default {DEFAULT_OUT})")
     parser.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
-    parser.add_argument("--save-every", type=int, default=0, metavar="N",
-                        help="checkpoint every N steps too (default: only at the end)")
-    parser.add_argument("--eval-every", type=int, default=50, metavar="N",
-                        help="evaluation loss every N steps (default 50)")
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    parser.add_argument("--save-every", type=int, metavar="N",
+                        help="checkpoint every N steps too (default: only at the end; a resumed "
+                             "run keeps its own)")
+    parser.add_argument("--eval-every", type=int, metavar="N",
+                        help="evaluation loss every N steps (default 50; a resumed run keeps its "
+                             "own)")
+    parser.add_argument("--device", help="cpu (default), cuda, cuda:N or auto (a resumed run "
+                                          "keeps its own)")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads (default: 1 for models under 1M parameters, whose ops "
-                             "are too small to split, else torch's default)")
+                             "are too small to split, else torch's default; a resumed run keeps "
+                             "its own)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -65,6 +69,7 @@ _OPTIONS = ("steps", "seed", "batch_size", "lr", "warmup", "weight_decay", "deca
 
 
 def run(args) -> int:
+    from ..errors import TrainingDiverged
     from ..training import GateRefusal, train
 
     options = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
@@ -76,7 +81,9 @@ def run(args) -> int:
             return 2
         model = None
     else:
-        model = model_from_args(args, seed=options.get("seed", 0))
+        # The source itself, not a built module: the trainer builds it after locking the run
+        # folder and checking it fits, and saves a --model factory's reference with its weights.
+        model = source_from_args(args)
     out = args.out or (None if args.resume else DEFAULT_OUT)  # resuming writes into its run
     try:
         train(
@@ -84,9 +91,13 @@ def run(args) -> int:
             save_every=args.save_every, eval_every=args.eval_every, device=args.device,
             progress=not args.no_progress, expect_fresh=not args.checkpoint,
             vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
-            threads=args.threads or "auto", **options)
+            threads=args.threads if args.threads is not None else "auto", **options)
     except GateRefusal as refusal:
         _print_refusal(refusal)
+        return 1
+    except TrainingDiverged as diverged:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"decoder-audit train: error: {diverged}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         _print_interrupted(out or args.resume)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
+from collections.abc import Callable
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,9 @@ from typing import Any
 import torch
 
 from ..checkpoint import copy_into_parameters, decoder_from_tensors, write_folder_atomically
+from ..config import DecoderConfig
 from ..errors import CheckpointError, ConfigError
+from ..ledger import parameter_ledger
 from ..model import Decoder
 from .hf_config import (
     ATTN_IMPLEMENTATION,
@@ -67,13 +71,31 @@ def from_hf(hf_model: Any) -> Decoder:
     return decoder_from_tensors(cfg, hf_tensors_to_ours(cfg, hf_model.state_dict(), source=source))
 
 
+def export_changes(cfg: DecoderConfig) -> list[str]:
+    """What writing `cfg` in its Hugging Face family changes, one sentence each (empty when the
+    round trip gives `cfg` back). GPT-2's Conv1D always has biases: a decoder without them is
+    written with zero biases (the function is unchanged) and reads back with them."""
+    if hf_family(cfg) != "gpt2" or (cfg.attn_bias and cfg.mlp_bias):
+        return []
+    flags = [name for name in ("attn_bias", "mlp_bias") if not getattr(cfg, name)]
+    before = " and ".join(f"{flag}=false" for flag in flags)
+    after = " and ".join(f"{flag}=true" for flag in flags)
+    back = cfg.replace(attn_bias=True, mlp_bias=True)
+    return [f"GPT-2 always has attention and MLP biases: {before} is written as zero biases (the "
+            f"same function), and reading it back gives {after} "
+            f"({parameter_ledger(cfg).total:,} -> {parameter_ledger(back).total:,} parameters)"]
+
+
 def to_hf(decoder: Decoder) -> Any:
     """A GPT2LMHeadModel or LlamaForCausalLM (eager attention, eval mode) holding copies of the
-    decoder's weights, in its dtype and on its device."""
+    decoder's weights, in its dtype and on its device. What the HF family cannot keep (GPT-2's
+    always-present biases, see `export_changes`) is said in a UserWarning."""
     tf = _transformers()
     if not isinstance(decoder, Decoder):
         raise TypeError(f"to_hf needs a decoder_audit Decoder, got {type(decoder).__name__}")
     cfg = decoder.config
+    for change in export_changes(cfg):
+        warnings.warn(change, UserWarning, stacklevel=2)
     hf_config = config_to_hf(cfg)
     model_cls = model_classes(tf)[hf_family(cfg)]
     like = decoder.token_embeddings.weight
@@ -160,12 +182,31 @@ def _read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def save_hf_folder(decoder: Decoder, folder: str | os.PathLike) -> Path:
+def is_hf_folder(path: Path) -> bool:
+    """A folder `save_pretrained` wrote: its config.json names a model_type."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "model_type" in config
+
+
+def save_hf_folder(decoder: Decoder, folder: str | os.PathLike, *,
+                   check: Callable[[Path], None] | None = None) -> Path:
     """Write the decoder as a Hugging Face folder (config.json + model.safetensors, via
-    `save_pretrained`), swapped into place atomically like our own checkpoints."""
+    `save_pretrained`), swapped into place atomically like our own checkpoints. An existing
+    folder is replaced only if it is a Hugging Face folder whose every file is written again
+    (a tokenizer.json beside the weights is never deleted: the save refuses). `check(tmp)`
+    runs on the complete new folder before it replaces anything."""
     hf_model = to_hf(decoder)
-    return write_folder_atomically(folder, lambda tmp: hf_model.save_pretrained(tmp),
-                                   marker_files=("config.json",))
+
+    def write(tmp: Path) -> None:
+        hf_model.save_pretrained(tmp)
+        if check is not None:
+            check(tmp)
+
+    return write_folder_atomically(folder, write, same_kind=is_hf_folder,
+                                   what="Hugging Face model folder")
 
 
 @torch.no_grad()
@@ -176,7 +217,7 @@ def max_logit_difference(decoder: Decoder, hf_model: Any, ids: torch.Tensor) -> 
     return (ours - theirs.to(ours.dtype)).abs().max().item()
 
 __all__ = [
-    "ATTN_IMPLEMENTATION", "INSTALL_HINT", "config_from_hf", "config_to_hf", "from_hf",
-    "hf_family", "hf_tensors_to_ours", "load_hf_folder", "max_logit_difference",
-    "our_tensors_to_hf", "save_hf_folder", "to_hf", "try_from_hf",
+    "ATTN_IMPLEMENTATION", "INSTALL_HINT", "config_from_hf", "config_to_hf", "export_changes",
+    "from_hf", "hf_family", "hf_tensors_to_ours", "is_hf_folder", "load_hf_folder",
+    "max_logit_difference", "our_tensors_to_hf", "save_hf_folder", "to_hf", "try_from_hf",
 ]

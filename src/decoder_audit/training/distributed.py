@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import ConfigError
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -49,12 +51,28 @@ def local_rank() -> int:
 
 
 def resolve_device(device: str, local_rank: int) -> str:
-    """"auto": this rank's GPU if there is one, else the CPU; "cuda": this rank's GPU."""
+    """"auto": this rank's GPU if there is one, else the CPU; "cuda": this rank's GPU;
+    "cuda:N", "cpu". Anything else, or a GPU this machine lacks, is a ConfigError, raised before
+    the gate runs."""
     if device == "auto":
         return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        return f"cuda:{local_rank}"
-    return device
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r} is not a device decoder-audit trains on; use cpu, "
+                          "cuda, cuda:N or auto")
+    if parsed.type == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {device!r}: CUDA is not available on this machine "
+                          "(torch.cuda.is_available() is False); use --device cpu")
+    index = local_rank if parsed.index is None else parsed.index
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {device!r}: this machine has {torch.cuda.device_count()} CUDA "
+                          f"device(s), so there is no cuda:{index}")
+    return f"cuda:{index}"
 
 
 def init_distributed(device: str) -> RankInfo:

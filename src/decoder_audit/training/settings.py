@@ -105,7 +105,10 @@ def settings_from(config: TrainConfig | None, options: dict[str, Any]) -> TrainC
 
 def resumed_settings(meta: dict[str, Any], cfg: TrainConfig, *, given: bool) -> TrainConfig:
     """The checkpoint's TrainConfig; settings given for the resumed run must agree with it."""
-    saved = TrainConfig.from_dict(meta["train_config"])
+    try:
+        saved = TrainConfig.from_dict(meta["train_config"])
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ConfigError(f"the checkpoint's train_config cannot be read back ({exc})") from None
     differ = saved.differences(cfg) if given else []
     if differ:
         raise ConfigError("a resumed run must keep its training settings; these differ: "

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
+import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +31,10 @@ import torch
 from torch import nn
 
 from .. import plots
-from ..checkpoint import CHECKPOINT_DIR, decoder_from_tensors, expected_shapes, save_checkpoint
-from ..errors import CheckpointError, ConfigError
+from ..checkpoint import (CHECKPOINT_DIR, CONFIG_FILE, FACTORY_FILE, WEIGHTS_FILE,
+                          decoder_from_tensors, expected_shapes, read_checked_file, refuse_to_lose,
+                          save_checkpoint, save_module_weights)
+from ..errors import CheckpointError, ConfigError, RunFolderError
 from ..model import Decoder
 from .settings import TrainConfig
 
@@ -39,6 +44,8 @@ STATE_FILE = "train_state.pt"
 TRAINER_FILE = "trainer.json"
 # The layout version of trainer.json and train_state.pt.
 STATE_FORMAT = 1
+# What a training save writes into checkpoint/ (besides the task's own files, e.g. a tokenizer).
+CHECKPOINT_FILES = [CONFIG_FILE, WEIGHTS_FILE, FACTORY_FILE, STATE_FILE, TRAINER_FILE]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -52,11 +59,22 @@ def run_folder_of(resume: str | os.PathLike) -> Path:
 
 
 def refuse_finished_run(out: str | os.PathLike) -> None:
-    """A fresh run never writes over another run's checkpoint."""
+    """A fresh run never writes over another run's checkpoint, metrics or loss curve."""
     if (Path(out) / CHECKPOINT_DIR).exists():
         raise ConfigError(f"{str(out)!r} already holds a training run ({CHECKPOINT_DIR}/); "
                           "continue it with resume (--resume), or choose another out folder "
                           "(--out)")
+    earlier = [name for name in (METRICS_FILE, PLOT_FILE) if (Path(out) / name).exists()]
+    if earlier:
+        raise ConfigError(f"{str(out)!r} already holds {earlier} of an earlier run (which left no "
+                          "checkpoint to resume); a fresh run would overwrite them: choose "
+                          "another out folder (--out) or move them away")
+
+
+def refuse_foreign_entries(folder: Path, names: list[str]) -> None:
+    """Before step 1: the run's checkpoint folder must hold nothing its saves would delete (a
+    save replaces the whole folder; one holding a user's file refuses, see checkpoint.py)."""
+    refuse_to_lose(folder, names, what="training checkpoint")
 
 
 @dataclass(frozen=True)
@@ -87,23 +105,49 @@ class RunFolder:
             truncate_metrics(self.metrics, resumed_at)
 
     def append(self, row: dict[str, Any]) -> None:
+        """One JSON line; a non-finite float is written as null (JSON has no NaN)."""
         with self.metrics.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+            handle.write(json.dumps(_finite(row), allow_nan=False) + "\n")
 
     def plot_losses(self, *, floor: float | None, uniform: float) -> Path:
         return plot_losses(self.metrics, self.plot, floor=floor, uniform=uniform)
 
 
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: None if isinstance(value, float) and not math.isfinite(value) else value
+            for key, value in row.items()}
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of metrics.jsonl. A torn last line (a process killed mid-write) is dropped; a
+    damaged line before it is a RunFolderError naming it."""
+    return [row for _, row in _metric_lines(path)]
+
+
+def _metric_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    lines = [line for line in path.read_bytes().decode("utf-8", errors="replace").splitlines()
+             if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not a metrics row")
+        except ValueError:
+            if number == len(lines):
+                break  # torn by a kill mid-write: that step is redone
+            raise RunFolderError(f"{str(path)!r} line {number} is not a metrics row: "
+                                 f"{line[:60]!r}") from None
+        rows.append((line, row))
+    return rows
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines past the checkpoint a run resumes from (they will be redone)."""
+    """Drop metric lines past the checkpoint a run resumes from (they will be redone), and a
+    torn last line."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= step]
+    kept = [line for line, row in _metric_lines(path) if row["step"] <= step]
     path.write_text("".join(line + "\n" for line in kept))
 
 
@@ -120,11 +164,17 @@ def plot_losses(metrics_path: Path, png_path: Path, *, floor: float | None,
 
 def save_training_checkpoint(model: nn.Module, folder: Path, *, cfg: TrainConfig, step: int,
                              optimizer: torch.optim.Optimizer, scheduler: Any,
-                             generator: torch.Generator, task: Any, world_size: int) -> Path:
+                             generator: torch.Generator, task: Any, world_size: int,
+                             options: dict[str, Any] | None = None,
+                             factory: dict[str, Any] | None = None) -> Path:
     """The weights, config.json, train_state.pt and trainer.json, in one atomic swap.
 
     `model` is white-box (the gate said so): a Decoder, or a module with a DecoderConfig and the
-    Decoder's weight names, which is written as the Decoder holding its weights."""
+    Decoder's weight names, which is written as the Decoder holding its weights. With `factory`
+    (what rebuilds a module that is not white-box, e.g. {"factory": "/abs/model.py:build",
+    "vocab_size": V, "max_seq_len": T}) its state dict is written instead, beside factory.json
+    (`checkpoint.save_module_weights`). `options` are the run's settings outside the
+    TrainConfig (save_every, eval_every, device, threads), which a resumed run keeps."""
     buffer = io.BytesIO()
     torch.save({
         "step": step,
@@ -134,12 +184,22 @@ def save_training_checkpoint(model: nn.Module, folder: Path, *, cfg: TrainConfig
         "torch_rng": torch.get_rng_state(),
     }, buffer)
     meta = {"format": STATE_FORMAT, "step": step, "train_config": cfg.to_dict(), **task.state(),
-            "world_size": world_size, "entropy_floor": task.entropy_floor()}
-    return save_checkpoint(_as_decoder(model), folder, extra_files={
+            "world_size": world_size, "entropy_floor": task.entropy_floor(),
+            "run_options": dict(options or {})}
+    if factory is not None:
+        meta["factory"] = factory
+    return _save_weights(model, folder, factory, extra_files={
         **task.checkpoint_files(),  # the tokenizer, so `sample` reads the model as it was trained
         STATE_FILE: buffer.getvalue(),
         TRAINER_FILE: (json.dumps(meta, indent=2) + "\n").encode(),
     })
+
+
+def _save_weights(model: nn.Module, folder: Path, factory: dict[str, Any] | None, *,
+                  extra_files: dict[str, bytes]) -> Path:
+    if factory is not None:  # not white-box: its state dict, and what rebuilds it
+        return save_module_weights(model, folder, factory=factory, extra_files=extra_files)
+    return save_checkpoint(_as_decoder(model), folder, extra_files=extra_files)
 
 
 def _as_decoder(model: nn.Module) -> Decoder:
@@ -152,16 +212,47 @@ def _as_decoder(model: nn.Module) -> Decoder:
     return decoder_from_tensors(model.config, tensors)
 
 
+_STATE_KEYS = ("step", "optimizer", "scheduler", "data_rng", "torch_rng")
+
+
 def read_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(trainer.json, train_state.pt) of a checkpoint; the .pt is read with weights_only=True,
-    so only tensors and plain containers are accepted, never arbitrary pickled objects."""
+    """(trainer.json, train_state.pt) of a checkpoint, each checked against the SHA-256 recorded
+    when it was saved. The .pt is read with weights_only=True: only tensors and plain
+    containers, never arbitrary pickled objects; anything else is a CheckpointError."""
     meta_path, state_path = folder / TRAINER_FILE, folder / STATE_FILE
     if not meta_path.is_file() or not state_path.is_file():
         raise CheckpointError(f"{str(folder)!r} is not a training checkpoint: it lacks "
                               f"{TRAINER_FILE} or {STATE_FILE}, so it cannot be resumed")
-    meta = json.loads(meta_path.read_text())
-    state = torch.load(state_path, map_location="cpu", weights_only=True)
-    return meta, state
+    raw_meta = read_checked_file(folder, TRAINER_FILE)
+    try:
+        meta = json.loads(raw_meta.decode("utf-8"))
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or not isinstance(meta.get("train_config"), dict):
+        raise CheckpointError(f"{str(meta_path)!r} is not a trainer.json that decoder-audit "
+                              "train wrote (not a JSON object with train_config)")
+    return meta, _load_state(state_path, read_checked_file(folder, STATE_FILE))
+
+
+def _load_state(path: Path, raw: bytes) -> dict[str, Any]:
+    try:
+        state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f" ({found.group(1)})" if found else ""
+        # Never suggest loading it unsafely: a training state is tensors and plain containers.
+        raise CheckpointError(
+            f"{str(path)!r} holds a pickled object{what} that is not a training state; it is read "
+            "as tensors and plain containers only and is refused unread: resume from a "
+            "checkpoint that decoder-audit train wrote") from None
+    except (RuntimeError, EOFError, ValueError, OSError):
+        raise CheckpointError(f"{str(path)!r} ({len(raw):,} bytes) is truncated or corrupt: not a "
+                              "readable training state") from None
+    missing = [key for key in _STATE_KEYS if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise CheckpointError(f"{str(path)!r} is not a training state decoder-audit train wrote "
+                              f"(it lacks {missing})")
+    return state
 
 
 def restore_training_state(state: dict[str, Any], optimizer: torch.optim.Optimizer,
