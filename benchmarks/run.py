@@ -50,7 +50,15 @@ if __package__ in (None, "") and _ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks import account_cost, gate_cost, machine, memory, report, rows  # noqa: E402
+from benchmarks import (  # noqa: E402
+    account_cost,
+    gate_cost,
+    generation,
+    machine,
+    memory,
+    report,
+    rows,
+)
 from benchmarks.common import Plan  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -78,6 +86,7 @@ FAMILIES = (
     Family("memory", memory.measure_memory_rows, report.memory_section, skipped=[]),
     Family("gate", gate_cost.measure, report.gate_section, runs=lambda plan: not plan.quick),
     Family("account", account_cost.measure, report.account_section),
+    Family("generation", generation.measure, generation.section, skipped=[]),
 )
 
 
@@ -97,6 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--skip-gate", action="store_true")
     p.add_argument("--skip-account", action="store_true")
+    p.add_argument("--skip-generation", action="store_true")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder")
     p.add_argument("--memory-child", nargs=6, metavar=("SIDE", "CFG", "B", "T", "THREADS", "STEPS"),

@@ -1,0 +1,176 @@
+"""The "generation" family: greedy generation, `da.generate` on our Decoder (static KV cache)
+against Hugging Face `generate` on `da.to_hf` of the same weights (its default DynamicCache,
+sdpa attention), at GPT-2 small shapes.
+
+Rows: prompts of 16 and 128 tokens, 256 new tokens, batch 1 and batch 8 (8 prompts of different
+lengths, left-padded with an attention mask, as both sides batch them). Per row:
+  - the outputs are compared first (one untimed full run of each side, which is also the
+    warm-up); a difference refuses the row (BenchmarkError) unless it starts at a near-tie of the
+    two largest logits (under NEAR_TIE of the logit scale: fp32 rounding may pick either), which
+    is reported with the step and the gap;
+  - total time for max_new_tokens, timed interleaved (`pair.time_interleaved`); tokens/s =
+    B * new tokens / median time;
+  - time to first token: the same call with max_new_tokens=1 (prefill + one sampling step),
+    also interleaved; per-token latency = (total - first) / (new tokens - 1), from medians.
+HF/ours > 1 means ours is faster.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import decoder_audit as da
+from decoder_audit.generate import left_padded
+
+from .common import SEED, BenchmarkError, Plan, stats
+from .pair import hf_fast_attention, time_interleaved
+from .rows import SMOKE_CONFIGS
+
+# Two rows' greedy outputs may part at a step whose two largest logits are this close (relative
+# to the logit scale): float32 rounding of two implementations can pick either token there.
+NEAR_TIE = 1e-4
+
+
+@dataclass(frozen=True)
+class GenRow:
+    config_name: str
+    cfg: da.DecoderConfig
+    batch: int
+    prompt_len: int  # the longest prompt; batch rows get shorter ones (left-padded)
+    new_tokens: int
+
+    @property
+    def label(self) -> str:
+        return (f"{self.config_name} B={self.batch} prompt {self.prompt_len} "
+                f"+{self.new_tokens} greedy")
+
+    def prompts(self) -> list[list[int]]:
+        """Seeded prompts; with B > 1 their lengths fall from prompt_len to about half of it."""
+        gen = torch.Generator().manual_seed(SEED)
+        lengths = [self.prompt_len - (i * self.prompt_len) // (2 * self.batch)
+                   for i in range(self.batch)]
+        return [torch.randint(0, self.cfg.vocab_size, (n,), generator=gen).tolist()
+                for n in lengths]
+
+
+def plan_rows(plan: Plan) -> list[GenRow]:
+    if plan.smoke:
+        cfg = SMOKE_CONFIGS["gpt2-tiny"]
+        return [GenRow("gpt2-tiny", cfg, 1, 4, 6), GenRow("gpt2-tiny", cfg, 3, 8, 6)]
+    gpt2 = da.preset("gpt2-small")
+    rows = [GenRow("gpt2-small", gpt2, b, t, 256) for t in (16, 128) for b in (1, 8)]
+    return rows[:2] if plan.quick else rows
+
+
+class _Sides:
+    """Our Decoder and its Hugging Face twin, and a greedy call of each on one row's prompts."""
+
+    def __init__(self, row: GenRow) -> None:
+        torch.manual_seed(SEED)
+        self.row = row
+        self.ours = da.Decoder(row.cfg).eval()
+        self.hf = da.to_hf(self.ours).eval()
+        self.attention = hf_fast_attention(self.hf)
+        self.hf.generation_config.eos_token_id = None  # both run every new token
+        self.hf.generation_config.pad_token_id = 0
+        self.prompts = row.prompts()
+        ids, mask = left_padded(self.prompts)
+        self.ids = ids
+        self.mask = torch.ones_like(ids) if mask is None else mask.long()
+
+    def ours_new(self, new: int) -> list[list[int]]:
+        return da.generate(self.ours, self.prompts, max_new_tokens=new).new_ids
+
+    def hf_new(self, new: int) -> list[list[int]]:
+        with torch.no_grad():
+            out = self.hf.generate(self.ids, attention_mask=self.mask, max_new_tokens=new,
+                                   min_new_tokens=new, do_sample=False)
+        return out[:, self.ids.shape[1]:].tolist()
+
+    def compare(self, ours: list[list[int]], theirs: list[list[int]]) -> dict[str, Any]:
+        """'identical', or where the first row parts and how close its top two logits were."""
+        if ours == theirs:
+            return {"outputs": "identical"}
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            if a != b:
+                step = next(t for t, (x, y) in enumerate(zip(a, b)) if x != y)
+                break
+        with torch.no_grad():
+            logits = self.ours(torch.tensor([self.prompts[i] + a[:step]]))[0, -1]  # (V,)
+        top = logits.topk(2).values
+        gap = float(top[0] - top[1]) / float(logits.abs().max())
+        record = {"outputs": f"row {i} parts at new token {step}", "row": i, "step": step,
+                  "relative_top2_gap": gap}
+        if not gap < NEAR_TIE:
+            raise BenchmarkError(f"{self.row.label}: greedy outputs part at row {i}, token {step} "
+                                 f"where the top two logits differ by {gap:.2e} of the scale "
+                                 "(not a rounding tie): refusing to time unequal generations")
+        return record
+
+
+def measure_row(row: GenRow, repeats: int) -> dict[str, Any]:
+    sides = _Sides(row)
+    check = sides.compare(sides.ours_new(row.new_tokens), sides.hf_new(row.new_tokens))
+    total_ours, total_hf = time_interleaved(lambda: sides.ours_new(row.new_tokens),
+                                            lambda: sides.hf_new(row.new_tokens), 0, repeats)
+    first_ours, first_hf = time_interleaved(lambda: sides.ours_new(1), lambda: sides.hf_new(1),
+                                            1, max(repeats, 3))
+    tokens = row.batch * row.new_tokens
+
+    def figures(total: list[float], first: list[float]) -> dict[str, Any]:
+        t, f = stats(total), stats(first)
+        return {"seconds": t, "first_token_seconds": f, "tokens_per_s": tokens / t["median"],
+                "per_token_ms": (t["median"] - f["median"]) / (row.new_tokens - 1) * 1e3}
+
+    ours, hf = figures(total_ours, first_ours), figures(total_hf, first_hf)
+    result = {
+        "label": row.label, "config": row.config_name, "batch": row.batch,
+        "prompt_lengths": [len(p) for p in sides.prompts], "new_tokens": row.new_tokens,
+        "hf_attention": sides.attention, "hf_cache": "DynamicCache (generate's default)",
+        "equality": check, "ours": ours, "hf": hf,
+        "hf_over_ours": hf["seconds"]["median"] / ours["seconds"]["median"],
+        "hf_over_ours_paired": stats([h / o for o, h in zip(total_ours, total_hf)]),
+        "hf_over_ours_best": hf["seconds"]["min"] / ours["seconds"]["min"],
+    }
+    del sides
+    gc.collect()
+    return result
+
+
+def measure(plan: Plan) -> list[dict[str, Any]]:
+    """Every generation row of the run (--quick: batch 1 and 8 at prompt 16 only; the total
+    time is timed min(repeats, 2) times per side: a row runs for tens of seconds)."""
+    results = []
+    for row in plan_rows(plan):
+        r = measure_row(row, min(plan.repeats, 2))
+        results.append(r)
+        plan.say(f"{row.label}: ours {r['ours']['tokens_per_s']:.1f} tok/s, HF "
+                 f"{r['hf']['tokens_per_s']:.1f} tok/s, HF/ours {r['hf_over_ours']:.2f}")
+    return results
+
+
+def section(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["## Greedy generation: `da.generate` (static KV cache) vs Hugging Face `generate`",
+             "", "| row | prompts | ours tok/s | HF tok/s | HF/ours medians (paired min-max) | "
+             "HF/ours best | first token ours / HF ms | per token ours / HF ms | outputs |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        o, h, p = r["ours"], r["hf"], r["hf_over_ours_paired"]
+        lengths = r["prompt_lengths"]
+        prompts = str(lengths[0]) if len(lengths) == 1 else f"{lengths[-1]}-{lengths[0]} padded"
+        lines.append(
+            f"| {r['label']} | {prompts} | {o['tokens_per_s']:.1f} | {h['tokens_per_s']:.1f} | "
+            f"{r['hf_over_ours']:.2f} ({p['min']:.2f}-{p['max']:.2f}) | "
+            f"{r['hf_over_ours_best']:.2f} | {o['first_token_seconds']['median'] * 1e3:.0f} / "
+            f"{h['first_token_seconds']['median'] * 1e3:.0f} | {o['per_token_ms']:.1f} / "
+            f"{h['per_token_ms']:.1f} | {r['equality']['outputs']} |")
+    return lines + [
+        "", f"Both sides greedy, eval mode, same weights; HF `{rows[0]['hf_attention']}` "
+        f"attention and {rows[0]['hf_cache']}; first token = the max_new_tokens=1 call (prefill "
+        "+ one step); per token = (total - first) / (new tokens - 1).", ""]
