@@ -47,6 +47,8 @@ class KVCache:
         shape = (cfg.n_layers, batch, cfg.kv_heads, capacity, cfg.head_dim)  # (L, B, Hkv, S, Dh)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
+        # per-layer views (B, Hkv, S, Dh), made once: a step indexes no 5-d tensor
+        self._layers = [(self.keys[i], self.values[i]) for i in range(cfg.n_layers)]
         self.length = 0  # slots filled, the same for every row
         self.start = 0  # first slot of the tokens the current forward adds
         self.valid: torch.Tensor | None = None  # (B, S) bool: slot holds a real token
@@ -95,9 +97,10 @@ class KVCache:
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this forward's k, v (B, Hkv, new, Dh) into their slots of `layer` and return
         views of every filled slot, (B, Hkv, length, Dh) each."""
-        self.keys[layer, :, :, self.start:self.length] = k
-        self.values[layer, :, :, self.start:self.length] = v
-        return self.keys[layer, :, :, :self.length], self.values[layer, :, :, :self.length]
+        keys, values = self._layers[layer]
+        keys[:, :, self.start:self.length] = k
+        values[:, :, self.start:self.length] = v
+        return keys[:, :, :self.length], values[:, :, :self.length]
 
     def allowed(self) -> torch.Tensor | None:
         """Which filled slots each new token may read, (B|1, 1, new, length) bool, True = may
