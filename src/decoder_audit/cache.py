@@ -1,4 +1,5 @@
-"""`KVCache`: the Decoder's static key/value cache for incremental decoding.
+"""`KVCache`: the Decoder's static key/value cache for incremental decoding, and the masks of
+the generation path (`check_mask`, `attention_allowed`).
 
     cache = model.new_cache(batch)          # preallocated once: L x (B, Hkv, S, Dh)
     logits = model(prompt, attention_mask, cache=cache)  # prefill (B, T0): slots 0..T0-1
@@ -107,6 +108,25 @@ class KVCache:
         attend (SDPA's convention); None when SDPA needs no mask (see `attention_allowed`)."""
         return attention_allowed(self.start, self.length - self.start, self.valid,
                                  self.keys.device)
+
+
+def check_mask(mask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """An attention mask (B, T) for ids (B, T): bool or integer, 1 (True) for real tokens, 0
+    for pads. Returns it as bool; raises InputShapeError naming what is wrong."""
+    if not isinstance(mask, torch.Tensor):
+        raise InputShapeError(f"attention_mask must be a torch.Tensor (B, T), got "
+                              f"{type(mask).__name__}")
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise InputShapeError(f"attention_mask has shape {tuple(mask.shape)}; it must match the "
+                              f"ids (B, T) = {tuple(ids.shape)}")
+    if mask.dtype != torch.bool:
+        if mask.is_floating_point() or mask.is_complex():
+            raise InputShapeError(f"attention_mask must be bool or integer 0/1, got "
+                                  f"dtype={mask.dtype}")
+        if bool(((mask != 0) & (mask != 1)).any()):
+            raise InputShapeError("attention_mask values must be 0 (pad) or 1 (real token)")
+        mask = mask != 0
+    return mask
 
 
 def attention_allowed(start: int, new: int, valid: torch.Tensor | None,

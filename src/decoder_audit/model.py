@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import KVCache, attention_allowed
+from .cache import KVCache, attention_allowed, check_mask
 from .config import DecoderConfig
 from .errors import ContextLengthError, InputShapeError, TokenIdError
 from .trace import Trace
@@ -67,25 +67,6 @@ def check_ids(ids: torch.Tensor, cfg: DecoderConfig) -> None:
             f"token id {ids[bad[0], bad[1]].item()} at batch {bad[0]}, position {bad[1]} "
             f"is outside [0, vocab_size={cfg.vocab_size})"
         )
-
-
-def check_mask(mask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """An attention mask (B, T) for ids (B, T): bool or integer, 1 (True) for real tokens, 0
-    for pads. Returns it as bool; raises InputShapeError naming what is wrong."""
-    if not isinstance(mask, torch.Tensor):
-        raise InputShapeError(f"attention_mask must be a torch.Tensor (B, T), got "
-                              f"{type(mask).__name__}")
-    if tuple(mask.shape) != tuple(ids.shape):
-        raise InputShapeError(f"attention_mask has shape {tuple(mask.shape)}; it must match the "
-                              f"ids (B, T) = {tuple(ids.shape)}")
-    if mask.dtype != torch.bool:
-        if mask.dtype not in _INTEGER_DTYPES:
-            raise InputShapeError(f"attention_mask must be bool or integer 0/1, got "
-                                  f"dtype={mask.dtype}")
-        if bool(((mask != 0) & (mask != 1)).any()):
-            raise InputShapeError("attention_mask values must be 0 (pad) or 1 (real token)")
-        mask = mask != 0
-    return mask
 
 
 def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
