@@ -114,3 +114,16 @@ def test_convert_from_hf_keeps_the_folders_tokenizer(trained, tmp_path, capsys):
     small = hf_folder("small", WORDS)
     assert main(["convert", "--from-hf", str(small), "--out", str(tmp_path / "no")]) == 2
     assert "vocab_size=300" in capsys.readouterr().err and not (tmp_path / "no").exists()
+
+
+def test_resuming_on_a_changed_dataset_is_refused_before_the_gate(trained, capsys):
+    prepare = ["prepare", "--text", str(trained / "text.txt"), "--tokenizer",
+               str(trained / "words.json"), "--out", str(trained / "data")]
+    assert main([*prepare, "--val-fraction", "0.3"]) == 0  # other splits: another dataset
+    try:
+        assert main(["train", "--resume", str(trained / "run"), "--no-progress"]) == 2
+        captured = capsys.readouterr()
+        assert "dataset" in captured.err and "changed since the checkpoint" in captured.err
+        assert "gate:" not in captured.out  # refused before the audit is spent
+    finally:
+        assert main([*prepare, "--val-fraction", "0.2"]) == 0  # as the fixture made it
