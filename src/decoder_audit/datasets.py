@@ -13,7 +13,10 @@ A prepared dataset is a folder (`decoder-audit prepare --text FILES --tokenizer 
 
 The token stream is each source file encoded whole, in the order given, each followed by the
 tokenizer's end-of-sequence id when it has one (documents stay separated, as GPT-2 did with
-<|endoftext|>). The held-out split is a declared range: the last ceil(val_fraction * N) tokens.
+<|endoftext|>). Whole, because cutting a file into chunks could change how BPE splits the text
+at the cuts; so preparing holds one file's text and ids in memory at a time (split a corpus
+larger than memory into several files). The held-out split is a declared range: the last
+ceil(val_fraction * N) tokens.
 
     tokens.bin   [ train: 0 .. n_train )[ val: n_train .. N )
 
