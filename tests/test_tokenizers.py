@@ -144,7 +144,11 @@ def test_builtin_kinds_travel_as_a_manifest(tmp_path, kind, vocab_size, eos_id):
 
 
 def test_checkpoint_tokenizer_falls_back_to_the_vocabulary_size(tmp_path):
-    assert Tokenizer.for_checkpoint(tmp_path, 300).kind == "bytes"
+    assert Tokenizer.for_checkpoint(tmp_path, 256).kind == "bytes"
+    # Any other V belongs to some other tokenizer: its ids read as bytes would print U+FFFD
+    # (issue 14), so without files or --tokenizer it is refused.
+    with pytest.raises(ConfigError, match="no tokenizer for vocab_size=300"):
+        Tokenizer.for_checkpoint(tmp_path, 300)
     assert Tokenizer.for_checkpoint(tmp_path, 8, declared="tiny-vocab").kind == "tiny-vocab"
     with pytest.raises(ConfigError, match="carries no"):
         Tokenizer.for_checkpoint(tmp_path, 300, declared="tokenizer.json:tok.json")
@@ -183,3 +187,23 @@ def test_bad_files_raise_config_errors_naming_them(gpt2_folder, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no tokenizer"):
         Tokenizer.from_spec(tmp_path / "empty")
+
+
+def test_gpt2_files_read_as_the_library_reads_its_own_byte_level_bpe(tmp_path):
+    # The library's ByteLevelBPETokenizer writes the same learned BPE twice: as a tokenizer.json
+    # (its own pipeline, the reference) and as GPT-2's vocab.json + merges.txt, which we
+    # assemble ourselves; both must give the same ids and text.
+    corpus = ("The assert statement is a convenient way to insert debugging assertions.\n"
+              "  if __debug__:\n\tif not expression: raise AssertionError  # naïve ✓\n") * 30
+    trained = tokenizers.ByteLevelBPETokenizer()
+    trained.train_from_iterator([corpus], vocab_size=400, special_tokens=["<|endoftext|>"],
+                                show_progress=False)
+    trained.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "gpt2").mkdir()
+    trained.save_model(str(tmp_path / "gpt2"))
+    reference = Tokenizer.from_spec(tmp_path / "tokenizer.json")
+    ours = Tokenizer.from_spec(tmp_path / "gpt2")
+    assert ours.kind == "gpt2-bpe" and ours.vocab_size == reference.vocab_size
+    text = corpus[:400] + "unseen: Ωmega 3.14 <|endoftext|> tail"
+    assert ours.encode(text) == reference.encode(text) == trained.encode(text).ids
+    assert ours.decode(ours.encode(text)) == text
