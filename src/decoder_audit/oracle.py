@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from .config import DecoderConfig
+from .errors import CheckpointError, ContextLengthError, InputShapeError, TokenIdError
 
 
 def _layernorm(x: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,12 +63,62 @@ def _linear(x: torch.Tensor, sd: Mapping[str, torch.Tensor], name: str) -> torch
     return y if bias is None else y + bias
 
 
+def check_oracle_inputs(weights, cfg: DecoderConfig, ids: torch.Tensor) -> None:
+    """The model's input contract, and weights that can be read, before any lookup: ids an
+    integer (B, T) tensor with values (not on the meta device), 1 <= T <= max_seq_len, every id
+    in [0, V) (a -1 would otherwise index row V - 1); every weight the config needs present and
+    holding values. Typed errors name the value and the limit."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] < 1 or \
+            ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        dtype = getattr(ids, "dtype", None)
+        raise InputShapeError(f"ids must be an integer tensor (B, T) with B >= 1, got {shape} "
+                              f"of dtype {dtype}")
+    if ids.device.type == "meta":
+        raise InputShapeError(f"ids {tuple(ids.shape)} are on the meta device: they hold no "
+                              "values to look up")
+    seq_len = ids.shape[1]
+    if not 1 <= seq_len <= cfg.max_seq_len:
+        raise ContextLengthError(f"sequence length T={seq_len} is outside [1, max_seq_len="
+                                 f"{cfg.max_seq_len}]; nothing is cropped")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= cfg.vocab_size:
+        bad = low if low < 0 else high
+        raise TokenIdError(f"token id {bad} is outside [0, vocab_size={cfg.vocab_size})")
+    get = weights.get if isinstance(weights, Mapping) else weights
+    found = {name: get(name) for name in _required_weights(cfg)}
+    missing = sorted(name for name, tensor in found.items() if tensor is None)
+    if missing:
+        raise CheckpointError(f"the weights lack {missing}, which the config needs (norm="
+                              f"{cfg.norm!r}, pos={cfg.pos!r}, mlp={cfg.mlp!r})")
+    on_meta = sorted(name for name, tensor in found.items() if tensor.device.type == "meta")
+    if on_meta:
+        raise CheckpointError(f"weights {on_meta[:3]}{' ...' if len(on_meta) > 3 else ''} are on "
+                              "the meta device: they hold no values")
+
+
+def _required_weights(cfg: DecoderConfig) -> list[str]:
+    """Every weight the config needs (biases are optional: used wherever present)."""
+    norm_parts = ("weight", "bias") if cfg.norm == "layernorm" else ("weight",)
+    names = ["token_embeddings.weight"]
+    if cfg.pos == "learned":
+        names.append("position_embeddings.weight")
+    matrices = ("w1", "w2", "w3") if cfg.mlp == "swiglu" else ("w1", "w2")
+    for layer in range(cfg.n_layers):
+        p = f"layers.{layer}"
+        names += [f"{p}.{norm}.{part}" for norm in ("ln1", "ln2") for part in norm_parts]
+        names += [f"{p}.attn.{n}_proj.weight" for n in ("q", "k", "v", "output")]
+        names += [f"{p}.ffn.{n}.weight" for n in matrices]
+    return names + [f"ln_final.{part}" for part in norm_parts]
+
+
 def oracle_logits(state_dict: Mapping[str, torch.Tensor], cfg: DecoderConfig, ids: torch.Tensor,
                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Logits (B, T, V) of the decoder described by `cfg` with weights `state_dict`, for ids (B, T).
 
     The readout uses `lm_head.weight` when present and `token_embeddings.weight` otherwise (a
     tied state dict may omit the head)."""
+    check_oracle_inputs(state_dict, cfg, ids)
     sd = {name: t.to(dtype) for name, t in state_dict.items()}
     batch, seq_len = ids.shape
     group, head_dim = cfg.kv_group_size, cfg.head_dim

@@ -216,10 +216,14 @@ class Tokenizer:
             return cls(declared)
         if vocab_size == len(TINY_VOCAB):
             return cls("tiny-vocab")
-        if vocab_size >= 256:
+        if vocab_size == 256:
             return cls("bytes")
-        raise ConfigError(f"no tokenizer for vocab_size={vocab_size}: sampling knows the "
-                          f"{len(TINY_VOCAB)}-token vocabulary and bytes (V >= 256)")
+        # Any other V is some other tokenizer's: reading its ids as bytes would print U+FFFD.
+        raise ConfigError(f"no tokenizer for vocab_size={vocab_size}: the checkpoint carries none "
+                          f"and only V={len(TINY_VOCAB)} (tiny-vocab) and V=256 (bytes) imply "
+                          "one; pass --tokenizer with the model's tokenizer.json, GPT-2 "
+                          "vocab.json or a folder holding one (or --tokenizer bytes for a "
+                          "byte-level model)")
 
     @classmethod
     def for_checkpoint(cls, folder: str | os.PathLike, vocab_size: int, *,

@@ -8,6 +8,7 @@ exact command that reruns them. Exit status 0 only when every check passes, 1 wh
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..gate import audit, print_report, to_json
@@ -44,6 +45,10 @@ def run(args) -> int:
         print(f"decoder-audit verify: error: --intervention-len={args.intervention_len} "
               "must be >= 1", file=sys.stderr)
         return 2
+    if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
+        print(f"decoder-audit verify: error: --report {args.report!r} is a file; it names a folder "
+              "for report.md, report.json and the pictures", file=sys.stderr)
+        return 2  # said before the gate runs, not after
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     report = audit(model, vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
                    progress=show_progress and not args.json, seed=args.seed,
