@@ -80,7 +80,8 @@ class HandAttention(CausalSelfAttention):
         v = self.split(self.v_proj(x), self.kv_heads)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        scores = q @ self.expand(k).transpose(-2, -1) * self.scale(trace is not None)  # (B, H, T, T)
+        scale = self.scale(trace is not None)
+        scores = q @ self.expand(k).transpose(-2, -1) * scale  # (B, H, T, T)
         masked = scores.masked_fill(~self.visible(seq_len).to(x.device), self.mask_value)
         pattern = self.probabilities(masked)
         z = self.combine(pattern, self.expand(v))  # (B, H, T, Dh)
@@ -433,8 +434,8 @@ MUTANTS = [
          first=False, defect="B9/C14", says="non-finite probabilities"),
     Case("finite_mask_1e4", lambda: with_attention(FiniteMask), "attention_rows", defect="B10",
          says="under scaled-up Q/K"),
-    Case("softmax_in_forward", lambda: decoder(cls=SoftmaxOutput), "raw_logits", defect="seeds trap",
-         says="returns probabilities"),
+    Case("softmax_in_forward", lambda: decoder(cls=SoftmaxOutput), "raw_logits",
+         defect="seeds trap", says="returns probabilities"),
     Case("log_softmax_in_forward", lambda: decoder(cls=LogSoftmaxOutput), "raw_logits",
          defect="seeds trap", says="returns log-probabilities"),
     Case("overlength_cropped", lambda: decoder(cls=CropsOverlength), "overlength", defect="D17",
@@ -459,8 +460,8 @@ MUTANTS = [
          says="differ from the slow oracle"),
     Case("batch_rows_mixed", lambda: with_attention(BatchMean), "batch_independence", defect="B12",
          says="other rows changed"),
-    Case("dropout_in_eval", lambda: with_attention(DropoutInEval), "determinism", defect="nondeterminism",
-         says="different logits twice"),
+    Case("dropout_in_eval", lambda: with_attention(DropoutInEval), "determinism",
+         defect="nondeterminism", says="different logits twice"),
     Case("final_norm_skipped", missing_final_norm, "oracle", defect="seeds: final norm",
          says="differ from the slow oracle"),
     Case("normalised_by_length", lambda: with_attention(LengthScaled, SMALL), "prefix",
