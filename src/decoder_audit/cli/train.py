@@ -23,7 +23,9 @@ def register(subparsers) -> None:
                     "check and exit 1 without training or writing anything. Otherwise train it: "
                     "by default the tiny model's counting task (<bos> x y z <eos>), or a "
                     "byte-level model on --text FILE, or on a prepared token dataset (--data "
-                    "DIR). There is no option to train a model that failed.")
+                    "DIR). There is no option to train a model that failed. A loss that becomes "
+                    "NaN or inf stops the run (exit 1) and keeps the last good checkpoint; a run "
+                    "folder another run is writing is refused (run.lock).")
     add_model_source(parser, foreign=True)
     parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default 400)")
     parser.add_argument("--seed", type=int, metavar="S",

@@ -10,6 +10,7 @@
     optim.py        AdamW over the unique Parameters, warmup + cosine, gradient clipping
     distributed.py  the process group, each rank's device, DDP
     state.py        the run folder and the resumable training state (bitwise resume)
+    lock.py         one run per run folder (run.lock, the owner's pid, stale locks taken over)
 """
 
 from ..checkpoint import CHECKPOINT_DIR, checkpoint_folder

@@ -13,6 +13,16 @@ optimizer and scheduler state, the data generator's state and the step, so a run
 step k and resumed from its checkpoint ends bitwise equal to one that never stopped (CPU, same
 world size and thread count). train_state.pt is read with `weights_only=True`: only tensors and
 plain containers, never arbitrary pickled objects.
+
+    OUT/run.lock                   held while a run writes (lock.py)
+    checkpoint/factory.json        instead of config.json for a model that is not a Decoder: what
+                                   rebuilds it (its FILE.py:FACTORY); the weights are its state dict
+
+trainer.json also keeps the run options (save_every, eval_every, device, threads) a resumed run
+continues with, and model.safetensors records the SHA-256 of trainer.json and train_state.pt: a
+replaced or truncated file is refused before it is read. metrics.jsonl is strict JSON (a
+non-finite value is written as null); a torn last line, which only a kill mid-write leaves, is
+dropped when the run resumes.
 """
 
 from __future__ import annotations
