@@ -12,7 +12,9 @@ signature):
   "hugging face"  `model(input_ids, attention_mask=, position_ids=, past_key_values=,
                   use_cache=True)` returning `.logits` and `.past_key_values` (transformers
                   models, or a wrapper that names those parameters; transformers >= 5.2x
-                  renamed the cache argument and output field `cache`, which is read the same);
+                  renamed the cache argument and output field `cache`, which is read the same).
+                  attention_mask and position_ids are passed once the batch has pads; without
+                  pads the model numbers positions from its cache, as its plain forward does;
   "plain"         ids (B, T) -> logits: every step recomputes the whole sequence.
 `use_cache=False` recomputes the whole sequence every step under any convention (the reference
 the cache must equal; greedy output is identical either way).
@@ -146,17 +148,17 @@ class Stepper:
         self.length = end
         if self.conv.name == "decoder":  # our cache keeps the mask and positions itself
             return logits_of(self._call(ids, mask, last_only, cache=self.cache))
-        # Hugging Face: the mask of every slot so far, and the positions of the new ones
+        # Hugging Face. Without pads the model numbers positions itself from its cache, as its
+        # plain forward does (some families offset them: RoBERTa starts at padding_idx + 1).
+        # Once a pad came: the mask of every slot so far and the positions of the new ones.
         if mask is not None and self.mask is None:
             self.mask = torch.ones(self.batch, self.capacity, dtype=torch.long,
                                    device=ids.device)  # (B, S): earlier slots were real
         if mask is not None:
             self.mask[:, start:end] = mask
         full = None if self.mask is None else self.mask[:, :end]  # (B, end)
-        positions = None
-        if self.conv.position_ids:
-            positions = (torch.arange(start, end, device=ids.device).expand(ids.shape[0], -1)
-                         if full is None else positions_from_mask(full)[:, start:])
+        positions = (positions_from_mask(full)[:, start:]
+                     if full is not None and self.conv.position_ids else None)
         out = self._call(ids, full, last_only, positions, use_cache=True,
                          **{self.conv.cache_arg: self.cache})
         self.cache = _returned_cache(out, self.conv.cache_arg)
