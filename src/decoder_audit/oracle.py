@@ -1,24 +1,46 @@
 """The slow oracle: the decoder written as explicit per-head, per-query-row loops.
 
-It reads only a state dict (DESIGN.md's weight names) and a config, and shares no code path with
-model.py: no fused kernels, no masks (query row t simply reads keys 0..t), LayerNorm and RMSNorm
-from their definitions, GELU from erf or tanh, RoPE as explicit 2x2 rotations pair by pair. It
-computes in float64 by default, so a disagreement with the fast model is a bug, not rounding.
+It reads only weights by name (DESIGN.md's weight names) and a config, and shares no code path
+with model.py: no fused kernels, no masks (query row t simply reads keys 0..t), LayerNorm and
+RMSNorm from their definitions, GELU from erf or tanh, RoPE as explicit 2x2 rotations pair by
+pair. It computes in float64 on the CPU by default, so a disagreement with the fast model is a
+bug, not rounding.
 
-It is built from differentiable torch ops, so gradients can be compared too: pass a state dict
-whose tensors require grad.
+Weights come from a state dict or from a function `name -> tensor or None` (None: the model has
+no such weight), in any dtype and on any device. They are read stage by stage: the embedding,
+each layer, then the final norm and readout. A layer's weights are converted to float64 when its
+stage starts and dropped when it ends; the embedding is read only at the rows the ids look up,
+and the readout `READOUT_BLOCK` vocabulary rows at a time. So the oracle holds one layer in
+float64 at once (GPT-2 XL: 31M weights, 250 MB), never the whole model.
+
+    logits = oracle_logits(state_dict, cfg, ids)            # (B, T, V) float64
+    oracle = StreamedOracle(weights, cfg, ids)              # the same logits, as oracle.logits,
+    for stage, name, rows, grad in oracle.backward(g):      # and every weight's gradient,
+        ...                                                 # readout first, embedding last
+
+`oracle_logits` is built from differentiable torch ops, so passing a state dict whose tensors
+require grad gives gradients the ordinary way (the whole graph is then kept). `StreamedOracle`
+keeps only each stage's input (B, T, D) and recomputes one stage at a time on the way back.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
 from .config import DecoderConfig
 from .errors import CheckpointError, ContextLengthError, InputShapeError, TokenIdError
 
+Weights = Mapping[str, torch.Tensor] | Callable[[str], torch.Tensor | None]
+
+READOUT_BLOCK = 2048
+"""Vocabulary rows of the readout matrix converted to float64 at a time (GPT-2 XL: 2048 x 1600
+doubles, 26 MB, instead of the whole 643 MB matrix)."""
+
+
+# ---- the definitions ---------------------------------------------------------------------------
 
 def _layernorm(x: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     mean = x.sum(-1, keepdim=True) / x.shape[-1]
@@ -57,11 +79,119 @@ def _rope_rows(rows: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.stack([_rope_row(rows[t], t, theta) for t in range(rows.shape[0])])
 
 
-def _linear(x: torch.Tensor, sd: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
-    y = x @ sd[f"{name}.weight"].T
-    bias = sd.get(f"{name}.bias")
+def _linear(x: torch.Tensor, w: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    y = x @ w[f"{name}.weight"].T
+    bias = w.get(f"{name}.bias")
     return y if bias is None else y + bias
 
+
+def _norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
+          name: str) -> torch.Tensor:
+    if cfg.norm == "layernorm":
+        return _layernorm(x, w[f"{name}.weight"], w[f"{name}.bias"], cfg.norm_eps)
+    return _rmsnorm(x, w[f"{name}.weight"], cfg.norm_eps)
+
+
+# ---- the stages: embedding, one layer, final norm and readout ----------------------------------
+
+def layer_weight_names(cfg: DecoderConfig, layer: int) -> list[str]:
+    """Every name a layer may read; a bias the model lacks is simply absent (the oracle uses a
+    bias wherever the weights have one, so an extra bias is computed, not ignored)."""
+    p = f"layers.{layer}"
+    linears = [f"{p}.attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "output_proj")]
+    linears += [f"{p}.ffn.{n}" for n in ("w1", "w2", "w3")]
+    return ([f"{p}.{n}.{part}" for n in ("ln1", "ln2") for part in ("weight", "bias")]
+            + [f"{name}.{part}" for name in linears for part in ("weight", "bias")])
+
+
+FINAL_NORM_NAMES = ("ln_final.weight", "ln_final.bias")
+
+
+def _embed(cfg: DecoderConfig, ids: torch.Tensor, row: Callable[[int], torch.Tensor],
+           positions: torch.Tensor | None) -> torch.Tensor:
+    """x (B, T, D): the embedding row of each id (`row(v)`), plus position t's row."""
+    seq_len = ids.shape[1]
+    x = torch.stack([torch.stack([row(int(i)) for i in seq]) for seq in ids])  # (B, T, D)
+    if cfg.pos == "learned":
+        x = x + positions[:seq_len]
+    return x
+
+
+def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
+           x: torch.Tensor) -> torch.Tensor:
+    """One pre-norm block on x (B, T, D), one sequence, one head and one query row at a time."""
+    group, head_dim = cfg.kv_group_size, cfg.head_dim
+    p = f"layers.{layer}"
+    outputs = []
+    for seq in x:  # seq: one sequence's residual stream, (T, D)
+        h = _norm(cfg, seq, w, f"{p}.ln1")
+        q = _linear(h, w, f"{p}.attn.q_proj")  # (T, H*Dh)
+        k = _linear(h, w, f"{p}.attn.k_proj")  # (T, Hkv*Dh)
+        v = _linear(h, w, f"{p}.attn.v_proj")
+        head_outputs = []
+        for head in range(cfg.n_heads):
+            kv = head // group
+            q_h = q[:, head * head_dim:(head + 1) * head_dim]  # (T, Dh)
+            k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
+            v_h = v[:, kv * head_dim:(kv + 1) * head_dim]
+            if cfg.pos == "rope":
+                q_h = _rope_rows(q_h, cfg.rope_theta)
+                k_h = _rope_rows(k_h, cfg.rope_theta)
+            out_rows = []
+            for t in range(seq.shape[0]):
+                visible = slice(0, t + 1)  # inclusive causal: row t reads keys 0..t only
+                scores = (k_h[visible] @ q_h[t]) / math.sqrt(head_dim)  # (t+1,)
+                weights = torch.exp(scores - scores.max())
+                weights = weights / weights.sum()
+                out_rows.append(weights @ v_h[visible])  # (Dh,)
+            head_outputs.append(torch.stack(out_rows))  # (T, Dh)
+        seq = seq + _linear(torch.cat(head_outputs, dim=-1), w, f"{p}.attn.output_proj")
+        h = _norm(cfg, seq, w, f"{p}.ln2")
+        if cfg.mlp == "swiglu":
+            gate = _linear(h, w, f"{p}.ffn.w1")
+            hidden = gate * torch.sigmoid(gate) * _linear(h, w, f"{p}.ffn.w3")
+        else:
+            hidden = _activation(cfg.mlp, _linear(h, w, f"{p}.ffn.w1"))
+        outputs.append(seq + _linear(hidden, w, f"{p}.ffn.w2"))
+    return torch.stack(outputs)  # (B, T, D)
+
+
+def _vocab_blocks(vocab_size: int) -> list[slice]:
+    return [slice(v, min(v + READOUT_BLOCK, vocab_size))
+            for v in range(0, vocab_size, READOUT_BLOCK)]
+
+
+# ---- reading weights ---------------------------------------------------------------------------
+
+def _getter(weights: Weights) -> Callable[[str], torch.Tensor | None]:
+    return weights.get if isinstance(weights, Mapping) else weights
+
+
+def _readout_name(get: Callable[[str], torch.Tensor | None]) -> str:
+    """`lm_head.weight`, or the embedding for a tied state dict that omits the head."""
+    return "lm_head.weight" if get("lm_head.weight") is not None else "token_embeddings.weight"
+
+
+class _Reader:
+    """Converts weights to the oracle's dtype on the CPU as a stage reads them. With
+    `leaves=True` every converted tensor is a fresh leaf that requires grad, detached from the
+    caller's tensor: its .grad is the oracle's gradient for that weight (or those rows)."""
+
+    def __init__(self, get: Callable[[str], torch.Tensor | None], dtype: torch.dtype,
+                 leaves: bool) -> None:
+        self.get, self.dtype, self.leaves = get, dtype, leaves
+
+    def wide(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.leaves:
+            return tensor.detach().to("cpu", self.dtype, copy=True).requires_grad_(True)
+        return tensor.to("cpu", self.dtype)
+
+    def load(self, names) -> dict[str, torch.Tensor]:
+        found = {name: self.get(name) for name in names}
+        return {name: self.wide(t) for name, t in found.items() if t is not None}
+
+
+# ---- the oracle --------------------------------------------------------------------------------
 
 def check_oracle_inputs(weights, cfg: DecoderConfig, ids: torch.Tensor) -> None:
     """The model's input contract, and weights that can be read, before any lookup: ids an
@@ -112,61 +242,126 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
     return names + [f"ln_final.{part}" for part in norm_parts]
 
 
-def oracle_logits(state_dict: Mapping[str, torch.Tensor], cfg: DecoderConfig, ids: torch.Tensor,
+def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Logits (B, T, V) of the decoder described by `cfg` with weights `state_dict`, for ids (B, T).
+    """Logits (B, T, V) of the decoder described by `cfg` with weights `state_dict` (a mapping,
+    or a function name -> tensor or None), for ids (B, T). Stage by stage: one layer's weights
+    in `dtype` at a time.
 
     The readout uses `lm_head.weight` when present and `token_embeddings.weight` otherwise (a
     tied state dict may omit the head)."""
     check_oracle_inputs(state_dict, cfg, ids)
-    sd = {name: t.to(dtype) for name, t in state_dict.items()}
-    batch, seq_len = ids.shape
-    group, head_dim = cfg.kv_group_size, cfg.head_dim
+    get = _getter(state_dict)
+    read = _Reader(get, dtype, leaves=False)
+    table = get("token_embeddings.weight")
+    positions = get("position_embeddings.weight") if cfg.pos == "learned" else None
+    x = _embed(cfg, ids.cpu(), lambda v: read.wide(table[v]),
+               None if positions is None else read.wide(positions[:ids.shape[1]]))
+    for layer in range(cfg.n_layers):
+        x = _block(cfg, read.load(layer_weight_names(cfg, layer)), layer, x)
+    x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
+    readout = get(_readout_name(get))
+    return torch.cat([x @ read.wide(readout[block]).T for block in _vocab_blocks(cfg.vocab_size)],
+                     dim=-1)  # (B, T, V)
 
-    def norm(x: torch.Tensor, name: str) -> torch.Tensor:
-        if cfg.norm == "layernorm":
-            return _layernorm(x, sd[f"{name}.weight"], sd[f"{name}.bias"], cfg.norm_eps)
-        return _rmsnorm(x, sd[f"{name}.weight"], cfg.norm_eps)
 
-    rows = []
-    for b in range(batch):
-        # x: one sequence's residual stream, (T, D)
-        x = torch.stack([sd["token_embeddings.weight"][int(i)] for i in ids[b]])
-        if cfg.pos == "learned":
-            x = x + sd["position_embeddings.weight"][:seq_len]
-        for layer in range(cfg.n_layers):
-            p = f"layers.{layer}"
-            h = norm(x, f"{p}.ln1")
-            q = _linear(h, sd, f"{p}.attn.q_proj")  # (T, H*Dh)
-            k = _linear(h, sd, f"{p}.attn.k_proj")  # (T, Hkv*Dh)
-            v = _linear(h, sd, f"{p}.attn.v_proj")
-            head_outputs = []
-            for head in range(cfg.n_heads):
-                kv = head // group
-                q_h = q[:, head * head_dim:(head + 1) * head_dim]  # (T, Dh)
-                k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
-                v_h = v[:, kv * head_dim:(kv + 1) * head_dim]
-                if cfg.pos == "rope":
-                    q_h = _rope_rows(q_h, cfg.rope_theta)
-                    k_h = _rope_rows(k_h, cfg.rope_theta)
-                out_rows = []
-                for t in range(seq_len):
-                    visible = slice(0, t + 1)  # inclusive causal: row t reads keys 0..t only
-                    scores = (k_h[visible] @ q_h[t]) / math.sqrt(head_dim)  # (t+1,)
-                    weights = torch.exp(scores - scores.max())
-                    weights = weights / weights.sum()
-                    out_rows.append(weights @ v_h[visible])  # (Dh,)
-                head_outputs.append(torch.stack(out_rows))  # (T, Dh)
-            attn = _linear(torch.cat(head_outputs, dim=-1), sd, f"{p}.attn.output_proj")
-            x = x + attn
-            h = norm(x, f"{p}.ln2")
-            if cfg.mlp == "swiglu":
-                gate = _linear(h, sd, f"{p}.ffn.w1")
-                hidden = gate * torch.sigmoid(gate) * _linear(h, sd, f"{p}.ffn.w3")
-            else:
-                hidden = _activation(cfg.mlp, _linear(h, sd, f"{p}.ffn.w1"))
-            x = x + _linear(hidden, sd, f"{p}.ffn.w2")
-        x = norm(x, "ln_final")
-        readout = sd.get("lm_head.weight", sd["token_embeddings.weight"])
-        rows.append(x @ readout.T)  # (T, V)
-    return torch.stack(rows)  # (B, T, V)
+class StreamedOracle:
+    """The oracle's logits and, on request, its gradients, holding one stage at a time.
+
+    The forward pass keeps only what enters each layer and the final stage (B, T, D each).
+    `backward(grad_logits)` then walks from the readout to the embedding; each stage is
+    recomputed from its saved input with its weights as fresh float64 leaves, differentiated,
+    and dropped before the next stage is read."""
+
+    def __init__(self, weights: Weights, cfg: DecoderConfig, ids: torch.Tensor,
+                 dtype: torch.dtype = torch.float64,
+                 progress: Callable[[str], None] | None = None) -> None:
+        check_oracle_inputs(weights, cfg, ids)
+        self.get, self.cfg, self.ids, self.dtype = _getter(weights), cfg, ids.cpu(), dtype
+        self.progress = progress or (lambda what: None)
+        self.inputs: list[torch.Tensor] = []  # entering layer 0..L-1, then the final stage
+        read = _Reader(self.get, dtype, leaves=False)
+        table = self.get("token_embeddings.weight")
+        with torch.no_grad():
+            x = _embed(cfg, self.ids, lambda v: read.wide(table[v]), self._positions(read))
+            for layer in range(cfg.n_layers):
+                self.progress(f"oracle forward: layer {layer + 1}/{cfg.n_layers}")
+                self.inputs.append(x)
+                x = _block(cfg, read.load(layer_weight_names(cfg, layer)), layer, x)
+            self.inputs.append(x)
+            x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
+            readout = self.get(_readout_name(self.get))
+            self.logits = torch.cat([x @ read.wide(readout[block]).T
+                                     for block in _vocab_blocks(cfg.vocab_size)], dim=-1)
+
+    def _positions(self, read: _Reader) -> torch.Tensor | None:
+        if self.cfg.pos != "learned":
+            return None
+        return read.wide(self.get("position_embeddings.weight")[:self.ids.shape[1]])
+
+    def backward_stages(self) -> list[tuple[str, list[str]]]:
+        """(stage, the weight names it reads) in the order `backward` yields them."""
+        cfg, present = self.cfg, lambda names: [n for n in names if self.get(n) is not None]
+        stages = [("final", [_readout_name(self.get), *present(FINAL_NORM_NAMES)])]
+        stages += [(f"layers.{i}", present(layer_weight_names(cfg, i)))
+                   for i in reversed(range(cfg.n_layers))]
+        embed = ["token_embeddings.weight"] + (["position_embeddings.weight"]
+                                               if cfg.pos == "learned" else [])
+        return stages + [("embed", embed)]
+
+    def backward(self, grad_logits: torch.Tensor) -> Iterator[tuple[str, str, torch.Tensor | None,
+                                                                    torch.Tensor]]:
+        """Gradients of sum(logits * grad_logits) with respect to every weight read, as pieces
+        (stage, name, rows, gradient): `rows` None means the whole weight, else the gradient is
+        for those rows of it (readout blocks; the embedding rows the ids look up, every other
+        row's gradient being zero). Stages in `backward_stages` order, readout first, embedding
+        last; a weight read by two stages (a tied embedding) comes in pieces from both, to be
+        summed. Grad mode is enabled only inside each step, never across a yield."""
+        cfg, grad_logits = self.cfg, grad_logits.to("cpu", self.dtype)
+        read = _Reader(self.get, self.dtype, leaves=True)
+        upstream = yield from self._final_backward(read, grad_logits)
+        for layer in reversed(range(cfg.n_layers)):
+            self.progress(f"oracle backward: layer {layer + 1}/{cfg.n_layers}")
+            x = self.inputs[layer].detach().requires_grad_(True)
+            w = read.load(layer_weight_names(cfg, layer))
+            with torch.enable_grad():
+                _block(cfg, w, layer, x).backward(upstream)
+            upstream = x.grad
+            for name, leaf in w.items():
+                yield f"layers.{layer}", name, None, leaf.grad
+            del w, x
+        yield from self._embed_backward(read, upstream)
+
+    def _final_backward(self, read: _Reader, grad_logits: torch.Tensor):
+        """Readout pieces block by block, then the final norm's; returns d/dx of its input."""
+        name = _readout_name(self.get)
+        readout = self.get(name)
+        x = self.inputs[-1].detach().requires_grad_(True)
+        norm = read.load(FINAL_NORM_NAMES)
+        with torch.enable_grad():
+            normed = _norm(self.cfg, x, norm, "ln_final")
+        cut = normed.detach().requires_grad_(True)  # the readout's input, (B, T, D)
+        for block in _vocab_blocks(self.cfg.vocab_size):
+            w = read.wide(readout[block])  # (rows, D) leaf
+            with torch.enable_grad():
+                (cut @ w.T).backward(grad_logits[..., block])
+            yield "final", name, torch.arange(block.start, block.stop), w.grad
+            del w
+        with torch.enable_grad():
+            normed.backward(cut.grad)
+        for n, leaf in norm.items():
+            yield "final", n, None, leaf.grad
+        return x.grad
+
+    def _embed_backward(self, read: _Reader, upstream: torch.Tensor):
+        table = self.get("token_embeddings.weight")
+        looked_up = torch.unique(self.ids)  # sorted
+        rows = {int(v): read.wide(table[int(v)]) for v in looked_up}  # (D,) leaves
+        positions = self._positions(read)
+        with torch.enable_grad():
+            _embed(self.cfg, self.ids, rows.__getitem__, positions).backward(upstream)
+        yield "embed", "token_embeddings.weight", looked_up, torch.stack([rows[int(v)].grad
+                                                                           for v in looked_up])
+        if positions is not None:
+            yield ("embed", "position_embeddings.weight", torch.arange(positions.shape[0]),
+                   positions.grad)
