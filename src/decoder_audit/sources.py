@@ -4,6 +4,9 @@ A source is one of
     preset       a named configuration (`da.preset_names()`), built with seeded random weights
     config       a DecoderConfig saved as JSON, built likewise
     checkpoint   a checkpoint folder, or a training run folder holding `checkpoint/`
+    hf           a folder written by Hugging Face `save_pretrained`, any family: the model is
+                 loaded as it is (causal LMs, and masked LMs for the BERT contrast); its
+                 DecoderConfig exists when our converter reads the family (GPT-2, Llama)
     model        FILE.py:FACTORY, a user's own module (FACTORY() returns an nn.Module)
     module       an nn.Module already in hand (the Python API)
 The Python API may also pass a DecoderConfig or a preset name; `Source.of` says which it is.
@@ -30,7 +33,7 @@ from .model import Decoder
 from .presets import preset
 
 DEFAULT_PRESET = "tiny-368"
-KINDS = ("preset", "config", "checkpoint", "model", "module")
+KINDS = ("preset", "config", "checkpoint", "hf", "model", "module")
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class Source:
                 DecoderConfig.load(self.value)
         if self.kind == "checkpoint":
             return DecoderConfig.load(checkpoint_folder(self.value) / CONFIG_FILE)
+        if self.kind == "hf":
+            return _hf_decoder_config(self.value)[0]
         module = load_factory(self.value) if self.kind == "model" else self.value
         config = getattr(module, "config", None)
         return config if isinstance(config, DecoderConfig) else None
@@ -80,16 +85,62 @@ class Source:
             return load_factory(self.value)
         if self.kind == "checkpoint":
             return load_checkpoint(checkpoint_folder(self.value))
+        if self.kind == "hf":
+            from .references.hf_models import load_hf_model
+
+            return load_hf_model(self.value)
         config = self.config()
         check_fits(config)  # V = 10^9 is refused here, not inside the allocator
         torch.manual_seed(seed)
         return Decoder(config)
+
+    def why_no_config(self) -> str:
+        """Why `config()` is None for this source (empty when it is not)."""
+        if self.kind == "hf":
+            return _hf_decoder_config(self.value)[1]
+        if self.kind in ("model", "module") and self.config() is None:
+            return "the module carries no DecoderConfig"
+        return ""
+
+    def audit_facts(self, model: nn.Module) -> dict[str, Any]:
+        """What the gate must be told about `model` that it cannot read from a DecoderConfig:
+        for a Hugging Face folder, V, the input vocabulary and the length policy from its config
+        and structure (`references.hf_models.audit_facts`), with the policy as a sentence under
+        "length_policy"; empty for every other source (a DecoderConfig says it all, and a
+        foreign --model is described by the caller's flags)."""
+        if self.kind != "hf":
+            return {}
+        from .references.hf_models import audit_facts
+
+        facts = audit_facts(model)
+        return {**facts.audit_options(), "length_policy": facts.length_policy,
+                "notes": list(facts.notes)}
 
     @property
     def built_fresh(self) -> bool:
         """Whether `build` initialises new weights (a preset or config), so the model's loss
         before training should be near ln V."""
         return self.kind in ("preset", "config")
+
+
+def _hf_decoder_config(folder: Any) -> tuple[DecoderConfig | None, str]:
+    """(the DecoderConfig of a Hugging Face folder, "") when our converter reads its family,
+    else (None, the converter's reason)."""
+    from .references.hf_config import _transformers, config_from_hf
+
+    tf = _transformers()
+    path = Path(folder)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"--hf {str(path)!r} has no config.json; not a Hugging Face model folder")
+    try:
+        hf_config = tf.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (ValueError, OSError, KeyError) as exc:
+        raise ConfigError(f"--hf {str(path)!r}: config.json is not a readable Hugging Face "
+                          f"config: {exc}") from exc
+    try:
+        return config_from_hf(hf_config), ""
+    except ConfigError as exc:
+        return None, str(exc)
 
 
 _FACTORY_CACHE: dict[str, nn.Module] = {}

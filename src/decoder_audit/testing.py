@@ -21,7 +21,7 @@ from torch import nn
 from .gate import AuditReport, audit
 
 # Evidence entries longer than this (JSON characters) are shortened in the message.
-EVIDENCE_CHARS = 600
+EVIDENCE_CHARS = 240
 
 
 def assert_decoder(model: nn.Module, **audit_options: Any) -> AuditReport:

@@ -4,12 +4,13 @@ measured on the meta device. No weight is allocated, so gpt2-xl is sized on a la
 from __future__ import annotations
 
 import json
+import sys
 
 from rich.table import Table
 
 from ..accounting import BYTES_PER_ELEMENT, FLOP_CONVENTIONS, account, plot_context_sweep
 from ..console import console
-from .common import DEFAULT_PRESET, add_model_source, config_from_args, rerun_command
+from .common import DEFAULT_PRESET, add_model_source, rerun_command, source_from_args
 
 
 def register(subparsers) -> None:
@@ -19,7 +20,7 @@ def register(subparsers) -> None:
                     "embedding conventions labelled), memory for weights and AdamW training, and "
                     "every forward matrix multiply with its FLOPs (2mnp). The analytic FLOPs are "
                     "cross-checked by torch's FlopCounterMode on the meta device.")
-    add_model_source(parser, foreign=False, checkpoint=True)
+    add_model_source(parser, foreign=False, checkpoint=True, hf=True)
     parser.add_argument("--batch", type=int, default=1, metavar="B", help="batch size (default 1)")
     parser.add_argument("--seq", type=int, default=None, metavar="T",
                         help="sequence length (default: the config's max_seq_len)")
@@ -40,14 +41,19 @@ def _sizes(n_bytes: int) -> tuple[str, str, str]:
 
 
 def _source_name(args) -> str:
-    for flag in ("preset", "config", "checkpoint"):
+    for flag in ("preset", "config", "checkpoint", "hf"):
         if getattr(args, flag, None):
             return f"{flag} {getattr(args, flag)}"
     return f"preset {DEFAULT_PRESET}"
 
 
 def run(args) -> int:
-    cfg = config_from_args(args)
+    source = source_from_args(args)
+    cfg = source.config()
+    if cfg is None:  # a Hugging Face folder of a family the converter does not read
+        print(f"decoder-audit account: error: --hf {args.hf}: accounting needs a DecoderConfig "
+              f"and {source.why_no_config()}", file=sys.stderr)
+        return 2
     if args.max_seq_len is not None:
         cfg = cfg.replace(max_seq_len=args.max_seq_len)
     acct = account(cfg, batch_size=args.batch, seq_len=args.seq, measure=not args.no_measure)

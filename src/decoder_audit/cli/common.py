@@ -1,8 +1,10 @@
 """What the subcommands share: the model-source flags (resolved by `decoder_audit.sources`).
 
-A model comes from exactly one of `--preset NAME`, `--config FILE.json`, `--checkpoint DIR` or
+A model comes from exactly one of `--preset NAME`, `--config FILE.json`, `--checkpoint DIR`,
+`--hf DIR` (a Hugging Face `save_pretrained` folder, for the commands that take one) or
 `--model FILE.py:FACTORY` (a user's own module; `--vocab-size`/`--max-seq-len` describe it when it
-has no `config`). With none given, the tiny-368 teaching model is used.
+has no `config`: `--max-seq-len` is a hard limit the model must enforce, left out for a model
+without one). With none given, the tiny-368 teaching model is used.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from ..presets import preset_names
 from ..sources import DEFAULT_PRESET, Source
 
 
-def add_model_source(parser, *, foreign: bool = True, checkpoint: bool = True) -> None:
+def add_model_source(parser, *, foreign: bool = True, checkpoint: bool = True,
+                     hf: bool = False) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--preset", metavar="NAME",
                        help=f"a named configuration (default {DEFAULT_PRESET}): "
@@ -24,18 +27,28 @@ def add_model_source(parser, *, foreign: bool = True, checkpoint: bool = True) -
     group.add_argument("--config", metavar="FILE.json", help="a DecoderConfig saved as JSON")
     if checkpoint:
         group.add_argument("--checkpoint", metavar="DIR", help="a decoder-audit checkpoint folder, or a training run folder holding checkpoint/")
+    if hf:
+        group.add_argument("--hf", metavar="DIR",
+                           help="a folder written by Hugging Face save_pretrained (any causal or "
+                                "masked LM); V and the length policy come from its config")
     if foreign:
         group.add_argument("--model", metavar="FILE.py:FACTORY",
                            help="your own model: FACTORY() in FILE.py returns an nn.Module")
         parser.add_argument("--vocab-size", type=int, metavar="V",
                             help="vocabulary size of a --model without a DecoderConfig")
         parser.add_argument("--max-seq-len", type=int, metavar="T",
-                            help="longest input of a --model without a DecoderConfig")
+                            help="a hard length limit the --model enforces (T + 1 tokens must "
+                                 "be rejected); leave it out for a model without one (RoPE, "
+                                 "ALiBi, recurrent) and give --intervention-len instead")
+
+
+# The source flags, in the order they are looked for (argparse makes them exclusive).
+SOURCE_FLAGS = ("model", "hf", "checkpoint", "config", "preset")
 
 
 def source_from_args(args) -> Source:
     """The one model source the flags name (tiny-368 when none is given)."""
-    for kind in ("model", "checkpoint", "config", "preset"):
+    for kind in SOURCE_FLAGS:
         value = getattr(args, kind, None)
         if value:
             return Source(kind, value)
@@ -54,11 +67,11 @@ def model_from_args(args, *, seed: int = 0) -> nn.Module:
 
 def source_flags(args) -> list[str]:
     """The flags that name this model again, for the "rerun with" line of a report."""
-    for flag in ("model", "checkpoint", "config", "preset"):
+    for flag in SOURCE_FLAGS:
         value = getattr(args, flag, None)
         if value:
             flags = [f"--{flag}", str(value)]
-            for extra in ("vocab_size", "max_seq_len"):
+            for extra in ("vocab_size", "max_seq_len", "input_vocab_size"):
                 if getattr(args, extra, None) is not None:
                     flags += [f"--{extra.replace('_', '-')}", str(getattr(args, extra))]
             return flags

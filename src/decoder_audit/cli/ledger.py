@@ -9,7 +9,7 @@ from rich.table import Table
 
 from ..ledger import measured_ledger, parameter_ledger, reconcile
 from ..console import console
-from .common import add_model_source, config_from_args, model_from_args
+from .common import add_model_source, source_from_args
 
 
 def register(subparsers) -> None:
@@ -18,15 +18,16 @@ def register(subparsers) -> None:
         description="Count every component's parameters from the config (analytic) and from the "
                     "built module (measured, on the meta device: no weights are allocated), and "
                     "reconcile the two.")
-    add_model_source(parser, foreign=True)
+    add_model_source(parser, foreign=True, hf=True)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    cfg = config_from_args(args)
-    if args.model:
-        model = model_from_args(args)
+    source = source_from_args(args)
+    cfg = source.config()
+    if args.model or cfg is None:  # a foreign module, or a Hugging Face family we do not convert
+        model = source.build()
     else:
         from ..model import Decoder
 
@@ -56,7 +57,9 @@ def run(args) -> int:
     table.add_row("total", f"{shown.total:,}", "", style="bold")
     out.print(table)
     if analytic is None:
-        out.print("no DecoderConfig: measured ledger only (unique Parameters, a tied weight once)")
+        why = f" ({source.why_no_config()})" if source.why_no_config() else ""
+        out.print(f"no DecoderConfig{why}: measured ledger only (unique Parameters, a tied "
+                  "weight once)")
         return 0
     if problems:
         out.print("[red]analytic and measured ledgers differ:[/red]")

@@ -6,6 +6,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..objective import OutputError
+
 
 @dataclass
 class CheckResult:
@@ -49,8 +51,11 @@ def crashed(name: str, exc: BaseException) -> CheckResult:
     """The model (or the gate) raised inside a check: the check fails, with the exception as
     evidence. The gate itself carries on."""
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    # An OutputError is not the model raising: it ran and returned the wrong thing (not logits,
+    # or logits of the wrong shape); its message says what.
+    detail = str(exc) if isinstance(exc, OutputError) else f"raised {type(exc).__name__}: {exc}"
     return CheckResult(
-        name, False, f"raised {type(exc).__name__}: {exc}",
+        name, False, detail,
         {"exception": type(exc).__name__, "message": str(exc),
          "traceback": "".join(frames[-6:])[-3000:]},
     )

@@ -123,6 +123,12 @@ def try_from_hf(model: Any) -> tuple[Decoder | None, str]:
         why = ("transformers is not installed" if find_spec("transformers") is None
                else "transformers is not loaded")
         return None, f"{name} is not a Hugging Face model ({why})"
+    base = sys.modules.get("transformers.modeling_utils")
+    if base is None or not isinstance(model, base.PreTrainedModel):
+        # Not a transformers model at all: asking for the converted classes would import their
+        # modeling files (seconds) only to answer "no".
+        return None, (f"{name} is not a Hugging Face model, so not a model class the converter "
+                      "reads (GPT2LMHeadModel or LlamaForCausalLM, or a subclass)")
     classes = model_classes(tf)
     if not isinstance(model, tuple(classes.values())):
         known = " or ".join(cls.__name__ for cls in classes.values())
