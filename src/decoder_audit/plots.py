@@ -69,7 +69,8 @@ def attention_png(check: CheckResult, path: Path) -> bool:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    n_layers, n_heads = len(patterns), patterns[0].shape[0]
+    # layers may differ in head count (hybrids) and in key count (extra or memory keys)
+    n_layers, n_heads = len(patterns), max(p.shape[0] for p in patterns)
     n_layers_shown, n_heads_shown = min(n_layers, 12), min(n_heads, 16)
     size = 1.6 if n_layers_shown * n_heads_shown <= 64 else 1.0
     fig, axes = plt.subplots(n_layers_shown, n_heads_shown, squeeze=False,
@@ -81,6 +82,9 @@ def attention_png(check: CheckResult, path: Path) -> bool:
     for layer in range(n_layers_shown):
         for head in range(n_heads_shown):
             ax = axes[layer][head]
+            if head >= patterns[layer].shape[0]:
+                ax.axis("off")
+                continue
             pattern = np.asarray(patterns[layer][head], dtype=float)
             # exact zeros (masked keys) in grey, so a tiny nonzero leak still shows in colour
             ax.imshow(np.where(pattern == 0.0, np.nan, pattern), cmap=cmap, vmin=0, vmax=1,
