@@ -63,9 +63,12 @@ def _check_tie_flag(hf_model: Any) -> None:
 
 def from_hf(hf_model: Any) -> Decoder:
     """A Decoder holding copies of a GPT2LMHeadModel's or LlamaForCausalLM's weights, with the
-    same dtype and device. Raises ConfigError naming any field we cannot express."""
-    _transformers()
-    cfg = config_from_hf(hf_model.config)
+    same dtype and device (the class decides the family, also for another model_type registered
+    for one of these classes). Raises ConfigError naming any field we cannot express."""
+    tf = _transformers()
+    family = next((name for name, cls in model_classes(tf).items() if isinstance(hf_model, cls)),
+                  None)
+    cfg = config_from_hf(hf_model.config, family)
     _check_tie_flag(hf_model)
     source = f"{type(hf_model).__name__} weights"
     return decoder_from_tensors(cfg, hf_tensors_to_ours(cfg, hf_model.state_dict(), source=source))

@@ -43,10 +43,12 @@ def model_classes(tf: Any) -> dict[str, type]:
     return {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM}
 
 
-def config_from_hf(hf_config: Any) -> DecoderConfig:
+def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
     """A DecoderConfig for a GPT2Config or LlamaConfig, or ConfigError naming every field we
-    cannot express."""
-    model_type = getattr(hf_config, "model_type", None)
+    cannot express. `family` ("gpt2" or "llama", from the model's class) reads the config as that
+    family's whatever its model_type: a config that another model_type registers for
+    LlamaForCausalLM (EXAONE, InternLM3) holds the fields LlamaForCausalLM reads."""
+    model_type = family or getattr(hf_config, "model_type", None)
     if model_type == "gpt2":
         return _gpt2_config(hf_config)
     if model_type == "llama":
