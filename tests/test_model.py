@@ -86,6 +86,21 @@ def test_fp32_fast_path_matches_float64_oracle():
     torch.testing.assert_close(model(ids).double(), slow, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("cfg", configs.params(configs.entries("gqa-odd", "tiny-368")))
+def test_a_bfloat16_model_computes_in_bfloat16_close_to_its_float32_twin(cfg):
+    """The same weights rounded to bf16: logits in bf16 on both paths, within bf16 rounding
+    (eps 7.8e-3, a few layers) of the float32 model. RoPE rotates bf16 activations by float32
+    angles and must hand bf16 back to the attention."""
+    model = random_decoder(cfg, std=0.3)
+    half = da.Decoder(cfg, dtype=torch.bfloat16)
+    half.load_state_dict(model.state_dict())
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
+    want = model(ids).detach()
+    for got in (half(ids).detach(), half.run_with_trace(ids)[0].detach()):
+        assert got.dtype == torch.bfloat16
+        assert float((got.float() - want).abs().max()) < 0.05 * float(want.abs().max())
+
+
 def test_gqa_equals_mha_with_duplicated_kv_heads():
     """DEFECTS 21: query head h reads KV head h // group, i.e. repeat_interleave order."""
     gqa_cfg = configs.named("gqa-odd")
