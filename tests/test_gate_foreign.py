@@ -381,3 +381,24 @@ def test_the_oracle_reads_any_config_registered_for_a_converted_class():
     assert type(model) is tf.LlamaForCausalLM and model.config.model_type == "exaone"
     oracle = _hf_audit(model, checks=["oracle"])["oracle"]
     assert oracle.passed and not oracle.skipped, oracle.detail
+
+
+def test_cli_input_vocab_size_and_intervention_len_reach_the_gate(tmp_path):
+    import json
+
+    path = tmp_path / "toy.py"
+    path.write_text("from test_gate_foreign import ToyLM\n\n\ndef build():\n"
+                    f"    return ToyLM(input_vocab={V + 1})\n")
+    spec = f"{path}:build"
+    status, out, _ = _cli("verify", "--model", spec, "--vocab-size", str(V), "--json",
+                          "--intervention-len", "12", "--no-progress")
+    report = json.loads(out)
+    assert status == 1 and report["first_failure"] == "inputs"
+    status, out, _ = _cli("verify", "--model", spec, "--vocab-size", str(V), "--json",
+                          "--input-vocab-size", str(V + 1), "--intervention-len", "12",
+                          "--no-progress")
+    report = json.loads(out)
+    assert status == 0 and report["input_vocab_size"] == V + 1
+    assert "--input-vocab-size 12" in report["command"]
+    causal = next(c for c in report["checks"] if c["name"] == "causal")
+    assert causal["evidence"]["seq_len"] == 12
