@@ -78,6 +78,42 @@ def test_oracle_reads_a_tied_state_dict_without_its_head():
                                atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["tiny-368", "gqa-odd"])  # LayerNorm, RMSNorm
+def test_norm_eps_of_the_config_reaches_every_norm(name):
+    """eps = 0.1 moves the logits far more than 1e-10 (the oracle reads cfg.norm_eps): a norm
+    that falls back to its library default (1e-5 or dtype eps) fails."""
+    cfg = configs.named(name).replace(norm_eps=0.1)
+    model = random_decoder(cfg, dtype=torch.float64, std=0.1)
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
+    slow = da.oracle_logits(model.state_dict(), cfg, ids)
+    torch.testing.assert_close(model(ids).detach(), slow, atol=1e-10, rtol=0)
+    default = da.oracle_logits(model.state_dict(), cfg.replace(norm_eps=1e-5), ids)
+    assert float((slow - default).abs().max()) > 1e-4
+
+
+@pytest.mark.parametrize("cfg", configs.params(configs.entries("tiny-368", "gqa-odd")))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_every_parameter_has_the_requested_dtype(cfg, dtype):
+    assert {p.dtype for p in da.Decoder(cfg, dtype=dtype).parameters()} == {dtype}
+
+
+def test_last_only_returns_the_last_row_on_every_path():
+    cfg = configs.named("gqa-odd")
+    model = random_decoder(cfg, dtype=torch.float64)
+    ids = torch.randint(0, cfg.vocab_size, (3, 5))
+    full = model(ids)
+    torch.testing.assert_close(model(ids, last_only=True), full[:, -1:], atol=1e-12, rtol=0)
+    mask = torch.ones_like(ids)
+    torch.testing.assert_close(model(ids, mask, last_only=True), full[:, -1:], atol=1e-12, rtol=0)
+
+
+def test_a_cache_for_another_batch_size_is_refused_naming_both():
+    model = da.Decoder(configs.named("gqa-odd"))
+    cache = model.new_cache(batch=2)
+    with pytest.raises(InputShapeError, match=r"batch size B=3 but the cache was built for B=2"):
+        model(torch.zeros(3, 5, dtype=torch.long), cache=cache)
+
+
 def test_fp32_fast_path_matches_float64_oracle():
     cfg = configs.named("gqa-odd")
     model = da.Decoder(cfg)
