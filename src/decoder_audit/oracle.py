@@ -299,14 +299,17 @@ class StreamedOracle:
             return None
         return read.wide(self.get("position_embeddings.weight")[:self.ids.shape[1]])
 
-    def backward_stages(self) -> list[tuple[str, list[str]]]:
-        """(stage, the weight names it reads) in the order `backward` yields them."""
-        cfg, present = self.cfg, lambda names: [n for n in names if self.get(n) is not None]
-        stages = [("final", [_readout_name(self.get), *present(FINAL_NORM_NAMES)])]
+    def backward_stages(self) -> list[tuple[str, dict[str, torch.Tensor | None]]]:
+        """(stage, {weight name: the rows it reads, None for all}) in the order `backward`
+        yields them: the embedding reads only the rows its ids look up (and positions 0..T-1)."""
+        cfg = self.cfg
+        present = lambda names: {n: None for n in names if self.get(n) is not None}  # noqa: E731
+        stages = [("final", {_readout_name(self.get): None, **present(FINAL_NORM_NAMES)})]
         stages += [(f"layers.{i}", present(layer_weight_names(cfg, i)))
                    for i in reversed(range(cfg.n_layers))]
-        embed = ["token_embeddings.weight"] + (["position_embeddings.weight"]
-                                               if cfg.pos == "learned" else [])
+        embed = {"token_embeddings.weight": torch.unique(self.ids)}
+        if cfg.pos == "learned":
+            embed["position_embeddings.weight"] = torch.arange(self.ids.shape[1])
         return stages + [("embed", embed)]
 
     def backward(self, grad_logits: torch.Tensor) -> Iterator[tuple[str, str, torch.Tensor | None,

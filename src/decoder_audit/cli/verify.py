@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import sys
 
+import torch
+
+from ..errors import ConfigError
 from ..gate import audit, print_report, to_json
 from ..console import console
-from .common import add_model_source, model_from_args, rerun_command
+from .common import add_model_source, rerun_command, source_from_args
 
 
 def register(subparsers) -> None:
@@ -23,15 +26,26 @@ def register(subparsers) -> None:
                     "logits, determinism, batch independence, causal interventions, prefixes, "
                     "attention rows, parameter ledger, tying, tying gradient, slow oracle, loss "
                     "alignment) and print the evidence. Exit 0 only when every check passes.")
-    add_model_source(parser, foreign=True)
+    add_model_source(parser, foreign=True, hf=True)
+    parser.add_argument("--input-vocab-size", type=int, metavar="V_IN",
+                        help="ids the model reads when that differs from V (an extra start "
+                             "token past the output vocabulary): V_IN - 1 must run, V_IN must be "
+                             "rejected")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the model's random weights and of the probe ids (default 0)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--report", metavar="DIR",
                         help="write report.md, report.json and PNG pictures into DIR")
     parser.add_argument("--intervention-len", type=int, metavar="T",
-                        help="length of the causal and prefix interventions "
-                             "(default min(max_seq_len, 64))")
+                        help="positions every behavioural check covers (default 64, or "
+                             "max_seq_len when smaller); a model without a hard length limit is "
+                             "probed up to T")
+    parser.add_argument("--dtype", choices=sorted(DTYPES),
+                        help="cast the model to this dtype before the gate (default: its own, "
+                             "float32 for a preset); tolerances follow the dtype. float64 doubles "
+                             "the memory of float32: meant for small models")
+    parser.add_argument("--device", default="cpu",
+                        help="run the checks on this device: cpu (default), cuda or cuda:N")
     progress = parser.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                           help="show a progress bar (default: only on a terminal)")
@@ -39,8 +53,38 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+
+
+def resolve_device(name: str) -> torch.device:
+    """cpu, cuda, cuda:N (or another device torch knows and this machine has). A device this
+    machine lacks is a ConfigError: one line, exit 2, before anything is built."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name}: CUDA is not available on this machine "
+                              f"(torch {torch.__version__}, torch.cuda.is_available() is "
+                              "False); run without --device, on the CPU")
+        index = 0 if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {name}: this machine has {torch.cuda.device_count()} "
+                              f"CUDA device(s), so there is no cuda:{index}")
+        return torch.device("cuda", index)
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {name}: MPS is not available on this machine")
+    return device
+
+
+def _given(flag, facts: dict, name: str):
+    """A flag the user gave wins over what the source says about the model."""
+    return flag if flag is not None else facts.get(name)
+
+
 def run(args) -> int:
-    model = model_from_args(args, seed=args.seed)
     if args.intervention_len is not None and args.intervention_len < 1:
         print(f"decoder-audit verify: error: --intervention-len={args.intervention_len} "
               "must be >= 1", file=sys.stderr)
@@ -49,15 +93,31 @@ def run(args) -> int:
         print(f"decoder-audit verify: error: --report {args.report!r} is a file; it names a folder "
               "for report.md, report.json and the pictures", file=sys.stderr)
         return 2  # said before the gate runs, not after
+    device = resolve_device(args.device)
+    source = source_from_args(args)
+    model = source.build(seed=args.seed)
+    facts = source.audit_facts(model)  # a Hugging Face folder: V and the length policy
+    # In place: the command owns the model it built or loaded (a Decoder keeps its tie).
+    model.to(device=device, dtype=DTYPES.get(args.dtype))
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
-    report = audit(model, vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
+    report = audit(model, vocab_size=_given(args.vocab_size, facts, "vocab_size"),
+                   max_seq_len=_given(args.max_seq_len, facts, "max_seq_len"),
+                   input_vocab_size=_given(args.input_vocab_size, facts, "input_vocab_size"),
+                   pad_token_id=facts.get("pad_token_id"),
                    progress=show_progress and not args.json, seed=args.seed,
                    intervention_len=args.intervention_len)
+    if facts:
+        report.notes[:0] = [f"Hugging Face folder {args.hf}: {facts['length_policy']}",
+                            *facts["notes"]]
     extra = []
     if args.seed:
         extra += ["--seed", str(args.seed)]
     if args.intervention_len is not None:
         extra += ["--intervention-len", str(args.intervention_len)]
+    if args.dtype:
+        extra += ["--dtype", args.dtype]
+    if args.device != "cpu":
+        extra += ["--device", args.device]
     command = rerun_command("verify", args, *extra)
     if args.report:
         written = report.write(args.report, command=command)

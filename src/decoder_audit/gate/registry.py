@@ -4,8 +4,14 @@ The order of the table is the seeds' diagnosis order ("locate the first changed 
 order: IDs and positions; blocks; final normalisation; tied logits; target alignment; loss"):
 first the input contract and the shape of what comes out, then the behavioural invariants of
 the blocks (a nondeterministic or batch-mixing model makes every later comparison meaningless,
-so those come first), then the white-box structure (ledger, tying, oracle), and last the
+so those come first), then the white-box structure (ledger, tying, oracle), then the other
+paths through the same weights (cached and padded generation, the backward pass), and last the
 alignment of logits with targets. The names are stable: reports and tests use them.
+
+The generation family comes after the oracle: a cached or padded run is judged against the full
+forward, so the full forward must be proven first (a cache that agrees with a wrong forward
+proves nothing, and a wrong forward makes every cached comparison fail for the wrong reason).
+It comes before the alignment of logits with targets, which concerns the loss, not a path.
 
 `needs` names the facts a check cannot run without; the runner skips a check whose needs the
 subject lacks, with the reason below, so no check function re-decides what kind of model it has.
@@ -16,13 +22,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import alignment, attention, inputs, invariance, reference, weights
+from . import alignment, attention, generation, inputs, invariance, reference, weights
 from .result import CheckResult
 from .subject import Subject
 
 # Why a check is skipped when the subject lacks what it needs.
 NEED_REASONS = {
     "whitebox": "black-box: needs a DecoderConfig and the Decoder's weight names",
+    "has_cache": "the model takes no KV cache (neither a Decoder's new_cache + forward(cache=) "
+                 "nor the Hugging Face convention forward(past_key_values=, use_cache=))",
+    "takes_mask": "the model's forward takes no attention_mask, so it cannot run padded batches",
+    "has_input_embedding": "no input embedding found (neither get_input_embeddings(), a "
+                           "token_embeddings module nor an nn.Embedding)",
 }
 
 
@@ -69,6 +80,12 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           weights.check_tying_grad, needs=("whitebox",)),
     Check("oracle", "fast forward equals the slow oracle (values, grads)", "reference",
           reference.check_oracle),
+    Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
+          generation.check_kv_cache, needs=("has_cache",)),
+    Check("padding", "a padded row equals the row alone on its real tokens", "generation",
+          generation.check_padding, needs=("takes_mask",)),
+    Check("grad_causal", "loss gradient at t is exactly 0 at every later input", "generation",
+          generation.check_grad_causal, needs=("has_input_embedding",)),
     Check("loss_alignment", "inputs/targets shifted by one, rows aligned", "alignment",
           alignment.check_loss_alignment),
 )}

@@ -96,7 +96,7 @@ def print_report(report, console: Console | None = None, command: str | None = N
                  sections: bool = True) -> None:
     out = console or Console(width=100)
     out.print(Text(f"decoder-audit gate: {report.model} ({report.mode}), V={report.vocab_size}, "
-                   f"max_seq_len={report.max_seq_len}, behavioural checks in {report.dtype}",
+                   f"max_seq_len={report.max_seq_len}, checks in {report.dtype} on {report.device}",
                    style="bold"))
     if sections:
         _print_sections(report, out)
@@ -196,8 +196,8 @@ def markdown(report, command: str | None = None) -> str:
                f"({CHECK_TITLES[first.name]}).\n\n> {first.detail}")
     parts = [
         f"# decoder-audit gate report: {report.model}",
-        f"{report.mode}, V = {report.vocab_size}, max_seq_len = {report.max_seq_len}, behavioural "
-        f"checks in {report.dtype}, seed {report.seed}.",
+        f"{report.mode}, V = {report.vocab_size}, max_seq_len = {report.max_seq_len}, checks in "
+        f"{report.dtype} on {report.device}, seed {report.seed}.",
         verdict,
         "## Checks (diagnosis order)",
         _md_table(["#", "check", "verdict", "tolerance", "evidence"],

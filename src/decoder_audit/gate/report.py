@@ -28,6 +28,8 @@ class AuditReport:
     calls: int = 0
     notes: list[str] = field(default_factory=list)
     config: dict[str, Any] | None = None
+    device: str = "cpu"  # where the checks ran (the model's own device)
+    input_vocab_size: int | None = None  # ids the model reads, when declared other than V
 
     @property
     def passed(self) -> bool:
@@ -65,6 +67,8 @@ class AuditReport:
             "model": self.model,
             "mode": self.mode,
             "dtype": self.dtype,
+            "device": self.device,
+            "input_vocab_size": self.input_vocab_size,
             "vocab_size": self.vocab_size,
             "max_seq_len": self.max_seq_len,
             "seed": self.seed,

@@ -5,8 +5,6 @@ gradient as the sum of its two paths. They need a `DecoderConfig` and the Decode
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 
@@ -68,42 +66,32 @@ def check_tying(s: Subject) -> CheckResult:
 
 def check_tying_grad(s: Subject) -> CheckResult:
     """The shared weight's gradient equals the gradient through the lookup plus the gradient
-    through the readout, each computed separately from the recorded activations:
+    through the readout, each computed separately (in float64) from the recorded activations:
         lookup[v]  = sum of dL/d(embedding output) over the positions whose id is v
-        readout    = (dL/dlogits)^T @ h, h the input of the readout (B*T, D)."""
+        readout    = (dL/dlogits)^T @ h, h the input of the readout (B*T, D).
+    It runs on the model itself with only the shared weight requiring grad (one V x D gradient
+    beside the weights, no copy); flags and .grad are restored afterwards."""
     if not s.cfg.tie_embeddings:
         return skipped("tying_grad", "declared untied: no shared weight")
-    try:
-        model = copy.deepcopy(s.model)  # its own dtype: a dtype move could re-tie our Decoder
-    except Exception as exc:
-        return skipped("tying_grad", f"the model cannot be copied ({type(exc).__name__}); "
-                       "gradients would touch the user's model")
-    model.eval()
+    model = s.work
     emb_module, head_module = get_attr(model, "token_embeddings"), get_attr(model, "lm_head")
     emb = get_attr(model, "token_embeddings.weight")
     if emb_module is None or head_module is None or emb is None:
         return CheckResult("tying_grad", False, "no token_embeddings / lm_head modules to observe",
                            {})
-    ids, seen = _backward_recording_both_paths(s, model, emb_module, head_module)
+    with s.gradients_for([emb]):
+        ids, seen = _backward_recording_both_paths(s, model, emb_module, head_module)
+        if "lookup_out" not in seen or "readout_out" not in seen or seen["readout_out"].grad is None:
+            return CheckResult("tying_grad", False, "the lookup or readout path was never run "
+                               "through token_embeddings / lm_head", {})
+        sums = _compare_path_sums(emb, ids, seen, s.vocab_size)
     batch, seq_len = ids.shape
-    if "lookup_out" not in seen or "readout_out" not in seen or seen["readout_out"].grad is None:
-        return CheckResult("tying_grad", False, "the lookup or readout path was never run "
-                           "through token_embeddings / lm_head", {})
-    dim = emb.shape[1]
-    d_lookup = seen["lookup_out"].grad.reshape(-1, dim)  # (B*T, D)
-    lookup = torch.zeros_like(emb).index_add_(0, ids.reshape(-1), d_lookup.to(emb.dtype))  # (V, D)
-    d_logits = seen["readout_out"].grad.reshape(-1, s.vocab_size)  # (B*T, V)
-    readout = (d_logits.T @ seen["readout_in"].reshape(-1, dim)).to(emb.dtype)  # (V, D)
-    expected = lookup + readout
-    got = emb.grad if emb.grad is not None else torch.zeros_like(emb)
     tol = tolerances.tying_grad(emb.dtype)
-    worst = float((got - expected).abs().max())
-    allowed = tol * float(expected.abs().max())
-    missing_readout = float((got - lookup).abs().max())
+    worst, missing_readout = sums["error"], sums["shared_minus_lookup"]
+    allowed = tol * sums["expected_max"]
     evidence = {"batch": batch, "seq_len": seq_len, "dtype": str(emb.dtype),
                 "max_abs_error": worst, "allowed": allowed,
-                "lookup_grad_max": float(lookup.abs().max()),
-                "readout_grad_max": float(readout.abs().max()),
+                "lookup_grad_max": sums["lookup_max"], "readout_grad_max": sums["readout_max"],
                 "shared_minus_lookup_max": missing_readout}
     if worst <= allowed:
         return CheckResult("tying_grad", True, "shared weight gradient = lookup path + readout "
@@ -115,6 +103,36 @@ def check_tying_grad(s: Subject) -> CheckResult:
         why = "the embedding's gradient is not the sum of the two paths"
     return CheckResult("tying_grad", False, f"{why} (max error {worst:.3g}, allowed {allowed:.1e})",
                        evidence, tol)
+
+
+# Vocabulary rows of the shared weight compared at a time (float64 blocks, not V x D at once).
+ROW_BLOCK = 2048
+
+
+def _compare_path_sums(emb: torch.Tensor, ids: torch.Tensor, seen: dict[str, torch.Tensor],
+                       vocab_size: int) -> dict[str, float]:
+    """The shared weight's gradient (emb.grad) against lookup + readout, block by block of rows:
+    largest |error|, largest |grad - lookup| (what a missing readout path would leave), and the
+    largest |expected|, |lookup|, |readout|."""
+    dim = emb.shape[1]
+    flat_ids = ids.reshape(-1)
+    d_lookup = seen["lookup_out"].grad.reshape(-1, dim).double()  # (B*T, D)
+    d_logits = seen["readout_out"].grad.reshape(-1, vocab_size).double()  # (B*T, V)
+    h = seen["readout_in"].reshape(-1, dim).double()  # (B*T, D)
+    out = dict.fromkeys(("error", "shared_minus_lookup", "expected_max", "lookup_max",
+                         "readout_max"), 0.0)
+    for start in range(0, emb.shape[0], ROW_BLOCK):
+        stop = min(start + ROW_BLOCK, emb.shape[0])
+        inside = (flat_ids >= start) & (flat_ids < stop)
+        lookup = torch.zeros(stop - start, dim, dtype=torch.float64, device=emb.device)
+        lookup.index_add_(0, flat_ids[inside] - start, d_lookup[inside])  # (rows, D)
+        readout = d_logits[:, start:stop].T @ h  # (rows, D)
+        got = (torch.zeros_like(lookup) if emb.grad is None else emb.grad[start:stop].double())
+        for key, value in (("error", got - lookup - readout), ("shared_minus_lookup", got - lookup),
+                           ("expected_max", lookup + readout), ("lookup_max", lookup),
+                           ("readout_max", readout)):
+            out[key] = max(out[key], float(value.abs().max()))
+    return out
 
 
 def _backward_recording_both_paths(s: Subject, model, emb_module, head_module
@@ -142,6 +160,7 @@ def _backward_recording_both_paths(s: Subject, model, emb_module, head_module
         logits = logits_of(model(ids))
         loss = F.cross_entropy(logits.reshape(-1, s.vocab_size).float(), targets.reshape(-1))
         loss.backward()
+        del logits, loss
     finally:
         for hook in hooks:
             hook.remove()

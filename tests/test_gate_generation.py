@@ -1,0 +1,147 @@
+"""The generation family of the gate (kv_cache, padding, grad_causal): every mutant of
+tests/zoo_generation.py fails with the right check named, correct models (our presets, the
+mutants' own configs unmutated, Hugging Face GPT-2 and Llama) pass, and models that cannot be
+driven that way are skipped with the reason."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+import decoder_audit as da
+from decoder_audit.gate import CHECK_ORDER
+from decoder_audit.gate.registry import NEED_REASONS
+
+import zoo
+import zoo_generation as zg
+from helpers import randomise
+
+CHECKS = zg.GENERATION_CHECKS
+
+
+def test_the_family_sits_after_the_oracle_and_before_the_loss():
+    order = list(CHECK_ORDER)
+    assert order.index("oracle") < order.index("kv_cache") < order.index("padding") \
+        < order.index("grad_causal") < order.index("loss_alignment")
+
+
+@pytest.mark.parametrize("case", zg.MUTANTS, ids=lambda case: case.name)
+def test_mutant_is_caught_by_the_right_check(case):
+    report = da.audit(case.build(), **case.kwargs)
+    failing = [c.name for c in report.failures]
+    assert case.expect in failing, f"{case.name}: expected {case.expect} to fail, got {failing}"
+    if case.first:
+        first = report.first_failure
+        assert first.name == case.expect, f"{case.name}: first failure {first.name}: {first.detail}"
+    if case.only:  # no other check can see the defect
+        assert failing == [case.expect], failing
+    # caught by the check's own verdict, not by the check crashing on the mutant
+    assert "exception" not in report[case.expect].evidence, report[case.expect].detail
+    assert case.says in report[case.expect].detail, report[case.expect].detail
+
+
+def _passes(model, **facts) -> da.AuditReport:
+    report = da.audit(model, checks=CHECKS, **facts)
+    assert not report.failures, {c.name: c.detail for c in report.failures}
+    assert [c.name for c in report.checks if c.name in CHECKS and c.skipped] == []
+    return report
+
+
+@pytest.mark.parametrize("cfg", [da.preset("tiny-368"), da.preset("cs336-test"),
+                                 da.preset("llama-debug"), zg.LEARNED, zg.ROPE, zg.LONG],
+                         ids=["tiny-368", "cs336-test", "llama-debug", "learned-untied",
+                              "rope-gqa", "long-context-40"])
+def test_correct_decoders_pass(cfg):
+    report = _passes(zg.decoder(cfg))
+    kv = report["kv_cache"].evidence
+    assert kv["convention"] == "decoder"
+    sizes = [r["sizes"] for r in kv["schedules"]]
+    if cfg.max_seq_len >= 4:  # one-token steps and a chunk of >= 2 after a non-empty cache
+        assert any(s[1:] and set(s[1:]) == {1} for s in sizes)
+        assert any(size >= 2 for s in sizes for size in s[1:])
+    assert report["grad_causal"].evidence["positions"][0]["position"] == 0
+
+
+def test_the_gate_leaves_no_hook_behind():
+    model = zg.decoder(zg.ROPE)
+    da.audit(model, checks=["grad_causal"])
+    assert not model.token_embeddings._forward_hooks
+
+
+def test_models_without_a_cache_a_mask_or_an_embedding_are_skipped_with_the_reason():
+    report = da.audit(zg.BlackBox(zg.decoder(zg.TINY)), checks=CHECKS, **zg.BLACKBOX)
+    assert report["kv_cache"].skipped and report["padding"].skipped
+    assert report["kv_cache"].evidence["reason"] == NEED_REASONS["has_cache"]
+    assert report["padding"].evidence["reason"] == NEED_REASONS["takes_mask"]
+    assert not report["grad_causal"].skipped and report.passed  # its token_embeddings is found
+
+    class Linear(nn.Module):  # one-hot input, no embedding module at all
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(5, 5)
+
+        def forward(self, ids):
+            return self.proj(nn.functional.one_hot(ids, 5).float())
+
+    report = da.audit(Linear(), checks=["grad_causal"], vocab_size=5)
+    assert report["grad_causal"].skipped
+    assert report["grad_causal"].evidence["reason"] == NEED_REASONS["has_input_embedding"]
+
+
+def test_a_plain_torch_decoder_runs_grad_causal_through_its_first_embedding():
+    report = da.audit(zoo.TorchDecoder(), checks=CHECKS, **zoo.TORCH_BLACKBOX)
+    assert report.passed and not report["grad_causal"].skipped
+    assert report["grad_causal"].evidence["embedding"] == "Embedding"
+
+
+# ---- Hugging Face models ----------------------------------------------------------------------
+
+tf = pytest.importorskip("transformers")
+tf.logging.set_verbosity_error()
+
+
+def _gpt2(impl: str = "eager", cls=None):
+    config = tf.GPT2Config(vocab_size=37, n_positions=16, n_embd=24, n_layer=2, n_head=4,
+                           attn_implementation=impl)
+    return randomise((cls or tf.GPT2LMHeadModel)(config), seed=2, std=0.3)
+
+
+def _llama(impl: str = "eager"):
+    config = tf.LlamaConfig(vocab_size=37, hidden_size=24, intermediate_size=20,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=16, attn_implementation=impl)
+    return randomise(tf.LlamaForCausalLM(config), seed=2, std=0.3)
+
+
+@pytest.mark.parametrize("build, impl", [(_gpt2, "eager"), (_gpt2, "sdpa"), (_llama, "eager"),
+                                         (_llama, "sdpa")],
+                         ids=["gpt2-eager", "gpt2-sdpa", "llama-eager", "llama-sdpa"])
+def test_hugging_face_models_pass(build, impl):
+    report = _passes(build(impl), vocab_size=37, max_seq_len=16)
+    assert report["kv_cache"].evidence["convention"] == "hugging face"
+
+
+class PositionsRestartHF(tf.GPT2LMHeadModel):
+    """GPT-2 whose forward, given no position_ids, numbers the tokens of each call from 0,
+    whatever its cache holds (mlx-vlm#1983's defect under the Hugging Face call convention):
+    its full forward is GPT-2's own."""
+
+    def forward(self, *args, **kwargs):
+        ids = kwargs.get("input_ids")
+        if kwargs.get("position_ids") is None and ids is not None:
+            kwargs["position_ids"] = torch.arange(ids.shape[1])[None]  # the call's own length
+        return super().forward(*args, **kwargs)
+
+
+# the parameter names the gate reads the call convention from
+PositionsRestartHF.forward.__signature__ = inspect.signature(tf.GPT2LMHeadModel.forward)
+
+
+def test_a_hugging_face_model_whose_cached_positions_restart_fails_kv_cache_first():
+    report = da.audit(_gpt2(cls=PositionsRestartHF), vocab_size=37, max_seq_len=16)
+    assert [c.name for c in report.failures] == ["kv_cache"], report.first_failure.detail
+    assert "a one-token step after 8 cached" in report["kv_cache"].detail
+    assert not report["oracle"].skipped  # its full forward is GPT-2's: the oracle agrees

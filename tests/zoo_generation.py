@@ -1,0 +1,187 @@
+"""Mutants of the generation path and the backward pass (DEFECTS.md H25-H27), each with the
+check that must catch it, and the correct models that must pass those checks.
+
+Each mutant is our `Decoder` (or its `KVCache`) with one method overridden: every full-forward
+check still passes (the defect lives only in cached steps, padded batches or the backward), so
+only the generation checks can see it. The unmutated `Decoder` of the same config is in the
+passing set, so each mutant differs from a passing model by exactly its defect.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import decoder_audit as da
+from decoder_audit.cache import KVCache
+from decoder_audit.model import LayerNorm
+
+import configs
+from helpers import randomise
+from zoo import Case
+
+# Learned positions, untied, GQA 4/2, T=5: positions are a table lookup, so an offset shows.
+LEARNED = configs.named("ln-gelu-learned-biases-gqa-untied")
+# RoPE, GQA 4/2, T=7.
+ROPE = configs.named("gqa-small")
+# RoPE, GQA 6/3, T=40: room for a sliding window shorter than the cache probe (16 tokens).
+LONG = configs.named("long-context-40")
+TINY = da.preset("tiny-368")
+
+
+def decoder(cfg: da.DecoderConfig, cls: type = da.Decoder, seed: int = 0) -> da.Decoder:
+    """Weights ~ N(0, 0.3) (norm gains and biases too): positions and keys matter at O(1)."""
+    return randomise(cls(cfg), seed, std=0.3)
+
+
+# ---- H25: cache positions and offsets ---------------------------------------------------------
+
+class PositionsRestart(da.Decoder):
+    """Every cached call numbers its tokens from 0 again (Blaizzy/mlx-vlm#1983: every decoded
+    token gets position 0): the learned position row is indexed by the step's own length."""
+
+    def _positions(self, ids, mask, cache):
+        positions, allowed = super()._positions(ids, mask, cache)
+        if cache is not None:
+            positions = positions - positions[..., :1]
+        return positions, allowed
+
+
+class RopeOffsetIgnored(da.Decoder):
+    """The RoPE table is built for 0..T-1 of the tokens at hand, ignoring their offset after
+    the prefill (fla-org/flash-linear-attention#766's family)."""
+
+    def _rotations(self, positions, seq_len, like):
+        return super()._rotations(None, seq_len, like)
+
+
+class DropsLastEntryCache(KVCache):
+    """Hands attention every filled slot but the newest one already cached when a call starts
+    (an off-by-one in the cached length): each step loses the token just before it."""
+
+    def _kept(self) -> torch.Tensor:
+        kept = torch.arange(self.length, device=self.keys.device)
+        return kept if self.start == 0 else kept[kept != self.start - 1]
+
+    def update(self, layer, k, v):
+        keys, values = super().update(layer, k, v)
+        kept = self._kept()
+        return keys.index_select(2, kept), values.index_select(2, kept)
+
+    def allowed(self):
+        allowed = super().allowed()
+        return None if allowed is None else allowed.index_select(-1, self._kept())
+
+
+class DropsLastEntry(da.Decoder):
+    cache_class = DropsLastEntryCache
+
+
+class SlidingWindowOffByOne(da.Decoder):
+    """A decoder with a sliding window: each query reads itself and the WINDOW - 1 keys before
+    it. Its full forward applies the window; its cached steps count the cached keys off by one
+    and read one key more."""
+
+    WINDOW = 12
+
+    def forward(self, ids, attention_mask=None, *, cache=None, last_only=False):
+        if attention_mask is None and cache is None:  # the window needs an explicit mask
+            attention_mask = torch.ones_like(ids)
+        return super().forward(ids, attention_mask, cache=cache, last_only=last_only)
+
+    def _positions(self, ids, mask, cache):
+        positions, allowed = super()._positions(ids, mask, cache)
+        start = 0 if cache is None else cache.start
+        keys = torch.arange(start + ids.shape[1])  # (S,)
+        queries = torch.arange(start, start + ids.shape[1])[:, None]  # (T, 1)
+        reach = self.WINDOW + (1 if start > 0 else 0)  # the defect: one more key once cached
+        inside = (keys <= queries) & (queries - keys < reach)  # (T, S): causal, in the window
+        return positions, inside if allowed is None else allowed & inside
+
+
+# ---- H26: padding -----------------------------------------------------------------------------
+
+class MaskIgnored(da.Decoder):
+    """Accepts an attention_mask and drops it: pads are read as tokens and counted as positions."""
+
+    def forward(self, ids, attention_mask=None, *, cache=None, last_only=False):
+        return super().forward(ids, None, cache=cache, last_only=last_only)
+
+
+class PadPositionsCounted(da.Decoder):
+    """Masks the pads but numbers positions by slot (unsloth#3699: one shared position_ids for
+    every left-padded row), so a row padded by k starts at position k."""
+
+    def _positions(self, ids, mask, cache):
+        _, allowed = super()._positions(ids, mask, cache)
+        start = 0 if cache is None else cache.start
+        return torch.arange(start, start + ids.shape[1])[None], allowed
+
+
+# ---- H27: a backward that leaks ---------------------------------------------------------------
+
+class MixesPositionsInBackward(torch.autograd.Function):
+    """The identity forward; its backward also hands every position half the gradient of the
+    position before it (a gradient kernel accumulating a neighbour's block)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        leaked = grad.clone()
+        leaked[:, 1:] += 0.5 * grad[:, :-1]  # position t + 1 receives part of t's gradient
+        return leaked
+
+
+class LeakyBackwardNorm(LayerNorm):
+    """The final LayerNorm, its output passed through MixesPositionsInBackward."""
+
+    def forward(self, x):
+        return MixesPositionsInBackward.apply(super().forward(x))
+
+
+def leaky_backward() -> da.Decoder:
+    model = decoder(TINY)
+    model.ln_final.__class__ = LeakyBackwardNorm
+    return model
+
+
+class BlackBox(nn.Module):
+    """A module wrapping a decoder behind forward(ids) only: no config, no cache, no mask."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids):
+        return self.inner(ids)
+
+
+BLACKBOX = {"vocab_size": TINY.vocab_size, "max_seq_len": TINY.max_seq_len}
+
+GENERATION_CHECKS = ["kv_cache", "padding", "grad_causal"]
+
+MUTANTS = [
+    Case("positions_restart_after_prefill", lambda: decoder(LEARNED, PositionsRestart),
+         "kv_cache", defect="H25/D19", says="a one-token step after 2 cached"),
+    Case("cache_drops_last_entry", lambda: decoder(ROPE, DropsLastEntry), "kv_cache",
+         defect="H25", says="a one-token step after 3 cached"),
+    Case("rope_offset_ignored_in_cached_steps", lambda: decoder(ROPE, RopeOffsetIgnored),
+         "kv_cache", defect="H25/D19", says="a one-token step after 3 cached"),
+    # The window only differs once more than WINDOW keys are cached: position 12 first.
+    Case("sliding_window_off_by_one_in_cache", lambda: decoder(LONG, SlidingWindowOffByOne),
+         "kv_cache", defect="H25", only=True, says="position 12 (a one-token step after 12"),
+    Case("attention_mask_ignored", lambda: decoder(LEARNED, MaskIgnored), "padding",
+         defect="H26/B12", only=True, says="a row left-padded by 1 differs"),
+    # Learned positions: RoPE only sees relative positions, so a shift by k changes nothing.
+    Case("pad_positions_counted", lambda: decoder(LEARNED, PadPositionsCounted), "padding",
+         defect="H26/B12", only=True, says="a row left-padded by 1 differs"),
+    # White-box, the oracle's gradient comparison sees the leak first; grad_causal names it.
+    Case("backward_mixes_positions", leaky_backward, "grad_causal", first=False, defect="H27",
+         says="reaches later inputs [1]"),
+    # Behind a black box nothing else can see it.
+    Case("backward_mixes_positions_black_box", lambda: BlackBox(leaky_backward()), "grad_causal",
+         defect="H27", only=True, says="reaches later inputs [1]", kwargs=BLACKBOX),
+]
