@@ -96,7 +96,8 @@ def test_a_pattern_with_mass_on_the_next_key_is_seen_only_in_the_pattern():
     check = report["attention_rows"]
     assert [c.name for c in report.failures] == ["attention_rows"]
     assert "on a future key" in check.detail and "key 1)" in check.detail, check.detail
-    assert report["oracle"].evidence["max_abs_logit_error"] <= 1e-12
+    # float32 against the float64 oracle: a few eps of rounding, far below any dropped mass
+    assert report["oracle"].evidence["max_abs_logit_error"] <= 1e-6
 
 
 def _passes(model, **kwargs):
@@ -109,7 +110,7 @@ def _passes(model, **kwargs):
 @pytest.mark.parametrize("name", ["tiny-368", "cs336-test", "llama-debug"])
 def test_presets_pass(name):
     report = _passes(zoo.decoder(da.preset(name)))
-    assert report.mode == "white-box" and report.dtype == "float64"
+    assert report.mode == "white-box" and report.dtype == "float32"  # the model's own dtype
     expected_skips = [] if da.preset(name).tie_embeddings else ["tying_grad"]
     assert [c.name for c in report.skipped] == expected_skips
 
@@ -130,8 +131,9 @@ def test_plain_torch_decoder_passes_black_box():
     torch.manual_seed(0)
     report = _passes(zoo.TorchDecoder(), **zoo.TORCH_BLACKBOX)
     assert report.mode == "black-box"
+    # it takes no attention mask and keeps no cache: those checks say so instead of failing
     assert {c.name for c in report.skipped} == {"attention_rows", "params", "tying", "tying_grad",
-                                               "oracle"}
+                                               "oracle", "kv_cache", "padding"}
 
 
 def _transformers():
