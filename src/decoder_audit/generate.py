@@ -82,17 +82,6 @@ class Convention:
     last_only: str | None = None  # the keyword that limits logits to the last position
     cache_arg: str = "cache"  # Hugging Face: "past_key_values", or "cache" in transformers 5.2x
 
-    @property
-    def why_no_cache(self) -> str:
-        return (f"the model takes no KV cache (call convention {self.name!r}: neither a Decoder's "
-                "new_cache + forward(cache=) nor forward(past_key_values=, use_cache=) "
-                "returning .past_key_values)")
-
-    @property
-    def why_no_mask(self) -> str:
-        return (f"the model takes no attention_mask (call convention {self.name!r}: its forward "
-                "names no attention_mask parameter)")
-
 
 def convention(model: nn.Module) -> Convention:
     """The call convention of `model`, from the parameter names of its forward."""
@@ -105,7 +94,8 @@ def convention(model: nn.Module) -> Convention:
         return Convention("decoder", True, masked,
                           last_only="last_only" if "last_only" in params else None)
     cache_arg = next((name for name in ("past_key_values", "cache") if name in params), None)
-    if cache_arg is not None and "use_cache" in params:
+    keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if cache_arg is not None and ("use_cache" in params or keywords):  # use_cache may be a **kwarg
         return Convention("hugging face", True, masked, "position_ids" in params,
                           "logits_to_keep" if "logits_to_keep" in params else None, cache_arg)
     return Convention("plain", False, masked, "position_ids" in params)

@@ -154,9 +154,9 @@ def check_padding(s: Subject) -> CheckResult:
                                "them) changes the logits by up to "
                                f"{r['max_abs_diff']:.3g} (allowed {r['allowed']:.1e}): the model "
                                "numbers positions otherwise or misreads the mask", evidence, tol)
-        why = ("the model takes no position_ids, so its pads count as positions"
-               if conv.name != "decoder" and not conv.position_ids
-               else "the mask is not honoured or pads count as positions")
+        why = "the mask is not honoured or pads count as positions"
+        if conv.name != "decoder" and not conv.position_ids:
+            why += " (the model takes no position_ids)"
         return CheckResult("padding", False, f"{r['how']}: a row {r['side']}-padded by {r['pad']} "
                            "differs from the row alone on its real tokens by up to "
                            f"{r['max_abs_diff']:.3g} (allowed {r['allowed']:.1e}): {why}",

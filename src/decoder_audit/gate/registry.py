@@ -30,7 +30,8 @@ from .subject import Subject
 NEED_REASONS = {
     "whitebox": "black-box: needs a DecoderConfig and the Decoder's weight names",
     "has_cache": "the model takes no KV cache (neither a Decoder's new_cache + forward(cache=) "
-                 "nor the Hugging Face convention forward(past_key_values=, use_cache=))",
+                 "nor the Hugging Face convention forward(past_key_values= or cache=, "
+                 "use_cache=))",
     "takes_mask": "the model's forward takes no attention_mask, so it cannot run padded batches",
     "has_input_embedding": "no input embedding found (neither get_input_embeddings(), a "
                            "token_embeddings module nor an nn.Embedding)",
