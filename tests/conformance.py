@@ -252,8 +252,11 @@ EXPECTED: dict[str, Expected] = {
                         "kv_cache": (), "padding": ()},
                        _BIDIRECTIONAL + "; it also accepts float ids and its cache and padding "
                        "paths raise (its prompt tokens change the key count)"),
+    # kv_cache/padding: the same open false alarm as recurrent_gemma's in GATE_ISSUES (the model
+    # returns no cache object; the checks should skip, not fail)
     "xlm": Expected({"causal": ("reads future tokens",), "prefix": ("depend on what follows",),
-                     "attention_rows": ("future key", "fails `causal` too"), "grad_causal": ()},
+                     "attention_rows": ("future key", "fails `causal` too"), "grad_causal": (),
+                     "kv_cache": ("no .cache",), "padding": ("no .cache",)},
                     _BIDIRECTIONAL + " (causal=False)"),
     "xlnet": Expected({"causal": ("reads future tokens",), "prefix": ("depend on what follows",),
                        "attention_rows": ("future key", "fails `causal` too")},

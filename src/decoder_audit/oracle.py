@@ -330,9 +330,11 @@ class StreamedOracle:
             with torch.enable_grad():
                 _block(cfg, w, layer, x).backward(upstream)
             upstream = x.grad
-            for name, leaf in w.items():
-                yield f"layers.{layer}", name, None, leaf.grad
-            del w, x
+            grads = {name: leaf.grad for name, leaf in w.items()}
+            del w, x  # the float64 weights go before the caller reads the gradients
+            for name, grad in grads.items():
+                yield f"layers.{layer}", name, None, grad
+            del grads
         yield from self._embed_backward(read, upstream)
 
     def _final_backward(self, read: _Reader, grad_logits: torch.Tensor):

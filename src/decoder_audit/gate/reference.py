@@ -20,7 +20,7 @@ from ..objective import logits_of
 from ..oracle import StreamedOracle, oracle_logits
 from . import tolerances
 from .result import CheckResult, skipped
-from .subject import Subject, batch_not_equal, scaled_excess
+from .subject import Subject, batch_not_equal, return_freed_memory, scaled_excess
 
 GRAD_SHARE = 0.25
 """At most this share of the parameters (or one oracle stage, if larger) gets gradients in one
@@ -252,6 +252,7 @@ def _compare_grads(s: Subject, named: dict[str, nn.Parameter], oracle: StreamedO
             if fast.requires_grad:  # else no weight of this pass reaches the logits: all zero
                 (fast.double() * device_projection).sum().backward()
             del fast
+            return_freed_memory()  # the pass's activations, before the oracle's stages
             for stage in chunk.stages:
                 yielded, pieces = next(by_stage)
                 assert yielded == stage, (yielded, stage)

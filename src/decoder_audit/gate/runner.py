@@ -30,11 +30,9 @@ plus a few GB).
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import gc
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -42,7 +40,7 @@ from torch import nn
 from .registry import CHECK_ORDER, CHECKS
 from .report import AuditReport
 from .result import CheckResult, crashed, skipped
-from .subject import Subject
+from .subject import Subject, return_freed_memory
 
 
 
@@ -53,7 +51,8 @@ GC_MIN_BYTES = 64 * 2**20
 
 
 def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int | None = None,
-          progress: bool = False, seed: int = 0, checks: Iterable[str] | None = None,
+          progress: bool | Callable[[str, str], None] = False, seed: int = 0,
+          checks: Iterable[str] | None = None,
           intervention_len: int | None = None,
           input_vocab_size: int | None = None, pad_token_id: int | None = None) -> AuditReport:
     """Run the acceptance gate on `model` and return its `AuditReport`.
@@ -62,7 +61,9 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
     come from it); otherwise black-box, and `vocab_size` is required. The other facts that
     describe a model (max_seq_len as a hard limit, intervention_len, input_vocab_size,
     pad_token_id) are explained in the module docstring. `checks=[names]` runs only those checks
-    (the rest are listed as skipped).
+    (the rest are listed as skipped). `progress=True` draws a progress bar on stderr (which check,
+    and how far a long one has got); `progress=fn` calls fn(check, step) instead, e.g.
+    fn("oracle", "oracle backward: layer 3/12").
     """
     wanted = set(CHECK_ORDER if checks is None else _validate_names(checks))
     subject = Subject(model, vocab_size=vocab_size, max_seq_len=max_seq_len, seed=seed,
@@ -76,7 +77,8 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
     results: dict[str, CheckResult] = {}
     subject.results = results  # checks may cite the verdicts before them
     collect = sum(p.numel() * p.element_size() for p in subject.parameters()) >= GC_MIN_BYTES
-    with torch.random.fork_rng(devices=[]):  # the user's global RNG stream is left untouched
+    rng_devices = [subject.device] if subject.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices):  # the user's RNG streams are left untouched
         torch.manual_seed(seed)  # for models that draw random numbers themselves
         subject.prepare()
         try:
@@ -89,7 +91,7 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
                     results[name] = _run_one(name, subject)
                     if collect:  # whatever the check allocated goes before the next one
                         gc.collect()
-                        _return_freed_memory()
+                        return_freed_memory()
                 advance(None)
         finally:
             subject.release()
@@ -111,25 +113,6 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
         input_vocab_size=(None if subject.input_vocab_size == subject.vocab_size
                           else subject.input_vocab_size),
     )
-
-
-def _return_freed_memory() -> None:
-    """Give the memory a check freed back to the OS. glibc raises its mmap threshold as large
-    blocks are freed (up to 32 MB), after which activation-sized blocks live in the heap and are
-    kept there when freed: measured on GPT-2 small, the resident set crept by 250 MB over the
-    checks, and every later check started that much higher. malloc_trim(0) releases them.
-    A no-op where the C library has no malloc_trim."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim():
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 def _run_one(name: str, subject: Subject) -> CheckResult:
@@ -157,15 +140,17 @@ def _validate_names(names: Iterable[str]) -> list[str]:
 
 
 class _progress:
-    """A rich progress bar over the checks on stderr, naming the current check and how far it
-    has got (a long check reports its steps through `Subject.progress`), shown once the gate has
-    run for a second (a fast gate prints nothing extra); a no-op when not asked for (the command
-    line asks only when stderr is a terminal)."""
+    """Progress over the checks: which check runs, and how far a long one has got (checks report
+    their steps through `Subject.progress`). `enabled=True`: a rich bar on stderr, shown once
+    the gate has run for a second (a fast gate prints nothing extra; the command line asks for
+    it only when stderr is a terminal); a callable: called as fn(check, step); False: nothing."""
 
     DELAY_S = 1.0
 
-    def __init__(self, enabled: bool, total: int, subject: Subject) -> None:
-        self.enabled, self.total, self.subject = enabled, total, subject
+    def __init__(self, enabled: bool | Callable[[str, str], None], total: int,
+                 subject: Subject) -> None:
+        self.enabled, self.total, self.subject = bool(enabled), total, subject
+        self.callback = enabled if callable(enabled) else None
         self.bar = None
         self.started = time.perf_counter()
         self.done = -1  # checks finished before the current one
@@ -183,6 +168,9 @@ class _progress:
         self.step("")
 
     def step(self, detail: str) -> None:
+        if self.callback is not None:
+            self.callback(self.name, detail)
+            return
         if self.bar is None and time.perf_counter() - self.started >= self.DELAY_S:
             self._start()
         if self.bar is not None:

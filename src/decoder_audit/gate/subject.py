@@ -19,6 +19,8 @@ with `.logits` (Hugging Face), or to a tuple whose first item is the logits.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -331,6 +333,25 @@ def score_factors(score_max: list[float], target: float) -> list[float]:
     """Per layer, the factor a_i on queries and keys that brings the largest attention score
     score_max[i] to `target` (scores are bilinear in q and k: a_i^2 * score_max[i])."""
     return [math.sqrt(target / max(largest, 1e-12)) for largest in score_max]
+
+
+def return_freed_memory() -> None:
+    """Give memory the gate freed back to the OS. glibc raises its mmap threshold as large
+    blocks are freed (up to 32 MB), after which activation-sized blocks live in the heap and
+    stay there when freed: measured on GPT-2 small, the resident set crept by 250 MB over the
+    checks, every later check starting that much higher. malloc_trim(0) releases them. A no-op
+    where the C library has no malloc_trim."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def compute_dtype(model: nn.Module) -> torch.dtype:
