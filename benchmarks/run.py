@@ -53,6 +53,7 @@ import torch  # noqa: E402
 from benchmarks import (  # noqa: E402
     account_cost,
     gate_cost,
+    gate_scale,
     generation,
     machine,
     memory,
@@ -87,6 +88,8 @@ FAMILIES = (
     Family("gate", gate_cost.measure, report.gate_section, runs=lambda plan: not plan.quick),
     Family("account", account_cost.measure, report.account_section),
     Family("generation", generation.measure, generation.section, skipped=[]),
+    # Opt-in (--gate-scale): the gate on tiny-368 and GPT-2 small to XL, a fresh process each.
+    Family("gate_scale", gate_scale.measure, gate_scale.section),
 )
 
 
@@ -107,6 +110,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-gate", action="store_true")
     p.add_argument("--skip-account", action="store_true")
     p.add_argument("--skip-generation", action="store_true")
+    p.add_argument("--gate-scale", dest="skip_gate_scale", action="store_false",
+                   help="also run the gate-at-scale table (benchmarks/gate_scale.py: GPT-2 "
+                        "small to XL, each preset in its own process; tens of minutes)")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder")
     p.add_argument("--memory-child", nargs=6, metavar=("SIDE", "CFG", "B", "T", "THREADS", "STEPS"),
