@@ -6,6 +6,8 @@ from torch import nn
 
 import decoder_audit as da
 
+import configs
+
 
 def test_tiny_368_ledger_row_by_row():
     """The seeds' table: token embedding 8x4 = 32, learned positions 4x4 = 16,
@@ -80,6 +82,15 @@ def test_every_preset_reconciles_on_the_meta_device(name):
     expected = _independent_count(cfg)
     assert da.measured_ledger(model).total == da.parameter_ledger(cfg).total == expected
     assert da.reconcile(da.parameter_ledger(cfg), da.measured_ledger(model)) == []
+
+
+@pytest.mark.parametrize("cfg", configs.params(configs.everything()))
+def test_every_test_config_has_the_independent_count(cfg):
+    """Every combination of biases, MLP kind, norm, positions and tying in the grid: a bias or
+    matrix the config asks for and the model lacks (or the reverse) changes the count."""
+    with torch.device("meta"):
+        model = da.Decoder(cfg)
+    assert model.num_parameters() == _independent_count(cfg)
 
 
 @pytest.mark.parametrize("name, published", [

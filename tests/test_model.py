@@ -203,7 +203,8 @@ def test_each_weight_is_initialised_with_its_own_std(name):
 # ---- the input contract ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("ids, error, message", [
-    (torch.zeros(2, 5, dtype=torch.long), ContextLengthError, "T=5 exceeds max_seq_len=4"),
+    (torch.zeros(2, 5, dtype=torch.long), ContextLengthError,
+     "T=5 exceeds max_seq_len=4; the input is rejected, never cropped"),
     (torch.zeros(2, 0, dtype=torch.long), ContextLengthError, "T=0 must be at least 1"),
     (torch.tensor([[1, 8]]), TokenIdError,
      "token id 8 at batch 0, position 1 is outside [0, vocab_size=8)"),
@@ -214,7 +215,8 @@ def test_each_weight_is_initialised_with_its_own_std(name):
      "rank 2 (B, T), got rank 1 with shape (3,)"),
     (torch.zeros(1, 2, 3, dtype=torch.long), InputShapeError, "got rank 3"),
     (torch.zeros(0, 3, dtype=torch.long), InputShapeError, "batch size B=0"),
-    ([[1, 2]], InputShapeError, "must be a torch.Tensor"),
+    (torch.tensor([[0, 3, 8]]), TokenIdError, "token id 8 at batch 0, position 2"),
+    ([[1, 2]], InputShapeError, "must be a torch.Tensor (B, T), got list"),
 ])
 def test_bad_input_raises_a_typed_error_naming_the_value(ids, error, message):
     model = da.Decoder(da.preset("tiny-368"))
@@ -273,6 +275,38 @@ def test_plain_forward_records_nothing(monkeypatch):
         raise AssertionError("the plain forward must not record")
     monkeypatch.setattr(da.Trace, "record", refuse)
     da.Decoder(configs.named("ln-swiglu-rope-allbias-gqa"))(torch.randint(0, 19, (2, 4)))
+
+
+@pytest.mark.parametrize("name", ["tiny-368", "gqa-odd"])  # learned positions, RoPE
+def test_trace_records_every_declared_site(name):
+    cfg = configs.named(name)
+    _, trace = da.Decoder(cfg).run_with_trace(torch.randint(0, cfg.vocab_size, (3, 2)))
+    assert trace.shape_mismatches() == []
+
+
+def test_a_decoder_needs_a_config_object():
+    with pytest.raises(TypeError, match="Decoder needs a DecoderConfig, got dict"):
+        da.Decoder(da.preset("tiny-368").to_dict())
+
+
+def test_to_dtype_converts_every_parameter_and_keeps_the_tie():
+    model = da.Decoder(da.preset("tiny-368")).to(torch.float64)
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    assert model.lm_head.weight is model.token_embeddings.weight
+    # recurse=False moves only the Decoder's own parameters (it has none): the blocks stay
+    model.to_empty(device="meta", recurse=False)
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+
+
+def test_a_tied_readout_does_not_redraw_the_embedding():
+    """The embedding owns the shared weight and draws it; the tied head draws nothing, so the
+    tied model's embedding is the untied model's (same seed, same draws in the same order)."""
+    cfg = da.preset("tiny-368")
+    torch.manual_seed(0)
+    tied = da.Decoder(cfg)
+    torch.manual_seed(0)
+    untied = da.Decoder(cfg.replace(tie_embeddings=False))
+    assert torch.equal(tied.token_embeddings.weight, untied.token_embeddings.weight)
 
 
 def test_meta_construction_allocates_nothing():
