@@ -91,6 +91,11 @@ def test_models_without_a_cache_a_mask_or_an_embedding_are_skipped_with_the_reas
     assert report["grad_causal"].evidence["reason"] == NEED_REASONS["has_input_embedding"]
 
 
+def test_a_model_whose_cache_is_kept_elsewhere_skips_kv_cache_with_the_reason():
+    report = da.audit(zg.CacheKeptElsewhere(), checks=["kv_cache"], vocab_size=11)
+    assert report["kv_cache"].skipped and "returned no cache" in report["kv_cache"].detail
+
+
 def test_a_plain_torch_decoder_runs_grad_causal_through_its_first_embedding():
     report = da.audit(zoo.TorchDecoder(), checks=CHECKS, **zoo.TORCH_BLACKBOX)
     assert report.passed and not report["grad_causal"].skipped

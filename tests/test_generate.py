@@ -193,6 +193,14 @@ def test_a_plain_module_recomputes_and_runs_ragged_prompts_row_by_row():
     assert model.fed == [(1, 2), (1, 3), (1, 4), (1, 1), (1, 2), (1, 3)]  # each row alone
 
 
+def test_a_model_that_returns_no_cache_is_recomputed_instead():
+    from zoo_generation import CacheKeptElsewhere
+
+    model = CacheKeptElsewhere()
+    assert convention(model).cached
+    assert da.generate(model, [[1, 2]], max_new_tokens=3).ids == [[1, 2, 3, 4, 5]]
+
+
 # ---- generate on Hugging Face models ------------------------------------------------------------
 
 tf = pytest.importorskip("transformers")

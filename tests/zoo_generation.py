@@ -9,6 +9,8 @@ passing set, so each mutant differs from a passing model by exactly its defect.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from torch import nn
 
@@ -157,6 +159,20 @@ class BlackBox(nn.Module):
 
     def forward(self, ids):
         return self.inner(ids)
+
+
+class CacheKeptElsewhere(nn.Module):
+    """Names cache= and use_cache= in its forward (the Hugging Face convention) but returns no
+    cache object, as models whose cache lives in the module or in a caller-owned dict do (XLM,
+    RecurrentGemma). Its next token is (last id + 1) % 11; it cannot be stepped, only rerun."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(()))
+
+    def forward(self, input_ids, attention_mask=None, cache=None, use_cache=None):
+        logits = nn.functional.one_hot((input_ids + 1) % 11, 11).float() * 5 + self.weight
+        return SimpleNamespace(logits=logits)
 
 
 BLACKBOX = {"vocab_size": TINY.vocab_size, "max_seq_len": TINY.max_seq_len}

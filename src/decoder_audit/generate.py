@@ -52,6 +52,11 @@ from .config import DecoderConfig
 from .errors import ConfigError, ContextLengthError, InputShapeError, TokenIdError
 from .objective import logits_of
 
+class CacheNotReturned(TypeError):
+    """A model with a cache argument returned no cache object: its cache lives elsewhere (in
+    the module, or in a dict the caller owns), so it cannot be driven step by step here."""
+
+
 # A pad slot holds this id; its value never matters (the mask hides it), it only has to be a
 # valid id.
 PAD_ID = 0
@@ -290,8 +295,11 @@ class _Loop:
         stop = list(self.reasons)
         if cached:
             ids, mask = left_padded(self.rows, device)
-            logits = stepper(ids, mask, last_only=True)[:, -1]  # (B, V): the prefill
-        else:
+            try:
+                logits = stepper(ids, mask, last_only=True)[:, -1]  # (B, V): the prefill
+            except CacheNotReturned:  # a cache kept elsewhere: recompute every step instead
+                cached = False
+        if not cached:
             logits = self._recompute(new, 0, done_at, device)
         feed_mask = None
         for step in range(self.steps):
@@ -346,8 +354,8 @@ def _returned_cache(out: Any, name: str) -> Any:
         value = out.get(field) if hasattr(out, "get") else getattr(out, field, None)
         if value is not None:
             return value
-    raise TypeError(f"{type(out).__name__} has no .{name}: the model returned no cache although "
-                    "use_cache=True was passed")
+    raise CacheNotReturned(f"{type(out).__name__} has no .{name}: the model returned no cache "
+                           "although use_cache=True was passed")
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -425,5 +433,5 @@ def _check_options(max_new_tokens, temperature, top_k, top_p, eos_id, generator,
         raise ConfigError(f"max_seq_len={max_seq_len!r} must be a positive integer (or None)")
 
 
-__all__ = ["Convention", "Generated", "Sampler", "Stepper", "convention", "generate",
+__all__ = ["CacheNotReturned", "Convention", "Generated", "Sampler", "Stepper", "convention", "generate",
            "positions_from_mask"]
