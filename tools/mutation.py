@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         work = SCRATCH / name
         if not args.report:
-            print(f"== {name}: mutating {', '.join(PACKAGES[name].mutate)}; tests "
+            print(f"== {name}: mutating {', '.join(args.only or PACKAGES[name].mutate)}; tests "
                   f"{' '.join(PACKAGES[name].tests)}", flush=True)
             work = _snapshot(name, PACKAGES[name], args.commit, args.only)
             _run(work, args.jobs)
