@@ -199,7 +199,12 @@ def test_sample_cli_on_the_trained_checkpoint(tiny_run, capsys):
 def test_run_folder_holds_metrics_plot_and_a_resumable_checkpoint(tiny_run):
     rows = [json.loads(line) for line in (tiny_run.out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(0, 301))
-    assert rows[0]["eval_loss"] == pytest.approx(tiny_run.initial_loss)
+    # row 0 is the loss before step 1: the fresh weights' exact loss from the oracle (as in the
+    # initial-loss test), not the number the trainer's own evaluation also returned
+    torch.manual_seed(0)
+    fresh = da.Decoder(da.preset("tiny-368"))
+    exact = _exact_loss(lambda ids: da.oracle_logits(fresh.state_dict(), fresh.config, ids))
+    assert rows[0]["eval_loss"] == pytest.approx(exact, abs=INITIAL_TOLERANCE)
     assert all(r["tokens"] == r["step"] * 64 * 4 for r in rows[1:])
     assert (tiny_run.out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     meta, state = read_trainer_state(tiny_run.checkpoint)
