@@ -183,7 +183,7 @@ class _GradientLedger:
     def piece(self, stage: int, param: nn.Parameter, rows: torch.Tensor | None,
               grad: torch.Tensor) -> None:
         pid = id(param)
-        self.scale = max(self.scale, float(grad.abs().max()) if grad.numel() else 0.0)
+        self.scale = max(self.scale, _largest(grad))
         rows = torch.arange(param.shape[0]) if rows is None else rows
         pending = self.pending.get(pid)
         if stage == self.first[pid]:
@@ -194,11 +194,12 @@ class _GradientLedger:
                 self.residual[pid] = fast[pending.to(fast.device)].to("cpu", wide)
             now = torch.ones_like(rows, dtype=torch.bool) if pending is None else \
                 ~torch.isin(rows, pending)
+            if now.all():  # the usual case: a whole weight, or a block of consecutive rows
+                self._error(pid, _largest(_rows(fast, rows).to("cpu", torch.float64) - grad))
+                return
             if now.any():
                 have = fast[rows[now].to(fast.device)].to("cpu", torch.float64)
-                self._error(pid, float((have - grad[now]).abs().max()))
-            if now.all():
-                return
+                self._error(pid, _largest(have - grad[now]))
             rows, grad = rows[~now], grad[~now]
         residual = self.residual[pid]  # rows read by a later stage: add up
         at = torch.searchsorted(pending, rows)
@@ -213,9 +214,9 @@ class _GradientLedger:
                 unread[self.pending[pid]] = False
             if unread.any():  # rows no stage reads: their fast gradient must be exactly 0
                 fast = _dense(param.grad, param)
-                self._error(pid, float(fast[unread.to(fast.device)].abs().max()))
+                self._error(pid, _largest(fast[unread.to(fast.device)]))
         if stage == self.last[pid] and pid in self.residual:
-            self._error(pid, float(self.residual.pop(pid).abs().max()))
+            self._error(pid, _largest(self.residual.pop(pid)))
 
     def _error(self, pid: int, err: float) -> None:
         name = self.names[pid]
@@ -227,6 +228,19 @@ def _union(rows: list[torch.Tensor | None], count: int) -> torch.Tensor:
     if any(r is None for r in rows):
         return torch.arange(count)
     return torch.unique(torch.cat(rows))
+
+
+def _rows(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """tensor[rows]: a view when the rows are consecutive (readout blocks, whole weights)."""
+    start, count = int(rows[0]), len(rows)
+    if int(rows[-1]) == start + count - 1 and (count < 3 or bool((rows.diff() == 1).all())):
+        return tensor[start:start + count]
+    return tensor[rows.to(tensor.device)]
+
+
+def _largest(tensor: torch.Tensor) -> float:
+    """max |tensor| in one pass; 0 for an empty one."""
+    return float(torch.linalg.vector_norm(tensor, ord=float("inf"))) if tensor.numel() else 0.0
 
 
 def _dense(grad: torch.Tensor | None, param: nn.Parameter) -> torch.Tensor:

@@ -113,26 +113,41 @@ def _compare_path_sums(emb: torch.Tensor, ids: torch.Tensor, seen: dict[str, tor
                        vocab_size: int) -> dict[str, float]:
     """The shared weight's gradient (emb.grad) against lookup + readout, block by block of rows:
     largest |error|, largest |grad - lookup| (what a missing readout path would leave), and the
-    largest |expected|, |lookup|, |readout|."""
+    largest |expected|, |lookup|, |readout|. The lookup path is nonzero only at the rows the ids
+    look up, so it is added there alone; each block is one float64 buffer, updated in place."""
     dim = emb.shape[1]
     flat_ids = ids.reshape(-1)
     d_lookup = seen["lookup_out"].grad.reshape(-1, dim).double()  # (B*T, D)
     d_logits = seen["readout_out"].grad.reshape(-1, vocab_size).double()  # (B*T, V)
     h = seen["readout_in"].reshape(-1, dim).double()  # (B*T, D)
-    out = dict.fromkeys(("error", "shared_minus_lookup", "expected_max", "lookup_max",
-                         "readout_max"), 0.0)
+    rows, where = torch.unique(flat_ids, return_inverse=True)
+    lookup = torch.zeros(len(rows), dim, dtype=torch.float64,
+                         device=d_lookup.device).index_add_(0, where, d_lookup)  # (U, D)
+    out = {"error": 0.0, "shared_minus_lookup": 0.0, "lookup_max": _largest(lookup),
+           "expected_max": 0.0, "readout_max": 0.0}
     for start in range(0, emb.shape[0], ROW_BLOCK):
         stop = min(start + ROW_BLOCK, emb.shape[0])
-        inside = (flat_ids >= start) & (flat_ids < stop)
-        lookup = torch.zeros(stop - start, dim, dtype=torch.float64, device=emb.device)
-        lookup.index_add_(0, flat_ids[inside] - start, d_lookup[inside])  # (rows, D)
+        inside = (rows >= start) & (rows < stop)
+        here, looked = rows[inside] - start, lookup[inside]  # the looked-up rows of this block
         readout = d_logits[:, start:stop].T @ h  # (rows, D)
-        got = (torch.zeros_like(lookup) if emb.grad is None else emb.grad[start:stop].double())
-        for key, value in (("error", got - lookup - readout), ("shared_minus_lookup", got - lookup),
-                           ("expected_max", lookup + readout), ("lookup_max", lookup),
-                           ("readout_max", readout)):
-            out[key] = max(out[key], float(value.abs().max()))
+        out["readout_max"] = max(out["readout_max"], _largest(readout))
+        out["expected_max"] = max(out["expected_max"], _largest(readout),
+                                  _largest(readout[here] + looked))
+        diff = (torch.zeros_like(readout) if emb.grad is None
+                else emb.grad[start:stop].to(torch.float64, copy=True))
+        diff -= readout  # grad - readout
+        diff[here] -= looked  # grad - readout - lookup
+        out["error"] = max(out["error"], _largest(diff))
+        diff += readout  # grad - lookup
+        out["shared_minus_lookup"] = max(out["shared_minus_lookup"], _largest(diff))
     return out
+
+
+def _largest(tensor: torch.Tensor) -> float:
+    """max |tensor| in one pass (no |tensor| temporary); 0 for an empty one."""
+    if not tensor.numel():
+        return 0.0
+    return float(torch.linalg.vector_norm(tensor, ord=float("inf")))
 
 
 def _backward_recording_both_paths(s: Subject, model, emb_module, head_module
