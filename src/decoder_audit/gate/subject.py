@@ -162,13 +162,6 @@ class Subject:
             _restore_params(saved)
 
     @property
-    def in_place(self) -> bool:
-        """Always False now that the checks run on the model itself: kept only so that a check
-        module written for the old float64 working copy keeps running (it copies, at a memory
-        cost, where the new helpers `scaled_scores` and `gradients_for` need no copy)."""
-        return False
-
-    @property
     def whitebox(self) -> bool:
         return self.cfg is not None
 
