@@ -128,9 +128,11 @@ def measure(plan=None, presets=PRESETS, dtype: str = "float32", threads: int | N
         if "error" in row:
             say(f"gate_scale: {preset} failed: {row['error'][-300:]}")
         else:
+            slow = sorted(row["checks"].items(), key=lambda kv: -kv[1])[:5]
             say(f"gate_scale: {preset}: {row['gate_seconds']:.0f} s, "
-                f"{row['forward_equivalents']:.1f} forward-equivalents, peak "
-                f"{row['peak_rss_bytes'] / 1e9:.2f} GB, passed={row['passed']}")
+                f"{row['forward_equivalents']:.1f} forward-equivalents (forward "
+                f"{row['forward_seconds']:.1f} s), peak {row['peak_rss_bytes'] / 1e9:.2f} GB, "
+                f"passed={row['passed']}; " + ", ".join(f"{k} {v:.0f} s" for k, v in slow))
     return {"dtype": dtype, "threads": threads, "rows": rows, "targets": TARGETS,
             "before": BEFORE}
 
