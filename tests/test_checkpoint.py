@@ -14,6 +14,7 @@ import configs
 from helpers import random_decoder
 
 import decoder_audit as da
+import decoder_audit.atomic_folder as atomic
 import decoder_audit.checkpoint as ckpt
 from decoder_audit.checkpoint import load_checkpoint, save_checkpoint
 
@@ -206,7 +207,7 @@ def test_crash_after_the_swap_leaves_the_new_checkpoint(tmp_path, monkeypatch):
     def dying_rmtree(*args, **kwargs):
         raise KeyboardInterrupt("simulated crash before removing the old copy")
 
-    monkeypatch.setattr(ckpt.shutil, "rmtree", dying_rmtree)
+    monkeypatch.setattr(atomic.shutil, "rmtree", dying_rmtree)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(new, path)
     monkeypatch.undo()
@@ -230,10 +231,10 @@ def test_crash_between_the_two_renames(tmp_path, monkeypatch):
             raise KeyboardInterrupt("simulated crash between the renames")
         real_rename(src, dst)
 
-    monkeypatch.setattr(ckpt.os, "rename", rename_then_die)
+    monkeypatch.setattr(atomic.os, "rename", rename_then_die)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(new, path)
-    monkeypatch.setattr(ckpt.os, "rename", real_rename)
+    monkeypatch.setattr(atomic.os, "rename", real_rename)
     assert not path.exists()
     with pytest.warns(UserWarning, match="loading the previous checkpoint"):
         recovered = load_checkpoint(path)

@@ -6,10 +6,10 @@ Layout of a checkpoint folder `ckpt/`:
     ckpt/model.safetensors  every unique tensor once; a tied readout is *not* stored again
     ckpt/<extra files>      optional bytes the caller hands in (e.g. the trainer's optimizer state)
 
-The safetensors metadata records a SHA-256 per tensor, one of the config (its canonical JSON) and
-one per extra file, so a flipped bit, an edited `config.json` (e.g. mlp relu -> gelu, same
-shapes) or a replaced or truncated extra file is caught when it is read. Weights holding NaN or
-inf are refused on save and on load.
+The format (file names, the SHA-256 digests in the safetensors metadata, the refusal of NaN, inf
+and pickles) is `checkpoint_format.py`'s; the atomic swap into place, and what a crash leaves
+behind, is `atomic_folder.py`'s. Every crash case loads with `load_checkpoint("ckpt")`, and the
+next `save_checkpoint` removes the debris.
 
 A module that is not a Decoder (a user's `--model FILE.py:FACTORY`) is saved by
 `save_module_weights`: its state dict in `model.safetensors` (shared tensors once) and
@@ -19,40 +19,15 @@ Nothing a user had on disk is lost: a folder is replaced only when it is one of 
 kind and every entry in it will be written again; anything else there (a `NOTES.md`, a training
 checkpoint's `train_state.pt` under a plain save, a Hugging Face folder under a checkpoint save)
 makes the save refuse, naming the entries, before anything is moved.
-
-Nothing is ever unpickled. Weights are read with safetensors only; a folder that holds
-`.pt`/`.bin` pickle weights, or a `model.safetensors` that is really a `torch.save` pickle, is
-refused before a byte of it is interpreted. The safetensors metadata carries a SHA-256 digest per
-tensor, so a flipped bit inside the data (which safetensors itself cannot see) is caught too.
-
-How a save is made atomic (one writer per folder at a time):
-
-    1. Remove stale temporaries left by an earlier crashed save: `.ckpt.tmp-*` siblings always,
-       `.ckpt.old-*` siblings only when `ckpt/` itself exists (otherwise one of them holds the
-       previous checkpoint, see 3).
-    2. Write every file into a fresh sibling `.ckpt.tmp-<pid>-<random>/`, fsync each file and
-       the folder. `ckpt/` is untouched so far.
-    3. Rename `ckpt/` (if there is one) to `.ckpt.old-*`, rename the temporary to `ckpt/`, fsync
-       the parent after each rename, then delete the `.old` folder.
-
-What a crash leaves behind: during 1-2, the old `ckpt/` plus a stale `.ckpt.tmp-*`; between the
-two renames of 3, no `ckpt/` but a complete `.ckpt.old-*`, which `load_checkpoint("ckpt")` finds
-and loads (with a warning); after them, the new `ckpt/` plus a stale `.ckpt.old-*`. Every case
-loads with `load_checkpoint("ckpt")`, and the next `save_checkpoint` removes the debris.
 """
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import json
 import os
 import re
-import secrets
-import shutil
-import sys
 import warnings
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -60,25 +35,26 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+# The folder format and the atomic swap live in their own modules; their public names are
+# importable from here too, where the trainer, the converters and users have always found them.
+from .atomic_folder import refuse_to_lose, stranded_backups, write_folder_atomically
+from .checkpoint_format import (ALIAS_PREFIX, CHECKPOINT_DIR, CONFIG_DIGEST, CONFIG_FILE,
+                                DIGEST_PREFIX, FACTORY_FILE, FILE_DIGEST_PREFIX, FORMAT_VERSION,
+                                WEIGHTS_FILE, check_digests, config_digest, digest,
+                                is_checkpoint_folder, json_object, read_checked_file,
+                                refuse_non_finite, refuse_pickles, sha256)
 from .config import DecoderConfig
 from .errors import CheckpointError, ConfigError
 from .model import Decoder
 
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-# A module that is not a Decoder: the factory that rebuilds it (save_module_weights).
-FACTORY_FILE = "factory.json"
-# A training run folder keeps its latest checkpoint here (see training/state.py).
-CHECKPOINT_DIR = "checkpoint"
-FORMAT_VERSION = "1"
-_DIGEST_PREFIX = "decoder_audit.sha256."
-_CONFIG_DIGEST = "decoder_audit.config_sha256"
-_FILE_DIGEST_PREFIX = "decoder_audit.file_sha256."
-_ALIAS_PREFIX = "decoder_audit.alias."
-# File names that mean "pickle weights": we refuse them rather than ever calling torch.load.
-_PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
-# torch.save writes a zip archive ("PK\x03\x04"); a bare pickle starts with the PROTO opcode 0x80.
-_PICKLE_MAGICS = (b"PK\x03\x04", b"\x80")
+__all__ = [
+    "CHECKPOINT_DIR", "CONFIG_FILE", "FACTORY_FILE", "FORMAT_VERSION", "WEIGHTS_FILE",
+    "checkpoint_folder", "config_digest", "copy_into_parameters", "decoder_from_tensors",
+    "expected_shapes", "is_checkpoint_folder", "load_checkpoint", "load_module_weights",
+    "name_and_shape_problems", "read_checked_file", "refuse_to_lose", "resolve_checkpoint_dir",
+    "save_checkpoint", "save_module_weights", "write_folder_atomically",
+]
+
 _EXTRA_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
@@ -101,8 +77,8 @@ def save_checkpoint(model: Decoder, path: str | os.PathLike, *,
         raise TypeError(f"save_checkpoint needs a decoder_audit Decoder, got {type(model).__name__}")
     extra = _checked_extra_files(extra_files, reserved=(WEIGHTS_FILE, CONFIG_FILE, FACTORY_FILE))
     tensors, metadata = _tensors_to_store(model)
-    metadata[_CONFIG_DIGEST] = config_digest(model.config)
-    metadata.update({_FILE_DIGEST_PREFIX + name: _sha256(data) for name, data in extra.items()})
+    metadata[CONFIG_DIGEST] = config_digest(model.config)
+    metadata.update({FILE_DIGEST_PREFIX + name: sha256(data) for name, data in extra.items()})
 
     def write(folder: Path) -> None:
         save_file(tensors, str(folder / WEIGHTS_FILE), metadata=metadata)
@@ -142,38 +118,14 @@ def _tensors_to_store(model: Decoder) -> tuple[dict[str, torch.Tensor], dict[str
         if tied and name == "lm_head.weight":
             continue  # the same Parameter as token_embeddings.weight: stored once
         tensors[name] = tensor.detach().to("cpu").contiguous()
-    _refuse_non_finite(tensors, "refusing to save")
+    refuse_non_finite(tensors, "refusing to save")
     metadata = {
         "format": "pt",
         "decoder_audit.format": FORMAT_VERSION,
         "decoder_audit.tied": "lm_head.weight=token_embeddings.weight" if tied else "",
     }
-    metadata.update({_DIGEST_PREFIX + name: _digest(t) for name, t in tensors.items()})
+    metadata.update({DIGEST_PREFIX + name: digest(t) for name, t in tensors.items()})
     return tensors, metadata
-
-
-def _refuse_non_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
-    """NaN or inf weights are a diverged model, never a checkpoint worth keeping or sampling."""
-    bad = sorted(name for name, t in tensors.items()
-                 if t.is_floating_point() and not bool(torch.isfinite(t).all()))
-    if bad:
-        raise CheckpointError(f"{what}: tensors {bad} hold NaN or inf (a diverged model)")
-
-
-def _digest(tensor: torch.Tensor) -> str:
-    """SHA-256 of a tensor's raw bytes (any dtype: viewed as uint8, so bf16 works too)."""
-    raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    return hashlib.sha256(raw.numpy().tobytes()).hexdigest()
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def config_digest(cfg: DecoderConfig) -> str:
-    """SHA-256 of the config's canonical JSON (sorted keys): any change of a field changes it,
-    re-formatting the file does not."""
-    return _sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode())
 
 
 # ---- modules that are not a Decoder ------------------------------------------------------------
@@ -197,13 +149,13 @@ def save_module_weights(module: nn.Module, path: str | os.PathLike, *,
             continue
         seen[key] = name
         tensors[name] = tensor.detach().to("cpu").contiguous()
-    _refuse_non_finite(tensors, "refusing to save")
+    refuse_non_finite(tensors, "refusing to save")
     factory_json = (json.dumps(dict(factory), indent=2) + "\n").encode()
     metadata = {"format": "pt", "decoder_audit.format": FORMAT_VERSION,
-                _FILE_DIGEST_PREFIX + FACTORY_FILE: _sha256(factory_json)}
-    metadata.update({_DIGEST_PREFIX + name: _digest(t) for name, t in tensors.items()})
-    metadata.update({_ALIAS_PREFIX + name: target for name, target in aliases.items()})
-    metadata.update({_FILE_DIGEST_PREFIX + name: _sha256(data) for name, data in extra.items()})
+                FILE_DIGEST_PREFIX + FACTORY_FILE: sha256(factory_json)}
+    metadata.update({DIGEST_PREFIX + name: digest(t) for name, t in tensors.items()})
+    metadata.update({ALIAS_PREFIX + name: target for name, target in aliases.items()})
+    metadata.update({FILE_DIGEST_PREFIX + name: sha256(data) for name, data in extra.items()})
 
     def write(folder: Path) -> None:
         save_file(tensors, str(folder / WEIGHTS_FILE), metadata=metadata)
@@ -220,7 +172,7 @@ def load_module_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module
     names, shapes and digests must all match. Returns the module."""
     folder = resolve_checkpoint_dir(path)
     weights_path = folder / WEIGHTS_FILE
-    _refuse_pickles(folder, weights_path)
+    refuse_pickles(folder, weights_path)
     try:
         with safe_open(str(weights_path), framework="pt", device="cpu") as handle:
             metadata = handle.metadata() or {}
@@ -228,11 +180,11 @@ def load_module_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module
     except SafetensorError as exc:
         raise CheckpointError(f"{str(weights_path)!r} is not a readable safetensors file "
                               f"(corrupted or truncated?): {exc}") from exc
-    _check_digests(weights_path, tensors, metadata)
-    _refuse_non_finite(tensors, f"{str(weights_path)!r}")
+    check_digests(weights_path, tensors, metadata)
+    refuse_non_finite(tensors, f"{str(weights_path)!r}")
     for key, target in metadata.items():
-        if key.startswith(_ALIAS_PREFIX) and target in tensors:
-            tensors[key[len(_ALIAS_PREFIX):]] = tensors[target]
+        if key.startswith(ALIAS_PREFIX) and target in tensors:
+            tensors[key[len(ALIAS_PREFIX):]] = tensors[target]
     wanted = module.state_dict()
     problems = name_and_shape_problems({n: tuple(t.shape) for n, t in wanted.items()},
                                        {n: tuple(t.shape) for n, t in tensors.items()})
@@ -241,163 +193,6 @@ def load_module_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module
                               + "; ".join(problems))
     module.load_state_dict(tensors)
     return module
-
-
-def read_checked_file(folder: str | os.PathLike, name: str) -> bytes:
-    """An extra file of a checkpoint, checked against the SHA-256 recorded when it was saved
-    (files saved before digests were recorded are returned as they are)."""
-    folder = Path(folder)
-    path = folder / name
-    data = path.read_bytes()
-    try:
-        with safe_open(str(folder / WEIGHTS_FILE), framework="pt", device="cpu") as handle:
-            recorded = (handle.metadata() or {}).get(_FILE_DIGEST_PREFIX + name)
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(f"{str(folder / WEIGHTS_FILE)!r} is not a readable safetensors "
-                              f"file (corrupted or truncated?): {exc}") from exc
-    if recorded is not None and recorded != _sha256(data):
-        raise CheckpointError(f"{str(path)!r} ({len(data):,} bytes) is not the file saved with "
-                              "this checkpoint: its SHA-256 differs from the one recorded in "
-                              f"{WEIGHTS_FILE} (replaced, edited or truncated)")
-    return data
-
-
-# ---- the folder swap ---------------------------------------------------------------------------
-
-def is_checkpoint_folder(path: Path) -> bool:
-    """A decoder-audit checkpoint: a config.json that is not a Hugging Face config, or a
-    factory.json (a module's weights)."""
-    if (path / FACTORY_FILE).is_file():
-        return True
-    config = _json_object(path / CONFIG_FILE)
-    return config is not None and "model_type" not in config and "architectures" not in config
-
-
-def _json_object(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def write_folder_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
-                            same_kind: Callable[[Path], bool], what: str,
-                            names: Collection[str] | None = None) -> Path:
-    """Call `write(tmp_folder)` to fill a fresh sibling folder, fsync it, and swap it into `path`
-    (see the module docstring for the steps and what a crash leaves behind).
-
-    Nothing a user had is lost: an existing non-empty `path` is replaced only if
-    `same_kind(path)` (it is an earlier output of this kind, `what`) and every entry in it is
-    written again. `names` (the entries `write` will make, when known) lets that be refused
-    before writing; it is checked again on what `write` made. If `write` (or anything before
-    the swap) raises, the temporary folder and any parent folders made for it are removed."""
-    path = Path(path).absolute()
-    parent, name = path.parent, path.name
-    if path.exists() and not path.is_dir():
-        raise CheckpointError(f"{str(path)!r} exists and is not a folder; refusing to replace it")
-    if path.is_dir() and any(path.iterdir()) and not same_kind(path):
-        raise CheckpointError(
-            f"{str(path)!r} is a non-empty folder ({_listing(path)}) that is not a {what}; "
-            "refusing to replace what does not look like one of our outputs (nothing was "
-            "written): choose another folder")
-    if names is not None:
-        refuse_to_lose(path, names, what=what)
-    made = _make_folders(parent)
-    _remove_stale(parent, name, keep_backups=not path.is_dir())
-
-    tmp = parent / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        tmp.mkdir()
-        write(tmp)
-        refuse_to_lose(path, [child.name for child in tmp.iterdir()], what=what)
-        mode = _default_file_mode()
-        for child in tmp.rglob("*"):
-            if child.is_file():
-                os.chmod(child, mode)  # safetensors creates 0600; ours get what any file gets
-                _fsync(child)
-        _fsync(tmp)
-    except Exception:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for folder in reversed(made):
-            _rmdir_if_empty(folder)
-        raise
-
-    old = None
-    if path.exists():
-        old = parent / f".{name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-        os.rename(path, old)
-        _fsync(parent)
-    os.rename(tmp, path)  # a crash before this line leaves the old checkpoint in `old`
-    _fsync(parent)
-    if old is not None:
-        shutil.rmtree(old)
-    _remove_stale(parent, name, keep_backups=False)  # backups a crash stranded are superseded
-    return path
-
-
-def refuse_to_lose(path: str | os.PathLike, names: Collection[str], *, what: str) -> None:
-    """CheckpointError if the folder `path` holds an entry outside `names` (the entries a write
-    of this `what` makes): replacing the folder would delete it."""
-    path = Path(path)
-    if not path.is_dir():
-        return
-    lost = sorted(child.name for child in path.iterdir() if child.name not in set(names))
-    if lost:
-        raise CheckpointError(
-            f"{str(path)!r} holds {lost}, which a {what} does not write; refusing to replace the "
-            "folder and delete them (nothing was written): move them out or choose another "
-            "folder")
-
-
-def _listing(path: Path, most: int = 5) -> str:
-    entries = sorted(child.name for child in path.iterdir())
-    shown = ", ".join(entries[:most]) + (f", ... ({len(entries)} entries)" if len(entries) > most
-                                         else "")
-    return shown
-
-
-def _make_folders(folder: Path) -> list[Path]:
-    """mkdir -p `folder`; the folders it created, outermost first."""
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for created in reversed(missing):
-        created.mkdir(exist_ok=True)
-    return list(reversed(missing))
-
-
-def _rmdir_if_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:
-        pass  # not empty (someone else wrote there) or already gone
-
-
-def _default_file_mode() -> int:
-    """The mode a new file gets from open(): 0o666 less the umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _remove_stale(parent: Path, name: str, *, keep_backups: bool) -> None:
-    for stale in parent.glob(f".{glob.escape(name)}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    if not keep_backups:
-        for stale in parent.glob(f".{glob.escape(name)}.old-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def _fsync(path: Path) -> None:
-    if sys.platform == "win32" and path.is_dir():  # folders cannot be opened for fsync there
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -413,10 +208,7 @@ def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
     if path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} is a file; a checkpoint is a folder "
                               f"holding {CONFIG_FILE} and {WEIGHTS_FILE}")
-    parent = path.absolute().parent
-    backups = sorted(parent.glob(f".{glob.escape(path.name)}.old-*"),
-                     key=lambda p: p.stat().st_mtime, reverse=True)
-    for backup in backups:
+    for backup in stranded_backups(path):
         if (backup / WEIGHTS_FILE).is_file() and ((backup / CONFIG_FILE).is_file()
                                                   or (backup / FACTORY_FILE).is_file()):
             warnings.warn(f"checkpoint {str(path)!r} is missing (a save crashed mid-swap); "
@@ -435,7 +227,7 @@ def checkpoint_folder(path: str | os.PathLike) -> Path:
         return resolve_checkpoint_dir(path)
     run_checkpoint = path / CHECKPOINT_DIR
     if (not run_checkpoint.exists()
-            and not any(run_checkpoint.parent.glob(f".{CHECKPOINT_DIR}.old-*"))):
+            and not stranded_backups(run_checkpoint)):
         raise CheckpointError(
             f"{str(path)!r} is neither a checkpoint (no {CONFIG_FILE}) nor a training run folder "
             f"(no {CHECKPOINT_DIR}/)")
@@ -453,46 +245,14 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     bitwise-equal logits. Raises CheckpointError naming the file on any problem."""
     folder = resolve_checkpoint_dir(path)
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-
-    # 1. The config, before anything else.
-    if not config_path.is_file() and (folder / FACTORY_FILE).is_file():
-        factory = (_json_object(folder / FACTORY_FILE) or {}).get("factory")
-        raise CheckpointError(
-            f"{str(folder)!r} holds the weights of a module that is not a Decoder (factory.json: "
-            f"{factory!r}), not a Decoder checkpoint: rebuild the module with its factory and "
-            "read them with decoder_audit.checkpoint.load_module_weights(module, folder), or "
-            "continue its training with `decoder-audit train --resume`")
-    if not config_path.is_file():
-        raise CheckpointError(f"checkpoint {str(folder)!r} has no {CONFIG_FILE}")
-    try:
-        cfg = DecoderConfig.load(config_path)
-    except ConfigError as exc:
-        raise CheckpointError(f"{str(config_path)!r}: {exc}") from exc
-
-    # 2. The weights file: safetensors only, never a pickle.
-    _refuse_pickles(folder, weights_path)
-    try:
-        with safe_open(str(weights_path), framework="pt", device="cpu") as handle:
-            metadata = handle.metadata() or {}
-            stored = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
-            # 3. Names and shapes against the config, before a single weight is read.
-            expected = expected_shapes(cfg)
-            problems = name_and_shape_problems(expected, stored)
-            if cfg.tie_embeddings and "lm_head.weight" in stored:
-                problems.append("tie_embeddings=True: the readout is token_embeddings.weight, "
-                                "stored once")
-            if problems:
-                raise CheckpointError(f"{str(weights_path)!r} does not fit {str(config_path)!r}: "
-                                      + "; ".join(problems))
-            tensors = {name: handle.get_tensor(name) for name in expected}
-    except SafetensorError as exc:
-        raise CheckpointError(f"{str(weights_path)!r} is not a readable safetensors file "
-                              f"(corrupted or truncated?): {exc}") from exc
+    cfg = _read_config(folder)  # 1. the config, before anything else
+    refuse_pickles(folder, weights_path)  # 2. the weights file: safetensors only, never a pickle
+    tensors, metadata = _read_fitting_tensors(cfg, config_path, weights_path)  # 3.
 
     # 4. Integrity of the data itself (safetensors checks the header, not the bytes), and of the
     #    config: one edited field with the same shapes (mlp relu -> gelu) changes the model.
-    _check_digests(weights_path, tensors, metadata)
-    recorded = metadata.get(_CONFIG_DIGEST)
+    check_digests(weights_path, tensors, metadata)
+    recorded = metadata.get(CONFIG_DIGEST)
     if recorded is not None and recorded != config_digest(cfg):
         raise CheckpointError(
             f"{str(config_path)!r} was changed after the checkpoint was saved: the config's "
@@ -501,19 +261,51 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     not_float = sorted(n for n, t in tensors.items() if not t.is_floating_point())
     if not_float:
         raise CheckpointError(f"{str(weights_path)!r}: tensors {not_float} are not floating point")
-    _refuse_non_finite(tensors, f"{str(weights_path)!r}")
+    refuse_non_finite(tensors, f"{str(weights_path)!r}")
 
     # 5. Only now a model.
     return decoder_from_tensors(cfg, tensors, device=device, dtype=dtype)
 
 
-def _check_digests(weights_path: Path, tensors: Mapping[str, torch.Tensor],
-                   metadata: Mapping[str, str]) -> None:
-    bad = [name for name, tensor in tensors.items()
-           if _DIGEST_PREFIX + name in metadata and _digest(tensor) != metadata[_DIGEST_PREFIX + name]]
-    if bad:
-        raise CheckpointError(f"{str(weights_path)!r} is corrupted: the SHA-256 of {bad} does not "
-                              "match the digest recorded when it was saved")
+def _read_config(folder: Path) -> DecoderConfig:
+    """The validated config of the checkpoint in `folder`; a module's weights (factory.json)
+    are refused with how to read them instead."""
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file() and (folder / FACTORY_FILE).is_file():
+        factory = (json_object(folder / FACTORY_FILE) or {}).get("factory")
+        raise CheckpointError(
+            f"{str(folder)!r} holds the weights of a module that is not a Decoder (factory.json: "
+            f"{factory!r}), not a Decoder checkpoint: rebuild the module with its factory and "
+            "read them with decoder_audit.checkpoint.load_module_weights(module, folder), or "
+            "continue its training with `decoder-audit train --resume`")
+    if not config_path.is_file():
+        raise CheckpointError(f"checkpoint {str(folder)!r} has no {CONFIG_FILE}")
+    try:
+        return DecoderConfig.load(config_path)
+    except ConfigError as exc:
+        raise CheckpointError(f"{str(config_path)!r}: {exc}") from exc
+
+
+def _read_fitting_tensors(cfg: DecoderConfig, config_path: Path, weights_path: Path
+                          ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The stored tensors and the safetensors metadata, once every stored name and shape fits
+    what `cfg` implies: the header is compared before a single weight is read."""
+    try:
+        with safe_open(str(weights_path), framework="pt", device="cpu") as handle:
+            metadata = handle.metadata() or {}
+            stored = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+            expected = expected_shapes(cfg)
+            problems = name_and_shape_problems(expected, stored)
+            if cfg.tie_embeddings and "lm_head.weight" in stored:
+                problems.append("tie_embeddings=True: the readout is token_embeddings.weight, "
+                                "stored once")
+            if problems:
+                raise CheckpointError(f"{str(weights_path)!r} does not fit {str(config_path)!r}: "
+                                      + "; ".join(problems))
+            return {name: handle.get_tensor(name) for name in expected}, metadata
+    except SafetensorError as exc:
+        raise CheckpointError(f"{str(weights_path)!r} is not a readable safetensors file "
+                              f"(corrupted or truncated?): {exc}") from exc
 
 
 def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
@@ -560,22 +352,3 @@ def decoder_from_tensors(cfg: DecoderConfig, tensors: Mapping[str, torch.Tensor]
     model.to_empty(device=device or like.device)
     copy_into_parameters(model, tensors)
     return model
-
-
-def _refuse_pickles(folder: Path, weights_path: Path) -> None:
-    if not weights_path.is_file():
-        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
-        if pickles:
-            raise CheckpointError(
-                f"checkpoint {str(folder)!r} has no {WEIGHTS_FILE} but pickle weights {pickles}; "
-                "decoder-audit never unpickles checkpoints (unpickling runs arbitrary code). "
-                "Re-save the weights with safetensors")
-        raise CheckpointError(f"checkpoint {str(folder)!r} has no {WEIGHTS_FILE}")
-    with open(weights_path, "rb") as handle:
-        head = handle.read(9)
-    # A safetensors file opens with an 8-byte little-endian header length and then "{"; only
-    # when that is absent do we look for pickle magic (a header length may start with 0x80).
-    if head[8:9] != b"{" and any(head.startswith(magic) for magic in _PICKLE_MAGICS):
-        raise CheckpointError(
-            f"{str(weights_path)!r} is a torch.save/pickle file, not safetensors; refused without "
-            "unpickling it (unpickling runs arbitrary code)")
