@@ -4,6 +4,11 @@
     torchrun --nproc_per_node N ...   the same code under DistributedDataParallel
 
     loop.py         train(): prepare -> gate -> evidence -> loop -> finish, each a short phase
+    run.py          the Run the phases share, its Options, the shared evaluation and metrics row
+    prepare.py      the model, the task, the memory and thread checks (phase 1)
+    start.py        the gate, optimizer, resumed state, DDP (phase 2) and the evidence (phase 3)
+    step.py         one optimizer step on one global batch
+    finish.py       the final evaluation and checkpoint, the loss curve, the summary (phase 5)
     settings.py     TrainConfig (what defines a run's result) and TrainResult
     gatekeeper.py   the gate before training (GateRefusal, the facts it establishes) and the
                     evidence before step 1 (loss alignment, initial loss near ln V)

@@ -1,0 +1,128 @@
+"""The first phase: the model (through `sources.Source`) and the task. The data must fit the
+model (the counting task needs V >= 8 and max_seq_len >= 4; byte-level text V >= 256; a
+prepared dataset V >= its tokenizer's ids), else ConfigError, before the gate is spent; the
+weights must fit in memory before a single one is allocated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoint import FACTORY_FILE, load_module_weights
+from ..config import DecoderConfig
+from ..data import ByteText, CountingTask
+from ..datasets import TokenDataset
+from ..errors import CheckpointError, ConfigError
+from ..memory import check_fits
+from ..sources import Source
+from .run import Options, Run
+
+# Below this many parameters, intra-op threading costs more than it gains on CPU.
+SMALL_MODEL_PARAMETERS = 1_000_000
+
+
+def prepare(run: Run, model: Any) -> tuple[int, int]:
+    """Resolve the model and the task; the data must fit the model's declared V and
+    max_seq_len (returned), checked before the gate is spent."""
+    cfg, opts = run.cfg, run.opts
+    for note in opts.notes:
+        run.say(f"note: {note}")
+    source, module_weights = _source(model, opts)
+    if source.kind in ("preset", "config", "checkpoint"):
+        _check_memory(source.config(), opts.device)  # before a single weight is allocated
+    run.model = source.build(seed=cfg.seed)
+    if module_weights:
+        load_module_weights(run.model, opts.resume_folder)
+    run.fresh = opts.expect_fresh and (source.built_fresh or source.kind in ("module", "model"))
+    _set_threads(run.model, opts)
+    declared = source.config()  # the resolver's answer; the gate decides again, and we check
+    saved = (opts.resume_meta or {}).get("factory") or {}
+    vocab_size = (declared.vocab_size if declared is not None
+                  else opts.vocab_size or saved.get("vocab_size"))
+    max_seq_len = (declared.max_seq_len if declared is not None
+                   else opts.max_seq_len or saved.get("max_seq_len"))
+    run.factory = _factory_of(source, vocab_size, max_seq_len)
+    if vocab_size is None or max_seq_len is None:
+        raise ConfigError("a model without a DecoderConfig needs vocab_size and max_seq_len "
+                          "(--vocab-size/--max-seq-len) to be audited and trained")
+    run.task = (TokenDataset(cfg.data, max_seq_len) if cfg.data is not None else
+                ByteText(cfg.text, max_seq_len, val_fraction=cfg.val_fraction, seed=cfg.seed)
+                if cfg.text is not None else CountingTask())
+    run.task.check_model(vocab_size, max_seq_len)
+    saved_sha = (opts.resume_meta or {}).get("text_sha256")
+    if saved_sha is not None and saved_sha != getattr(run.task, "sha256", None):
+        raise ConfigError(f"the text file {cfg.text!r} changed since the checkpoint was written "
+                          "(SHA-256 differs); resuming on other data would not continue the run")
+    saved_data = (opts.resume_meta or {}).get("data_sha256")
+    if saved_data is not None and saved_data != getattr(run.task, "sha256", None):
+        raise ConfigError(f"the dataset {cfg.data!r} changed since the checkpoint was written "
+                          "(its dataset.json's SHA-256 differs); prepare it again or resume on "
+                          "the data the run started with")
+    if cfg.batch_size % run.ranks.world_size:
+        raise ConfigError(f"batch_size={cfg.batch_size} must be divisible by the number of "
+                          f"processes ({run.ranks.world_size}) so every rank gets equal rows")
+    return vocab_size, max_seq_len
+
+
+def _source(model: Any, opts: Options) -> tuple[Source, bool]:
+    """The model's source, and whether a module's saved weights must be loaded into it (a
+    resumed module that is not a Decoder: rebuilt by its factory, then its state dict)."""
+    folder = opts.resume_folder
+    if folder is None:
+        return Source.of(model), False
+    factory = (opts.resume_meta or {}).get("factory")
+    if factory is None and not (folder / FACTORY_FILE).is_file():
+        if model is not None:
+            raise ConfigError("resume loads the model from its checkpoint; do not pass a model too")
+        return Source("checkpoint", folder), False
+    factory = factory or {}
+    if isinstance(model, nn.Module):  # the module a Python caller trained, passed again
+        return Source("module", model), True
+    if model is not None:
+        raise ConfigError("resume rebuilds the model with its saved factory; do not pass a model "
+                          "too")
+    if not factory.get("factory"):
+        raise CheckpointError(
+            f"{str(folder)!r} holds the weights of a module passed from Python "
+            f"({factory.get('class', 'unknown class')}), which no factory rebuilds: resume it "
+            "from Python with train(module, resume=...)")
+    return Source("model", factory["factory"]), True
+
+
+def _factory_of(source: Source, vocab_size: int | None, max_seq_len: int | None
+                ) -> dict[str, Any] | None:
+    """What rebuilds the model, saved beside its weights when it is not white-box."""
+    shape = {"vocab_size": vocab_size, "max_seq_len": max_seq_len}
+    if source.kind == "model":
+        path, _, name = str(source.value).rpartition(":")
+        return {"factory": f"{Path(path).resolve()}:{name}", **shape}
+    if source.kind == "module":
+        cls = type(source.value)
+        return {"factory": None, "class": f"{cls.__module__}.{cls.__qualname__}", **shape}
+    return None  # a preset, config or checkpoint: a Decoder, saved as one
+
+
+# Training holds the weights, their gradients and AdamW's two moments: four copies.
+TRAINING_COPIES = 4
+
+
+def _check_memory(cfg: DecoderConfig, device: str) -> None:
+    what = "training (weights, gradients and AdamW's two moments)"
+    if device.startswith("cuda"):
+        check_fits(cfg, what="its weights")  # built on the CPU first
+        check_fits(cfg, copies=TRAINING_COPIES, what=what, device=device)
+    else:
+        check_fits(cfg, copies=TRAINING_COPIES, what=what)
+
+
+def _set_threads(model: nn.Module, opts: Options) -> None:
+    """torch's intra-op threads for the run (train() restores the previous value)."""
+    threads = opts.threads
+    if threads == "auto":
+        small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS
+        threads = 1 if small and opts.device == "cpu" else None
+    if threads is not None:
+        torch.set_num_threads(int(threads))
