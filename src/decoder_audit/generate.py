@@ -21,7 +21,8 @@ the cache must equal; greedy output is identical either way).
 
 Prompts of different lengths are left-padded into one batch with an attention mask; positions
 come from the mask (cumulative sum of real tokens minus one, as Hugging Face `generate` computes
-them), so each row generates what it would alone. A model that takes no mask runs ragged prompts
+them; plus the origin the model numbers a row from, measured by `position_origin`: RoBERTa's family
+starts at padding_idx + 1), so each row generates what it would alone. A model that takes no mask runs ragged prompts
 row by row. A finished row (end-of-sequence id, the context limit, or max_new_tokens) is fed as
 padding until every row has finished, so it never moves past its own limit.
 
@@ -42,7 +43,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ from torch import nn
 from .config import DecoderConfig
 from .errors import ConfigError, ContextLengthError, InputShapeError, TokenIdError
 from .objective import logits_of
+from .position_origin import origin_candidates, position_origin
 
 class CacheNotReturned(TypeError):
     """A model with a cache argument returned no cache object: its cache lives elsewhere (in
@@ -86,6 +88,7 @@ class Convention:
     position_ids: bool = False  # it takes position_ids (Hugging Face)
     last_only: str | None = None  # the keyword that limits logits to the last position
     cache_arg: str = "cache"  # Hugging Face: "past_key_values", or "cache" in transformers 5.2x
+    position_origin: int = 0  # position_ids of a padded row start here (position_origin.py)
 
 
 def convention(model: nn.Module) -> Convention:
@@ -134,8 +137,8 @@ class Stepper:
         """Logits (B, T, V) of the new ids (B, T), or (B, 1, V) with last_only; `mask` (B, T)
         marks their real tokens (None: all real)."""
         if not self.cached:
-            positions = (positions_from_mask(mask) if mask is not None and self.conv.position_ids
-                         else None)
+            positions = (positions_from_mask(mask) + self.conv.position_origin
+                         if mask is not None and self.conv.position_ids else None)
             extra = {"use_cache": False} if self.conv.name == "hugging face" else {}
             logits = logits_of(self._call(ids, mask, last_only, positions, **extra))
             return logits[:, -1:] if last_only else logits
@@ -152,7 +155,7 @@ class Stepper:
         if mask is not None:
             self.mask[:, start:end] = mask
         full = None if self.mask is None else self.mask[:, :end]  # (B, end)
-        positions = (positions_from_mask(full)[:, start:]
+        positions = (positions_from_mask(full)[:, start:] + self.conv.position_origin
                      if full is not None and self.conv.position_ids else None)
         out = self._call(ids, full, last_only, positions, use_cache=True,
                          **{self.conv.cache_arg: self.cache})
@@ -219,6 +222,9 @@ def generate(model: nn.Module, prompt: Sequence[int] | Sequence[Sequence[int]] |
                     f"prompt row {i} has {len(row)} tokens but the model accepts at most "
                     f"max_seq_len={max_seq_len}; it is rejected, never cropped")
     conv = convention(model)
+    if conv.position_ids and conv.name == "hugging face" and (
+            len({len(row) for row in rows}) > 1 or (eos_id is not None and len(rows) > 1)):
+        conv = _numbered(model, conv, max(rows, key=len))  # pads will come: where rows start
     if len({len(row) for row in rows}) > 1 and not conv.masked:
         # no mask, no padding: each row alone (the rows draw from `generator` in turn)
         parts = [generate(model, [row], max_new_tokens=max_new_tokens, temperature=temperature,
@@ -356,6 +362,14 @@ def _returned_cache(out: Any, name: str) -> Any:
             return value
     raise CacheNotReturned(f"{type(out).__name__} has no .{name}: the model returned no cache "
                            "although use_cache=True was passed")
+
+
+def _numbered(model: nn.Module, conv: Convention, row: list[int]) -> Convention:
+    """`conv` with the origin the model numbers a row from (0 when none is found)."""
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    ids = torch.tensor([row], device=_device_of(model))  # (1, T0)
+    origin = position_origin(model, ids, origin_candidates(pad))
+    return replace(conv, position_origin=origin or 0)
 
 
 def _device_of(model: nn.Module) -> torch.device:
