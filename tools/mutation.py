@@ -46,7 +46,7 @@ class Package:
 
 PACKAGES = {
     "model": Package(
-        ("src/decoder_audit/model.py",),
+        ("src/decoder_audit/model.py", "src/decoder_audit/layers.py"),
         ("tests/test_model.py", "tests/test_ledger.py", "tests/test_generate.py"),
         "the decoder against the slow oracle over the config grid, init, RoPE, the input "
         "contract; the generation path (KV cache, padding) against the full forward"),

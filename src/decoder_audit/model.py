@@ -5,10 +5,11 @@
             resid_post = resid_mid + MLP(N2(resid_mid))
 
 Shape letters: B batch, T sequence, D d_model, H query heads, Hkv KV heads, Dh head width,
-F FFN width, V vocabulary. Every component is built here from `nn.Parameter` and tensor ops; the
-weight names are those of DESIGN.md (the CS336 names, extended). The fast path uses
-`F.scaled_dot_product_attention`; `run_with_trace` takes the eager path (scores, mask, softmax,
-pattern) and records every intermediate. Both compute the same function.
+F FFN width, V vocabulary. Every component is built from `nn.Parameter` and tensor ops, here
+and in layers.py (Linear, Embedding, the norms); the weight names are those of DESIGN.md (the
+CS336 names, extended). The fast path uses `F.scaled_dot_product_attention`; `run_with_trace`
+takes the eager path (scores, mask, softmax, pattern) and records every intermediate. Both
+compute the same function.
 
 Generation (`forward(ids, attention_mask, cache=)`, cache.py) takes a third path through the same
 weights: an optional attention mask for padded batches, positions taken from it, and a static
@@ -31,9 +32,10 @@ from torch import nn
 from .cache import KVCache, attention_allowed, check_mask
 from .config import DecoderConfig
 from .errors import ContextLengthError, InputShapeError, TokenIdError
+# The primitives live in layers.py; LayerNorm, RMSNorm and Embedding stay importable from here.
+from .layers import INIT_STD, Embedding, LayerNorm, Linear, RMSNorm, make_norm
 from .trace import Trace
 
-INIT_STD = 0.02
 _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
@@ -72,88 +74,6 @@ def check_ids(ids: torch.Tensor, cfg: DecoderConfig) -> None:
 def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
     if trace is not None:
         trace.record(name, value)
-
-
-class Linear(nn.Module):
-    """y = x W^T (+ b) with W (out, in), initialised W ~ N(0, init_std), b = 0. `weight` may be
-    passed in to share a Parameter (tying); its owner initialises it (init_std None)."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool, *,
-                 init_std: float | None, weight: nn.Parameter | None = None, **factory) -> None:
-        super().__init__()
-        self.init_std = init_std
-        self.weight = weight if weight is not None else nn.Parameter(
-            torch.empty(out_features, in_features, **factory))  # (out, in)
-        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        if self.init_std is not None:
-            self.weight.normal_(0.0, self.init_std)
-        if self.bias is not None:
-            self.bias.zero_()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
-class Embedding(nn.Module):
-    """Row lookup E[ids]; E is (num_embeddings, D), initialised ~ N(0, init_std)."""
-
-    def __init__(self, num_embeddings: int, dim: int, *, init_std: float, **factory) -> None:
-        super().__init__()
-        self.init_std = init_std
-        self.weight = nn.Parameter(torch.empty(num_embeddings, dim, **factory))
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        self.weight.normal_(0.0, self.init_std)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
-
-
-class LayerNorm(nn.Module):
-    """(x - mean) / sqrt(var + eps) * g + b over the last axis (biased variance)."""
-
-    def __init__(self, dim: int, eps: float, **factory) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim, **factory))
-        self.bias = nn.Parameter(torch.empty(dim, **factory))
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        self.weight.fill_(1.0)
-        self.bias.zero_()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
-
-
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * g, normalised in at least float32 (CS336's convention)."""
-
-    def __init__(self, dim: int, eps: float, **factory) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim, **factory))
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        self.weight.fill_(1.0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The fused kernel computes the same formula; its backward is ~4x faster on CPU than
-        # the five-op composition.
-        x_wide = x.to(torch.promote_types(x.dtype, torch.float32))
-        normed = F.rms_norm(x_wide, self.weight.shape, eps=self.eps)
-        return normed.to(x.dtype) * self.weight
-
-
-def make_norm(cfg: DecoderConfig, **factory) -> nn.Module:
-    norm = LayerNorm if cfg.norm == "layernorm" else RMSNorm
-    return norm(cfg.d_model, cfg.norm_eps, **factory)
 
 
 def rope_rotations(cfg: DecoderConfig, seq_len: int, device: torch.device,
@@ -457,3 +377,8 @@ class Decoder(nn.Module):
     def num_parameters(self) -> int:
         """Unique learned scalars (a tied weight counts once)."""
         return sum(p.numel() for p in self.parameters())
+
+
+__all__ = ["Block", "CausalSelfAttention", "Decoder", "Embedding", "FeedForward", "INIT_STD",
+           "LayerNorm", "Linear", "RMSNorm", "apply_rope", "check_ids", "eager_attention",
+           "make_norm", "rope_rotations"]

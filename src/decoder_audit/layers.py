@@ -1,0 +1,101 @@
+"""The parameterised primitives the Decoder is built from, each owning its initialisation:
+`Linear` and `Embedding` draw N(0, init_std) with the std they were given at construction (the
+Decoder hands the residual projections a smaller one, see model.py), norms start at gain 1 and
+bias 0. Each is `nn.Parameter` plus one functional op, so the weights are exactly what DESIGN.md
+names and nothing is hidden in a library module.
+
+Shape letters as in model.py: D d_model, V vocabulary; `(out, in)` for a projection's weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DecoderConfig
+
+# GPT-2's std for every matrix and embedding (the residual projections get less: model.py).
+INIT_STD = 0.02
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b) with W (out, in), initialised W ~ N(0, init_std), b = 0. `weight` may be
+    passed in to share a Parameter (tying); its owner initialises it (init_std None)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, *,
+                 init_std: float | None, weight: nn.Parameter | None = None, **factory) -> None:
+        super().__init__()
+        self.init_std = init_std
+        self.weight = weight if weight is not None else nn.Parameter(
+            torch.empty(out_features, in_features, **factory))  # (out, in)
+        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        if self.init_std is not None:
+            self.weight.normal_(0.0, self.init_std)
+        if self.bias is not None:
+            self.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """Row lookup E[ids]; E is (num_embeddings, D), initialised ~ N(0, init_std)."""
+
+    def __init__(self, num_embeddings: int, dim: int, *, init_std: float, **factory) -> None:
+        super().__init__()
+        self.init_std = init_std
+        self.weight = nn.Parameter(torch.empty(num_embeddings, dim, **factory))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.weight.normal_(0.0, self.init_std)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class LayerNorm(nn.Module):
+    """(x - mean) / sqrt(var + eps) * g + b over the last axis (biased variance)."""
+
+    def __init__(self, dim: int, eps: float, **factory) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, **factory))
+        self.bias = nn.Parameter(torch.empty(dim, **factory))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.weight.fill_(1.0)
+        self.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * g, normalised in at least float32 (CS336's convention)."""
+
+    def __init__(self, dim: int, eps: float, **factory) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, **factory))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.weight.fill_(1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The fused kernel computes the same formula; its backward is ~4x faster on CPU than
+        # the five-op composition.
+        x_wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        normed = F.rms_norm(x_wide, self.weight.shape, eps=self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+def make_norm(cfg: DecoderConfig, **factory) -> nn.Module:
+    norm = LayerNorm if cfg.norm == "layernorm" else RMSNorm
+    return norm(cfg.d_model, cfg.norm_eps, **factory)
