@@ -222,8 +222,8 @@ def generate(model: nn.Module, prompt: Sequence[int] | Sequence[Sequence[int]] |
                     f"prompt row {i} has {len(row)} tokens but the model accepts at most "
                     f"max_seq_len={max_seq_len}; it is rejected, never cropped")
     conv = convention(model)
-    if conv.position_ids and conv.name == "hugging face" and (
-            len({len(row) for row in rows}) > 1 or (eos_id is not None and len(rows) > 1)):
+    if conv.position_ids and conv.masked and (len({len(row) for row in rows}) > 1
+                                              or (eos_id is not None and len(rows) > 1)):
         conv = _numbered(model, conv, max(rows, key=len))  # pads will come: where rows start
     if len({len(row) for row in rows}) > 1 and not conv.masked:
         # no mask, no padding: each row alone (the rows draw from `generator` in turn)
@@ -368,7 +368,8 @@ def _numbered(model: nn.Module, conv: Convention, row: list[int]) -> Convention:
     """`conv` with the origin the model numbers a row from (0 when none is found)."""
     pad = getattr(getattr(model, "config", None), "pad_token_id", None)
     ids = torch.tensor([row], device=_device_of(model))  # (1, T0)
-    origin = position_origin(model, ids, origin_candidates(pad))
+    origin = position_origin(model, ids, origin_candidates(pad),
+                             keyword=conv.name == "hugging face")
     return replace(conv, position_origin=origin or 0)
 
 

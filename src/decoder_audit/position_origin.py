@@ -25,15 +25,21 @@ from torch import nn
 from .objective import logits_of
 
 
-def position_origin(model: nn.Module, ids: torch.Tensor, candidates: Iterable[int]) -> int | None:
-    """The first origin in `candidates` whose position_ids reproduce `model(input_ids=ids)` exactly
-    on `ids` (1, T) of content ids (no padding id among them), or None when none does."""
+def position_origin(model: nn.Module, ids: torch.Tensor, candidates: Iterable[int], *,
+                    keyword: bool = True) -> int | None:
+    """The first origin in `candidates` whose position_ids reproduce the model's own forward
+    exactly on `ids` (1, T) of content ids (no padding id among them), or None when none does.
+    `keyword`: the ids go in as input_ids= (the Hugging Face convention), else positionally."""
     seq_len = ids.shape[1]
+
+    def run(**extra) -> torch.Tensor:
+        return logits_of(model(input_ids=ids, **extra) if keyword else model(ids, **extra))
+
     with torch.no_grad():
-        own = logits_of(model(input_ids=ids))  # (1, T, V): the model's own numbering
+        own = run()  # (1, T, V): the model's own numbering
         for origin in dict.fromkeys(candidates):  # unique, in order
             positions = torch.arange(origin, origin + seq_len, device=ids.device)[None]  # (1, T)
-            given = logits_of(model(input_ids=ids, position_ids=positions))  # (1, T, V)
+            given = run(position_ids=positions)  # (1, T, V)
             # exact: the same lookups and the same arithmetic give the same bits; a wrong origin
             # moves a learned table's logits at O(1), never at the level of rounding
             if given.shape == own.shape and torch.equal(given, own):
