@@ -23,11 +23,12 @@ ln 4 nats); y, z and <eos> are determined by the prefix (0 nats). The mean cross
 token of the optimal predictor is therefore (ln 4 + 0 + 0 + 0) / 4 = ln(4)/4 = 0.34657 nats.
 A fresh model predicts about uniformly over V = 8 tokens: ln 8 = 2.0794 nats.
 
-Byte-level text
----------------
-A text file's bytes are the ids (V >= 256). The first `1 - val_fraction` of the bytes train, the
-rest validate; a batch is B random windows of `T + 1` consecutive bytes (T = max_seq_len), split
-into inputs `w[:T]` and targets `w[1:]`.
+Byte-level text (and tokenized text)
+------------------------------------
+A text file's bytes are the ids (V >= 256); `TokenText` encodes it with a real tokenizer
+instead (V >= the tokenizer's ids) and windows its ids the same way. The first
+`1 - val_fraction` of the bytes train, the rest validate; a batch is B random windows of `T + 1`
+consecutive bytes (T = max_seq_len), split into inputs `w[:T]` and targets `w[1:]`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class CountingTask:
     """`<bos> x next(x) next(next(x)) <eos>` with x uniform over A-D (see the module docstring)."""
 
     name = "counting"
+    held_out = False  # evaluated on every sequence it has: no held-out split
     tokenizer = "tiny-vocab"
     seq_len = SEQUENCE_LENGTH - 1  # T = 4 input positions
     vocab_size = len(vocab.TINY_VOCAB)
@@ -111,6 +113,8 @@ class ByteText:
 
     name = "bytes"
     tokenizer = "bytes"
+    unit = "bytes"
+    held_out = True  # evaluated on the file's last val_fraction: a validation loss
     vocab_size = 256
     eval_windows = 64
     eval_label = "validation loss"
@@ -128,11 +132,11 @@ class ByteText:
         except OSError as exc:
             raise ConfigError(f"--text file {str(path)!r} cannot be read: {exc.strerror}") from None
         if not raw:
-            raise ConfigError(f"--text file {str(path)!r} is empty (0 bytes); byte-level training "
-                              f"needs at least one window of max_seq_len + 1 = {seq_len + 1} bytes "
-                              "for training and one for validation")
+            raise ConfigError(f"--text file {str(path)!r} is empty (0 bytes); training needs at "
+                              f"least one window of max_seq_len + 1 = {seq_len + 1} "
+                              f"{self.unit} for training and one for validation")
         self.sha256 = hashlib.sha256(raw).hexdigest()  # a resumed run must see the same text
-        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()  # (N,)
+        data = self._ids(raw, path)  # (N,) int64
         self.path, self.seq_len = path, seq_len
         split = int(len(data) * (1.0 - val_fraction))
         self.train, self.val = data[:split], data[split:]
@@ -140,15 +144,19 @@ class ByteText:
         for part, tensor in (("training", self.train), ("validation", self.val)):
             if len(tensor) < need:
                 raise ConfigError(
-                    f"{str(path)!r} has {len(data)} bytes: its {part} part ({len(tensor)} bytes, "
-                    f"val_fraction={val_fraction}) is shorter than one window of max_seq_len + 1 = "
-                    f"{need} bytes")
+                    f"{str(path)!r} has {len(data)} {self.unit}: its {part} part ({len(tensor)} "
+                    f"{self.unit}, val_fraction={val_fraction}) is shorter than one window of "
+                    f"max_seq_len + 1 = {need} {self.unit}")
         # Fixed validation windows from their own generator: evaluating never moves the training
         # sampler, so a run with and without evaluation (or a resumed run) sees the same batches.
         val_gen = torch.Generator().manual_seed(seed + 1)
         starts = torch.randint(len(self.val) - need + 1, (self.eval_windows,), generator=val_gen)
         windows = self.val[starts[:, None] + torch.arange(need)]  # (W, T+1)
         self._eval = next_token_batch(windows)
+
+    def _ids(self, raw: bytes, path: Path) -> torch.Tensor:
+        """The file's ids (N,): its bytes."""
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
 
     def check_model(self, vocab_size: int, max_seq_len: int) -> None:
         if vocab_size < self.vocab_size:
@@ -182,6 +190,58 @@ class ByteText:
     def checkpoint_files(self) -> dict[str, bytes]:
         """The tokenizer's manifest, to be saved beside the weights."""
         return vocab.Tokenizer(self.tokenizer).folder_files()
+
+
+class TokenText(ByteText):
+    """A text file encoded whole with a real tokenizer (a tokenizer.json, GPT-2's vocab.json +
+    merges.txt), then split and windowed as ByteText does, in tokens instead of bytes: the first
+    `1 - val_fraction` of the ids train, the rest validate. The tokenizer goes into every
+    checkpoint, so `sample` reads the model's ids as they were trained.
+
+    The ids are held in memory (one int64 per token); for a corpus larger than memory,
+    `decoder-audit prepare` writes a memory-mapped dataset (`--data`)."""
+
+    name = "tokens"
+    unit = "tokens"
+
+    def __init__(self, path: str | Path, seq_len: int, tokenizer: vocab.Tokenizer, *,
+                 val_fraction: float = 0.1, seed: int = 0) -> None:
+        self.vocab = tokenizer
+        self.tokenizer, self.vocab_size = tokenizer.name, tokenizer.vocab_size
+        super().__init__(path, seq_len, val_fraction=val_fraction, seed=seed)
+
+    def _ids(self, raw: bytes, path: Path) -> torch.Tensor:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--text file {str(path)!r} is not UTF-8 text ({exc}); a "
+                              "tokenizer encodes text") from None
+        return torch.tensor(self.vocab.encode(text), dtype=torch.long)  # (N,)
+
+    def check_model(self, vocab_size: int, max_seq_len: int) -> None:
+        self.vocab.check_fits(vocab_size, f"the model trained on --text {str(self.path)!r}")
+
+    def describe_pair(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[str]:
+        return describe_ids(self.vocab, inputs, targets)
+
+    def state(self) -> dict:
+        return {**super().state(), "tokenizer_sha256": self.vocab.sha256}
+
+    def checkpoint_files(self) -> dict[str, bytes]:
+        """The tokenizer's own files and manifest, saved beside the weights."""
+        return self.vocab.folder_files()
+
+
+def describe_ids(tokenizer: vocab.Tokenizer, inputs: torch.Tensor, targets: torch.Tensor,
+                 shown: int = 8) -> list[str]:
+    """The first `shown` positions of an input/target pair (T,), each id decoded on its own,
+    input over target in columns."""
+    ins = [repr(tokenizer.decode([i])) for i in inputs[:shown].tolist()]
+    outs = [repr(tokenizer.decode([t])) for t in targets[:shown].tolist()]
+    widths = [max(len(a), len(b)) for a, b in zip(ins, outs)]
+    more = f" ... ({len(inputs)} positions)" if len(inputs) > shown else ""
+    return ["input:  " + " ".join(s.ljust(w) for s, w in zip(ins, widths)).rstrip() + more,
+            "target: " + " ".join(s.ljust(w) for s, w in zip(outs, widths)).rstrip() + more]
 
 
 def shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

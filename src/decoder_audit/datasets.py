@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from .checkpoint import write_folder_atomically
+from .data import describe_ids
 from .errors import ConfigError
 from .objective import next_token_batch
 from .tokenizer import Tokenizer
@@ -197,6 +198,7 @@ class TokenDataset:
     check_model, batch, eval_batch, describe_pair, state, entropy_floor, checkpoint_files."""
 
     name = "tokens"
+    held_out = True  # evaluated on the declared held-out split: a validation loss
     eval_windows = 64
     eval_label = "validation loss"
 
@@ -251,15 +253,8 @@ class TokenDataset:
     def entropy_floor() -> None:
         return None  # unknown for natural text
 
-    def describe_pair(self, inputs: torch.Tensor, targets: torch.Tensor,
-                      shown: int = 8) -> list[str]:
-        """The first `shown` positions, each id decoded on its own, input over target."""
-        ins = [repr(self.vocab.decode([i])) for i in inputs[:shown].tolist()]
-        outs = [repr(self.vocab.decode([t])) for t in targets[:shown].tolist()]
-        widths = [max(len(a), len(b)) for a, b in zip(ins, outs)]
-        more = f" ... ({len(inputs)} positions)" if len(inputs) > shown else ""
-        return ["input:  " + " ".join(s.ljust(w) for s, w in zip(ins, widths)).rstrip() + more,
-                "target: " + " ".join(s.ljust(w) for s, w in zip(outs, widths)).rstrip() + more]
+    def describe_pair(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[str]:
+        return describe_ids(self.vocab, inputs, targets)
 
     def state(self) -> dict:
         return {"task": self.name, "tokenizer": self.tokenizer,

@@ -22,10 +22,11 @@ def register(subparsers) -> None:
         description="Run the full gate on the model; if any check fails, name the first failed "
                     "check and exit 1 without training or writing anything. Otherwise train it: "
                     "by default the tiny model's counting task (<bos> x y z <eos>), or a "
-                    "byte-level model on --text FILE, or on a prepared token dataset (--data "
-                    "DIR). There is no option to train a model that failed. A loss that becomes "
-                    "NaN or inf stops the run (exit 1) and keeps the last good checkpoint; a run "
-                    "folder another run is writing is refused (run.lock).")
+                    "byte-level model on --text FILE (with --tokenizer T: its tokens), or on a "
+                    "prepared token dataset (--data DIR). There is no option to train a model "
+                    "that failed. A loss that becomes NaN or inf stops the run (exit 1) and "
+                    "keeps the last good checkpoint; a run folder another run is writing is "
+                    "refused (run.lock).")
     add_model_source(parser, foreign=True)
     parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default 400)")
     parser.add_argument("--seed", type=int, metavar="S",
@@ -46,6 +47,11 @@ def register(subparsers) -> None:
     data.add_argument("--data", metavar="DIR",
                       help="train on a token dataset written by `decoder-audit prepare` (V >= "
                            "its tokenizer's ids); the checkpoint carries the tokenizer")
+    parser.add_argument("--tokenizer", metavar="T",
+                        help="with --text: encode FILE with this tokenizer (a tokenizer.json, or "
+                             "a folder with GPT-2's vocab.json + merges.txt) instead of bytes; "
+                             "the checkpoint carries it")
+    _add_step_options(parser)
     parser.add_argument("--out", metavar="DIR", help="run folder: metrics.jsonl, loss_curve.png, "
                                                      f"checkpoint/ (default {DEFAULT_OUT})")
     parser.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
@@ -61,13 +67,33 @@ def register(subparsers) -> None:
                         help="CPU threads (default: 1 for models under 1M parameters, whose ops "
                              "are too small to split, else torch's default; a resumed run keeps "
                              "its own)")
+    parser.add_argument("--shard", action="store_true",
+                        help="FSDP2: each process holds 1/N of the weights, gradients and AdamW "
+                             "state (run under torchrun; a sharded run's checkpoint resumes "
+                             "with or without --shard)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
 
+def _add_step_options(parser) -> None:
+    """How each step runs: accumulation, precision, compilation, and the MFU's peak."""
+    parser.add_argument("--grad-accum", type=int, metavar="N",
+                        help="split each step's batch into N micro-batches (the same update as "
+                             "the whole batch at once, in 1/N of the activation memory; "
+                             "--batch-size must be divisible by N; default 1)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"],
+                        help="bf16: forward and loss under bfloat16 autocast, float32 weights "
+                             "and AdamW state (default fp32)")
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="torch.compile the model for the training steps")
+    parser.add_argument("--peak-flops", type=float, metavar="FLOPS",
+                        help="peak FLOP/s for the final MFU (default: a measured matmul ceiling "
+                             "on the device)")
+
+
 # CLI flag -> TrainConfig field, for the flags that define the run.
 _OPTIONS = ("steps", "seed", "batch_size", "lr", "warmup", "weight_decay", "decay_embeddings",
-            "grad_clip", "text", "data")
+            "grad_clip", "text", "data", "tokenizer", "grad_accum", "precision", "compile")
 
 
 def run(args) -> int:
@@ -91,9 +117,10 @@ def run(args) -> int:
         train(
             model, out=out, resume=args.resume,
             save_every=args.save_every, eval_every=args.eval_every, device=args.device,
-            progress=not args.no_progress, expect_fresh=not args.checkpoint,
+            progress=not args.no_progress, expect_fresh=not args.checkpoint, shard=args.shard,
             vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
-            threads=args.threads if args.threads is not None else "auto", **options)
+            threads=args.threads if args.threads is not None else "auto",
+            peak_flops=args.peak_flops, **options)
     except GateRefusal as refusal:
         _print_refusal(refusal)
         return 1

@@ -37,12 +37,14 @@ from torch import nn
 from ..checkpoint import checkpoint_folder
 from ..config import DecoderConfig
 from ..console import console as make_console
+from ..errors import ConfigError
 from . import distributed
 from .distributed import RankInfo
 from .finish import finish
 from .lock import RunLock
 from .prepare import SMALL_MODEL_PARAMETERS, prepare
-from .run import Callback, Options, Run, diverged, resolve_run_options, shared_evaluation, write
+from .run import (Callback, Options, Run, diverged, evaluation_row, resolve_run_options,
+                  shared_evaluation, write)
 from .settings import TrainConfig, TrainResult, resumed_settings, settings_from
 from .start import evidence, gate
 from .state import read_trainer_state, refuse_finished_run, run_folder_of
@@ -61,7 +63,8 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
           progress: bool = True, verbose: bool = True, expect_fresh: bool = True,
           vocab_size: int | None = None, max_seq_len: int | None = None,
           threads: int | str | None = "auto", callback: Callback | None = None,
-          **options: Any) -> TrainResult:
+          shard: bool = False,
+          peak_flops: float | None = None, **options: Any) -> TrainResult:
     """Audit `model` and, if every check passes, train it. See the module docstring.
 
     model: a Decoder or any nn.Module mapping ids (B, T) to logits (B, T, V) (foreign modules
@@ -83,6 +86,12 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
         trains ~7x faster on 1 thread than on 2 on a busy 2-core machine), else torch's setting;
         None keeps torch's setting. Bitwise resume needs the same thread count.
     callback(step, metrics): called after every step (after its checkpoint, if any).
+    shard: FSDP2 (distributed.py): each rank holds 1/N of the weights, gradients and AdamW
+        state; under torchrun, or on one process (nothing split). Not a setting of the run:
+        checkpoints are the same files either way, so a sharded run resumes unsharded and
+        the reverse. A sharded run's result holds the whole model, on the CPU, on rank 0.
+    peak_flops: the peak FLOP/s the final report's MFU is a share of (a datasheet figure);
+        None measures this device's matmul ceiling in the run's precision (throughput.py).
 
     Raises GateRefusal if any check fails; ConfigError if the data does not fit the model;
     RunFolderError if another run holds `out`; TrainingDiverged if the loss becomes NaN or inf.
@@ -101,9 +110,11 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
     with lock:
         cfg, opts, ranks = _resolve(cfg, given, out=out, resume=resume,
                                     settings_given=config is not None or bool(options),
+                                    shard=shard,
                                     progress=progress, verbose=verbose,
                                     expect_fresh=expect_fresh, vocab_size=vocab_size,
-                                    max_seq_len=max_seq_len, callback=callback)
+                                    max_seq_len=max_seq_len, callback=callback,
+                                    peak_flops=peak_flops)
         previous_threads = torch.get_num_threads()
         try:
             return _run(model, cfg, opts, ranks, started)
@@ -113,9 +124,13 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
 
 
 def _resolve(cfg: TrainConfig, given: dict[str, Any], *, out: Any, resume: Any,
-             settings_given: bool, **how: Any) -> tuple[TrainConfig, Options, RankInfo]:
+             settings_given: bool, shard: bool = False,
+             **how: Any) -> tuple[TrainConfig, Options, RankInfo]:
     """Inside the run folder's lock: a resumed run's settings and run options (the checkpoint's,
     which given ones must agree with or replace), the device and the process group."""
+    peak = how.get("peak_flops")
+    if peak is not None and not (isinstance(peak, (int, float)) and 0 < peak < float("inf")):
+        raise ConfigError(f"peak_flops={peak!r} must be a positive number of FLOP/s")
     resume_folder, resume_meta, resume_state = None, None, None
     if resume is not None:  # the run's identity comes from the checkpoint
         resume_folder = checkpoint_folder(resume)
@@ -125,7 +140,7 @@ def _resolve(cfg: TrainConfig, given: dict[str, Any], *, out: Any, resume: Any,
         refuse_finished_run(out)
     run_options, notes = resolve_run_options(given, (resume_meta or {}).get("run_options"))
     run_device = distributed.resolve_device(run_options["device"], distributed.local_rank())
-    ranks = distributed.init_distributed(run_device)
+    ranks = distributed.init_distributed(run_device, shard=shard)
     opts = Options(out=Path(out) if out is not None else None, resume_folder=resume_folder,
                    resume_meta=resume_meta, resume_state=resume_state,
                    save_every=run_options["save_every"], eval_every=run_options["eval_every"],
@@ -165,9 +180,10 @@ def _record(run: Run, row: dict[str, Any]) -> None:
     finish does that)."""
     steps, step = run.cfg.steps, run.step
     if step % run.opts.eval_every == 0 or step == steps:
-        row["eval_loss"] = shared_evaluation(run)
-        if not math.isfinite(row["eval_loss"]):
-            diverged(run, "evaluation loss", row["eval_loss"], applied=True)
+        value = shared_evaluation(run)
+        if not math.isfinite(value):
+            diverged(run, "evaluation loss", value, applied=True)
+        row.update(evaluation_row(run, value))
         floor = run.task.entropy_floor()
         if (floor is not None and run.reached is None
                 and row["eval_loss"] <= (1 + NEAR_FLOOR) * floor):

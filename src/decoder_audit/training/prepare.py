@@ -13,12 +13,15 @@ from torch import nn
 
 from ..checkpoint import FACTORY_FILE, load_module_weights
 from ..config import DecoderConfig
-from ..data import ByteText, CountingTask
+from ..data import ByteText, CountingTask, TokenText
 from ..datasets import TokenDataset
 from ..errors import CheckpointError, ConfigError
 from ..memory import check_fits
 from ..sources import Source
+from ..tokenizer import Tokenizer
+from . import distributed
 from .run import Options, Run
+from .settings import TrainConfig
 
 # Below this many parameters, intra-op threading costs more than it gains on CPU.
 SMALL_MODEL_PARAMETERS = 1_000_000
@@ -36,9 +39,12 @@ def prepare(run: Run, model: Any) -> tuple[int, int]:
     run.model = source.build(seed=cfg.seed)
     if module_weights:
         load_module_weights(run.model, opts.resume_folder)
+    if run.ranks.sharded:
+        distributed.refuse_unshardable(run.model)  # before the gate is spent on it
     run.fresh = opts.expect_fresh and (source.built_fresh or source.kind in ("module", "model"))
     _set_threads(run.model, opts)
     declared = source.config()  # the resolver's answer; the gate decides again, and we check
+    run.decoder_config = declared
     saved = (opts.resume_meta or {}).get("factory") or {}
     vocab_size = (declared.vocab_size if declared is not None
                   else opts.vocab_size or saved.get("vocab_size"))
@@ -48,23 +54,42 @@ def prepare(run: Run, model: Any) -> tuple[int, int]:
     if vocab_size is None or max_seq_len is None:
         raise ConfigError("a model without a DecoderConfig needs vocab_size and max_seq_len "
                           "(--vocab-size/--max-seq-len) to be audited and trained")
-    run.task = (TokenDataset(cfg.data, max_seq_len) if cfg.data is not None else
-                ByteText(cfg.text, max_seq_len, val_fraction=cfg.val_fraction, seed=cfg.seed)
-                if cfg.text is not None else CountingTask())
-    run.task.check_model(vocab_size, max_seq_len)
-    saved_sha = (opts.resume_meta or {}).get("text_sha256")
-    if saved_sha is not None and saved_sha != getattr(run.task, "sha256", None):
+    run.task = _task(cfg, opts, vocab_size, max_seq_len)
+    rows = run.ranks.world_size * cfg.grad_accum
+    if cfg.batch_size % rows:
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} must be divisible by the number of processes "
+            f"({run.ranks.world_size}) times grad_accum ({cfg.grad_accum}) = {rows}, so every "
+            "rank's micro-batches hold equal rows")
+    return vocab_size, max_seq_len
+
+
+def _task(cfg: TrainConfig, opts: Options, vocab_size: int, max_seq_len: int) -> Any:
+    """The task the config names, checked against the model's V and T and, on resume, against
+    the data the run started with (a changed file or dataset would not continue the run)."""
+    if cfg.data is not None:
+        task = TokenDataset(cfg.data, max_seq_len)
+    elif cfg.text is not None and cfg.tokenizer is not None:
+        task = TokenText(cfg.text, max_seq_len, Tokenizer.from_spec(cfg.tokenizer),
+                         val_fraction=cfg.val_fraction, seed=cfg.seed)
+    elif cfg.text is not None:
+        task = ByteText(cfg.text, max_seq_len, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    else:
+        task = CountingTask()
+    task.check_model(vocab_size, max_seq_len)
+    saved = opts.resume_meta or {}
+    if saved.get("text_sha256") not in (None, getattr(task, "sha256", None)):
         raise ConfigError(f"the text file {cfg.text!r} changed since the checkpoint was written "
                           "(SHA-256 differs); resuming on other data would not continue the run")
-    saved_data = (opts.resume_meta or {}).get("data_sha256")
-    if saved_data is not None and saved_data != getattr(run.task, "sha256", None):
+    if saved.get("data_sha256") not in (None, getattr(task, "sha256", None)):
         raise ConfigError(f"the dataset {cfg.data!r} changed since the checkpoint was written "
                           "(its dataset.json's SHA-256 differs); prepare it again or resume on "
                           "the data the run started with")
-    if cfg.batch_size % run.ranks.world_size:
-        raise ConfigError(f"batch_size={cfg.batch_size} must be divisible by the number of "
-                          f"processes ({run.ranks.world_size}) so every rank gets equal rows")
-    return vocab_size, max_seq_len
+    if cfg.data is None and saved.get("tokenizer_sha256") not in (
+            None, getattr(getattr(task, "vocab", None), "sha256", None)):
+        raise ConfigError(f"the tokenizer {cfg.tokenizer!r} changed since the checkpoint was "
+                          "written (SHA-256 differs); its ids would not mean what they meant")
+    return task
 
 
 def _source(model: Any, opts: Options) -> tuple[Source, bool]:

@@ -5,6 +5,7 @@ the metrics row, the divergence stop)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,8 @@ class Options:
     """save_every, eval_every, device (as asked) and threads: saved with each checkpoint, so a
     resumed run keeps them."""
     notes: tuple[str, ...] = ()
+    peak_flops: float | None = None
+    """The peak FLOP/s MFU is reported against; None measures a matmul ceiling."""
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Run:
     reached: tuple[int, float] | None = None  # first evaluation near the entropy floor
     checkpoint: Path | None = None
     factory: dict[str, Any] | None = None  # what rebuilds a model that is not white-box
+    decoder_config: Any = None  # the model's DecoderConfig, when it has one (FLOPs for MFU)
     saved_step: int | None = None  # the step of the last checkpoint this run wrote
 
     @property
@@ -92,8 +96,9 @@ class Run:
 
     def save(self) -> Path | None:
         """Checkpoint the current step (rank 0, a run folder); else None. A white-box model is
-        saved as a Decoder checkpoint, any other as its state dict plus its factory."""
-        if self.folder is None or not self.ranks.is_main:
+        saved as a Decoder checkpoint, any other as its state dict plus its factory. A sharded
+        model is gathered to rank 0 first, so every rank takes part."""
+        if self.folder is None or not (self.ranks.is_main or self.ranks.sharded):
             return None
         path = save_training_checkpoint(
             self.model, self.folder.checkpoint, cfg=self.cfg, step=self.step,
@@ -140,9 +145,29 @@ def write(run: Run, row: dict[str, Any]) -> None:
     if run.ranks.is_main and run.folder is not None:
         run.folder.append(row)
 
+def evaluation_row(run: Run, value: float) -> dict[str, float]:
+    """The metrics columns of one evaluation: eval_loss, and for a task with a held-out split
+    (text, tokens) the same loss as val_loss with val_perplexity = exp(val_loss)."""
+    row = {"eval_loss": value}
+    if getattr(run.task, "held_out", False):
+        row["val_loss"] = value
+        row["val_perplexity"] = perplexity(value)
+    return row
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), inf where that overflows a float (a loss above ~709 nats)."""
+    return math.exp(loss) if loss < PERPLEXITY_OVERFLOW else float("inf")
+
+
+# math.exp overflows a double above ln(1.8e308) = 709.78.
+PERPLEXITY_OVERFLOW = 709.0
+
+
 def shared_evaluation(run: Run) -> float:
-    """Rank 0's evaluation loss, on every rank (so a non-finite one stops every rank)."""
-    value = run.evaluate() if run.ranks.is_main else float("nan")
+    """Rank 0's evaluation loss, on every rank (so a non-finite one stops every rank). A
+    sharded model's forward pass needs every rank, so all of them evaluate."""
+    value = run.evaluate() if run.ranks.is_main or run.ranks.sharded else float("nan")
     return distributed.share_from_main(run.ranks, [value])[0]
 
 

@@ -13,6 +13,8 @@ from ..errors import ConfigError
 
 # Default peak learning rates: the 368-parameter model tolerates a large one; text models do not.
 DEFAULT_LR = {"counting": 3e-2, "bytes": 3e-3, "tokens": 3e-3}
+# Training precisions: fp32, or bfloat16 autocast around forward and loss over float32 weights.
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,17 @@ class TrainConfig:
     data: str | None = None
     """A token dataset folder written by `decoder-audit prepare` (datasets.py); None: `text` or
     the counting task."""
+    tokenizer: str | None = None
+    """With `text`: the tokenizer that encodes it (a tokenizer.json, or a folder with GPT-2's
+    vocab.json + merges.txt; what `--tokenizer` accepts); None trains on raw bytes."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step: each of batch_size / grad_accum rows, their gradients
+    summed with weights that give the update of the whole batch at once."""
+    precision: str = "fp32"
+    """fp32, or bf16: forward and loss under torch.autocast(bfloat16), the loss in float32,
+    the weights and AdamW's state kept in float32."""
+    compile: bool = False
+    """torch.compile the model for the training steps (evaluation stays eager)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -64,12 +77,30 @@ class TrainConfig:
                             "must be >= 0")
         if self.text is not None and self.data is not None:
             problems.append(f"text={self.text!r} and data={self.data!r}: train on one of them")
+        if self.tokenizer is not None and self.text is None:
+            problems.append(f"tokenizer={self.tokenizer!r} encodes text=FILE; a prepared dataset "
+                            "(data=) carries its own tokenizer")
+        problems += self._batch_problems()
         if problems:
             raise ConfigError("invalid TrainConfig: " + "; ".join(problems))
 
+    def _batch_problems(self) -> list[str]:
+        problems = []
+        accum = self.grad_accum
+        if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
+            problems.append(f"grad_accum={accum!r} must be a positive integer")
+        elif isinstance(self.batch_size, int) and self.batch_size % accum:
+            problems.append(f"batch_size={self.batch_size} is not divisible by grad_accum={accum}:"
+                            f" every micro-batch must hold batch_size / grad_accum rows")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision={self.precision!r} must be one of {list(PRECISIONS)}")
+        if not isinstance(self.compile, bool):
+            problems.append(f"compile={self.compile!r} must be True or False")
+        return problems
+
     @property
     def task_name(self) -> str:
-        if self.data is not None:
+        if self.data is not None or self.tokenizer is not None:
             return "tokens"
         return "bytes" if self.text is not None else "counting"
 
@@ -135,3 +166,5 @@ class TrainResult:
     checkpoint: Path | None
     report: Any
     """The gate's AuditReport (rank 0; None on other ranks)."""
+    throughput: Any = None
+    """The loop's tokens, seconds, tokens/s and MFU (training/throughput.py)."""

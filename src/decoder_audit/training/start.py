@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from . import distributed
 from .gatekeeper import GateRefusal, check_initial_loss, check_tied, run_gate, show_alignment
 from .optim import make_optimizer
-from .run import Run, shared_evaluation, write
+from .run import Run, evaluation_row, shared_evaluation, write
 from .state import CHECKPOINT_FILES, RunFolder, refuse_foreign_entries, restore_training_state
 
 
@@ -28,22 +28,42 @@ def gate(run: Run, shape: tuple[int, int]) -> None:
     run.model = run.model.to(run.opts.device)
     check_tied(run.model, run.facts, "after moving the model to its device")
     run.model.train()
+    # FSDP2 replaces the Parameters with sharded ones, so the optimizer is built after wrap
+    run.trained = distributed.wrap(run.model, run.ranks, run.opts.device)
     run.optimizer, run.scheduler = make_optimizer(run.model, run.cfg)
     # The batch sampler: a CPU generator, so the batches do not depend on the device.
     run.generator = torch.Generator().manual_seed(run.cfg.seed)
     if run.opts.resume_state is not None:
         run.step = restore_training_state(run.opts.resume_state, run.optimizer, run.scheduler,
-                                          run.generator)
+                                          run.generator, model=run.model)
         if run.step > run.cfg.steps:
             raise ConfigError(f"checkpoint is at step {run.step}, past the run's "
                               f"steps={run.cfg.steps}")
         run.say(f"resumed from {str(run.opts.resume_folder)!r} at step {run.step}/{run.cfg.steps}")
-    run.trained = distributed.wrap(run.model, run.ranks, run.opts.device)
-    if run.ranks.distributed:
+    if run.ranks.sharded:
+        check_tied(run.model, run.facts, "after sharding with FSDP2")
+        run.say(distributed.describe_shards(run.ranks, run.cfg.batch_size, run.facts.tied))
+    elif run.ranks.distributed:
         check_tied(run.trained.module, run.facts, "after wrapping in DistributedDataParallel")
         run.say(f"distributed: {run.ranks.world_size} processes, "
                 f"{run.cfg.batch_size // run.ranks.world_size} rows each of a global batch of "
                 f"{run.cfg.batch_size}")
+    _say_batch_and_precision(run)
+    if run.cfg.compile:
+        # Compiled lazily: the first training step compiles (step.py turns a compiler failure
+        # into a ConfigError). Evaluation and checkpoints use the eager model, same Parameters.
+        run.trained = torch.compile(run.trained)
+
+
+def _say_batch_and_precision(run: Run) -> None:
+    cfg = run.cfg
+    if cfg.grad_accum > 1:
+        run.say(f"gradient accumulation: {cfg.grad_accum} micro-batches of "
+                f"{cfg.batch_size // cfg.grad_accum // run.ranks.world_size} rows per process "
+                f"make each step's batch of {cfg.batch_size}")
+    if cfg.precision == "bf16":
+        run.say("precision: bf16 autocast for forward and loss; float32 weights, gradients and "
+                "AdamW state; the loss in float32")
 
 
 def evidence(run: Run) -> None:
@@ -66,7 +86,7 @@ def evidence(run: Run) -> None:
                               f"{run.initial_loss} (not finite)", run.report)
         check_initial_loss(run.initial_loss, run.facts, fresh=run.fresh, report=run.report,
                            say=run.say)
-        write(run, {"step": 0, "eval_loss": run.initial_loss})
+        write(run, {"step": 0, **evaluation_row(run, run.initial_loss)})
     floor = run.task.entropy_floor()
     if floor is not None:
         run.say(f"task: {run.task.name}; entropy floor ln(4)/4 = {floor:.4f} nats/token")

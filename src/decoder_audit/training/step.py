@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ..data import shard
-from ..objective import next_token_loss
+from ..errors import ConfigError
+from ..objective import logits_of, next_token_loss
 from . import distributed
 from .optim import clip_gradients
 from .run import Run, diverged
@@ -25,19 +30,20 @@ def progress_bar(run: Run) -> Any:
 
 
 def train_step(run: Run) -> dict[str, Any]:
-    """One optimizer step on one global batch (this rank's rows of it); its metrics row."""
+    """One optimizer step on one global batch (this rank's rows of it, in `grad_accum`
+    micro-batches); its metrics row."""
     ranks = run.ranks
     inputs, targets = run.task.batch(run.generator, run.cfg.batch_size)  # global (B, T)
-    inputs = shard(inputs, ranks.rank, ranks.world_size).to(run.opts.device)  # (B / ranks, T)
-    targets = shard(targets, ranks.rank, ranks.world_size).to(run.opts.device)
-    loss = next_token_loss(run.trained, inputs, targets)
-    # the global batch's mean loss: logged, and a non-finite one stops the run before it is used
-    reported = distributed.global_mean(loss.detach(), ranks).item()
+    inputs = shard(inputs, ranks.rank, ranks.world_size)  # (B / ranks, T)
+    targets = shard(targets, ranks.rank, ranks.world_size)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss = _accumulate(run, inputs, targets)
+    # the global batch's mean loss: logged, and a non-finite one stops the run before the
+    # gradients it produced are applied
+    reported = distributed.global_mean(loss, ranks).item()
     lr_now = run.optimizer.param_groups[0]["lr"]
     if not math.isfinite(reported):
         diverged(run, "training loss", reported, applied=False)
-    run.optimizer.zero_grad(set_to_none=True)
-    loss.backward()  # DDP: gradients averaged over ranks here
     grad_norm = clip_gradients(run.model, run.cfg.grad_clip)  # the norm before clipping
     if not math.isfinite(grad_norm):
         diverged(run, "gradient norm", grad_norm, applied=False)
@@ -48,3 +54,60 @@ def train_step(run: Run) -> dict[str, Any]:
     tps = (run.step - run.first_step) * run.tokens_per_step / max(elapsed, 1e-9)
     return {"step": run.step, "loss": reported, "lr": lr_now, "grad_norm": grad_norm,
             "tokens": run.step * run.tokens_per_step, "tokens_per_s": tps, "elapsed_s": elapsed}
+
+
+def _accumulate(run: Run, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Forward and backward over this rank's rows in `grad_accum` micro-batches, leaving in
+    .grad the gradient of the mean loss over all its B*T tokens; returns that mean (detached).
+
+    Each micro-batch's loss is a mean over its own tokens, so it is weighted by its share of the
+    tokens (tokens_i / tokens): sum_i (tokens_i / tokens) * mean_i = the mean over all tokens,
+    and its gradient is the whole batch's. Under DDP only the last backward averages over the
+    ranks (no_sync before it), as one backward of the whole batch would."""
+    micro = inputs.shape[0] // run.cfg.grad_accum  # rows per micro-batch; prepare checked it
+    total = targets.numel()  # B / ranks * T tokens
+    mean = None
+    for start in range(0, inputs.shape[0], micro):
+        part_in = inputs[start:start + micro].to(run.opts.device)  # (B / ranks / N, T)
+        part_target = targets[start:start + micro].to(run.opts.device)
+        last = start + micro >= inputs.shape[0]
+        with _gradient_sync(run.trained, last):
+            loss = _micro_loss(run, part_in, part_target) * (part_target.numel() / total)
+            loss.backward()
+        mean = loss.detach() if mean is None else mean + loss.detach()
+    return mean
+
+
+def _micro_loss(run: Run, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean next-token loss of one micro-batch: the forward under bfloat16 autocast when
+    precision is bf16, the cross-entropy always over float32 logits (bf16's 8-bit mantissa
+    would round a loss of ~3 nats to 1/64 of a nat)."""
+    if run.cfg.precision == "fp32":
+        return _compiled_call(run, lambda: next_token_loss(run.trained, inputs, targets))
+    device_type = torch.device(run.opts.device).type
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        logits = _compiled_call(run, lambda: logits_of(run.trained(inputs)))  # (B, T, V) bf16
+    return next_token_loss(lambda _ids: logits.float(), inputs, targets)
+
+
+def _compiled_call(run: Run, call: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """`call()`; a torch.compile failure (the first compiled call compiles) is a ConfigError
+    saying so, instead of a compiler's traceback."""
+    if not run.cfg.compile:
+        return call()
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001  (only compiler errors are translated)
+        if not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            raise
+        raise ConfigError(f"--compile: torch.compile failed on this machine ({type(exc).__name__}"
+                          f": {str(exc).splitlines()[0] if str(exc) else ''}); train without "
+                          "--compile") from exc
+
+
+def _gradient_sync(trained: Any, sync: bool) -> Any:
+    """DDP's no_sync() for a micro-batch whose gradients are not yet averaged over the ranks;
+    nothing to do for one process."""
+    if sync or not hasattr(trained, "no_sync"):
+        return contextlib.nullcontext()
+    return trained.no_sync()
