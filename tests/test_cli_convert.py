@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from helpers import randomise
+import configs
+from helpers import random_decoder, randomise
 
 import decoder_audit as da
 from decoder_audit.cli import main
@@ -73,3 +74,79 @@ def test_bad_arguments_and_missing_folders(tmp_path, capsys):
     assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "missing"),
                  "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# ---- the tokenizer travels to Hugging Face (issue 15) -------------------------------------------
+
+def _trained_bpe():
+    """A byte-level BPE trained here on a few sentences: the independent expectation is this
+    `tokenizers` object itself (its ids, its end token), not our Tokenizer."""
+    lib = pytest.importorskip("tokenizers")
+    backend = lib.Tokenizer(lib.models.BPE())
+    backend.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = lib.decoders.ByteLevel()
+    trainer = lib.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                      initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+    backend.train_from_iterator(["the cat sat on the mat", "the dog ate the log"] * 20, trainer)
+    return backend
+
+
+@pytest.mark.parametrize("family", ["hf-gpt-gelu-biases-untied", "hf-llama-kv2-untied"])
+@pytest.mark.parametrize("files", ["tokenizer.json", "vocab.json + merges.txt"])
+def test_to_hf_writes_the_checkpoints_tokenizer_for_auto_tokenizer(tmp_path, family, files,
+                                                                   capsys):
+    from dataclasses import replace
+
+    from decoder_audit.tokenizer import Tokenizer
+
+    backend = _trained_bpe()
+    source = tmp_path / "tokenizer"
+    source.mkdir()
+    if files == "tokenizer.json":
+        backend.save(str(source / "tokenizer.json"))
+        ours = Tokenizer.from_tokenizer_json(source / "tokenizer.json")
+    else:
+        backend.model.save(str(source))  # GPT-2's vocab.json + merges.txt
+        ours = Tokenizer.from_gpt2_files(source / "vocab.json", source / "merges.txt")
+    cfg = replace(configs.named(family), vocab_size=backend.get_vocab_size() + 3)  # V padded
+    da.save_checkpoint(random_decoder(cfg), tmp_path / "ckpt", extra_files=ours.folder_files())
+
+    assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "ckpt"),
+                 "--out", str(tmp_path / "hf"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokenizer"] == ours.name
+    defining = ["tokenizer.json"] if files == "tokenizer.json" else ["merges.txt", "vocab.json"]
+    for name in defining:  # the defining files verbatim
+        assert (tmp_path / "hf" / name).read_bytes() == (source / name).read_bytes()
+
+    theirs = tf.AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    end = backend.token_to_id("<|endoftext|>")
+    for text in ("the cat ate the log", "unseen wörds ✓\n\tand the mat<|endoftext|>"):
+        assert theirs(text)["input_ids"] == backend.encode(text).ids
+        assert theirs.decode(backend.encode(text).ids) == text
+    assert theirs.eos_token == "<|endoftext|>" and theirs.eos_token_id == end
+    assert tf.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").config.vocab_size == cfg.vocab_size
+
+
+def test_to_hf_without_a_tokenizer_file_writes_none_and_says_so(tmp_path, capsys):
+    from decoder_audit.tokenizer import Tokenizer
+
+    cfg = configs.named("hf-gpt-relu-mlpbias-tied")
+    da.save_checkpoint(random_decoder(cfg), tmp_path / "plain")
+    assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "plain"),
+                 "--out", str(tmp_path / "hf_plain"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokenizer"] is None
+    # A built-in tokenizer has no Hugging Face file: the weights convert, the note says why.
+    from dataclasses import replace
+
+    big = replace(cfg, vocab_size=256)
+    da.save_checkpoint(random_decoder(big), tmp_path / "bytes",
+                       extra_files=Tokenizer("bytes").folder_files())
+    assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "bytes"),
+                 "--out", str(tmp_path / "hf_bytes"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tokenizer"] is None
+    assert any("tokenizer bytes is built in" in note for note in report["changes"])
+    for out in ("hf_plain", "hf_bytes"):
+        names = {p.name for p in (tmp_path / out).iterdir()}
+        assert not names & {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"}

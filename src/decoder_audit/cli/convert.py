@@ -10,6 +10,11 @@ then does it replace --out; a failed check leaves --out as it was and nothing be
 never the source (nor inside it, nor around it), and an existing --out is replaced only if it is
 an earlier output of the same kind whose every file is written again (a user's own file there
 makes the command refuse).
+
+The tokenizer travels with the weights: --from-hf keeps the folder's tokenizer with the
+checkpoint; --to-hf writes the checkpoint's in the files Hugging Face reads (tokenizer.json, or
+vocab.json + merges.txt, and tokenizer_config.json: references/hf_tokenizer.py), and the check
+also loads it with AutoTokenizer, which must read a probe text as ours does.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import json
 import math
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,24 +59,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    if args.to_hf and not args.checkpoint:
-        args._parser.error("--to-hf needs --checkpoint DIR")
-    if args.from_hf and args.checkpoint:
-        args._parser.error("--checkpoint goes with --to-hf; --from-hf reads HF_DIR")
-    if not (math.isfinite(args.tolerance) and args.tolerance > 0):
-        raise ConfigError(f"--tolerance={args.tolerance} must be a finite number > 0 (the largest "
-                          "accepted |logit difference|)")
-    source = args.from_hf or args.checkpoint
-    _refuse_overlap(Path(source), Path(args.out))
-    from ..checkpoint import checkpoint_folder, load_checkpoint, save_checkpoint
-    from ..references.hf import (
-        ATTN_IMPLEMENTATION,
-        _transformers,
-        export_changes,
-        load_hf_folder,
-        max_logit_difference,
-        save_hf_folder,
-    )
+    _check_arguments(args)
+    from ..references.hf import _transformers
+    from ..references.hf_tokenizer import TokenizerMismatch
 
     try:
         tf = _transformers()
@@ -77,72 +69,129 @@ def run(args) -> int:
         print(f"decoder-audit convert: error: {exc}", file=sys.stderr)
         return 2
     tf.utils.logging.disable_progress_bar()  # keep our output readable; the check is the evidence
-    found: dict = {}
-
-    def compare(ours, hf_model) -> None:
-        """The check on the written result, before it replaces anything at --out."""
-        hf_model = hf_model.to(torch.float32).eval()
-        ours = ours.to(torch.float32)
-        cfg = ours.config
-        generator = torch.Generator().manual_seed(args.seed)
-        ids = torch.randint(0, cfg.vocab_size, (CHECK_BATCH, cfg.max_seq_len), generator=generator)
-        diff = max_logit_difference(ours, hf_model, ids)
-        found.update(ours=ours, hf_model=hf_model, ids=ids, diff=diff)
-        if not diff <= args.tolerance:
-            raise ConversionMismatch(diff)
-
-    changes: list[str] = []
-    tokenizer = None  # the Hugging Face folder's, kept with the checkpoint (--from-hf)
+    check = _LogitCheck(args.seed, args.tolerance)
     try:
-        if args.from_hf:
-            decoder = load_hf_folder(args.from_hf)
-            tokenizer = _hf_tokenizer(args.from_hf, decoder.config.vocab_size)
-            hf_model = tf.AutoModelForCausalLM.from_pretrained(
-                args.from_hf, attn_implementation=ATTN_IMPLEMENTATION)
-            written = save_checkpoint(decoder, args.out,
-                                      extra_files=tokenizer.folder_files() if tokenizer else None,
-                                      check=lambda tmp: compare(load_checkpoint(tmp), hf_model))
-            direction = "Hugging Face -> decoder-audit checkpoint"
-        else:
-            ours = load_checkpoint(checkpoint_folder(args.checkpoint))
-            changes = export_changes(ours.config)
-
-            def reread(tmp) -> None:
-                compare(ours, tf.AutoModelForCausalLM.from_pretrained(
-                    str(tmp), attn_implementation=ATTN_IMPLEMENTATION))
-
-            with warnings.catch_warnings():  # the changes are printed below, once
-                warnings.simplefilter("ignore", UserWarning)
-                written = save_hf_folder(ours, args.out, check=reread)
-            direction = "decoder-audit checkpoint -> Hugging Face"
-    except ConversionMismatch as mismatch:
-        print(f"decoder-audit convert: error: the converted model's logits differ from the "
-              f"source's by max |diff| = {mismatch.diff:.3e} > --tolerance {args.tolerance:g}; "
-              f"nothing was written to {args.out!r}", file=sys.stderr)
+        done = _from_hf(args, tf, check) if args.from_hf else _to_hf(args, tf, check)
+    except (ConversionMismatch, TokenizerMismatch) as mismatch:
+        why = (f"the converted model's logits differ from the source's by max |diff| = "
+               f"{mismatch.diff:.3e} > --tolerance {args.tolerance:g}"
+               if isinstance(mismatch, ConversionMismatch)
+               else f"the tokenizer written for Hugging Face does not read text as ours: {mismatch}")
+        print(f"decoder-audit convert: error: {why}; nothing was written to {args.out!r}",
+              file=sys.stderr)
         return 1
-    ours, hf_model, ids, diff = found["ours"], found["hf_model"], found["ids"], found["diff"]
-    cfg = ours.config
-    result = {
-        "direction": direction, "source": str(source), "out": str(written),
-        "hf_class": type(hf_model).__name__, "config": cfg.to_dict(),
-        "parameters": ours.num_parameters(), "check_ids_shape": list(ids.shape),
-        "max_abs_logit_difference": diff, "tolerance": args.tolerance, "passed": True,
-        "changes": changes, "tokenizer": tokenizer.name if tokenizer is not None else None,
-    }
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        out = console()
-        out.print(f"{direction}: {source} -> {written}")
-        if tokenizer is not None:
-            out.print(f"tokenizer {tokenizer.name} kept with the checkpoint")
-        out.print(f"{type(hf_model).__name__}, {ours.num_parameters():,} parameters, "
-                  f"tie_embeddings={cfg.tie_embeddings}")
-        for change in changes:
-            out.print(f"[yellow]note[/yellow]: {change}")
-        out.print(f"logits on random ids {tuple(ids.shape)} (float32): max |ours - HF| = "
-                  f"{diff:.3e} (tolerance {args.tolerance:g}) [green]equal[/green]")
+    _report(args, done, check)
     return 0
+
+
+def _check_arguments(args) -> None:
+    if args.to_hf and not args.checkpoint:
+        args._parser.error("--to-hf needs --checkpoint DIR")
+    if args.from_hf and args.checkpoint:
+        args._parser.error("--checkpoint goes with --to-hf; --from-hf reads HF_DIR")
+    if not (math.isfinite(args.tolerance) and args.tolerance > 0):
+        raise ConfigError(f"--tolerance={args.tolerance} must be a finite number > 0 (the largest "
+                          "accepted |logit difference|)")
+    _refuse_overlap(Path(args.from_hf or args.checkpoint), Path(args.out))
+
+
+@dataclass
+class _Converted:
+    direction: str
+    written: Path
+    changes: list[str]  # what the user should know: config fields the export changed, ...
+    tokenizer: Any  # the Tokenizer carried over, or None
+
+
+class _LogitCheck:
+    """The check on the written result, before it replaces anything at --out: logits of ours and
+    of Hugging Face's model on seeded random ids (B, max_seq_len), in float32."""
+
+    def __init__(self, seed: int, tolerance: float) -> None:
+        self.seed, self.tolerance = seed, tolerance
+        self.ours = self.hf_model = self.ids = self.diff = None
+
+    def __call__(self, ours, hf_model) -> None:
+        from ..references.hf import max_logit_difference
+
+        self.hf_model = hf_model.to(torch.float32).eval()
+        self.ours = ours.to(torch.float32)
+        cfg = self.ours.config
+        generator = torch.Generator().manual_seed(self.seed)
+        self.ids = torch.randint(0, cfg.vocab_size, (CHECK_BATCH, cfg.max_seq_len),
+                                 generator=generator)  # (B, T)
+        self.diff = max_logit_difference(self.ours, self.hf_model, self.ids)
+        if not self.diff <= self.tolerance:
+            raise ConversionMismatch(self.diff)
+
+
+def _from_hf(args, tf, check: _LogitCheck) -> _Converted:
+    """The Hugging Face folder as a checkpoint, its tokenizer kept with it."""
+    from ..checkpoint import load_checkpoint, save_checkpoint
+    from ..references.hf import ATTN_IMPLEMENTATION, load_hf_folder
+
+    decoder = load_hf_folder(args.from_hf)
+    tokenizer = _hf_tokenizer(args.from_hf, decoder.config.vocab_size)
+    hf_model = tf.AutoModelForCausalLM.from_pretrained(
+        args.from_hf, attn_implementation=ATTN_IMPLEMENTATION)
+    written = save_checkpoint(decoder, args.out,
+                              extra_files=tokenizer.folder_files() if tokenizer else None,
+                              check=lambda tmp: check(load_checkpoint(tmp), hf_model))
+    return _Converted("Hugging Face -> decoder-audit checkpoint", written, [], tokenizer)
+
+
+def _to_hf(args, tf, check: _LogitCheck) -> _Converted:
+    """The checkpoint as a Hugging Face folder, with its tokenizer's files where it has one;
+    the check reads both back as Hugging Face would."""
+    from ..checkpoint import checkpoint_folder, load_checkpoint
+    from ..references.hf import ATTN_IMPLEMENTATION, export_changes, save_hf_folder
+    from ..references.hf_tokenizer import check_hf_tokenizer, hf_tokenizer_files
+
+    folder = checkpoint_folder(args.checkpoint)
+    ours = load_checkpoint(folder)
+    changes = export_changes(ours.config)
+    tokenizer = _hf_tokenizer(folder, ours.config.vocab_size)
+    files, why_not = hf_tokenizer_files(tokenizer) if tokenizer is not None else ({}, None)
+    if why_not is not None:
+        changes.append(why_not)
+        tokenizer = None
+
+    def reread(tmp) -> None:
+        check(ours, tf.AutoModelForCausalLM.from_pretrained(
+            str(tmp), attn_implementation=ATTN_IMPLEMENTATION))
+        if tokenizer is not None:
+            check_hf_tokenizer(tmp, tokenizer, tf)
+
+    with warnings.catch_warnings():  # the changes are printed below, once
+        warnings.simplefilter("ignore", UserWarning)
+        written = save_hf_folder(ours, args.out, check=reread, extra_files=files)
+    return _Converted("decoder-audit checkpoint -> Hugging Face", written, changes, tokenizer)
+
+
+def _report(args, done: _Converted, check: _LogitCheck) -> None:
+    ours, hf_model, cfg = check.ours, check.hf_model, check.ours.config
+    tokenizer = done.tokenizer.name if done.tokenizer is not None else None
+    if args.json:
+        print(json.dumps({
+            "direction": done.direction, "source": str(args.from_hf or args.checkpoint),
+            "out": str(done.written), "hf_class": type(hf_model).__name__,
+            "config": cfg.to_dict(), "parameters": ours.num_parameters(),
+            "check_ids_shape": list(check.ids.shape), "max_abs_logit_difference": check.diff,
+            "tolerance": args.tolerance, "passed": True, "changes": done.changes,
+            "tokenizer": tokenizer}, indent=2))
+        return
+    out = console()
+    out.print(f"{done.direction}: {args.from_hf or args.checkpoint} -> {done.written}")
+    if tokenizer is not None:
+        out.print(f"tokenizer {tokenizer} kept with the checkpoint" if args.from_hf else
+                  f"tokenizer {tokenizer} written for Hugging Face (AutoTokenizer reads the "
+                  "probe text as ours)")
+    out.print(f"{type(hf_model).__name__}, {ours.num_parameters():,} parameters, "
+              f"tie_embeddings={cfg.tie_embeddings}")
+    for change in done.changes:
+        out.print(f"[yellow]note[/yellow]: {change}")
+    out.print(f"logits on random ids {tuple(check.ids.shape)} (float32): max |ours - HF| = "
+              f"{check.diff:.3e} (tolerance {args.tolerance:g}) [green]equal[/green]")
 
 
 class ConversionMismatch(Exception):
@@ -162,10 +211,10 @@ def _refuse_overlap(source: Path, out: Path) -> None:
                           f"({str(source)!r}); write the result to a separate folder")
 
 
-def _hf_tokenizer(folder: str, vocab_size: int):
-    """The tokenizer a Hugging Face folder holds (tokenizer.json, or vocab.json + merges.txt,
-    with tokenizer_config.json and special_tokens_map.json), checked to fit the model's V; None
-    when it holds none. Its files are saved beside the checkpoint's weights."""
+def _hf_tokenizer(folder: str | Path, vocab_size: int):
+    """The tokenizer a folder holds (a Hugging Face folder: tokenizer.json, or vocab.json +
+    merges.txt, with tokenizer_config.json and special_tokens_map.json; a checkpoint: its
+    manifest), checked to fit the model's V; None when it holds none."""
     from ..tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_folder(folder)

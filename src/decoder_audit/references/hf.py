@@ -26,7 +26,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -201,16 +201,21 @@ def is_hf_folder(path: Path) -> bool:
 
 
 def save_hf_folder(decoder: Decoder, folder: str | os.PathLike, *,
-                   check: Callable[[Path], None] | None = None) -> Path:
+                   check: Callable[[Path], None] | None = None,
+                   extra_files: Mapping[str, bytes] | None = None) -> Path:
     """Write the decoder as a Hugging Face folder (config.json + model.safetensors, via
     `save_pretrained`), swapped into place atomically like our own checkpoints. An existing
     folder is replaced only if it is a Hugging Face folder whose every file is written again
-    (a tokenizer.json beside the weights is never deleted: the save refuses). `check(tmp)`
-    runs on the complete new folder before it replaces anything."""
+    (a tokenizer.json beside the weights that is not among `extra_files` is never deleted: the
+    save refuses). `extra_files` (name -> bytes, e.g. the tokenizer's) are written beside the
+    weights in the same swap. `check(tmp)` runs on the complete new folder before it replaces
+    anything."""
     hf_model = to_hf(decoder)
 
     def write(tmp: Path) -> None:
         hf_model.save_pretrained(tmp)
+        for name, data in (extra_files or {}).items():
+            (tmp / name).write_bytes(data)
         if check is not None:
             check(tmp)
 
