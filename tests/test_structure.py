@@ -35,8 +35,7 @@ def test_arrows_point_one_way(ours):
 # Over the limits today, each still to be split; the list may only shrink: a new entry fails,
 # and so does an entry that is no longer over (take it off the list).
 KNOWN_OVERSIZED = {
-    "gate/generation.py check_grad_causal()", "gate/invariance.py check_causal()",
-    "gate/runner.py audit()", "gate/subject.py: file", "generate.py: file",
+    "gate/generation.py check_grad_causal()", "generate.py: file",
 }
 
 

@@ -265,6 +265,14 @@ def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
                      dim=-1)  # (B, T, V)
 
 
+def _backward(output: torch.Tensor, grad: torch.Tensor) -> None:
+    """output.backward(grad), as the backward of the scalar sum(output * grad): the same
+    gradients bitwise (d/d output is 1.0 * grad), but torch checks an explicit grad's shape
+    with torch.fx's symbolic shapes, whose first use imports sympy (3 s, and 300 000 objects
+    every later gc.collect walks)."""
+    (output * grad).sum().backward()
+
+
 class StreamedOracle:
     """The oracle's logits and, on request, its gradients, holding one stage at a time.
 
@@ -328,7 +336,7 @@ class StreamedOracle:
             x = self.inputs[layer].detach().requires_grad_(True)
             w = read.load(layer_weight_names(cfg, layer))
             with torch.enable_grad():
-                _block(cfg, w, layer, x).backward(upstream)
+                _backward(_block(cfg, w, layer, x), upstream)
             upstream = x.grad
             grads = {name: leaf.grad for name, leaf in w.items()}
             del w, x  # the float64 weights go before the caller reads the gradients
@@ -349,11 +357,11 @@ class StreamedOracle:
         for block in _vocab_blocks(self.cfg.vocab_size):
             w = read.wide(readout[block])  # (rows, D) leaf
             with torch.enable_grad():
-                (cut @ w.T).backward(grad_logits[..., block])
+                _backward(cut @ w.T, grad_logits[..., block])
             yield "final", name, torch.arange(block.start, block.stop), w.grad
             del w
         with torch.enable_grad():
-            normed.backward(cut.grad)
+            _backward(normed, cut.grad)
         for n, leaf in norm.items():
             yield "final", n, None, leaf.grad
         return x.grad
@@ -364,7 +372,7 @@ class StreamedOracle:
         rows = {int(v): read.wide(table[int(v)]) for v in looked_up}  # (D,) leaves
         positions = self._positions(read)
         with torch.enable_grad():
-            _embed(self.cfg, self.ids, rows.__getitem__, positions).backward(upstream)
+            _backward(_embed(self.cfg, self.ids, rows.__getitem__, positions), upstream)
         yield "embed", "token_embeddings.weight", looked_up, torch.stack([rows[int(v)].grad
                                                                            for v in looked_up])
         if positions is not None:

@@ -15,7 +15,8 @@ from ..objective import flatten_for_loss, next_token_batch
 from ..tokenizer import TINY_VOCAB, decode, encode
 from . import tolerances
 from .result import CheckResult
-from .subject import Subject, batch_not_equal
+from .measure import batch_not_equal
+from .subject import Subject
 
 
 def _describe(ids: list[int], tiny: bool) -> str:

@@ -33,7 +33,8 @@ from torch import nn
 
 from . import tolerances
 from .result import CheckResult, skipped
-from .subject import Subject, batch_not_equal, get_attr
+from .measure import batch_not_equal
+from .subject import Subject, get_attr
 
 # Attention pictures keep at most this many positions per side.
 PICTURE_LEN = 16

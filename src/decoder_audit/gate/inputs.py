@@ -13,7 +13,8 @@ from ..errors import DecoderInputError
 from ..objective import OutputError
 from . import tolerances
 from .result import CheckResult
-from .subject import SHORT_CONTEXT, Subject, all_finite, batch_not_equal
+from .measure import all_finite, batch_not_equal
+from .subject import SHORT_CONTEXT, Subject
 
 def _probe_lengths(s: Subject) -> list[int]:
     top = s.probe_max

@@ -16,23 +16,32 @@ import torch
 
 from . import tolerances
 from .result import CheckResult
-from .subject import Subject, batch_not_equal, sample_positions, scaled_excess, value_scale
+from .measure import batch_not_equal, sample_positions, scaled_excess, value_scale
+from .subject import Subject
 
 # Cuts of the causal intervention: every position up to this many, sampled beyond.
 MAX_CUTS = 16
-# Cuts per batch: each batch is (1 + CUT_GROUP, T), compared with one batch of copies of the base
-# of the same shape; 4 keeps two batches of logits small (GPT-2: 2 x 5 x 64 x V floats, 129 MB)
-# and costs 25 T tokens for 16 cuts.
-CUT_GROUP = 4
 # Prefix lengths compared with the full run: every length up to this many, sampled beyond.
 MAX_PREFIXES = 6
 
 
-def check_determinism(s: Subject) -> CheckResult:
+def clean_batch(s: Subject) -> torch.Tensor:
+    """The ids the four checks below start from, (B, T) with T the intervention length and
+    B != T: row 0 random, every other row different from row 0 at every position (so "other
+    rows changed" changes every position of them). Their clean logits, and those of row 0 at
+    every index, are run once and shared (Subject.clean_logits): each check adds only its own
+    interventions."""
     seq_len = s.intervention_len()
-    batch = batch_not_equal(seq_len, (2, 3))
-    ids = s.random_ids(batch, seq_len, s.generator(5))
-    first, second = s.logits(ids), s.logits(ids)
+    gen = s.generator(6)
+    first = s.random_ids(1, seq_len, gen)  # (1, T)
+    others = s.other_ids(first.repeat(batch_not_equal(seq_len) - 1, 1), gen)  # (B - 1, T)
+    return torch.cat([first, others])  # (B, T)
+
+
+def check_determinism(s: Subject) -> CheckResult:
+    ids = clean_batch(s)
+    batch, seq_len = ids.shape
+    first, second = s.clean_logits(ids), s.logits(ids)
     diff = (first - second).abs()
     worst = float(diff.max()) if diff.numel() else 0.0
     evidence = {"batch": batch, "seq_len": seq_len, "max_abs_diff": worst,
@@ -57,23 +66,21 @@ def _index_noise(logits: torch.Tensor) -> float:
 
 
 def check_batch_independence(s: Subject) -> CheckResult:
-    """Row 0's logits must not depend on the other rows: altered (same index, same shape: an
-    exact comparison up to the measured noise floor), reordered so that row 0 sits at the last
-    index, or absent (B = 1): those two round differently, so the shape-change tolerance."""
-    seq_len = s.intervention_len()
-    batch = batch_not_equal(seq_len)
-    gen = s.generator(6)
-    ids = s.random_ids(batch, seq_len, gen)
-    base = s.logits(ids)
-    noise = _index_noise(s.logits(ids[:1].repeat(batch, 1)))  # row 0 at every index
+    """Row 0's logits must not depend on the other rows: the clean batch against row 0 at every
+    index (same index, same shape, the other rows all changed: an exact comparison up to the
+    measured noise floor), reordered so that row 0 sits at the last index, or absent (B = 1):
+    those two round differently, so the shape-change tolerance."""
+    ids = clean_batch(s)
+    batch, seq_len = ids.shape
+    base = s.clean_logits(ids)  # (B, T, V)
+    copies = s.clean_logits(ids[:1].repeat(batch, 1))  # (B, T, V): row 0 at every index
+    noise = _index_noise(copies)
     scale = value_scale(base[0])
     exact = tolerances.same_shape(noise)
     shape_tol = s.shape_tolerance()
-    altered = ids.clone()
-    altered[1:] = s.other_ids(ids[1:], gen)
     # (name, row 0 under the variant, relative tolerance)
     variants = [
-        ("other rows changed", s.logits(altered)[0], exact),
+        ("other rows changed", copies[0], exact),
         ("batch order reversed", s.logits(ids.flip(0))[-1], shape_tol),
         ("row run alone (B=1)", s.logits(ids[:1])[0], shape_tol),
     ]
@@ -98,34 +105,38 @@ def check_batch_independence(s: Subject) -> CheckResult:
                        "when the batch is reversed or the row runs alone", evidence, exact)
 
 
-def check_causal(s: Subject) -> CheckResult:
-    """The seeds' intervention at every cut c (sampled for long contexts), batched: the cuts go
-    in groups of CUT_GROUP, one batch per group, row 0 the base sequence and row k >= 1 changed
-    from its cut on. Each row is compared with the base run at the same batch index of a batch
-    of copies of the same shape (row 0 the same in both), so a correct model's rows < c come
-    out of identical arithmetic. Rows < c must not move; row c must move (the model reads its
-    own position)."""
-    seq_len = s.intervention_len()
-    gen = s.generator(7)
-    base_ids = s.random_ids(1, seq_len, gen)
-    cuts = sample_positions(seq_len, MAX_CUTS)
-    changed = s.other_ids(base_ids, gen)
-    group = min(CUT_GROUP, len(cuts))
-    copies = s.logits(base_ids.repeat(group + 1, 1))  # (1 + group, T, V): the base at every index
-    noise = _index_noise(copies)
-    scale = value_scale(copies[0])
-    rows = []  # change[k, t]: largest logit change at row t when tokens from cut k on changed
+def _cut_changes(s: Subject, cuts: list[int]) -> tuple[torch.Tensor, float, float]:
+    """(change (cuts, T), index noise, logit scale): change[k, t] is the largest logit change at
+    row t when the tokens from cut k on change. The cuts go B - 1 at a time into a (B, T)
+    batch: row 0 the clean row (a model that mixes rows reads only clean content, and fails
+    batch_independence, not this check), row k >= 1 changed from its cut on. Each row is
+    compared with the clean row 0 at the same index of a batch of copies, so a correct
+    model's rows < c come out of identical arithmetic."""
+    clean = clean_batch(s)  # (B, T)
+    base_ids = clean[:1]  # (1, T)
+    copies = s.clean_logits(base_ids.repeat(len(clean), 1))  # (B, T, V): as batch_independence
+    group, seq_len = copies.shape[0] - 1, base_ids.shape[1]
+    changed = s.other_ids(base_ids, s.generator(7))  # (1, T): differs at every position
+    rows = []
     for start in range(0, len(cuts), group):
-        s.progress(f"cuts {start + 1}-{min(start + group, len(cuts))} of {len(cuts)}, T={seq_len}")
-        batch = base_ids.repeat(group + 1, 1)  # (1 + group, T); rows past the last cut: base
-        for k, cut in enumerate(cuts[start:start + group], start=1):
+        some = cuts[start:start + group]
+        s.progress(f"cuts {start + 1}-{start + len(some)} of {len(cuts)}, T={seq_len}")
+        batch = base_ids.repeat(group + 1, 1)  # (B, T); rows past the last cut: the base
+        for k, cut in enumerate(some, start=1):
             batch[k, cut:] = changed[0, cut:]
         moved = s.logits(batch)
         moved -= copies  # in place: logits are the check's largest allocation
-        rows.append(moved[1:1 + len(cuts[start:start + group])].abs_().amax(-1))  # (group, T)
+        rows.append(moved[1:1 + len(some)].abs_().amax(-1))  # (cuts in this batch, T)
         del moved
-    del copies
-    change = torch.cat(rows)  # (cuts, T)
+    return torch.cat(rows), _index_noise(copies), value_scale(copies[0])
+
+
+def check_causal(s: Subject) -> CheckResult:
+    """The seeds' intervention at every cut c (sampled for long contexts), batched: rows < c
+    must not move; row c must move (the model reads its own position)."""
+    seq_len = s.intervention_len()
+    cuts = sample_positions(seq_len, MAX_CUTS)
+    change, noise, scale = _cut_changes(s, cuts)  # change: (cuts, T)
     tol = tolerances.same_shape(noise)
     allowed = tol * scale
     self_min = tolerances.SELF_DEPENDENCE_FACTOR * allowed
@@ -133,20 +144,18 @@ def check_causal(s: Subject) -> CheckResult:
     for k, cut in enumerate(cuts):
         earlier = change[k, :cut]
         moved = [int(t) for t in (~(earlier <= allowed)).nonzero().flatten()]
-        worst_row = int(earlier.argmax()) if cut else None
-        record = {
+        records.append({
             "cut": cut,
             "earlier_rows": cut,
             "max_change_earlier": float(earlier.max()) if cut else 0.0,
-            "worst_row": worst_row,
+            "worst_row": int(earlier.argmax()) if cut else None,
             "moved_rows": moved,
             "change_at_cut": float(change[k, cut]),
-        }
-        records.append(record)
+        })
         if moved:
-            leaks.append(record)
+            leaks.append(records[-1])
         if not change[k, cut] > self_min:  # strictly: with an exact comparison, > 0
-            blind.append(record)
+            blind.append(records[-1])
     evidence = {
         "seq_len": seq_len, "dtype": str(s.dtype), "cuts": records, "allowed": allowed,
         "index_noise": noise, "self_dependence_min": self_min, "all_cuts": len(cuts) == seq_len,
@@ -154,11 +163,17 @@ def check_causal(s: Subject) -> CheckResult:
         "dependency": {"rows": list(range(seq_len)), "cols": cuts,
                        "max_change": change.T.tolist()},
     }
+    return _causal_verdict(records, leaks, blind, evidence, tol)
+
+
+def _causal_verdict(records: list[dict], leaks: list[dict], blind: list[dict], evidence: dict,
+                    tol: float) -> CheckResult:
+    allowed, seq_len = evidence["allowed"], evidence["seq_len"]
     if leaks:
         first = leaks[0]
         detail = (f"cut c={first['cut']}: earlier rows {first['moved_rows'][:8]} moved by up to "
                   f"{first['max_change_earlier']:.3g} (row {first['worst_row']}), allowed "
-                  f"{allowed:.1e}; the model reads future tokens ({len(leaks)} of {len(cuts)} cuts leak)")
+                  f"{allowed:.1e}; the model reads future tokens ({len(leaks)} of {len(records)} cuts leak)")
         return CheckResult("causal", False, detail, evidence, tol)
     if blind:
         first = blind[0]
@@ -166,7 +181,7 @@ def check_causal(s: Subject) -> CheckResult:
                   f"{first['change_at_cut']:.3g} when its own token changed: the row does not read "
                   "its own position (output shifted; it predicts two tokens ahead)")
         return CheckResult("causal", False, detail, evidence, tol)
-    span = "every cut" if len(cuts) == seq_len else f"{len(cuts)} sampled cuts"
+    span = "every cut" if len(records) == seq_len else f"{len(records)} sampled cuts"
     return CheckResult("causal", True, f"{span} of a T={seq_len} sequence: earlier rows unchanged "
                        f"(max {max((r['max_change_earlier'] for r in records), default=0):.1e}, "
                        f"allowed {allowed:.1e}); row c always moved", evidence, tol)
@@ -174,7 +189,9 @@ def check_causal(s: Subject) -> CheckResult:
 
 def check_prefix(s: Subject) -> CheckResult:
     """A prefix run alone equals the same rows of the full run: catches anything that depends on
-    the total length T (normalising by T, position tables indexed from the end, ...)."""
+    the total length T (normalising by T, position tables indexed from the end, ...). Its own
+    batch, of 2 rows: the prefixes and the full run must have the same B (a model may read B),
+    and 2 rows of every prefix cost less than 3 would, even with the full run shared."""
     seq_len = s.intervention_len()
     batch = batch_not_equal(seq_len, (2, 3))
     ids = s.random_ids(batch, seq_len, s.generator(8))

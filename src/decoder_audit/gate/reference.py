@@ -20,7 +20,8 @@ from ..objective import logits_of
 from ..oracle import StreamedOracle, oracle_logits
 from . import tolerances
 from .result import CheckResult, skipped
-from .subject import Subject, batch_not_equal, return_freed_memory, scaled_excess
+from .measure import batch_not_equal, return_freed_memory, scaled_excess
+from .subject import Subject
 
 GRAD_SHARE = 0.25
 """At most this share of the parameters (or one oracle stage, if larger) gets gradients in one

@@ -19,20 +19,21 @@ with `.logits` (Hugging Face), or to a tuple whose first item is the logits.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..generate import Convention, convention
 from ..objective import OutputError, logits_of
 from . import tolerances
+# batch_not_equal, sample_positions, scaled_excess: generation.py imports them from here
+from .measure import batch_not_equal, sample_positions, scaled_excess, value_scale  # noqa: F401
 from .probes import ProbeIds
 
 # Cost normaliser of the report when no length is known (report.forward_equivalents).
@@ -53,12 +54,24 @@ def _restore_modes(flags: list[tuple[nn.Module, bool]]) -> None:
         module.training = training
 
 
+class _NoDraws(TorchFunctionMode):
+    """Skips `normal_` (the initial draws) while a Decoder is built on the meta device for its
+    names. On meta it runs a Python decomposition that imports torch._dynamo: 2 s, and 120 000
+    objects that every later gc.collect walks (0.15 s -> 0.4 s per collection; the runner
+    collects between checks)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.normal_:
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
 def _has_decoder_layout(model: nn.Module, cfg: DecoderConfig) -> bool:
     """Whether `model` has every parameter name a Decoder built from `cfg` has (extra ones are
     allowed: the params check reports them)."""
     from ..model import Decoder
 
-    with torch.device("meta"):
+    with torch.device("meta"), _NoDraws():
         expected = {name for name, _ in Decoder(cfg).named_parameters(remove_duplicate=False)}
     present = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     return expected <= present
@@ -117,6 +130,7 @@ class Subject:
         # earlier one (attention_rows says what `causal` found on the plain forward).
         self.results: dict = {}
         self._rounding_floor: float | None = None
+        self._clean: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, logits): clean_logits
         self._saved_modes: list[tuple[nn.Module, bool]] | None = None
         self._saved_params: list[tuple[nn.Parameter, bool, torch.Tensor | None]] | None = None
 
@@ -134,6 +148,7 @@ class Subject:
     def release(self) -> None:
         """Give the model back as it came: train/eval flags, requires_grad and .grad (the same
         tensor objects) of every parameter restored."""
+        self.forget_clean()
         if self._saved_modes is not None:
             _restore_modes(self._saved_modes)
             self._saved_modes = None
@@ -150,6 +165,7 @@ class Subject:
         """Within the block, exactly `params` require grad and every .grad starts as None;
         afterwards the flags and .grad of every parameter are as they were. The gradients a
         check reads must be read inside the block."""
+        self.forget_clean()
         wanted = {id(p) for p in params}
         saved = [(p, p.requires_grad, p.grad) for p in self.parameters()]
         try:
@@ -243,6 +259,7 @@ class Subject:
             yield False
             return
         hooks = []
+        self.forget_clean()  # the hooks change what the model computes
         try:
             for attn, factor in zip(layers, score_factors(score_max, target)):
                 for proj in (attn.q_proj, attn.k_proj):
@@ -284,6 +301,24 @@ class Subject:
         """tolerances.shape_change for this model: from its measured rounding floor when it has
         one (a white-box model in a 16-bit dtype), else from its dtype alone."""
         return tolerances.shape_change(self.dtype, self.rounding_floor())
+
+    # Clean runs remembered: the invariance checks compare their interventions with the same few
+    # clean runs (one batch, and its row 0 at every index), so each runs once per audit instead
+    # of once per check (every call of a big model is a pass over all its weights).
+    CLEAN_KEPT = 2
+
+    def clean_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """`logits(ids)`, run once and remembered (the last CLEAN_KEPT ids): the caller must not
+        modify the result. The runner forgets them before a check that does not share them."""
+        for kept_ids, logits in self._clean:
+            if kept_ids.shape == ids.shape and torch.equal(kept_ids, ids):
+                return logits
+        logits = self.logits(ids)
+        self._clean = [*self._clean, (ids.clone(), logits)][-self.CLEAN_KEPT:]
+        return logits
+
+    def forget_clean(self) -> None:
+        self._clean = []
 
     def count(self, ids: torch.Tensor) -> None:
         """Book one model call on `ids` for the cost line; checks that call the model themselves
@@ -328,25 +363,6 @@ def score_factors(score_max: list[float], target: float) -> list[float]:
     return [math.sqrt(target / max(largest, 1e-12)) for largest in score_max]
 
 
-def return_freed_memory() -> None:
-    """Give memory the gate freed back to the OS. glibc raises its mmap threshold as large
-    blocks are freed (up to 32 MB), after which activation-sized blocks live in the heap and
-    stay there when freed: measured on GPT-2 small, the resident set crept by 250 MB over the
-    checks, every later check starting that much higher. malloc_trim(0) releases them. A no-op
-    where the C library has no malloc_trim."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim():
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
 def compute_dtype(model: nn.Module) -> torch.dtype:
     """The dtype a model computes in: the least precise floating dtype among its parameters (a
     bfloat16 model with float32 norms rounds like bfloat16); float32 for a model without any."""
@@ -368,43 +384,3 @@ def get_attr(module: nn.Module, dotted: str):
         if obj is None:
             return None
     return obj
-
-
-def batch_not_equal(seq_len: int, preferred: tuple[int, ...] = (3, 2, 5)) -> int:
-    """A batch size different from T, so no axis can be identified by its size."""
-    return next(b for b in preferred if b != seq_len)
-
-
-def sample_positions(seq_len: int, count: int) -> list[int]:
-    """All of 0..T-1 when T <= count, else `count` positions spread over them, always including
-    0, 1 and T-1 (the ends are where off-by-one masks show)."""
-    if seq_len <= count:
-        return list(range(seq_len))
-    picks = {0, 1, seq_len - 1}
-    step = (seq_len - 1) / (count - 1)
-    picks.update(round(i * step) for i in range(count))
-    picks = sorted(picks)
-    while len(picks) > count:  # drop interior duplicates of the spread, keep the ends
-        picks.pop(len(picks) // 2)
-    return picks
-
-
-def all_finite(tensor: torch.Tensor, chunk: int = 1 << 22) -> bool:
-    """torch.isfinite(tensor).all(), a chunk of 4M elements at a time: on logits (1, 1024, 50257)
-    the one-shot test allocates 1.7x the logits in temporaries."""
-    flat = tensor.detach().reshape(-1)
-    return all(bool(torch.isfinite(part).all()) for part in flat.split(chunk))
-
-
-def value_scale(reference: torch.Tensor) -> float:
-    """max |reference|: what rounding errors are relative to. Floating point rounds each result
-    relative to its magnitude, and the largest logit bounds the magnitudes a logit row is built
-    from (the same readout of the same normalised stream), so a tolerance is a multiple of the
-    dtype's eps times this scale: a model with tiny logits is held to the same relative
-    precision as one with large logits."""
-    return float(reference.detach().abs().max()) if reference.numel() else 0.0
-
-
-def scaled_excess(diff: torch.Tensor, reference: torch.Tensor, tol: float) -> tuple[float, float]:
-    """(largest |diff|, the allowed bound tol * max |reference|)."""
-    return float(diff.detach().abs().max()) if diff.numel() else 0.0, tol * value_scale(reference)

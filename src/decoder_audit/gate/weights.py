@@ -12,7 +12,8 @@ from ..ledger import measured_ledger, parameter_ledger, reconcile
 from ..objective import logits_of
 from . import tolerances
 from .result import CheckResult, skipped
-from .subject import Subject, batch_not_equal, get_attr
+from .measure import batch_not_equal
+from .subject import Subject, get_attr
 
 
 def check_params(s: Subject) -> CheckResult:
