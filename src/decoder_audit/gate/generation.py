@@ -20,11 +20,15 @@ gate borrows it (subject.py).
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
-from ..generate import CacheNotReturned, Stepper
+from ..generate import CacheNotReturned, Convention, Stepper
 from ..objective import logits_of
+from ..position_origin import origin_candidates, position_origin
 from . import tolerances
 from .result import CheckResult, skipped
 from .subject import Subject, batch_not_equal, sample_positions, scaled_excess
@@ -132,8 +136,8 @@ def check_padding(s: Subject) -> CheckResult:
     gen = s.generator(22)
     x = s.random_ids(1, seq_len, gen)[0]  # (T,)
     pads = sorted({k for k in (1, 2, seq_len // 2, seq_len - 1) if 1 <= k < seq_len})
-    # first the row itself with an all-ones mask (and positions 0..T-1 where the model takes
-    # them): it must equal the plain run before any pad can be judged
+    # first the row itself with an all-ones mask (and position_ids where the model takes them):
+    # it must equal the plain run before any pad can be judged
     rows, masks, layout = [x], [torch.ones(seq_len, dtype=torch.long)], [("no", 0)]
     for k in pads:
         real, noise = x[:seq_len - k], s.random_ids(1, k, gen)[0]
@@ -144,26 +148,16 @@ def check_padding(s: Subject) -> CheckResult:
             rows.append(row)
             masks.append(mask)
             layout.append((side, k))
-    records = _PaddingProbe(s, x, torch.stack(rows), torch.stack(masks), layout).run()
+    conv, origin = _numbered(s, x)
+    probe = _PaddingProbe(s, conv, x, torch.stack(rows), torch.stack(masks), layout)
+    records = probe.run()
     tol = tolerances.padding(s.dtype)
     failures = [r for r in records if not r["max_abs_diff"] <= r["allowed"]]
     evidence = {"seq_len": seq_len, "pads": pads, "dtype": str(s.dtype),
-                "convention": s.convention.name, "rows": records}
+                "convention": probe.conv.name, "rows": records,
+                "position_origin": origin}
     if failures:
-        r = failures[0]
-        conv = s.convention
-        if r["pad"] == 0:
-            return CheckResult("padding", False, f"{r['how']}: without any pad, an all-ones "
-                               "attention_mask (with position_ids 0..T-1 where the model takes "
-                               "them) changes the logits by up to "
-                               f"{r['max_abs_diff']:.3g} (allowed {r['allowed']:.1e}): the model "
-                               "numbers positions otherwise or misreads the mask", evidence, tol)
-        why = "the mask is not honoured or pads count as positions"
-        if conv.name != "decoder" and not conv.position_ids:
-            why += " (the model takes no position_ids)"
-        return CheckResult("padding", False, f"{r['how']}: a row {r['side']}-padded by {r['pad']} "
-                           "differs from the row alone on its real tokens by up to "
-                           f"{r['max_abs_diff']:.3g} (allowed {r['allowed']:.1e}): {why}",
+        return CheckResult("padding", False, _padding_failure(probe, failures[0], origin),
                            evidence, tol)
     cached = (" and through the cache" if any(r["how"].startswith("prefill") for r in records)
               else "")
@@ -172,14 +166,62 @@ def check_padding(s: Subject) -> CheckResult:
                        "leaves them unchanged", evidence, tol)
 
 
+def _numbered(s: Subject, x: torch.Tensor) -> tuple[Convention, int | None]:
+    """(the model's call convention with the origin its positions start from, that origin or
+    None), measured on the content row `x` (T,) as generate measures it (position_origin.py:
+    RoBERTa's family counts from padding_idx + 1, and position_ids counted from 0 would shift
+    its every row). Without a match the origin stays 0, and the unpadded row reports it."""
+    conv = s.convention
+    if not (conv.position_ids and conv.masked):
+        return conv, None
+    s.count(x[None])
+    origin = position_origin(s.work, x[None].to(s.device),
+                             origin_candidates(s.probe_ids.pad_token_id),
+                             keyword=conv.name == "hugging face")
+    return replace(conv, position_origin=origin or 0), origin
+
+
+def _padding_failure(probe: _PaddingProbe, r: dict, origin: int | None) -> str:
+    """The message for the first failing record `r`: which path, and what reaches the real
+    tokens (measured: a second filling of the pads tells read pads from counted ones)."""
+    conv, seq_len = probe.conv, probe.seq_len
+    head = f"{r['how']}: "
+    if r["pad"] == 0:
+        given = "" if not conv.position_ids else (
+            f" (with position_ids {origin}..{origin + seq_len - 1}, which reproduce its own "
+            "numbering without a mask)" if origin is not None else
+            f" (with position_ids 0..{seq_len - 1}: neither 0 nor padding_idx + 1 as the first "
+            "position reproduces its own numbering)")
+        return (head + f"without any pad, an all-ones attention_mask{given} changes the logits "
+                f"by up to {r['max_abs_diff']:.3g} (allowed {r['allowed']:.1e}): the model "
+                "numbers positions otherwise or misreads the mask")
+    head += (f"a row {r['side']}-padded by {r['pad']} differs from the row alone on its real "
+             f"tokens by up to {r['max_abs_diff']:.3g} (allowed {r['allowed']:.1e}): ")
+    if r["how"] != "one masked forward":  # every row of the masked forward was right
+        return head + ("the same row in one masked forward is right, so the path through the "
+                       "cache mishandles the pads: the prefill leaves in the cache what the "
+                       "mask hid, or the cached steps count the pads as positions (from the "
+                       "cache length)")
+    if probe.pads_read(r["side"], r["pad"]):
+        return head + ("the pads' content reaches the real tokens (another filling of the pads "
+                       "changes them): some layer reads the pads despite the mask (an "
+                       "attention that ignores it, or a convolution or recurrence it does not "
+                       "reach)")
+    why = ("the pads' content does not matter but their number does: the mask is honoured and "
+           "pads count as positions")
+    if conv.name != "decoder" and not conv.position_ids:
+        why += " (the model takes no position_ids)"
+    return head + why
+
+
 class _PaddingProbe:
     """The padded batch and the real prefixes alone, run and compared. Non-finite logits on a
     real token fail: a pad query whose every key is masked must not give NaN that reaches the
     real rows through 0 * NaN (DEFECTS.md C14; Hugging Face's eager attention in float64 adds
     finfo(float64).min and runs its softmax in float32, where that is -inf)."""
 
-    def __init__(self, s: Subject, x, ids, mask, layout) -> None:
-        self.s, self.x, self.layout = s, x, layout
+    def __init__(self, s: Subject, conv: Convention, x, ids, mask, layout) -> None:
+        self.s, self.conv, self.x, self.layout = s, conv, x, layout
         self.ids, self.mask = ids.to(s.device), mask.to(s.device)
         self.seq_len = ids.shape[1]
 
@@ -194,8 +236,8 @@ class _PaddingProbe:
                 s.count(prefix)
                 alone[k] = logits_of(model(prefix))[0]
             s.count(self.ids)
-            padded = Stepper(model, s.convention, len(layout), seq_len,
-                             use_cache=False)(self.ids, self.mask)
+            padded = Stepper(model, self.conv, len(layout), seq_len,
+                             use_cache=False)(self.ids, self.mask)  # (rows, T, V)
             for i, (side, k) in enumerate(layout):
                 real = padded[i, k:] if side != "right" else padded[i, :seq_len - k]
                 records.append(self._judge("one masked forward", side, k, real, alone[k], tol))
@@ -216,13 +258,32 @@ class _PaddingProbe:
             return []
         cut = seq_len - 2
         rows, row_mask = self.ids[picks], self.mask[picks]
-        stepper = Stepper(model, self.s.convention, len(picks), seq_len)
+        stepper = Stepper(model, self.conv, len(picks), seq_len)
         self.s.count(rows)
         out = torch.cat([stepper(rows[:, :cut], row_mask[:, :cut]), stepper(rows[:, cut:cut + 1]),
                          stepper(rows[:, cut + 1:])], 1)  # (picks, T, V)
         return [self._judge("prefill + cached steps", "left", self.layout[i][1],
                             out[j, self.layout[i][1]:], alone[self.layout[i][1]], tol)
                 for j, i in enumerate(picks)]
+
+    def pads_read(self, side: str, k: int) -> bool:
+        """Whether the real tokens of the row padded by k on `side` change when only its pads'
+        ids change (both fillings in one masked batch, so nothing else differs)."""
+        i = self.layout.index((side, k))
+        row, mask = self.ids[i], self.mask[i]
+        slots = (mask == 0).nonzero().flatten()
+        other = row.clone()
+        other[slots] = self.s.other_ids(row[slots][None].cpu(), self.s.generator(24))[0].to(
+            row.device)
+        both = torch.stack([row, other])  # (2, T)
+        self.s.count(both)
+        with torch.no_grad():
+            out = Stepper(self.s.work, self.conv, 2, self.seq_len,
+                          use_cache=False)(both, mask.expand(2, -1))  # (2, T, V)
+        real = mask.bool()
+        worst, allowed = scaled_excess(out[0, real] - out[1, real], out[0, real],
+                                       tolerances.padding(self.s.dtype))
+        return not worst <= allowed
 
     @staticmethod
     def _judge(how: str, side: str, k: int, real: torch.Tensor, want: torch.Tensor,
@@ -231,7 +292,6 @@ class _PaddingProbe:
         if not torch.isfinite(real).all():
             worst = float("nan")
         return {"how": how, "side": side, "pad": k, "max_abs_diff": worst, "allowed": allowed}
-
 
 
 # ---- grad_causal -------------------------------------------------------------------------------
@@ -244,6 +304,26 @@ def check_grad_causal(s: Subject) -> CheckResult:
     gen = s.generator(23)
     ids = s.random_ids(len(positions), seq_len, gen).to(s.device)
     targets = torch.randint(0, s.vocab_size, (len(positions),), generator=gen).to(s.device)
+    grad = _input_gradient(s, ids, positions, targets)
+    if isinstance(grad, CheckResult):
+        return grad
+    size = grad.detach().abs().amax(-1).double().cpu().nan_to_num(float("inf"))  # (B, T)
+    records = []
+    for b, t in enumerate(positions):
+        later = size[b, t + 1:]
+        nonzero = (later > tolerances.GRAD_CAUSAL_FUTURE).nonzero().flatten()
+        records.append({"position": t, "grad_at_t": float(size[b, t]),
+                        "max_grad_later": float(later.max()) if later.numel() else 0.0,
+                        "later_positions_nonzero": [t + 1 + int(i) for i in nonzero]})
+    evidence = {"seq_len": seq_len, "dtype": str(s.dtype),
+                "embedding": type(s.input_embedding).__name__, "positions": records}
+    return _grad_verdict(records, positions, seq_len, evidence)
+
+
+def _input_gradient(s: Subject, ids: torch.Tensor, positions: list[int],
+                    targets: torch.Tensor) -> torch.Tensor | CheckResult:
+    """d (sum over rows b of the loss at position t_b) / d (the input embedding's output), (B, T, D);
+    or the skip when it cannot be taken (see `_refuses_eval_backward`)."""
     embedding = s.input_embedding
     captured: list[torch.Tensor] = []
 
@@ -265,25 +345,41 @@ def check_grad_causal(s: Subject) -> CheckResult:
                                "embedding produced no (B, T, D) output in forward")
             rows = logits[torch.arange(len(positions)), torch.tensor(positions)]  # (B, V)
             loss = F.cross_entropy(rows, targets, reduction="sum")
-            (grad,) = torch.autograd.grad(loss, captured[0])
+            try:
+                (grad,) = torch.autograd.grad(loss, captured[0])
+            except Exception as exc:  # noqa: BLE001 - only the refusal below is excused
+                if not _refuses_eval_backward(exc):
+                    raise  # any other failure of the backward is the model's, and fails
+                said = (str(exc).strip().splitlines() or [""])[0][:200]
+                return skipped("grad_causal", "the model refuses a backward pass in eval mode "
+                               f"(its backward raised {type(exc).__name__}: {said})")
     finally:
         handle.remove()
-    size = grad.detach().abs().amax(-1).double().cpu().nan_to_num(float("inf"))  # (B, T)
-    records, leaks, blind = [], [], []
-    for b, t in enumerate(positions):
-        later = size[b, t + 1:]
-        nonzero = (later > tolerances.GRAD_CAUSAL_FUTURE).nonzero().flatten()
-        leaked = [t + 1 + int(i) for i in nonzero]
-        record = {"position": t, "grad_at_t": float(size[b, t]),
-                  "max_grad_later": float(later.max()) if later.numel() else 0.0,
-                  "later_positions_nonzero": leaked}
-        records.append(record)
-        if leaked:
-            leaks.append(record)
-        if not size[b, t] > tolerances.GRAD_CAUSAL_SELF:
-            blind.append(record)
-    evidence = {"seq_len": seq_len, "dtype": str(s.dtype), "embedding": type(embedding).__name__,
-                "positions": records}
+    return grad
+
+
+# What a model's backward says when it refuses to run outside training mode (a reversible
+# network recomputes its activations in backward and insists on model.train()).
+_WANTS_TRAIN_MODE = re.compile(r"\.train\(\)|train(ing)? mode", re.IGNORECASE)
+
+
+def _refuses_eval_backward(exc: BaseException) -> bool:
+    """Whether the backward's exception is the model declining eval mode, in its own words.
+
+    The gate audits the model in eval mode, and it does not retry in train mode: that switches
+    on dropout (often functional, keyed on `self.training`, so it cannot be turned off from
+    outside), updates running statistics (the user's model would come back changed) and makes
+    each forward random, so "exactly 0 at every later input" would be judged on another
+    function. So the check is skipped with the model's reason. Only an exception whose message
+    asks for training mode counts: any other exception raised by the backward (an in-place
+    write autograd rejects, a shape error) is a defect of the backward and still fails."""
+    return _WANTS_TRAIN_MODE.search(str(exc)) is not None
+
+
+def _grad_verdict(records: list[dict], positions: list[int], seq_len: int,
+                  evidence: dict) -> CheckResult:
+    leaks = [r for r in records if r["later_positions_nonzero"]]
+    blind = [r for r in records if not r["grad_at_t"] > tolerances.GRAD_CAUSAL_SELF]
     if leaks:
         first = leaks[0]
         later = first["later_positions_nonzero"][:8]
