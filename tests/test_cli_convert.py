@@ -125,7 +125,8 @@ def test_to_hf_writes_the_checkpoints_tokenizer_for_auto_tokenizer(tmp_path, fam
         assert theirs(text)["input_ids"] == backend.encode(text).ids
         assert theirs.decode(backend.encode(text).ids) == text
     assert theirs.eos_token == "<|endoftext|>" and theirs.eos_token_id == end
-    assert tf.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").config.vocab_size == cfg.vocab_size
+    back = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert back.config.vocab_size == cfg.vocab_size
 
 
 def test_to_hf_without_a_tokenizer_file_writes_none_and_says_so(tmp_path, capsys):

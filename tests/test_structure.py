@@ -34,9 +34,7 @@ def test_arrows_point_one_way(ours):
 
 # Over the limits today, each still to be split; the list may only shrink: a new entry fails,
 # and so does an entry that is no longer over (take it off the list).
-KNOWN_OVERSIZED = {
-    "generate.py: file",
-}
+KNOWN_OVERSIZED: set[str] = set()
 
 
 def _key(line: str) -> str:

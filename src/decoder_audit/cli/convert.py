@@ -76,7 +76,8 @@ def run(args) -> int:
         why = (f"the converted model's logits differ from the source's by max |diff| = "
                f"{mismatch.diff:.3e} > --tolerance {args.tolerance:g}"
                if isinstance(mismatch, ConversionMismatch)
-               else f"the tokenizer written for Hugging Face does not read text as ours: {mismatch}")
+               else "the tokenizer written for Hugging Face does not read text as ours: "
+                    f"{mismatch}")
         print(f"decoder-audit convert: error: {why}; nothing was written to {args.out!r}",
               file=sys.stderr)
         return 1

@@ -1,0 +1,184 @@
+"""How to call a model step by step: its call convention, read from its forward's signature,
+and `Stepper`, which feeds it a padded batch (a prefill, then new tokens) under that convention.
+`generate` and the gate's generation checks drive every model through these.
+
+A model is driven by its call convention (`convention(model)`, read from its forward's
+signature):
+  "decoder"       our Decoder: `model(ids, attention_mask, cache=KVCache, last_only=True)`, a
+                  static cache from `model.new_cache(B, capacity)`;
+  "hugging face"  `model(input_ids, attention_mask=, position_ids=, past_key_values=,
+                  use_cache=True)` returning `.logits` and `.past_key_values` (transformers
+                  models, or a wrapper that names those parameters; transformers >= 5.2x
+                  renamed the cache argument and output field `cache`, which is read the same).
+                  attention_mask and position_ids are passed once the batch has pads; without
+                  pads the model numbers positions from its cache, as its plain forward does;
+  "plain"         ids (B, T) -> logits: every step recomputes the whole sequence.
+`use_cache=False` recomputes the whole sequence every step under any convention (the reference
+the cache must equal; greedy output is identical either way).
+
+Positions of a padded batch come from the mask (cumulative sum of real tokens minus one, as
+Hugging Face `generate` computes them), plus the origin the model numbers a row from, measured by
+`position_origin` (RoBERTa's family starts at padding_idx + 1; `numbered`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from .objective import logits_of
+from .position_origin import origin_candidates, position_origin
+
+
+class CacheNotReturned(TypeError):
+    """A model with a cache argument returned no cache object: its cache lives elsewhere (in
+    the module, or in a dict the caller owns), so it cannot be driven step by step here."""
+
+
+# A pad slot holds this id; its value never matters (the mask hides it), it only has to be a
+# valid id.
+PAD_ID = 0
+
+
+@dataclass(frozen=True)
+class Convention:
+    """How to call a model for padded batches and cached steps (see the module docstring)."""
+
+    name: str  # "decoder" | "hugging face" | "plain"
+    cached: bool  # it keeps a KV cache across calls
+    masked: bool  # it takes an attention_mask
+    position_ids: bool = False  # it takes position_ids (Hugging Face)
+    last_only: str | None = None  # the keyword that limits logits to the last position
+    cache_arg: str = "cache"  # Hugging Face: "past_key_values", or "cache" in transformers 5.2x
+    position_origin: int = 0  # position_ids of a padded row start here (position_origin.py)
+
+
+def convention(model: nn.Module) -> Convention:
+    """The call convention of `model`, from the parameter names of its forward."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    masked = "attention_mask" in params
+    if "cache" in params and callable(getattr(model, "new_cache", None)):
+        return Convention("decoder", True, masked,
+                          last_only="last_only" if "last_only" in params else None)
+    cache_arg = next((name for name in ("past_key_values", "cache") if name in params), None)
+    keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if cache_arg is not None and ("use_cache" in params or keywords):  # use_cache may be a **kwarg
+        return Convention("hugging face", True, masked, "position_ids" in params,
+                          "logits_to_keep" if "logits_to_keep" in params else None, cache_arg)
+    return Convention("plain", False, masked, "position_ids" in params)
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Positions (B, T) of a padded batch: real tokens counted from 0 in each row (the mask's
+    cumulative sum minus one); a pad before a row's first real token gets 0."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class Stepper:
+    """Feeds B rows to a model under its call convention.
+
+    With a cache (use_cache, and a model that keeps one): a prefill, then new tokens (one or a
+    chunk) per call, the cache kept between calls; `capacity` bounds the slots. Without: each
+    call is one full forward of the ids it is given, positions from their mask; nothing is
+    kept between calls."""
+
+    def __init__(self, model: nn.Module, conv: Convention, batch: int, capacity: int,
+                 use_cache: bool = True) -> None:
+        self.model, self.conv, self.batch, self.capacity = model, conv, batch, capacity
+        self.cached = use_cache and conv.cached
+        self.length = 0  # slots fed so far
+        self.cache: Any = (model.new_cache(batch, capacity)
+                           if self.cached and conv.name == "decoder" else None)
+        self.mask: torch.Tensor | None = None  # Hugging Face: (B, capacity) flags, once padded
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None = None,
+                 last_only: bool = False) -> torch.Tensor:
+        """Logits (B, T, V) of the new ids (B, T), or (B, 1, V) with last_only; `mask` (B, T)
+        marks their real tokens (None: all real)."""
+        if not self.cached:
+            positions = (positions_from_mask(mask) + self.conv.position_origin
+                         if mask is not None and self.conv.position_ids else None)
+            extra = {"use_cache": False} if self.conv.name == "hugging face" else {}
+            logits = logits_of(self._call(ids, mask, last_only, positions, **extra))
+            return logits[:, -1:] if last_only else logits
+        start, end = self.length, self.length + ids.shape[1]
+        self.length = end
+        if self.conv.name == "decoder":  # our cache keeps the mask and positions itself
+            return logits_of(self._call(ids, mask, last_only, cache=self.cache))
+        # Hugging Face. Without pads the model numbers positions itself from its cache, as its
+        # plain forward does (some families offset them: RoBERTa starts at padding_idx + 1).
+        # Once a pad came: the mask of every slot so far and the positions of the new ones.
+        if mask is not None and self.mask is None:
+            self.mask = torch.ones(self.batch, self.capacity, dtype=torch.long,
+                                   device=ids.device)  # (B, S): earlier slots were real
+        if mask is not None:
+            self.mask[:, start:end] = mask
+        full = None if self.mask is None else self.mask[:, :end]  # (B, end)
+        positions = (positions_from_mask(full)[:, start:] + self.conv.position_origin
+                     if full is not None and self.conv.position_ids else None)
+        out = self._call(ids, full, last_only, positions, use_cache=True,
+                         **{self.conv.cache_arg: self.cache})
+        self.cache = _returned_cache(out, self.conv.cache_arg)
+        return logits_of(out)
+
+    def _call(self, ids: torch.Tensor, mask: torch.Tensor | None, last_only: bool,
+              positions: torch.Tensor | None = None, **extra) -> Any:
+        kwargs = dict(extra)
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if positions is not None:
+            kwargs["position_ids"] = positions
+        if last_only and self.conv.last_only is not None:
+            kwargs[self.conv.last_only] = True if self.conv.name == "decoder" else 1
+        if self.conv.name == "hugging face":
+            return self.model(input_ids=ids, **kwargs)
+        return self.model(ids, **kwargs)
+
+
+def left_padded(rows: list[list[int]], device: torch.device | str | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows of ids -> (ids (B, T) left-padded with PAD_ID, mask (B, T) bool or None when every
+    row has the same length)."""
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):  # real tokens end every row
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = True
+    return ids.to(device), (None if bool(mask.all()) else mask.to(device))
+
+
+def _returned_cache(out: Any, name: str) -> Any:
+    """The cache a Hugging Face-convention forward returned (the field named like its argument;
+    the other name as a fallback)."""
+    for field in (name, "cache" if name == "past_key_values" else "past_key_values"):
+        value = out.get(field) if hasattr(out, "get") else getattr(out, field, None)
+        if value is not None:
+            return value
+    raise CacheNotReturned(f"{type(out).__name__} has no .{name}: the model returned no cache "
+                           "although use_cache=True was passed")
+
+
+def numbered(model: nn.Module, conv: Convention, row: list[int]) -> Convention:
+    """`conv` with the origin the model numbers a row from (0 when none is found)."""
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    ids = torch.tensor([row], device=device_of(model))  # (1, T0)
+    origin = position_origin(model, ids, origin_candidates(pad),
+                             keyword=conv.name == "hugging face")
+    return replace(conv, position_origin=origin or 0)
+
+
+def device_of(model: nn.Module) -> torch.device:
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+__all__ = ["PAD_ID", "CacheNotReturned", "Convention", "Stepper", "convention", "device_of",
+           "left_padded", "numbered", "positions_from_mask"]
