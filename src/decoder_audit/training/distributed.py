@@ -12,6 +12,17 @@ order: after 40 steps of the counting task the largest weight difference is 6e-7
 loss agrees to 4 digits: the escape from the loss plateau (steps ~60-150) amplifies last-bit
 differences. A single process run on 2 threads instead of 1 diverges from itself by the same
 amount (0.19), so this is float32 reordering, not DDP.
+
+With `shard` (FSDP2, `torch.distributed.fsdp.fully_shard`) each block is sharded, then the root
+(the embeddings, final norm and readout, one group): every Parameter becomes a DTensor split
+along dim 0 over the ranks, so each rank holds 1/N of the weights, gradients and AdamW state and
+gathers a block's weights just before using it. The gradients are reduce-scattered as averages,
+the same arithmetic as DDP up to float32 summation order (tests/test_train_shard.py). A tied
+readout stays the embedding's Parameter: FSDP2 puts one sharded Parameter back into every module
+that held the shared one, which `shard_model` checks. One process may shard too (a one-rank
+group on an in-process store): nothing is split, but the run takes the sharded code path.
+Checkpoints of a sharded run gather the whole state on rank 0 (state.py), so they are the files
+an unsharded run writes, and either kind of run resumes the other's.
 """
 
 from __future__ import annotations
@@ -25,17 +36,20 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError
+from ..model import Decoder
 
 
 @dataclass(frozen=True)
 class RankInfo:
-    """This process's place in the run: its rank, how many there are, its GPU index, and whether
-    this call created the process group (and so must destroy it)."""
+    """This process's place in the run: its rank, how many there are, its GPU index, whether
+    this call created the process group (and so must destroy it), and whether the model is
+    sharded (FSDP2: then every rank takes part in each forward pass, evaluation and save)."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     owns_group: bool = False
+    sharded: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -75,18 +89,27 @@ def resolve_device(device: str, local_rank: int) -> str:
     return f"cuda:{index}"
 
 
-def init_distributed(device: str) -> RankInfo:
-    """Join (or create) the process group torchrun describes; one process without torchrun."""
+def init_distributed(device: str, *, shard: bool = False) -> RankInfo:
+    """Join (or create) the process group torchrun describes; one process without torchrun.
+    With `shard` one process gets a one-rank group too (FSDP2 needs one), on an in-process
+    store: no address or port is opened."""
     if dist.is_available() and dist.is_initialized():
-        return RankInfo(dist.get_rank(), dist.get_world_size(), local_rank())
+        return RankInfo(dist.get_rank(), dist.get_world_size(), local_rank(), sharded=shard)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    if world_size <= 1 and not shard:
         return RankInfo()
+    if not dist.is_available():
+        raise ConfigError("--shard needs torch.distributed, which this PyTorch build lacks "
+                          "(torch.distributed.is_available() is False)")
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":  # before any collective: each rank owns its own GPU
         torch.cuda.set_device(local_rank())
-    dist.init_process_group(backend=backend)
-    return RankInfo(dist.get_rank(), dist.get_world_size(), local_rank(), owns_group=True)
+    if world_size <= 1:
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend=backend)
+    return RankInfo(dist.get_rank(), dist.get_world_size(), local_rank(), owns_group=True,
+                    sharded=shard)
 
 
 def close(ranks: RankInfo) -> None:
@@ -102,13 +125,58 @@ def share_from_main(ranks: RankInfo, values: list[Any]) -> list[Any]:
 
 
 def wrap(model: nn.Module, ranks: RankInfo, device: str) -> nn.Module:
-    """The module the loop calls: DistributedDataParallel over `model` when there are several
-    ranks (it averages the gradients in backward), else `model` itself."""
+    """The module the loop calls: `model` sharded in place by FSDP2 (`ranks.sharded`; its
+    Parameters are replaced, so the optimizer must be built after this), else
+    DistributedDataParallel over `model` when there are several ranks (it averages the
+    gradients in backward), else `model` itself."""
+    if ranks.sharded:
+        return shard_model(model, ranks, device)
     if not ranks.distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     return DDP(model, device_ids=[ranks.local_rank] if device.startswith("cuda") else None)
+
+
+def unwrapped(trained: nn.Module) -> nn.Module:
+    """The model inside what `wrap` returned (DDP's .module; a sharded model is itself)."""
+    return getattr(trained, "module", trained)
+
+
+def refuse_unshardable(model: nn.Module) -> None:
+    """--shard splits a decoder-audit Decoder, whose blocks it knows (model.layers); any other
+    module is refused, before the gate is spent on it."""
+    if not isinstance(model, Decoder):
+        cls = type(model)
+        raise ConfigError(f"--shard shards a decoder-audit Decoder (fully_shard on each of its "
+                          f"blocks, then the root); {cls.__module__}.{cls.__qualname__} is not "
+                          "one: train it without --shard (under torchrun: DDP)")
+
+
+def shard_model(model: nn.Module, ranks: RankInfo, device: str) -> nn.Module:
+    """FSDP2 in place: fully_shard on each block, then on the root over a 1-D mesh of all the
+    ranks. A tied readout must still be the embedding's Parameter afterwards (now one DTensor),
+    else RuntimeError: two copies would drift apart."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    refuse_unshardable(model)
+    mesh = init_device_mesh(torch.device(device).type, (ranks.world_size,))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if model.config.tie_embeddings and model.lm_head.weight is not model.token_embeddings.weight:
+        raise RuntimeError("weight tying broken by fully_shard: lm_head.weight is no longer the "
+                           "token_embeddings.weight Parameter")
+    return model
+
+
+def describe_shards(ranks: RankInfo, batch_size: int, tied: bool) -> str:
+    """The line a sharded run prints before step 1."""
+    line = (f"sharded (FSDP2): {ranks.world_size} process(es), each holding 1/{ranks.world_size} "
+            f"of the weights, gradients and AdamW state and {batch_size // ranks.world_size} "
+            f"rows of a global batch of {batch_size}")
+    return line + ("; the tied embedding and readout are one sharded Parameter" if tied else "")
 
 
 def global_mean(value: torch.Tensor, ranks: RankInfo) -> torch.Tensor:

@@ -23,6 +23,12 @@ continues with, and model.safetensors records the SHA-256 of trainer.json and tr
 replaced or truncated file is refused before it is read. metrics.jsonl is strict JSON (a
 non-finite value is written as null); a torn last line, which only a kill mid-write leaves, is
 dropped when the run resumes.
+
+A sharded run (FSDP2, distributed.py) writes the same files: every rank takes part in gathering
+the whole weights and optimizer state onto rank 0's CPU, which writes them in the unsharded
+layout (the optimizer state numbered as `Optimizer.state_dict()` numbers it, in group order);
+resuming shards them again. So a sharded run resumes unsharded and the reverse, unconverted;
+trainer.json records `sharded` for the record only.
 """
 
 from __future__ import annotations
@@ -176,7 +182,7 @@ def save_training_checkpoint(model: nn.Module, folder: Path, *, cfg: TrainConfig
                              optimizer: torch.optim.Optimizer, scheduler: Any,
                              generator: torch.Generator, task: Any, world_size: int,
                              options: dict[str, Any] | None = None,
-                             factory: dict[str, Any] | None = None) -> Path:
+                             factory: dict[str, Any] | None = None) -> Path | None:
     """The weights, config.json, train_state.pt and trainer.json, in one atomic swap.
 
     `model` is white-box (the gate said so): a Decoder, or a module with a DecoderConfig and the
@@ -184,17 +190,27 @@ def save_training_checkpoint(model: nn.Module, folder: Path, *, cfg: TrainConfig
     (what rebuilds a module that is not white-box, e.g. {"factory": "/abs/model.py:build",
     "vocab_size": V, "max_seq_len": T}) its state dict is written instead, beside factory.json
     (`checkpoint.save_module_weights`). `options` are the run's settings outside the
-    TrainConfig (save_every, eval_every, device, threads), which a resumed run keeps."""
+    TrainConfig (save_every, eval_every, device, threads), which a resumed run keeps.
+
+    A sharded model is gathered first: every rank must call this, rank 0 writes, the others
+    return None."""
+    sharded = is_sharded(model)
+    if sharded:
+        model, optimizer_state = gather_full_state(model, optimizer)
+        if model is None:
+            return None  # not rank 0: its part is gathered there
+    else:
+        optimizer_state = optimizer.state_dict()
     buffer = io.BytesIO()
     torch.save({
         "step": step,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "scheduler": scheduler.state_dict(),
         "data_rng": generator.get_state(),
         "torch_rng": torch.get_rng_state(),
     }, buffer)
     meta = {"format": STATE_FORMAT, "step": step, "train_config": cfg.to_dict(), **task.state(),
-            "world_size": world_size, "entropy_floor": task.entropy_floor(),
+            "world_size": world_size, "sharded": sharded, "entropy_floor": task.entropy_floor(),
             "run_options": dict(options or {})}
     if factory is not None:
         meta["factory"] = factory
@@ -266,10 +282,89 @@ def _load_state(path: Path, raw: bytes) -> dict[str, Any]:
 
 
 def restore_training_state(state: dict[str, Any], optimizer: torch.optim.Optimizer,
-                           scheduler: Any, generator: torch.Generator) -> int:
-    """Put a checkpoint's optimizer, scheduler, sampler and torch RNG states back; its step."""
-    optimizer.load_state_dict(state["optimizer"])
+                           scheduler: Any, generator: torch.Generator,
+                           model: nn.Module | None = None) -> int:
+    """Put a checkpoint's optimizer, scheduler, sampler and torch RNG states back; its step.
+    For a sharded `model` (every rank calls this with the whole state) each rank keeps its
+    shard of the optimizer state."""
+    if model is not None and is_sharded(model):
+        _load_sharded_optimizer(model, optimizer, state["optimizer"])
+    else:
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     generator.set_state(state["data_rng"])
     torch.set_rng_state(state["torch_rng"])
     return int(state["step"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharded (FSDP2) models: the whole state gathered on save, sharded again on resume
+# ----------------------------------------------------------------------------------------------
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 has sharded `model` (its Parameters are DTensors)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def gather_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None
+                      ) -> tuple[Decoder | None, dict[str, Any] | None]:
+    """A sharded Decoder's whole weights as a plain Decoder on the CPU, and its optimizer's
+    whole state in `Optimizer.state_dict()`'s layout (None without an optimizer), on rank 0;
+    (None, None) on the other ranks. Every rank must call it: it gathers."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    # full_state_dict with cpu_offload: only rank 0 receives the tensors, on its CPU
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    by_name = (get_optimizer_state_dict(model, optimizer, options=options)
+               if optimizer is not None else None)
+    if not weights:
+        return None, None
+    wanted = expected_shapes(model.config)  # the unique names: a tied readout is not among them
+    decoder = decoder_from_tensors(model.config,
+                                   {name: t for name, t in weights.items() if name in wanted})
+    return decoder, (_numbered(by_name) if by_name is not None else None)
+
+
+def _numbered(by_name: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter name (torch.distributed.checkpoint's layout) in
+    `Optimizer.state_dict()`'s: the parameters numbered 0, 1, ... in the order the groups list
+    them, which is how an unsharded run of the same model numbers them (optim.param_groups)."""
+    order = [name for group in by_name["param_groups"] for name in group["params"]]
+    index = {name: number for number, name in enumerate(order)}
+    return {"state": {index[name]: value for name, value in by_name["state"].items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                             for group in by_name["param_groups"]]}
+
+
+def _load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer,
+                            numbered: dict[str, Any]) -> None:
+    """The inverse of `_numbered`, then each rank keeps its shard of the whole state."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                         set_optimizer_state_dict)
+
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    order = [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved = [number for group in numbered["param_groups"] for number in group["params"]]
+    if sorted(saved) != list(range(len(order))):
+        raise CheckpointError(f"the checkpoint's optimizer state numbers {len(saved)} "
+                              f"parameters; this model's optimizer has {len(order)}")
+    by_name = {"state": {order[number]: value for number, value in numbered["state"].items()},
+               "param_groups": [{**group, "params": [order[n] for n in group["params"]]}
+                                for group in numbered["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, by_name,
+                             options=StateDictOptions(full_state_dict=True))
+
+
+def whole_model(model: nn.Module) -> nn.Module:
+    """`model` as one module: a sharded one gathered into a plain Decoder on rank 0's CPU (every
+    rank must call this; the others keep their shard), any other `model` itself."""
+    if not is_sharded(model):
+        return model
+    decoder, _ = gather_full_state(model, None)
+    return decoder if decoder is not None else model
