@@ -100,9 +100,11 @@ def _compiled_call(run: Run, call: Callable[[], torch.Tensor]) -> torch.Tensor:
     except Exception as exc:  # noqa: BLE001  (only compiler errors are translated)
         if not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
             raise
-        raise ConfigError(f"--compile: torch.compile failed on this machine ({type(exc).__name__}"
-                          f": {str(exc).splitlines()[0] if str(exc) else ''}); train without "
-                          "--compile") from exc
+        cause = getattr(exc, "inner_exception", None) or exc  # the backend's own error
+        first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        raise ConfigError(f"--compile: torch.compile failed on this machine "
+                          f"({type(cause).__name__}: {first_line}); train without --compile"
+                          ) from exc
 
 
 def _gradient_sync(trained: Any, sync: bool) -> Any:
