@@ -14,6 +14,7 @@ from torch import nn
 import decoder_audit as da
 from decoder_audit.gate import CHECK_ORDER
 from decoder_audit.gate.registry import NEED_REASONS
+from decoder_audit.position_origin import position_origin
 
 import zoo
 import zoo_generation as zg
@@ -150,3 +151,53 @@ def test_a_hugging_face_model_whose_cached_positions_restart_fails_kv_cache_firs
     assert [c.name for c in report.failures] == ["kv_cache"], report.first_failure.detail
     assert "a one-token step after 8 cached" in report["kv_cache"].detail
     assert not report["oracle"].skipped  # its full forward is GPT-2's: the oracle agrees
+
+
+# ---- outside families the generation checks once misjudged, in small ---------------------------
+
+def test_a_model_numbering_positions_from_padding_idx_plus_one_passes_padding():
+    """RoBERTa's numbering: position_ids from 0 do not reproduce its own forward (the origin the
+    gate used to assume), from PAD + 1 they do; driven from there its padded rows are right."""
+    model = zg.OffsetPositions()
+    ids = torch.tensor([[3, 4, 5, 6, 7]])  # content ids: PAD = 1 is not among them
+    assert position_origin(model, ids, (0,)) is None
+    assert position_origin(model, ids, (0, zg.OffsetPositions.PAD + 1)) == 2
+    report = _passes(model, **zg.OffsetPositions.FACTS)
+    assert report["padding"].evidence["position_origin"] == zg.OffsetPositions.PAD + 1
+    assert "through the cache" in report["padding"].detail
+    assert report["kv_cache"].evidence["convention"] == "hugging face"
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cached", "recomputed"])
+def test_generate_gives_each_ragged_row_what_it_gives_alone_on_offset_positions(use_cache):
+    model = zg.OffsetPositions()
+    rows = [[3, 4, 5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15]]
+    together = da.generate(model, rows, max_new_tokens=6, use_cache=use_cache)
+    alone = [da.generate(model, [row], max_new_tokens=6, use_cache=use_cache).ids[0]
+             for row in rows]
+    assert together.ids == alone
+
+
+def test_a_convolution_that_masks_its_pads_passes_padding():
+    """The correct counterpart of the convolution_reads_pads mutant (RecurrentGemma's defect):
+    pads zeroed before the convolution are the zeros a row's own start sees."""
+    report = da.audit(zg.ConvOverPads(masks_conv=True), checks=["padding"],
+                      **zg.ConvOverPads.FACTS)
+    assert report.passed and not report["padding"].skipped, report["padding"].detail
+
+
+def test_a_backward_refusing_eval_mode_is_skipped_with_the_models_reason():
+    model = zg.backward_through(zg.RefusesEvalBackward)
+    report = da.audit(model, checks=["grad_causal"])
+    result = report["grad_causal"]
+    assert result.skipped, result.detail
+    assert "refuses a backward pass in eval mode" in result.detail
+    assert "model.train()" in result.detail  # the model's own words
+    assert not model.training  # audited, and given back, in eval mode
+
+
+def test_a_backward_raising_for_another_reason_still_fails():
+    report = da.audit(zg.backward_through(zg.BackwardRaises), checks=["grad_causal"])
+    result = report["grad_causal"]
+    assert not result.passed and not result.skipped
+    assert "raised RuntimeError" in result.detail and "inplace operation" in result.detail

@@ -9,6 +9,7 @@ passing set, so each mutant differs from a passing model by exactly its defect.
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import torch
@@ -175,6 +176,127 @@ class CacheKeptElsewhere(nn.Module):
         return SimpleNamespace(logits=logits)
 
 
+# ---- models that behave like outside families the generation checks once misjudged -------------
+
+class OffsetPositions(nn.Module):
+    """A one-layer causal LM under the Hugging Face call convention that numbers positions as
+    RoBERTa's family does (fairseq's make_positions): from PAD + 1, and, given no position_ids,
+    from `input_ids != PAD` itself (pads keep position PAD), a cached call continuing from the
+    cache length. Its learned position table makes a wrong origin change every logit; it is
+    correct under padding when driven with position_ids from PAD + 1. `reads_mask=False` drops
+    the attention_mask: the pads become keys (a genuine padding defect)."""
+
+    PAD = 1
+    FACTS = {"vocab_size": 23, "max_seq_len": 20, "pad_token_id": PAD}
+
+    def __init__(self, reads_mask: bool = True, width: int = 16) -> None:
+        super().__init__()
+        vocab, length = self.FACTS["vocab_size"], self.FACTS["max_seq_len"]
+        self.reads_mask = reads_mask
+        self.config = SimpleNamespace(pad_token_id=self.PAD)  # where generate reads it (HF)
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(length + self.PAD + 1, width)  # rows 0..PAD never real
+        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.head = nn.Linear(width, vocab)
+        randomise(self, seed=5, std=0.4)
+        with torch.no_grad():  # like a trained model it never predicts its padding id, which
+            self.head.bias[self.PAD] = -30.0  # its own numbering would then skip as a pad
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.tokens
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=None):
+        cached = 0 if past_key_values is None else past_key_values[0].shape[1]
+        if input_ids.shape[1] + cached > self.FACTS["max_seq_len"]:
+            raise ValueError(f"{input_ids.shape[1] + cached} tokens exceed max_seq_len=20")
+        if position_ids is None:  # RoBERTa's rule: real tokens counted from PAD + 1
+            real = (input_ids != self.PAD).long()
+            position_ids = (real.cumsum(-1) + cached) * real + self.PAD  # (B, T)
+        h = self.tokens(input_ids) + self.positions(position_ids)  # (B, T, D)
+        q, k, v = self.qkv(h).chunk(3, -1)  # each (B, T, D)
+        if past_key_values is not None:
+            k, v = torch.cat([past_key_values[0], k], 1), torch.cat([past_key_values[1], v], 1)
+        seq_len, keys = input_ids.shape[1], k.shape[1]
+        query_at = torch.arange(cached, cached + seq_len)[:, None]  # (T, 1)
+        allowed = (torch.arange(keys)[None] <= query_at)[None]  # (1, T, S)
+        if attention_mask is not None and self.reads_mask:
+            allowed = allowed & attention_mask[:, None, -keys:].bool()  # (B, T, S)
+        scores = (q @ k.transpose(1, 2)) / math.sqrt(q.shape[-1])  # (B, T, S)
+        weights = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(-1)
+        logits = self.head(h + self.out(weights @ v))  # (B, T, V)
+        return SimpleNamespace(logits=logits, past_key_values=(k, v) if use_cache else None)
+
+
+class ConvOverPads(nn.Module):
+    """RecurrentGemma's temporal convolution in small: a causal depthwise convolution of width
+    4 over the token embeddings, then a linear readout. `masks_conv=True` zeroes the pad slots
+    before the convolution, so a left-padded row sees exactly the zeros its own start sees;
+    False (RecurrentGemma's recurrent block) lets the convolution read the pads: a genuine
+    left-padding defect no attention_mask of an attention layer can cure."""
+
+    WIDTH = 4
+    FACTS = {"vocab_size": 19, "max_seq_len": 16}
+
+    def __init__(self, masks_conv: bool, width: int = 12) -> None:
+        super().__init__()
+        self.masks_conv = masks_conv
+        self.tokens = nn.Embedding(self.FACTS["vocab_size"], width)
+        self.conv = nn.Conv1d(width, width, self.WIDTH, groups=width, padding=self.WIDTH - 1)
+        self.head = nn.Linear(width, self.FACTS["vocab_size"])
+        randomise(self, seed=6, std=0.5)
+
+    def forward(self, input_ids, attention_mask=None):
+        if input_ids.shape[1] > self.FACTS["max_seq_len"]:
+            raise ValueError(f"{input_ids.shape[1]} tokens exceed max_seq_len=16")
+        x = self.tokens(input_ids)  # (B, T, D)
+        if attention_mask is not None and self.masks_conv:
+            x = x * attention_mask[..., None].to(x.dtype)  # pads enter as zeros
+        mixed = self.conv(x.transpose(1, 2))[..., :input_ids.shape[1]]  # (B, D, T): causal
+        return self.head(torch.tanh(mixed.transpose(1, 2)))  # (B, T, V)
+
+
+class RefusesEvalBackward(torch.autograd.Function):
+    """The identity whose backward asserts training mode, as Reformer's reversible layers do
+    (they recompute activations in backward and insist on model.train())."""
+
+    @staticmethod
+    def forward(ctx, x, training):
+        ctx.training = training
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        assert ctx.training, "make sure to use `model.train()` to put the model into training mode"
+        return grad, None
+
+
+class BackwardRaises(torch.autograd.Function):
+    """The identity whose backward raises for a reason that is not the mode (an in-place write
+    autograd rejects, as RWKV's backward does in eval mode): a defect, never excused."""
+
+    @staticmethod
+    def forward(ctx, x, training):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("one of the variables needed for gradient computation has been "
+                           "modified by an inplace operation")
+
+
+def backward_through(function: type[torch.autograd.Function]) -> da.Decoder:
+    """tiny-368 whose final norm's output passes through `function` (the forward unchanged)."""
+    model = decoder(TINY)
+
+    class Norm(LayerNorm):
+        def forward(self, x):
+            return function.apply(super().forward(x), model.training)
+
+    model.ln_final.__class__ = Norm
+    return model
+
+
 BLACKBOX = {"vocab_size": TINY.vocab_size, "max_seq_len": TINY.max_seq_len}
 
 GENERATION_CHECKS = ["kv_cache", "padding", "grad_causal"]
@@ -190,14 +312,21 @@ MUTANTS = [
     Case("sliding_window_off_by_one_in_cache", lambda: decoder(LONG, SlidingWindowOffByOne),
          "kv_cache", defect="H25", only=True, says="position 12 (a one-token step after 12"),
     Case("attention_mask_ignored", lambda: decoder(LEARNED, MaskIgnored), "padding",
-         defect="H26/B12", only=True, says="a row left-padded by 1 differs"),
+         defect="H26/B12", only=True, says="pads' content reaches the real tokens"),
     # Learned positions: RoPE only sees relative positions, so a shift by k changes nothing.
     Case("pad_positions_counted", lambda: decoder(LEARNED, PadPositionsCounted), "padding",
-         defect="H26/B12", only=True, says="a row left-padded by 1 differs"),
+         defect="H26/B12", only=True, says="the pads' content does not matter but their "
+         "number does"),
     # White-box, the oracle's gradient comparison sees the leak first; grad_causal names it.
     Case("backward_mixes_positions", leaky_backward, "grad_causal", first=False, defect="H27",
          says="reaches later inputs [1]"),
     # Behind a black box nothing else can see it.
     Case("backward_mixes_positions_black_box", lambda: BlackBox(leaky_backward()), "grad_causal",
          defect="H27", only=True, says="reaches later inputs [1]", kwargs=BLACKBOX),
+    # RoBERTa-like numbering, but the attention_mask dropped: the pads are read as keys.
+    Case("offset_positions_mask_ignored", lambda: OffsetPositions(reads_mask=False), "padding",
+         defect="H26/B12", says="pads' content reaches", kwargs=OffsetPositions.FACTS),
+    # RecurrentGemma's convolution reading the pads.
+    Case("convolution_reads_pads", lambda: ConvOverPads(masks_conv=False), "padding",
+         defect="H26", says="pads' content reaches", kwargs=ConvOverPads.FACTS),
 ]
