@@ -28,10 +28,12 @@ SUBSET = (
     # experts, latent attention, sliding windows and soft-capping, sinks
     "mixtral", "qwen2_moe", "deepseek_v3", "gemma2", "gemma3_text", "cohere2", "gpt_neo",
     "gpt_oss", "mimo_v2_flash",
-    # state-space and recurrent layers, encoders used as decoders (is_decoder=True, pad ids)
-    "mamba", "recurrent_gemma", "lfm2", "bert", "roberta",
+    # state-space and recurrent layers, encoders used as decoders (is_decoder=True, pad ids;
+    # RoBERTa numbers positions from padding_idx + 1), a backward refusing eval mode
+    "mamba", "recurrent_gemma", "lfm2", "bert", "roberta", "reformer",
     # genuine failures: a leaking output_attentions path, bidirectional defaults, a squeezed
-    # time axis, malformed input accepted, left padding shifting learned positions
+    # time axis, malformed input accepted, left padding shifting learned positions (and, above,
+    # RecurrentGemma's convolution reading the pads)
     "falcon", "cpmant", "xlm", "rwkv", "opt", "bart",
 )
 
