@@ -59,6 +59,7 @@ from benchmarks import (  # noqa: E402
     memory,
     report,
     rows,
+    training_step,
 )
 from benchmarks.common import Plan  # noqa: E402
 
@@ -88,6 +89,7 @@ FAMILIES = (
     Family("gate", gate_cost.measure, report.gate_section, runs=lambda plan: not plan.quick),
     Family("account", account_cost.measure, report.account_section),
     Family("generation", generation.measure, generation.section, skipped=[]),
+    Family("training_step", training_step.measure, training_step.section, skipped=[]),
     # Opt-in (--gate-scale): the gate on tiny-368 and GPT-2 small to XL, a fresh process each.
     Family("gate_scale", gate_scale.measure, gate_scale.section),
 )
@@ -110,6 +112,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-gate", action="store_true")
     p.add_argument("--skip-account", action="store_true")
     p.add_argument("--skip-generation", action="store_true")
+    p.add_argument("--skip-training-step", dest="skip_training_step", action="store_true")
     p.add_argument("--gate-scale", dest="skip_gate_scale", action="store_false",
                    help="also run the gate-at-scale table (benchmarks/gate_scale.py: GPT-2 "
                         "small to XL, each preset in its own process; tens of minutes)")

@@ -1,0 +1,184 @@
+"""The "training_step" family: one training step, forward + cross-entropy + backward + AdamW
+step, on our Decoder against Hugging Face's GPT2LMHeadModel holding the same weights
+(`da.to_hf`, sdpa attention), at GPT-2 small shapes, in fp32 and under bfloat16 autocast.
+
+Shape: GPT-2 small (124M parameters, V = 50257) at B = 4, T = 256 (--quick: the same; --smoke: a
+tiny GPT-2 at B = 2, T = 8). On a 2-core CPU one step takes seconds, so larger batches would only
+lengthen the run; on a GPU the shapes are the same so the rows compare.
+
+Per row:
+  - the pair is built and its logits checked equal before anything is timed (`pair.build_pair`);
+  - each side gets its own `torch.optim.AdamW` with the same settings (lr 3e-4, betas
+    (0.9, 0.95), weight decay 0.1 on every parameter, torch's default implementation), over
+    its unique Parameters (the tied embedding once on both sides);
+  - a step is zero_grad(set_to_none), the forward (under torch.autocast(bfloat16) in the bf16
+    rows, the weights staying float32), the cross-entropy over float32 logits, backward and
+    optimizer.step(), as `decoder_audit.training.step` runs it;
+  - the two sides are timed interleaved (`pair.time_interleaved`); tokens/s = B * T / median.
+HF/ours > 1 means ours is faster. The fp32 row also times our step with the model under
+torch.compile against our eager step (interleaved, after the compiling step, whose seconds are
+reported apart); where compiling fails on the machine the row says why instead. The weights drift
+apart as both take steps from the same
+start (each its own gradient), which changes no step's cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+import decoder_audit as da
+
+from .common import SEED, Plan, stats
+from .pair import build_pair, time_interleaved
+from .rows import SMOKE_CONFIGS
+
+ADAMW = {"lr": 3e-4, "betas": (0.9, 0.95), "weight_decay": 0.1}
+
+
+@dataclass(frozen=True)
+class StepRow:
+    config_name: str
+    cfg: da.DecoderConfig
+    batch: int
+    seq_len: int
+    precision: str  # "fp32" or "bf16" (autocast)
+
+    @property
+    def label(self) -> str:
+        return f"{self.config_name} B={self.batch} T={self.seq_len} {self.precision}"
+
+
+def plan_rows(plan: Plan) -> list[StepRow]:
+    if plan.smoke:
+        return [StepRow("gpt2-tiny", SMOKE_CONFIGS["gpt2-tiny"], 2, 8, p) for p in ("fp32", "bf16")]
+    return [StepRow("gpt2-small", da.preset("gpt2-small"), 4, 256, p) for p in ("fp32", "bf16")]
+
+
+def training_step(model: torch.nn.Module, is_hf: bool, optimizer: torch.optim.Optimizer,
+                  ids: torch.Tensor, targets: torch.Tensor, precision: str
+                  ) -> Callable[[], None]:
+    """One step of either side: forward (autocast in bf16), float32 loss, backward, AdamW."""
+    autocast = (torch.autocast(ids.device.type, dtype=torch.bfloat16) if precision == "bf16"
+                else contextlib.nullcontext())
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            logits = model(input_ids=ids, use_cache=False).logits if is_hf else model(ids)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())  # (B*T, V)
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def measure_row(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(SEED)
+    tokens = torch.randint(0, row.cfg.vocab_size, (row.batch, row.seq_len + 1), generator=gen)
+    ids, targets = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
+    ours, theirs, check = build_pair(row.cfg, ids)
+    ours.train()
+    theirs.train()
+    sides = {}
+    for name, model, is_hf in (("ours", ours, False), ("hf", theirs, True)):
+        optimizer = torch.optim.AdamW(list(dict.fromkeys(model.parameters())), **ADAMW)
+        sides[name] = training_step(model, is_hf, optimizer, ids, targets, row.precision)
+    times_ours, times_hf = time_interleaved(sides["ours"], sides["hf"], max(warmup, 1), repeats)
+    n = row.batch * row.seq_len
+    ours_s, hf_s = stats(times_ours), stats(times_hf)
+    result = {
+        "label": row.label, "config": row.config_name, "batch": row.batch,
+        "seq_len": row.seq_len, "precision": row.precision, "equality": check,
+        "ours": {"seconds": ours_s, "tokens_per_s": n / ours_s["median"]},
+        "hf": {"seconds": hf_s, "tokens_per_s": n / hf_s["median"]},
+        "hf_over_ours": hf_s["median"] / ours_s["median"],
+        "hf_over_ours_paired": stats([h / o for o, h in zip(times_ours, times_hf)]),
+        "hf_over_ours_best": hf_s["min"] / ours_s["min"],
+    }
+    del sides, ours, theirs
+    gc.collect()
+    return result
+
+
+def measure_compiled(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
+    """Our eager step against our step with torch.compile(model): tokens/s each, eager/compiled
+    (> 1: compiling helps), and the seconds of the first compiled step (the compilation)."""
+    gen = torch.Generator().manual_seed(SEED)
+    tokens = torch.randint(0, row.cfg.vocab_size, (row.batch, row.seq_len + 1), generator=gen)
+    ids, targets = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
+    torch.manual_seed(SEED)
+    eager = da.Decoder(row.cfg).train()
+    steps = {}
+    for name, model in (("eager", eager), ("compiled", torch.compile(eager))):
+        optimizer = torch.optim.AdamW(list(dict.fromkeys(eager.parameters())), **ADAMW)
+        steps[name] = training_step(model, False, optimizer, ids, targets, row.precision)
+    start = time.perf_counter()
+    try:
+        steps["compiled"]()
+    except Exception as exc:  # noqa: BLE001  (a machine without a working compiler)
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    compile_s = time.perf_counter() - start
+    times_eager, times_compiled = time_interleaved(steps["eager"], steps["compiled"],
+                                                   max(warmup, 1), repeats)
+    n = row.batch * row.seq_len
+    e, c = stats(times_eager), stats(times_compiled)
+    return {"compile_seconds": compile_s, "eager_tokens_per_s": n / e["median"],
+            "compiled_tokens_per_s": n / c["median"],
+            "eager_over_compiled": e["median"] / c["median"],
+            "eager": e, "compiled": c}
+
+
+def measure(plan: Plan) -> list[dict[str, Any]]:
+    """Every training-step row of the run (fp32 and bf16), each timed `plan.repeats` times per
+    side after at least one untimed step (AdamW allocates its state on the first)."""
+    results = []
+    for row in plan_rows(plan):
+        r = measure_row(row, plan.repeats, plan.warmup)
+        results.append(r)
+        plan.say(f"{row.label} training step: ours {r['ours']['tokens_per_s']:.0f} tok/s, HF "
+                 f"{r['hf']['tokens_per_s']:.0f} tok/s, HF/ours {r['hf_over_ours']:.2f}")
+        if row.precision == "fp32":
+            r["compile"] = c = measure_compiled(row, plan.repeats, plan.warmup)
+            plan.say(f"{row.label} torch.compile: " + (c.get("error") or (
+                f"eager {c['eager_tokens_per_s']:.0f} tok/s, compiled "
+                f"{c['compiled_tokens_per_s']:.0f} tok/s (eager/compiled "
+                f"{c['eager_over_compiled']:.2f}), compiling {c['compile_seconds']:.0f} s")))
+    return results
+
+
+def section(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["## Training step: forward + backward + AdamW, ours vs Hugging Face GPT2LMHeadModel",
+             "", "| row | ours tok/s | HF tok/s | HF/ours medians (paired min-max) | "
+             "HF/ours best | ours / HF median s |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        o, h, p = r["ours"], r["hf"], r["hf_over_ours_paired"]
+        lines.append(
+            f"| {r['label']} | {o['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | "
+            f"{r['hf_over_ours']:.2f} ({p['min']:.2f}-{p['max']:.2f}) | "
+            f"{r['hf_over_ours_best']:.2f} | {o['seconds']['median']:.3f} / "
+            f"{h['seconds']['median']:.3f} |")
+    lines += [_compile_line(r) for r in rows if "compile" in r]
+    return lines + [
+        "", f"Same weights (`da.to_hf`, logits checked equal to "
+        f"{rows[0]['equality']['max_abs_logit_diff']:.1e} first), HF "
+        f"`{rows[0]['equality']['hf_attention']}` attention, one torch AdamW each (lr 3e-4, "
+        "weight decay 0.1); bf16 = torch.autocast(bfloat16) around the forward, float32 "
+        "weights and loss. HF/ours > 1: ours is faster.", ""]
+
+
+def _compile_line(r: dict[str, Any]) -> str:
+    c = r["compile"]
+    if "error" in c:
+        return f"\n`--compile` ({r['label']}): torch.compile failed here: {c['error']}"
+    return (f"\n`--compile` ({r['label']}): ours eager {c['eager_tokens_per_s']:.0f} tok/s, "
+            f"compiled {c['compiled_tokens_per_s']:.0f} tok/s, eager/compiled "
+            f"{c['eager_over_compiled']:.2f} (> 1: compiling helps); the compiling step took "
+            f"{c['compile_seconds']:.0f} s.")
