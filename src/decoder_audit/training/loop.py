@@ -58,13 +58,11 @@ NEAR_FLOOR = 0.05
 
 def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainConfig | None = None,
           *, out: str | os.PathLike | None = None, resume: str | os.PathLike | None = None,
-          save_every: int | None = None, eval_every: int | None = None,
-          device: str | None = None,
+          save_every: int | None = None, eval_every: int | None = None, device: str | None = None,
           progress: bool = True, verbose: bool = True, expect_fresh: bool = True,
           vocab_size: int | None = None, max_seq_len: int | None = None,
           threads: int | str | None = "auto", callback: Callback | None = None,
-          shard: bool = False,
-          peak_flops: float | None = None, **options: Any) -> TrainResult:
+          shard: bool = False, peak_flops: float | None = None, **options: Any) -> TrainResult:
     """Audit `model` and, if every check passes, train it. See the module docstring.
 
     model: a Decoder or any nn.Module mapping ids (B, T) to logits (B, T, V) (foreign modules
@@ -104,17 +102,13 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
              "threads": threads}
     # One run per folder: rank 0 locks it before anything in it is read or written.
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    noop = lambda *a, **k: None  # noqa: E731
-    lock = (RunLock(out, say=make_console().print if verbose else noop)
-            if out is not None and main_rank else contextlib.nullcontext())
-    with lock:
-        cfg, opts, ranks = _resolve(cfg, given, out=out, resume=resume,
-                                    settings_given=config is not None or bool(options),
-                                    shard=shard,
-                                    progress=progress, verbose=verbose,
-                                    expect_fresh=expect_fresh, vocab_size=vocab_size,
-                                    max_seq_len=max_seq_len, callback=callback,
-                                    peak_flops=peak_flops)
+    say = make_console().print if verbose else (lambda *a, **k: None)
+    with RunLock(out, say=say) if out is not None and main_rank else contextlib.nullcontext():
+        cfg, opts, ranks = _resolve(
+            cfg, given, out=out, resume=resume, shard=shard,
+            settings_given=config is not None or bool(options), progress=progress,
+            verbose=verbose, expect_fresh=expect_fresh, vocab_size=vocab_size,
+            max_seq_len=max_seq_len, callback=callback, peak_flops=peak_flops)
         previous_threads = torch.get_num_threads()
         try:
             return _run(model, cfg, opts, ranks, started)
