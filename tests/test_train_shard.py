@@ -241,9 +241,12 @@ def test_shard_refuses_a_module_that_is_not_a_decoder():
               verbose=False, steps=2)
 
 
-def test_shard_refuses_a_batch_the_processes_do_not_divide(tmp_path):
-    proc = _torchrun("--no-python", _cli(), "train", "--shard", "--out", str(tmp_path / "run"),
-                     "--batch-size", "15", "--steps", "2", "--no-progress")
-    assert proc.returncode != 0
-    assert "batch_size=15 must be divisible by the number of processes (2)" in proc.stderr
-    assert "gate:" not in proc.stdout  # refused before the gate was spent
+def test_shard_refuses_a_batch_the_processes_do_not_divide(monkeypatch, capsys):
+    """Rank 0 of two (the process group faked: the refusal comes before any collective), before
+    the gate is spent."""
+    monkeypatch.setattr(distributed, "init_distributed",
+                        lambda device, shard=False: distributed.RankInfo(0, 2, sharded=shard))
+    with pytest.raises(ConfigError,
+                       match=r"batch_size=15 must be divisible by the number of processes \(2\)"):
+        train("tiny-368", shard=True, batch_size=15, steps=2, progress=False)
+    assert "gate:" not in capsys.readouterr().out
