@@ -250,3 +250,21 @@ def test_shard_refuses_a_batch_the_processes_do_not_divide(monkeypatch, capsys):
                        match=r"batch_size=15 must be divisible by the number of processes \(2\)"):
         train("tiny-368", shard=True, batch_size=15, steps=2, progress=False)
     assert "gate:" not in capsys.readouterr().out
+
+
+def test_memory_check_counts_a_shard_of_the_training_state(monkeypatch):
+    """On a GPU an unsharded run needs four whole copies (weights, gradients, AdamW's two
+    moments) on each device; sharded over N, max(1, 4/N): a model too big for one device is what
+    --shard is for. A device with room for 2.5 copies (float32 bytes from the ledger's count)."""
+    from decoder_audit import memory
+    from decoder_audit.ledger import parameter_ledger
+    from decoder_audit.training import prepare
+
+    cfg = preset("tiny-368")
+    room = int(parameter_ledger(cfg).total * 4 * 2.5)
+    monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": room)
+    for ranks in (distributed.RankInfo(), distributed.RankInfo(0, 2),
+                  distributed.RankInfo(0, 1, sharded=True)):  # 4 copies each
+        with pytest.raises(ConfigError, match="does not fit"):
+            prepare._check_memory(cfg, "cuda:0", ranks)
+    prepare._check_memory(cfg, "cuda:0", distributed.RankInfo(0, 2, sharded=True))  # 2 copies

@@ -20,6 +20,7 @@ from ..memory import check_fits
 from ..sources import Source
 from ..tokenizer import Tokenizer
 from . import distributed
+from .distributed import RankInfo
 from .run import Options, Run
 from .settings import TrainConfig
 
@@ -35,7 +36,7 @@ def prepare(run: Run, model: Any) -> tuple[int, int]:
         run.say(f"note: {note}")
     source, module_weights = _source(model, opts)
     if source.kind in ("preset", "config", "checkpoint"):
-        _check_memory(source.config(), opts.device)  # before a single weight is allocated
+        _check_memory(source.config(), opts.device, run.ranks)  # before a weight is allocated
     run.model = source.build(seed=cfg.seed)
     if module_weights:
         load_module_weights(run.model, opts.resume_folder)
@@ -134,11 +135,17 @@ def _factory_of(source: Source, vocab_size: int | None, max_seq_len: int | None
 TRAINING_COPIES = 4
 
 
-def _check_memory(cfg: DecoderConfig, device: str) -> None:
+def _check_memory(cfg: DecoderConfig, device: str, ranks: RankInfo) -> None:
     what = "training (weights, gradients and AdamW's two moments)"
     if device.startswith("cuda"):
         check_fits(cfg, what="its weights")  # built on the CPU first
-        check_fits(cfg, copies=TRAINING_COPIES, what=what, device=device)
+        copies: float = TRAINING_COPIES
+        if ranks.sharded:  # the whole weights reach the device to be sharded, then 1/N of four
+            copies = max(1.0, TRAINING_COPIES / ranks.world_size)
+            what = (f"training sharded over {ranks.world_size} devices (the whole weights "
+                    f"while sharding, then 1/{ranks.world_size} of weights, gradients and "
+                    "AdamW's two moments)")
+        check_fits(cfg, copies=copies, what=what, device=device)
     else:
         check_fits(cfg, copies=TRAINING_COPIES, what=what)
 
