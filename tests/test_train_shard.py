@@ -10,8 +10,10 @@ by shard. So float32 results differ in the last bits and Adam carries that forwa
 test_train_ddp.py's, 1e-5 absolute on weights of size ~1 (float32 epsilon is 1.2e-7), for the
 same reason; the run is 16 steps, not 40, because each FSDP2 step is ~11 collectives (an
 all-gather per group in forward and again in backward, a reduce-scatter per group, the clipping
-norm, the logged loss) and on a busy 2-core machine each waits for the other process. Had a resume lost the optimizer state, Adam would restart with
-steps of ~lr = 3e-2 per weight: 3000x the tolerance.
+norm, the logged loss) and on a busy 2-core machine each waits for the other process.
+Measured: 1.2e-6 (2 processes, 16 steps), 0 on one process. Had a resume lost the optimizer
+state, Adam would restart with steps of ~lr per weight: measured 0.065, 6000x the tolerance
+(the control in test_sharded_checkpoint_resumes_unsharded).
 
 Two torchrun launches: a sharded run from scratch that keeps a copy of its step-8 checkpoint
 (a Python script, so it can copy mid-run), and the CLI's --shard resuming an unsharded run's
@@ -158,7 +160,9 @@ def test_one_process_shard_equals_unsharded(single):
     result = train("tiny-368", shard=True, progress=False, verbose=False, **RUN)
     assert type(result.model) is Decoder  # gathered back into a plain Decoder
     assert result.model.lm_head.weight is result.model.token_embeddings.weight
-    assert _worst(result.model, expected.model) <= TOLERANCE
+    worst = _worst(result.model, expected.model)
+    assert worst <= TOLERANCE, worst
+    print(f"FSDP2 on one process vs unsharded: max abs weight difference {worst:.3g}")
 
 
 def test_two_sharded_processes_equal_single_process(single, sharded):
@@ -207,11 +211,14 @@ def test_sharded_checkpoint_resumes_unsharded(single, sharded, tmp_path, monkeyp
     assert resumed.step == RUN["steps"]
     worst = _worst(resumed.model, expected.model)
     assert worst <= TOLERANCE, worst
+    print(f"sharded to step {STOP}, unsharded after: max abs weight difference {worst:.3g}")
     # The control: the same resume with AdamW's state dropped misses by far more.
     monkeypatch.setattr(torch.optim.AdamW, "load_state_dict", lambda self, state: None)
     shutil.copytree(sharded[2], tmp_path / "control")
     control = train(resume=tmp_path / "control", progress=False, verbose=False)
-    assert _worst(control.model, expected.model) > 100 * TOLERANCE
+    control_worst = _worst(control.model, expected.model)
+    assert control_worst > 100 * TOLERANCE, control_worst
+    print(f"the same with AdamW's state dropped: {control_worst:.3g}")
 
 
 def test_unsharded_checkpoint_resumes_sharded(single, tmp_path):
@@ -226,6 +233,7 @@ def test_unsharded_checkpoint_resumes_sharded(single, tmp_path):
     model = load_checkpoint(run / "checkpoint")
     worst = _worst(model, expected.model)
     assert worst <= TOLERANCE, worst
+    print(f"unsharded to step {STOP}, sharded after: max abs weight difference {worst:.3g}")
     rows, wanted = _rows(run), _rows(single_out)
     assert [r["step"] for r in rows] == list(range(RUN["steps"] + 1))
     for row, want in zip(rows[STOP + 1:], wanted[STOP + 1:]):
