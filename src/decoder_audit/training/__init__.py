@@ -2,6 +2,7 @@
 
     train(model)                      one process
     torchrun --nproc_per_node N ...   the same code under DistributedDataParallel
+    train(model, shard=True)          FSDP2: each process holds 1/N of the training state
 
     loop.py         train(): prepare -> gate -> evidence -> loop -> finish, each a short phase
     run.py          the Run the phases share, its Options, the shared evaluation and metrics row
@@ -13,8 +14,9 @@
     gatekeeper.py   the gate before training (GateRefusal, the facts it establishes) and the
                     evidence before step 1 (loss alignment, initial loss near ln V)
     optim.py        AdamW over the unique Parameters, warmup + cosine, gradient clipping
-    distributed.py  the process group, each rank's device, DDP
-    state.py        the run folder and the resumable training state (bitwise resume)
+    distributed.py  the process group, each rank's device, DDP, FSDP2 sharding
+    state.py        the run folder and the resumable training state (bitwise resume; a
+                    sharded run's gathered to rank 0, so either kind resumes the other's)
     lock.py         one run per run folder (run.lock, the owner's pid, stale locks taken over)
 """
 

@@ -39,6 +39,7 @@ import math
 import os
 import pickle
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,12 +303,12 @@ def restore_training_state(state: dict[str, Any], optimizer: torch.optim.Optimiz
 # ----------------------------------------------------------------------------------------------
 
 def is_sharded(model: nn.Module) -> bool:
-    """Whether FSDP2 has sharded `model` (its Parameters are DTensors)."""
-    if not torch.distributed.is_available():
+    """Whether FSDP2 has sharded `model` (its Parameters are DTensors). Never imported, the
+    DTensor module cannot have made one: an unsharded run does not pay for importing it."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is None:
         return False
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    return any(isinstance(p, dtensor.DTensor) for p in model.parameters())
 
 
 def gather_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None
