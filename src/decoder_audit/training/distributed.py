@@ -138,11 +138,6 @@ def wrap(model: nn.Module, ranks: RankInfo, device: str) -> nn.Module:
     return DDP(model, device_ids=[ranks.local_rank] if device.startswith("cuda") else None)
 
 
-def unwrapped(trained: nn.Module) -> nn.Module:
-    """The model inside what `wrap` returned (DDP's .module; a sharded model is itself)."""
-    return getattr(trained, "module", trained)
-
-
 def refuse_unshardable(model: nn.Module) -> None:
     """--shard splits a decoder-audit Decoder, whose blocks it knows (model.layers); any other
     module is refused, before the gate is spent on it."""
