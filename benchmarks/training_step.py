@@ -55,10 +55,13 @@ class StepRow:
         return f"{self.config_name} B={self.batch} T={self.seq_len} {self.precision}"
 
 
-def plan_rows(plan: Plan) -> list[StepRow]:
+FULL_SHAPE = (4, 256)  # (B, T) of the full run
+
+
+def plan_rows(plan: Plan, shape: tuple[int, int] = FULL_SHAPE) -> list[StepRow]:
     if plan.smoke:
         return [StepRow("gpt2-tiny", SMOKE_CONFIGS["gpt2-tiny"], 2, 8, p) for p in ("fp32", "bf16")]
-    return [StepRow("gpt2-small", da.preset("gpt2-small"), 4, 256, p) for p in ("fp32", "bf16")]
+    return [StepRow("gpt2-small", da.preset("gpt2-small"), *shape, p) for p in ("fp32", "bf16")]
 
 
 def training_step(model: torch.nn.Module, is_hf: bool, optimizer: torch.optim.Optimizer,
@@ -134,16 +137,17 @@ def measure_compiled(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
             "eager": e, "compiled": c}
 
 
-def measure(plan: Plan) -> list[dict[str, Any]]:
+def measure(plan: Plan, shape: tuple[int, int] = FULL_SHAPE) -> list[dict[str, Any]]:
     """Every training-step row of the run (fp32 and bf16), each timed `plan.repeats` times per
     side after at least one untimed step (AdamW allocates its state on the first)."""
     results = []
-    for row in plan_rows(plan):
+    for row in plan_rows(plan, shape):
         r = measure_row(row, plan.repeats, plan.warmup)
         results.append(r)
         plan.say(f"{row.label} training step: ours {r['ours']['tokens_per_s']:.0f} tok/s, HF "
                  f"{r['hf']['tokens_per_s']:.0f} tok/s, HF/ours {r['hf_over_ours']:.2f}")
-        if row.precision == "fp32":
+    for row, r in zip(plan_rows(plan, shape), results):  # last: compiling takes minutes on a CPU
+        if row.precision == "fp32" and "compile" not in plan.skip:
             r["compile"] = c = measure_compiled(row, plan.repeats, plan.warmup)
             plan.say(f"{row.label} torch.compile: " + (c.get("error") or (
                 f"eager {c['eager_tokens_per_s']:.0f} tok/s, compiled "
@@ -182,3 +186,35 @@ def _compile_line(r: dict[str, Any]) -> str:
             f"compiled {c['compiled_tokens_per_s']:.0f} tok/s, eager/compiled "
             f"{c['eager_over_compiled']:.2f} (> 1: compiling helps); the compiling step took "
             f"{c['compile_seconds']:.0f} s.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """This family alone, at any shape: `python -m benchmarks.training_step --batch 2
+    --seq-len 128 --repeats 2` (from the repository root); prints its section of benchmark.md
+    and writes the rows as JSON to --out."""
+    import argparse
+    import json
+    import os
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--batch", type=int, default=FULL_SHAPE[0])
+    parser.add_argument("--seq-len", type=int, default=FULL_SHAPE[1])
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/training_step.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    plan = Plan(smoke=False, quick=False, threads=args.threads, repeats=args.repeats, warmup=1,
+                profile=False, skip=frozenset({"compile"} if args.no_compile else ()),
+                ceiling=0.0, started=time.perf_counter())
+    rows = measure(plan, (args.batch, args.seq_len))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    print("\n".join(section(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

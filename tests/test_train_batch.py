@@ -189,3 +189,16 @@ def test_a_compiler_failure_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError, match=r"--compile: torch.compile failed on this machine.*"
                                           r"no C\+\+ compiler found.*without --compile"):
         _losses(compile=True)
+
+
+def test_accumulation_under_fsdp2_equals_the_whole_batch():
+    """FSDP2 on one process (a one-rank group): the micro-batches' backwards skip the gradient
+    reduce-scatter until the last (set_requires_gradient_sync); the weights must still be the
+    whole batch's. float32: the sums run in another order, so 1e-6 on weights of size ~1."""
+    weights = {}
+    for accum in (1, 2):
+        result = train("tiny-368", steps=3, batch_size=8, warmup=1, seed=4, grad_accum=accum,
+                       shard=True, **QUIET)
+        weights[accum] = result.model.state_dict()
+    for name, value in weights[1].items():
+        assert (weights[2][name] - value).abs().max().item() <= 1e-6, name

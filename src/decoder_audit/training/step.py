@@ -108,8 +108,12 @@ def _compiled_call(run: Run, call: Callable[[], torch.Tensor]) -> torch.Tensor:
 
 
 def _gradient_sync(trained: Any, sync: bool) -> Any:
-    """DDP's no_sync() for a micro-batch whose gradients are not yet averaged over the ranks;
-    nothing to do for one process."""
+    """Whether this micro-batch's backward averages the gradients over the ranks: only the
+    last's does (DDP: no_sync() before it; FSDP2: set_requires_gradient_sync, which keeps the
+    unsharded gradients until then). Nothing to do for one plain process."""
+    if hasattr(trained, "set_requires_gradient_sync"):  # FSDP2 (fully_shard)
+        trained.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
     if sync or not hasattr(trained, "no_sync"):
         return contextlib.nullcontext()
     return trained.no_sync()
