@@ -8,7 +8,9 @@
     run.py          the Run the phases share, its Options, the shared evaluation and metrics row
     prepare.py      the model, the task, the memory and thread checks (phase 1)
     start.py        the gate, optimizer, resumed state, DDP (phase 2) and the evidence (phase 3)
-    step.py         one optimizer step on one global batch
+    step.py         one optimizer step on one global batch (micro-batches, bf16 autocast,
+                    torch.compile)
+    throughput.py   tokens/s and MFU (accounting's FLOPs x 3 over a given or measured peak)
     finish.py       the final evaluation and checkpoint, the loss curve, the summary (phase 5)
     settings.py     TrainConfig (what defines a run's result) and TrainResult
     gatekeeper.py   the gate before training (GateRefusal, the facts it establishes) and the
