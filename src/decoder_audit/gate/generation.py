@@ -190,8 +190,8 @@ def _padding_failure(probe: _PaddingProbe, r: dict, origin: int | None) -> str:
         given = "" if not conv.position_ids else (
             f" (with position_ids {origin}..{origin + seq_len - 1}, which reproduce its own "
             "numbering without a mask)" if origin is not None else
-            f" (with position_ids 0..{seq_len - 1}: neither 0 nor padding_idx + 1 as the first "
-            "position reproduces its own numbering)")
+            f" (with position_ids 0..{seq_len - 1}: no first position tried, 0 or "
+            "padding_idx + 1 where it declares a padding id, reproduces its own numbering)")
         return (head + f"without any pad, an all-ones attention_mask{given} changes the logits "
                 f"by up to {r['max_abs_diff']:.3g} (allowed {r['allowed']:.1e}): the model "
                 "numbers positions otherwise or misreads the mask")
@@ -207,6 +207,9 @@ def _padding_failure(probe: _PaddingProbe, r: dict, origin: int | None) -> str:
                        "changes them): some layer reads the pads despite the mask (an "
                        "attention that ignores it, or a convolution or recurrence it does not "
                        "reach)")
+    if r["side"] == "right":  # the pads follow the real tokens: a causal row cannot see them
+        return head + ("the pads' content does not matter but their number does: the real "
+                       "tokens depend on how many tokens follow them")
     why = ("the pads' content does not matter but their number does: the mask is honoured and "
            "pads count as positions")
     if conv.name != "decoder" and not conv.position_ids:
