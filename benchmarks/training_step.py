@@ -58,10 +58,14 @@ class StepRow:
 FULL_SHAPE = (4, 256)  # (B, T) of the full run
 
 
-def plan_rows(plan: Plan, shape: tuple[int, int] = FULL_SHAPE) -> list[StepRow]:
+PRECISIONS = ("fp32", "bf16")
+
+
+def plan_rows(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
+              precisions: tuple[str, ...] = PRECISIONS) -> list[StepRow]:
     if plan.smoke:
-        return [StepRow("gpt2-tiny", SMOKE_CONFIGS["gpt2-tiny"], 2, 8, p) for p in ("fp32", "bf16")]
-    return [StepRow("gpt2-small", da.preset("gpt2-small"), *shape, p) for p in ("fp32", "bf16")]
+        return [StepRow("gpt2-tiny", SMOKE_CONFIGS["gpt2-tiny"], 2, 8, p) for p in PRECISIONS]
+    return [StepRow("gpt2-small", da.preset("gpt2-small"), *shape, p) for p in precisions]
 
 
 def training_step(model: torch.nn.Module, is_hf: bool, optimizer: torch.optim.Optimizer,
@@ -137,16 +141,18 @@ def measure_compiled(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
             "eager": e, "compiled": c}
 
 
-def measure(plan: Plan, shape: tuple[int, int] = FULL_SHAPE) -> list[dict[str, Any]]:
+def measure(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
+            precisions: tuple[str, ...] = PRECISIONS) -> list[dict[str, Any]]:
     """Every training-step row of the run (fp32 and bf16), each timed `plan.repeats` times per
     side after at least one untimed step (AdamW allocates its state on the first)."""
     results = []
-    for row in plan_rows(plan, shape):
+    for row in plan_rows(plan, shape, precisions):
         r = measure_row(row, plan.repeats, plan.warmup)
         results.append(r)
         plan.say(f"{row.label} training step: ours {r['ours']['tokens_per_s']:.0f} tok/s, HF "
                  f"{r['hf']['tokens_per_s']:.0f} tok/s, HF/ours {r['hf_over_ours']:.2f}")
-    for row, r in zip(plan_rows(plan, shape), results):  # last: compiling takes minutes on a CPU
+    # compiling takes minutes on a CPU: after both rows
+    for row, r in zip(plan_rows(plan, shape, precisions), results):
         if row.precision == "fp32" and "compile" not in plan.skip:
             r["compile"] = c = measure_compiled(row, plan.repeats, plan.warmup)
             plan.say(f"{row.label} torch.compile: " + (c.get("error") or (
@@ -202,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=FULL_SHAPE[1])
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/training_step.json"))
     args = parser.parse_args(argv)
@@ -209,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan(smoke=False, quick=False, threads=args.threads, repeats=args.repeats, warmup=1,
                 profile=False, skip=frozenset({"compile"} if args.no_compile else ()),
                 ceiling=0.0, started=time.perf_counter())
-    rows = measure(plan, (args.batch, args.seq_len))
+    rows = measure(plan, (args.batch, args.seq_len), tuple(args.precisions))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print("\n".join(section(rows)))
