@@ -72,7 +72,7 @@ PACKAGES = {
     "gate": Package(
         ("src/decoder_audit/gate/*.py",),
         ("tests/test_gate_zoo.py", "tests/test_gate_checks.py", "tests/test_gate_generation.py",
-         "tests/test_gate_dtypes.py"),
+         "tests/test_gate_dtypes.py", "tests/test_gate_render.py"),
         "every check against its mutants in the zoos, and correct models that must pass "
         "(not the slow foreign-family and memory-scale tests)",
         # the 16-bit presets are 40% of the selection's time; the bf16 config grid and the zoo

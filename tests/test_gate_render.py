@@ -1,0 +1,167 @@
+"""The terminal report (gate/render.py) against hand-written expectations: every row, number
+and word of the tables is written out here from the evidence below, so a renderer that drops a
+column, renumbers the checks, hides the wrong shape-ledger rows or loses a style fails. Each
+test was a surviving mutation of render.py (issue 16) before it existed; they run in
+milliseconds on a hand-made AuditReport, with no model."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from decoder_audit.gate import CHECK_TITLES, AuditReport, CheckResult
+from decoder_audit.gate.render import print_report
+
+
+def _site(name: str, ok: bool = True) -> dict:
+    return {"site": name, "declared": ["B", "T", "D"], "got": [2, 3, 8] if ok else None,
+            "ok": ok}
+
+
+def _sites(layers: int, broken: str | None = None) -> list[dict]:
+    names = ["embed"] + [f"layers.{i}.{part}" for i in range(layers)
+                         for part in ("attn.q", "mlp.out")] + ["logits"]
+    return [_site(n, n != broken) for n in names]
+
+
+# the last target is narrower than its input: the line must not end in padding
+PAIRS = [{"input": "<bos>", "target": "A"}, {"input": "A", "target": "B"},
+         {"input": "<unk>", "target": "C"}]
+
+
+def _report(params_pass: bool = False, sites: list[dict] | None = None,
+            align_pass: bool = False) -> AuditReport:
+    checks = [
+        CheckResult("inputs", True, "ids ok", {}, None, seconds=0.7),
+        CheckResult("shapes", True, "ledger ok",
+                    {"sites": sites if sites is not None else _sites(4),
+                     "sizes": {"B": 2, "T": 3}}, 0.0),
+        CheckResult("params", params_pass, "ledger" if params_pass else "4 extra", {
+            "rows": [("embedding", 1234, "V*D"), ("blocks", 56789, "L*12*D^2")],
+            "analytic_total": 58023, "measured_total": 58027,
+            "differences": ["measured 4 more", "a bias unaccounted"]}, None, seconds=0.4),
+        CheckResult("causal", True, "no leak", {
+            "seq_len": 9, "allowed": 1e-9, "dtype": "torch.float64",
+            "cuts": [{"cut": 0, "moved_rows": [0, 1, 2], "max_change_earlier": 0.0,
+                      "change_at_cut": 1.0},
+                     {"cut": 2, "moved_rows": [], "max_change_earlier": 0.0,
+                      "change_at_cut": 0.5},
+                     {"cut": 1, "moved_rows": list(range(1, 9)), "max_change_earlier": 2e-3,
+                      "change_at_cut": 0.25}]}, 1e-9, seconds=2.0),
+        CheckResult("attention_rows", True, "skipped: none", {}, None, skipped=True),
+        CheckResult("loss_alignment", align_pass, "aligned" if align_pass else "off by one",
+                    {"pairs": PAIRS}, 1e-6, seconds=1.1),
+    ]
+    return AuditReport(checks, model="hand-made", mode="white-box", dtype="float64",
+                       vocab_size=11, max_seq_len=16, seconds=1.5, tokens=12345, calls=7,
+                       notes=["a note"])
+
+
+def _text(report: AuditReport, **kwargs) -> list[str]:
+    console = Console(width=160, record=True, color_system=None, file=io.StringIO())
+    print_report(report, console, **kwargs)
+    return console.export_text().splitlines()
+
+
+def _ansi(report: AuditReport) -> str:
+    out = io.StringIO()
+    print_report(report, Console(width=160, force_terminal=True, color_system="standard",
+                                 file=out))
+    return out.getvalue()
+
+
+def _table(lines: list[str], title: str) -> list[list[str]]:
+    """The cells of the table whose title line starts with `title` (header row first)."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rows, seen = [], False
+    for line in lines[start + 1:]:
+        boxed = bool(line) and line[0] in "┏┃┡│└"
+        if seen and not boxed:
+            break
+        seen = seen or boxed
+        if line[0] in "┃│":
+            rows.append([cell.strip() for cell in line[1:-1].replace("┃", "│").split("│")])
+    return rows
+
+
+def test_the_summary_numbers_checks_from_one_with_status_and_tolerance():
+    rows = _table(_text(_report()), "acceptance gate (diagnosis order)")
+    assert rows == [
+        ["#", "check", "", "tolerance", "evidence"],
+        ["1", "inputs", "pass", "exact", "ids ok"],
+        ["2", "shapes", "pass", "0 (exact)", "ledger ok"],
+        ["3", "params", "FAIL", "exact", "4 extra"],
+        ["4", "causal", "pass", "1e-09", "no leak"],
+        ["5", "attention_rows", "skip", "exact", "skipped: none"],
+        ["6", "loss_alignment", "FAIL", "1e-06", "off by one"],
+    ]
+
+
+def test_the_verdict_the_cost_and_the_slowest_checks_slowest_first():
+    lines = _text(_report(), command="decoder-audit verify x")
+    assert "note: a note" in lines
+    first = lines.index(f"FAILED: first broken contract is 'params' ({CHECK_TITLES['params']})")
+    assert lines[first + 1:first + 3] == ["  4 extra", "  also failing: loss_alignment"]
+    assert ("cost: 1.5 s, 12,345 token positions in 7 model calls = 771.6 forward passes at T=16"
+            in lines)
+    assert "  slowest: causal 2.0 s, loss_alignment 1.1 s, inputs 0.7 s" in lines
+    assert lines[-1] == "rerun: decoder-audit verify x"
+    passed = _text(_report(params_pass=True, align_pass=True))
+    assert "PASSED: every check holds (1 skipped: attention_rows)." in passed
+
+
+def test_tables_are_titled_at_the_left_edge():
+    lines = _text(_report())
+    for title in ("shape ledger (B=2, T=3)", "parameter ledger (analytic,",
+                  "acceptance gate (diagnosis order)", "causal interventions: T=9"):
+        assert any(line.startswith(title) for line in lines), title
+
+
+def test_the_shape_ledger_shows_layer_0_for_identical_layers_and_every_row_otherwise():
+    rows = _table(_text(_report()), "shape ledger (B=2, T=3)")
+    ok = ["(B, T, D)", "(2, 3, 8)", "ok"]
+    assert rows == [["site", "declared", "recorded", ""], ["embed", *ok],
+                    ["layers.0.attn.q", *ok], ["layers.0.mlp.out", *ok], ["logits", *ok]]
+    assert "  layers 1..3: the same 2 sites each, all as declared" in _text(_report())
+    broken = _table(_text(_report(sites=_sites(4, "layers.2.attn.q"))), "shape ledger")
+    assert [row[0] for row in broken[1:]] == [s["site"] for s in _sites(4)]
+    assert broken[1 + 5] == ["layers.2.attn.q", "(B, T, D)", "not recorded", "MISMATCH"]
+    assert not any(line.startswith("  layers 1..") for line in
+                   _text(_report(sites=_sites(4, "layers.2.attn.q"))))
+    two = _table(_text(_report(sites=_sites(2))), "shape ledger")
+    assert [row[0] for row in two[1:]] == [s["site"] for s in _sites(2)]
+
+
+def test_the_parameter_ledger_rows_total_and_its_verdict():
+    lines = _text(_report())
+    assert _table(lines, "parameter ledger") == [
+        ["component", "parameters", "formula"], ["embedding", "1,234", "V*D"],
+        ["blocks", "56,789", "L*12*D^2"], ["total", "58,023", ""]]
+    assert ("  measured unique parameters: 58,027; differs: measured 4 more; a bias unaccounted"
+            in lines)
+    assert "  measured unique parameters: 58,027; reconciled" in _text(_report(params_pass=True))
+
+
+def test_the_causal_table_lists_each_cut_and_the_rows_that_moved():
+    assert _table(_text(_report()), "causal interventions")[1:] == [
+        ["0", "none", "0.00e+00", "0, 1, 2", "1.00e+00"],
+        ["2", "0..1", "0.00e+00", "-", "5.00e-01"],
+        ["1", "0..0", "2.00e-03", "1, 2, 3, 4, 5, 6...", "2.50e-01"]]
+
+
+def test_the_aligned_example_keeps_each_position_in_one_column():
+    lines = _text(_report())
+    at = lines.index("aligned example (row t of the logits is scored against target t):")
+    assert lines[at + 1:at + 3] == ["  input:  <bos> A <unk>", "  target: A     B C"]
+
+
+def test_styles_mark_the_status_and_the_verdict():
+    """SGR codes (ECMA-48): 1 bold, 31 red, 32 green, 33 yellow."""
+    failing = _ansi(_report())
+    assert "\x1b[32mpass" in failing and "\x1b[1;31mFAIL" in failing
+    assert "\x1b[33mskip" in failing
+    assert "\x1b[1;31mFAILED: first broken contract is 'params'" in failing
+    assert "\x1b[1maligned example" in failing
+    assert "\x1b[1;32mPASSED: every check holds" in _ansi(_report(params_pass=True,
+                                                                  align_pass=True))
