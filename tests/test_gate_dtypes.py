@@ -6,6 +6,7 @@ bfloat16's rounding (named below, with their size), float64 stays available, and
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -13,9 +14,12 @@ import torch
 import decoder_audit as da
 from decoder_audit.cli import main
 from decoder_audit.gate import tolerances
+from decoder_audit.objective import logits_of
+from decoder_audit.oracle import oracle_logits
 
 import configs
 import zoo
+import zoo_generation as zg
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -68,20 +72,25 @@ def test_hand_written_attention_and_a_torch_decoder_pass_in_bfloat16():
 
 # ---- the zoo in bfloat16 -----------------------------------------------------------------------
 
-# Mutants whose effect on the logits is below what bfloat16 can resolve (eps 7.8e-3 of the logit
-# scale; the tolerance is 4x the measured rounding floor, 2.6 eps for the zoo's small model).
-# Each is caught in float32. Effects measured on the zoo's models, relative to the logit scale:
+# Mutants whose effect is below what bfloat16 resolves on the zoo's small model: eps 7.8e-3, and
+# the oracle's tolerance 2.1e-2 of the logit scale there (4x the measured rounding floor, 5.2e-3).
+# Each is caught in float32. name: (check, effect): the effect on the logits relative to their
+# largest |logit|, measured by `_effect` below in the dtype the mutant is built in,
+# independently of the gate (on other ids than the gate's probe).
+# Not listed: leak_of_1e-6 (8e-5 of the logit scale, a nudge of 1e-4 of the attention outputs it
+# is added to) is caught in bfloat16 too: causal compares exactly, and the nudge flips single
+# roundings of earlier rows (one bfloat16 ulp, 1.2e-4 at a logit of 2e-2).
 BF16_OUT_OF_REACH = {
-    # a leak of 1e-6 of the last token's residual: rounds to nothing, 0 change in every row
-    "leak_of_1e-6": "causal",
-    # a leak of 1e-8 built for float64: rounds to nothing
-    "leak_of_1e-8_float64": "causal",
+    # a leak of exactly 1e-8 in two logits of a float64 model: rounds to nothing
+    "leak_of_1e-8_float64": ("causal", 6e-9),
     # the diagonal dropped from the mask: random-init attention is nearly uniform and writes
-    # little into the residual, so logits move by 1.5e-2 of their scale (2.0 eps), inside 2.6 eps
-    "self_excluded_mask": "oracle",
-    # a 1/Dh score scale on the traced path only: 4e-3 of the scale (0.5 eps) even with the
-    # attention sharpened to scores of ~2
-    "traced_path_differs_from_fast": "oracle",
+    # little into the residual, so the logits move by 1.6e-2 (the gate's probe) to 2.2e-2 of
+    # their scale: the size of bfloat16's own rounding of this model (2 to 3 eps), at its
+    # tolerance's edge; in float32 it is 500x the tolerance
+    "self_excluded_mask": ("oracle", 2e-2),
+    # a 1/Dh score scale on the traced path only: 7e-3 of the scale (under 1 eps) even with the
+    # attention sharpened to scores of ~2 (the oracle check's second comparison)
+    "traced_path_differs_from_fast": ("oracle", 7e-3),
 }
 
 
@@ -101,11 +110,98 @@ def test_mutants_out_of_bfloat16s_reach_are_caught_in_float32(name):
     """The list above is exact: each of these passes its check in bfloat16 (its effect is below
     the rounding) and fails it in float32."""
     case = next(c for c in zoo.MUTANTS if c.name == name)
-    check = BF16_OUT_OF_REACH[name]
+    check = BF16_OUT_OF_REACH[name][0]
     assert case.expect == check
     wide = da.audit(cast(case.build(), torch.float32), checks=[check], **case.kwargs)
     narrow = da.audit(cast(case.build(), torch.bfloat16), checks=[check], **case.kwargs)
     assert not wide[check].passed and narrow[check].passed
+
+
+def _sharpened(model: torch.nn.Module, ids: torch.Tensor, target: float = 2.0):
+    """Forward hooks scaling every layer's queries and keys by sqrt(target / its largest
+    |score|), so the largest attention score of each layer becomes about `target`."""
+    _, trace = model.run_with_trace(ids)
+    hooks = []
+    for i, layer in enumerate(model.layers):
+        factor = math.sqrt(target / float(trace[f"layers.{i}.attn.scores"].abs().max()))
+        for proj in (layer.attn.q_proj, layer.attn.k_proj):
+            hooks.append(proj.register_forward_hook(lambda _m, _i, out, a=factor: out * a))
+    return hooks
+
+
+def _effect(name: str) -> float:
+    """How far the mutant's logits move, relative to their largest |logit|, in the dtype it is
+    built in: for a causal leak, the earlier rows when the last token changes; for a wrong mask,
+    the logits against the float64 reference forward (oracle_logits); for a traced path that
+    differs, traced against fast with the attention sharpened (as the oracle check does)."""
+    case = next(c for c in zoo.MUTANTS if c.name == name)
+    model = case.build().eval()
+    cfg = getattr(model, "config", None)
+    vocab = case.kwargs.get("vocab_size") or cfg.vocab_size
+    ids = torch.randint(0, vocab, (2, case.kwargs.get("max_seq_len") or cfg.max_seq_len),
+                        generator=torch.Generator().manual_seed(0))  # (B, T)
+    with torch.no_grad():
+        logits = logits_of(model(ids)).double()  # (B, T, V)
+        if BF16_OUT_OF_REACH[name][0] == "causal":
+            changed = ids.clone()
+            changed[:, -1] = (changed[:, -1] + 1) % vocab
+            moved = logits_of(model(changed)).double() - logits
+            return float(moved[:, :-1].abs().max() / logits.abs().max())
+        if name == "self_excluded_mask":
+            exact = oracle_logits(dict(model.named_parameters()), cfg, ids)
+            return float((logits - exact).abs().max() / exact.abs().max())
+        hooks = _sharpened(model, ids)
+        try:
+            fast = logits_of(model(ids)).double()
+            traced = model.run_with_trace(ids)[0].double()
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return float((traced - fast).abs().max() / fast.abs().max())
+
+
+@pytest.mark.parametrize("name", sorted(BF16_OUT_OF_REACH))
+def test_out_of_reach_effects_are_as_listed_and_below_bfloat16s_resolution(name):
+    """Each listed size is the mutant's measured effect (within a factor of 2), and of the order
+    of bfloat16's rounding: below half its eps for a leak that must survive additions in bfloat16
+    (causal compares exactly), within 2x the tolerance the bfloat16 audit used for the oracle
+    (4x the rounding floor it measured on the same weights)."""
+    check, listed = BF16_OUT_OF_REACH[name]
+    effect = _effect(name)
+    assert listed / 2 <= effect <= listed * 2, (name, effect)
+    if check == "causal":
+        assert effect < tolerances.eps(torch.bfloat16) / 2
+    else:
+        case = next(c for c in zoo.MUTANTS if c.name == name)
+        narrow = da.audit(cast(case.build(), torch.bfloat16), checks=[check], **case.kwargs)
+        assert effect < 2 * narrow[check].tolerance, (effect, narrow[check].tolerance)
+
+
+# ---- the generation zoo in bfloat16 ------------------------------------------------------------
+
+# Missed in bfloat16, with the size of the effect (relative to the logit scale) and why:
+BF16_GENERATION_MISSED = {
+    # the window one key too wide in cached steps (kv_cache's probe, T=16 of the long config):
+    # 3.3e-2 (4 eps), inside kv_cache's fixed bfloat16 tolerance of 8 eps (6.3e-2). 4x the
+    # measured rounding floor of these weights (1.8e-2, what the oracle and prefix use) would
+    # catch it, with the correct model's cached path at 5e-3: generation.py's kv_cache (and
+    # padding) take tolerances.kv_cache(dtype), not yet Subject.shape_tolerance().
+    "sliding_window_off_by_one_in_cache": "kv_cache",
+}
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="BF16_GENERATION_MISSED"))
+    if c.name in BF16_GENERATION_MISSED else c for c in zg.MUTANTS], ids=lambda case: case.name)
+def test_generation_mutant_is_caught_in_bfloat16(case):
+    """The generation family's mutants (weights of order 1) are caught in bfloat16 by their
+    check, except those listed above (strict: one that starts being caught fails here, to be
+    taken off the list)."""
+    report = da.audit(cast(case.build(), torch.bfloat16), checks=zg.GENERATION_CHECKS,
+                      **case.kwargs)
+    assert not report[case.expect].passed, report[case.expect].detail
+    assert "exception" not in report[case.expect].evidence, report[case.expect].detail
+    assert case.says in report[case.expect].detail, report[case.expect].detail
 
 
 # ---- float64 stays available -------------------------------------------------------------------
