@@ -72,7 +72,10 @@ PACKAGES = {
     "gate": Package(
         ("src/decoder_audit/gate/*.py",),
         ("tests/test_gate_zoo.py", "tests/test_gate_checks.py", "tests/test_gate_generation.py",
-         "tests/test_gate_dtypes.py", "tests/test_gate_render.py"),
+         "tests/test_gate_dtypes.py", "tests/test_gate_render.py", "tests/test_gate_mutants.py",
+         # the two foreign-family tests that judge the output_attentions path against `causal`
+         "tests/test_gate_foreign.py::test_falcons_output_attentions_path_leak_is_named",
+         "tests/test_gate_foreign.py::test_bidirectional_defaults_fail_causal_and_prefix"),
         "every check against its mutants in the zoos, and correct models that must pass "
         "(not the slow foreign-family and memory-scale tests)",
         # the 16-bit presets are 40% of the selection's time; the bf16 config grid and the zoo

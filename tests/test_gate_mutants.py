@@ -1,0 +1,55 @@
+"""Tests that kill surviving mutations of the gate's own code (issue 16, docs/mutation.md): each
+names the mutant it was written for and checks the gate's arithmetic against an independent
+expectation, in milliseconds, with no model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoder_audit.gate import weights
+
+
+def _seen(d_lookup, d_logits, h) -> dict[str, torch.Tensor]:
+    """What the forward hooks keep: the lookup's output and the readout's output with their
+    gradients, and the readout's input."""
+    lookup_out = torch.zeros_like(d_lookup, requires_grad=True)
+    lookup_out.grad = d_lookup
+    readout_out = torch.zeros_like(d_logits, requires_grad=True)
+    readout_out.grad = d_logits
+    return {"lookup_out": lookup_out, "readout_out": readout_out, "readout_in": h}
+
+
+@pytest.mark.parametrize("row_block", [2, 2048])
+def test_tied_gradient_sums_match_the_formula_at_small_scale(monkeypatch, row_block):
+    """weights._compare_path_sums against dW = d_logits^T h + scatter(ids, d_lookup), written
+    out with a Python loop, at gradients far below 1 (a fresh model's): `expected_max` must be
+    the largest |expected| itself, not floored at 1 (mutant `expected_max: 1.0` made the
+    tolerance tol * 1 instead of tol * max|expected|), `error` exactly the planted error."""
+    monkeypatch.setattr(weights, "ROW_BLOCK", row_block)  # several row blocks, then one
+    gen = torch.Generator().manual_seed(0)
+    vocab, dim, batch, seq_len = 5, 3, 2, 3
+    ids = torch.tensor([[0, 3, 3], [4, 0, 1]])  # (B, T); row 2 never looked up
+    d_lookup = 1e-3 * torch.randn(batch, seq_len, dim, generator=gen, dtype=torch.float64)
+    d_logits = 1e-3 * torch.randn(batch, seq_len, vocab, generator=gen, dtype=torch.float64)
+    h = torch.randn(batch, seq_len, dim, generator=gen, dtype=torch.float64)
+    readout = torch.zeros(vocab, dim, dtype=torch.float64)
+    expected = torch.zeros(vocab, dim, dtype=torch.float64)
+    for b in range(batch):
+        for t in range(seq_len):
+            for v in range(vocab):
+                readout[v] += d_logits[b, t, v] * h[b, t]
+            expected[ids[b, t]] += d_lookup[b, t]
+    expected += readout
+    emb = torch.zeros(vocab, dim, dtype=torch.float64, requires_grad=True)
+    emb.grad = expected.clone()
+    emb.grad[2, 1] += 1e-9  # the planted error, on a row no id looks up
+    sums = weights._compare_path_sums(emb, ids, _seen(d_lookup, d_logits, h), vocab)
+    # the scale of the comparison: the largest of either path's sum and the readout path alone
+    scale = max(float(expected.abs().max()), float(readout.abs().max()))
+    assert sums["expected_max"] == pytest.approx(scale, rel=1e-12)
+    assert scale < 0.1
+    assert sums["readout_max"] == pytest.approx(float(readout.abs().max()), rel=1e-12)
+    assert sums["error"] == pytest.approx(1e-9, rel=1e-6)
+    assert sums["shared_minus_lookup"] == pytest.approx(
+        float((emb.grad - (expected - readout)).abs().max()), rel=1e-12)
