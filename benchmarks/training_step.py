@@ -149,15 +149,15 @@ def measure(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
     for row in plan_rows(plan, shape, precisions):
         r = measure_row(row, plan.repeats, plan.warmup)
         results.append(r)
-        plan.say(f"{row.label} training step: ours {r['ours']['tokens_per_s']:.0f} tok/s, HF "
-                 f"{r['hf']['tokens_per_s']:.0f} tok/s, HF/ours {r['hf_over_ours']:.2f}")
+        plan.say(f"{row.label} training step: ours {r['ours']['tokens_per_s']:.3g} tok/s, HF "
+                 f"{r['hf']['tokens_per_s']:.3g} tok/s, HF/ours {r['hf_over_ours']:.2f}")
     # compiling takes minutes on a CPU: after both rows
     for row, r in zip(plan_rows(plan, shape, precisions), results):
         if row.precision == "fp32" and "compile" not in plan.skip:
             r["compile"] = c = measure_compiled(row, plan.repeats, plan.warmup)
             plan.say(f"{row.label} torch.compile: " + (c.get("error") or (
-                f"eager {c['eager_tokens_per_s']:.0f} tok/s, compiled "
-                f"{c['compiled_tokens_per_s']:.0f} tok/s (eager/compiled "
+                f"eager {c['eager_tokens_per_s']:.3g} tok/s, compiled "
+                f"{c['compiled_tokens_per_s']:.3g} tok/s (eager/compiled "
                 f"{c['eager_over_compiled']:.2f}), compiling {c['compile_seconds']:.0f} s")))
     return results
 
@@ -171,7 +171,7 @@ def section(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         o, h, p = r["ours"], r["hf"], r["hf_over_ours_paired"]
         lines.append(
-            f"| {r['label']} | {o['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | "
+            f"| {r['label']} | {o['tokens_per_s']:.3g} | {h['tokens_per_s']:.3g} | "
             f"{r['hf_over_ours']:.2f} ({p['min']:.2f}-{p['max']:.2f}) | "
             f"{r['hf_over_ours_best']:.2f} | {o['seconds']['median']:.3f} / "
             f"{h['seconds']['median']:.3f} |")
@@ -188,8 +188,8 @@ def _compile_line(r: dict[str, Any]) -> str:
     c = r["compile"]
     if "error" in c:
         return f"\n`--compile` ({r['label']}): torch.compile failed here: {c['error']}"
-    return (f"\n`--compile` ({r['label']}): ours eager {c['eager_tokens_per_s']:.0f} tok/s, "
-            f"compiled {c['compiled_tokens_per_s']:.0f} tok/s, eager/compiled "
+    return (f"\n`--compile` ({r['label']}): ours eager {c['eager_tokens_per_s']:.3g} tok/s, "
+            f"compiled {c['compiled_tokens_per_s']:.3g} tok/s, eager/compiled "
             f"{c['eager_over_compiled']:.2f} (> 1: compiling helps); the compiling step took "
             f"{c['compile_seconds']:.0f} s.")
 
