@@ -53,3 +53,35 @@ def test_tied_gradient_sums_match_the_formula_at_small_scale(monkeypatch, row_bl
     assert sums["error"] == pytest.approx(1e-9, rel=1e-6)
     assert sums["shared_minus_lookup"] == pytest.approx(
         float((emb.grad - (expected - readout)).abs().max()), rel=1e-12)
+
+
+class _Params:
+    """The one thing reference._chunks asks of a Subject: its parameters."""
+
+    def __init__(self, *params):
+        self._params = params
+
+    def parameters(self):
+        return iter(self._params)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.3])
+def test_a_tied_weight_gets_its_gradient_in_one_pass_only(monkeypatch, share):
+    """reference._chunks: a weight read by two stages (a tied embedding: the readout first in
+    backward order, the lookup last) belongs to the pass of its first stage alone, and the
+    passes' sizes add up to the unique parameters (mutant `id(None) not in seen` put it in
+    both passes, so it was counted twice and its gradient taken twice)."""
+    from decoder_audit.gate import reference
+
+    monkeypatch.setattr(reference, "GRAD_SHARE", share)
+    tied, block, norm = (torch.nn.Parameter(torch.zeros(n)) for n in (30, 20, 5))
+    named = {"lm_head.weight": tied, "layers.0.w": block, "ln_f.weight": norm,
+             "token_embeddings.weight": tied}
+    stages = [("readout", {"lm_head.weight": None}), ("final_norm", {"ln_f.weight": None}),
+              ("block 0", {"layers.0.w": None}), ("lookup", {"token_embeddings.weight": None})]
+    chunks = reference._chunks(_Params(tied, block, norm), named, stages)
+    params = [p for chunk in chunks for p in chunk.params]
+    assert sorted(map(id, params)) == sorted(map(id, (tied, block, norm)))
+    assert any(p is tied for p in chunks[0].params)
+    assert sum(chunk.numel for chunk in chunks) == 55
+    assert [stage for chunk in chunks for stage in chunk.stages] == [s for s, _ in stages]
