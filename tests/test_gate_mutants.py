@@ -85,3 +85,21 @@ def test_a_tied_weight_gets_its_gradient_in_one_pass_only(monkeypatch, share):
     assert any(p is tied for p in chunks[0].params)
     assert sum(chunk.numel for chunk in chunks) == 55
     assert [stage for chunk in chunks for stage in chunk.stages] == [s for s, _ in stages]
+
+
+def test_the_oracle_gradient_scale_is_the_largest_piece_not_at_least_one():
+    """reference._GradientLedger: the oracle-gradient tolerance is tol * scale, scale the
+    largest |oracle gradient piece|; at gradients far below 1 it must be that piece, not 1
+    (mutant `self.scale = 1.0` loosened the gradient comparison by 1 / max|grad|), and the
+    error is exactly |fast - oracle|."""
+    from decoder_audit.gate import reference
+
+    weight = torch.nn.Parameter(torch.zeros(4, 3, dtype=torch.float64))
+    oracle = 1e-3 * torch.arange(12, dtype=torch.float64).reshape(4, 3)
+    weight.grad = oracle.clone()
+    weight.grad[1, 2] += 1e-9
+    ledger = reference._GradientLedger({"w": weight}, [("only", {"w": None})])
+    ledger.piece(0, weight, None, oracle)
+    ledger.end_stage(0, weight)
+    assert ledger.scale == pytest.approx(11e-3, rel=1e-12)
+    assert ledger.errors == {"w": pytest.approx(1e-9, rel=1e-6)}
