@@ -7,7 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import decoder_audit as da
 from decoder_audit.gate import weights
+from decoder_audit.ledger import parameter_ledger
+
+import zoo
 
 
 def _seen(d_lookup, d_logits, h) -> dict[str, torch.Tensor]:
@@ -103,3 +107,14 @@ def test_the_oracle_gradient_scale_is_the_largest_piece_not_at_least_one():
     ledger.end_stage(0, weight)
     assert ledger.scale == pytest.approx(11e-3, rel=1e-12)
     assert ledger.errors == {"w": pytest.approx(1e-9, rel=1e-6)}
+
+
+def test_a_params_failure_names_the_component_and_the_total():
+    """check_params with two differences (one extra bias of D in layer 0, hence the total too)
+    says both, the first and the last (mutant `len(problems) == 1 or True` kept the first
+    only, so the detail no longer said the total was off)."""
+    extra = zoo.TINY.d_model
+    total = parameter_ledger(zoo.TINY).total
+    detail = da.audit(zoo.extra_attention_bias(), checks=["params"])["params"].detail
+    assert "layers.0.attn" in detail and f"(+{extra})" in detail
+    assert f"total: analytic {total} vs measured {total + extra}" in detail
