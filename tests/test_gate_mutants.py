@@ -118,3 +118,11 @@ def test_a_params_failure_names_the_component_and_the_total():
     detail = da.audit(zoo.extra_attention_bias(), checks=["params"])["params"].detail
     assert "layers.0.attn" in detail and f"(+{extra})" in detail
     assert f"total: analytic {total} vs measured {total + extra}" in detail
+
+
+def test_a_declared_tie_that_holds_says_it_is_one_parameter_object():
+    """The passing `tying` detail names what was verified, the object identity (mutant: the
+    words upper-cased)."""
+    tying = da.audit(zoo.decoder(zoo.TINY), checks=["tying"])["tying"]
+    assert zoo.TINY.tie_embeddings and tying.passed
+    assert tying.detail == "lm_head.weight is token_embeddings.weight (one Parameter object)"
