@@ -118,10 +118,9 @@ def _config(package: Package, only: list[str] | None) -> str:
     ])
 
 
-def _snapshot(name: str, package: Package, commit: str | None, only: list[str] | None) -> Path:
-    """build/mutation/<name>/, emptied, with src/ and tests/ (of the working tree, or of
-    `commit`) and a pyproject.toml configuring mutmut for this package."""
-    work = SCRATCH / name
+def _snapshot(work: Path, package: Package, commit: str | None, only: list[str] | None) -> Path:
+    """`work` (build/mutation/<name>[-<tag>]/), emptied, with src/ and tests/ (of the working
+    tree, or of `commit`) and a pyproject.toml configuring mutmut for this package."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -318,6 +317,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     parser.add_argument("--mutants", nargs="+", metavar="NAME",
                         help="run only these mutants (names or globs, as mutmut prints them)")
+    parser.add_argument("--tag", help="use build/mutation/<package>-<tag>/, so that this run "
+                        "leaves another run's folder (still running, or kept) alone")
     parser.add_argument("--report", action="store_true",
                         help="only print the last run's results, run nothing")
     return parser
@@ -337,11 +338,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     for name in names:
-        work = SCRATCH / name
+        work = SCRATCH / (f"{name}-{args.tag}" if args.tag else name)
         if not args.report:
             print(f"== {name}: mutating {', '.join(args.only or PACKAGES[name].mutate)}; tests "
                   f"{' '.join(PACKAGES[name].tests)}", flush=True)
-            work = _snapshot(name, PACKAGES[name], args.commit, args.only)
+            _snapshot(work, PACKAGES[name], args.commit, args.only)
             _run(work, args.jobs, _choose(work, args))
         if (work / "mutants").exists():
             _report(name, work)
