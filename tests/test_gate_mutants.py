@@ -126,3 +126,12 @@ def test_a_declared_tie_that_holds_says_it_is_one_parameter_object():
     tying = da.audit(zoo.decoder(zoo.TINY), checks=["tying"])["tying"]
     assert zoo.TINY.tie_embeddings and tying.passed
     assert tying.detail == "lm_head.weight is token_embeddings.weight (one Parameter object)"
+
+
+def test_two_parameters_over_one_storage_are_named_as_such():
+    """The shared-storage failure says what is wrong in the words of the contract: two
+    Parameter objects (mutant: 'parameter objects', which the zoo's substring did not see)."""
+    tying = da.audit(zoo.shared_storage_readout(), checks=["tying"])["tying"]
+    assert not tying.passed
+    assert tying.detail == ("declared tied, but two Parameter objects share one storage: the "
+                            "optimizer keeps two states")
