@@ -135,3 +135,14 @@ def test_two_parameters_over_one_storage_are_named_as_such():
     assert not tying.passed
     assert tying.detail == ("declared tied, but two Parameter objects share one storage: the "
                             "optimizer keeps two states")
+
+
+def test_a_padding_failure_keeps_its_tolerance():
+    """A failing `padding` verdict carries the tolerance it was judged with, as a passing one
+    does (mutant: the failing CheckResult lost it, so the report printed 'exact')."""
+    import zoo_generation as zg
+    from decoder_audit.gate import tolerances
+
+    padding = da.audit(zg.decoder(zg.LEARNED, zg.MaskIgnored), checks=["padding"])["padding"]
+    assert not padding.passed
+    assert padding.tolerance == tolerances.padding(torch.float32)
