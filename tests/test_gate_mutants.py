@@ -146,3 +146,21 @@ def test_a_padding_failure_keeps_its_tolerance():
     padding = da.audit(zg.decoder(zg.LEARNED, zg.MaskIgnored), checks=["padding"])["padding"]
     assert not padding.passed
     assert padding.tolerance == tolerances.padding(torch.float32)
+
+
+def test_tying_grad_fails_when_the_lookup_bypasses_its_module():
+    """A model whose token lookup never goes through the token_embeddings module's call (no
+    hook can see it) cannot show the tied gradient's two paths: `tying_grad` fails and says so
+    (mutant: the message upper-cased)."""
+    model = zoo.decoder(zoo.TINY)
+    lookup = model.token_embeddings
+
+    class Unhooked(type(lookup)):
+        def __call__(self, *args, **kwargs):
+            return self.forward(*args, **kwargs)  # nn.Module.__call__ runs the hooks; this not
+
+    lookup.__class__ = Unhooked
+    tying_grad = da.audit(model, checks=["tying_grad"])["tying_grad"]
+    assert not tying_grad.passed
+    assert tying_grad.detail == ("the lookup or readout path was never run through "
+                                 "token_embeddings / lm_head")
