@@ -164,3 +164,14 @@ def test_tying_grad_fails_when_the_lookup_bypasses_its_module():
     assert not tying_grad.passed
     assert tying_grad.detail == ("the lookup or readout path was never run through "
                                  "token_embeddings / lm_head")
+
+
+def test_kv_cache_passes_a_model_with_room_for_one_token():
+    """max_seq_len = 1 leaves no cached step to compare: `kv_cache` passes and says why
+    (mutant: it failed such a model)."""
+    import dataclasses
+
+    model = zoo.decoder(dataclasses.replace(zoo.TINY, max_seq_len=1))
+    kv_cache = da.audit(model, checks=["kv_cache"])["kv_cache"]
+    assert kv_cache.passed and not kv_cache.skipped
+    assert "no cached step" in kv_cache.detail
