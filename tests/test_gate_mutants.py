@@ -175,3 +175,19 @@ def test_kv_cache_passes_a_model_with_room_for_one_token():
     kv_cache = da.audit(model, checks=["kv_cache"])["kv_cache"]
     assert kv_cache.passed and not kv_cache.skipped
     assert "no cached step" in kv_cache.detail
+
+
+def test_a_model_changed_by_an_all_ones_mask_is_told_so_before_any_pad():
+    """`padding` first compares a row under an all-ones mask with the plain run; a model that
+    the mere presence of a mask changes fails there, and the detail says it was without any
+    pad (mutant: that sentence upper-cased)."""
+    import zoo_generation as zg
+
+    class MaskMoves(da.Decoder):
+        def forward(self, ids, attention_mask=None, *, cache=None, last_only=False):
+            out = super().forward(ids, attention_mask, cache=cache, last_only=last_only)
+            return out if attention_mask is None else out + 1e-2
+
+    padding = da.audit(zg.decoder(zg.LEARNED, MaskMoves), checks=["padding"])["padding"]
+    assert not padding.passed
+    assert "without any pad, an all-ones attention_mask" in padding.detail
