@@ -191,3 +191,37 @@ def test_a_model_changed_by_an_all_ones_mask_is_told_so_before_any_pad():
     padding = da.audit(zg.decoder(zg.LEARNED, MaskMoves), checks=["padding"])["padding"]
     assert not padding.passed
     assert "without any pad, an all-ones attention_mask" in padding.detail
+
+
+def test_future_keys_with_the_extra_keys_first():
+    """attention._future_mask with k = S - T extra keys first (a cache, sink tokens): key j is
+    position j - k, in query i's future when j - k > i; with them last, key j < T is position
+    j and the extra keys are visible. Written out for T = 3, S = 5 (mutant: j + k > i)."""
+    from decoder_audit.gate import attention
+
+    f, t = False, True
+    assert attention._future_mask(3, 5, extra_first=True).tolist() == [
+        [f, f, f, t, t], [f, f, f, f, t], [f, f, f, f, f]]
+    assert attention._future_mask(3, 5, extra_first=False).tolist() == [
+        [f, t, t, f, f], [f, f, t, f, f], [f, f, f, f, f]]
+
+
+def test_the_normalised_sum_tolerance_is_four_eps_of_a_16_bit_dtype():
+    """tolerances.normalised_sum: 1e-3, or 4 eps for a dtype whose eps is larger: bfloat16 has
+    7 explicit mantissa bits (eps 2^-7), float16 10 (eps 2^-10) (mutant: 4 / eps, a tolerance of
+    ~1e16 in float64, under which any row "sums to 1")."""
+    from decoder_audit.gate import tolerances
+
+    assert tolerances.normalised_sum(torch.bfloat16) == 4 * 2.0 ** -7
+    assert tolerances.normalised_sum(torch.float16) == 4 * 2.0 ** -10  # 3.9e-3 > 1e-3
+    assert tolerances.normalised_sum(torch.float32) == 1e-3
+    assert tolerances.normalised_sum(torch.float64) == 1e-3
+
+
+def test_every_shape_site_of_a_correct_decoder_records_its_declared_shape():
+    """`shapes` evidence: each site's recorded shape, equal to the declared one for a correct
+    model (mutant: nothing recorded, every site shown as "not recorded")."""
+    shapes = da.audit(zoo.decoder(zoo.TINY), checks=["shapes"])["shapes"]
+    assert shapes.passed and shapes.evidence["sites"]
+    for site in shapes.evidence["sites"]:
+        assert site["ok"] and site["got"] == site["expected"], site
