@@ -225,3 +225,10 @@ def test_every_shape_site_of_a_correct_decoder_records_its_declared_shape():
     assert shapes.passed and shapes.evidence["sites"]
     for site in shapes.evidence["sites"]:
         assert site["ok"] and site["got"] == site["expected"], site
+
+
+def test_a_black_box_shapes_verdict_claims_no_trace_ledger():
+    """Without a trace (a black box) `shapes` judges the logits alone and its detail ends
+    there: no ledger claimed, nothing appended (mutant: 'XXXX' appended)."""
+    shapes = da.audit(zoo.TorchDecoder(), checks=["shapes"], **zoo.TORCH_BLACKBOX)["shapes"]
+    assert shapes.passed and shapes.detail.endswith("= (B, T, V)"), shapes.detail
