@@ -266,6 +266,10 @@ def _report(name: str, work: Path) -> tuple[int, int]:
     print(f"  {'total':<44}" + "".join(f"{totals[c]:>11}" for c in COLUMNS))
     print(_score_line(f"score {name}", detected, judged, sample)
           + " detected (killed or timed out) of the mutants run")
+    if chosen is not None and len(chosen) > judged + totals["suspicious"]:
+        print(f"  {len(chosen) - judged - totals['suspicious']} of the {len(chosen)} chosen "
+              "mutants did not run (interrupted): mutmut runs those with the fastest tests "
+              "first, so the mutants that ran are not a uniform sample")
     equivalent = [m for m in undetected if m in _equivalent()]
     if equivalent:
         print(_score_line(f"score {name} without the {len(equivalent)} equivalent mutants "
