@@ -179,15 +179,11 @@ def test_out_of_reach_effects_are_as_listed_and_below_bfloat16s_resolution(name)
 
 # ---- the generation zoo in bfloat16 ------------------------------------------------------------
 
-# Missed in bfloat16, with the size of the effect (relative to the logit scale) and why:
-BF16_GENERATION_MISSED = {
-    # the window one key too wide in cached steps (kv_cache's probe, T=16 of the long config):
-    # 3.3e-2 (4 eps), inside kv_cache's fixed bfloat16 tolerance of 8 eps (6.3e-2). 4x the
-    # measured rounding floor of these weights (1.8e-2, what the oracle and prefix use) would
-    # catch it, with the correct model's cached path at 5e-3: generation.py's kv_cache (and
-    # padding) take tolerances.kv_cache(dtype), not yet Subject.shape_tolerance().
-    "sliding_window_off_by_one_in_cache": "kv_cache",
-}
+# Missed in bfloat16, with the size of the effect (relative to the logit scale) and why: none.
+# sliding_window_off_by_one_in_cache (3.3e-2, 4 eps) was missed while kv_cache took the fixed
+# dtype tolerance (8 eps, 6.3e-2); kv_cache and padding now take Subject.shape_tolerance(), 4x
+# the measured rounding floor of the weights (1.8e-2 there; the correct cached path is at 5e-3).
+BF16_GENERATION_MISSED: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("case", [

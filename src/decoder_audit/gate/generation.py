@@ -79,7 +79,7 @@ def check_kv_cache(s: Subject) -> CheckResult:
     seq_len = s.short_len(KV_LEN)
     batch = batch_not_equal(seq_len, (2, 3))
     ids = s.random_ids(batch, seq_len, s.generator(21)).to(s.device)
-    tol = tolerances.kv_cache(s.dtype)
+    tol = s.shape_tolerance()
     schedules = _schedules(seq_len)
     if not schedules:
         return CheckResult("kv_cache", True, "max_seq_len is 1: no cached step exists",
@@ -132,7 +132,7 @@ def check_padding(s: Subject) -> CheckResult:
     seq_len = s.short_len(PAD_LEN)
     if seq_len < 2:
         return CheckResult("padding", True, "max_seq_len is 1: no room for a pad", {},
-                           tolerances.padding(s.dtype))
+                           s.shape_tolerance())
     gen = s.generator(22)
     x = s.random_ids(1, seq_len, gen)[0]  # (T,)
     pads = sorted({k for k in (1, 2, seq_len // 2, seq_len - 1) if 1 <= k < seq_len})
@@ -151,7 +151,7 @@ def check_padding(s: Subject) -> CheckResult:
     conv, origin = _numbered(s, x)
     probe = _PaddingProbe(s, conv, x, torch.stack(rows), torch.stack(masks), layout)
     records = probe.run()
-    tol = tolerances.padding(s.dtype)
+    tol = s.shape_tolerance()
     failures = [r for r in records if not r["max_abs_diff"] <= r["allowed"]]
     evidence = {"seq_len": seq_len, "pads": pads, "dtype": str(s.dtype),
                 "convention": probe.conv.name, "rows": records,
@@ -230,7 +230,7 @@ class _PaddingProbe:
 
     def run(self) -> list[dict]:
         s, seq_len, layout, model = self.s, self.seq_len, self.layout, self.s.work
-        tol = tolerances.padding(s.dtype)
+        tol = s.shape_tolerance()
         records = []
         with torch.no_grad():
             alone = {}
@@ -285,7 +285,7 @@ class _PaddingProbe:
                           use_cache=False)(both, mask.expand(2, -1))  # (2, T, V)
         real = mask.bool()
         worst, allowed = scaled_excess(out[0, real] - out[1, real], out[0, real],
-                                       tolerances.padding(self.s.dtype))
+                                       self.s.shape_tolerance())
         return not worst <= allowed
 
     @staticmethod
