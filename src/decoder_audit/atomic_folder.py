@@ -57,7 +57,7 @@ def write_folder_atomically(path: str | os.PathLike, write: Callable[[Path], Non
             "written): choose another folder")
     if names is not None:
         refuse_to_lose(path, names, what=what)
-    made = _make_folders(parent)
+    made = make_folders(parent)
     _remove_stale(parent, name, keep_backups=not path.is_dir())
     tmp = parent / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
@@ -118,7 +118,7 @@ def _listing(path: Path, most: int = 5) -> str:
     return shown
 
 
-def _make_folders(folder: Path) -> list[Path]:
+def make_folders(folder: Path) -> list[Path]:
     """mkdir -p `folder`; the folders it created, outermost first."""
     missing = []
     while not folder.exists():

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..atomic_folder import make_folders
 from ..errors import RunFolderError
 
 try:
@@ -56,7 +57,7 @@ class RunLock:
     def acquire(self) -> None:
         if self.folder.exists() and not self.folder.is_dir():
             raise RunFolderError(f"run folder {str(self.folder)!r} is a file, not a folder")
-        self._made = _make_folders(self.folder)
+        self._made = make_folders(self.folder)
         try:
             if fcntl is not None:
                 self._acquire_flock()
@@ -181,14 +182,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process
     return True
-
-
-def _make_folders(folder: Path) -> list[Path]:
-    """mkdir -p `folder`; the folders it created, outermost first."""
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for created in reversed(missing):
-        created.mkdir(exist_ok=True)
-    return list(reversed(missing))
