@@ -21,3 +21,21 @@ def randomise(module: nn.Module, seed: int = 0, std: float = 0.5) -> nn.Module:
 def random_decoder(cfg: da.DecoderConfig, seed: int = 0, dtype: torch.dtype | None = None,
                    std: float = 0.5) -> da.Decoder:
     return randomise(da.Decoder(cfg, dtype=dtype), seed, std)
+
+
+BPE_CORPUS = ["the cat sat on the mat", "the dog ate the log"] * 20
+
+
+def trained_bpe():
+    """A byte-level BPE (300 ids, end token `<|endoftext|>`) trained here on BPE_CORPUS, so no
+    test downloads a tokenizer: the `tokenizers` object itself is the independent expectation."""
+    import tokenizers as lib
+
+    backend = lib.Tokenizer(lib.models.BPE())
+    backend.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = lib.decoders.ByteLevel()
+    trainer = lib.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                      initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+    backend.train_from_iterator(BPE_CORPUS, trainer)
+    return backend

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import configs
-from helpers import random_decoder, randomise
+from helpers import random_decoder, randomise, trained_bpe
 
 import decoder_audit as da
 from decoder_audit.cli import main
@@ -79,17 +79,8 @@ def test_bad_arguments_and_missing_folders(tmp_path, capsys):
 # ---- the tokenizer travels to Hugging Face (issue 15) -------------------------------------------
 
 def _trained_bpe():
-    """A byte-level BPE trained here on a few sentences: the independent expectation is this
-    `tokenizers` object itself (its ids, its end token), not our Tokenizer."""
-    lib = pytest.importorskip("tokenizers")
-    backend = lib.Tokenizer(lib.models.BPE())
-    backend.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = lib.decoders.ByteLevel()
-    trainer = lib.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                      initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet(),
-                                      show_progress=False)
-    backend.train_from_iterator(["the cat sat on the mat", "the dog ate the log"] * 20, trainer)
-    return backend
+    pytest.importorskip("tokenizers")
+    return trained_bpe()
 
 
 @pytest.mark.parametrize("family", ["hf-gpt-gelu-biases-untied", "hf-llama-kv2-untied"])

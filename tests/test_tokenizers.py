@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from helpers import trained_bpe
+
 from decoder_audit.errors import ConfigError
 from decoder_audit.tokenizer import MANIFEST_FILE, Tokenizer
 
@@ -81,15 +83,7 @@ def test_gpt2_files_by_other_names_and_by_vocab_file(gpt2_folder, tmp_path):
 
 
 def test_bpe_trained_here_round_trips_and_finds_its_end_token(tmp_path):
-    lib = tokenizers
-    backend = lib.Tokenizer(lib.models.BPE())
-    backend.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = lib.decoders.ByteLevel()
-    trainer = lib.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                      initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet(),
-                                      show_progress=False)
-    corpus = ["the cat sat on the mat", "the dog ate the log"] * 20
-    backend.train_from_iterator(corpus, trainer)
+    backend = trained_bpe()
     backend.save(str(tmp_path / "tok.json"))
 
     tok = Tokenizer.from_spec(tmp_path / "tok.json")
