@@ -261,6 +261,16 @@ class Tokenizer:
         return self._backend.decode([i for i in ids if 0 <= i < self.vocab_size],
                                     skip_special_tokens=False)
 
+    @property
+    def eos_token(self) -> str | None:
+        """The vocabulary entry of `eos_id` (None when there is no end token or, for raw bytes,
+        no entry)."""
+        if self.eos_id is None or self.kind == "bytes":
+            return None
+        if self.kind == "tiny-vocab":
+            return TINY_VOCAB[self.eos_id]
+        return self._backend.id_to_token(self.eos_id)
+
     def check_fits(self, vocab_size: int, where: str) -> None:
         """ConfigError unless every id of this tokenizer is < `vocab_size` (a model's V)."""
         if self.vocab_size > vocab_size:

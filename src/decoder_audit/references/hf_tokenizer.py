@@ -58,28 +58,9 @@ def _tokenizer_config(tokenizer: Tokenizer) -> bytes:
             raise ConfigError(f"{CONFIG_FILE} of {tokenizer.name} must hold a JSON object, got "
                               f"{type(config).__name__}")
     config.setdefault("tokenizer_class", TOKENIZER_CLASS[tokenizer.kind])
-    eos = None if tokenizer.eos_id is None else _token_of(tokenizer, tokenizer.eos_id)
-    if eos is not None:
-        config.setdefault("eos_token", eos)
+    if tokenizer.eos_token is not None:
+        config.setdefault("eos_token", tokenizer.eos_token)
     return (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode()
-
-
-def _token_of(tokenizer: Tokenizer, token_id: int) -> str | None:
-    """The vocabulary entry holding `token_id`, read from the tokenizer's files (an added token
-    of tokenizer.json first, then its model's vocabulary; GPT-2's vocab.json)."""
-    if tokenizer.kind == "gpt2-bpe":
-        vocab = read_json(tokenizer.files["vocab.json"], "vocab.json")
-        return next((token for token, i in vocab.items() if i == token_id), None)
-    spec = read_json(tokenizer.files["tokenizer.json"], "tokenizer.json")
-    for added in spec.get("added_tokens") or []:
-        if added.get("id") == token_id:
-            return added.get("content")
-    vocab = (spec.get("model") or {}).get("vocab")
-    if isinstance(vocab, dict):
-        return next((token for token, i in vocab.items() if i == token_id), None)
-    if isinstance(vocab, list) and 0 <= token_id < len(vocab):  # Unigram: [token, score] rows
-        return vocab[token_id][0]
-    return None
 
 
 def check_hf_tokenizer(folder: str | Path, tokenizer: Tokenizer, transformers: Any) -> None:
@@ -91,9 +72,8 @@ def check_hf_tokenizer(folder: str | Path, tokenizer: Tokenizer, transformers: A
         raise TokenizerMismatch(f"AutoTokenizer cannot load the written tokenizer: "
                                 f"{type(exc).__name__}: {exc}") from exc
     text = PROBE_TEXT
-    eos = None if tokenizer.eos_id is None else _token_of(tokenizer, tokenizer.eos_id)
-    if eos is not None:
-        text += eos
+    if tokenizer.eos_token is not None:
+        text += tokenizer.eos_token
     ours_ids, their_ids = tokenizer.encode(text), list(theirs(text)["input_ids"])
     if ours_ids != their_ids:
         raise TokenizerMismatch(f"Hugging Face encodes {text!r} as {their_ids}, ours as "
