@@ -85,10 +85,15 @@ def training_step(model: torch.nn.Module, is_hf: bool, optimizer: torch.optim.Op
     return step
 
 
-def measure_row(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
+def _batch(row: StepRow) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row's fixed random batch: inputs and next-token targets, (B, T) each."""
     gen = torch.Generator().manual_seed(SEED)
     tokens = torch.randint(0, row.cfg.vocab_size, (row.batch, row.seq_len + 1), generator=gen)
-    ids, targets = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def measure_row(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
+    ids, targets = _batch(row)  # (B, T) each
     ours, theirs, check = build_pair(row.cfg, ids)
     ours.train()
     theirs.train()
@@ -116,9 +121,7 @@ def measure_row(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
 def measure_compiled(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
     """Our eager step against our step with torch.compile(model): tokens/s each, eager/compiled
     (> 1: compiling helps), and the seconds of the first compiled step (the compilation)."""
-    gen = torch.Generator().manual_seed(SEED)
-    tokens = torch.randint(0, row.cfg.vocab_size, (row.batch, row.seq_len + 1), generator=gen)
-    ids, targets = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
+    ids, targets = _batch(row)  # (B, T) each
     torch.manual_seed(SEED)
     eager = da.Decoder(row.cfg).train()
     steps = {}
