@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import decoder_audit as da
+from decoder_audit.training.settings import PRECISIONS
 
 from .common import SEED, Plan, stats
 from .pair import build_pair, time_interleaved
@@ -56,9 +57,6 @@ class StepRow:
 
 
 FULL_SHAPE = (4, 256)  # (B, T) of the full run
-
-
-PRECISIONS = ("fp32", "bf16")
 
 
 def plan_rows(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
