@@ -10,6 +10,7 @@ produces its gradients, so no pass holds more than that share of gradients besid
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from ..oracle import StreamedOracle, oracle_logits
 from . import tolerances
 from .result import CheckResult, skipped
 from .measure import batch_not_equal, return_freed_memory, scaled_excess
-from .subject import Subject
+from .subject import Subject, own_weight
 
 GRAD_SHARE = 0.25
 """At most this share of the parameters (or one oracle stage, if larger) gets gradients in one
@@ -47,7 +48,7 @@ def check_oracle(s: Subject) -> CheckResult:
     floor = s.rounding_floor()
     tol = tolerances.oracle(s.dtype, floor)
     named = dict(s.work.named_parameters(remove_duplicate=False))
-    oracle = StreamedOracle(lambda name: _weight(named, name), s.cfg, ids, progress=s.progress)
+    oracle = StreamedOracle(functools.partial(own_weight, named), s.cfg, ids, progress=s.progress)
     fast = s.run(ids).double().cpu()
     worst, allowed = scaled_excess(fast - oracle.logits, oracle.logits, tol)
     evidence: dict = {"batch": batch, "seq_len": seq_len, "dtype": str(s.dtype),
@@ -103,12 +104,6 @@ def _compare_paths(s: Subject, ids: torch.Tensor, fast: torch.Tensor, tol: float
         return [f"the eager (traced) path differs from the fast path by {worst:.3g} (allowed "
                 f"{allowed:.1e}) with attention scores brought to ~{SHARPENED_SCORE:g}"]
     return []
-
-
-def _weight(named: dict[str, nn.Parameter], name: str) -> torch.Tensor | None:
-    """The model's own weight, detached (no copy): the oracle converts what it reads."""
-    param = named.get(name)
-    return None if param is None else param.detach()
 
 
 @dataclass

@@ -19,6 +19,7 @@ with `.logits` (Hugging Face), or to a tuple whose first item is the logits.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -283,11 +284,7 @@ class Subject:
 
             named = dict(self.work.named_parameters(remove_duplicate=False))
             ids = self.random_ids(1, self.short_len(6), self.generator(31))
-
-            def weight(name: str) -> torch.Tensor | None:
-                param = named.get(name)
-                return None if param is None else param.detach()
-
+            weight = functools.partial(own_weight, named)
             self.progress("rounding floor: the oracle in float64 and in "
                           f"{str(self.dtype).removeprefix('torch.')}")
             exact = StreamedOracle(weight, self.cfg, ids).logits
@@ -374,6 +371,12 @@ def _restore_params(saved: list[tuple[nn.Parameter, bool, torch.Tensor | None]])
     for param, requires_grad, grad in saved:
         param.grad = grad
         param.requires_grad_(requires_grad)
+
+
+def own_weight(named: dict[str, nn.Parameter], name: str) -> torch.Tensor | None:
+    """The model's own weight, detached (no copy): the oracle converts what it reads."""
+    param = named.get(name)
+    return None if param is None else param.detach()
 
 
 def get_attr(module: nn.Module, dotted: str):
