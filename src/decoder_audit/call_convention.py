@@ -166,13 +166,16 @@ def _returned_cache(out: Any, name: str) -> Any:
                            "although use_cache=True was passed")
 
 
-def numbered(model: nn.Module, conv: Convention, row: list[int]) -> Convention:
-    """`conv` with the origin the model numbers a row from (0 when none is found)."""
-    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
-    ids = torch.tensor([row], device=device_of(model))  # (1, T0)
-    origin = position_origin(model, ids, origin_candidates(pad),
+def numbered(model: nn.Module, conv: Convention, ids: torch.Tensor,
+             pad_token_id: int | None) -> tuple[Convention, int | None]:
+    """(`conv` with the origin the model numbers a row from, that origin), measured on the
+    content row `ids` (1, T) by position_origin; the origin is None (and `conv` keeps 0) when
+    the convention passes no position_ids with a mask, or when no candidate matches."""
+    if not (conv.position_ids and conv.masked):
+        return conv, None
+    origin = position_origin(model, ids, origin_candidates(pad_token_id),
                              keyword=conv.name == "hugging face")
-    return replace(conv, position_origin=origin or 0)
+    return replace(conv, position_origin=origin or 0), origin
 
 
 def device_of(model: nn.Module) -> torch.device:

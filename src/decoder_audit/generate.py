@@ -91,9 +91,11 @@ def generate(model: nn.Module, prompt: Sequence[int] | Sequence[Sequence[int]] |
                     f"prompt row {i} has {len(row)} tokens but the model accepts at most "
                     f"max_seq_len={max_seq_len}; it is rejected, never cropped")
     conv = convention(model)
-    if conv.position_ids and conv.masked and (len({len(row) for row in rows}) > 1
-                                              or (eos_id is not None and len(rows) > 1)):
-        conv = numbered(model, conv, max(rows, key=len))  # pads will come: where rows start
+    if len({len(row) for row in rows}) > 1 or (eos_id is not None and len(rows) > 1):
+        # pads will come: where the model's rows start
+        pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+        longest = torch.tensor([max(rows, key=len)], device=device_of(model))  # (1, T0)
+        conv, _ = numbered(model, conv, longest, pad)
     if len({len(row) for row in rows}) > 1 and not conv.masked:
         # no mask, no padding: each row alone (the rows draw from `generator` in turn)
         parts = [generate(model, [row], max_new_tokens=max_new_tokens, temperature=temperature,

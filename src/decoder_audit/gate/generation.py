@@ -21,14 +21,12 @@ gate borrows it (subject.py).
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
-from ..generate import CacheNotReturned, Convention, Stepper
+from ..generate import CacheNotReturned, Convention, Stepper, numbered
 from ..objective import logits_of
-from ..position_origin import origin_candidates, position_origin
 from . import tolerances
 from .result import CheckResult, skipped
 from .subject import Subject, batch_not_equal, sample_positions, scaled_excess
@@ -148,10 +146,15 @@ def check_padding(s: Subject) -> CheckResult:
             rows.append(row)
             masks.append(mask)
             layout.append((side, k))
-    conv, origin = _numbered(s, x)
+    # position_ids of a padded row start where the model numbers its rows (generate measures
+    # it the same way: RoBERTa's family counts from padding_idx + 1)
+    if s.convention.position_ids and s.convention.masked:
+        s.count(x[None])  # the origin probe's forward
+    conv, origin = numbered(s.work, s.convention, x[None].to(s.device),
+                            s.probe_ids.pad_token_id)
     probe = _PaddingProbe(s, conv, x, torch.stack(rows), torch.stack(masks), layout)
     records = probe.run()
-    tol = s.shape_tolerance()
+    tol = probe.tol
     failures = [r for r in records if not r["max_abs_diff"] <= r["allowed"]]
     evidence = {"seq_len": seq_len, "pads": pads, "dtype": str(s.dtype),
                 "convention": probe.conv.name, "rows": records,
@@ -164,21 +167,6 @@ def check_padding(s: Subject) -> CheckResult:
     return CheckResult("padding", True, f"rows left-padded by k in {pads} (positions from the "
                        f"mask) equal the row alone on their real tokens{cached}; right padding "
                        "leaves them unchanged", evidence, tol)
-
-
-def _numbered(s: Subject, x: torch.Tensor) -> tuple[Convention, int | None]:
-    """(the model's call convention with the origin its positions start from, that origin or
-    None), measured on the content row `x` (T,) as generate measures it (position_origin.py:
-    RoBERTa's family counts from padding_idx + 1, and position_ids counted from 0 would shift
-    its every row). Without a match the origin stays 0, and the unpadded row reports it."""
-    conv = s.convention
-    if not (conv.position_ids and conv.masked):
-        return conv, None
-    s.count(x[None])
-    origin = position_origin(s.work, x[None].to(s.device),
-                             origin_candidates(s.probe_ids.pad_token_id),
-                             keyword=conv.name == "hugging face")
-    return replace(conv, position_origin=origin or 0), origin
 
 
 def _padding_failure(probe: _PaddingProbe, r: dict, origin: int | None) -> str:
@@ -227,10 +215,10 @@ class _PaddingProbe:
         self.s, self.conv, self.x, self.layout = s, conv, x, layout
         self.ids, self.mask = ids.to(s.device), mask.to(s.device)
         self.seq_len = ids.shape[1]
+        self.tol = s.shape_tolerance()
 
     def run(self) -> list[dict]:
-        s, seq_len, layout, model = self.s, self.seq_len, self.layout, self.s.work
-        tol = s.shape_tolerance()
+        s, seq_len, layout, model, tol = self.s, self.seq_len, self.layout, self.s.work, self.tol
         records = []
         with torch.no_grad():
             alone = {}
@@ -284,8 +272,7 @@ class _PaddingProbe:
             out = Stepper(self.s.work, self.conv, 2, self.seq_len,
                           use_cache=False)(both, mask.expand(2, -1))  # (2, T, V)
         real = mask.bool()
-        worst, allowed = scaled_excess(out[0, real] - out[1, real], out[0, real],
-                                       self.s.shape_tolerance())
+        worst, allowed = scaled_excess(out[0, real] - out[1, real], out[0, real], self.tol)
         return not worst <= allowed
 
     @staticmethod
