@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -143,7 +144,9 @@ def test_tokens_per_second_and_mfu(evaluated_run):
     assert result.tokens_per_s == speed.tokens_per_s
     assert speed.flops_per_token == _training_flops_per_token(CFG, CFG.max_seq_len)
     assert speed.peak_source.startswith("measured matmul ceiling")  # no peak given
-    assert speed.mfu == pytest.approx(speed.tokens_per_s * speed.flops_per_token
+    # the FLOPs of the definition written out by hand, not the ones the code counted
+    assert speed.mfu == pytest.approx(speed.tokens_per_s
+                                      * _training_flops_per_token(CFG, CFG.max_seq_len)
                                       / speed.peak_flops)
 
 
@@ -156,6 +159,11 @@ def test_the_cli_reports_mfu_against_a_given_peak(corpus, tmp_path, capsys):
     printed = " ".join(capsys.readouterr().out.split())
     assert "MFU" in printed and "of 1e+12 FLOP/s (given: --peak-flops)" in printed
     assert f"{4 * 8 * CFG.max_seq_len:,} tokens in" in printed
+    # MFU as printed = the printed tokens/s x the hand-counted FLOPs per token / the given peak
+    per_s = float(re.search(r"([\d,.]+) tokens/s", printed).group(1).replace(",", ""))
+    mfu = float(re.search(r"MFU ([\d.]+)%", printed).group(1)) / 100
+    expected = per_s * _training_flops_per_token(CFG, CFG.max_seq_len) / 1e12
+    assert mfu == pytest.approx(expected, rel=0.02, abs=1e-4)
     assert main(["train", "--config", str(_config_file(tmp_path)), "--peak-flops", "0",
                  "--out", str(tmp_path / "other"), "--no-progress"]) == 2
     assert "peak_flops=0.0 must be a positive number" in capsys.readouterr().err
