@@ -38,6 +38,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from . import tolerances
 from .registry import CHECK_ORDER, CHECKS
 from .report import AuditReport
 from .result import CheckResult, crashed, skipped
@@ -71,7 +72,7 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
     subject = Subject(model, vocab_size=vocab_size, max_seq_len=max_seq_len, seed=seed,
                       intervention_len=intervention_len, input_vocab_size=input_vocab_size,
                       pad_token_id=pad_token_id)
-    if subject.dtype in (torch.float16, torch.bfloat16):
+    if subject.dtype in tolerances.LOW_PRECISION:
         subject.notes.append(f"checks ran in {str(subject.dtype).removeprefix('torch.')}: effects "
                              "smaller than its rounding (a few parts in 10^3 of the logit scale) "
                              "are out of reach; audit in float32 to see them")
