@@ -45,6 +45,11 @@ def value_scale(reference: torch.Tensor) -> float:
     return float(reference.detach().abs().max()) if reference.numel() else 0.0
 
 
+def largest(tensor: torch.Tensor) -> float:
+    """max |tensor| in one pass (no |tensor| temporary); 0 for an empty one."""
+    return float(torch.linalg.vector_norm(tensor, ord=float("inf"))) if tensor.numel() else 0.0
+
+
 def scaled_excess(diff: torch.Tensor, reference: torch.Tensor, tol: float) -> tuple[float, float]:
     """(largest |diff|, the allowed bound tol * max |reference|)."""
     return float(diff.detach().abs().max()) if diff.numel() else 0.0, tol * value_scale(reference)

@@ -21,7 +21,7 @@ from ..objective import logits_of
 from ..oracle import StreamedOracle, oracle_logits
 from . import tolerances
 from .result import CheckResult, skipped
-from .measure import batch_not_equal, return_freed_memory, scaled_excess
+from .measure import batch_not_equal, largest, return_freed_memory, scaled_excess
 from .subject import Subject, own_weight
 
 GRAD_SHARE = 0.25
@@ -179,7 +179,7 @@ class _GradientLedger:
     def piece(self, stage: int, param: nn.Parameter, rows: torch.Tensor | None,
               grad: torch.Tensor) -> None:
         pid = id(param)
-        self.scale = max(self.scale, _largest(grad))
+        self.scale = max(self.scale, largest(grad))
         rows = torch.arange(param.shape[0]) if rows is None else rows
         pending = self.pending.get(pid)
         if stage == self.first[pid]:
@@ -191,11 +191,11 @@ class _GradientLedger:
             now = torch.ones_like(rows, dtype=torch.bool) if pending is None else \
                 ~torch.isin(rows, pending)
             if now.all():  # the usual case: a whole weight, or a block of consecutive rows
-                self._error(pid, _largest(_rows(fast, rows).to("cpu", torch.float64) - grad))
+                self._error(pid, largest(_rows(fast, rows).to("cpu", torch.float64) - grad))
                 return
             if now.any():
                 have = fast[rows[now].to(fast.device)].to("cpu", torch.float64)
-                self._error(pid, _largest(have - grad[now]))
+                self._error(pid, largest(have - grad[now]))
             rows, grad = rows[~now], grad[~now]
         residual = self.residual[pid]  # rows read by a later stage: add up
         at = torch.searchsorted(pending, rows)
@@ -210,9 +210,9 @@ class _GradientLedger:
                 unread[self.pending[pid]] = False
             if unread.any():  # rows no stage reads: their fast gradient must be exactly 0
                 fast = _dense(param.grad, param)
-                self._error(pid, _largest(fast[unread.to(fast.device)]))
+                self._error(pid, largest(fast[unread.to(fast.device)]))
         if stage == self.last[pid] and pid in self.residual:
-            self._error(pid, _largest(self.residual.pop(pid)))
+            self._error(pid, largest(self.residual.pop(pid)))
 
     def _error(self, pid: int, err: float) -> None:
         name = self.names[pid]
@@ -232,11 +232,6 @@ def _rows(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     if int(rows[-1]) == start + count - 1 and (count < 3 or bool((rows.diff() == 1).all())):
         return tensor[start:start + count]
     return tensor[rows.to(tensor.device)]
-
-
-def _largest(tensor: torch.Tensor) -> float:
-    """max |tensor| in one pass; 0 for an empty one."""
-    return float(torch.linalg.vector_norm(tensor, ord=float("inf"))) if tensor.numel() else 0.0
 
 
 def _dense(grad: torch.Tensor | None, param: nn.Parameter) -> torch.Tensor:

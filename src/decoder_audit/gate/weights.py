@@ -12,7 +12,7 @@ from ..ledger import measured_ledger, parameter_ledger, reconcile
 from ..objective import logits_of
 from . import tolerances
 from .result import CheckResult, skipped
-from .measure import batch_not_equal
+from .measure import batch_not_equal, largest
 from .subject import Subject, get_attr
 
 
@@ -124,31 +124,26 @@ def _compare_path_sums(emb: torch.Tensor, ids: torch.Tensor, seen: dict[str, tor
     rows, where = torch.unique(flat_ids, return_inverse=True)
     lookup = torch.zeros(len(rows), dim, dtype=torch.float64,
                          device=d_lookup.device).index_add_(0, where, d_lookup)  # (U, D)
-    out = {"error": 0.0, "shared_minus_lookup": 0.0, "lookup_max": _largest(lookup),
+    out = {"error": 0.0, "shared_minus_lookup": 0.0, "lookup_max": largest(lookup),
            "expected_max": 0.0, "readout_max": 0.0}
     for start in range(0, emb.shape[0], ROW_BLOCK):
         stop = min(start + ROW_BLOCK, emb.shape[0])
         inside = (rows >= start) & (rows < stop)
         here, looked = rows[inside] - start, lookup[inside]  # the looked-up rows of this block
         readout = d_logits[:, start:stop].T @ h  # (rows, D)
-        out["readout_max"] = max(out["readout_max"], _largest(readout))
-        out["expected_max"] = max(out["expected_max"], _largest(readout),
-                                  _largest(readout[here] + looked))
+        out["readout_max"] = max(out["readout_max"], largest(readout))
+        out["expected_max"] = max(out["expected_max"], largest(readout),
+                                  largest(readout[here] + looked))
         diff = (torch.zeros_like(readout) if emb.grad is None
                 else emb.grad[start:stop].to(torch.float64, copy=True))
         diff -= readout  # grad - readout
         diff[here] -= looked  # grad - readout - lookup
-        out["error"] = max(out["error"], _largest(diff))
+        out["error"] = max(out["error"], largest(diff))
         diff += readout  # grad - lookup
-        out["shared_minus_lookup"] = max(out["shared_minus_lookup"], _largest(diff))
+        out["shared_minus_lookup"] = max(out["shared_minus_lookup"], largest(diff))
     return out
 
 
-def _largest(tensor: torch.Tensor) -> float:
-    """max |tensor| in one pass (no |tensor| temporary); 0 for an empty one."""
-    if not tensor.numel():
-        return 0.0
-    return float(torch.linalg.vector_norm(tensor, ord=float("inf")))
 
 
 def _backward_recording_both_paths(s: Subject, model, emb_module, head_module
