@@ -29,7 +29,8 @@ from ..generate import CacheNotReturned, Convention, Stepper, numbered
 from ..objective import logits_of
 from . import tolerances
 from .result import CheckResult, skipped
-from .subject import Subject, batch_not_equal, sample_positions, scaled_excess
+from .measure import batch_not_equal, sample_positions, scaled_excess
+from .subject import Subject
 
 # Tokens the cache and padding probes cover (each capped by max_seq_len): a decode step reads
 # every weight, so the cost is in calls, not tokens; 16 positions give every schedule below

@@ -33,8 +33,7 @@ from ..errors import ConfigError
 from ..generate import Convention, convention
 from ..objective import OutputError, logits_of
 from . import tolerances
-# batch_not_equal, sample_positions, scaled_excess: generation.py imports them from here
-from .measure import batch_not_equal, sample_positions, scaled_excess, value_scale  # noqa: F401
+from .measure import value_scale
 from .probes import ProbeIds
 
 # Cost normaliser of the report when no length is known (report.forward_equivalents).
