@@ -343,7 +343,7 @@ def _path_text(path: str, own: str | None) -> str:
 def _plain_verdict(s: Subject, path: str, own: str | None) -> str:
     """What `causal` said of the plain forward, which may run another path than the one judged
     here: so a leak in the output_attentions path alone is reported as that."""
-    causal = getattr(s, "results", {}).get("causal")
+    causal = s.results.get("causal")
     if causal is None or causal.skipped:
         return ""
     plain = f"the plain forward ({own or 'its own'} attention)"
