@@ -145,7 +145,7 @@ def test_a_padding_failure_keeps_its_tolerance():
 
     padding = da.audit(zg.decoder(zg.LEARNED, zg.MaskIgnored), checks=["padding"])["padding"]
     assert not padding.passed
-    assert padding.tolerance == tolerances.padding(torch.float32)
+    assert padding.tolerance == tolerances.shape_change(torch.float32)
 
 
 def test_tying_grad_fails_when_the_lookup_bypasses_its_module():

@@ -198,26 +198,14 @@ def hf_oracle(dtype: torch.dtype, cfg) -> float:
     return oracle(dtype)
 
 
-def kv_cache(dtype: torch.dtype) -> float:
-    """Prefill + cached steps vs the full forward: the same function of the same weights in
-    other shapes (a query block of one token or a chunk against the cached keys, an explicit
-    bottom-right mask instead of SDPA's is_causal; Hugging Face rebuilds its mask every step),
-    so a shape change (kind 2 above). Measured on our Decoder: 4e-16 in float64, a few eps in
-    float32. The defects it targets (a position off by one after the prefill, a dropped or
-    duplicated cache entry, a window counting one key too many) move logits by 1e-3..1 of the
-    logit scale, far above the float32 shape-change tolerance. The check itself calls
-    Subject.shape_tolerance(), which narrows this to the measured rounding floor of a white-box
-    model's weights in a 16-bit dtype (in bfloat16 a window one key too wide moves logits by
-    4 eps, inside the 8 eps of the dtype alone)."""
-    return shape_change(dtype)
-
-
-def padding(dtype: torch.dtype) -> float:
-    """A left- or right-padded row vs the same row alone, on its real tokens: another batch
-    shape and an explicit padding mask, so a shape change (kind 2 above). A mask that is
-    ignored lets real tokens read pad tokens, and pads counted as positions move every real
-    token k positions: changes of the order of the logits themselves."""
-    return shape_change(dtype)
+# kv_cache and padding compare runs of other shapes with the full forward (a query block of one
+# token or a chunk against the cached keys; a padded row with an explicit mask against the row
+# alone), so they take the shape-change tolerance, through Subject.shape_tolerance(): in a 16-bit
+# dtype 4x the measured rounding floor of a white-box model's weights (in bfloat16 a window one
+# key too wide moves logits by 4 eps, inside the 8 eps of the dtype alone). Measured on our
+# Decoder: 4e-16 in float64, a few eps in float32. The defects they target (a position off by
+# one after the prefill, a dropped or duplicated cache entry, an ignored mask, pads counted as
+# positions) move logits by 1e-3..1 of the logit scale.
 
 
 GRAD_CAUSAL_FUTURE = 0.0
