@@ -119,41 +119,49 @@ def _embed(cfg: DecoderConfig, ids: torch.Tensor, row: Callable[[int], torch.Ten
 
 def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
            x: torch.Tensor) -> torch.Tensor:
-    """One pre-norm block on x (B, T, D), one sequence, one head and one query row at a time."""
-    group, head_dim = cfg.kv_group_size, cfg.head_dim
+    """One pre-norm block on x (B, T, D). The norms, projections and MLP act on each position
+    alone, so they take the whole batch at once (each weight is read once per block, and its
+    gradient is one product, not one per sequence); attention, the only mixing across
+    positions, runs one sequence, one head and one query row at a time."""
     p = f"layers.{layer}"
-    outputs = []
-    for seq in x:  # seq: one sequence's residual stream, (T, D)
-        h = _norm(cfg, seq, w, f"{p}.ln1")
-        q = _linear(h, w, f"{p}.attn.q_proj")  # (T, H*Dh)
-        k = _linear(h, w, f"{p}.attn.k_proj")  # (T, Hkv*Dh)
-        v = _linear(h, w, f"{p}.attn.v_proj")
-        head_outputs = []
-        for head in range(cfg.n_heads):
-            kv = head // group
-            q_h = q[:, head * head_dim:(head + 1) * head_dim]  # (T, Dh)
-            k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
-            v_h = v[:, kv * head_dim:(kv + 1) * head_dim]
-            if cfg.pos == "rope":
-                q_h = _rope_rows(q_h, cfg.rope_theta)
-                k_h = _rope_rows(k_h, cfg.rope_theta)
-            out_rows = []
-            for t in range(seq.shape[0]):
-                visible = slice(0, t + 1)  # inclusive causal: row t reads keys 0..t only
-                scores = (k_h[visible] @ q_h[t]) / math.sqrt(head_dim)  # (t+1,)
-                weights = torch.exp(scores - scores.max())
-                weights = weights / weights.sum()
-                out_rows.append(weights @ v_h[visible])  # (Dh,)
-            head_outputs.append(torch.stack(out_rows))  # (T, Dh)
-        seq = seq + _linear(torch.cat(head_outputs, dim=-1), w, f"{p}.attn.output_proj")
-        h = _norm(cfg, seq, w, f"{p}.ln2")
-        if cfg.mlp == "swiglu":
-            gate = _linear(h, w, f"{p}.ffn.w1")
-            hidden = gate * torch.sigmoid(gate) * _linear(h, w, f"{p}.ffn.w3")
-        else:
-            hidden = _activation(cfg.mlp, _linear(h, w, f"{p}.ffn.w1"))
-        outputs.append(seq + _linear(hidden, w, f"{p}.ffn.w2"))
-    return torch.stack(outputs)  # (B, T, D)
+    h = _norm(cfg, x, w, f"{p}.ln1")
+    q = _linear(h, w, f"{p}.attn.q_proj")  # (B, T, H*Dh)
+    k = _linear(h, w, f"{p}.attn.k_proj")  # (B, T, Hkv*Dh)
+    v = _linear(h, w, f"{p}.attn.v_proj")
+    mixed = torch.stack([_attention(cfg, q[b], k[b], v[b]) for b in range(x.shape[0])])
+    x = x + _linear(mixed, w, f"{p}.attn.output_proj")  # mixed: (B, T, H*Dh)
+    h = _norm(cfg, x, w, f"{p}.ln2")
+    if cfg.mlp == "swiglu":
+        gate = _linear(h, w, f"{p}.ffn.w1")
+        hidden = gate * torch.sigmoid(gate) * _linear(h, w, f"{p}.ffn.w3")
+    else:
+        hidden = _activation(cfg.mlp, _linear(h, w, f"{p}.ffn.w1"))
+    return x + _linear(hidden, w, f"{p}.ffn.w2")  # (B, T, D)
+
+
+def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> torch.Tensor:
+    """One sequence's causal attention: q (T, H*Dh), k and v (T, Hkv*Dh) -> (T, H*Dh), head by
+    head and query row by query row; query head h reads key/value head h // (H / Hkv)."""
+    group, head_dim = cfg.kv_group_size, cfg.head_dim
+    head_outputs = []
+    for head in range(cfg.n_heads):
+        kv = head // group
+        q_h = q[:, head * head_dim:(head + 1) * head_dim]  # (T, Dh)
+        k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
+        v_h = v[:, kv * head_dim:(kv + 1) * head_dim]
+        if cfg.pos == "rope":
+            q_h = _rope_rows(q_h, cfg.rope_theta)
+            k_h = _rope_rows(k_h, cfg.rope_theta)
+        out_rows = []
+        for t in range(q.shape[0]):
+            visible = slice(0, t + 1)  # inclusive causal: row t reads keys 0..t only
+            scores = (k_h[visible] @ q_h[t]) / math.sqrt(head_dim)  # (t+1,)
+            weights = torch.exp(scores - scores.max())
+            weights = weights / weights.sum()
+            out_rows.append(weights @ v_h[visible])  # (Dh,)
+        head_outputs.append(torch.stack(out_rows))  # (T, Dh)
+    return torch.cat(head_outputs, dim=-1)
 
 
 def _vocab_blocks(vocab_size: int) -> list[slice]:
