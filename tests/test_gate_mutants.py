@@ -232,3 +232,27 @@ def test_a_black_box_shapes_verdict_claims_no_trace_ledger():
     there: no ledger claimed, nothing appended (mutant: 'XXXX' appended)."""
     shapes = da.audit(zoo.TorchDecoder(), checks=["shapes"], **zoo.TORCH_BLACKBOX)["shapes"]
     assert shapes.passed and shapes.detail.endswith("= (B, T, V)"), shapes.detail
+
+
+class _LateOffset(da.Decoder):
+    """Correct up to position 2; every logit from position 3 on is 0.5 too high (a readout that
+    mis-indexes late positions): the oracle's value comparison must place the error there."""
+
+    def forward(self, ids, *args, **kwargs):
+        logits = super().forward(ids, *args, **kwargs).clone()
+        logits[:, 3:] += 0.5
+        return logits
+
+
+def test_an_oracle_mismatch_is_located_by_position_not_by_batch_row():
+    # check_oracle mutant 95 took the error per batch row (amax over T and V) instead of per
+    # position (over B and V): the first differing position read 0 and the list had B entries.
+    report = da.audit(zoo.decoder(cls=_LateOffset), checks=["oracle"])
+    oracle = report["oracle"]
+    assert not oracle.passed
+    seq_len = oracle.evidence["seq_len"]
+    by_position = oracle.evidence["error_by_position"]
+    assert len(by_position) == seq_len != oracle.evidence["batch"]
+    assert all(err < 1e-4 for err in by_position[:3])
+    assert all(err == pytest.approx(0.5, abs=1e-4) for err in by_position[3:])
+    assert "first differing position 3" in oracle.detail
