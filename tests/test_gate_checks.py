@@ -132,6 +132,87 @@ def test_long_context_samples_cuts_and_lengths():
                                                  if n not in ("inputs", "causal", "prefix", "overlength")]
 
 
+# ---- the words of the verdicts ----------------------------------------------------------------
+
+def test_raw_logits_names_softmax_or_log_softmax_inside_the_model():
+    """The detail tells the user what to remove, not only that the rows look normalised."""
+    probs = da.audit(zoo.decoder(cls=zoo.SoftmaxOutput), checks=["raw_logits"])["raw_logits"]
+    assert not probs.passed
+    assert probs.detail.startswith("the forward returns probabilities (every row is in [0, 1] "
+                                   "and sums to 1): softmax inside the model")
+    logs = da.audit(zoo.decoder(cls=zoo.LogSoftmaxOutput), checks=["raw_logits"])["raw_logits"]
+    assert not logs.passed
+    assert logs.detail.startswith("the forward returns log-probabilities (every row has "
+                                  "logsumexp 0): log_softmax inside the model; return raw logits")
+
+
+class OneNaNLogit(zoo.TorchDecoder):
+    """A NaN at one known (batch, position): the last row of the batch, position 1."""
+
+    def finish(self, logits, ids):
+        logits = logits.clone()
+        logits[-1, 1, 0] = float("nan")
+        return logits
+
+
+def test_raw_logits_names_the_non_finite_batch_and_position():
+    torch.manual_seed(0)
+    check = da.audit(OneNaNLogit(), checks=["raw_logits"], **zoo.TORCH_BLACKBOX)["raw_logits"]
+    assert not check.passed
+    last = check.evidence["batch"] - 1
+    assert check.evidence["non_finite_rows"] == [[last, 1]]
+    assert check.detail == f"non-finite logits at (batch, position) [[{last}, 1]]"
+
+
+def test_progress_calls_name_each_check_as_it_starts_then_done():
+    """fn(check, "") when a check starts (its own steps follow with a non-empty text), and
+    fn("done", "") at the end; shapes and raw_logits report no steps of their own."""
+    seen = []
+    da.audit(zoo.decoder(), checks=["shapes", "raw_logits"],
+             progress=lambda check, step: seen.append((check, step)))
+    assert seen == [("shapes", ""), ("raw_logits", ""), ("done", "")]
+
+
+def test_tying_evidence_counts_the_shared_parameter_once(tiny_report):
+    """tiny-368 lists 29 parameter tensors: token and position embeddings, 12 per layer (ln1 and
+    ln2 weight and bias, q, k, v, output projections, w1 and w2 weight and bias) x 2 layers,
+    ln_final weight and bias, lm_head; tied, lm_head is token_embeddings, so 28 are unique."""
+    tying = tiny_report["tying"]
+    assert tying.passed and "one Parameter object" in tying.detail
+    assert tying.evidence == {"declared_tied": True, "same_object": True, "same_storage": True,
+                              "same_values": True, "parameters_listed": 29,
+                              "parameters_unique": 28}
+    copied = da.audit(zoo.copied_readout(), checks=["tying"])["tying"]
+    assert not copied.passed
+    assert copied.evidence["parameters_listed"] == copied.evidence["parameters_unique"] == 29
+
+
+# ---- the attention row-sum tolerance ----------------------------------------------------------
+
+def test_row_sum_tolerance_is_4x_the_larger_of_dtype_eps_and_t_float32_eps():
+    """4 * max(eps(dtype), max(T, 16) * eps32), eps32 = 2^-23: powers of two, so exact."""
+    assert tolerances.row_sum(torch.float32, 16) == 4 * 16 * 2.0**-23 == 2.0**-17  # 7.6e-6
+    assert tolerances.row_sum(torch.float32, 4) == 2.0**-17  # never below 16 terms' worth
+    assert tolerances.row_sum(torch.float32, 1024) == 4 * 1024 * 2.0**-23 == 2.0**-11
+    assert tolerances.row_sum(torch.bfloat16, 16) == 4 * 2.0**-7 == 0.03125  # eps(bf16) wins
+    assert tolerances.row_sum(torch.float16, 4) == 4 * 2.0**-10
+
+
+class RowsSumAbove1(zoo.HandAttention):
+    """Every attention row sums to 1 + 1e-3: 130x the float32 allowance, 2^-17."""
+
+    def probabilities(self, masked):
+        return masked.softmax(-1) * (1 + 1e-3)
+
+
+def test_attention_rows_summing_to_1_plus_1e_3_fail_in_float32():
+    check = da.audit(zoo.with_attention(RowsSumAbove1), checks=["attention_rows"])
+    check = check["attention_rows"]
+    assert not check.passed
+    assert "a row sums to 1 +- 0.001" in check.detail, check.detail
+    assert {h["row_sum_tolerance"] for h in check.evidence["heads"]} == {2.0**-17}
+
+
 # ---- robustness -------------------------------------------------------------------------------
 
 def test_the_gate_does_not_mutate_the_model_or_the_global_rng():
