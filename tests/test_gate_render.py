@@ -7,11 +7,12 @@ milliseconds on a hand-made AuditReport, with no model."""
 from __future__ import annotations
 
 import io
+import json
 
 from rich.console import Console
 
 from decoder_audit.gate import CHECK_TITLES, AuditReport, CheckResult
-from decoder_audit.gate.render import print_report
+from decoder_audit.gate.render import markdown, print_report
 
 
 def _site(name: str, ok: bool = True) -> dict:
@@ -165,3 +166,86 @@ def test_styles_mark_the_status_and_the_verdict():
     assert "\x1b[1maligned example" in failing
     assert "\x1b[1;32mPASSED: every check holds" in _ansi(_report(params_pass=True,
                                                                   align_pass=True))
+
+
+def test_numbers_in_the_causal_table_and_the_check_numbers_are_right_aligned():
+    # numbers line up by their last digit: "0" under "cut c" sits at the right edge of its cell,
+    # and with 17 checks " 1" lines up with "17" (a left-aligned column would read "1 " / "17")
+    lines = _text(_report())
+    assert ("┃ cut c ┃ rows < c ┃ max change rows < c ┃          rows moved ┃ change at row c ┃"
+            in lines)
+    assert ("│     0 │     none │            0.00e+00 │             0, 1, 2 │        1.00e+00 │"
+            in lines)
+    every = AuditReport([CheckResult(name, True, "ok") for name in CHECK_TITLES], model="m",
+                        mode="white-box", dtype="float64", vocab_size=11, max_seq_len=16)
+    summary = [line for line in _text(every, sections=False) if line[:1] in "┃│"]
+    assert len(summary) == 18
+    assert summary[0].startswith("┃  # ┃ check ")
+    assert summary[1].startswith("│  1 │ inputs ")
+    assert summary[17].startswith("│ 17 │ loss_alignment ")
+
+
+def test_the_causal_table_marks_more_than_six_moved_rows_with_an_ellipsis():
+    # 6 moved rows are listed whole; from 7 on only the first 6 are, followed by "..."
+    report = _report()
+    report["causal"].evidence["cuts"] = [
+        {"cut": 3, "moved_rows": [3, 4, 5, 6, 7, 8], "max_change_earlier": 0.0,
+         "change_at_cut": 1.0},
+        {"cut": 2, "moved_rows": [2, 3, 4, 5, 6, 7, 8], "max_change_earlier": 0.0,
+         "change_at_cut": 1.0}]
+    assert [row[3] for row in _table(_text(report), "causal interventions")[1:]] == [
+        "3, 4, 5, 6, 7, 8", "2, 3, 4, 5, 6, 7..."]
+
+
+def test_the_attention_table_has_one_row_per_layer_under_its_column_names():
+    report = _report()
+    head = {"max_row_sum_error": 1e-7, "max_future_probability": 0.0, "finite": True}
+    report.checks[4] = CheckResult("attention_rows", True, "rows sum to 1", {
+        "seq_len": 5,
+        "heads": [{**head, "layer": 1, "head": 0, "max_row_sum_error": 2.5e-3,
+                   "max_future_probability": 0.5, "finite": False},
+                  {**head, "layer": 0, "head": 0},
+                  {**head, "layer": 0, "head": 1, "max_row_sum_error": 3e-7,
+                   "max_future_probability": 0.00012345}],
+        "stressed": {"how": "scores scaled", "max_future_probability": 0.0}}, 1e-6)
+    lines = _text(report)
+    # layer 0: the worst of its 2 heads in each column; layer 1: its one non-finite head
+    assert _table(lines, "attention row sums (T=5)") == [
+        ["layer", "heads", "max |row sum - 1|", "max p(future key)", "finite"],
+        ["0", "2", "3.0e-07", "0.000123", "yes"],
+        ["1", "1", "2.5e-03", "0.5", "NO"]]
+    assert "  stressed (scores scaled): max p(future key) = 0" in lines
+
+
+def test_markdown_numbers_the_checks_from_one():
+    md = markdown(_report())
+    assert "| # | check | verdict | tolerance | evidence |\n|---|---|---|---|---|\n" in md
+    assert "\n| 1 | `inputs` | pass | exact | ids ok |\n" in md
+    assert "\n| 6 | `loss_alignment` | FAIL | 1e-06 | off by one |\n" in md
+
+
+def test_markdown_shows_failing_evidence_as_json_indented_by_two_spaces():
+    md = markdown(_report(params_pass=True))
+    assert ('### `loss_alignment`\noff by one\n\n```json\n{\n  "pairs": [\n    {\n'
+            '      "input": "<bos>",\n      "target": "A"\n    },\n    {\n'
+            '      "input": "A",\n      "target": "B"\n    },\n    {\n'
+            '      "input": "<unk>",\n      "target": "C"\n    }\n  ]\n}\n```') in md
+
+
+def test_markdown_cuts_failing_evidence_at_4000_characters():
+    report = _report(params_pass=True)
+    report.checks[-1] = CheckResult("loss_alignment", False, "off by one", {"log": "y" * 5000})
+    # '{' newline, 2 spaces, '"log": "' make 12 characters; 3988 y follow to reach 4000
+    block = '{\n  "log": "' + "y" * 3988
+    assert f"### `loss_alignment`\noff by one\n\n```json\n{block}\n```" in markdown(report)
+
+
+def test_write_into_an_existing_folder_writes_the_markdown_and_the_json(tmp_path):
+    report = _report()
+    assert tmp_path.is_dir()
+    # no dependency matrix and no attention patterns in the evidence: no pictures
+    assert report.write(tmp_path) == [tmp_path / "report.md", tmp_path / "report.json"]
+    assert (tmp_path / "report.md").read_text().startswith(
+        "# decoder-audit gate report: hand-made\n")
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert (data["passed"], data["first_failure"]) == (False, "params")
