@@ -4,6 +4,8 @@ expectation, in milliseconds, with no model."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -256,3 +258,89 @@ def test_an_oracle_mismatch_is_located_by_position_not_by_batch_row():
     assert all(err < 1e-4 for err in by_position[:3])
     assert all(err == pytest.approx(0.5, abs=1e-4) for err in by_position[3:])
     assert "first differing position 3" in oracle.detail
+
+
+def test_a_passing_loss_alignment_shows_the_pair_the_rows_and_the_loss():
+    """The passing `loss_alignment` detail is what a user reads as proof of the shift: the seeds'
+    input / target pair on tiny-368, the flattening (B=2, T=4: 8 rows of V) and the loss beside
+    ln V = ln 8, which a fresh model's loss sits near (mutant 240: the detail was None)."""
+    result = da.audit(zoo.decoder(zoo.TINY), checks=["loss_alignment"])["loss_alignment"]
+    assert result.passed
+    loss = result.evidence["loss"]
+    assert abs(loss - math.log(8)) < 0.1  # near-uniform predictions of a fresh model
+    assert result.detail == ("input: <bos> A B C / target: A B C <eos>; (B, T, V) -> (8, V) "
+                             f"rows aligned; loss {loss:.4f} (ln V = 2.0794)")
+
+
+def test_the_last_position_has_no_later_gradient_to_report():
+    """grad_causal evidence: position T-1 has no later input, so its largest later gradient is
+    0 and no later position is listed (mutant 65: 1.0 for an empty range, a phantom gradient
+    into the future in the evidence of a passing model)."""
+    result = da.audit(zoo.decoder(zoo.TINY), checks=["grad_causal"])["grad_causal"]
+    assert result.passed
+    last = result.evidence["positions"][-1]
+    assert last["position"] == zoo.TINY.max_seq_len - 1 == 3
+    assert last["max_grad_later"] == 0.0 and last["later_positions_nonzero"] == []
+    assert all(r["max_grad_later"] == 0.0 for r in result.evidence["positions"])
+
+
+class _AllNaN(da.Decoder):
+    """Valid ids give NaN logits at every (batch, position); invalid ids still raise."""
+
+    def forward(self, ids, *args, **kwargs):
+        return super().forward(ids, *args, **kwargs) * float("nan")
+
+
+def test_non_finite_logits_are_listed_six_pairs_at_most():
+    """check_inputs names at most 6 non-finite (batch, position) pairs per run. On tiny-368 the
+    run B=5, T=2 has 10 such pairs; its failure lists the first 6 in row-major order (mutant 39:
+    7 pairs)."""
+    result = da.audit(zoo.decoder(cls=_AllNaN), checks=["inputs"])["inputs"]
+    assert not result.passed
+    assert result.detail == ("B=3, T=1: non-finite logits at (batch, position) "
+                             "[[0, 0], [1, 0], [2, 0]]")
+    assert ("B=5, T=2: non-finite logits at (batch, position) "
+            "[[0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1]]") in result.evidence["failures"]
+
+
+def test_the_no_hard_limit_hint_goes_to_black_boxes_only():
+    """An accepted overlength input fails both models; the hint to audit with max_seq_len=None
+    fits a black box (a stock rotary model may have no limit by design), never our Decoder,
+    whose max_seq_len is its own config's limit (mutant 81: `if s.whitebox`, hint swapped)."""
+    from decoder_audit.gate.inputs import NO_HARD_LIMIT_HINT
+
+    ours = da.audit(zoo.decoder(cls=zoo.WrapsPositions), checks=["overlength"])["overlength"]
+    assert not ours.passed and "hint" not in ours.evidence
+    assert ours.detail == ("T=5 > max_seq_len=4 was accepted (output (1, 5, 8)): positions past "
+                           "the limit were clipped, wrapped or extrapolated silently")
+    theirs = da.audit(zoo.TorchDecoder(clip_positions=True), checks=["overlength"],
+                      **zoo.TORCH_BLACKBOX)["overlength"]
+    assert not theirs.passed and theirs.evidence["hint"] == NO_HARD_LIMIT_HINT
+    assert theirs.detail.endswith(f"silently. {NO_HARD_LIMIT_HINT}")
+
+
+def test_the_causal_dependency_matrix_has_one_column_per_cut():
+    """T = 5 gives 5 cuts, sent B - 1 = 2 at a time (B = 3): groups [0, 1], [2, 3], [4], the last
+    partial. The evidence's dependency matrix is T rows by 5 columns, column k the change when
+    the tokens from cut k on change: exactly 0 above the cut (a causal model), nonzero from it
+    on (mutant 61: the partial group added a sixth column, a row of the unchanged batch)."""
+    result = da.audit(zoo.decoder(zoo.SMALL), checks=["causal"], intervention_len=5)["causal"]
+    assert result.passed
+    dependency = result.evidence["dependency"]
+    assert dependency["rows"] == [0, 1, 2, 3, 4] and dependency["cols"] == [0, 1, 2, 3, 4]
+    max_change = dependency["max_change"]
+    assert len(max_change) == 5
+    for row, changes in enumerate(max_change):
+        assert len(changes) == 5, changes
+        assert [c > 0 for c in changes] == [cut <= row for cut in range(5)], (row, changes)
+
+
+def test_prefix_passes_a_model_with_room_for_one_token_under_its_own_name():
+    """max_seq_len = 1 leaves no proper prefix: `prefix` passes, says why, and is named
+    "prefix" as every result of that check (mutant 102: named None, which the runner rejects)."""
+    import dataclasses
+
+    model = zoo.decoder(dataclasses.replace(zoo.TINY, max_seq_len=1))
+    prefix = da.audit(model, checks=["prefix"])["prefix"]
+    assert prefix.name == "prefix" and prefix.passed and not prefix.skipped
+    assert prefix.detail == "max_seq_len is 1: no proper prefix exists"
