@@ -64,6 +64,8 @@ def test_correct_decoders_pass(cfg):
         assert any(s[1:] and set(s[1:]) == {1} for s in sizes)
         assert any(size >= 2 for s in sizes for size in s[1:])
     assert report["grad_causal"].evidence["positions"][0]["position"] == 0
+    # padding reports the convention it drove the model under, as kv_cache does
+    assert report["padding"].evidence["convention"] == "decoder"
 
 
 def test_the_gate_leaves_no_hook_behind():
@@ -94,7 +96,33 @@ def test_models_without_a_cache_a_mask_or_an_embedding_are_skipped_with_the_reas
 
 def test_a_model_whose_cache_is_kept_elsewhere_skips_kv_cache_with_the_reason():
     report = da.audit(zg.CacheKeptElsewhere(), checks=["kv_cache"], vocab_size=11)
-    assert report["kv_cache"].skipped and "returned no cache" in report["kv_cache"].detail
+    detail = report["kv_cache"].detail
+    assert report["kv_cache"].skipped and "returned no cache" in detail
+    # the user is told why it cannot be stepped, in those words
+    assert detail.endswith("its cache is kept elsewhere (in the module or a caller-owned "
+                           "object), so it cannot be stepped"), detail
+
+
+class RefusesPadLastInCachedCall(da.Decoder):
+    """A correct decoder that, like Hugging Face Mistral and Qwen2 under flash attention 2,
+    refuses a cached call whose mask has a pad in its last column (it reads that as right
+    padding). generate never feeds one: a left-padded prompt ends in a real token."""
+
+    def forward(self, ids, attention_mask=None, *, cache=None, last_only=False):
+        if cache is not None and attention_mask is not None and not attention_mask[:, -1].all():
+            raise ValueError("right padding is not supported with a cache: pad on the left")
+        return super().forward(ids, attention_mask, cache=cache, last_only=last_only)
+
+
+def test_padding_through_the_cache_prefills_only_rows_ending_in_a_real_token():
+    """T = 5 (LEARNED), left pads k in {1, 2}: the prefill holds all but the last two columns,
+    so even the row padded by 2 ends its prefill in a real token (a prefill one column shorter
+    would be all pads there, and this model, correct for generate, would be failed)."""
+    report = _passes(zg.decoder(zg.LEARNED, RefusesPadLastInCachedCall))
+    padding = report["padding"]
+    assert "through the cache" in padding.detail
+    cached = [r["pad"] for r in padding.evidence["rows"] if r["how"] != "one masked forward"]
+    assert cached == [1, 2]
 
 
 def test_a_plain_torch_decoder_runs_grad_causal_through_its_first_embedding():
@@ -128,6 +156,7 @@ def _llama(impl: str = "eager"):
 def test_hugging_face_models_pass(build, impl):
     report = _passes(build(impl), vocab_size=37, max_seq_len=16)
     assert report["kv_cache"].evidence["convention"] == "hugging face"
+    assert report["padding"].evidence["convention"] == "hugging face"
 
 
 class PositionsRestartHF(tf.GPT2LMHeadModel):
