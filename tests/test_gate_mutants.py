@@ -282,6 +282,9 @@ def test_the_last_position_has_no_later_gradient_to_report():
     assert last["position"] == zoo.TINY.max_seq_len - 1 == 3
     assert last["max_grad_later"] == 0.0 and last["later_positions_nonzero"] == []
     assert all(r["max_grad_later"] == 0.0 for r in result.evidence["positions"])
+    # mutant 85: the passing detail said "a T=None sequence"
+    assert result.detail == ("losses at positions [0, 1, 2, 3] of a T=4 sequence: gradient "
+                             "exactly 0 at every later input, nonzero at their own")
 
 
 class _AllNaN(da.Decoder):
