@@ -11,6 +11,7 @@ import torch
 
 import decoder_audit as da
 from decoder_audit.gate import weights
+from decoder_audit.gate.reference import _rows
 from decoder_audit.ledger import parameter_ledger
 
 import zoo
@@ -347,3 +348,18 @@ def test_prefix_passes_a_model_with_room_for_one_token_under_its_own_name():
     prefix = da.audit(model, checks=["prefix"])["prefix"]
     assert prefix.name == "prefix" and prefix.passed and not prefix.skipped
     assert prefix.detail == "max_seq_len is 1: no proper prefix exists"
+
+
+def test_the_ledger_reads_consecutive_rows_as_a_view_and_others_as_a_copy():
+    # reference._rows mutants 6 and 16 (a copy where a view was promised). A readout block of
+    # GPT-2 XL is 2048 x 1600 floats: the ledger must read it in place, not gather a 13 MB copy
+    # per block; scattered rows (embedding lookups) are gathered.
+    grad = torch.arange(40.0).reshape(10, 4)
+    for rows in (torch.arange(2, 9), torch.arange(3, 5), torch.tensor([6])):
+        block = _rows(grad, rows)
+        assert block.data_ptr() == grad[int(rows[0])].data_ptr()  # shares the storage
+        assert torch.equal(block, grad[rows])
+    scattered = torch.tensor([1, 2, 7])
+    picked = _rows(grad, scattered)
+    assert torch.equal(picked, grad[scattered])
+    assert picked.data_ptr() != grad[1].data_ptr()

@@ -193,20 +193,6 @@ def test_gradient_passes_hold_about_a_quarter_of_the_parameters_each():
     assert sum(c.numel for c in chunks) == total  # every parameter once
 
 
-def test_the_ledger_reads_consecutive_rows_as_a_view_and_others_as_a_copy():
-    # A readout block of GPT-2 XL is 2048 x 1600 floats: the ledger must read it in place, not
-    # gather a 13 MB copy per block; scattered rows (embedding lookups) are gathered.
-    grad = torch.arange(40.0).reshape(10, 4)
-    for rows in (torch.arange(2, 9), torch.arange(3, 5), torch.tensor([6])):
-        block = reference._rows(grad, rows)
-        assert block.data_ptr() == grad[int(rows[0])].data_ptr()  # shares the storage
-        assert torch.equal(block, grad[rows])
-    scattered = torch.tensor([1, 2, 7])
-    picked = reference._rows(grad, scattered)
-    assert torch.equal(picked, grad[scattered])
-    assert picked.data_ptr() != grad[1].data_ptr()
-
-
 # ---- progress ---------------------------------------------------------------------------------
 
 def test_progress_names_the_check_and_how_far_it_has_got():
