@@ -180,7 +180,11 @@ def test_module_weights_round_trip_with_the_tie_and_refuse_another_module(tmp_pa
      r"T=5 is outside \[1, max_seq_len=4\]"),
     (torch.ones(1, 2, dtype=torch.long, device="meta"), da.InputShapeError,
      "on the meta device"),
-    (torch.ones(1, 2), da.InputShapeError, r"integer tensor \(B, T\).*torch.float32"),
+    (torch.ones(1, 2), da.InputShapeError,
+     r"integer tensor \(B, T\) with B >= 1, got \(1, 2\) of dtype torch.float32"),
+    (torch.ones(2, 3, dtype=torch.bool), da.InputShapeError, r"got \(2, 3\) of dtype torch.bool"),
+    (torch.ones(0, 3, dtype=torch.long), da.InputShapeError, r"B >= 1, got \(0, 3\)"),
+    ([[1, 2]], da.InputShapeError, "got list of dtype None"),
 ])
 def test_oracle_refuses_ids_outside_the_contract(ids, error, says):
     model = _tiny()

@@ -67,8 +67,15 @@ PACKAGES = {
         "contract; the generation path (KV cache, padding) against the full forward"),
     "oracle": Package(
         ("src/decoder_audit/oracle.py",),
-        ("tests/test_model.py",),
-        "the oracle against the decoder, the CS336 snapshots and hand-written formulas"),
+        ("tests/test_model.py",
+         # the streamed oracle (the gate's) against the whole one, and its input contract
+         "tests/test_gate_scale.py::test_the_streamed_oracle_equals_the_whole_one",
+         "tests/test_gate_scale.py::"
+         "test_the_oracle_reads_weights_in_their_own_dtype_and_one_layer_at_a_time",
+         "tests/test_robustness_api.py::test_oracle_refuses_ids_outside_the_contract",
+         "tests/test_robustness_api.py::test_oracle_names_missing_weights"),
+        "the oracle against the decoder, the CS336 snapshots and hand-written formulas; the "
+        "streamed oracle against the whole one; its input contract"),
     "gate": Package(
         ("src/decoder_audit/gate/*.py",),
         ("tests/test_gate_zoo.py", "tests/test_gate_checks.py", "tests/test_gate_generation.py",

@@ -94,7 +94,7 @@ def _norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
 
 # ---- the stages: embedding, one layer, final norm and readout ----------------------------------
 
-def layer_weight_names(cfg: DecoderConfig, layer: int) -> list[str]:
+def layer_weight_names(layer: int) -> list[str]:
     """Every name a layer may read; a bias the model lacks is simply absent (the oracle uses a
     bias wherever the weights have one, so an extra bias is computed, not ignored)."""
     p = f"layers.{layer}"
@@ -266,7 +266,7 @@ def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
     x = _embed(cfg, ids.cpu(), lambda v: read.wide(table[v]),
                None if positions is None else read.wide(positions[:ids.shape[1]]))
     for layer in range(cfg.n_layers):
-        x = _block(cfg, read.load(layer_weight_names(cfg, layer)), layer, x)
+        x = _block(cfg, read.load(layer_weight_names(layer)), layer, x)
     x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
     readout = get(_readout_name(get))
     return torch.cat([x @ read.wide(readout[block]).T for block in _vocab_blocks(cfg.vocab_size)],
@@ -303,7 +303,7 @@ class StreamedOracle:
             for layer in range(cfg.n_layers):
                 self.progress(f"oracle forward: layer {layer + 1}/{cfg.n_layers}")
                 self.inputs.append(x)
-                x = _block(cfg, read.load(layer_weight_names(cfg, layer)), layer, x)
+                x = _block(cfg, read.load(layer_weight_names(layer)), layer, x)
             self.inputs.append(x)
             x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
             readout = self.get(_readout_name(self.get))
@@ -321,7 +321,7 @@ class StreamedOracle:
         cfg = self.cfg
         present = lambda names: {n: None for n in names if self.get(n) is not None}  # noqa: E731
         stages = [("final", {_readout_name(self.get): None, **present(FINAL_NORM_NAMES)})]
-        stages += [(f"layers.{i}", present(layer_weight_names(cfg, i)))
+        stages += [(f"layers.{i}", present(layer_weight_names(i)))
                    for i in reversed(range(cfg.n_layers))]
         embed = {"token_embeddings.weight": torch.unique(self.ids)}
         if cfg.pos == "learned":
@@ -342,7 +342,7 @@ class StreamedOracle:
         for layer in reversed(range(cfg.n_layers)):
             self.progress(f"oracle backward: layer {layer + 1}/{cfg.n_layers}")
             x = self.inputs[layer].detach().requires_grad_(True)
-            w = read.load(layer_weight_names(cfg, layer))
+            w = read.load(layer_weight_names(layer))
             with torch.enable_grad():
                 _backward(_block(cfg, w, layer, x), upstream)
             upstream = x.grad
