@@ -156,6 +156,34 @@ def test_the_streamed_oracle_equals_the_whole_one(cfg, monkeypatch):
     assert READOUT_BLOCK >= 1024  # the module's own block is big; the test forced 5
 
 
+def test_each_streamed_piece_comes_under_the_stage_that_reads_it():
+    """The gate pairs the oracle's pieces with its gradient passes by stage name, in the order
+    of backward_stages(): every piece's stage must be the one listed as reading that weight
+    (those rows for the embedding), and the stages must come in the listed order, each once."""
+    model = zoo.decoder(zoo.TINY)  # learned positions, tied readout: a weight in two stages
+    named = dict(model.named_parameters(remove_duplicate=False))
+    ids = torch.tensor([[3, 1, 3, 6], [0, 6, 2, 5]])
+    oracle = StreamedOracle(lambda n: named[n].detach() if n in named else None,
+                            model.config, ids)
+    stages = oracle.backward_stages()
+    assert [stage for stage, _ in stages] == ["final", "layers.1", "layers.0", "embed"]
+    reads = dict(stages)
+    assert named["lm_head.weight"] is named["token_embeddings.weight"]
+    assert reads["final"]["lm_head.weight"] is None  # the tied readout, every row
+    torch.testing.assert_close(reads["embed"]["token_embeddings.weight"],
+                               torch.tensor([0, 1, 2, 3, 5, 6]))
+    torch.testing.assert_close(reads["embed"]["position_embeddings.weight"], torch.arange(4))
+    order = []
+    grad_logits = torch.ones(2, 4, model.config.vocab_size, dtype=torch.float64)
+    for stage, name, rows, _ in oracle.backward(grad_logits):
+        assert name in reads[stage], (stage, name)
+        if reads[stage][name] is not None:
+            torch.testing.assert_close(rows, reads[stage][name])
+        if not order or order[-1] != stage:
+            order.append(stage)
+    assert order == [stage for stage, _ in stages]
+
+
 def test_the_oracle_reads_weights_in_their_own_dtype_and_one_layer_at_a_time():
     """A bfloat16 model's weights are read as they are (no float64 copy made in advance), and
     no more than one layer's weights are read between two progress steps (step 0 is the check

@@ -70,6 +70,7 @@ PACKAGES = {
         ("tests/test_model.py",
          # the streamed oracle (the gate's) against the whole one, and its input contract
          "tests/test_gate_scale.py::test_the_streamed_oracle_equals_the_whole_one",
+         "tests/test_gate_scale.py::test_each_streamed_piece_comes_under_the_stage_that_reads_it",
          "tests/test_gate_scale.py::"
          "test_the_oracle_reads_weights_in_their_own_dtype_and_one_layer_at_a_time",
          "tests/test_robustness_api.py::test_oracle_refuses_ids_outside_the_contract",
