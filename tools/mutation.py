@@ -91,8 +91,10 @@ PACKAGES = {
         deselect=("tests/test_gate_dtypes.py::test_presets_pass_in_16_bit",)),
     "training": Package(
         ("src/decoder_audit/training/*.py",),
-        ("tests/test_train.py",),
-        "training runs, refusals, resumption and the run folder"),
+        ("tests/test_train.py", "tests/test_train_batch.py", "tests/test_train_eval.py",
+         "tests/test_train_ddp.py", "tests/test_train_shard.py"),
+        "training runs, refusals, resumption and the run folder; batches, evaluation, and the "
+        "two-process DDP and FSDP2 runs"),
 }
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), folded into four outcomes.
