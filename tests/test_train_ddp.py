@@ -66,3 +66,34 @@ def test_two_process_ddp_equals_single_process(tmp_path):
     meta = json.loads((out / "checkpoint" / "trainer.json").read_text())
     assert meta["world_size"] == 2
     print(f"DDP (2 processes) vs single process: max abs weight difference {worst:.3g}")
+
+
+# ---- the gate crashing on rank 0 ----------------------------------------------------------------
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_gate_that_crashes_refuses_training_on_every_rank(monkeypatch, world_size):
+    """If the audit itself raises, nothing trains: alone, the exception propagates; with
+    several ranks, rank 0 sends the others a failing verdict naming the exception (they would
+    otherwise wait forever or train an unaudited model), and refuses too."""
+    from decoder_audit.training import gatekeeper
+    from decoder_audit.training.distributed import RankInfo
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("boom in the gate")
+
+    sent = []
+
+    def broadcast(ranks, values):  # what rank 0 would send to the other ranks
+        sent.append(list(values))
+        return values
+
+    monkeypatch.setattr(gatekeeper, "audit", crash)
+    monkeypatch.setattr(gatekeeper, "share_from_main", broadcast)
+    ranks = RankInfo(rank=0, world_size=world_size)
+    expected = RuntimeError if world_size == 1 else gatekeeper.GateRefusal
+    with pytest.raises(expected, match="boom in the gate"):
+        gatekeeper.run_gate(torch.nn.Linear(2, 2), ranks, vocab_size=8, max_seq_len=4, seed=0,
+                            say=lambda *a, **k: None)
+    if world_size == 2:
+        assert sent == [[False, "gate", "the gate itself raised RuntimeError('boom in the gate')",
+                         None]]

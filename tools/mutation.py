@@ -92,9 +92,9 @@ PACKAGES = {
     "training": Package(
         ("src/decoder_audit/training/*.py",),
         ("tests/test_train.py", "tests/test_train_batch.py", "tests/test_train_eval.py",
-         "tests/test_train_ddp.py", "tests/test_train_shard.py"),
-        "training runs, refusals, resumption and the run folder; batches, evaluation, and the "
-        "two-process DDP and FSDP2 runs"),
+         "tests/test_train_ddp.py", "tests/test_train_shard.py", "tests/test_robustness_api.py"),
+        "training runs, refusals, resumption and the run folder; batches, evaluation, the "
+        "two-process DDP and FSDP2 runs; the API's typed refusals (run options, checkpoints)"),
 }
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), folded into four outcomes.
