@@ -120,11 +120,16 @@ def test_a_check_that_crashes_mid_gradient_still_gives_the_model_back(monkeypatc
 
 # ---- the streamed oracle ------------------------------------------------------------------------
 
+def _streamed_oracle(model, ids):
+    """(StreamedOracle reading the model's own weights by name, {name: parameter})."""
+    named = dict(model.named_parameters(remove_duplicate=False))
+    return StreamedOracle(lambda n: named[n].detach() if n in named else None, model.config,
+                          ids), named
+
+
 def _streamed_gradients(model, ids, grad_logits):
     """The oracle's gradient of every parameter, summed from StreamedOracle's pieces."""
-    named = dict(model.named_parameters(remove_duplicate=False))
-    oracle = StreamedOracle(lambda n: named[n].detach() if n in named else None,
-                            model.config, ids)
+    oracle, named = _streamed_oracle(model, ids)
     total = {}
     for _, name, rows, grad in oracle.backward(grad_logits):
         param = named[name]
@@ -161,10 +166,7 @@ def test_each_streamed_piece_comes_under_the_stage_that_reads_it():
     of backward_stages(): every piece's stage must be the one listed as reading that weight
     (those rows for the embedding), and the stages must come in the listed order, each once."""
     model = zoo.decoder(zoo.TINY)  # learned positions, tied readout: a weight in two stages
-    named = dict(model.named_parameters(remove_duplicate=False))
-    ids = torch.tensor([[3, 1, 3, 6], [0, 6, 2, 5]])
-    oracle = StreamedOracle(lambda n: named[n].detach() if n in named else None,
-                            model.config, ids)
+    oracle, named = _streamed_oracle(model, torch.tensor([[3, 1, 3, 6], [0, 6, 2, 5]]))
     stages = oracle.backward_stages()
     assert [stage for stage, _ in stages] == ["final", "layers.1", "layers.0", "embed"]
     reads = dict(stages)
@@ -208,9 +210,7 @@ def test_the_oracle_reads_weights_in_their_own_dtype_and_one_layer_at_a_time():
 
 def test_gradient_passes_hold_about_a_quarter_of_the_parameters_each():
     model = da.Decoder(configs.named("gqa-small"))
-    named = dict(model.named_parameters(remove_duplicate=False))
-    oracle = StreamedOracle(lambda n: named[n].detach() if n in named else None, model.config,
-                            torch.zeros(1, 3, dtype=torch.long))
+    oracle, named = _streamed_oracle(model, torch.zeros(1, 3, dtype=torch.long))
     subject = da.gate.subject.Subject(model, vocab_size=None, max_seq_len=None, seed=0)
     chunks = reference._chunks(subject, named, oracle.backward_stages())
     total = model.num_parameters()
