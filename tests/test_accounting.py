@@ -7,13 +7,12 @@ import json
 import subprocess
 import sys
 
+import configs
 import pytest
 import torch
 
 import decoder_audit as da
 from decoder_audit.cli import main
-
-import configs
 
 CS336 = ["cs336-small", "cs336-medium", "cs336-large", "cs336-xl", "cs336-test"]
 

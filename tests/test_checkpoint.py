@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 import os
 
+import configs
 import pytest
 import torch
+from helpers import random_decoder
 from safetensors.torch import load_file, save_file
 
-import configs
-from helpers import random_decoder
-
 import decoder_audit as da
-import decoder_audit.atomic_folder as atomic
-import decoder_audit.checkpoint as ckpt
-from decoder_audit.checkpoint import load_checkpoint, save_checkpoint
+import decoder_audit.storage.folder as atomic
+import decoder_audit.storage.checkpoint as ckpt
+from decoder_audit.storage.checkpoint import load_checkpoint, save_checkpoint
+
 
 def _ids(cfg):
     return torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len), generator=torch.Generator().manual_seed(3))

@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
+import configs
 import pytest
 import torch
-
-import configs
 from helpers import random_decoder, randomise, trained_bpe
 
 import decoder_audit as da
@@ -89,7 +88,7 @@ def test_to_hf_writes_the_checkpoints_tokenizer_for_auto_tokenizer(tmp_path, fam
                                                                    capsys):
     from dataclasses import replace
 
-    from decoder_audit.tokenizer import Tokenizer
+    from decoder_audit.text.tokenizer import Tokenizer
 
     backend = _trained_bpe()
     source = tmp_path / "tokenizer"
@@ -121,7 +120,7 @@ def test_to_hf_writes_the_checkpoints_tokenizer_for_auto_tokenizer(tmp_path, fam
 
 
 def test_to_hf_without_a_tokenizer_file_writes_none_and_says_so(tmp_path, capsys):
-    from decoder_audit.tokenizer import Tokenizer
+    from decoder_audit.text.tokenizer import Tokenizer
 
     cfg = configs.named("hf-gpt-relu-mlpbias-tied")
     da.save_checkpoint(random_decoder(cfg), tmp_path / "plain")

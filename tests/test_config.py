@@ -3,12 +3,11 @@
 import dataclasses
 import json
 
+import configs
 import pytest
 
 import decoder_audit as da
 from decoder_audit import ConfigError, DecoderConfig
-
-import configs
 
 BASE = dict(vocab_size=11, d_model=12, n_layers=2, n_heads=6, d_ff=20, max_seq_len=9)
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
-
 import configs
+import pytest
 
 
 def _values(cfg):

@@ -15,10 +15,16 @@ import numpy as np
 import pytest
 import torch
 
-from decoder_audit.datasets import (HEADER_FILE, TOKENS_FILE, TokenDataset, prepare_dataset,
-                                    read_header, token_dtype)
 from decoder_audit.errors import CheckpointError, ConfigError
-from decoder_audit.tokenizer import MANIFEST_FILE, Tokenizer
+from decoder_audit.text.datasets import (
+    HEADER_FILE,
+    TOKENS_FILE,
+    TokenDataset,
+    prepare_dataset,
+    read_header,
+    token_dtype,
+)
+from decoder_audit.text.tokenizer import MANIFEST_FILE, Tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import configs
 import pytest
 import torch
+import zoo
 from torch import nn
 
 import decoder_audit as da
 from decoder_audit.cli import main
-from decoder_audit.gate import TINY_VOCAB, decode, encode, flatten_for_loss, next_token_batch
 from decoder_audit.gate import tolerances
-
-import configs
-import zoo
+from decoder_audit.objective import flatten_for_loss, next_token_batch
+from decoder_audit.text.tokenizer import TINY_VOCAB, decode, encode
 
 
 @pytest.fixture(scope="module")
@@ -295,7 +295,10 @@ def test_report_dict_has_stable_keys_and_write_produces_the_evidence(tiny_report
     data = tiny_report.to_dict()
     assert set(data) == {"passed", "first_failure", "model", "mode", "dtype", "device",
                          "vocab_size", "input_vocab_size", "max_seq_len", "seed", "config",
-                         "checks", "skipped", "cost", "notes"}
+                         "checks", "skipped", "cost", "notes", "facts"}
+    # the facts the gate used, and where each came from (a DecoderConfig here)
+    assert data["facts"]["vocab_size"] == 8 and data["facts"]["origin"]["vocab_size"] == "config"
+    assert data["facts"]["mode"] == "white-box" and data["facts"]["reference"] == "decoder"
     assert set(data["checks"][0]) == {"name", "status", "passed", "skipped", "detail",
                                       "tolerance", "evidence", "seconds"}
     written = tiny_report.write(tmp_path / "out", command="decoder-audit verify")

@@ -8,18 +8,17 @@ from __future__ import annotations
 import json
 import math
 
+import configs
 import pytest
 import torch
+import zoo
+import zoo_generation as zg
 
 import decoder_audit as da
 from decoder_audit.cli import main
 from decoder_audit.gate import tolerances
 from decoder_audit.objective import logits_of
-from decoder_audit.oracle import oracle_logits
-
-import configs
-import zoo
-import zoo_generation as zg
+from decoder_audit.references.oracle import oracle_logits
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -9,16 +9,15 @@ import inspect
 
 import pytest
 import torch
+import zoo
+import zoo_generation as zg
+from helpers import randomise
 from torch import nn
 
 import decoder_audit as da
 from decoder_audit.gate import CHECK_ORDER
 from decoder_audit.gate.registry import NEED_REASONS
-from decoder_audit.position_origin import position_origin
-
-import zoo
-import zoo_generation as zg
-from helpers import randomise
+from decoder_audit.generation.convention import position_origin
 
 CHECKS = zg.GENERATION_CHECKS
 
@@ -77,8 +76,8 @@ def test_the_gate_leaves_no_hook_behind():
 def test_models_without_a_cache_a_mask_or_an_embedding_are_skipped_with_the_reason():
     report = da.audit(zg.BlackBox(zg.decoder(zg.TINY)), checks=CHECKS, **zg.BLACKBOX)
     assert report["kv_cache"].skipped and report["padding"].skipped
-    assert report["kv_cache"].evidence["reason"] == NEED_REASONS["has_cache"]
-    assert report["padding"].evidence["reason"] == NEED_REASONS["takes_mask"]
+    assert report["kv_cache"].evidence["reason"] == NEED_REASONS["has_cache"](report.facts)
+    assert report["padding"].evidence["reason"] == NEED_REASONS["takes_mask"](report.facts)
     assert not report["grad_causal"].skipped and report.passed  # its token_embeddings is found
 
     class Linear(nn.Module):  # one-hot input, no embedding module at all
@@ -91,7 +90,7 @@ def test_models_without_a_cache_a_mask_or_an_embedding_are_skipped_with_the_reas
 
     report = da.audit(Linear(), checks=["grad_causal"], vocab_size=5)
     assert report["grad_causal"].skipped
-    assert report["grad_causal"].evidence["reason"] == NEED_REASONS["has_input_embedding"]
+    assert report["grad_causal"].evidence["reason"] == NEED_REASONS["has_input_embedding"](report.facts)
 
 
 def test_a_model_whose_cache_is_kept_elsewhere_skips_kv_cache_with_the_reason():

@@ -8,13 +8,12 @@ import math
 
 import pytest
 import torch
+import zoo
 
 import decoder_audit as da
+from decoder_audit.accounting.ledger import parameter_ledger
 from decoder_audit.gate import weights
 from decoder_audit.gate.reference import _rows
-from decoder_audit.ledger import parameter_ledger
-
-import zoo
 
 
 def _seen(d_lookup, d_logits, h) -> dict[str, torch.Tensor]:
@@ -144,6 +143,7 @@ def test_a_padding_failure_keeps_its_tolerance():
     """A failing `padding` verdict carries the tolerance it was judged with, as a passing one
     does (mutant: the failing CheckResult lost it, so the report printed 'exact')."""
     import zoo_generation as zg
+
     from decoder_audit.gate import tolerances
 
     padding = da.audit(zg.decoder(zg.LEARNED, zg.MaskIgnored), checks=["padding"])["padding"]

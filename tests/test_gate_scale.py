@@ -13,16 +13,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import configs
 import pytest
 import torch
+import zoo
+from helpers import random_decoder
 
 import decoder_audit as da
 from decoder_audit.gate import reference
-from decoder_audit.oracle import READOUT_BLOCK, StreamedOracle, oracle_logits
-
-import configs
-import zoo
-from helpers import random_decoder
+from decoder_audit.references.oracle import READOUT_BLOCK, StreamedOracle, oracle_logits
 
 # A model big enough that its weights, not the interpreter, dominate the process (21M parameters,
 # 84 MB in float32), with many thin layers like the real presets (the oracle holds one layer in
@@ -145,7 +144,7 @@ def _streamed_gradients(model, ids, grad_logits):
 def test_the_streamed_oracle_equals_the_whole_one(cfg, monkeypatch):
     """Logits and every weight's gradient, stage by stage and in readout blocks of 5 rows,
     against oracle_logits differentiated as one graph."""
-    monkeypatch.setattr("decoder_audit.oracle.READOUT_BLOCK", 5)
+    monkeypatch.setattr("decoder_audit.references.oracle.READOUT_BLOCK", 5)
     model = random_decoder(cfg, seed=1)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
     leaves = {k: v.detach().double().requires_grad_() for k, v in model.state_dict().items()}
@@ -211,7 +210,7 @@ def test_the_oracle_reads_weights_in_their_own_dtype_and_one_layer_at_a_time():
 def test_gradient_passes_hold_about_a_quarter_of_the_parameters_each():
     model = da.Decoder(configs.named("gqa-small"))
     oracle, named = _streamed_oracle(model, torch.zeros(1, 3, dtype=torch.long))
-    subject = da.gate.subject.Subject(model, vocab_size=None, max_seq_len=None, seed=0)
+    subject = da.gate.subject.Subject(model, da.gate.model_facts(model), seed=0)
     chunks = reference._chunks(subject, named, oracle.backward_stages())
     total = model.num_parameters()
     largest_stage = max(sum(named[n].numel() for n in reads) for _, reads in
@@ -321,7 +320,7 @@ def test_clean_runs_are_shared_by_the_invariance_checks_and_forgotten_after_them
     model = zoo.decoder()
     report = da.audit(model, checks=["determinism", "batch_independence", "causal", "prefix"])
     assert report.passed
-    subject = Subject(model, vocab_size=None, max_seq_len=None, seed=0)
+    subject = Subject(model, da.gate.model_facts(model), seed=0)
     clean = invariance.clean_batch(subject)
     copies = clean[:1].repeat(len(clean), 1)
     # determinism: the clean batch twice; its first run is batch_independence's base

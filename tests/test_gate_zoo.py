@@ -4,16 +4,14 @@ from small random configs) pass."""
 
 from __future__ import annotations
 
+import configs
 import pytest
 import torch
+import zoo
 from torch import nn
 
 import decoder_audit as da
 from decoder_audit.gate import CHECK_ORDER
-
-import configs
-import zoo
-
 
 # Checks whose defects are planted outside this zoo, and where: their defect is not a model.
 PLANTED_ELSEWHERE = {

@@ -6,16 +6,16 @@ filtered distributions written out by hand in the tests."""
 
 from __future__ import annotations
 
+import configs
 import pytest
 import torch
+from helpers import random_decoder, randomise
 from torch import nn
 
 import decoder_audit as da
-from decoder_audit.cache import attention_allowed
-from decoder_audit.generate import Sampler, convention
-
-import configs
-from helpers import random_decoder, randomise
+from decoder_audit.generation.convention import convention
+from decoder_audit.generation.generate import Sampler
+from decoder_audit.model.cache import attention_allowed
 
 # Learned positions (untied, GQA 4/2, T=5), RoPE (GQA 4/2, T=7), MQA without positions (T=3),
 # and the teaching model: every position kind, head grouping and tying.

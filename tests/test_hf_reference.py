@@ -14,14 +14,14 @@ import copy
 import subprocess
 import sys
 
+import configs
 import pytest
 import torch
-
-import configs
 from helpers import random_decoder, randomise
 
 import decoder_audit as da
 from decoder_audit.references import hf as hfref
+from decoder_audit.references import hf_weights
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()  # tiny vocabularies trigger harmless special-token warnings
@@ -134,13 +134,14 @@ def test_tiny_368_runs_as_a_gpt2_model():
 def test_rope_row_permutation_turns_rotate_half_into_interleaved():
     """HF's own apply_rotary_pos_emb on a head vector equals our apply_rope on the same vector
     with its components reordered by the permutation the converter uses."""
-    from decoder_audit.model import apply_rope, rope_rotations
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+    from decoder_audit.model.attention import apply_rope, rope_rotations
+
     dh, seq = 8, T
-    assert hfref._rope_permutation(4).tolist() == [0, 2, 1, 3]  # written out by hand
-    assert hfref._rope_permutation(8).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
-    perm = hfref._rope_permutation(dh)
+    assert hf_weights.rope_permutation(4).tolist() == [0, 2, 1, 3]  # written out by hand
+    assert hf_weights.rope_permutation(8).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    perm = hf_weights.rope_permutation(dh)
     llama = tf.LlamaConfig(hidden_size=2 * dh, num_attention_heads=2, max_position_embeddings=seq,
                            rope_parameters={"rope_type": "default", "rope_theta": 500.0})
     x = torch.randn(1, 2, seq, dh, dtype=torch.float64)  # (B, H, T, Dh), HF layout

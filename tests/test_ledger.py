@@ -1,12 +1,11 @@
 """The parameter ledger against the seeds' table, independent formulas and published figures."""
 
+import configs
 import pytest
 import torch
 from torch import nn
 
 import decoder_audit as da
-
-import configs
 
 
 def test_tiny_368_ledger_row_by_row():

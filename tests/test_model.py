@@ -2,16 +2,15 @@
 
 import math
 
+import configs
 import numpy as np
 import pytest
 import torch
-
-import configs
 from helpers import random_decoder
 
 import decoder_audit as da
 from decoder_audit import ContextLengthError, InputShapeError, TokenIdError
-from decoder_audit.model import apply_rope, eager_attention, rope_rotations
+from decoder_audit.model.attention import apply_rope, eager_attention, rope_rotations
 
 # The oracle walks the whole grid (every pair of norm, MLP, position kind, biases, tying and
 # MHA/GQA/MQA) and the hand-named configs this module has always covered.

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from decoder_audit.cli import main
-from decoder_audit.tokenizer import MANIFEST_FILE, Tokenizer
+from decoder_audit.text.tokenizer import MANIFEST_FILE, Tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -14,16 +14,16 @@ import torch
 from torch import nn
 
 import decoder_audit as da
-from decoder_audit.checkpoint import (load_module_weights, save_module_weights,
-                                      write_folder_atomically)
+from decoder_audit.accounting.memory import check_fits
 from decoder_audit.errors import RunFolderError, TrainingDiverged
-from decoder_audit.memory import check_fits
-from decoder_audit.tokenizer import Tokenizer
-from decoder_audit.training import read_trainer_state, train
+from decoder_audit.storage.checkpoint import load_module_weights, save_module_weights
+from decoder_audit.storage.folder import write_folder_atomically
+from decoder_audit.text.tokenizer import Tokenizer
+from decoder_audit.training import train
 from decoder_audit.training.distributed import resolve_device
 from decoder_audit.training.lock import RunLock
-from decoder_audit.training.loop import resolve_run_options
-from decoder_audit.training.state import read_metrics, truncate_metrics
+from decoder_audit.training.run import resolve_run_options
+from decoder_audit.training.state import read_metrics, read_trainer_state, truncate_metrics
 
 
 def _snapshot(root):

@@ -24,9 +24,9 @@ from safetensors.torch import load_file, save_file
 
 import decoder_audit as da
 import decoder_audit.training.loop as loop
-from decoder_audit.checkpoint import load_module_weights
 from decoder_audit.cli import build_parser, main
-from decoder_audit.training import read_trainer_state
+from decoder_audit.storage.checkpoint import load_module_weights
+from decoder_audit.training.state import read_trainer_state
 
 # ----------------------------------------------------------------------------------------------
 # Helpers
@@ -83,10 +83,11 @@ class Interrupt:
     def __init__(self, at: int) -> None:
         self.at, self.original = at, loop._record
 
-    def __call__(self, run, row):
-        self.original(run, row)
-        if run.step == self.at:
+    def __call__(self, setting, prepared, training, *rest):
+        outcome = self.original(setting, prepared, training, *rest)
+        if training.step == self.at:
             raise KeyboardInterrupt
+        return outcome
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,24 @@ the code under test."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
 
 from decoder_audit import ContextLengthError
-from decoder_audit.sample import Tokenizer, generate
+from decoder_audit.generation.generate import generate
+from decoder_audit.text.tokenizer import Tokenizer
+
+
+def one_row(model, prompt, *, max_seq_len, max_new_tokens=None, **options):
+    """`generate` on one prompt, by default to the context limit: max_seq_len + 1 ids in all
+    (what `decoder-audit sample` asks for without --max-new-tokens); its row's ids, new ids and
+    stop reason."""
+    budget = max_new_tokens if max_new_tokens is not None else max(1, max_seq_len + 1 - len(prompt))
+    out = generate(model, prompt, max_new_tokens=budget, max_seq_len=max_seq_len, **options)
+    return SimpleNamespace(ids=out.ids[0], new_ids=out.new_ids[0], stop=out.stop[0])
 
 V = 8
 EOS = 2
@@ -38,7 +50,7 @@ class NextTable(nn.Module):
 def test_greedy_stops_at_eos():
     # 1 -> 3 -> 4 -> 2 (<eos>)
     model = NextTable({1: 3, 3: 4, 4: EOS}, max_seq_len=8)
-    out = generate(model, [1], max_seq_len=8, eos_id=EOS)
+    out = one_row(model, [1], max_seq_len=8, eos_id=EOS)
     assert out.ids == [1, 3, 4, EOS] and out.new_ids == [3, 4, EOS] and out.stop == "eos"
 
 
@@ -46,22 +58,22 @@ def test_stops_at_context_limit_without_feeding_too_much():
     # A cycle that never emits <eos>: the sequence ends at max_seq_len + 1 ids, the longest
     # input fed is max_seq_len.
     model = NextTable({3: 4, 4: 5, 5: 3}, max_seq_len=4)
-    out = generate(model, [3, 4], max_seq_len=4, eos_id=EOS)
+    out = one_row(model, [3, 4], max_seq_len=4, eos_id=EOS)
     assert out.ids == [3, 4, 5, 3, 4] and out.stop == "context"
     assert max(model.seen_lengths) == 4
 
 
 def test_prompt_at_the_limit_gets_one_token_and_longer_is_refused():
     model = NextTable({3: 4, 4: 3}, max_seq_len=4)
-    out = generate(model, [3, 4, 3, 4], max_seq_len=4, eos_id=EOS)
+    out = one_row(model, [3, 4, 3, 4], max_seq_len=4, eos_id=EOS)
     assert out.ids == [3, 4, 3, 4, 3] and out.stop == "context"
     with pytest.raises(ContextLengthError, match=r"5 tokens.*max_seq_len=4.*never cropped"):
-        generate(model, [3, 4, 3, 4, 3], max_seq_len=4, eos_id=EOS)
+        one_row(model, [3, 4, 3, 4, 3], max_seq_len=4, eos_id=EOS)
 
 
 def test_max_new_tokens():
     model = NextTable({3: 4, 4: 3}, max_seq_len=16)
-    out = generate(model, [3], max_seq_len=16, eos_id=EOS, max_new_tokens=3)
+    out = one_row(model, [3], max_seq_len=16, eos_id=EOS, max_new_tokens=3)
     assert out.ids == [3, 4, 3, 4] and out.stop == "max_new_tokens"
 
 
@@ -82,7 +94,7 @@ def test_temperature_sampling_is_seeded_and_follows_the_distribution():
 
     def draws(seed: int) -> list[int]:
         gen = torch.Generator().manual_seed(seed)
-        return [generate(model, [1], max_seq_len=4, temperature=1.0, max_new_tokens=1,
+        return [one_row(model, [1], max_seq_len=4, temperature=1.0, max_new_tokens=1,
                          generator=gen).new_ids[0] for _ in range(2000)]
 
     first = draws(7)
@@ -92,7 +104,7 @@ def test_temperature_sampling_is_seeded_and_follows_the_distribution():
     assert torch.allclose(freq, probs, atol=0.045)
     # A very low temperature concentrates on the mode (p^(1/T) renormalised).
     gen = torch.Generator().manual_seed(0)
-    cold = {generate(model, [1], max_seq_len=4, temperature=0.01, max_new_tokens=1,
+    cold = {one_row(model, [1], max_seq_len=4, temperature=0.01, max_new_tokens=1,
                      generator=gen).new_ids[0] for _ in range(50)}
     assert cold == {3}
 
@@ -110,8 +122,9 @@ def test_tokenizers():
 
 @pytest.fixture
 def tiny_checkpoint(tmp_path):
-    import decoder_audit as da
     from helpers import random_decoder
+
+    import decoder_audit as da
 
     model = random_decoder(da.preset("tiny-368"), seed=4, std=0.8)
     da.save_checkpoint(model, tmp_path / "ckpt")

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import trained_bpe
 
 from decoder_audit.errors import ConfigError
-from decoder_audit.tokenizer import MANIFEST_FILE, Tokenizer
+from decoder_audit.text.tokenizer import MANIFEST_FILE, Tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -7,15 +7,14 @@ from an independent implementation.
 
 from __future__ import annotations
 
+import configs
 import pytest
 import torch
+from helpers import random_decoder
 from torch import nn
 
-import configs
-from helpers import random_decoder
-
 import decoder_audit as da
-from decoder_audit.references.torch_modules import (
+from decoder_audit.references.torch_twin import (
     TorchTwin,
     decoder_from_twin,
     twin_from_decoder,

@@ -15,17 +15,17 @@ import math
 
 import pytest
 import torch
+import zoo
 
 import decoder_audit as da
-import decoder_audit.checkpoint as ckpt_module
-from decoder_audit import tokenizer
-from decoder_audit.checkpoint import load_checkpoint
+import decoder_audit.storage.checkpoint as ckpt_module
 from decoder_audit.cli import build_parser, main
-from decoder_audit.data import ByteText, CountingTask
-from decoder_audit.training import (GateRefusal, TrainConfig, lr_lambda, make_optimizer,
-                                    read_trainer_state, train)
-
-import zoo
+from decoder_audit.storage.checkpoint import load_checkpoint
+from decoder_audit.text import tokenizer
+from decoder_audit.text.tasks import ByteText, CountingTask
+from decoder_audit.training import GateRefusal, TrainConfig, train
+from decoder_audit.training.optim import lr_lambda, make_optimizer
+from decoder_audit.training.state import read_trainer_state
 
 FLOOR = math.log(4) / 4  # only the first letter is uncertain (1 of 4); y, z, <eos> are determined
 LETTERS = "ABCD"
@@ -175,17 +175,18 @@ def test_initial_loss_is_the_fresh_models_exact_loss(tiny_run):
 
 def test_greedy_sampling_continues_every_prompt(tiny_run):
     model = tiny_run.model.eval()
-    from decoder_audit.gate import vocab
-    from decoder_audit.sample import generate
+    from decoder_audit.generation.generate import generate
+    from decoder_audit.text import tokenizer as vocab
 
     for x in LETTERS:
         y, z = _next(x), _next(_next(x))
         full = ["<bos>", x, y, z, "<eos>"]
         for cut in range(2, 5):  # prompts "<bos> x", "<bos> x y", "<bos> x y z"
             prompt = vocab.encode(" ".join(full[:cut]))
-            out = generate(model, prompt, max_seq_len=4, eos_id=vocab.encode("<eos>")[0])
-            assert vocab.decode(out.ids) == " ".join(full), (full[:cut], vocab.decode(out.ids))
-            assert out.stop == "eos"
+            out = generate(model, prompt, max_new_tokens=5 - len(prompt),
+                           eos_id=vocab.encode("<eos>")[0])
+            assert vocab.decode(out.ids[0]) == " ".join(full), (full[:cut], out.ids[0])
+            assert out.stop[0] == "eos"
 
 
 def test_sample_cli_on_the_trained_checkpoint(tiny_run, capsys):

@@ -19,12 +19,13 @@ import pytest
 import torch
 
 import decoder_audit as da
-from decoder_audit.checkpoint import load_checkpoint
 from decoder_audit.cli import main
-from decoder_audit.data import CountingTask
 from decoder_audit.errors import ConfigError
-from decoder_audit.oracle import oracle_logits
-from decoder_audit.training import TrainConfig, read_trainer_state, train
+from decoder_audit.references.oracle import oracle_logits
+from decoder_audit.storage.checkpoint import load_checkpoint
+from decoder_audit.text.tasks import CountingTask
+from decoder_audit.training import TrainConfig, train
+from decoder_audit.training.state import read_trainer_state
 
 QUIET = {"progress": False, "verbose": False}
 ACCUM_RUN = {"steps": 3, "batch_size": 8, "warmup": 1, "seed": 5}

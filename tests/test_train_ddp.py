@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoder_audit.checkpoint import load_checkpoint
+from decoder_audit.storage.checkpoint import load_checkpoint
 from decoder_audit.training import train
 
 TOLERANCE = 1e-5
@@ -75,6 +75,7 @@ def test_a_gate_that_crashes_refuses_training_on_every_rank(monkeypatch, world_s
     """If the audit itself raises, nothing trains: alone, the exception propagates; with
     several ranks, rank 0 sends the others a failing verdict naming the exception (they would
     otherwise wait forever or train an unaudited model), and refuses too."""
+    from decoder_audit.gate import model_facts
     from decoder_audit.training import gatekeeper
     from decoder_audit.training.distributed import RankInfo
 
@@ -92,8 +93,8 @@ def test_a_gate_that_crashes_refuses_training_on_every_rank(monkeypatch, world_s
     ranks = RankInfo(rank=0, world_size=world_size)
     expected = RuntimeError if world_size == 1 else gatekeeper.GateRefusal
     with pytest.raises(expected, match="boom in the gate"):
-        gatekeeper.run_gate(torch.nn.Linear(2, 2), ranks, vocab_size=8, max_seq_len=4, seed=0,
-                            say=lambda *a, **k: None)
+        model = torch.nn.Linear(2, 2)
+        facts = model_facts(model, vocab_size=8, max_seq_len=4)
+        gatekeeper.run_gate(model, ranks, facts, seed=0, say=lambda *a, **k: None)
     if world_size == 2:
-        assert sent == [[False, "gate", "the gate itself raised RuntimeError('boom in the gate')",
-                         None]]
+        assert sent == [[False, "gate", "the gate itself raised RuntimeError('boom in the gate')"]]

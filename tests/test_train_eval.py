@@ -20,12 +20,12 @@ import pytest
 import torch
 
 import decoder_audit as da
-from decoder_audit.checkpoint import load_checkpoint
 from decoder_audit.cli import main
-from decoder_audit.data import TokenText
-from decoder_audit.datasets import TokenDataset, prepare_dataset
-from decoder_audit.oracle import oracle_logits
-from decoder_audit.tokenizer import Tokenizer
+from decoder_audit.references.oracle import oracle_logits
+from decoder_audit.storage.checkpoint import load_checkpoint
+from decoder_audit.text.datasets import TokenDataset, prepare_dataset
+from decoder_audit.text.tasks import TokenText
+from decoder_audit.text.tokenizer import Tokenizer
 from decoder_audit.training import train
 
 tokenizers = pytest.importorskip("tokenizers")

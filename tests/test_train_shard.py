@@ -33,14 +33,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
 import zoo
+
 from decoder_audit import Decoder, preset
-from decoder_audit.checkpoint import load_checkpoint
 from decoder_audit.errors import ConfigError
 from decoder_audit.objective import next_token_loss
-from decoder_audit.training import STATE_FILE, TRAINER_FILE, train
-from decoder_audit.training import distributed
+from decoder_audit.storage.checkpoint import load_checkpoint
+from decoder_audit.training import distributed, train
+from decoder_audit.training.state import STATE_FILE, TRAINER_FILE
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch.distributed missing")
@@ -264,8 +264,8 @@ def test_memory_check_counts_a_shard_of_the_training_state(monkeypatch):
     """On a GPU an unsharded run needs four whole copies (weights, gradients, AdamW's two
     moments) on each device; sharded over N, max(1, 4/N): a model too big for one device is what
     --shard is for. A device with room for 2.5 copies (float32 bytes from the ledger's count)."""
-    from decoder_audit import memory
-    from decoder_audit.ledger import parameter_ledger
+    from decoder_audit.accounting import memory
+    from decoder_audit.accounting.ledger import parameter_ledger
     from decoder_audit.training import prepare
 
     cfg = preset("tiny-368")

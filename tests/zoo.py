@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import configs
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import decoder_audit as da
-from decoder_audit.model import CausalSelfAttention, Embedding, Linear, apply_rope
-
-import configs
+from decoder_audit.model.attention import CausalSelfAttention, apply_rope
+from decoder_audit.model.layers import Embedding, Linear
 
 # A small grouped-query config: H=4 query heads over Hkv=2 KV heads (group 2; Hkv=1 would hide
 # a wrong repeat order), RoPE, RMSNorm, SwiGLU, untied, odd widths and length.

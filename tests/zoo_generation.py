@@ -12,16 +12,15 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import configs
 import torch
+from helpers import randomise
 from torch import nn
+from zoo import Case
 
 import decoder_audit as da
-from decoder_audit.cache import KVCache
-from decoder_audit.model import LayerNorm
-
-import configs
-from helpers import randomise
-from zoo import Case
+from decoder_audit.model.cache import KVCache
+from decoder_audit.model.layers import LayerNorm
 
 # Learned positions, untied, GQA 4/2, T=5: positions are a table lookup, so an offset shows.
 LEARNED = configs.named("ln-gelu-learned-biases-gqa-untied")

@@ -1,8 +1,9 @@
 """decoder-audit: build decoder-only language models from one config and prove them correct
 before training."""
 
-from .accounting import Accounting, account
-from .checkpoint import load_checkpoint, save_checkpoint
+from .accounting import account
+from .accounting.ledger import Ledger, LedgerRow, measured_ledger, parameter_ledger, reconcile
+from .accounting.results import Accounting
 from .config import DecoderConfig
 from .errors import (
     CheckpointError,
@@ -13,21 +14,14 @@ from .errors import (
     TokenIdError,
 )
 from .gate import AuditReport, CheckResult, audit
-from .generate import Generated, generate
-from .ledger import Ledger, LedgerRow, measured_ledger, parameter_ledger, reconcile
-from .model import Decoder
-from .oracle import oracle_logits
-from .presets import preset, preset_names
-from .references import (
-    TorchTwin,
-    decoder_from_twin,
-    from_hf,
-    load_hf_folder,
-    save_hf_folder,
-    to_hf,
-    twin_from_decoder,
-)
-from .trace import Trace, run_with_trace
+from .generation.generate import Generated, generate
+from .model.decoder import Decoder
+from .model.presets import preset, preset_names
+from .model.trace import Trace, run_with_trace
+from .references.hf import from_hf, load_hf_folder, save_hf_folder, to_hf
+from .references.oracle import oracle_logits
+from .references.torch_twin import TorchTwin, decoder_from_twin, twin_from_decoder
+from .storage.checkpoint import load_checkpoint, save_checkpoint
 from .training import GateRefusal, TrainConfig, TrainResult, train
 
 __version__ = "0.1.0"

@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import CONFIG_FILE, checkpoint_folder, load_checkpoint
+from .accounting.memory import check_fits
 from .config import DecoderConfig
 from .errors import ConfigError
-from .memory import check_fits
-from .model import Decoder
-from .presets import preset
+from .model.decoder import Decoder
+from .model.presets import preset
+from .storage.checkpoint import CONFIG_FILE, checkpoint_folder, load_checkpoint
 
 DEFAULT_PRESET = "tiny-368"
 KINDS = ("preset", "config", "checkpoint", "hf", "model", "module")
@@ -101,20 +101,6 @@ class Source:
         if self.kind in ("model", "module") and self.config() is None:
             return "the module carries no DecoderConfig"
         return ""
-
-    def audit_facts(self, model: nn.Module) -> dict[str, Any]:
-        """What the gate must be told about `model` that it cannot read from a DecoderConfig:
-        for a Hugging Face folder, V, the input vocabulary and the length policy from its config
-        and structure (`references.hf_models.audit_facts`), with the policy as a sentence under
-        "length_policy"; empty for every other source (a DecoderConfig says it all, and a
-        foreign --model is described by the caller's flags)."""
-        if self.kind != "hf":
-            return {}
-        from .references.hf_models import audit_facts
-
-        facts = audit_facts(model)
-        return {**facts.audit_options(), "length_policy": facts.length_policy,
-                "notes": list(facts.notes)}
 
     @property
     def built_fresh(self) -> bool:

@@ -12,9 +12,10 @@
 The analytic count is then checked against a measurement: the model is built on the meta
 device (shapes only) and run under `torch.utils.flop_counter.FlopCounterMode` (see `measured`).
 
-Modules: `results` (the dataclasses and conventions), `analytic` (parameters, memory, matmuls
-from the config), `measured` (the FlopCounterMode cross-check), `plot` (the context sweep).
-`account` below puts them together.
+Modules: `ledger` (the parameter ledger, analytic and measured), `memory` (will the weights fit,
+checked before allocating), `results` (the dataclasses and conventions), `analytic` (parameters,
+memory, matmuls from the config), `measured` (the FlopCounterMode cross-check), `plot` (the
+context sweep). `account` below puts them together.
 
 Shape letters: B batch, T sequence length, D d_model, H query heads, Hkv KV heads, Dh head width,
 F FFN width, V vocabulary, L layers.
@@ -27,31 +28,14 @@ from typing import Any
 from ..config import DecoderConfig
 from ..errors import ContextLengthError, InputShapeError
 from .analytic import (
-    ACTIVATION_ASSUMPTIONS,
-    context_sweep,
     dominant_groups,
-    flops_by_group,
     forward_matmuls,
     group_totals,
     memory_estimate,
     parameter_counts,
 )
-from .measured import MEASURED_PATH, measure_forward_flops, measured_flops
-from .plot import plot_context_sweep
-from .results import (
-    BYTES_PER_ELEMENT,
-    FLOP_CONVENTIONS,
-    GROUP_SCALING,
-    GROUPS,
-    Accounting,
-    ComponentCount,
-    GroupTotal,
-    Matmul,
-    MeasuredFlops,
-    MemoryEstimate,
-    MemoryRow,
-    ParameterCounts,
-)
+from .measured import measured_flops
+from .results import Accounting
 
 
 def _check_sizes(cfg: DecoderConfig, batch_size: Any, seq_len: Any) -> None:
@@ -92,11 +76,3 @@ def account(cfg: DecoderConfig, batch_size: int = 1, seq_len: int | None = None,
         dominant=dominant_groups(groups),
         measured=measured_flops(cfg, batch_size, seq_len, groups, total) if measure else None,
     )
-
-
-__all__ = [
-    "ACTIVATION_ASSUMPTIONS", "Accounting", "BYTES_PER_ELEMENT", "ComponentCount",
-    "FLOP_CONVENTIONS", "GROUPS", "GroupTotal", "Matmul", "MeasuredFlops", "MemoryEstimate",
-    "MemoryRow", "ParameterCounts", "account", "context_sweep", "flops_by_group",
-    "forward_matmuls", "measure_forward_flops", "parameter_counts", "plot_context_sweep",
-]

@@ -9,7 +9,7 @@ L layers).
 from __future__ import annotations
 
 from ..config import DecoderConfig
-from ..ledger import parameter_ledger
+from .ledger import parameter_ledger
 from .results import (
     BYTES_PER_ELEMENT,
     GROUP_SCALING,
@@ -21,7 +21,6 @@ from .results import (
     MemoryRow,
     ParameterCounts,
 )
-
 
 # --------------------------------------------------------------------------------------------
 # Parameters

@@ -34,7 +34,7 @@ def measure_forward_flops(cfg: DecoderConfig, batch_size: int,
                           seq_len: int) -> dict[str, dict[str, int]]:
     """Build Decoder(cfg) on the meta device (no storage) and count the FLOPs of one forward
     pass on meta ids (B, T), traced and plain. Returns {"eager": by_op, "sdpa": by_op}."""
-    from ..model import Decoder
+    from ..model.decoder import Decoder
 
     with torch.device("meta"):  # shapes only: gpt2-xl costs no memory here
         model = Decoder(cfg)

@@ -8,9 +8,12 @@ import sys
 
 from rich.table import Table
 
-from ..accounting import BYTES_PER_ELEMENT, FLOP_CONVENTIONS, account, plot_context_sweep
+from ..accounting import account
+from ..accounting.plot import plot_context_sweep
+from ..accounting.results import BYTES_PER_ELEMENT, FLOP_CONVENTIONS
 from ..console import console
-from .common import DEFAULT_PRESET, add_model_source, rerun_command, source_from_args
+from ..sources import DEFAULT_PRESET
+from .common import add_model_source, rerun_command, source_from_args
 
 
 def register(subparsers) -> None:

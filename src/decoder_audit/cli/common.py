@@ -14,7 +14,7 @@ import shlex
 from torch import nn
 
 from ..config import DecoderConfig
-from ..presets import preset_names
+from ..model.presets import preset_names
 from ..sources import DEFAULT_PRESET, Source
 
 

@@ -60,7 +60,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     _check_arguments(args)
-    from ..references.hf import _transformers
+    from ..references.hf_config import _transformers
     from ..references.hf_tokenizer import TokenizerMismatch
 
     try:
@@ -128,8 +128,9 @@ class _LogitCheck:
 
 def _from_hf(args, tf, check: _LogitCheck) -> _Converted:
     """The Hugging Face folder as a checkpoint, its tokenizer kept with it."""
-    from ..checkpoint import load_checkpoint, save_checkpoint
-    from ..references.hf import ATTN_IMPLEMENTATION, load_hf_folder
+    from ..references.hf import load_hf_folder
+    from ..references.hf_config import ATTN_IMPLEMENTATION
+    from ..storage.checkpoint import load_checkpoint, save_checkpoint
 
     decoder = load_hf_folder(args.from_hf)
     tokenizer = _hf_tokenizer(args.from_hf, decoder.config.vocab_size)
@@ -144,9 +145,10 @@ def _from_hf(args, tf, check: _LogitCheck) -> _Converted:
 def _to_hf(args, tf, check: _LogitCheck) -> _Converted:
     """The checkpoint as a Hugging Face folder, with its tokenizer's files where it has one;
     the check reads both back as Hugging Face would."""
-    from ..checkpoint import checkpoint_folder, load_checkpoint
-    from ..references.hf import ATTN_IMPLEMENTATION, export_changes, save_hf_folder
+    from ..references.hf import export_changes, save_hf_folder
+    from ..references.hf_config import ATTN_IMPLEMENTATION
     from ..references.hf_tokenizer import check_hf_tokenizer, hf_tokenizer_files
+    from ..storage.checkpoint import checkpoint_folder, load_checkpoint
 
     folder = checkpoint_folder(args.checkpoint)
     ours = load_checkpoint(folder)
@@ -216,7 +218,7 @@ def _hf_tokenizer(folder: str | Path, vocab_size: int):
     """The tokenizer a folder holds (a Hugging Face folder: tokenizer.json, or vocab.json +
     merges.txt, with tokenizer_config.json and special_tokens_map.json; a checkpoint: its
     manifest), checked to fit the model's V; None when it holds none."""
-    from ..tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_folder(folder)
     if tokenizer is not None:

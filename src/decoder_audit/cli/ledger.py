@@ -7,7 +7,7 @@ import json
 import torch
 from rich.table import Table
 
-from ..ledger import measured_ledger, parameter_ledger, reconcile
+from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
 from ..console import console
 from .common import add_model_source, source_from_args
 
@@ -29,7 +29,7 @@ def run(args) -> int:
     if args.model or cfg is None:  # a foreign module, or a Hugging Face family we do not convert
         model = source.build()
     else:
-        from ..model import Decoder
+        from ..model.decoder import Decoder
 
         with torch.device("meta"):  # shapes only: gpt2-xl is counted without allocating it
             model = Decoder(cfg)

@@ -37,7 +37,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..datasets import prepare_dataset
+    from ..text.datasets import prepare_dataset
 
     header = prepare_dataset(args.text, args.tokenizer, args.out, val_fraction=args.val_fraction)
     if args.json:

@@ -6,9 +6,9 @@ import json
 
 from rich.table import Table
 
-from ..ledger import parameter_ledger
-from ..presets import PRESETS
+from ..accounting.ledger import parameter_ledger
 from ..console import console
+from ..model.presets import PRESETS
 
 
 def register(subparsers) -> None:

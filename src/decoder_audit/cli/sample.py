@@ -44,11 +44,11 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import torch
 
-    from ..checkpoint import checkpoint_folder, load_checkpoint
     from ..errors import ConfigError
-    from ..generate import generate
-    from ..tokenizer import Tokenizer
-    from ..training import TRAINER_FILE
+    from ..generation.generate import generate
+    from ..storage.checkpoint import checkpoint_folder, load_checkpoint
+    from ..text.tokenizer import Tokenizer
+    from ..training.state import TRAINER_FILE
 
     folder = checkpoint_folder(args.checkpoint)
     model = load_checkpoint(folder).eval()
@@ -123,8 +123,14 @@ class _Progress:
 
     def _start(self) -> None:
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.bar = Progress(TextColumn("sample: new tokens"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TimeRemainingColumn(),

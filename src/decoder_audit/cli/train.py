@@ -149,8 +149,8 @@ def _print_refusal(refusal) -> None:
 
 
 def _print_interrupted(out: str) -> None:
-    from ..checkpoint import CHECKPOINT_DIR
-    from ..training import TRAINER_FILE
+    from ..storage.checkpoint import CHECKPOINT_DIR
+    from ..training.state import TRAINER_FILE
 
     if int(os.environ.get("RANK", "0")) != 0:
         return

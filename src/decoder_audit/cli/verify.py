@@ -13,9 +13,9 @@ import sys
 
 import torch
 
+from ..console import console
 from ..errors import ConfigError
 from ..gate import audit, print_report, to_json
-from ..console import console
 from .common import add_model_source, rerun_command, source_from_args
 
 
@@ -79,11 +79,6 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def _given(flag, facts: dict, name: str):
-    """A flag the user gave wins over what the source says about the model."""
-    return flag if flag is not None else facts.get(name)
-
-
 def run(args) -> int:
     if args.intervention_len is not None and args.intervention_len < 1:
         print(f"decoder-audit verify: error: --intervention-len={args.intervention_len} "
@@ -96,19 +91,15 @@ def run(args) -> int:
     device = resolve_device(args.device)
     source = source_from_args(args)
     model = source.build(seed=args.seed)
-    facts = source.audit_facts(model)  # a Hugging Face folder: V and the length policy
     # In place: the command owns the model it built or loaded (a Decoder keeps its tie).
     model.to(device=device, dtype=DTYPES.get(args.dtype))
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
-    report = audit(model, vocab_size=_given(args.vocab_size, facts, "vocab_size"),
-                   max_seq_len=_given(args.max_seq_len, facts, "max_seq_len"),
-                   input_vocab_size=_given(args.input_vocab_size, facts, "input_vocab_size"),
-                   pad_token_id=facts.get("pad_token_id"),
+    # The facts (V, the length policy, the pad id) are the gate's to read from the model: a
+    # DecoderConfig or a Hugging Face config; the flags say what a bare module cannot.
+    report = audit(model, vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
+                   input_vocab_size=args.input_vocab_size,
                    progress=show_progress and not args.json, seed=args.seed,
                    intervention_len=args.intervention_len)
-    if facts:
-        report.notes[:0] = [f"Hugging Face folder {args.hf}: {facts['length_policy']}",
-                            *facts["notes"]]
     extra = []
     if args.seed:
         extra += ["--seed", str(args.seed)]

@@ -4,9 +4,10 @@
 diagnosis order; `report.first_failure` names the first contract that broke.
     registry.py    the one table of checks: name, title, family, function, what it needs
     runner.py      audit(): the working copy, the checks in order, the cost line
+    facts.py       ModelFacts: what the gate knows of the model, decided once
     subject.py     the model under audit as every check sees it
     tolerances.py  every tolerance, declared and justified
-    result.py      CheckResult; report.py AuditReport; render.py the text; ../plots.py pictures
+    result.py      CheckResult; report.py AuditReport; render.py the text; pictures.py PNGs
 One module per family of checks:
     inputs.py      inputs, overlength, shapes, raw_logits
     invariance.py  determinism, batch_independence, causal, prefix
@@ -17,17 +18,12 @@ One module per family of checks:
 Nothing outside this package imports a module of it other than through these names.
 """
 
+from .facts import ModelFacts, model_facts
 from .registry import CHECK_ORDER, CHECK_TITLES, CHECKS, Check
 from .render import print_report, to_json
 from .report import AuditReport
 from .result import CheckResult
 from .runner import audit
 
-# Old homes of the next-token helpers and the tiny vocabulary (now `decoder_audit.objective` and
-# `decoder_audit.tokenizer`), kept importable from here.
-from ..objective import flatten_for_loss, next_token_batch  # noqa: E402
-from ..tokenizer import TINY_VOCAB, decode, encode  # noqa: E402
-
 __all__ = ["AuditReport", "CHECKS", "CHECK_ORDER", "CHECK_TITLES", "Check", "CheckResult",
-           "TINY_VOCAB", "audit", "decode", "encode", "flatten_for_loss", "next_token_batch",
-           "print_report", "to_json"]
+           "ModelFacts", "audit", "model_facts", "print_report", "to_json"]

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from ..objective import flatten_for_loss, next_token_batch
-from ..tokenizer import TINY_VOCAB, decode, encode
+from ..text.tokenizer import TINY_VOCAB, decode, encode
 from . import tolerances
-from .result import CheckResult
 from .measure import batch_not_equal
+from .result import CheckResult
 from .subject import Subject
 
 

@@ -23,7 +23,6 @@ Patterns come from our trace (`run_with_trace`) or from a model's `output_attent
 
 from __future__ import annotations
 
-import math
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,9 +31,9 @@ import torch
 from torch import nn
 
 from . import tolerances
-from .result import CheckResult, skipped
 from .measure import batch_not_equal
-from .subject import Subject, get_attr
+from .result import CheckResult
+from .subject import Subject
 
 # Attention pictures keep at most this many positions per side.
 PICTURE_LEN = 16
@@ -249,9 +248,7 @@ def _judge_stressed(patterns: list[torch.Tensor], seq_len: int, dtype: torch.dty
 
 
 def check_attention_rows(s: Subject) -> CheckResult:
-    seq_len = s.short_len(PICTURE_LEN)
-    batch = batch_not_equal(seq_len, (2, 3))
-    ids = s.random_ids(batch, seq_len, s.generator(9))
+    ids, batch, seq_len = _probe_ids(s)
     if s.has_trace:
         return _check_traced(s, ids, seq_len, batch)
     return _check_exposed(s, ids, seq_len, batch)
@@ -288,8 +285,17 @@ def _check_traced(s: Subject, ids: torch.Tensor, seq_len: int, batch: int) -> Ch
     return result
 
 
-def _check_exposed(s: Subject, ids: torch.Tensor, seq_len: int, batch: int) -> CheckResult:
-    """`output_attentions=True` (Hugging Face), on the eager path, at two lengths."""
+def _probe_ids(s: Subject) -> tuple[torch.Tensor, int, int]:
+    """The ids the check reads patterns of, (B, T), and B, T."""
+    seq_len = s.short_len(PICTURE_LEN)
+    batch = batch_not_equal(seq_len, (2, 3))
+    return s.random_ids(batch, seq_len, s.generator(9)), batch, seq_len
+
+
+def _exposed(s: Subject, ids: torch.Tensor, seq_len: int, batch: int
+             ) -> tuple[list[_Layer] | None, str, str | None, int | None]:
+    """`output_attentions=True` (Hugging Face), on the eager path, at two lengths: (the layers
+    classified, or None when it returned nothing; the path; the model's own; the second T)."""
     other_len = _second_length(s, seq_len)
     with _eager_attention(s.work) as (path, own):
         first = _attention_outputs(s, ids)
@@ -297,15 +303,32 @@ def _check_exposed(s: Subject, ids: torch.Tensor, seq_len: int, batch: int) -> C
         if first is not None and other_len is not None:
             second = _attention_outputs(s, s.random_ids(batch, other_len, s.generator(10)))
     if first is None:
-        return skipped("attention_rows", "the model exposes no attention patterns (neither our "
-                       f"trace nor output_attentions=True on its {path} path)")
-    layers = _classify(first, second, batch, seq_len, other_len)
-    del first, second
+        return None, path, own, other_len
+    return _classify(first, second, batch, seq_len, other_len), path, own, other_len
+
+
+def probe_attention(s: Subject) -> tuple[str | None, str]:
+    """Where this model's attention patterns can be read (a fact, found before the checks):
+    ("trace", "") for ours, ("output_attentions", "") when that returns a pattern at the
+    check's lengths, else (None, why not)."""
+    if s.has_trace:
+        return "trace", ""
+    ids, batch, seq_len = _probe_ids(s)
+    layers, path, _, _ = _exposed(s, ids, seq_len, batch)
+    if layers is None:
+        return None, ("the model exposes no attention patterns (neither our trace nor "
+                      f"output_attentions=True on its {path} path)")
+    if all(layer.pattern is None for layer in layers):
+        return None, ("output_attentions=True returned no attention pattern: "
+                      + "; ".join(layer.why_not for layer in layers[:3]))
+    return "output_attentions", ""
+
+
+def _check_exposed(s: Subject, ids: torch.Tensor, seq_len: int, batch: int) -> CheckResult:
+    """The patterns `output_attentions=True` returns (the facts say it returns some)."""
+    layers, path, own, other_len = _exposed(s, ids, seq_len, batch)
     judged = [layer for layer in layers if layer.pattern is not None]
     not_patterns = [layer.why_not for layer in layers if layer.pattern is None]
-    if not judged:
-        return skipped("attention_rows", "output_attentions=True returned no attention pattern: "
-                       + "; ".join(not_patterns[:3]))
     sinks = declared_sinks(s.work)
     records, problems = _judge_patterns([layer.pattern for layer in judged], seq_len,
                                         sinks=bool(sinks),

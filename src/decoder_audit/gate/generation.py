@@ -25,11 +25,11 @@ import re
 import torch
 import torch.nn.functional as F
 
-from ..generate import CacheNotReturned, Convention, Stepper, numbered
+from ..generation.convention import CacheNotReturned, Convention, Stepper, numbered
 from ..objective import logits_of
 from . import tolerances
-from .result import CheckResult, skipped
 from .measure import batch_not_equal, sample_positions, scaled_excess
+from .result import CheckResult
 from .subject import Subject
 
 # Tokens the cache and padding probes cover (each capped by max_seq_len): a decode step reads
@@ -74,6 +74,23 @@ def _step_kind(sizes: list[int], call: int) -> str:
             else f"a chunk of {sizes[call]} after {past} cached")
 
 
+def probe_cache(s: Subject) -> str:
+    """Why the model's cache cannot be stepped (a fact, found before the checks by one cached
+    call of two tokens), or "" when it can or the model keeps none."""
+    conv = s.facts.convention
+    if not conv.cached or conv.name == "decoder":  # ours is stepped by construction
+        return ""
+    ids = s.random_ids(1, s.short_len(2), s.generator(20)).to(s.device)
+    s.count(ids)
+    try:
+        with torch.no_grad():
+            Stepper(s.work, conv, 1, capacity=ids.shape[1])(ids)
+    except CacheNotReturned as exc:
+        return (f"{exc}: its cache is kept elsewhere (in the module or a caller-owned object), "
+                "so it cannot be stepped")
+    return ""
+
+
 def check_kv_cache(s: Subject) -> CheckResult:
     seq_len = s.short_len(KV_LEN)
     batch = batch_not_equal(seq_len, (2, 3))
@@ -92,11 +109,7 @@ def check_kv_cache(s: Subject) -> CheckResult:
             for size in sizes:
                 chunk = ids[:, start:start + size]
                 s.count(chunk)
-                try:
-                    pieces.append(stepper(chunk))
-                except CacheNotReturned as exc:
-                    return skipped("kv_cache", f"{exc}: its cache is kept elsewhere (in the "
-                                   "module or a caller-owned object), so it cannot be stepped")
+                pieces.append(stepper(chunk))
                 start += size
         cached = torch.cat(pieces, 1)  # (B, T, V)
         worst, allowed = scaled_excess(cached - full, full, tol)
@@ -233,11 +246,8 @@ class _PaddingProbe:
             for i, (side, k) in enumerate(layout):
                 real = padded[i, k:] if side != "right" else padded[i, :seq_len - k]
                 records.append(self._judge("one masked forward", side, k, real, alone[k], tol))
-            if s.has_cache:
-                try:
-                    records += self._through_cache(model, alone, tol)
-                except CacheNotReturned:  # kv_cache says why; the masked forward was judged
-                    pass
+            if s.has_cache:  # the facts say its cache can be stepped
+                records += self._through_cache(model, alone, tol)
         return records
 
     def _through_cache(self, model, alone, tol) -> list[dict]:
@@ -296,8 +306,6 @@ def check_grad_causal(s: Subject) -> CheckResult:
     ids = s.random_ids(len(positions), seq_len, gen).to(s.device)
     targets = torch.randint(0, s.vocab_size, (len(positions),), generator=gen).to(s.device)
     grad = _input_gradient(s, ids, positions, targets)
-    if isinstance(grad, CheckResult):
-        return grad
     size = grad.detach().abs().amax(-1).double().cpu().nan_to_num(float("inf"))  # (B, T)
     records = []
     for b, t in enumerate(positions):
@@ -311,10 +319,29 @@ def check_grad_causal(s: Subject) -> CheckResult:
     return _grad_verdict(records, positions, seq_len, evidence)
 
 
+class _NoInputGradient(Exception):
+    """d loss / d input cannot be taken on this model; the message says why."""
+
+
+def probe_input_gradient(s: Subject) -> str:
+    """Why d loss / d input cannot be taken (a fact, found before the checks by one backward of
+    two tokens), or "" when it can."""
+    seq_len = s.short_len(2)
+    ids = s.random_ids(1, seq_len, s.generator(25)).to(s.device)
+    targets = torch.zeros(1, dtype=torch.long, device=s.device)
+    try:
+        _input_gradient(s, ids, [seq_len - 1], targets)
+    except _NoInputGradient as why:
+        return str(why)
+    except Exception:  # noqa: BLE001 - any other failure is the model's: the check shows it
+        return ""
+    return ""
+
+
 def _input_gradient(s: Subject, ids: torch.Tensor, positions: list[int],
-                    targets: torch.Tensor) -> torch.Tensor | CheckResult:
-    """d (sum over rows b of the loss at position t_b) / d (the input embedding's output), (B, T, D);
-    or the skip when it cannot be taken (see `_refuses_eval_backward`)."""
+                    targets: torch.Tensor) -> torch.Tensor:
+    """d (sum over rows b of the loss at position t_b) / d (the input embedding's output),
+    (B, T, D); _NoInputGradient when it cannot be taken (see `_refuses_eval_backward`)."""
     embedding = s.input_embedding
     captured: list[torch.Tensor] = []
 
@@ -332,8 +359,8 @@ def _input_gradient(s: Subject, ids: torch.Tensor, positions: list[int],
             s.count(ids)
             logits = logits_of(s.work(ids))  # (B, T, V)
             if not captured or not captured[0].shape[:2] == ids.shape:
-                return skipped("grad_causal", f"{type(embedding).__name__} found as the input "
-                               "embedding produced no (B, T, D) output in forward")
+                raise _NoInputGradient(f"{type(embedding).__name__} found as the input embedding "
+                                       "produced no (B, T, D) output in forward")
             rows = logits[torch.arange(len(positions)), torch.tensor(positions)]  # (B, V)
             loss = F.cross_entropy(rows, targets, reduction="sum")
             try:
@@ -342,8 +369,8 @@ def _input_gradient(s: Subject, ids: torch.Tensor, positions: list[int],
                 if not _refuses_eval_backward(exc):
                     raise  # any other failure of the backward is the model's, and fails
                 said = (str(exc).strip().splitlines() or [""])[0][:200]
-                return skipped("grad_causal", "the model refuses a backward pass in eval mode "
-                               f"(its backward raised {type(exc).__name__}: {said})")
+                raise _NoInputGradient("the model refuses a backward pass in eval mode (its "
+                                       f"backward raised {type(exc).__name__}: {said})") from None
     finally:
         handle.remove()
     return grad
@@ -361,9 +388,10 @@ def _refuses_eval_backward(exc: BaseException) -> bool:
     on dropout (often functional, keyed on `self.training`, so it cannot be turned off from
     outside), updates running statistics (the user's model would come back changed) and makes
     each forward random, so "exactly 0 at every later input" would be judged on another
-    function. So the check is skipped with the model's reason. Only an exception whose message
-    asks for training mode counts: any other exception raised by the backward (an in-place
-    write autograd rejects, a shape error) is a defect of the backward and still fails."""
+    function. So the check is skipped with the model's reason (the facts' probe finds it). Only
+    an exception whose message asks for training mode counts: any other exception raised by
+    the backward (an in-place write autograd rejects, a shape error) is a defect of the backward
+    and still fails."""
     return _WANTS_TRAIN_MODE.search(str(exc)) is not None
 
 

@@ -12,9 +12,10 @@ import torch
 from ..errors import DecoderInputError
 from ..objective import OutputError
 from . import tolerances
-from .result import CheckResult
 from .measure import all_finite, batch_not_equal
+from .result import CheckResult
 from .subject import SHORT_CONTEXT, Subject
+
 
 def _probe_lengths(s: Subject) -> list[int]:
     top = s.probe_max
@@ -127,10 +128,6 @@ def _rejections(s: Subject, gen: torch.Generator) -> list[dict]:
 
 
 def check_overlength(s: Subject) -> CheckResult:
-    if s.max_seq_len is None:
-        return CheckResult("overlength", True, "skipped: no max_seq_len given, so no length is "
-                           "known to be too long (pass max_seq_len= to check)",
-                           {"reason": "max_seq_len not given"}, skipped=True)
     seq_len = s.max_seq_len + 1
     ids = s.random_ids(1, seq_len, s.generator(2))
     try:

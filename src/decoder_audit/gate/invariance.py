@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from . import tolerances
-from .result import CheckResult
 from .measure import batch_not_equal, sample_positions, scaled_excess, value_scale
+from .result import CheckResult
 from .subject import Subject
 
 # Cuts of the causal intervention: every position up to this many, sampled beyond.

@@ -1,6 +1,6 @@
 """`oracle`: the fast forward equals the slow float64 oracle fed the same weights (values, the
-eager traced path, and gradients). A black box the Hugging Face converter can read is compared
-with the oracle fed its converted weights.
+eager traced path, and gradients). A Hugging Face model whose class and config the converter reads
+is compared with the oracle fed its converted weights.
 
 Memory: the oracle reads the model's own weights layer by layer (`StreamedOracle`: one layer in
 float64 on the CPU at a time, the readout in vocabulary blocks), and the fast model's gradients
@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from ..objective import logits_of
-from ..oracle import StreamedOracle, oracle_logits
+from ..references.oracle import StreamedOracle, oracle_logits
 from . import tolerances
-from .result import CheckResult, skipped
 from .measure import batch_not_equal, largest, scaled_excess
+from .result import CheckResult
 from .subject import Subject, own_weight
 
 GRAD_SHARE = 0.25
@@ -290,16 +290,19 @@ def _compare_grads(s: Subject, named: dict[str, nn.Parameter], oracle: StreamedO
 
 def _check_hf_against_oracle(s: Subject) -> CheckResult:
     """A Hugging Face model (a black box to the rest of the gate) against the slow oracle fed its
-    weights, when our converter can read it (`references.try_from_hf` decides, by model class):
-    the HF forward must compute the architecture its config declares. Other black boxes, and HF
-    models the converter refuses, are skipped with the converter's reason."""
-    from ..references import try_from_hf
+    weights through the converter: the HF forward must compute the architecture its config
+    declares. The facts said the converter reads its class and config (`references.hf.
+    hf_reference`); weights that do not fit that config fail here, naming what does not fit."""
+    from ..errors import CheckpointError, ConfigError
+    from ..references.hf import from_hf
 
-    converted, source = try_from_hf(s.model)
-    if converted is None:
-        return skipped("oracle", "black-box: the oracle needs a DecoderConfig and our weight names, "
-                                 f"or a model the Hugging Face converter can read ({source})")
     name = type(s.model).__name__
+    try:
+        converted = from_hf(s.model)
+    except (ConfigError, CheckpointError) as exc:
+        return CheckResult("oracle", False, f"{name}'s weights do not fit the architecture its "
+                           f"config declares: {exc}", {"reference": s.facts.reference_reason,
+                                                        "conversion_error": str(exc)})
     cfg = converted.config
     seq_len = s.short_len(6 if converted.num_parameters() > 10_000_000 else 12)
     ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(11))
@@ -310,7 +313,7 @@ def _check_hf_against_oracle(s: Subject) -> CheckResult:
     tol = tolerances.hf_oracle(s.dtype, cfg)
     worst, allowed = scaled_excess(fast - reference, reference, tol)
     evidence = {"batch": ids.shape[0], "seq_len": seq_len, "dtype": str(s.dtype),
-                "reference": source,
+                "reference": s.facts.reference_reason,
                 "max_abs_logit_error": worst, "allowed": allowed}
     if not worst <= allowed:
         rows = (fast - reference).abs().amax((0, 2))

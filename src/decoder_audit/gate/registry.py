@@ -13,8 +13,9 @@ forward, so the full forward must be proven first (a cache that agrees with a wr
 proves nothing, and a wrong forward makes every cached comparison fail for the wrong reason).
 It comes before the alignment of logits with targets, which concerns the loss, not a path.
 
-`needs` names the facts a check cannot run without; the runner skips a check whose needs the
-subject lacks, with the reason below, so no check function re-decides what kind of model it has.
+`needs` names the facts a check cannot run without (properties of `ModelFacts`); the runner
+skips a check whose needs the facts lack, with the reason below, so no check function decides
+what kind of model it has or whether it can run.
 """
 
 from __future__ import annotations
@@ -23,18 +24,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import alignment, attention, generation, inputs, invariance, reference, weights
+from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
 
-# Why a check is skipped when the subject lacks what it needs.
-NEED_REASONS = {
-    "whitebox": "black-box: needs a DecoderConfig and the Decoder's weight names",
-    "has_cache": "the model takes no KV cache (neither a Decoder's new_cache + forward(cache=) "
-                 "nor the Hugging Face convention forward(past_key_values= or cache=, "
-                 "use_cache=))",
-    "takes_mask": "the model's forward takes no attention_mask, so it cannot run padded batches",
-    "has_input_embedding": "no input embedding found (neither get_input_embeddings(), a "
-                           "token_embeddings module nor an nn.Embedding)",
+# Why a check is skipped when the model's facts lack what it needs (a fact of facts.py each).
+NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
+    "whitebox": lambda f: "black-box: needs a DecoderConfig and the Decoder's weight names",
+    "tied": lambda f: "declared untied: no shared weight",
+    "has_max_seq_len": lambda f: "no max_seq_len given, so no length is known to be too long "
+                                 "(pass max_seq_len= to check)",
+    "has_reference": lambda f: "black-box: the oracle needs a DecoderConfig and our weight "
+                               "names, or a model the Hugging Face converter can read "
+                               f"({f.reference_reason})",
+    "has_cache": lambda f: f.cache_reason or (
+        "the model takes no KV cache (neither a Decoder's new_cache + forward(cache=) nor the "
+        "Hugging Face convention forward(past_key_values= or cache=, use_cache=))"),
+    "takes_mask": lambda f: "the model's forward takes no attention_mask, so it cannot run "
+                            "padded batches",
+    "has_input_embedding": lambda f: "no input embedding found (neither get_input_embeddings(), "
+                                     "a token_embeddings module nor an nn.Embedding)",
+    "has_attention": lambda f: f.attention_reason,
+    "has_input_gradient": lambda f: f.input_gradient_reason,
 }
 
 
@@ -49,11 +60,11 @@ class Check:
     # runner forgets them before any other check, so they hold no memory past that family.
     shares_clean: bool = False
 
-    def missing(self, subject: Subject) -> str | None:
-        """The reason this check cannot run on `subject`, or None when it can."""
+    def missing(self, facts: ModelFacts) -> str | None:
+        """The reason this check cannot run on a model with these facts, or None when it can."""
         for need in self.needs:
-            if not getattr(subject, need):
-                return NEED_REASONS[need]
+            if not getattr(facts, need):
+                return NEED_REASONS[need](facts)
         return None
 
 
@@ -61,7 +72,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("inputs", "ids and lengths 1..max_seq_len run; bad ids rejected", "inputs",
           inputs.check_inputs),
     Check("overlength", "max_seq_len + 1 tokens rejected, never cropped", "inputs",
-          inputs.check_overlength),
+          inputs.check_overlength, needs=("has_max_seq_len",)),
     Check("shapes", "logits (B, T, V); shape ledger of every trace site", "inputs",
           inputs.check_shapes),
     Check("raw_logits", "forward returns raw, finite logits (no softmax)", "inputs",
@@ -75,21 +86,21 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("prefix", "a prefix alone equals the same rows of the full run", "invariance",
           invariance.check_prefix),
     Check("attention_rows", "attention rows sum to 1, zero on future keys", "attention",
-          attention.check_attention_rows),
+          attention.check_attention_rows, needs=("has_attention",)),
     Check("params", "measured parameter ledger reconciles with the config", "weights",
           weights.check_params, needs=("whitebox",)),
     Check("tying", "declared tying is one Parameter object", "weights",
           weights.check_tying, needs=("whitebox",)),
     Check("tying_grad", "shared weight gradient = lookup + readout paths", "weights",
-          weights.check_tying_grad, needs=("whitebox",)),
+          weights.check_tying_grad, needs=("whitebox", "tied")),
     Check("oracle", "fast forward equals the slow oracle (values, grads)", "reference",
-          reference.check_oracle),
+          reference.check_oracle, needs=("has_reference",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
           generation.check_kv_cache, needs=("has_cache",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",
           generation.check_padding, needs=("takes_mask",)),
     Check("grad_causal", "loss gradient at t is exactly 0 at every later input", "generation",
-          generation.check_grad_causal, needs=("has_input_embedding",)),
+          generation.check_grad_causal, needs=("has_input_embedding", "has_input_gradient")),
     Check("loss_alignment", "inputs/targets shifted by one, rows aligned", "alignment",
           alignment.check_loss_alignment),
 )}

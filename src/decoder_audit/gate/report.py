@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import plots
-from . import render
+from . import pictures, render
+from .facts import ModelFacts
 from .result import CheckResult
 from .subject import DEFAULT_PROBE_LEN
 
@@ -30,6 +30,7 @@ class AuditReport:
     config: dict[str, Any] | None = None
     device: str = "cpu"  # where the checks ran (the model's own device)
     input_vocab_size: int | None = None  # ids the model reads, when declared other than V
+    facts: ModelFacts | None = None  # what the gate knew of the model (facts.py)
 
     @property
     def passed(self) -> bool:
@@ -79,6 +80,7 @@ class AuditReport:
                      "model_calls": self.calls,
                      "forward_equivalents": round(self.forward_equivalents, 2)},
             "notes": self.notes,
+            "facts": None if self.facts is None else self.facts.to_dict(),
         }
 
     def to_markdown(self, command: str | None = None) -> str:
@@ -94,8 +96,8 @@ class AuditReport:
             path = directory / name
             path.write_text(text)
             written.append(path)
-        for name, draw, check in (("dependency_matrix.png", plots.dependency_png, "causal"),
-                                  ("attention_patterns.png", plots.attention_png,
+        for name, draw, check in (("dependency_matrix.png", pictures.dependency_png, "causal"),
+                                  ("attention_patterns.png", pictures.attention_png,
                                    "attention_rows")):
             path = directory / name
             if draw(self[check], path):

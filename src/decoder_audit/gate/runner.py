@@ -34,15 +34,18 @@ import gc
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 from torch import nn
 
-from . import tolerances
+from ..errors import ConfigError
+from . import attention, generation, tolerances
+from .facts import ModelFacts, model_facts
+from .measure import return_freed_memory
 from .registry import CHECK_ORDER, CHECKS
 from .report import AuditReport
 from .result import CheckResult, crashed, skipped
-from .measure import return_freed_memory
 from .subject import Subject
 
 # Collect cyclic garbage between checks only for models at least this big: it matters only
@@ -57,21 +60,30 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
           progress: bool | Callable[[str, str], None] = False, seed: int = 0,
           checks: Iterable[str] | None = None,
           intervention_len: int | None = None,
-          input_vocab_size: int | None = None, pad_token_id: int | None = None) -> AuditReport:
+          input_vocab_size: int | None = None, pad_token_id: int | None = None,
+          facts: ModelFacts | None = None) -> AuditReport:
     """Run the acceptance gate on `model` and return its `AuditReport`.
 
-    White-box when the model carries a `DecoderConfig` as `.config` (vocab_size and max_seq_len
-    come from it); otherwise black-box, and `vocab_size` is required. The other facts that
-    describe a model (max_seq_len as a hard limit, intervention_len, input_vocab_size,
-    pad_token_id) are explained in the module docstring. `checks=[names]` runs only those checks
-    (the rest are listed as skipped). `progress=True` draws a progress bar on stderr (which check,
-    and how far a long one has got); `progress=fn` calls fn(check, step) instead, e.g.
-    fn("oracle", "oracle backward: layer 3/12").
+    The facts that describe the model (V, max_seq_len as a hard limit, intervention_len,
+    input_vocab_size, pad_token_id; see the module docstring) are read from its DecoderConfig or
+    Hugging Face config and from these arguments (facts.py says which wins), or given whole as
+    `facts` (from `model_facts`; then none of the others). A black box that declares none needs
+    `vocab_size`. `checks=[names]` runs only those checks (the rest are listed as skipped).
+    `progress=True` draws a progress bar on stderr (which check, and how far a long one has
+    got); `progress=fn` calls fn(check, step) instead, e.g. fn("oracle", "oracle backward:
+    layer 3/12").
     """
     wanted = set(CHECK_ORDER if checks is None else _validate_names(checks))
-    subject = Subject(model, vocab_size=vocab_size, max_seq_len=max_seq_len, seed=seed,
-                      intervention_len=intervention_len, input_vocab_size=input_vocab_size,
-                      pad_token_id=pad_token_id)
+    given = {"vocab_size": vocab_size, "max_seq_len": max_seq_len,
+             "intervention_len": intervention_len, "input_vocab_size": input_vocab_size,
+             "pad_token_id": pad_token_id}
+    if facts is None:
+        facts = model_facts(model, **given)
+    elif any(value is not None for value in given.values()):
+        named = sorted(name for name, value in given.items() if value is not None)
+        raise ConfigError(f"audit() takes facts= or the facts one by one, not both (also given: "
+                          f"{named})")
+    subject = Subject(model, facts, seed=seed)
     if subject.dtype in tolerances.LOW_PRECISION:
         subject.notes.append(f"checks ran in {str(subject.dtype).removeprefix('torch.')}: effects "
                              "smaller than its rounding (a few parts in 10^3 of the logit scale) "
@@ -79,6 +91,24 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
     started = time.perf_counter()
     results = _run_checks(subject, wanted, progress, seed)
     return _report(type(model).__name__, subject, results, time.perf_counter() - started)
+
+
+def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
+    """The facts found by calling the model, each probed once, and only when a wanted check
+    needs it: where attention patterns can be read, whether the cache can be stepped, whether
+    d loss / d input can be taken."""
+    facts = subject.facts
+    needed = {need for name in wanted for need in CHECKS[name].needs}
+    changes: dict = {"probed": True}
+    if "has_attention" in needed:
+        changes["attention"], changes["attention_reason"] = attention.probe_attention(subject)
+    if "has_cache" in needed or "takes_mask" in needed:
+        why = generation.probe_cache(subject)
+        if why:
+            changes.update(cache_reason=why, convention=replace(facts.convention, cached=False))
+    if "has_input_gradient" in needed and facts.has_input_embedding:
+        changes["input_gradient_reason"] = generation.probe_input_gradient(subject)
+    return replace(facts, **changes)
 
 
 def _run_checks(subject: Subject, wanted: set[str],
@@ -93,6 +123,8 @@ def _run_checks(subject: Subject, wanted: set[str],
         torch.manual_seed(seed)  # for models that draw random numbers themselves
         subject.prepare()
         try:
+            if not subject.facts.probed:
+                subject.facts = _probed(subject, wanted)
             with _progress(progress, len(wanted), subject) as advance, _frozen_before(collect):
                 for name in CHECK_ORDER:
                     if name not in wanted:
@@ -145,12 +177,13 @@ def _report(model_name: str, subject: Subject, results: dict[str, CheckResult],
         config=None if cfg is None else cfg.to_dict(),
         input_vocab_size=(None if subject.input_vocab_size == subject.vocab_size
                           else subject.input_vocab_size),
+        facts=subject.facts,
     )
 
 
 def _run_one(name: str, subject: Subject) -> CheckResult:
     check = CHECKS[name]
-    missing = check.missing(subject)
+    missing = check.missing(subject.facts)
     if missing is not None:
         return skipped(name, missing)
     started = time.perf_counter()
@@ -226,4 +259,4 @@ class _progress:
             self.bar.__exit__(*exc)
 
 
-__all__ = ["AuditReport", "audit"]
+__all__ = ["audit"]

@@ -10,11 +10,11 @@ and every parameter's requires_grad and .grad exactly (the same tensor objects).
 Tolerances come from the dtype the model computes in (`dtype`: the least precise floating dtype
 among its parameters) and from noise floors the checks measure; see tolerances.py.
 
-White-box means the model carries a `DecoderConfig` as `.config` and every weight name a
-`Decoder` of that config has (our `Decoder`, or a module built to its layout). A module with a
-`DecoderConfig` but other names (the torch.nn twin, say) is audited as a black box whose V and
-max_seq_len come from its config; black-box is any module mapping ids (B, T) to logits (B, T, V), or to an object
-with `.logits` (Hugging Face), or to a tuple whose first item is the logits.
+What the gate knows about the model before any check (V, the input vocabulary, max_seq_len,
+the pad id, white-box or not, the call convention) is its `ModelFacts` (facts.py), decided once;
+the Subject reads them and never decides them again. Black-box is any module mapping ids (B, T)
+to logits (B, T, V), or to an object with `.logits` (Hugging Face), or to a tuple whose first
+item is the logits.
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from ..config import DecoderConfig
-from ..errors import ConfigError
-from ..generate import Convention, convention
+from ..generation.convention import Convention
 from ..objective import OutputError, logits_of
 from . import tolerances
+from .facts import ModelFacts, input_embedding
 from .measure import value_scale
 from .probes import ProbeIds
 
@@ -40,9 +39,6 @@ from .probes import ProbeIds
 DEFAULT_PROBE_LEN = 16
 # Sequences longer than this are sampled rather than enumerated (lengths, cuts, prefixes).
 SHORT_CONTEXT = 32
-# Causal and prefix interventions run at most this long by default (batched cuts cost
-# (cuts + 1) * T tokens; GPT-2 small at T=1024 would take minutes on a laptop CPU).
-DEFAULT_INTERVENTION_LEN = 64
 
 
 def _mode_flags(model: nn.Module) -> list[tuple[nn.Module, bool]]:
@@ -54,75 +50,20 @@ def _restore_modes(flags: list[tuple[nn.Module, bool]]) -> None:
         module.training = training
 
 
-class _NoDraws(TorchFunctionMode):
-    """Skips `normal_` (the initial draws) while a Decoder is built on the meta device for its
-    names. On meta it runs a Python decomposition that imports torch._dynamo: 2 s, and 120 000
-    objects that every later gc.collect walks (0.15 s -> 0.4 s per collection; the runner
-    collects between checks)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.Tensor.normal_:
-            return args[0]
-        return func(*args, **(kwargs or {}))
-
-
-def _has_decoder_layout(model: nn.Module, cfg: DecoderConfig) -> bool:
-    """Whether `model` has every parameter name a Decoder built from `cfg` has (extra ones are
-    allowed: the params check reports them)."""
-    from ..model import Decoder
-
-    with torch.device("meta"), _NoDraws():
-        expected = {name for name, _ in Decoder(cfg).named_parameters(remove_duplicate=False)}
-    present = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    return expected <= present
-
-
 class Subject:
-    def __init__(self, model: nn.Module, *, vocab_size: int | None, max_seq_len: int | None,
-                 seed: int, intervention_len: int | None = None,
-                 input_vocab_size: int | None = None, pad_token_id: int | None = None) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"audit() needs a torch.nn.Module, got {type(model).__name__}")
+    def __init__(self, model: nn.Module, facts: ModelFacts, *, seed: int) -> None:
         self.model = model
-        config = getattr(model, "config", None)
-        self.cfg: DecoderConfig | None = config if isinstance(config, DecoderConfig) else None
-        if self.cfg is not None:
-            for name, given in (("vocab_size", vocab_size), ("max_seq_len", max_seq_len)):
-                declared = getattr(self.cfg, name)
-                if given is not None and given != declared:
-                    raise ConfigError(f"{name}={given} disagrees with the model's config "
-                                      f"{name}={declared}")
-            vocab_size, max_seq_len = self.cfg.vocab_size, self.cfg.max_seq_len
-        layout_note = None
-        if self.cfg is not None and not _has_decoder_layout(model, self.cfg):
-            layout_note = (f"{type(model).__name__} has a DecoderConfig but not the Decoder's "
-                           "weight names: audited as a black box (V and max_seq_len from its config)")
-            self.cfg = None
-        if vocab_size is None:
-            raise ConfigError(
-                f"{type(model).__name__} has no DecoderConfig, so audit() needs vocab_size=V "
-                "(and max_seq_len=T to check that longer inputs are rejected)")
-        for name, value in (("vocab_size", vocab_size), ("max_seq_len", max_seq_len),
-                            ("input_vocab_size", input_vocab_size),
-                            ("intervention_len", intervention_len)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 1):
-                raise ConfigError(f"{name}={value!r} must be a positive integer")
-        self.vocab_size: int = vocab_size
-        # Ids the input embedding accepts: [0, input_vocab_size); larger than V when the model
-        # reads ids it never predicts. The probes are drawn from `probes.ProbeIds`.
-        self.input_vocab_size: int = vocab_size if input_vocab_size is None else input_vocab_size
-        self.probe_ids = ProbeIds(min(vocab_size, self.input_vocab_size), pad_token_id)
-        self.max_seq_len: int | None = max_seq_len
+        self.facts = facts
         self.seed = seed
-        self.intervention_cap = int(DEFAULT_INTERVENTION_LEN if intervention_len is None
-                                    else intervention_len)
-        self.has_trace = self.whitebox and callable(getattr(model, "run_with_trace", None))
         first = next(iter(model.parameters()), None)
         self.device = first.device if first is not None else torch.device("cpu")
         self.dtype = compute_dtype(model)
         self.work: nn.Module = model  # the model itself: the gate makes no copy
-        self.notes: list[str] = [layout_note] if layout_note else []
+        self.has_trace = facts.whitebox and callable(getattr(model, "run_with_trace", None))
+        # The probes are drawn from the content ids: [0, min(V, input vocabulary)), never the pad.
+        self.probe_ids = ProbeIds(min(facts.vocab_size, facts.input_vocab_size),
+                                  facts.pad_token_id)
+        self.notes: list[str] = list(facts.notes)
         self.tokens = 0  # token positions pushed through the model, for the cost line
         self.calls = 0
         self.progress: Callable[[str], None] = lambda what: None  # the runner's progress line
@@ -133,6 +74,40 @@ class Subject:
         self._clean: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, logits): clean_logits
         self._saved_modes: list[tuple[nn.Module, bool]] | None = None
         self._saved_params: list[tuple[nn.Parameter, bool, torch.Tensor | None]] | None = None
+
+    # ---- the facts, as the checks read them --------------------------------------------------
+    @property
+    def cfg(self) -> DecoderConfig | None:
+        return self.facts.config
+
+    @property
+    def whitebox(self) -> bool:
+        return self.facts.whitebox
+
+    @property
+    def vocab_size(self) -> int:
+        return self.facts.vocab_size
+
+    @property
+    def input_vocab_size(self) -> int:
+        return self.facts.input_vocab_size
+
+    @property
+    def max_seq_len(self) -> int | None:
+        return self.facts.max_seq_len
+
+    @property
+    def convention(self) -> Convention:
+        """How the model is called for cached steps and padded batches (generation.convention)."""
+        return self.facts.convention
+
+    @property
+    def has_cache(self) -> bool:
+        return self.facts.has_cache
+
+    @property
+    def input_embedding(self) -> nn.Module | None:
+        return input_embedding(self.work)
 
     # ---- borrowing the model ----------------------------------------------------------------
     def prepare(self) -> None:
@@ -176,46 +151,6 @@ class Subject:
                 yield
         finally:
             _restore_params(saved)
-
-    @property
-    def whitebox(self) -> bool:
-        return self.cfg is not None
-
-    @property
-    def convention(self) -> Convention:
-        """How the model is called for cached steps and padded batches (generate.convention)."""
-        return convention(self.model)
-
-    @property
-    def has_cache(self) -> bool:
-        """The model keeps a KV cache: our Decoder, or the Hugging Face call convention."""
-        return self.convention.cached
-
-    @property
-    def takes_mask(self) -> bool:
-        """The model's forward takes an attention_mask."""
-        return self.convention.masked
-
-    @property
-    def input_embedding(self) -> nn.Module | None:
-        """The module whose output is the per-position input of the model: Hugging
-        Face's get_input_embeddings(), else the first module named `token_embeddings` (our
-        Decoder, also inside a wrapper), else the first nn.Embedding; None when there is none."""
-        getter = getattr(self.work, "get_input_embeddings", None)
-        if callable(getter):
-            try:
-                found = getter()
-            except (NotImplementedError, AttributeError):
-                found = None
-            if isinstance(found, nn.Module):
-                return found
-        named = self.work.named_modules()
-        return next((m for name, m in named if name.rsplit(".", 1)[-1] == "token_embeddings"),
-                    next((m for m in self.work.modules() if isinstance(m, nn.Embedding)), None))
-
-    @property
-    def has_input_embedding(self) -> bool:
-        return self.input_embedding is not None
 
     # ---- running the model ----------------------------------------------------------------
     def run(self, ids: torch.Tensor) -> torch.Tensor:
@@ -279,7 +214,7 @@ class Subject:
         if self.cfg is None or self.dtype not in tolerances.LOW_PRECISION:
             return None
         if self._rounding_floor is None:
-            from ..oracle import StreamedOracle
+            from ..references.oracle import StreamedOracle
 
             named = dict(self.work.named_parameters(remove_duplicate=False))
             ids = self.random_ids(1, self.short_len(6), self.generator(31))
@@ -340,10 +275,10 @@ class Subject:
         """The longest input any check sends: max_seq_len, a hard limit; a model without one is
         probed up to the intervention length (64 unless told), so every behavioural check covers
         positions 0..N-1 and a leak that starts late is still in reach."""
-        return self.max_seq_len if self.max_seq_len is not None else self.intervention_cap
+        return self.max_seq_len if self.max_seq_len is not None else self.facts.intervention_len
 
     def intervention_len(self) -> int:
-        return self.short_len(self.intervention_cap)
+        return self.short_len(self.facts.intervention_len)
 
     def short_len(self, cap: int) -> int:
         return max(1, min(self.probe_max, cap))

@@ -8,11 +8,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..ledger import measured_ledger, parameter_ledger, reconcile
+from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
 from ..objective import logits_of
 from . import tolerances
-from .result import CheckResult, skipped
 from .measure import batch_not_equal, largest
+from .result import CheckResult
 from .subject import Subject, get_attr
 
 
@@ -72,8 +72,6 @@ def check_tying_grad(s: Subject) -> CheckResult:
         readout    = (dL/dlogits)^T @ h, h the input of the readout (B*T, D).
     It runs on the model itself with only the shared weight requiring grad (one V x D gradient
     beside the weights, no copy); flags and .grad are restored afterwards."""
-    if not s.cfg.tie_embeddings:
-        return skipped("tying_grad", "declared untied: no shared weight")
     model = s.work
     emb_module, head_module = get_attr(model, "token_embeddings"), get_attr(model, "lm_head")
     emb = get_attr(model, "token_embeddings.weight")

@@ -1,23 +1,14 @@
-"""Independent references and weight transfer.
+"""Independent references of our Decoder, and the layouts other code writes, mapped to ours.
 
-`torch_modules`: the torch.nn twin (stock modules only) and transfer to and from `Decoder`.
-`hf`: Hugging Face GPT-2 and Llama, both ways, in memory and as `save_pretrained` folders;
-`try_from_hf(model)` asks the converter whether it can read a module (the gate's question).
+    oracle.py        the slow float64 oracle: per-head, per-query-row loops sharing no code with
+                     model/; reads weights by name, one stage at a time
+    torch_twin.py    the torch.nn twin (stock modules only) and weight transfer both ways
+    hf.py            Hugging Face GPT-2 and Llama, both ways, in memory and as folders; whether the
+                     oracle can read a Hugging Face model (`hf_reference`)
+    hf_config.py     Hugging Face configs <-> DecoderConfig, and what is refused
+    hf_weights.py    Hugging Face state dicts <-> our tensors (the rename tables, RoPE rows)
+    hf_models.py     any Hugging Face model: loading a folder, and the facts its config declares
+    hf_tokenizer.py  a checkpoint's tokenizer as Hugging Face reads it
+
 `transformers` is imported only when an `hf` function runs (it is the optional extra `hf`).
 """
-
-from .hf import from_hf, load_hf_folder, save_hf_folder, to_hf, try_from_hf
-from .torch_modules import (
-    TorchTwin,
-    decoder_from_twin,
-    decoder_to_twin_tensors,
-    twin_from_decoder,
-    twin_to_decoder_tensors,
-    twin_unsupported,
-)
-
-__all__ = [
-    "TorchTwin", "decoder_from_twin", "decoder_to_twin_tensors", "from_hf", "load_hf_folder",
-    "save_hf_folder", "to_hf", "try_from_hf", "twin_from_decoder", "twin_to_decoder_tensors",
-    "twin_unsupported",
-]

@@ -2,7 +2,7 @@
 
     from_hf(GPT2LMHeadModel | LlamaForCausalLM) -> Decoder      to_hf(Decoder) -> PreTrainedModel
     load_hf_folder(dir) -> Decoder                              save_hf_folder(decoder, dir)
-    try_from_hf(any module) -> (Decoder | None, why)
+    hf_reference(any module) -> ("hugging face" | None, why)
 
 `transformers` is the optional extra `hf`; it is imported only inside these functions, so the
 core package works without it. Every model we build uses attn_implementation="eager" (HF's
@@ -33,22 +33,22 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import copy_into_parameters, decoder_from_tensors, write_folder_atomically
+from ..accounting.ledger import parameter_ledger
 from ..config import DecoderConfig
 from ..errors import CheckpointError, ConfigError
-from ..ledger import parameter_ledger
-from ..model import Decoder
+from ..model.decoder import Decoder
+from ..storage.checkpoint import copy_into_parameters, decoder_from_tensors
+from ..storage.folder import write_folder_atomically
 from .hf_config import (
-    ATTN_IMPLEMENTATION,
-    INSTALL_HINT,
     _transformers,
     config_from_hf,
     config_to_hf,
     hf_family,
     model_classes,
 )
-# _rope_permutation is re-exported for the tests that check it against transformers' RoPE.
-from .hf_weights import _rope_permutation, hf_tensors_to_ours, our_tensors_to_hf  # noqa: F401
+
+# rope_permutation is re-exported for the tests that check it against transformers' RoPE.
+from .hf_weights import hf_tensors_to_ours, our_tensors_to_hf
 
 
 def _check_tie_flag(hf_model: Any) -> None:
@@ -108,16 +108,16 @@ def to_hf(decoder: Decoder) -> Any:
     return hf_model
 
 
-def try_from_hf(model: Any) -> tuple[Decoder | None, str]:
-    """Ask the converter whether it can read `model`: (decoder, description) when it can,
-    (None, reason) when it cannot. Never raises for an unreadable model.
+def hf_reference(model: Any) -> tuple[str | None, str]:
+    """Whether the oracle can read `model`'s weights through the converter, decided from its
+    class and config alone (no weight is copied): ("hugging face", where the weights come from)
+    when it can, (None, why not) when it cannot. Never raises.
 
     Readable means an instance of a model class we convert (GPT2LMHeadModel or LlamaForCausalLM,
-    or a subclass: the class decides, not `config.model_type`) whose config and weights
-    `from_hf` accepts. The reason names what stopped it: transformers not installed, not a
-    model class we convert, or the converter's ConfigError / CheckpointError text. The
-    description (e.g. "GPT2LMHeadModel weights via references.hf.from_hf") says where the
-    decoder's weights came from."""
+    or a subclass: the class decides, not `config.model_type`) whose config `config_from_hf`
+    expresses. Whether the weights then fit that config is the oracle check's question: weights
+    that do not (a missing final norm, an untied head under tie_word_embeddings=True, an extra
+    weight) fail it."""
     name = type(model).__name__
     tf = sys.modules.get("transformers")
     if tf is None:
@@ -133,14 +133,15 @@ def try_from_hf(model: Any) -> tuple[Decoder | None, str]:
         return None, (f"{name} is not a Hugging Face model, so not a model class the converter "
                       "reads (GPT2LMHeadModel or LlamaForCausalLM, or a subclass)")
     classes = model_classes(tf)
-    if not isinstance(model, tuple(classes.values())):
+    family = next((fam for fam, cls in classes.items() if isinstance(model, cls)), None)
+    if family is None:
         known = " or ".join(cls.__name__ for cls in classes.values())
         return None, f"{name} is not a model class the converter reads ({known}, or a subclass)"
     try:
-        decoder = from_hf(model)
-    except (ConfigError, CheckpointError) as exc:
-        return None, f"{name} could not be converted: {exc}"
-    return decoder, f"{name} weights via references.hf.from_hf"
+        config_from_hf(model.config, family)
+    except ConfigError as exc:
+        return None, f"{name}'s config declares what the oracle does not express: {exc}"
+    return "hugging face", f"{name} weights via references.hf.from_hf"
 
 
 def load_hf_folder(folder: str | os.PathLike) -> Decoder:
@@ -230,8 +231,5 @@ def max_logit_difference(decoder: Decoder, hf_model: Any, ids: torch.Tensor) -> 
     theirs = hf_model(input_ids=ids).logits
     return (ours - theirs.to(ours.dtype)).abs().max().item()
 
-__all__ = [
-    "ATTN_IMPLEMENTATION", "INSTALL_HINT", "config_from_hf", "config_to_hf", "export_changes",
-    "from_hf", "hf_family", "hf_tensors_to_ours", "is_hf_folder", "load_hf_folder",
-    "max_logit_difference", "our_tensors_to_hf", "save_hf_folder", "to_hf", "try_from_hf",
-]
+__all__ = ["export_changes", "from_hf", "is_hf_folder", "load_hf_folder", "max_logit_difference",
+    "save_hf_folder", "to_hf"]

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..tokenizer import Tokenizer
-from ..tokenizer_files import read_json
+from ..text.tokenizer import Tokenizer, read_json
 
 # The class that reads each kind's files in transformers 4 and 5 alike (5 maps both names to its
 # tokenizers-backed classes).

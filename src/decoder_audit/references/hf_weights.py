@@ -11,7 +11,7 @@ GPT-2 (`transformer.` prefix; Conv1D stores W as (in, out), the transpose of nn.
 Llama (`model.` prefix):
     embed_tokens, layers.i.input_layernorm/post_attention_layernorm -> ln1/ln2,
     self_attn.{q,k,v,o}_proj -> attn.{q,k,v,output}_proj, mlp.gate/up/down_proj -> ffn.w1/w3/w2,
-    norm -> ln_final, lm_head. q and k rows are permuted per head, see `_rope_permutation`.
+    norm -> ln_final, lm_head. q and k rows are permuted per head, see `rope_permutation`.
 
 RoPE layouts. HF Llama rotates halves: within a head, pair j is (x[j], x[j + Dh/2]). We rotate
 interleaved pairs (x[2j], x[2j+1]), both by the same angle pos * theta^(-2j/Dh). Reordering the
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkpoint import name_and_shape_problems
 from ..config import DecoderConfig
 from ..errors import CheckpointError, ConfigError
+from ..storage.checkpoint import name_and_shape_problems
 from .hf_config import hf_family
 
 # Buffers that old checkpoints carry but that are not weights (causal-mask and RoPE caches).
@@ -76,7 +76,7 @@ def _cat(parts: Tensors) -> Tensors:
     return [torch.cat(parts)]
 
 
-def _rope_permutation(head_dim: int) -> torch.Tensor:
+def rope_permutation(head_dim: int) -> torch.Tensor:
     """Row order taking one HF (rotate-half) head to ours (interleaved): ours = hf[perm].
     perm[2j] = j, perm[2j+1] = j + Dh/2; e.g. Dh = 4 -> [0, 2, 1, 3]."""
     return torch.arange(head_dim).view(2, head_dim // 2).t().reshape(-1)
@@ -126,7 +126,7 @@ def _gpt2_rules(cfg: DecoderConfig) -> list[Rule]:
 def _llama_rules(cfg: DecoderConfig) -> list[Rule]:
     d, f, v, dh = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.head_dim
     dq, dkv = cfg.n_heads * dh, cfg.kv_heads * dh
-    perm = _rope_permutation(dh)
+    perm = rope_permutation(dh)
     to_ours, to_hf = _permute_heads(perm, dh), _permute_heads(torch.argsort(perm), dh)
     rules = [Rule(("model.embed_tokens.weight",), ((v, d),), ("token_embeddings.weight",),
                   _same, _same)]

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError
-from ..model import Decoder
+from ..model.decoder import Decoder
 
 
 @dataclass(frozen=True)
@@ -186,3 +186,12 @@ def global_mean(value: torch.Tensor, ranks: RankInfo) -> torch.Tensor:
 def barrier(ranks: RankInfo) -> None:
     if ranks.distributed:
         dist.barrier()
+
+
+def shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank `rank`'s contiguous slice of a global batch (B rows -> B / world_size rows)."""
+    if tensor.shape[0] % world_size:
+        raise ConfigError(f"global batch size {tensor.shape[0]} is not divisible by the "
+                          f"world size {world_size}")
+    per_rank = tensor.shape[0] // world_size
+    return tensor[rank * per_rank:(rank + 1) * per_rank]

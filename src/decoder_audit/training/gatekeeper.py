@@ -3,10 +3,10 @@
 The full gate (`decoder_audit.audit`) runs on the model exactly as it will be trained. Any failed
 check raises `GateRefusal` naming the first failed check: nothing is trained and no file is
 written. There is no switch to skip it. Under torchrun rank 0 audits and every rank learns the
-verdict, and the facts the gate established (`ModelFacts`), from it.
+verdict from it.
 
 Which model this is, white-box or not, its V and max_seq_len and whether it is tied, are decided
-once, by the gate; the trainer reads them from the report instead of deciding again.
+once, by the gate's `model_facts` (in `prepare`), and handed to the gate as they are.
 
 Before step 1, the evidence: one decoded input/target pair of the first batch (the loss
 alignment) and, for a fresh model, the initial loss, which must lie within 10% of ln V (a model
@@ -19,13 +19,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..gate import AuditReport, audit
+from ..gate import AuditReport, ModelFacts, audit
 from .distributed import RankInfo, share_from_main
 
 # A fresh model is close to uniform over V: its loss must lie within this fraction of ln V.
@@ -42,48 +41,29 @@ class GateRefusal(RuntimeError):
         self.check, self.detail, self.report = check, detail, report
 
 
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the gate established about the model, as the trainer needs it."""
-
-    white_box: bool
-    """Our Decoder's layout and a DecoderConfig: its weights can be checkpointed."""
-    vocab_size: int
-    max_seq_len: int | None
-    tied: bool
-    """White-box with tie_embeddings: lm_head.weight must stay the embedding Parameter."""
-
-    @classmethod
-    def of(cls, report: AuditReport) -> "ModelFacts":
-        white_box = report.mode == "white-box"
-        tied = white_box and bool((report.config or {}).get("tie_embeddings"))
-        return cls(white_box, report.vocab_size, report.max_seq_len, tied)
-
-
-def run_gate(model: nn.Module, ranks: RankInfo, *, vocab_size: int, max_seq_len: int,
-             seed: int, say: Say) -> tuple[AuditReport | None, ModelFacts]:
-    """Rank 0 audits; every rank learns the verdict and the facts; a failure raises
-    GateRefusal everywhere. The report is rank 0's (None elsewhere)."""
-    report, verdict = None, [True, "", "", None]
+def run_gate(model: nn.Module, ranks: RankInfo, facts: ModelFacts, *, seed: int,
+             say: Say) -> AuditReport | None:
+    """Rank 0 audits the model with its facts (every rank decided the same facts before, from
+    the same model: `prepare`); every rank learns the verdict; a failure raises GateRefusal
+    everywhere. The report is rank 0's (None elsewhere)."""
+    report, verdict = None, [True, "", ""]
     if ranks.is_main:
         say("[bold]gate[/bold]: running the full audit before any training ...")
         start = time.perf_counter()
         try:
-            report = audit(model, vocab_size=vocab_size, max_seq_len=max_seq_len, progress=False,
-                           seed=seed)
+            report = audit(model, facts=facts, progress=False, seed=seed)
         except Exception as exc:  # the gate should never crash; if it does, nothing trains
             if not ranks.distributed:
                 raise
-            verdict = [False, "gate", f"the gate itself raised {exc!r}", None]
+            verdict = [False, "gate", f"the gate itself raised {exc!r}"]
     if report is not None:
         failure = report.first_failure
-        verdict = [failure is None, getattr(failure, "name", ""), getattr(failure, "detail", ""),
-                   ModelFacts.of(report)]
+        verdict = [failure is None, getattr(failure, "name", ""), getattr(failure, "detail", "")]
         _say_summary(report, time.perf_counter() - start, say)
-    passed, check, detail, facts = share_from_main(ranks, verdict)
+    passed, check, detail = share_from_main(ranks, verdict)
     if not passed:
         raise GateRefusal(check, detail, report)
-    return report, facts
+    return report
 
 
 def _say_summary(report: AuditReport, seconds: float, say: Say) -> None:
@@ -116,11 +96,11 @@ def show_alignment(task: Any, generator: torch.Generator, say: Say) -> None:
         say("  " + line)
 
 
-def check_initial_loss(loss: float, facts: ModelFacts, *, fresh: bool, report: Any,
+def check_initial_loss(loss: float, vocab_size: int, *, fresh: bool, report: Any,
                        say: Say) -> None:
     """A fresh model's loss lies within INITIAL_LOSS_TOLERANCE of ln V, else GateRefusal; any
     other model's is shown, not judged."""
-    uniform = math.log(facts.vocab_size)
+    uniform = math.log(vocab_size)
     ok = abs(loss - uniform) <= INITIAL_LOSS_TOLERANCE * uniform
     verdict = "ok" if ok else "[red]FAILED[/red]" if fresh else "not a fresh model: not checked"
     say(f"initial loss {loss:.4f} vs ln V = {uniform:.4f} (tolerance "

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..atomic_folder import make_folders
 from ..errors import RunFolderError
+from ..storage.folder import make_folders
 
 try:
     import fcntl

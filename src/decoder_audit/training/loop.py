@@ -11,8 +11,10 @@
   loop      (here; one step in step.py) one global batch per step, gradient clipping, metrics
             as JSON lines, a progress bar, checkpoints every `save_every` steps.
   finish    (finish.py) the final evaluation and checkpoint, the loss curve, the summary.
-The phases share one `Run` (run.py): what the run is (`TrainConfig`), how it is carried out
-(`Options`), and what the phases have built so far.
+Each phase returns what the next one needs (run.py): `prepare` the `Prepared` model, task and
+facts; `gate` the report and the live `Training` state; `evidence` the `Evidence`; the loop its
+`LoopOutcome`; `finish` the `TrainResult`. What the run is and how it is carried out (`Setting`)
+is the same throughout.
 
 Before any phase, rank 0 locks the run folder (lock.py: one run per folder) and everything a
 user can get wrong is checked: the run options (a resumed run keeps its own save_every,
@@ -28,29 +30,42 @@ import contextlib
 import math
 import os
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..checkpoint import checkpoint_folder
 from ..config import DecoderConfig
 from ..console import console as make_console
 from ..errors import ConfigError
+from ..storage.checkpoint import checkpoint_folder
 from . import distributed
 from .distributed import RankInfo
 from .finish import finish
 from .lock import RunLock
-from .prepare import SMALL_MODEL_PARAMETERS, prepare
-from .run import (Callback, Options, Run, diverged, evaluation_row, resolve_run_options,
-                  shared_evaluation, write)
+from .prepare import prepare
+from .run import (
+    Callback,
+    Evidence,
+    Options,
+    Prepared,
+    Setting,
+    Training,
+    diverged,
+    evaluation_row,
+    resolve_run_options,
+    save,
+    shared_evaluation,
+    write,
+)
 from .settings import TrainConfig, TrainResult, resumed_settings, settings_from
 from .start import evidence, gate
 from .state import read_trainer_state, refuse_finished_run, run_folder_of
 from .step import progress_bar, train_step
 
-__all__ = ["SMALL_MODEL_PARAMETERS", "resolve_run_options", "train"]
+__all__ = ["train"]
 
 # An evaluation this close to the entropy floor (relative) counts as having reached it.
 NEAR_FLOOR = 0.05
@@ -143,45 +158,61 @@ def _resolve(cfg: TrainConfig, given: dict[str, Any], *, out: Any, resume: Any,
     return cfg, opts, ranks
 
 
+@dataclass(frozen=True)
+class LoopOutcome:
+    """What the loop phase hands to `finish`."""
+
+    seconds: float
+    reached: tuple[int, float] | None  # (step, seconds) of the first evaluation near the floor
+    checkpoint: Path | None  # the last checkpoint the loop wrote
+
+
 def _run(model: Any, cfg: TrainConfig, opts: Options, ranks: RankInfo,
          started: float) -> TrainResult:
     con = make_console()
     say = con.print if (opts.verbose and ranks.is_main) else (lambda *a, **k: None)
-    run = Run(cfg=cfg, opts=opts, ranks=ranks, started=started, say=say, console=con)
-    shape = prepare(run, model)
-    gate(run, shape)
-    evidence(run)
-    _loop(run)
-    return finish(run)
+    setting = Setting(cfg=cfg, opts=opts, ranks=ranks, started=started, say=say, console=con)
+    prepared = prepare(setting, model)
+    report, training = gate(setting, prepared)
+    found = evidence(setting, prepared, training, report)
+    outcome = _loop(setting, prepared, training, found)
+    return finish(setting, prepared, training, found, outcome, report)
 
 
-def _loop(run: Run) -> None:
-    run.loop_started, run.first_step = time.perf_counter(), run.step
-    bar = progress_bar(run)
+def _loop(setting: Setting, prepared: Prepared, training: Training,
+          found: Evidence) -> LoopOutcome:
+    started = time.perf_counter()
+    outcome = LoopOutcome(0.0, None, None)
+    bar = progress_bar(setting)
     with bar:
-        bar_task = bar.add_task("train", total=run.cfg.steps, completed=run.step,
+        bar_task = bar.add_task("train", total=setting.cfg.steps, completed=training.step,
                                 loss=float("nan"), tps=0.0)
-        while run.step < run.cfg.steps:
-            row = train_step(run)
-            _record(run, row)
-            bar.update(bar_task, completed=run.step, loss=row["loss"], tps=row["tokens_per_s"])
-            if run.opts.callback is not None:
-                run.opts.callback(run.step, row)
+        while training.step < setting.cfg.steps:
+            row = train_step(setting, prepared, training, found.folder, started)
+            outcome = _record(setting, prepared, training, found, row, outcome)
+            bar.update(bar_task, completed=training.step, loss=row["loss"],
+                       tps=row["tokens_per_s"])
+            if setting.opts.callback is not None:
+                setting.opts.callback(training.step, row)
+    return replace(outcome, seconds=time.perf_counter() - started)
 
 
-def _record(run: Run, row: dict[str, Any]) -> None:
-    """Evaluate when due, log the row (rank 0), checkpoint when due (not at the last step:
-    finish does that)."""
-    steps, step = run.cfg.steps, run.step
-    if step % run.opts.eval_every == 0 or step == steps:
-        value = shared_evaluation(run)
+def _record(setting: Setting, prepared: Prepared, training: Training, found: Evidence,
+            row: dict[str, Any], outcome: LoopOutcome) -> LoopOutcome:
+    """After a step: evaluate when due (into `row`), log the row (rank 0), checkpoint when due
+    (not at the last step: finish does that). Returns the outcome so far."""
+    steps, step = setting.cfg.steps, training.step
+    reached, checkpoint = outcome.reached, outcome.checkpoint
+    if step % setting.opts.eval_every == 0 or step == steps:
+        value = shared_evaluation(setting.ranks, training.model, found.eval_batch)
         if not math.isfinite(value):
-            diverged(run, "evaluation loss", value, applied=True)
-        row.update(evaluation_row(run, value))
-        floor = run.task.entropy_floor()
-        if (floor is not None and run.reached is None
+            diverged(setting, training, found.folder, "evaluation loss", value, applied=True)
+        row.update(evaluation_row(prepared.task, value))
+        floor = prepared.task.entropy_floor()
+        if (floor is not None and reached is None
                 and row["eval_loss"] <= (1 + NEAR_FLOOR) * floor):
-            run.reached = (step, row["elapsed_s"])
-    write(run, row)
-    if run.opts.save_every and step % run.opts.save_every == 0 and step < steps:
-        run.checkpoint = run.save() or run.checkpoint
+            reached = (step, row["elapsed_s"])
+    write(setting, found.folder, row)
+    if setting.opts.save_every and step % setting.opts.save_every == 0 and step < steps:
+        checkpoint = save(setting, prepared, training, found.folder) or checkpoint
+    return LoopOutcome(outcome.seconds, reached, checkpoint)

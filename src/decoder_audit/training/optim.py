@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..model import Embedding
+from ..model.layers import Embedding
 from .settings import TrainConfig
 
 

@@ -11,58 +11,55 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import FACTORY_FILE, load_module_weights
+from ..accounting.memory import check_fits
 from ..config import DecoderConfig
-from ..data import ByteText, CountingTask, TokenText
-from ..datasets import TokenDataset
 from ..errors import CheckpointError, ConfigError
-from ..memory import check_fits
+from ..gate import model_facts
 from ..sources import Source
-from ..tokenizer import Tokenizer
+from ..storage.checkpoint import FACTORY_FILE, load_module_weights
+from ..text.datasets import TokenDataset
+from ..text.tasks import ByteText, CountingTask, TokenText
+from ..text.tokenizer import Tokenizer
 from . import distributed
 from .distributed import RankInfo
-from .run import Options, Run
+from .run import Options, Prepared, Setting
 from .settings import TrainConfig
 
 # Below this many parameters, intra-op threading costs more than it gains on CPU.
 SMALL_MODEL_PARAMETERS = 1_000_000
 
 
-def prepare(run: Run, model: Any) -> tuple[int, int]:
-    """Resolve the model and the task; the data must fit the model's declared V and
-    max_seq_len (returned), checked before the gate is spent."""
-    cfg, opts = run.cfg, run.opts
+def prepare(setting: Setting, model: Any) -> Prepared:
+    """Resolve the model, decide its facts (the gate's `model_facts`, once) and the task; the
+    data must fit the model's V and max_seq_len, checked before the gate is spent."""
+    cfg, opts = setting.cfg, setting.opts
     for note in opts.notes:
-        run.say(f"note: {note}")
+        setting.say(f"note: {note}")
     source, module_weights = _source(model, opts)
     if source.kind in ("preset", "config", "checkpoint"):
-        _check_memory(source.config(), opts.device, run.ranks)  # before a weight is allocated
-    run.model = source.build(seed=cfg.seed)
+        _check_memory(source.config(), opts.device, setting.ranks)  # before a weight exists
+    built = source.build(seed=cfg.seed)
     if module_weights:
-        load_module_weights(run.model, opts.resume_folder)
-    if run.ranks.sharded:
-        distributed.refuse_unshardable(run.model)  # before the gate is spent on it
-    run.fresh = opts.expect_fresh and (source.built_fresh or source.kind in ("module", "model"))
-    _set_threads(run.model, opts)
-    declared = source.config()  # the resolver's answer; the gate decides again, and we check
-    run.decoder_config = declared
+        load_module_weights(built, opts.resume_folder)
+    if setting.ranks.sharded:
+        distributed.refuse_unshardable(built)  # before the gate is spent on it
+    _set_threads(built, opts)
     saved = (opts.resume_meta or {}).get("factory") or {}
-    vocab_size = (declared.vocab_size if declared is not None
-                  else opts.vocab_size or saved.get("vocab_size"))
-    max_seq_len = (declared.max_seq_len if declared is not None
-                   else opts.max_seq_len or saved.get("max_seq_len"))
-    run.factory = _factory_of(source, vocab_size, max_seq_len)
-    if vocab_size is None or max_seq_len is None:
+    facts = model_facts(built, vocab_size=opts.vocab_size or saved.get("vocab_size"),
+                        max_seq_len=opts.max_seq_len or saved.get("max_seq_len"))
+    if facts.max_seq_len is None:
         raise ConfigError("a model without a DecoderConfig needs vocab_size and max_seq_len "
                           "(--vocab-size/--max-seq-len) to be audited and trained")
-    run.task = _task(cfg, opts, vocab_size, max_seq_len)
-    rows = run.ranks.world_size * cfg.grad_accum
+    task = _task(cfg, opts, facts.vocab_size, facts.max_seq_len)
+    rows = setting.ranks.world_size * cfg.grad_accum
     if cfg.batch_size % rows:
         raise ConfigError(
             f"batch_size={cfg.batch_size} must be divisible by the number of processes "
-            f"({run.ranks.world_size}) times grad_accum ({cfg.grad_accum}) = {rows}, so every "
+            f"({setting.ranks.world_size}) times grad_accum ({cfg.grad_accum}) = {rows}, so every "
             "rank's micro-batches hold equal rows")
-    return vocab_size, max_seq_len
+    fresh = opts.expect_fresh and (source.built_fresh or source.kind in ("module", "model"))
+    return Prepared(model=built, task=task, facts=facts, fresh=fresh,
+                    factory=_factory_of(source, facts.vocab_size, facts.max_seq_len))
 
 
 def _task(cfg: TrainConfig, opts: Options, vocab_size: int, max_seq_len: int) -> Any:
@@ -71,7 +68,7 @@ def _task(cfg: TrainConfig, opts: Options, vocab_size: int, max_seq_len: int) ->
     if cfg.data is not None:
         task = TokenDataset(cfg.data, max_seq_len)
     elif cfg.text is not None and cfg.tokenizer is not None:
-        task = TokenText(cfg.text, max_seq_len, Tokenizer.from_spec(cfg.tokenizer),
+        task = TokenText(cfg.text, max_seq_len, _tokenizer(cfg, opts),
                          val_fraction=cfg.val_fraction, seed=cfg.seed)
     elif cfg.text is not None:
         task = ByteText(cfg.text, max_seq_len, val_fraction=cfg.val_fraction, seed=cfg.seed)
@@ -91,6 +88,18 @@ def _task(cfg: TrainConfig, opts: Options, vocab_size: int, max_seq_len: int) ->
         raise ConfigError(f"the tokenizer {cfg.tokenizer!r} changed since the checkpoint was "
                           "written (SHA-256 differs); its ids would not mean what they meant")
     return task
+
+
+def _tokenizer(cfg: TrainConfig, opts: Options) -> Tokenizer:
+    """The tokenizer of a `text` + `tokenizer` run: on resume, the copy the checkpoint carries
+    (its files checked against its manifest, as `sample` reads it), so the run continues with
+    the ids it started with wherever the original files went; else the one `cfg.tokenizer`
+    names."""
+    if opts.resume_folder is not None:
+        carried = Tokenizer.from_folder(opts.resume_folder)
+        if carried is not None:
+            return carried
+    return Tokenizer.from_spec(cfg.tokenizer)
 
 
 def _source(model: Any, opts: Options) -> tuple[Source, bool]:

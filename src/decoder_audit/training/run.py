@@ -1,7 +1,15 @@
-"""One run as the phases share it: what it is (`TrainConfig`), how it is carried out (`Options`,
-resolved from the caller's run options and a resumed run's saved ones), what the phases have
-built so far (`Run`), and the helpers every phase after `prepare` uses (the shared evaluation,
-the metrics row, the divergence stop)."""
+"""What the phases of a run share, as values each phase returns to the next:
+
+    Setting    what the run is (`TrainConfig`) and how it is carried out (`Options`, resolved from
+               the caller's run options and a resumed run's saved ones), its ranks and console;
+               the same from the first phase to the last
+    Prepared   the model, its facts (decided once, by the gate's `model_facts`), the task
+    Training   the live state the loop advances: the model as trained, the optimizer, the
+               scheduler, the batch sampler, the step
+    Evidence   the run folder, the evaluation batch, the loss before training
+
+and the helpers every phase after `prepare` uses (the shared evaluation, a checkpoint, the
+metrics row, the divergence stop)."""
 
 from __future__ import annotations
 
@@ -15,10 +23,10 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, TrainingDiverged
+from ..gate import ModelFacts
 from ..objective import next_token_loss
 from . import distributed
 from .distributed import RankInfo
-from .gatekeeper import ModelFacts
 from .settings import TrainConfig
 from .state import RunFolder, save_training_checkpoint
 
@@ -51,9 +59,9 @@ class Options:
     """The peak FLOP/s MFU is reported against; None measures a matmul ceiling."""
 
 
-@dataclass
-class Run:
-    """One run as the phases build it up."""
+@dataclass(frozen=True)
+class Setting:
+    """What the run is and how it is carried out: the same in every phase."""
 
     cfg: TrainConfig
     opts: Options
@@ -61,52 +69,72 @@ class Run:
     started: float
     say: Callable[..., None]
     console: Any
-    model: nn.Module | None = None
-    fresh: bool = False
-    task: Any = None
-    report: Any = None
-    facts: ModelFacts | None = None
-    trained: nn.Module | None = None  # what the loop calls: the model, or DDP around it
-    optimizer: Any = None
-    scheduler: Any = None
-    generator: torch.Generator | None = None
-    step: int = 0
-    folder: RunFolder | None = None
-    eval_batch: tuple[torch.Tensor, ...] = ()
-    initial_loss: float | None = None
-    loop_started: float = 0.0
-    first_step: int = 0
-    reached: tuple[int, float] | None = None  # first evaluation near the entropy floor
-    checkpoint: Path | None = None
-    factory: dict[str, Any] | None = None  # what rebuilds a model that is not white-box
-    decoder_config: Any = None  # the model's DecoderConfig, when it has one (FLOPs for MFU)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The first phase's answer: what is trained, on what, and what the gate knows of it."""
+
+    model: nn.Module
+    task: Any
+    facts: ModelFacts
+    fresh: bool
+    """Built with new weights (or a module passed in): its loss before training is judged."""
+    factory: dict[str, Any] | None
+    """What rebuilds a model that is not white-box, saved beside its weights."""
+
+    def tokens_per_step(self, cfg: TrainConfig) -> int:
+        return cfg.batch_size * self.task.seq_len
+
+
+@dataclass
+class Training:
+    """The live state the loop advances (the one mutable record: a step changes it)."""
+
+    model: nn.Module
+    trained: nn.Module  # what the loop calls: the model, or DDP / torch.compile around it
+    optimizer: Any
+    scheduler: Any
+    generator: torch.Generator  # the batch sampler
+    step: int
+    first_step: int  # the step this process started from (0, or the resumed one)
     saved_step: int | None = None  # the step of the last checkpoint this run wrote
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.cfg.batch_size * self.task.seq_len
 
-    def evaluate(self) -> float:
-        """The task's evaluation loss (exact for counting, fixed windows for text)."""
-        self.model.eval()
-        with torch.no_grad():
-            value = next_token_loss(self.model, *self.eval_batch).item()
-        self.model.train()
-        return value
+@dataclass(frozen=True)
+class Evidence:
+    """The evidence phase's answer: the run folder, the evaluation batch, the loss before."""
 
-    def save(self) -> Path | None:
-        """Checkpoint the current step (rank 0, a run folder); else None. A white-box model is
-        saved as a Decoder checkpoint, any other as its state dict plus its factory. A sharded
-        model is gathered to rank 0 first, so every rank takes part."""
-        if self.folder is None or not (self.ranks.is_main or self.ranks.sharded):
-            return None
-        path = save_training_checkpoint(
-            self.model, self.folder.checkpoint, cfg=self.cfg, step=self.step,
-            optimizer=self.optimizer, scheduler=self.scheduler, generator=self.generator,
-            task=self.task, world_size=self.ranks.world_size, options=self.opts.run_options,
-            factory=None if self.facts.white_box else self.factory)
-        self.saved_step = self.step
-        return path
+    folder: RunFolder | None
+    eval_batch: tuple[torch.Tensor, ...]
+    initial_loss: float | None
+
+
+def evaluate(model: nn.Module, eval_batch: tuple[torch.Tensor, ...]) -> float:
+    """The task's evaluation loss (exact for counting, fixed windows for text)."""
+    model.eval()
+    with torch.no_grad():
+        value = next_token_loss(model, *eval_batch).item()
+    model.train()
+    return value
+
+
+def save(setting: Setting, prepared: Prepared, training: Training,
+         folder: RunFolder | None) -> Path | None:
+    """Checkpoint the current step (rank 0, a run folder); else None. A white-box model is
+    saved as a Decoder checkpoint, any other as its state dict plus its factory. A sharded
+    model is gathered to rank 0 first, so every rank takes part."""
+    if folder is None or not (setting.ranks.is_main or setting.ranks.sharded):
+        return None
+    path = save_training_checkpoint(
+        training.model, folder.checkpoint, cfg=setting.cfg, step=training.step,
+        optimizer=training.optimizer, scheduler=training.scheduler,
+        generator=training.generator, task=prepared.task,
+        world_size=setting.ranks.world_size, options=setting.opts.run_options,
+        factory=None if prepared.facts.whitebox else prepared.factory)
+    training.saved_step = training.step
+    return path
+
 
 # Run options: how a run is carried out, outside the TrainConfig. None (threads: "auto") means
 # "not given": the checkpoint's value on resume, else the default.
@@ -141,15 +169,15 @@ def resolve_run_options(given: dict[str, Any], saved: dict[str, Any] | None
         raise ConfigError("; ".join(problems))
     return chosen, notes
 
-def write(run: Run, row: dict[str, Any]) -> None:
-    if run.ranks.is_main and run.folder is not None:
-        run.folder.append(row)
+def write(setting: Setting, folder: RunFolder | None, row: dict[str, Any]) -> None:
+    if setting.ranks.is_main and folder is not None:
+        folder.append(row)
 
-def evaluation_row(run: Run, value: float) -> dict[str, float]:
+def evaluation_row(task: Any, value: float) -> dict[str, float]:
     """The metrics columns of one evaluation: eval_loss, and for a task with a held-out split
     (text, tokens) the same loss as val_loss with val_perplexity = exp(val_loss)."""
     row = {"eval_loss": value}
-    if getattr(run.task, "held_out", False):
+    if getattr(task, "held_out", False):
         row["val_loss"] = value
         row["val_perplexity"] = perplexity(value)
     return row
@@ -164,29 +192,31 @@ def perplexity(loss: float) -> float:
 PERPLEXITY_OVERFLOW = 709.0
 
 
-def shared_evaluation(run: Run) -> float:
+def shared_evaluation(ranks: RankInfo, model: nn.Module,
+                      eval_batch: tuple[torch.Tensor, ...]) -> float:
     """Rank 0's evaluation loss, on every rank (so a non-finite one stops every rank). A
     sharded model's forward pass needs every rank, so all of them evaluate."""
-    value = run.evaluate() if run.ranks.is_main or run.ranks.sharded else float("nan")
-    return distributed.share_from_main(run.ranks, [value])[0]
+    value = evaluate(model, eval_batch) if ranks.is_main or ranks.sharded else float("nan")
+    return distributed.share_from_main(ranks, [value])[0]
 
 
-def diverged(run: Run, quantity: str, value: float, *, applied: bool) -> None:
+def diverged(setting: Setting, training: Training, folder: RunFolder | None, quantity: str,
+             value: float, *, applied: bool) -> None:
     """Stop: a NaN or inf never reaches the weights on disk. Says at which step and what value,
     and which checkpoint is the last good one."""
-    step = run.step if applied else run.step + 1
+    step = training.step if applied else training.step + 1
     when = (f"after step {step} (step {step} was applied)" if applied
             else f"at step {step} (not applied)")
-    last = run.saved_step if run.saved_step is not None else (
-        run.first_step if run.opts.resume_state is not None else None)
-    if run.folder is None:
+    last = training.saved_step if training.saved_step is not None else (
+        training.first_step if setting.opts.resume_state is not None else None)
+    if folder is None:
         kept = "no run folder, so no checkpoint"
     elif last is None:
         kept = ("no checkpoint had been written yet (--save-every N writes one every N "
                 "steps)")
     else:
-        kept = f"the last good checkpoint, step {last}, is kept in {run.folder.checkpoint}"
-    lr = run.optimizer.param_groups[0]["lr"]
+        kept = f"the last good checkpoint, step {last}, is kept in {folder.checkpoint}"
+    lr = training.optimizer.param_groups[0]["lr"]
     raise TrainingDiverged(
         f"training diverged: the {quantity} is {value} {when}, learning rate {lr:g}; the run "
         f"stopped and {kept}", step=step, quantity=quantity, value=value)

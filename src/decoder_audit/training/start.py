@@ -1,6 +1,7 @@
 """The gate phase (the full audit on the model exactly as it will be trained, then the device,
-AdamW, the resumed state and DDP) and the evidence phase (the run folder, one decoded
-input/target pair, a fresh model's initial loss against ln V)."""
+AdamW, the resumed state and DDP), which returns the live `Training`, and the evidence phase (the
+run folder, one decoded input/target pair, a fresh model's initial loss against ln V), which
+returns the `Evidence`."""
 
 from __future__ import annotations
 
@@ -8,88 +9,96 @@ import math
 
 import torch
 
-from ..checkpoint import FACTORY_FILE
 from ..errors import ConfigError
+from ..gate import AuditReport
+from ..storage.checkpoint import FACTORY_FILE
 from . import distributed
 from .gatekeeper import GateRefusal, check_initial_loss, check_tied, run_gate, show_alignment
 from .optim import make_optimizer
-from .run import Run, evaluation_row, shared_evaluation, write
+from .run import Evidence, Prepared, Setting, Training, evaluation_row, shared_evaluation, write
 from .state import CHECKPOINT_FILES, RunFolder, refuse_foreign_entries, restore_training_state
 
 
-def gate(run: Run, shape: tuple[int, int]) -> None:
-    """The gate on the model exactly as it will be trained (no flag skips it); from here on the
-    facts come from its report. Then the device, the optimizer, the resumed state and DDP."""
-    run.report, run.facts = run_gate(run.model, run.ranks, vocab_size=shape[0],
-                                     max_seq_len=shape[1], seed=run.cfg.seed, say=run.say)
-    assert (run.facts.vocab_size, run.facts.max_seq_len) == shape, (run.facts, shape)
-    if run.opts.device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(run.opts.device))
-    run.model = run.model.to(run.opts.device)
-    check_tied(run.model, run.facts, "after moving the model to its device")
-    run.model.train()
+def gate(setting: Setting, prepared: Prepared) -> tuple[AuditReport | None, Training]:
+    """The gate on the model exactly as it will be trained (no flag skips it), with the facts
+    `prepare` decided. Then the device, the optimizer, the resumed state and DDP."""
+    cfg, opts, ranks, facts = setting.cfg, setting.opts, setting.ranks, prepared.facts
+    report = run_gate(prepared.model, ranks, facts, seed=cfg.seed, say=setting.say)
+    if opts.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(opts.device))
+    model = prepared.model.to(opts.device)
+    check_tied(model, facts, "after moving the model to its device")
+    model.train()
     # FSDP2 replaces the Parameters with sharded ones, so the optimizer is built after wrap
-    run.trained = distributed.wrap(run.model, run.ranks, run.opts.device)
-    run.optimizer, run.scheduler = make_optimizer(run.model, run.cfg)
+    trained = distributed.wrap(model, ranks, opts.device)
+    optimizer, scheduler = make_optimizer(model, cfg)
     # The batch sampler: a CPU generator, so the batches do not depend on the device.
-    run.generator = torch.Generator().manual_seed(run.cfg.seed)
-    if run.opts.resume_state is not None:
-        run.step = restore_training_state(run.opts.resume_state, run.optimizer, run.scheduler,
-                                          run.generator, model=run.model)
-        if run.step > run.cfg.steps:
-            raise ConfigError(f"checkpoint is at step {run.step}, past the run's "
-                              f"steps={run.cfg.steps}")
-        run.say(f"resumed from {str(run.opts.resume_folder)!r} at step {run.step}/{run.cfg.steps}")
-    if run.ranks.sharded:
-        check_tied(run.model, run.facts, "after sharding with FSDP2")
-        run.say(distributed.describe_shards(run.ranks, run.cfg.batch_size, run.facts.tied))
-    elif run.ranks.distributed:
-        check_tied(run.trained.module, run.facts, "after wrapping in DistributedDataParallel")
-        run.say(f"distributed: {run.ranks.world_size} processes, "
-                f"{run.cfg.batch_size // run.ranks.world_size} rows each of a global batch of "
-                f"{run.cfg.batch_size}")
-    _say_batch_and_precision(run)
-    if run.cfg.compile:
+    generator = torch.Generator().manual_seed(cfg.seed)
+    step = 0
+    if opts.resume_state is not None:
+        step = restore_training_state(opts.resume_state, optimizer, scheduler, generator,
+                                      model=model)
+        if step > cfg.steps:
+            raise ConfigError(f"checkpoint is at step {step}, past the run's steps={cfg.steps}")
+        setting.say(f"resumed from {str(opts.resume_folder)!r} at step {step}/{cfg.steps}")
+    if ranks.sharded:
+        check_tied(model, facts, "after sharding with FSDP2")
+        setting.say(distributed.describe_shards(ranks, cfg.batch_size, facts.tied))
+    elif ranks.distributed:
+        check_tied(trained.module, facts, "after wrapping in DistributedDataParallel")
+        setting.say(f"distributed: {ranks.world_size} processes, "
+                    f"{cfg.batch_size // ranks.world_size} rows each of a global batch of "
+                    f"{cfg.batch_size}")
+    _say_batch_and_precision(setting)
+    if cfg.compile:
         # Compiled lazily: the first training step compiles (step.py turns a compiler failure
         # into a ConfigError). Evaluation and checkpoints use the eager model, same Parameters.
-        run.trained = torch.compile(run.trained)
+        trained = torch.compile(trained)
+    return report, Training(model=model, trained=trained, optimizer=optimizer,
+                            scheduler=scheduler, generator=generator, step=step,
+                            first_step=step)
 
 
-def _say_batch_and_precision(run: Run) -> None:
-    cfg = run.cfg
+def _say_batch_and_precision(setting: Setting) -> None:
+    cfg = setting.cfg
     if cfg.grad_accum > 1:
-        run.say(f"gradient accumulation: {cfg.grad_accum} micro-batches of "
-                f"{cfg.batch_size // cfg.grad_accum // run.ranks.world_size} rows per process "
-                f"make each step's batch of {cfg.batch_size}")
+        setting.say(f"gradient accumulation: {cfg.grad_accum} micro-batches of "
+                    f"{cfg.batch_size // cfg.grad_accum // setting.ranks.world_size} rows per "
+                    f"process make each step's batch of {cfg.batch_size}")
     if cfg.precision == "bf16":
-        run.say("precision: bf16 autocast for forward and loss; float32 weights, gradients and "
-                "AdamW state; the loss in float32")
+        setting.say("precision: bf16 autocast for forward and loss; float32 weights, gradients "
+                    "and AdamW state; the loss in float32")
 
 
-def evidence(run: Run) -> None:
+def evidence(setting: Setting, prepared: Prepared, training: Training,
+             report: AuditReport | None) -> Evidence:
     """The run folder, one aligned pair of the first batch, and the initial loss against ln V
     (judged for a fresh model; a resumed run has none)."""
-    resumed = run.opts.resume_state is not None
-    if run.opts.out is not None:
-        run.folder = RunFolder(run.opts.out)
-        if run.ranks.is_main:
-            run.folder.start(resumed_at=run.step if resumed else None)
-    run.eval_batch = tuple(t.to(run.opts.device) for t in run.task.eval_batch())
-    show_alignment(run.task, run.generator, run.say)
-    if run.folder is not None and run.ranks.is_main:
-        task_files = getattr(run.task, "checkpoint_files", dict)()  # e.g. its tokenizer
-        refuse_foreign_entries(run.folder.checkpoint, CHECKPOINT_FILES + list(task_files))
+    opts, ranks, task = setting.opts, setting.ranks, prepared.task
+    resumed = opts.resume_state is not None
+    folder = None
+    if opts.out is not None:
+        folder = RunFolder(opts.out)
+        if ranks.is_main:
+            folder.start(resumed_at=training.step if resumed else None)
+    eval_batch = tuple(t.to(opts.device) for t in task.eval_batch())
+    show_alignment(task, training.generator, setting.say)
+    if folder is not None and ranks.is_main:
+        task_files = getattr(task, "checkpoint_files", dict)()  # e.g. its tokenizer
+        refuse_foreign_entries(folder.checkpoint, CHECKPOINT_FILES + list(task_files))
+    initial_loss = None
     if not resumed:
-        run.initial_loss = shared_evaluation(run)
-        if not math.isfinite(run.initial_loss):
+        initial_loss = shared_evaluation(ranks, training.model, eval_batch)
+        if not math.isfinite(initial_loss):
             raise GateRefusal("initial loss near ln V", f"the model's loss before training is "
-                              f"{run.initial_loss} (not finite)", run.report)
-        check_initial_loss(run.initial_loss, run.facts, fresh=run.fresh, report=run.report,
-                           say=run.say)
-        write(run, {"step": 0, **evaluation_row(run, run.initial_loss)})
-    floor = run.task.entropy_floor()
+                              f"{initial_loss} (not finite)", report)
+        check_initial_loss(initial_loss, prepared.facts.vocab_size, fresh=prepared.fresh,
+                           report=report, say=setting.say)
+        write(setting, folder, {"step": 0, **evaluation_row(task, initial_loss)})
+    floor = task.entropy_floor()
     if floor is not None:
-        run.say(f"task: {run.task.name}; entropy floor ln(4)/4 = {floor:.4f} nats/token")
-    if run.folder is not None and not run.facts.white_box:
-        run.say("note: not a decoder-audit Decoder: checkpoints hold its state dict and "
-                f"{FACTORY_FILE} (factory {run.factory.get('factory')!r})")
+        setting.say(f"task: {task.name}; entropy floor ln(4)/4 = {floor:.4f} nats/token")
+    if folder is not None and not prepared.facts.whitebox:
+        setting.say("note: not a decoder-audit Decoder: checkpoints hold its state dict and "
+                    f"{FACTORY_FILE} (factory {prepared.factory.get('factory')!r})")
+    return Evidence(folder=folder, eval_batch=eval_batch, initial_loss=initial_loss)

@@ -47,12 +47,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import plots
-from ..checkpoint import (CHECKPOINT_DIR, CONFIG_FILE, FACTORY_FILE, WEIGHTS_FILE,
-                          decoder_from_tensors, expected_shapes, read_checked_file, refuse_to_lose,
-                          save_checkpoint, save_module_weights)
 from ..errors import CheckpointError, ConfigError, RunFolderError
-from ..model import Decoder
+from ..model.decoder import Decoder
+from ..storage.checkpoint import (
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    FACTORY_FILE,
+    WEIGHTS_FILE,
+    decoder_from_tensors,
+    expected_shapes,
+    read_checked_file,
+    save_checkpoint,
+    save_module_weights,
+)
+from ..storage.folder import refuse_to_lose
+from .curve import loss_curve_png
 from .settings import TrainConfig
 
 METRICS_FILE = "metrics.jsonl"
@@ -171,7 +180,7 @@ def truncate_metrics(path: Path, step: int) -> None:
 def plot_losses(metrics_path: Path, png_path: Path, *, floor: float | None,
                 uniform: float) -> Path:
     """Training loss per step, evaluation loss, the entropy floor and ln V, as a PNG."""
-    return plots.loss_curve_png(read_metrics(metrics_path), png_path, floor=floor,
+    return loss_curve_png(read_metrics(metrics_path), png_path, floor=floor,
                                 uniform=uniform)
 
 
@@ -316,8 +325,11 @@ def gather_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None
     """A sharded Decoder's whole weights as a plain Decoder on the CPU, and its optimizer's
     whole state in `Optimizer.state_dict()`'s layout (None without an optimizer), on rank 0;
     (None, None) on the other ranks. Every rank must call it: it gathers."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     # full_state_dict with cpu_offload: only rank 0 receives the tensors, on its CPU
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -346,8 +358,7 @@ def _numbered(by_name: dict[str, Any]) -> dict[str, Any]:
 def _load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer,
                             numbered: dict[str, Any]) -> None:
     """The inverse of `_numbered`, then each rank keeps its shard of the whole state."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     name_of = {id(p): name for name, p in model.named_parameters()}
     order = [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]

@@ -10,53 +10,56 @@ from typing import Any
 
 import torch
 
-from ..data import shard
 from ..errors import ConfigError
 from ..objective import logits_of, next_token_loss
 from . import distributed
+from .distributed import shard
 from .optim import clip_gradients
-from .run import Run, diverged
+from .run import Prepared, Setting, Training, diverged
+from .state import RunFolder
 
 
-def progress_bar(run: Run) -> Any:
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn)
+def progress_bar(setting: Setting) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    shown = run.opts.progress and run.opts.verbose and run.ranks.is_main
+    shown = setting.opts.progress and setting.opts.verbose and setting.ranks.is_main
     return Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("loss {task.fields[loss]:.4f}"),
                     TextColumn("{task.fields[tps]:>9,.0f} tok/s"), TimeElapsedColumn(),
-                    console=run.console, disable=not shown)
+                    console=setting.console, disable=not shown)
 
 
-def train_step(run: Run) -> dict[str, Any]:
+def train_step(setting: Setting, prepared: Prepared, training: Training, folder: RunFolder | None,
+               loop_started: float) -> dict[str, Any]:
     """One optimizer step on one global batch (this rank's rows of it, in `grad_accum`
-    micro-batches); its metrics row."""
-    ranks = run.ranks
-    inputs, targets = run.task.batch(run.generator, run.cfg.batch_size)  # global (B, T)
+    micro-batches): `training` advances by one step; returns its metrics row."""
+    cfg, ranks = setting.cfg, setting.ranks
+    inputs, targets = prepared.task.batch(training.generator, cfg.batch_size)  # global (B, T)
     inputs = shard(inputs, ranks.rank, ranks.world_size)  # (B / ranks, T)
     targets = shard(targets, ranks.rank, ranks.world_size)
-    run.optimizer.zero_grad(set_to_none=True)
-    loss = _accumulate(run, inputs, targets)
+    training.optimizer.zero_grad(set_to_none=True)
+    loss = _accumulate(setting, training, inputs, targets)
     # the global batch's mean loss: logged, and a non-finite one stops the run before the
     # gradients it produced are applied
     reported = distributed.global_mean(loss, ranks).item()
-    lr_now = run.optimizer.param_groups[0]["lr"]
+    lr_now = training.optimizer.param_groups[0]["lr"]
     if not math.isfinite(reported):
-        diverged(run, "training loss", reported, applied=False)
-    grad_norm = clip_gradients(run.model, run.cfg.grad_clip)  # the norm before clipping
+        diverged(setting, training, folder, "training loss", reported, applied=False)
+    grad_norm = clip_gradients(training.model, cfg.grad_clip)  # the norm before clipping
     if not math.isfinite(grad_norm):
-        diverged(run, "gradient norm", grad_norm, applied=False)
-    run.optimizer.step()
-    run.scheduler.step()
-    run.step += 1
-    elapsed = time.perf_counter() - run.loop_started
-    tps = (run.step - run.first_step) * run.tokens_per_step / max(elapsed, 1e-9)
-    return {"step": run.step, "loss": reported, "lr": lr_now, "grad_norm": grad_norm,
-            "tokens": run.step * run.tokens_per_step, "tokens_per_s": tps, "elapsed_s": elapsed}
+        diverged(setting, training, folder, "gradient norm", grad_norm, applied=False)
+    training.optimizer.step()
+    training.scheduler.step()
+    training.step += 1
+    elapsed = time.perf_counter() - loop_started
+    per_step = prepared.tokens_per_step(cfg)
+    tps = (training.step - training.first_step) * per_step / max(elapsed, 1e-9)
+    return {"step": training.step, "loss": reported, "lr": lr_now, "grad_norm": grad_norm,
+            "tokens": training.step * per_step, "tokens_per_s": tps, "elapsed_s": elapsed}
 
 
-def _accumulate(run: Run, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _accumulate(setting: Setting, training: Training, inputs: torch.Tensor,
+                targets: torch.Tensor) -> torch.Tensor:
     """Forward and backward over this rank's rows in `grad_accum` micro-batches, leaving in
     .grad the gradient of the mean loss over all its B*T tokens; returns that mean (detached).
 
@@ -64,36 +67,40 @@ def _accumulate(run: Run, inputs: torch.Tensor, targets: torch.Tensor) -> torch.
     tokens (tokens_i / tokens): sum_i (tokens_i / tokens) * mean_i = the mean over all tokens,
     and its gradient is the whole batch's. Under DDP only the last backward averages over the
     ranks (no_sync before it), as one backward of the whole batch would."""
-    micro = inputs.shape[0] // run.cfg.grad_accum  # rows per micro-batch; prepare checked it
+    device = setting.opts.device
+    micro = inputs.shape[0] // setting.cfg.grad_accum  # rows per micro-batch; prepare checked it
     total = targets.numel()  # B / ranks * T tokens
     mean = None
     for start in range(0, inputs.shape[0], micro):
-        part_in = inputs[start:start + micro].to(run.opts.device)  # (B / ranks / N, T)
-        part_target = targets[start:start + micro].to(run.opts.device)
+        part_in = inputs[start:start + micro].to(device)  # (B / ranks / N, T)
+        part_target = targets[start:start + micro].to(device)
         last = start + micro >= inputs.shape[0]
-        with _gradient_sync(run.trained, last):
-            loss = _micro_loss(run, part_in, part_target) * (part_target.numel() / total)
+        with _gradient_sync(training.trained, last):
+            loss = _micro_loss(setting, training.trained, part_in, part_target)
+            loss = loss * (part_target.numel() / total)
             loss.backward()
         mean = loss.detach() if mean is None else mean + loss.detach()
     return mean
 
 
-def _micro_loss(run: Run, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _micro_loss(setting: Setting, trained: Any, inputs: torch.Tensor,
+                targets: torch.Tensor) -> torch.Tensor:
     """The mean next-token loss of one micro-batch: the forward under bfloat16 autocast when
     precision is bf16, the cross-entropy always over float32 logits (bf16's 8-bit mantissa
     would round a loss of ~3 nats to 1/64 of a nat)."""
-    if run.cfg.precision == "fp32":
-        return _compiled_call(run, lambda: next_token_loss(run.trained, inputs, targets))
-    device_type = torch.device(run.opts.device).type
+    compiled = setting.cfg.compile
+    if setting.cfg.precision == "fp32":
+        return _compiled_call(compiled, lambda: next_token_loss(trained, inputs, targets))
+    device_type = torch.device(setting.opts.device).type
     with torch.autocast(device_type, dtype=torch.bfloat16):
-        logits = _compiled_call(run, lambda: logits_of(run.trained(inputs)))  # (B, T, V) bf16
+        logits = _compiled_call(compiled, lambda: logits_of(trained(inputs)))  # (B, T, V) bf16
     return next_token_loss(lambda _ids: logits.float(), inputs, targets)
 
 
-def _compiled_call(run: Run, call: Callable[[], torch.Tensor]) -> torch.Tensor:
+def _compiled_call(compiled: bool, call: Callable[[], torch.Tensor]) -> torch.Tensor:
     """`call()`; a torch.compile failure (the first compiled call compiles) is a ConfigError
     saying so, instead of a compiler's traceback."""
-    if not run.cfg.compile:
+    if not compiled:
         return call()
     try:
         return call()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accounting import flops_by_group
+from ..accounting.analytic import flops_by_group
 from ..config import DecoderConfig
 
 # The measured ceiling's square matmul grows from SIDE_START, doubling while one product takes

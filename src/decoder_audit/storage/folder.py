@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 
 def write_folder_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,

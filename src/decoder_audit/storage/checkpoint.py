@@ -6,10 +6,18 @@ Layout of a checkpoint folder `ckpt/`:
     ckpt/model.safetensors  every unique tensor once; a tied readout is *not* stored again
     ckpt/<extra files>      optional bytes the caller hands in (e.g. the trainer's optimizer state)
 
-The format (file names, the SHA-256 digests in the safetensors metadata, the refusal of NaN, inf
-and pickles) is `checkpoint_format.py`'s; the atomic swap into place, and what a crash leaves
-behind, is `atomic_folder.py`'s. Every crash case loads with `load_checkpoint("ckpt")`, and the
-next `save_checkpoint` removes the debris.
+The safetensors metadata records a SHA-256 per tensor (`DIGEST_PREFIX + name`), one of the
+config's canonical JSON (`CONFIG_DIGEST`) and one per extra file (`FILE_DIGEST_PREFIX + name`),
+so a flipped bit inside the data (which safetensors itself cannot see), an edited `config.json`
+(e.g. mlp relu -> gelu, same shapes) or a replaced or truncated extra file is caught when it is
+read. Weights holding NaN or inf are refused on save and on load.
+
+Nothing is ever unpickled. A folder that holds `.pt`/`.bin` pickle weights, or a
+`model.safetensors` that is really a `torch.save` pickle, is refused before a byte of it is
+interpreted.
+
+The atomic swap into place, and what a crash leaves behind, is `storage.folder`'s. Every crash
+case loads with `load_checkpoint("ckpt")`, and the next `save_checkpoint` removes the debris.
 
 A module that is not a Decoder (a user's `--model FILE.py:FACTORY`) is saved by
 `save_module_weights`: its state dict in `model.safetensors` (shared tensors once) and
@@ -23,6 +31,7 @@ makes the save refuse, naming the entries, before anything is moved.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -35,25 +44,122 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-# The folder format and the atomic swap live in their own modules; their public names are
-# importable from here too, where the trainer, the converters and users have always found them.
-from .atomic_folder import refuse_to_lose, stranded_backups, write_folder_atomically
-from .checkpoint_format import (ALIAS_PREFIX, CHECKPOINT_DIR, CONFIG_DIGEST, CONFIG_FILE,
-                                DIGEST_PREFIX, FACTORY_FILE, FILE_DIGEST_PREFIX, FORMAT_VERSION,
-                                WEIGHTS_FILE, check_digests, config_digest, digest,
-                                is_checkpoint_folder, json_object, read_checked_file,
-                                refuse_non_finite, refuse_pickles, sha256)
-from .config import DecoderConfig
-from .errors import CheckpointError, ConfigError
-from .model import Decoder
+from ..config import DecoderConfig
+from ..errors import CheckpointError, ConfigError
+from ..model.decoder import Decoder
+from .folder import stranded_backups, write_folder_atomically
 
-__all__ = [
-    "CHECKPOINT_DIR", "CONFIG_FILE", "FACTORY_FILE", "FORMAT_VERSION", "WEIGHTS_FILE",
-    "checkpoint_folder", "config_digest", "copy_into_parameters", "decoder_from_tensors",
-    "expected_shapes", "is_checkpoint_folder", "load_checkpoint", "load_module_weights",
-    "name_and_shape_problems", "read_checked_file", "refuse_to_lose", "resolve_checkpoint_dir",
-    "save_checkpoint", "save_module_weights", "write_folder_atomically",
-]
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+# A module that is not a Decoder: the factory that rebuilds it (save_module_weights).
+FACTORY_FILE = "factory.json"
+# A training run folder keeps its latest checkpoint here (see training/state.py).
+CHECKPOINT_DIR = "checkpoint"
+FORMAT_VERSION = "1"
+DIGEST_PREFIX = "decoder_audit.sha256."
+CONFIG_DIGEST = "decoder_audit.config_sha256"
+FILE_DIGEST_PREFIX = "decoder_audit.file_sha256."
+ALIAS_PREFIX = "decoder_audit.alias."
+# File names that mean "pickle weights": we refuse them rather than ever calling torch.load.
+_PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
+# torch.save writes a zip archive ("PK\x03\x04"); a bare pickle starts with the PROTO opcode 0x80.
+_PICKLE_MAGICS = (b"PK\x03\x04", b"\x80")
+
+
+def is_checkpoint_folder(path: Path) -> bool:
+    """A decoder-audit checkpoint: a config.json that is not a Hugging Face config, or a
+    factory.json (a module's weights)."""
+    if (path / FACTORY_FILE).is_file():
+        return True
+    config = json_object(path / CONFIG_FILE)
+    return config is not None and "model_type" not in config and "architectures" not in config
+
+
+def json_object(path: Path) -> dict | None:
+    """The JSON object in the file `path`; None when it is absent, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ---- digests -----------------------------------------------------------------------------------
+
+def digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's raw bytes (any dtype: viewed as uint8, so bf16 works too)."""
+    raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    return hashlib.sha256(raw.numpy().tobytes()).hexdigest()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def config_digest(cfg: DecoderConfig) -> str:
+    """SHA-256 of the config's canonical JSON (sorted keys): any change of a field changes it,
+    re-formatting the file does not."""
+    return sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode())
+
+
+def check_digests(weights_path: Path, tensors: Mapping[str, torch.Tensor],
+                  metadata: Mapping[str, str]) -> None:
+    """CheckpointError naming the tensors whose bytes differ from the digests recorded at save."""
+    bad = [name for name, tensor in tensors.items()
+           if DIGEST_PREFIX + name in metadata and digest(tensor) != metadata[DIGEST_PREFIX + name]]
+    if bad:
+        raise CheckpointError(f"{str(weights_path)!r} is corrupted: the SHA-256 of {bad} does not "
+                              "match the digest recorded when it was saved")
+
+
+def refuse_non_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """NaN or inf weights are a diverged model, never a checkpoint worth keeping or sampling."""
+    bad = sorted(name for name, t in tensors.items()
+                 if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+    if bad:
+        raise CheckpointError(f"{what}: tensors {bad} hold NaN or inf (a diverged model)")
+
+
+def read_checked_file(folder: str | os.PathLike, name: str) -> bytes:
+    """An extra file of a checkpoint, checked against the SHA-256 recorded when it was saved
+    (files saved before digests were recorded are returned as they are)."""
+    folder = Path(folder)
+    path = folder / name
+    data = path.read_bytes()
+    try:
+        with safe_open(str(folder / WEIGHTS_FILE), framework="pt", device="cpu") as handle:
+            recorded = (handle.metadata() or {}).get(FILE_DIGEST_PREFIX + name)
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{str(folder / WEIGHTS_FILE)!r} is not a readable safetensors "
+                              f"file (corrupted or truncated?): {exc}") from exc
+    if recorded is not None and recorded != sha256(data):
+        raise CheckpointError(f"{str(path)!r} ({len(data):,} bytes) is not the file saved with "
+                              "this checkpoint: its SHA-256 differs from the one recorded in "
+                              f"{WEIGHTS_FILE} (replaced, edited or truncated)")
+    return data
+
+
+# ---- never a pickle ----------------------------------------------------------------------------
+
+def refuse_pickles(folder: Path, weights_path: Path) -> None:
+    """CheckpointError unless `weights_path` exists and is not a pickle (by name or by content)."""
+    if not weights_path.is_file():
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+        if pickles:
+            raise CheckpointError(
+                f"checkpoint {str(folder)!r} has no {WEIGHTS_FILE} but pickle weights {pickles}; "
+                "decoder-audit never unpickles checkpoints (unpickling runs arbitrary code). "
+                "Re-save the weights with safetensors")
+        raise CheckpointError(f"checkpoint {str(folder)!r} has no {WEIGHTS_FILE}")
+    with open(weights_path, "rb") as handle:
+        head = handle.read(9)
+    # A safetensors file opens with an 8-byte little-endian header length and then "{"; only
+    # when that is absent do we look for pickle magic (a header length may start with 0x80).
+    if head[8:9] != b"{" and any(head.startswith(magic) for magic in _PICKLE_MAGICS):
+        raise CheckpointError(
+            f"{str(weights_path)!r} is a torch.save/pickle file, not safetensors; refused without "
+            "unpickling it (unpickling runs arbitrary code)")
+
 
 _EXTRA_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
-from .config import DecoderConfig
-from .errors import CheckpointError, ContextLengthError, InputShapeError, TokenIdError
+from ..config import DecoderConfig
+from ..errors import CheckpointError, ContextLengthError, InputShapeError, TokenIdError
 
 Weights = Mapping[str, torch.Tensor] | Callable[[str], torch.Tensor | None]
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import DecoderConfig
-from .errors import ContextLengthError, InputShapeError
+from ..config import DecoderConfig
+from ..errors import ContextLengthError, InputShapeError
 
 
 class KVCache:

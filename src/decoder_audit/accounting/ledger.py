@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from .config import DecoderConfig
+from ..config import DecoderConfig
 
 BLOCK_PARTS = ("norms", "attn", "ffn")
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from .config import DecoderConfig
-from .errors import ConfigError
+from ..config import DecoderConfig
+from ..errors import ConfigError
 from .ledger import parameter_ledger
 
 # cgroup v2, then v1: (limit file, usage file).

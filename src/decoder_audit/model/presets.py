@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .config import DecoderConfig
-from .errors import ConfigError
+from ..config import DecoderConfig
+from ..errors import ConfigError
 
 # The frozen teaching decoder of the seeds: V=8 tokens, D=4, two blocks of two-head bias-free
 # attention and a biased 4 -> 8 -> 4 ReLU MLP, learned positions for T <= 4, LayerNorm, tied.

@@ -3,7 +3,7 @@ real tokenizer: `decoder_audit.datasets.TokenDataset`).
 
 Both sources hand out *global* batches drawn from one seeded `torch.Generator`. Under
 DistributedDataParallel every rank draws the same global batch and keeps its own contiguous slice
-of rows (`shard`), so the union of the ranks' batches is exactly the batch a single process would
+of rows (`training.distributed.shard`), so the union of the ranks' batches is exactly the batch a single process would
 train on; that is what lets N processes reproduce single-process training.
 
 The counting task (default for the 8-token vocabulary)
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
+from ..objective import next_token_batch  # the shift the gate's loss_alignment check proves
 from . import tokenizer as vocab
-from .errors import ConfigError
-from .objective import next_token_batch  # the shift the gate's loss_alignment check proves
 
 LETTERS = ("A", "B", "C", "D")
 SEQUENCE_LENGTH = 5  # <bos> x y z <eos>
@@ -242,12 +242,3 @@ def describe_ids(tokenizer: vocab.Tokenizer, inputs: torch.Tensor, targets: torc
     more = f" ... ({len(inputs)} positions)" if len(inputs) > shown else ""
     return ["input:  " + " ".join(s.ljust(w) for s, w in zip(ins, widths)).rstrip() + more,
             "target: " + " ".join(s.ljust(w) for s, w in zip(outs, widths)).rstrip() + more]
-
-
-def shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """Rank `rank`'s contiguous slice of a global batch (B rows -> B / world_size rows)."""
-    if tensor.shape[0] % world_size:
-        raise ConfigError(f"global batch size {tensor.shape[0]} is not divisible by the "
-                          f"world size {world_size}")
-    per_rank = tensor.shape[0] // world_size
-    return tensor[rank * per_rank:(rank + 1) * per_rank]

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DecoderConfig
+from ..config import DecoderConfig
 
 # GPT-2's std for every matrix and embedding (the residual projections get less: model.py).
 INIT_STD = 0.02

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import DecoderConfig
+from ..config import DecoderConfig
 
 Shape = tuple[str, ...]
 

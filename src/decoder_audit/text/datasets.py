@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import write_folder_atomically
-from .data import describe_ids
-from .errors import ConfigError
-from .objective import next_token_batch
+from ..errors import ConfigError
+from ..objective import next_token_batch
+from ..storage.folder import write_folder_atomically
+from .tasks import describe_ids
 from .tokenizer import Tokenizer
 
 HEADER_FILE = "dataset.json"

@@ -34,10 +34,10 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..checkpoint import copy_into_parameters, decoder_from_tensors
 from ..config import DecoderConfig
 from ..errors import ConfigError
-from ..model import Decoder, check_ids
+from ..model.decoder import Decoder, check_ids
+from ..storage.checkpoint import copy_into_parameters, decoder_from_tensors
 
 _ACTIVATIONS = {
     "relu": lambda: nn.ReLU(),

@@ -39,11 +39,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import DecoderConfig
+from ..errors import ConfigError, ContextLengthError, InputShapeError, TokenIdError
+
 # The call conventions live in call_convention.py; their names stay importable from here.
-from .call_convention import (PAD_ID, CacheNotReturned, Convention, Stepper, convention,
-                              device_of, left_padded, numbered, positions_from_mask)
-from .config import DecoderConfig
-from .errors import ConfigError, ContextLengthError, InputShapeError, TokenIdError
+from .convention import (
+    CacheNotReturned,
+    Stepper,
+    convention,
+    device_of,
+    left_padded,
+    numbered,
+)
 
 
 @dataclass(frozen=True)
@@ -294,5 +301,4 @@ def _check_options(max_new_tokens, temperature, top_k, top_p, eos_id, generator,
         raise ConfigError(f"max_seq_len={max_seq_len!r} must be a positive integer (or None)")
 
 
-__all__ = ["PAD_ID", "CacheNotReturned", "Convention", "Generated", "Sampler", "Stepper",
-           "convention", "generate", "left_padded", "positions_from_mask"]
+__all__ = ["Generated", "Sampler", "generate"]

@@ -1,0 +1,276 @@
+"""`ModelFacts`: what the gate knows about a model before it checks anything, decided once.
+
+    facts = model_facts(model, vocab_size=V, max_seq_len=T)   # the plain call's facts
+    report = audit(model, facts=facts)                         # the same facts, not decided again
+    report.facts                                               # and the report says what they were
+
+A fact comes from one of three places, and `facts.origin[name]` says which:
+  "config"        the model's own `DecoderConfig` (`model.config`): our Decoder, or a module
+                  built to its layout; every fact it holds is the model's, so an argument that
+                  disagrees is a ConfigError naming both values;
+  "hugging face"  a transformers model's config and structure (`references.hf_models`): V and the
+                  input vocabulary from its embeddings (an argument that disagrees is a
+                  ConfigError), the pad id from its config, and the length policy: a learned
+                  position table is a hard limit, anything else has none. Both are read by
+                  inference, so an explicit max_seq_len or pad_token_id wins;
+  "argument"      what the caller said (`audit(model, vocab_size=...)`, `--vocab-size`);
+  "default"       nothing said: no max_seq_len, the intervention length 64, no pad id.
+
+White-box means a `DecoderConfig` and every weight name a `Decoder` of that config has; a module
+with a DecoderConfig but other names (the torch.nn twin, say) is a black box whose V and
+max_seq_len come from its config. Some facts are found by calling the model, once, before the
+checks (runner.py): where its attention patterns can be read, whether its cache can be stepped,
+whether d loss / d input can be taken. `reference` names the float64 oracle's way into the model's
+weights: "decoder" (our names), "hugging face" (a class the converter reads, whose config it
+can express), or None with `reference_reason`.
+
+The facts every check's `needs` (registry.py) are read from are the properties at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..config import DecoderConfig
+from ..errors import ConfigError
+from ..generation.convention import Convention, convention
+
+# Causal and prefix interventions run at most this long by default (batched cuts cost
+# (cuts + 1) * T tokens; GPT-2 small at T=1024 would take minutes on a laptop CPU).
+DEFAULT_INTERVENTION_LEN = 64
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The facts of one model under audit (see the module docstring). Frozen: decided once."""
+
+    model: str
+    """The model's class name."""
+    vocab_size: int
+    """V: the last axis of the logits."""
+    input_vocab_size: int
+    """Ids the input embedding accepts, [0, input_vocab_size): V unless the model reads more."""
+    max_seq_len: int | None
+    """A hard length limit the model enforces (max_seq_len + 1 tokens must be rejected), or None."""
+    intervention_len: int
+    """Positions every behavioural check covers (capped by max_seq_len)."""
+    pad_token_id: int | None
+    """An id the model reads as padding, never drawn as content."""
+    config: DecoderConfig | None
+    """The DecoderConfig of a white-box model (our layout), else None."""
+    convention: Convention
+    """How the model is called for padded batches and cached steps."""
+    reference: str | None
+    """How the oracle reads the weights: "decoder", "hugging face", or None."""
+    reference_reason: str = ""
+    """Why there is no reference (empty when there is one)."""
+    has_input_embedding: bool = False
+    """An input embedding was found (get_input_embeddings, token_embeddings, an nn.Embedding)."""
+    attention: str | None = None
+    """Where attention patterns come from: "trace" (ours), "output_attentions", or None (probed)."""
+    attention_reason: str = ""
+    """Why no pattern can be read (empty when one can)."""
+    cache_reason: str = ""
+    """Why the model's cache cannot be stepped, found by calling it (empty when it can)."""
+    input_gradient_reason: str = ""
+    """Why d loss / d input cannot be taken, found by one small backward (empty when it can)."""
+    probed: bool = False
+    """The facts found by calling the model (above) have been filled in (runner.py)."""
+    origin: dict[str, str] = field(default_factory=dict)
+    """fact name -> "config" | "hugging face" | "argument" | "default"."""
+    notes: tuple[str, ...] = ()
+    """Sentences the report shows about how the facts were found."""
+
+    # ---- what the registry's `needs` read ----------------------------------------------------
+    @property
+    def whitebox(self) -> bool:
+        return self.config is not None
+
+    @property
+    def tied(self) -> bool:
+        """White-box with tie_embeddings: the readout must be the embedding Parameter."""
+        return self.config is not None and self.config.tie_embeddings
+
+    @property
+    def has_max_seq_len(self) -> bool:
+        return self.max_seq_len is not None
+
+    @property
+    def has_cache(self) -> bool:
+        return self.convention.cached
+
+    @property
+    def takes_mask(self) -> bool:
+        return self.convention.masked
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None
+
+    @property
+    def has_attention(self) -> bool:
+        return self.attention is not None
+
+    @property
+    def has_input_gradient(self) -> bool:
+        return not self.input_gradient_reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "mode": "white-box" if self.whitebox else "black-box",
+                "vocab_size": self.vocab_size, "input_vocab_size": self.input_vocab_size,
+                "max_seq_len": self.max_seq_len, "intervention_len": self.intervention_len,
+                "pad_token_id": self.pad_token_id, "convention": self.convention.name,
+                "reference": self.reference, "attention": self.attention,
+                "origin": dict(self.origin)}
+
+
+def model_facts(model: nn.Module, *, vocab_size: int | None = None,
+                max_seq_len: int | None = None, input_vocab_size: int | None = None,
+                pad_token_id: int | None = None,
+                intervention_len: int | None = None) -> ModelFacts:
+    """The facts of `model`: read from its DecoderConfig or Hugging Face config, and from the
+    arguments (see the module docstring for which wins). Raises ConfigError for a value that
+    is not a positive integer, for a disagreement with what the model declares, and for a black
+    box whose V nobody gave."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"audit() needs a torch.nn.Module, got {type(model).__name__}")
+    given = {"vocab_size": vocab_size, "max_seq_len": max_seq_len,
+             "input_vocab_size": input_vocab_size, "pad_token_id": pad_token_id,
+             "intervention_len": intervention_len}
+    _check_integers(given)
+    declared, origin, notes = _declared(model)
+    for name in ("vocab_size", "input_vocab_size") + (
+            ("max_seq_len",) if origin.get("max_seq_len") == "config" else ()):
+        if given[name] is not None and name in declared and given[name] != declared[name]:
+            raise ConfigError(f"{name}={given[name]} disagrees with the model's "
+                              f"{origin[name]} {name}={declared[name]}")
+    values: dict[str, Any] = {}
+    for name, value in given.items():
+        if value is not None:
+            values[name] = value
+            origin.setdefault(name, "argument")
+            if origin[name] == "hugging face" and declared.get(name) != value:
+                origin[name] = "argument"
+        elif name in declared:
+            values[name] = declared[name]
+        else:
+            values[name] = None
+            origin[name] = "default"
+    if values["vocab_size"] is None:
+        raise ConfigError(
+            f"{type(model).__name__} has no DecoderConfig, so audit() needs vocab_size=V "
+            "(and max_seq_len=T to check that longer inputs are rejected)")
+    config = _whitebox_config(model, notes)
+    reference, reason = _reference(model, config)
+    return ModelFacts(
+        model=type(model).__name__, vocab_size=values["vocab_size"],
+        input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
+        max_seq_len=values["max_seq_len"],
+        intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
+        pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
+        reference=reference, reference_reason=reason,
+        has_input_embedding=input_embedding(model) is not None, origin=origin, notes=tuple(notes))
+
+
+def with_notes(facts: ModelFacts, *notes: str) -> ModelFacts:
+    return replace(facts, notes=facts.notes + tuple(notes))
+
+
+def _check_integers(given: dict[str, Any]) -> None:
+    for name, value in given.items():
+        low = 0 if name == "pad_token_id" else 1
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < low):
+            what = "a non-negative" if low == 0 else "a positive"
+            raise ConfigError(f"{name}={value!r} must be {what} integer")
+
+
+def _declared(model: nn.Module) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """What the model itself declares: (values, where each came from, notes)."""
+    config = getattr(model, "config", None)
+    if isinstance(config, DecoderConfig):
+        values = {"vocab_size": config.vocab_size, "max_seq_len": config.max_seq_len,
+                  "input_vocab_size": config.vocab_size}
+        return values, {name: "config" for name in values}, []
+    if not _is_hugging_face(model):
+        return {}, {}, []
+    from ..references.hf_models import audit_facts
+
+    hf = audit_facts(model)
+    values = {"vocab_size": hf.vocab_size, "max_seq_len": hf.max_seq_len,
+              "input_vocab_size": hf.input_vocab_size or hf.vocab_size,
+              "pad_token_id": hf.pad_token_id}
+    values = {name: value for name, value in values.items() if value is not None}
+    notes = [f"Hugging Face {type(model).__name__}: {hf.length_policy}", *hf.notes]
+    return values, {name: "hugging face" for name in values}, notes
+
+
+def _is_hugging_face(model: nn.Module) -> bool:
+    """An instance of transformers' PreTrainedModel (transformers is never imported here: a
+    model of its classes implies it is loaded)."""
+    base = sys.modules.get("transformers.modeling_utils")
+    return base is not None and isinstance(model, base.PreTrainedModel)
+
+
+class _NoDraws(TorchFunctionMode):
+    """Skips `normal_` (the initial draws) while a Decoder is built on the meta device for its
+    names. On meta it runs a Python decomposition that imports torch._dynamo: 2 s, and 120 000
+    objects that every later gc.collect walks (0.15 s -> 0.4 s per collection; the runner
+    collects between checks)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.normal_:
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def _whitebox_config(model: nn.Module, notes: list[str]) -> DecoderConfig | None:
+    """The model's DecoderConfig when it has every parameter name a Decoder built from it has
+    (extra ones are allowed: the params check reports them), else None (with a note when it
+    has a DecoderConfig but other names)."""
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, DecoderConfig):
+        return None
+    from ..model.decoder import Decoder
+
+    with torch.device("meta"), _NoDraws():
+        expected = {name for name, _ in Decoder(cfg).named_parameters(remove_duplicate=False)}
+    present = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    if expected <= present:
+        return cfg
+    notes.append(f"{type(model).__name__} has a DecoderConfig but not the Decoder's weight "
+                 "names: audited as a black box (V and max_seq_len from its config)")
+    return None
+
+
+def _reference(model: nn.Module, config: DecoderConfig | None) -> tuple[str | None, str]:
+    """How the oracle reads the model's weights, decided from its class and config (no weight is
+    converted here: a model whose weights do not fit its config fails the oracle check)."""
+    if config is not None:
+        return "decoder", ""
+    from ..references.hf import hf_reference
+
+    return hf_reference(model)
+
+
+def input_embedding(model: nn.Module) -> nn.Module | None:
+    """The module whose output is the per-position input of the model: Hugging Face's
+    get_input_embeddings(), else the first module named `token_embeddings` (our Decoder, also
+    inside a wrapper), else the first nn.Embedding; None when there is none."""
+    getter = getattr(model, "get_input_embeddings", None)
+    if callable(getter):
+        try:
+            found = getter()
+        except (NotImplementedError, AttributeError):
+            found = None
+        if isinstance(found, nn.Module):
+            return found
+    named = model.named_modules()
+    return next((m for name, m in named if name.rsplit(".", 1)[-1] == "token_embeddings"),
+                next((m for m in model.modules() if isinstance(m, nn.Embedding)), None))
