@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 import decoder_audit as da
-from decoder_audit.model import Decoder
+from decoder_audit.model.decoder import Decoder
 
 from .common import SEED, Plan
 from .pair import step_fn, time_interleaved

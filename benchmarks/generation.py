@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 import decoder_audit as da
-from decoder_audit.generate import left_padded
+from decoder_audit.generation.convention import left_padded
 
 from .common import SEED, BenchmarkError, Plan, stats
 from .pair import hf_fast_attention, time_interleaved

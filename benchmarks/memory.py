@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import decoder_audit as da
-from decoder_audit.model import Decoder
+from decoder_audit.model.decoder import Decoder
 
 from .common import SEED, BenchmarkError, Plan
 from .pair import hf_fast_attention, step_fn
@@ -43,7 +43,7 @@ def memory_child(side: str, cfg_json: str, batch: int, seq_len: int, threads: in
     `steps` forward + backward steps, report RSS before the steps and the process peak."""
     import transformers  # both children import it, so their baselines match
 
-    from decoder_audit.references.hf import config_to_hf, hf_family
+    from decoder_audit.references.hf_config import config_to_hf, hf_family
 
     torch.set_num_threads(threads)
     torch.manual_seed(SEED)

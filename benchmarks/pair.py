@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import decoder_audit as da
-from decoder_audit.model import Decoder
+from decoder_audit.model.decoder import Decoder
 
 from .common import SEED, BenchmarkError
 
