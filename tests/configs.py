@@ -101,7 +101,7 @@ def grid() -> list[Entry]:
 
 # The odd GPT-ish width several modules share: D=24, H=6 -> Dh=4, F=37, V=29.
 ODD = dict(vocab_size=29, d_model=24, n_heads=6, d_ff=37)
-# Hugging Face conversion: ODD widths, T=32 (test_hf_reference feeds ids of length 32).
+# Hugging Face conversion: ODD widths, T=32 (references/test_hf.py feeds ids of length 32).
 HF = dict(ODD, max_seq_len=32)
 # The torch.nn twin: ODD widths, T=11, GPT-style (LayerNorm, MHA) so the twin can express them.
 TWIN = dict(ODD, max_seq_len=11)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# tests/ mirrors the package in folders (tests/model/, tests/gate/, ...); the modules they share
+# (helpers, configs, the zoos, cli_support) live here, at the top.
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 # Vendored reference data (tests/data/cs336/README.md says where it comes from and its licence).
 CS336_REFERENCE = Path(__file__).resolve().parent / "data" / "cs336"

@@ -39,3 +39,12 @@ def trained_bpe():
                                       show_progress=False)
     backend.train_from_iterator(BPE_CORPUS, trainer)
     return backend
+
+
+def snapshot(root):
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def tiny_decoder(seed: int = 0) -> da.Decoder:
+    torch.manual_seed(seed)
+    return da.Decoder(da.preset("tiny-368"))

@@ -1,5 +1,7 @@
 """DecoderConfig: validation before any weight exists, derived values, JSON round trip."""
 
+from __future__ import annotations
+
 import dataclasses
 import json
 
@@ -99,3 +101,10 @@ def test_cs336_test_preset_matches_the_reference_config(cs336_reference):
             cfg.rope_theta) == (ref["vocab_size"], ref["context_length"], ref["d_model"],
                                 ref["num_layers"], ref["num_heads"], ref["d_ff"], ref["rope_theta"])
     assert (cfg.norm, cfg.pos, cfg.mlp, cfg.tie_embeddings) == ("rmsnorm", "rope", "swiglu", False)
+
+
+def test_a_config_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(da.ConfigError, match=r"is not UTF-8 text \(byte 0xff at offset 0\)"):
+        da.DecoderConfig.load(path)

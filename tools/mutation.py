@@ -7,7 +7,7 @@
     .venv/bin/python tools/mutation.py gate --only 'src/decoder_audit/gate/invariance.py'
     .venv/bin/python tools/mutation.py --report model       # print the last run's score again
     .venv/bin/python tools/mutation.py gate --sample 200 --seed 1   # a random sample: an estimate
-    .venv/bin/python tools/mutation.py gate --mutants 'decoder_audit.gate.loss.*'  # named mutants
+    .venv/bin/python tools/mutation.py gate --mutants 'decoder_audit.gate.alignment.*'  # named mutants
 
 mutmut (the `dev` extra: `pip install -c constraints.txt -e ".[dev]"`) plants one small change
 at a time in the package's source (an operator, a constant, a dropped argument, ...) and runs the
@@ -61,40 +61,38 @@ class Package:
 
 PACKAGES = {
     "model": Package(
-        ("src/decoder_audit/model.py", "src/decoder_audit/layers.py"),
-        ("tests/test_model.py", "tests/test_ledger.py", "tests/test_generate.py"),
+        ("src/decoder_audit/model/*.py",),
+        ("tests/model/", "tests/accounting/test_ledger.py", "tests/generation/test_generate.py"),
         "the decoder against the slow oracle over the config grid, init, RoPE, the input "
         "contract; the generation path (KV cache, padding) against the full forward"),
     "oracle": Package(
-        ("src/decoder_audit/oracle.py",),
-        ("tests/test_model.py",
-         # the streamed oracle (the gate's) against the whole one, and its input contract
-         "tests/test_gate_scale.py::test_the_streamed_oracle_equals_the_whole_one",
-         "tests/test_gate_scale.py::test_each_streamed_piece_comes_under_the_stage_that_reads_it",
-         "tests/test_gate_scale.py::"
-         "test_the_oracle_reads_weights_in_their_own_dtype_and_one_layer_at_a_time",
-         "tests/test_robustness_api.py::test_oracle_refuses_ids_outside_the_contract",
-         "tests/test_robustness_api.py::test_oracle_names_missing_weights"),
+        ("src/decoder_audit/references/oracle.py",),
+        ("tests/model/test_decoder.py", "tests/references/test_oracle.py",
+         # the streamed oracle (the gate's) against the whole one
+         "tests/gate/test_scale.py::test_the_streamed_oracle_equals_the_whole_one",
+         "tests/gate/test_scale.py::test_each_streamed_piece_comes_under_the_stage_that_reads_it",
+         "tests/gate/test_scale.py::"
+         "test_the_oracle_reads_weights_in_their_own_dtype_and_one_layer_at_a_time"),
         "the oracle against the decoder, the CS336 snapshots and hand-written formulas; the "
         "streamed oracle against the whole one; its input contract"),
     "gate": Package(
         ("src/decoder_audit/gate/*.py",),
-        ("tests/test_gate_zoo.py", "tests/test_gate_checks.py", "tests/test_gate_generation.py",
-         "tests/test_gate_dtypes.py", "tests/test_gate_render.py", "tests/test_gate_mutants.py",
-         # the two foreign-family tests that judge the output_attentions path against `causal`
-         "tests/test_gate_foreign.py::test_falcons_output_attentions_path_leak_is_named",
-         "tests/test_gate_foreign.py::test_bidirectional_defaults_fail_causal_and_prefix"),
+        tuple(f"tests/gate/test_{name}.py" for name in (
+            "zoo", "checks", "generation", "dtypes", "render", "inputs", "invariance",
+            "attention", "weights", "reference", "alignment", "tolerances"))
+        # the two foreign-family tests that judge the output_attentions path against `causal`
+        + ("tests/gate/test_foreign.py::test_falcons_output_attentions_path_leak_is_named",
+           "tests/gate/test_foreign.py::test_bidirectional_defaults_fail_causal_and_prefix"),
         "every check against its mutants in the zoos, and correct models that must pass "
-        "(not the slow foreign-family and memory-scale tests)",
+        "(not the slow foreign-family, conformance and memory-scale tests)",
         # the 16-bit presets are 40% of the selection's time; the bf16 config grid and the zoo
         # in bf16 run the same code in the same dtypes
-        deselect=("tests/test_gate_dtypes.py::test_presets_pass_in_16_bit",)),
+        deselect=("tests/gate/test_dtypes.py::test_presets_pass_in_16_bit",)),
     "training": Package(
         ("src/decoder_audit/training/*.py",),
-        ("tests/test_train.py", "tests/test_train_batch.py", "tests/test_train_eval.py",
-         "tests/test_train_ddp.py", "tests/test_train_shard.py", "tests/test_robustness_api.py"),
+        ("tests/training/", "tests/cli/test_train.py"),
         "training runs, refusals, resumption and the run folder; batches, evaluation, the "
-        "two-process DDP and FSDP2 runs; the API's typed refusals (run options, checkpoints)"),
+        "two-process DDP and FSDP2 runs; the run options, the lock and the run folder"),
 }
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), folded into four outcomes.

@@ -3,7 +3,7 @@
     decoder-audit prepare --text a.txt b.txt --tokenizer tokenizer.json --out data/ \
         [--val-fraction 0.1]
 
-See `decoder_audit.datasets` for the folder it writes.
+See `decoder_audit.text.datasets` for the folder it writes.
 """
 
 from __future__ import annotations

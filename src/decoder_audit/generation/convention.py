@@ -68,7 +68,7 @@ class Convention:
     position_ids: bool = False  # it takes position_ids (Hugging Face)
     last_only: str | None = None  # the keyword that limits logits to the last position
     cache_arg: str = "cache"  # Hugging Face: "past_key_values", or "cache" in transformers 5.2x
-    position_origin: int = 0  # position_ids of a padded row start here (position_origin.py)
+    position_origin: int = 0  # position_ids of a padded row start here (`position_origin` below)
 
 
 def convention(model: nn.Module) -> Convention:

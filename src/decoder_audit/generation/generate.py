@@ -6,7 +6,7 @@
     gen.ids[i], gen.new_ids[i], gen.stop[i]   # per row: prompt + new, new ids, why it stopped
 
 The model is driven by its call convention ("decoder", "hugging face" or "plain": see
-call_convention.py); `use_cache=False` recomputes the whole sequence every step under any
+convention.py); `use_cache=False` recomputes the whole sequence every step under any
 convention (the reference the cache must equal; greedy output is identical either way).
 
 Prompts of different lengths are left-padded into one batch with an attention mask; positions
@@ -42,7 +42,6 @@ from torch import nn
 from ..config import DecoderConfig
 from ..errors import ConfigError, ContextLengthError, InputShapeError, TokenIdError
 
-# The call conventions live in call_convention.py; their names stay importable from here.
 from .convention import (
     CacheNotReturned,
     Stepper,

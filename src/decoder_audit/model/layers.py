@@ -1,10 +1,10 @@
 """The parameterised primitives the Decoder is built from, each owning its initialisation:
 `Linear` and `Embedding` draw N(0, init_std) with the std they were given at construction (the
-Decoder hands the residual projections a smaller one, see model.py), norms start at gain 1 and
+Decoder hands the residual projections a smaller one, see decoder.py), norms start at gain 1 and
 bias 0. Each is `nn.Parameter` plus one functional op, so the weights are exactly what DESIGN.md
 names and nothing is hidden in a library module.
 
-Shape letters as in model.py: D d_model, V vocabulary; `(out, in)` for a projection's weight.
+Shape letters as in decoder.py: D d_model, V vocabulary; `(out, in)` for a projection's weight.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch import nn
 
 from ..config import DecoderConfig
 
-# GPT-2's std for every matrix and embedding (the residual projections get less: model.py).
+# GPT-2's std for every matrix and embedding (the residual projections get less: decoder.py).
 INIT_STD = 0.02
 
 

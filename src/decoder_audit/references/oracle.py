@@ -1,7 +1,7 @@
 """The slow oracle: the decoder written as explicit per-head, per-query-row loops.
 
 It reads only weights by name (DESIGN.md's weight names) and a config, and shares no code path
-with model.py: no fused kernels, no masks (query row t simply reads keys 0..t), LayerNorm and
+with model/: no fused kernels, no masks (query row t simply reads keys 0..t), LayerNorm and
 RMSNorm from their definitions, GELU from erf or tanh, RoPE as explicit 2x2 rotations pair by
 pair. It computes in float64 on the CPU by default, so a disagreement with the fast model is a
 bug, not rounding.

@@ -1,6 +1,6 @@
 """The torch.nn twin: seed 000's table made literal, an independent reference for `Decoder`.
 
-Every operation is a registered PyTorch module, so the twin shares no code with `model.py`:
+Every operation is a registered PyTorch module, so the twin shares no code with `model/`:
 
     nn.Embedding(V, D)                                token lookup E[ids]
     nn.Parameter(max_seq_len, D)                      learned positions P[:T]   (pos="learned")

@@ -382,7 +382,7 @@ def _read_config(folder: Path) -> DecoderConfig:
         raise CheckpointError(
             f"{str(folder)!r} holds the weights of a module that is not a Decoder (factory.json: "
             f"{factory!r}), not a Decoder checkpoint: rebuild the module with its factory and "
-            "read them with decoder_audit.checkpoint.load_module_weights(module, folder), or "
+            "read them with decoder_audit.storage.checkpoint.load_module_weights(module, folder), or "
             "continue its training with `decoder-audit train --resume`")
     if not config_path.is_file():
         raise CheckpointError(f"checkpoint {str(folder)!r} has no {CONFIG_FILE}")

@@ -1,10 +1,10 @@
 """Training data: the tiny model's counting task and byte-level text (token files prepared with a
-real tokenizer: `decoder_audit.datasets.TokenDataset`).
+real tokenizer: `text.datasets.TokenDataset`).
 
 Both sources hand out *global* batches drawn from one seeded `torch.Generator`. Under
 DistributedDataParallel every rank draws the same global batch and keeps its own contiguous slice
-of rows (`training.distributed.shard`), so the union of the ranks' batches is exactly the batch a single process would
-train on; that is what lets N processes reproduce single-process training.
+of rows (`training.distributed.shard`), so the union of the ranks' batches is exactly the batch
+a single process would train on; that is what lets N processes reproduce single-process training.
 
 The counting task (default for the 8-token vocabulary)
 -------------------------------------------------------

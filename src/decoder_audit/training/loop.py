@@ -19,7 +19,7 @@ is the same throughout.
 Before any phase, rank 0 locks the run folder (lock.py: one run per folder) and everything a
 user can get wrong is checked: the run options (a resumed run keeps its own save_every,
 eval_every, device and threads), the device (one this machine lacks is refused before the gate),
-the memory the weights will need (memory.py, before a single weight is allocated). A loss,
+the memory the weights will need (accounting/memory.py, before a single weight is allocated). A loss,
 gradient norm or evaluation that becomes NaN or inf stops the run with `TrainingDiverged`
 naming the step and the value; nothing non-finite is ever checkpointed, so the last checkpoint on
 disk is the last good one.

@@ -46,7 +46,7 @@ class TrainConfig:
     """Share of the text file kept for validation (its last bytes); a prepared dataset (`data`)
     declares its own held-out split."""
     data: str | None = None
-    """A token dataset folder written by `decoder-audit prepare` (datasets.py); None: `text` or
+    """A token dataset folder written by `decoder-audit prepare` (text/datasets.py); None: `text` or
     the counting task."""
     tokenizer: str | None = None
     """With `text`: the tokenizer that encodes it (a tokenizer.json, or a folder with GPT-2's

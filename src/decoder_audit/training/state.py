@@ -2,7 +2,7 @@
 
     OUT/metrics.jsonl              one JSON line per step ({"step": 0, "eval_loss": ...} first)
     OUT/loss_curve.png             drawn from metrics.jsonl at the end
-    OUT/checkpoint/                the weights (safetensors) and config.json (checkpoint.py), and
+    OUT/checkpoint/                the weights (safetensors) and config.json (storage/checkpoint.py), and
         train_state.pt             step, optimizer, scheduler, data sampler and torch RNG states
         trainer.json               the TrainConfig, the task, the world size
         <tokenizer files>          the task's tokenizer and its manifest (tokenizer.py)
@@ -99,7 +99,7 @@ def refuse_finished_run(out: str | os.PathLike) -> None:
 
 def refuse_foreign_entries(folder: Path, names: list[str]) -> None:
     """Before step 1: the run's checkpoint folder must hold nothing its saves would delete (a
-    save replaces the whole folder; one holding a user's file refuses, see checkpoint.py)."""
+    save replaces the whole folder; one holding a user's file refuses, see storage/checkpoint.py)."""
     refuse_to_lose(folder, names, what="training checkpoint")
 
 

@@ -11,6 +11,7 @@ import json
 import pytest
 from helpers import trained_bpe
 
+import decoder_audit as da
 from decoder_audit.errors import ConfigError
 from decoder_audit.text.tokenizer import MANIFEST_FILE, Tokenizer
 
@@ -200,3 +201,20 @@ def test_gpt2_files_read_as_the_library_reads_its_own_byte_level_bpe(tmp_path):
     text = corpus[:400] + "unseen: Ωmega 3.14 <|endoftext|> tail"
     assert ours.encode(text) == reference.encode(text) == trained.encode(text).ids
     assert ours.decode(ours.encode(text)) == text
+
+
+def test_sampling_needs_a_tokenizer_for_the_vocabulary():
+    assert Tokenizer.for_vocab_size(256).kind == "bytes"
+    assert Tokenizer.for_vocab_size(8).kind == "tiny-vocab"
+    with pytest.raises(da.ConfigError, match=r"no tokenizer for vocab_size=2048.*pass "
+                                             r"--tokenizer"):
+        Tokenizer.for_vocab_size(2048)
+
+
+def test_tokenizers():
+    tiny = Tokenizer.for_vocab_size(8)
+    assert tiny.encode("<bos> A B") == [1, 3, 4] and tiny.eos_id == 2
+    assert tiny.decode([1, 3, 4, 2]) == "<bos> A B <eos>"
+    text = Tokenizer.for_vocab_size(256)
+    assert text.encode("hé") == [104, 0xC3, 0xA9] and text.eos_id is None
+    assert text.decode([104, 0xC3, 0xA9]) == "hé"

@@ -17,7 +17,7 @@ import sys
 import configs
 import pytest
 import torch
-from helpers import random_decoder, randomise
+from helpers import random_decoder, randomise, tiny_decoder
 
 import decoder_audit as da
 from decoder_audit.references import hf as hfref
@@ -239,3 +239,10 @@ def test_core_package_imports_without_transformers():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "IMPORT-ERROR" in result.stdout and "pip install 'decoder-audit[hf]'" in result.stdout
+
+
+def test_to_hf_says_what_the_gpt2_format_changes():
+    pytest.importorskip("transformers")
+    with pytest.warns(UserWarning, match=r"attn_bias=false is written as zero biases.*368 -> "
+                                         r"400 parameters"):
+        da.to_hf(tiny_decoder())

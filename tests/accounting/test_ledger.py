@@ -1,5 +1,7 @@
 """The parameter ledger against the seeds' table, independent formulas and published figures."""
 
+from __future__ import annotations
+
 import configs
 import pytest
 import torch
@@ -119,3 +121,11 @@ def test_extra_parameters_are_reported_where_they_differ():
     model.layers[1].attn.q_proj.bias = nn.Parameter(torch.zeros(4))  # a bias the config forbids
     problems = da.reconcile(da.parameter_ledger(model.config), da.measured_ledger(model))
     assert problems[0] == "layers.1.attn: analytic 64 vs measured 68 (+4)"
+
+
+def test_parameter_ledger_takes_a_dict_and_names_a_wrong_type():
+    assert da.parameter_ledger(da.preset("tiny-368").to_dict()).total == 368
+    with pytest.raises(da.ConfigError, match="missing required config field"):
+        da.parameter_ledger({"vocab_size": 8})
+    with pytest.raises(TypeError, match="needs a DecoderConfig .* got list"):
+        da.parameter_ledger([8, 4])

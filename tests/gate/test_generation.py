@@ -229,3 +229,57 @@ def test_a_backward_raising_for_another_reason_still_fails():
     result = report["grad_causal"]
     assert not result.passed and not result.skipped
     assert "raised RuntimeError" in result.detail and "inplace operation" in result.detail
+
+
+def test_a_padding_failure_keeps_its_tolerance():
+    """A failing `padding` verdict carries the tolerance it was judged with, as a passing one
+    does (mutant: the failing CheckResult lost it, so the report printed 'exact')."""
+    import zoo_generation as zg
+
+    from decoder_audit.gate import tolerances
+
+    padding = da.audit(zg.decoder(zg.LEARNED, zg.MaskIgnored), checks=["padding"])["padding"]
+    assert not padding.passed
+    assert padding.tolerance == tolerances.shape_change(torch.float32)
+
+
+def test_kv_cache_passes_a_model_with_room_for_one_token():
+    """max_seq_len = 1 leaves no cached step to compare: `kv_cache` passes and says why
+    (mutant: it failed such a model)."""
+    import dataclasses
+
+    model = zoo.decoder(dataclasses.replace(zoo.TINY, max_seq_len=1))
+    kv_cache = da.audit(model, checks=["kv_cache"])["kv_cache"]
+    assert kv_cache.passed and not kv_cache.skipped
+    assert "no cached step" in kv_cache.detail
+
+
+def test_a_model_changed_by_an_all_ones_mask_is_told_so_before_any_pad():
+    """`padding` first compares a row under an all-ones mask with the plain run; a model that
+    the mere presence of a mask changes fails there, and the detail says it was without any
+    pad (mutant: that sentence upper-cased)."""
+    import zoo_generation as zg
+
+    class MaskMoves(da.Decoder):
+        def forward(self, ids, attention_mask=None, *, cache=None, last_only=False):
+            out = super().forward(ids, attention_mask, cache=cache, last_only=last_only)
+            return out if attention_mask is None else out + 1e-2
+
+    padding = da.audit(zg.decoder(zg.LEARNED, MaskMoves), checks=["padding"])["padding"]
+    assert not padding.passed
+    assert "without any pad, an all-ones attention_mask" in padding.detail
+
+
+def test_the_last_position_has_no_later_gradient_to_report():
+    """grad_causal evidence: position T-1 has no later input, so its largest later gradient is
+    0 and no later position is listed (mutant 65: 1.0 for an empty range, a phantom gradient
+    into the future in the evidence of a passing model)."""
+    result = da.audit(zoo.decoder(zoo.TINY), checks=["grad_causal"])["grad_causal"]
+    assert result.passed
+    last = result.evidence["positions"][-1]
+    assert last["position"] == zoo.TINY.max_seq_len - 1 == 3
+    assert last["max_grad_later"] == 0.0 and last["later_positions_nonzero"] == []
+    assert all(r["max_grad_later"] == 0.0 for r in result.evidence["positions"])
+    # mutant 85: the passing detail said "a T=None sequence"
+    assert result.detail == ("losses at positions [0, 1, 2, 3] of a T=4 sequence: gradient "
+                             "exactly 0 at every later input, nonzero at their own")

@@ -20,7 +20,10 @@ import zoo
 import decoder_audit as da
 import decoder_audit.storage.checkpoint as ckpt_module
 from decoder_audit.cli import build_parser, main
-from decoder_audit.storage.checkpoint import load_checkpoint
+from decoder_audit.errors import TrainingDiverged
+from decoder_audit.storage.checkpoint import (
+    load_checkpoint,
+)
 from decoder_audit.text import tokenizer
 from decoder_audit.text.tasks import ByteText, CountingTask
 from decoder_audit.training import GateRefusal, TrainConfig, train
@@ -393,7 +396,7 @@ def test_resume_never_unpickles_arbitrary_objects(uninterrupted, tmp_path):
     torch.save({"step": 8, "payload": Interrupt("not a tensor")},
                run / "checkpoint" / "train_state.pt")
     # Refused unread: its SHA-256 is not the one recorded at save time (tests/
-    # test_robustness_cli.py shows the weights_only=True refusal of an unrecorded file too).
+    # cli/test_train.py shows the weights_only=True refusal of an unrecorded file too).
     with pytest.raises(da.CheckpointError, match=r"train_state\.pt.*not the file saved") as info:
         train(resume=run, progress=False, verbose=False)
     assert "weights_only=False" not in str(info.value)
@@ -441,3 +444,16 @@ def test_byte_level_training_on_a_text_file(tmp_path, capsys):
     text.write_text("abcdefgh" * 399 + "abcdefgX")
     with pytest.raises(da.ConfigError, match="changed since the checkpoint"):
         train(resume=tmp_path / "run", progress=False, verbose=False)
+
+
+def test_divergence_raises_with_the_step_and_value_and_nothing_bad_is_saved(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(TrainingDiverged) as info:
+        train("tiny-368", out=out, steps=20, warmup=0, lr=1e10, batch_size=16, save_every=1,
+              progress=False, verbose=False)
+    diverged = info.value
+    assert math.isnan(diverged.value) or math.isinf(diverged.value)
+    assert diverged.quantity in ("training loss", "gradient norm")
+    assert read_trainer_state(out / "checkpoint")[0]["step"] == diverged.step - 1
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        assert "NaN" not in line and "Infinity" not in line

@@ -15,7 +15,7 @@ from decoder_audit.gate import CHECK_ORDER
 
 # Checks whose defects are planted outside this zoo, and where: their defect is not a model.
 PLANTED_ELSEWHERE = {
-    "loss_alignment": "test_gate_checks.py: the objective's shift and flattening broken",
+    "loss_alignment": "gate/test_checks.py: the objective's shift and flattening broken",
     "kv_cache": "zoo_generation.py", "padding": "zoo_generation.py",
     "grad_causal": "zoo_generation.py",
 }

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+from pathlib import Path
 
 import configs
 import pytest
 import torch
+from cli_support import assert_kept, error_line, snapshot, transformers_or_skip
 from helpers import random_decoder, randomise, trained_bpe
 
 import decoder_audit as da
@@ -141,3 +144,139 @@ def test_to_hf_without_a_tokenizer_file_writes_none_and_says_so(tmp_path, capsys
     for out in ("hf_plain", "hf_bytes"):
         names = {p.name for p in (tmp_path / out).iterdir()}
         assert not names & {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"}
+
+
+def _no_debris(folder: Path) -> None:
+    """No temporary or backup folder of a save is left beside `folder`."""
+    assert not list(folder.parent.glob(f".{folder.name}.*")), list(folder.parent.iterdir())
+
+
+def test_convert_from_hf_onto_its_own_folder_is_refused_and_the_folder_kept(hf_folder, capsys):
+    before = snapshot(hf_folder)
+    assert main(["convert", "--from-hf", str(hf_folder), "--out", str(hf_folder)]) == 2
+    line = error_line(capsys, "convert")
+    assert f"--out {str(hf_folder)!r} overlaps the folder being converted" in line
+    assert_kept(before)
+    assert sorted(p.name for p in hf_folder.iterdir()) == sorted(p.name for p in before)
+
+
+def test_convert_into_a_hugging_face_folder_is_refused(hf_folder, tmp_path, capsys, converted):
+    """A checkpoint is never written over another Hugging Face folder (not the source)."""
+    other = tmp_path / "other_hf"
+    shutil.copytree(hf_folder, other)
+    before = snapshot(other)
+    assert main(["convert", "--from-hf", str(hf_folder), "--out", str(other)]) == 2
+    line = error_line(capsys, "convert")
+    assert "is not a checkpoint" in line and "config.json" in line
+    assert_kept(before)
+    _no_debris(other)
+
+
+def test_convert_to_hf_onto_a_training_checkpoint_keeps_its_training_state(run_copy, capsys):
+    checkpoint = run_copy / "checkpoint"
+    before = snapshot(run_copy)
+    transformers_or_skip()
+    assert main(["convert", "--to-hf", "--checkpoint", str(checkpoint),
+                 "--out", str(checkpoint)]) == 2
+    assert "overlaps the folder being converted" in error_line(capsys, "convert")
+    assert_kept(before)  # train_state.pt and trainer.json included
+
+
+def test_convert_to_hf_into_a_training_checkpoint_elsewhere_is_refused(run_copy, tmp_path,
+                                                                        capsys):
+    """Not the source, but still a training checkpoint: never replaced by an HF folder."""
+    transformers_or_skip()
+    target = tmp_path / "target"
+    shutil.copytree(run_copy / "checkpoint", target)
+    before = snapshot(target)
+    assert main(["convert", "--to-hf", "--checkpoint", str(run_copy),
+                 "--out", str(target)]) == 2
+    assert "not a Hugging Face model folder" in error_line(capsys, "convert")
+    assert_kept(before)
+    _no_debris(target)
+
+
+def test_convert_refuses_to_delete_a_users_file_in_an_earlier_output(hf_folder, converted,
+                                                                     tmp_path, capsys):
+    # Our earlier checkpoint, with the user's notes beside it.
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(converted, ckpt)
+    (ckpt / "NOTES.md").write_text("what I learned from this model\n")
+    before = snapshot(ckpt)
+    assert main(["convert", "--from-hf", str(hf_folder), "--out", str(ckpt)]) == 2
+    line = error_line(capsys, "convert")
+    assert "['NOTES.md']" in line and "refusing" in line
+    assert_kept(before)
+    _no_debris(ckpt)
+    # Our earlier Hugging Face output, with the tokenizer files the user added.
+    back = tmp_path / "back"
+    assert main(["convert", "--to-hf", "--checkpoint", str(converted), "--out", str(back)]) == 0
+    (back / "tokenizer.json").write_text('{"model": {}}\n')
+    capsys.readouterr()
+    before = snapshot(back)
+    assert main(["convert", "--to-hf", "--checkpoint", str(converted), "--out", str(back)]) == 2
+    assert "['tokenizer.json']" in error_line(capsys, "convert")
+    assert_kept(before)
+    # Without a foreign file the earlier output is replaced, as before.
+    (back / "tokenizer.json").unlink()
+    assert main(["convert", "--to-hf", "--checkpoint", str(converted), "--out", str(back)]) == 0
+
+
+def test_a_failed_convert_leaves_nothing_behind(hf_folder, converted, tmp_path, capsys,
+                                                monkeypatch):
+    import decoder_audit.references.hf as hf
+
+    monkeypatch.setattr(hf, "max_logit_difference", lambda *args: 0.5)  # the check fails
+    out = tmp_path / "new" / "deeper" / "ckpt"
+    assert main(["convert", "--from-hf", str(hf_folder), "--out", str(out)]) == 1
+    line = error_line(capsys, "convert")
+    assert "max |diff| = 5.000e-01 > --tolerance 0.0001" in line and "nothing was written" in line
+    assert not (tmp_path / "new").exists()  # not the folder, not its parents, no temporaries
+    # An earlier result at --out is left exactly as it was.
+    earlier = tmp_path / "earlier"
+    shutil.copytree(converted, earlier)
+    before = snapshot(earlier)
+    assert main(["convert", "--from-hf", str(hf_folder), "--out", str(earlier)]) == 1
+    error_line(capsys, "convert")
+    assert_kept(before)
+    _no_debris(earlier)
+
+
+@pytest.mark.parametrize("tolerance", ["0", "-1e-4", "nan", "inf"])
+def test_convert_refuses_a_tolerance_that_is_not_positive_and_finite(hf_folder, tmp_path, capsys,
+                                                                     tolerance):
+    out = tmp_path / "out"
+    assert main(["convert", "--from-hf", str(hf_folder), "--out", str(out),
+                 f"--tolerance={tolerance}"]) == 2
+    line = error_line(capsys, "convert")
+    assert f"--tolerance={float(tolerance)}" in line and "finite number > 0" in line
+    assert not out.exists()
+
+
+def test_gpt2_export_says_attn_bias_false_becomes_true(tmp_path, capsys):
+    transformers_or_skip()
+    ckpt = da.save_checkpoint(da.Decoder(da.preset("tiny-368")), tmp_path / "tiny")
+    assert main(["convert", "--to-hf", "--checkpoint", str(ckpt), "--out",
+                 str(tmp_path / "hf"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["changes"] == [
+        "GPT-2 always has attention and MLP biases: attn_bias=false is written as zero biases "
+        "(the same function), and reading it back gives attn_bias=true (368 -> 400 "
+        "parameters)"]
+    assert main(["convert", "--to-hf", "--checkpoint", str(ckpt), "--out",
+                 str(tmp_path / "hf")]) == 0
+    assert "note: GPT-2 always has attention and MLP biases" in capsys.readouterr().out
+    # Read back, the round trip is what the note said.
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out",
+                 str(tmp_path / "back")]) == 0
+    back = da.load_checkpoint(tmp_path / "back")
+    assert back.config.attn_bias and back.num_parameters() == 400
+
+
+def test_model_safetensors_gets_the_permissions_of_the_other_files(converted, tmp_path):
+    transformers_or_skip()
+    assert main(["convert", "--to-hf", "--checkpoint", str(converted), "--out",
+                 str(tmp_path / "hf")]) == 0
+    for folder in (converted, tmp_path / "hf"):
+        modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+        assert len(set(modes.values())) == 1, modes  # model.safetensors was 0600

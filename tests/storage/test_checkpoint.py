@@ -9,13 +9,19 @@ import os
 import configs
 import pytest
 import torch
-from helpers import random_decoder
+from helpers import random_decoder, snapshot, tiny_decoder
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 import decoder_audit as da
-import decoder_audit.storage.folder as atomic
 import decoder_audit.storage.checkpoint as ckpt
-from decoder_audit.storage.checkpoint import load_checkpoint, save_checkpoint
+import decoder_audit.storage.folder as atomic
+from decoder_audit.storage.checkpoint import (
+    load_checkpoint,
+    load_module_weights,
+    save_checkpoint,
+    save_module_weights,
+)
 
 
 def _ids(cfg):
@@ -243,3 +249,87 @@ def test_crash_between_the_two_renames(tmp_path, monkeypatch):
     save_checkpoint(new, path)  # a save that completes removes every backup
     _assert_same_model(new, load_checkpoint(path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+
+
+def test_save_refuses_a_checkpoint_folder_holding_a_users_file(tmp_path):
+    folder = da.save_checkpoint(tiny_decoder(0), tmp_path / "ckpt")
+    (folder / "NOTES.md").write_text("keep me\n")
+    before = snapshot(tmp_path)
+    with pytest.raises(da.CheckpointError, match=r"holds \['NOTES.md'\], which a checkpoint does "
+                                                 r"not write; refusing"):
+        da.save_checkpoint(tiny_decoder(1), folder)
+    assert snapshot(tmp_path) == before  # nothing written, nothing left behind
+
+
+def test_a_plain_save_never_drops_a_training_checkpoints_state(tmp_path):
+    folder = da.save_checkpoint(tiny_decoder(0), tmp_path / "ckpt",
+                                extra_files={"train_state.pt": b"state", "trainer.json": b"{}"})
+    before = snapshot(tmp_path)
+    with pytest.raises(da.CheckpointError, match=r"\['train_state.pt', 'trainer.json'\]"):
+        da.save_checkpoint(tiny_decoder(1), folder)
+    assert snapshot(tmp_path) == before
+    # Writing the same entries again replaces it, as every training save does.
+    da.save_checkpoint(tiny_decoder(1), folder, extra_files={"train_state.pt": b"2", "trainer.json": b"2"})
+    assert (folder / "train_state.pt").read_bytes() == b"2"
+
+
+def test_a_hugging_face_folder_is_not_replaced_by_a_checkpoint_nor_the_reverse(tmp_path):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 4}))
+    (hf / "model.safetensors").write_bytes(b"weights")
+    ckpt = da.save_checkpoint(tiny_decoder(0), tmp_path / "ckpt")
+    before = snapshot(tmp_path)
+    with pytest.raises(da.CheckpointError, match="that is not a checkpoint"):
+        da.save_checkpoint(tiny_decoder(1), hf)
+    pytest.importorskip("transformers")
+    with pytest.warns(UserWarning, match="attn_bias=false"), \
+            pytest.raises(da.CheckpointError, match="that is not a Hugging Face model folder"):
+        da.save_hf_folder(tiny_decoder(1), ckpt)
+    assert snapshot(tmp_path) == before
+
+
+def test_the_config_is_covered_by_the_recorded_digest(tmp_path):
+    model = tiny_decoder()
+    folder = da.save_checkpoint(model, tmp_path / "ckpt")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config))  # re-formatted, same fields: fine
+    assert da.load_checkpoint(folder).config == model.config
+    (folder / "config.json").write_text(json.dumps({**config, "mlp": "gelu"}))
+    with pytest.raises(da.CheckpointError, match="was changed after the checkpoint was saved"):
+        da.load_checkpoint(folder)
+
+
+def test_non_finite_weights_are_refused_on_save(tmp_path):
+    model = tiny_decoder()
+    with torch.no_grad():
+        model.ln_final.bias[1] = float("inf")
+    with pytest.raises(da.CheckpointError, match=r"refusing to save: tensors \['ln_final.bias'\] "
+                                                 r"hold NaN or inf"):
+        da.save_checkpoint(model, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(5, 3)
+        self.head = nn.Linear(3, 5, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("scale", torch.ones(3))
+
+
+def test_module_weights_round_trip_with_the_tie_and_refuse_another_module(tmp_path):
+    torch.manual_seed(0)
+    saved = Tied()
+    folder = save_module_weights(saved, tmp_path / "w", factory={"factory": "m.py:build"})
+    assert json.loads((folder / "factory.json").read_text()) == {"factory": "m.py:build"}
+    loaded = load_module_weights(Tied(), folder)
+    assert torch.equal(loaded.emb.weight, saved.emb.weight)
+    assert loaded.head.weight is loaded.emb.weight
+    with pytest.raises(da.CheckpointError, match=r"does not fit Linear: missing \['weight'\]; "
+                                                 r"unexpected \['emb.weight', 'head.weight', "
+                                                 r"'scale'\]"):
+        load_module_weights(nn.Linear(3, 5, bias=False), folder)
+    with pytest.raises(da.CheckpointError, match="not a Decoder checkpoint"):
+        da.load_checkpoint(folder)

@@ -211,6 +211,7 @@ def test_gradient_passes_hold_about_a_quarter_of_the_parameters_each():
     model = da.Decoder(configs.named("gqa-small"))
     oracle, named = _streamed_oracle(model, torch.zeros(1, 3, dtype=torch.long))
     subject = da.gate.subject.Subject(model, da.gate.model_facts(model), seed=0)
+    # private: the gradient passes' grouping is memory behaviour, invisible in the verdict
     chunks = reference._chunks(subject, named, oracle.backward_stages())
     total = model.num_parameters()
     largest_stage = max(sum(named[n].numel() for n in reads) for _, reads in

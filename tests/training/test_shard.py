@@ -7,7 +7,7 @@ The expectation is always the plain single-process run (no DTensor, no collectiv
 can differ at all: each rank averages the loss over its 8 rows and the reduce-scatter averages
 the two gradients, while one process averages over 16 rows; the clipping norm is summed shard
 by shard. So float32 results differ in the last bits and Adam carries that forward. Tolerance:
-test_train_ddp.py's, 1e-5 absolute on weights of size ~1 (float32 epsilon is 1.2e-7), for the
+test_ddp.py's, 1e-5 absolute on weights of size ~1 (float32 epsilon is 1.2e-7), for the
 same reason; the run is 16 steps, not 40, because each FSDP2 step is ~11 collectives (an
 all-gather per group in forward and again in backward, a reduce-scatter per group, the clipping
 norm, the logged loss) and on a busy 2-core machine each waits for the other process.
@@ -274,5 +274,6 @@ def test_memory_check_counts_a_shard_of_the_training_state(monkeypatch):
     for ranks in (distributed.RankInfo(), distributed.RankInfo(0, 2),
                   distributed.RankInfo(0, 1, sharded=True)):  # 4 copies each
         with pytest.raises(ConfigError, match="does not fit"):
+            # private: the CUDA memory check cannot run without a GPU through train()
             prepare._check_memory(cfg, "cuda:0", ranks)
     prepare._check_memory(cfg, "cuda:0", distributed.RankInfo(0, 2, sharded=True))  # 2 copies

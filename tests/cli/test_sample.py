@@ -1,0 +1,79 @@
+"""`decoder-audit sample`: seeded samples, top-k and top-p, and what it refuses (NaN weights, a
+vocabulary no tokenizer reads)."""
+
+from __future__ import annotations
+
+import pytest
+from cli_support import assert_kept, error_line, snapshot
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import decoder_audit as da
+from decoder_audit.cli import main
+
+
+def test_sample_refuses_a_checkpoint_holding_nan(tmp_path, capsys):
+    folder = da.save_checkpoint(da.Decoder(da.preset("tiny-368")), tmp_path / "ckpt")
+    weights = folder / "model.safetensors"
+    with safe_open(str(weights), framework="pt") as handle:
+        metadata = {k: v for k, v in handle.metadata().items() if ".sha256." not in k}
+    tensors = load_file(str(weights))
+    tensors["ln_final.weight"][0] = float("nan")
+    save_file(tensors, str(weights), metadata=metadata)  # digests dropped, as an old file
+    before = snapshot(folder)
+    assert main(["sample", "--checkpoint", str(folder), "--prompt", "<bos> A"]) == 2
+    line = error_line(capsys, "sample")
+    assert "tensors ['ln_final.weight'] hold NaN or inf" in line
+    assert_kept(before)
+
+
+def test_sample_refuses_a_vocabulary_without_a_tokenizer(converted, capsys):
+    before = snapshot(converted)
+    assert main(["sample", "--checkpoint", str(converted), "--prompt", "hello"]) == 2
+    line = error_line(capsys, "sample")
+    assert "no tokenizer for vocab_size=300" in line and "pass --tokenizer" in line
+    assert_kept(before)
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path):
+    from helpers import random_decoder
+
+    import decoder_audit as da
+
+    model = random_decoder(da.preset("tiny-368"), seed=4, std=0.8)
+    da.save_checkpoint(model, tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def test_sample_command_draws_several_seeded_samples_with_top_k(tiny_checkpoint, capsys):
+    import json
+
+    from decoder_audit.cli import main
+
+    args = ["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A",
+            "--temperature", "1.0", "--top-k", "3", "--top-p", "0.9", "--num-samples", "4",
+            "--max-new-tokens", "2", "--seed", "3", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out) == first  # the seed fixes every sample
+    samples = first["samples"]
+    assert len(samples) == 4
+    assert all(s["ids"][:2] == [1, 3] and 1 <= len(s["new_ids"]) <= 2 for s in samples)
+    assert all(s["stop"] in ("eos", "max_new_tokens") for s in samples)
+
+
+def test_sample_command_prints_each_sample_and_refuses_top_k_when_greedy(tiny_checkpoint, capsys):
+    from decoder_audit.cli import main
+
+    assert main(["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A",
+                 "--num-samples", "2", "--max-new-tokens", "1"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0].startswith("[1/2] <bos> A ") and lines[1].startswith("[2/2] <bos> A ")
+    assert lines[2].startswith("(greedy; 2 samples; new tokens 1, 1")
+    assert captured.err == ""  # no progress bar off a terminal
+    assert main(["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A",
+                 "--top-k", "2"]) == 2
+    assert "top_k=2" in capsys.readouterr().err

@@ -1,0 +1,58 @@
+"""The input and output contract checks (gate/inputs.py): shapes, raw logits, overlength."""
+
+from __future__ import annotations
+
+import zoo
+
+import decoder_audit as da
+
+
+def test_every_shape_site_of_a_correct_decoder_records_its_declared_shape():
+    """`shapes` evidence: each site's recorded shape, equal to the declared one for a correct
+    model (mutant: nothing recorded, every site shown as "not recorded")."""
+    shapes = da.audit(zoo.decoder(zoo.TINY), checks=["shapes"])["shapes"]
+    assert shapes.passed and shapes.evidence["sites"]
+    for site in shapes.evidence["sites"]:
+        assert site["ok"] and site["got"] == site["expected"], site
+
+
+def test_a_black_box_shapes_verdict_claims_no_trace_ledger():
+    """Without a trace (a black box) `shapes` judges the logits alone and its detail ends
+    there: no ledger claimed, nothing appended (mutant: 'XXXX' appended)."""
+    shapes = da.audit(zoo.TorchDecoder(), checks=["shapes"], **zoo.TORCH_BLACKBOX)["shapes"]
+    assert shapes.passed and shapes.detail.endswith("= (B, T, V)"), shapes.detail
+
+
+class _AllNaN(da.Decoder):
+    """Valid ids give NaN logits at every (batch, position); invalid ids still raise."""
+
+    def forward(self, ids, *args, **kwargs):
+        return super().forward(ids, *args, **kwargs) * float("nan")
+
+
+def test_non_finite_logits_are_listed_six_pairs_at_most():
+    """check_inputs names at most 6 non-finite (batch, position) pairs per run. On tiny-368 the
+    run B=5, T=2 has 10 such pairs; its failure lists the first 6 in row-major order (mutant 39:
+    7 pairs)."""
+    result = da.audit(zoo.decoder(cls=_AllNaN), checks=["inputs"])["inputs"]
+    assert not result.passed
+    assert result.detail == ("B=3, T=1: non-finite logits at (batch, position) "
+                             "[[0, 0], [1, 0], [2, 0]]")
+    assert ("B=5, T=2: non-finite logits at (batch, position) "
+            "[[0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1]]") in result.evidence["failures"]
+
+
+def test_the_no_hard_limit_hint_goes_to_black_boxes_only():
+    """An accepted overlength input fails both models; the hint to audit with max_seq_len=None
+    fits a black box (a stock rotary model may have no limit by design), never our Decoder,
+    whose max_seq_len is its own config's limit (mutant 81: `if s.whitebox`, hint swapped)."""
+    from decoder_audit.gate.inputs import NO_HARD_LIMIT_HINT
+
+    ours = da.audit(zoo.decoder(cls=zoo.WrapsPositions), checks=["overlength"])["overlength"]
+    assert not ours.passed and "hint" not in ours.evidence
+    assert ours.detail == ("T=5 > max_seq_len=4 was accepted (output (1, 5, 8)): positions past "
+                           "the limit were clipped, wrapped or extrapolated silently")
+    theirs = da.audit(zoo.TorchDecoder(clip_positions=True), checks=["overlength"],
+                      **zoo.TORCH_BLACKBOX)["overlength"]
+    assert not theirs.passed and theirs.evidence["hint"] == NO_HARD_LIMIT_HINT
+    assert theirs.detail.endswith(f"silently. {NO_HARD_LIMIT_HINT}")

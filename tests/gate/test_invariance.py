@@ -1,0 +1,34 @@
+"""The behavioural invariants (gate/invariance.py): causal cuts, prefixes."""
+
+from __future__ import annotations
+
+import zoo
+
+import decoder_audit as da
+
+
+def test_the_causal_dependency_matrix_has_one_column_per_cut():
+    """T = 5 gives 5 cuts, sent B - 1 = 2 at a time (B = 3): groups [0, 1], [2, 3], [4], the last
+    partial. The evidence's dependency matrix is T rows by 5 columns, column k the change when
+    the tokens from cut k on change: exactly 0 above the cut (a causal model), nonzero from it
+    on (mutant 61: the partial group added a sixth column, a row of the unchanged batch)."""
+    result = da.audit(zoo.decoder(zoo.SMALL), checks=["causal"], intervention_len=5)["causal"]
+    assert result.passed
+    dependency = result.evidence["dependency"]
+    assert dependency["rows"] == [0, 1, 2, 3, 4] and dependency["cols"] == [0, 1, 2, 3, 4]
+    max_change = dependency["max_change"]
+    assert len(max_change) == 5
+    for row, changes in enumerate(max_change):
+        assert len(changes) == 5, changes
+        assert [c > 0 for c in changes] == [cut <= row for cut in range(5)], (row, changes)
+
+
+def test_prefix_passes_a_model_with_room_for_one_token_under_its_own_name():
+    """max_seq_len = 1 leaves no proper prefix: `prefix` passes, says why, and is named
+    "prefix" as every result of that check (mutant 102: named None, which the runner rejects)."""
+    import dataclasses
+
+    model = zoo.decoder(dataclasses.replace(zoo.TINY, max_seq_len=1))
+    prefix = da.audit(model, checks=["prefix"])["prefix"]
+    assert prefix.name == "prefix" and prefix.passed and not prefix.skipped
+    assert prefix.detail == "max_seq_len is 1: no proper prefix exists"
