@@ -15,10 +15,11 @@ the next attempt of `ATTEMPTS`, and a few need a field of their own (`FAMILY_OVE
 family that still does not build, or needs an optional library or weights we do not have, is
 listed as skipped with the reason. Weights are the family's own random initialisation (seed 0).
 
-The gate is then run as a user would run it on that model: V, the input vocabulary and the
-length policy come from `references.hf_models.audit_facts` (a learned position table is a hard
-limit; rotary, relative and recurrent positions are audited with max_seq_len=None), nothing
-else is told. `EXPECTED` lists the families whose verdict is a genuine failure, with the check
+The gate is then run as a user would run it on that model, `da.audit(model)`: it reads V, the
+input vocabulary, the pad id and the length policy from the model itself (a learned position
+table is a hard limit; rotary, relative and recurrent positions are audited with
+max_seq_len=None), and the row checks they are what `references.hf_models.audit_facts` reads;
+nothing else is told. `EXPECTED` lists the families whose verdict is a genuine failure, with the check
 that must fire and the words its message must contain.
 """
 
@@ -347,15 +348,24 @@ def audit_family(model_type: str, class_name: str, *, intervention_len: int = IN
     except Unbuildable as exc:
         return Row(model_type, class_name, False, "skipped", reason=str(exc),
                    seconds=time.perf_counter() - started)
-    facts = audit_facts(model)
+    # The plain call a user writes: the gate reads V, the input vocabulary, the pad id and the
+    # length policy from the model itself; they must be what references.hf_models reads.
     with _quiet():
-        report = da.audit(model, **facts.audit_options(), intervention_len=intervention_len)
+        report = da.audit(model, intervention_len=intervention_len)
+    facts, read = report.facts, audit_facts(model)
     row = Row(model_type, class_name, True, "pass" if report.passed else "FAIL",
               params=sum(p.numel() for p in model.parameters()), attempt=attempt,
               seconds=time.perf_counter() - started,
               facts=f"V={facts.vocab_size}" + (f", V_in={facts.input_vocab_size}"
-                                               if facts.input_vocab_size else "")
+                                               if facts.input_vocab_size != facts.vocab_size
+                                               else "")
               + f", max_seq_len={facts.max_seq_len}")
+    given = {"vocab_size": facts.vocab_size, "max_seq_len": facts.max_seq_len,
+             "input_vocab_size": facts.input_vocab_size, "pad_token_id": facts.pad_token_id}
+    expected = {**read.audit_options(),
+                "input_vocab_size": read.input_vocab_size or read.vocab_size}
+    if given != expected:
+        row.failed["facts"] = f"the plain call read {given}, the model declares {expected}"
     for check in report.checks:
         if check.skipped:
             row.skipped[check.name] = check.evidence.get("reason", check.detail)

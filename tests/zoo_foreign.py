@@ -90,3 +90,86 @@ class ToyLM(nn.Module):
             if self.state:
                 attentions += (torch.randn(batch, H, 16, 16),)
         return Output(logits, attentions)
+
+
+# ---- forwards whose parameter names suggest a calling convention they do not follow ----------
+# (issue 22: each raised TypeError inside kv_cache and padding, reported as the model's fault)
+
+class BridgeLike(nn.Module):
+    """TransformerLens 4.x TransformerBridge's signature: forward(input, ..., attention_mask,
+    past_key_values=None, **kwargs); the ids go in positionally (input_ids= lands in **kwargs and
+    `input` is missing), and it hands back logits, no cache."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input, attention_mask=None, past_key_values=None, **kwargs):  # noqa: A002
+        return self.inner(input, attention_mask)
+
+
+class WrapperLike(nn.Module):
+    """x-transformers TransformerWrapper's signature: forward(x, return_intermediates=False,
+    cache=None, mask=None, **kwargs): a `cache` parameter but logits only, unless asked."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, return_intermediates=False, cache=None, mask=None, **kwargs):
+        return self.inner(x, mask)
+
+
+class KVGPTLike(nn.Module):
+    """LLMs-from-scratch's kv-cache GPTModel signature: forward(in_idx, use_cache=False,
+    cache=None); no **kwargs, so input_ids= is an unexpected keyword; logits only."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, in_idx, use_cache=False, cache=None):
+        return self.inner(in_idx)
+
+
+class RowRoundedLM(nn.Module):
+    """A causal model whose float32 rounding depends on the whole row, as a routed-expert layer's
+    does (which tokens an expert batches together depends on every token): each position's
+    embedding is shifted by a constant c computed from the whole row and shifted back,
+    (x + c) - c, which is x exactly in real arithmetic (and to 2^-53 in float64) but rounds x to
+    the ulp of c in float32, so changing a later token moves earlier logits by a few ulps.
+    `leak`: every position also reads the last token, scaled by it (a real dependence)."""
+
+    def __init__(self, vocab: int = V, dim: int = D, seed: int = 0, leak: float = 0.0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.leak = leak
+        self.embed = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)  # (B, T, D)
+        c = 1.0 + 1e-3 * x.detach().abs().mean(dim=(1, 2), keepdim=True)  # (B, 1, 1): whole row
+        x = (x + c) - c  # = x, but rounded at the ulp of c in float32
+        causal = torch.ones(ids.shape[1], ids.shape[1], dtype=x.dtype).tril()
+        mixed = (causal / causal.sum(-1, keepdim=True)) @ self.mix(x)  # (B, T, D): a causal mean
+        return self.head(torch.tanh(mixed + x + self.leak * x[:, -1:]))
+
+
+class FixedTableLM(nn.Module):
+    """A learned position table of `rows` rows and nothing declaring it (CTRL, GPT-J, CodeGen,
+    MPT, a litgpt GPT built with a 32-row rotary cache): T = rows + 1 raises IndexError."""
+
+    def __init__(self, rows: int = 32, vocab: int = V, dim: int = D, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed, self.pos = nn.Embedding(vocab, dim), nn.Embedding(rows, dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (B, T), got {tuple(ids.shape)}")
+        x = self.embed(ids) + self.pos(torch.arange(ids.shape[1]))  # (B, T, D)
+        causal = torch.ones(ids.shape[1], ids.shape[1]).tril()
+        return self.head((causal / causal.sum(-1, keepdim=True)) @ x)

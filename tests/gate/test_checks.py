@@ -300,7 +300,11 @@ def test_report_dict_has_stable_keys_and_write_produces_the_evidence(tiny_report
     assert data["facts"]["vocab_size"] == 8 and data["facts"]["origin"]["vocab_size"] == "config"
     assert data["facts"]["mode"] == "white-box" and data["facts"]["reference"] == "decoder"
     assert set(data["checks"][0]) == {"name", "status", "passed", "skipped", "detail",
-                                      "tolerance", "evidence", "seconds"}
+                                      "tolerance", "evidence", "seconds", "paths"}
+    paths = {c["name"]: c["paths"] for c in data["checks"]}
+    # the cache and the padded batches are generation's path; the full forward is both paths'
+    assert paths["kv_cache"] == paths["padding"] == ["generation"]
+    assert paths["causal"] == paths["oracle"] == ["training", "generation"]
     written = tiny_report.write(tmp_path / "out", command="decoder-audit verify")
     names = sorted(p.name for p in written)
     assert names == ["attention_patterns.png", "dependency_matrix.png", "report.json", "report.md"]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zoo_foreign import ToyLM, V
+from helpers import random_decoder
+from zoo_foreign import BridgeLike, KVGPTLike, ToyLM, V, WrapperLike
 
 import decoder_audit as da
 from decoder_audit.testing import assert_decoder, failure_message
@@ -319,3 +320,18 @@ def test_cli_input_vocab_size_and_intervention_len_reach_the_gate(tmp_path):
     assert "--input-vocab-size 12" in report["command"]
     causal = next(c for c in report["checks"] if c["name"] == "causal")
     assert causal["evidence"]["seq_len"] == 12
+
+
+@pytest.mark.parametrize("wrapper", [BridgeLike, WrapperLike, KVGPTLike])
+def test_a_call_convention_guessed_from_names_is_established_by_calling(wrapper):
+    """Forwards with a `past_key_values` or `cache` parameter that take the ids positionally
+    and keep (or have) no cache they hand back: the gate calls them as they work. The ids go in
+    positionally, kv_cache is skipped with the reason (not failed with the TypeError of a call
+    they cannot take), and a mask is used only where the forward takes attention_mask."""
+    model = wrapper(random_decoder(da.preset("tiny-368")))
+    report = da.audit(model, vocab_size=8, max_seq_len=4)
+    assert report.passed, report.first_failure
+    conv = report.facts.convention
+    assert not conv.ids_keyword and not conv.cached
+    assert report["kv_cache"].skipped and "no cache" in report["kv_cache"].detail
+    assert report["padding"].skipped == (wrapper is not BridgeLike)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import zoo
 
 import decoder_audit as da
+from zoo_foreign import V, FixedTableLM
 
 
 def test_every_shape_site_of_a_correct_decoder_records_its_declared_shape():
@@ -56,3 +57,32 @@ def test_the_no_hard_limit_hint_goes_to_black_boxes_only():
                       **zoo.TORCH_BLACKBOX)["overlength"]
     assert not theirs.passed and theirs.evidence["hint"] == NO_HARD_LIMIT_HINT
     assert theirs.detail.endswith(f"silently. {NO_HARD_LIMIT_HINT}")
+
+
+def test_an_undeclared_hard_limit_is_found_and_the_checks_stay_within_it():
+    """A 32-row position table nobody declared: the probes used to run to 64 positions and five
+    checks failed with IndexError at T = 33. The gate finds the longest T that runs, reports it
+    as the model's fact with what declaring it would check, and audits within it."""
+    report = da.audit(FixedTableLM(rows=32), vocab_size=V)
+    assert report.passed, report.first_failure
+    assert report.facts.length_limit == 32
+    assert report["causal"].evidence["seq_len"] == 32
+    assert "32" in report["overlength"].evidence["reason"]
+    assert any("max_seq_len=32" in note for note in report.notes)
+    declared = da.audit(FixedTableLM(rows=32), vocab_size=V, max_seq_len=32)
+    assert declared.passed and not declared["overlength"].skipped
+    assert declared.facts.length_limit is None  # a declared limit is not probed
+
+
+def test_a_model_failing_at_every_length_is_not_given_a_limit():
+    """An error that does not say where a table ends (a model that cannot run T = 2) is a
+    defect for the checks to show, not a limit to audit within."""
+
+    class Breaks(FixedTableLM):
+        def forward(self, ids):
+            if ids.shape[1] > 1:
+                raise RuntimeError("broken arithmetic")
+            return super().forward(ids)
+
+    report = da.audit(Breaks(), vocab_size=V)
+    assert report.facts.length_limit is None and not report.passed

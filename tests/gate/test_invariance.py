@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zoo
+from zoo_foreign import RowRoundedLM, V
 
 import decoder_audit as da
 
@@ -32,3 +33,22 @@ def test_prefix_passes_a_model_with_room_for_one_token_under_its_own_name():
     prefix = da.audit(model, checks=["prefix"])["prefix"]
     assert prefix.name == "prefix" and prefix.passed and not prefix.skipped
     assert prefix.detail == "max_seq_len is 1: no proper prefix exists"
+
+
+def test_rounding_that_depends_on_the_whole_row_is_confirmed_in_float64_not_called_a_leak():
+    """A routed-expert-like model: a later token moves earlier float32 logits by a few ulps
+    (measured here, not assumed), which the float64 copy shows to be rounding."""
+    report = da.audit(RowRoundedLM(), vocab_size=V, checks=["causal"])
+    causal = report["causal"]
+    wide = causal.evidence["float64"]
+    assert causal.passed, causal.detail
+    assert wide["float32_max_change_earlier"] > 0  # the float32 rows did move
+    assert wide["max_change_earlier"] <= wide["allowed"]
+
+
+def test_a_leak_of_1e_6_is_still_a_leak_when_confirmed_in_float64():
+    report = da.audit(RowRoundedLM(leak=1e-6), vocab_size=V, checks=["causal"])
+    causal = report["causal"]
+    assert not causal.passed
+    wide = causal.evidence["float64"]
+    assert wide is not None and not wide["passed"] and wide["max_change_earlier"] > 1e-7

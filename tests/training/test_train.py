@@ -457,3 +457,34 @@ def test_divergence_raises_with_the_step_and_value_and_nothing_bad_is_saved(tmp_
     assert read_trainer_state(out / "checkpoint")[0]["step"] == diverged.step - 1
     for line in (out / "metrics.jsonl").read_text().splitlines():
         assert "NaN" not in line and "Infinity" not in line
+
+
+def test_a_failure_of_generations_path_alone_fails_verify_but_does_not_refuse_training():
+    """A cache that drops its last entry breaks cached decoding, not a training step (which
+    runs the full forward): the report says which path each failure affects, and train
+    refuses only failures of its own path."""
+    import zoo_generation as zg
+
+    model = zg.decoder(zg.ROPE, zg.DropsLastEntry)
+    report = da.audit(model)
+    assert not report.passed and report.first_failure.name == "kv_cache"
+    assert report.failures_on("training") == []
+    # the cached padded rows fail too: still generation's path
+    assert {c.name for c in report.failures_on("generation")} == {"kv_cache", "padding"}
+    result = train(model, steps=2, batch_size=8, warmup=1, progress=False, verbose=False,
+                   expect_fresh=False)
+    assert result.step == 2 and not result.report.passed
+
+
+
+def test_a_left_padding_failure_is_generations_path():
+    """A mask the model ignores shows only when pads come first (left padding, how prompts are
+    batched): right-padded rows are right, so a training step, which pads at the end if at
+    all, is not refused for it."""
+    import zoo_generation as zg
+
+    report = da.audit(zg.decoder(zg.LEARNED, zg.MaskIgnored), checks=["padding"])
+    assert not report.passed and report["padding"].paths == ("generation",)
+    sides = {(r["side"], r["max_abs_diff"] <= r["allowed"]) for r in
+             report["padding"].evidence["rows"] if r["how"] == "one masked forward"}
+    assert ("right", True) in sides and ("left", False) in sides

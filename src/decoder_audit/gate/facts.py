@@ -80,6 +80,11 @@ class ModelFacts:
     """Why the model's cache cannot be stepped, found by calling it (empty when it can)."""
     input_gradient_reason: str = ""
     """Why d loss / d input cannot be taken, found by one small backward (empty when it can)."""
+    length_limit: int | None = None
+    """Without a declared max_seq_len: the longest T the model runs, when a longer one raises
+    (probed: a fixed-size position or rotary table nobody declared); the checks stay within it."""
+    length_error: str = ""
+    """What the model raised one token past `length_limit`."""
     probed: bool = False
     """The facts found by calling the model (above) have been filled in (runner.py)."""
     origin: dict[str, str] = field(default_factory=dict)
@@ -127,6 +132,7 @@ class ModelFacts:
                 "max_seq_len": self.max_seq_len, "intervention_len": self.intervention_len,
                 "pad_token_id": self.pad_token_id, "convention": self.convention.name,
                 "reference": self.reference, "attention": self.attention,
+                "length_limit": self.length_limit,
                 "origin": dict(self.origin)}
 
 

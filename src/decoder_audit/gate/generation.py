@@ -25,7 +25,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from ..generation.convention import CacheNotReturned, Convention, Stepper, numbered
+from ..generation.convention import Convention, Stepper, established, numbered
 from ..objective import logits_of
 from . import tolerances
 from .measure import batch_not_equal, sample_positions, scaled_excess
@@ -74,21 +74,16 @@ def _step_kind(sizes: list[int], call: int) -> str:
             else f"a chunk of {sizes[call]} after {past} cached")
 
 
-def probe_cache(s: Subject) -> str:
-    """Why the model's cache cannot be stepped (a fact, found before the checks by one cached
-    call of two tokens), or "" when it can or the model keeps none."""
+def probe_convention(s: Subject) -> tuple[Convention, str]:
+    """The call convention established by calling the model (a fact, found before the checks:
+    `generation.convention.established`), and why its cache cannot be stepped ("" when it can
+    or it keeps none)."""
     conv = s.facts.convention
-    if not conv.cached or conv.name == "decoder":  # ours is stepped by construction
-        return ""
-    ids = s.random_ids(1, s.short_len(2), s.generator(20)).to(s.device)
+    if conv.name == "decoder" or not (conv.cached or conv.masked) or s.short_len(2) < 2:
+        return conv, ""  # ours, nothing to try, or no room for a cached step
+    ids = s.random_ids(1, 2, s.generator(20)).to(s.device)
     s.count(ids)
-    try:
-        with torch.no_grad():
-            Stepper(s.work, conv, 1, capacity=ids.shape[1])(ids)
-    except CacheNotReturned as exc:
-        return (f"{exc}: its cache is kept elsewhere (in the module or a caller-owned object), "
-                "so it cannot be stepped")
-    return ""
+    return established(s.work, conv, ids)
 
 
 def check_kv_cache(s: Subject) -> CheckResult:
@@ -174,8 +169,14 @@ def check_padding(s: Subject) -> CheckResult:
                 "convention": probe.conv.name, "rows": records,
                 "position_origin": origin}
     if failures:
+        # Left padding and the cache are how prompts are batched for generation; a row whose
+        # real tokens move when pads FOLLOW them (right padding, what a training collator
+        # builds), or under a mask of all ones, breaks the training path too.
+        training = any(r["how"] == "one masked forward" and r["side"] in ("right", "no")
+                       for r in failures)
         return CheckResult("padding", False, _padding_failure(probe, failures[0], origin),
-                           evidence, tol)
+                           evidence, tol,
+                           paths=("training", "generation") if training else ("generation",))
     cached = (" and through the cache" if any(r["how"].startswith("prefill") for r in records)
               else "")
     return CheckResult("padding", True, f"rows left-padded by k in {pads} (positions from the "

@@ -7,6 +7,8 @@ shape ledger "(B, T) ids -> (B, T, V) logits" with B != T, so no axis is identif
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ..errors import DecoderInputError
@@ -44,6 +46,47 @@ def _plan(s: Subject) -> list[tuple[int, int]]:
         return [(t, b) for t in _probe_lengths(s) for b in _batch_sizes(t)]
     return [(t, _batch_sizes(t)[i % len(_batch_sizes(t))])
             for i, t in enumerate(_probe_lengths(s))]
+
+
+def probe_length_limit(s: Subject) -> tuple[int | None, str]:
+    """For a model declared without max_seq_len: (the longest T it runs, what it raised one
+    token later) when the longest probe raises and a shorter one runs, found by bisection (a
+    fixed 32-row position table raises IndexError at T = 33); (None, "") when the longest probe
+    runs, or when even T = 1 raises (the model is broken: the checks show how)."""
+    if s.max_seq_len is not None:
+        return None, ""
+    gen = s.generator(5)
+
+    def raised(seq_len: int) -> BaseException | None:
+        try:
+            s.run(s.random_ids(1, seq_len, gen))
+        except OutputError:
+            return None  # it ran; what it returned is the checks' business
+        except Exception as exc:  # noqa: BLE001 - any refusal marks the length as too long
+            return exc
+        return None
+
+    longest = s.facts.intervention_len
+    at_longest = raised(longest)
+    if at_longest is None or raised(1) is not None:
+        return None, ""
+    runs, fails = 1, longest  # invariant: `runs` runs, `fails` raises
+    while fails - runs > 1:
+        middle = (runs + fails) // 2
+        if raised(middle) is None:
+            runs = middle
+        else:
+            fails = middle
+    error = raised(fails)
+    said = f"{type(error).__name__}: {str(error).strip()[:160]}"
+    # A table that ends raises an IndexError (nn.Embedding: "index out of range in self") or
+    # names where it ended (size 33 vs 32): a limit is only inferred from such an error.
+    # Anything else (a model that fails on every T > 1) is a defect the checks report, not a
+    # limit to stay within.
+    names_it = isinstance(error, IndexError) or re.search(rf"\b({runs}|{fails})\b", str(error))
+    if runs < 2 or not names_it:
+        return None, ""
+    return runs, said
 
 
 def check_inputs(s: Subject) -> CheckResult:

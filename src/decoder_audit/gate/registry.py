@@ -32,8 +32,12 @@ from .subject import Subject
 NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "whitebox": lambda f: "black-box: needs a DecoderConfig and the Decoder's weight names",
     "tied": lambda f: "declared untied: no shared weight",
-    "has_max_seq_len": lambda f: "no max_seq_len given, so no length is known to be too long "
-                                 "(pass max_seq_len= to check)",
+    "has_max_seq_len": lambda f: (
+        "no max_seq_len given, so no length is known to be too long (pass max_seq_len= to check)"
+        if not f.length_limit else
+        f"no max_seq_len given, though the model stops at T={f.length_limit} ({f.length_error} "
+        f"at T={f.length_limit + 1}): pass max_seq_len={f.length_limit} to check that longer "
+        "input is rejected"),
     "has_reference": lambda f: "black-box: the oracle needs a DecoderConfig and our weight "
                                "names, or a model the Hugging Face converter can read "
                                f"({f.reference_reason})",
@@ -59,6 +63,9 @@ class Check:
     # Compares with the clean runs the invariance checks share (Subject.clean_logits); the
     # runner forgets them before any other check, so they hold no memory past that family.
     shares_clean: bool = False
+    # The paths a failure affects: the full forward is what both training and generation run;
+    # the cache and the padded batches are generation's alone (a training step runs neither).
+    paths: tuple[str, ...] = ("training", "generation")
 
     def missing(self, facts: ModelFacts) -> str | None:
         """The reason this check cannot run on a model with these facts, or None when it can."""
@@ -96,9 +103,9 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("oracle", "fast forward equals the slow oracle (values, grads)", "reference",
           reference.check_oracle, needs=("has_reference",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
-          generation.check_kv_cache, needs=("has_cache",)),
+          generation.check_kv_cache, needs=("has_cache",), paths=("generation",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",
-          generation.check_padding, needs=("takes_mask",)),
+          generation.check_padding, needs=("takes_mask",), paths=("generation",)),
     Check("grad_causal", "loss gradient at t is exactly 0 at every later input", "generation",
           generation.check_grad_causal, needs=("has_input_embedding", "has_input_gradient")),
     Check("loss_alignment", "inputs/targets shifted by one, rows aligned", "alignment",

@@ -124,6 +124,7 @@ def print_report(report, console: Console | None = None, command: str | None = N
         others = [c.name for c in report.failures[1:]]
         if others:
             out.print(f"  also failing: {', '.join(others)}")
+        out.print(f"  paths affected: {_paths_text(report)}")
     out.print(f"cost: {report.seconds:.1f} s, {report.tokens:,} token positions in {report.calls} "
               f"model calls = {report.forward_equivalents:.1f} forward passes at "
               f"T={report.max_seq_len or DEFAULT_PROBE_LEN}")
@@ -183,6 +184,15 @@ def _print_sections(report, out: Console) -> None:
 
 # ---- markdown and json ------------------------------------------------------------------------
 
+def _paths_text(report) -> str:
+    """Which paths the failures affect: training refuses only failures of its own path."""
+    parts = []
+    for path in ("training", "generation"):
+        names = [c.name for c in report.failures_on(path)]
+        parts.append(f"{path}: {', '.join(names) if names else 'none'}")
+    return "; ".join(parts)
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
@@ -193,7 +203,8 @@ def markdown(report, command: str | None = None) -> str:
     first = report.first_failure
     verdict = ("**PASSED**: every check holds." if first is None else
                f"**FAILED**: the first broken contract is `{first.name}` "
-               f"({CHECK_TITLES[first.name]}).\n\n> {first.detail}")
+               f"({CHECK_TITLES[first.name]}).\n\n> {first.detail}\n\nFailures by path: "
+               f"{_paths_text(report)}.")
     parts = [
         f"# decoder-audit gate report: {report.model}",
         f"{report.mode}, V = {report.vocab_size}, max_seq_len = {report.max_seq_len}, checks in "

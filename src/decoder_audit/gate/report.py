@@ -45,6 +45,10 @@ class AuditReport:
     def failures(self) -> list[CheckResult]:
         return [c for c in self.checks if not c.passed]
 
+    def failures_on(self, path: str) -> list[CheckResult]:
+        """The failures that affect `path` ("training" or "generation")."""
+        return [c for c in self.checks if not c.passed and path in c.paths]
+
     @property
     def skipped(self) -> list[CheckResult]:
         return [c for c in self.checks if c.skipped]

@@ -25,6 +25,11 @@ class CheckResult:
     """Large numeric arrays for the pictures (attention patterns); never serialised."""
     seconds: float = field(default=0.0, compare=False)
     """Wall time the check took (set by the runner)."""
+    paths: tuple[str, ...] = ()
+    """The paths a failure of this check affects: "training" (the full forward and backward a
+    training step takes), "generation" (cached and padded decoding), or both. Empty: the
+    registry's paths for the check (the runner fills them in); a check may narrow them to what
+    failed (padding through the cache only: generation)."""
 
     @property
     def status(self) -> str:
@@ -40,6 +45,7 @@ class CheckResult:
             "tolerance": self.tolerance,
             "evidence": self.evidence,
             "seconds": round(self.seconds, 3),
+            "paths": list(self.paths),
         }
 
 

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from . import attention, generation, tolerances
+from . import attention, generation, inputs, tolerances
 from .facts import ModelFacts, model_facts
 from .measure import return_freed_memory
 from .registry import CHECK_ORDER, CHECKS
@@ -100,14 +100,33 @@ def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
     facts = subject.facts
     needed = {need for name in wanted for need in CHECKS[name].needs}
     changes: dict = {"probed": True}
-    if "has_attention" in needed:
-        changes["attention"], changes["attention_reason"] = attention.probe_attention(subject)
-    if "has_cache" in needed or "takes_mask" in needed:
-        why = generation.probe_cache(subject)
-        if why:
-            changes.update(cache_reason=why, convention=replace(facts.convention, cached=False))
-    if "has_input_gradient" in needed and facts.has_input_embedding:
-        changes["input_gradient_reason"] = generation.probe_input_gradient(subject)
+    probes = [("length", ("length_limit", "length_error"), inputs.probe_length_limit),
+              ("has_attention", ("attention", "attention_reason"), attention.probe_attention),
+              ("has_cache", ("convention", "cache_reason"), generation.probe_convention),
+              ("has_input_gradient", ("input_gradient_reason",),
+               generation.probe_input_gradient)]
+    needed.add("length")  # every behavioural check probes up to the longest length
+    for need, fields, probe in probes:
+        if need not in needed and not (need == "has_cache" and "takes_mask" in needed):
+            continue
+        if need == "has_input_gradient" and not facts.has_input_embedding:
+            continue
+        try:
+            found = probe(subject)
+        except Exception as exc:  # noqa: BLE001 - the gate never crashes on a broken model
+            said = f"probing {need} raised {type(exc).__name__}: {exc}"
+            subject.notes.append(said)
+            if need == "has_attention":  # no pattern was read: attention_rows says why
+                changes["attention_reason"] = said
+            continue
+        changes.update(zip(fields, found if len(fields) > 1 else (found,)))
+    if changes.get("length_limit"):
+        limit = changes["length_limit"]
+        subject.notes.append(
+            f"the model runs up to T={limit} and raises {changes['length_error']} at "
+            f"T={limit + 1}: an undeclared hard limit, so every check stayed within {limit} "
+            f"positions; declare it (max_seq_len={limit}, --max-seq-len {limit}) and `overlength` "
+            f"checks that {limit + 1} tokens are rejected")
     return replace(facts, **changes)
 
 
@@ -194,6 +213,7 @@ def _run_one(name: str, subject: Subject) -> CheckResult:
     if not isinstance(result, CheckResult) or result.name != name:
         raise AssertionError(f"check {name} returned {result!r}")
     result.seconds = time.perf_counter() - started
+    result.paths = result.paths or check.paths
     return result
 
 

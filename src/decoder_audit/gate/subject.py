@@ -275,7 +275,10 @@ class Subject:
         """The longest input any check sends: max_seq_len, a hard limit; a model without one is
         probed up to the intervention length (64 unless told), so every behavioural check covers
         positions 0..N-1 and a leak that starts late is still in reach."""
-        return self.max_seq_len if self.max_seq_len is not None else self.facts.intervention_len
+        if self.max_seq_len is not None:
+            return self.max_seq_len
+        limit = self.facts.length_limit  # an undeclared hard limit the facts found
+        return min(self.facts.intervention_len, limit or self.facts.intervention_len)
 
     def intervention_len(self) -> int:
         return self.short_len(self.facts.intervention_len)

@@ -3,7 +3,7 @@ and `Stepper`, which feeds it a padded batch (a prefill, then new tokens) under 
 `generate` and the gate's generation checks drive every model through these.
 
 A model is driven by its call convention (`convention(model)`, read from its forward's
-signature):
+signature, then checked by calling it: `established`):
   "decoder"       our Decoder: `model(ids, attention_mask, cache=KVCache, last_only=True)`, a
                   static cache from `model.new_cache(B, capacity)`;
   "hugging face"  `model(input_ids, attention_mask=, position_ids=, past_key_values=,
@@ -38,6 +38,7 @@ relative scheme (RoPE, ALiBi) cannot tell origins apart and keeps 0 as well.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -69,6 +70,8 @@ class Convention:
     last_only: str | None = None  # the keyword that limits logits to the last position
     cache_arg: str = "cache"  # Hugging Face: "past_key_values", or "cache" in transformers 5.2x
     position_origin: int = 0  # position_ids of a padded row start here (`position_origin` below)
+    ids_keyword: bool = True  # Hugging Face: the ids go in as input_ids=; False: positionally
+    """How the ids go in is established by calling (`established`), not read from a name."""
 
 
 def convention(model: nn.Module) -> Convention:
@@ -87,6 +90,70 @@ def convention(model: nn.Module) -> Convention:
         return Convention("hugging face", True, masked, "position_ids" in params,
                           "logits_to_keep" if "logits_to_keep" in params else None, cache_arg)
     return Convention("plain", False, masked, "position_ids" in params)
+
+
+def is_signature_error(exc: BaseException) -> bool:
+    """A TypeError that Python raised because the call did not fit the forward's signature (an
+    unexpected or missing argument), not one the model raised from its own arithmetic."""
+    return isinstance(exc, TypeError) and _SIGNATURE_ERROR.search(str(exc)) is not None
+
+
+_SIGNATURE_ERROR = re.compile(r"unexpected keyword argument|missing \d+ required (positional|"
+                              r"keyword-only) argument|takes \d+ positional argument|"
+                              r"got multiple values for argument")
+
+
+def established(model: nn.Module, conv: Convention, ids: torch.Tensor
+                ) -> tuple[Convention, str]:
+    """The convention `conv` (read from the forward's parameter names) checked by calling the
+    model, once, on content ids (1, T >= 2), without gradients: how the ids go in, whether the
+    cache it was guessed to keep goes in and comes out (a prefill, then one cached token), and
+    whether it takes an attention_mask. Returns the convention as it works and, when the cache
+    cannot be driven, why (its kv_cache check is then skipped with that reason, not failed).
+
+    Only the calling convention is judged here: a call that fails for another reason than a
+    signature mismatch (the model's own error) leaves the convention as guessed, so the check
+    that drives it fails with that error as evidence."""
+    why = ""
+    if conv.name == "hugging face":
+        conv, why = _cached_steps(model, conv, ids)
+    if conv.masked:
+        try:
+            with torch.no_grad():
+                Stepper(model, conv, 1, ids.shape[1], use_cache=False)(
+                    ids, torch.ones_like(ids, dtype=torch.bool))
+        except Exception as exc:  # noqa: BLE001 - only a signature mismatch changes the facts
+            if is_signature_error(exc):
+                conv = replace(conv, masked=False, position_ids=False)
+    return conv, why
+
+
+def _cached_steps(model: nn.Module, conv: Convention, ids: torch.Tensor
+                  ) -> tuple[Convention, str]:
+    """Two cached calls under the Hugging Face convention, the ids as input_ids= and, if that
+    does not fit the signature, positionally; (the convention that drove them, "") or (the
+    convention without a cache, why)."""
+    errors = []
+    for keyword in (True, False):
+        trial = replace(conv, ids_keyword=keyword)
+        try:
+            with torch.no_grad():
+                stepper = Stepper(model, trial, 1, ids.shape[1])
+                stepper(ids[:, :1])
+                stepper(ids[:, 1:2])
+            return trial, ""
+        except CacheNotReturned as exc:
+            return replace(trial, cached=False), (
+                f"{exc}: its cache is kept elsewhere (in the module or a caller-owned object), "
+                "so it cannot be stepped")
+        except Exception as exc:  # noqa: BLE001 - the model's own error: kv_cache shows it
+            if not is_signature_error(exc):
+                return trial, ""
+            errors.append(f"{type(exc).__name__}: {exc}")
+    ids_passed = replace(conv, cached=False, ids_keyword=False)
+    return ids_passed, ("its forward does not take the cache arguments its parameter names "
+                        f"suggested (use_cache=, {conv.cache_arg}=): {errors[-1]}; so it cannot "
+                        "be stepped with a cache")
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -151,7 +218,7 @@ class Stepper:
             kwargs["position_ids"] = positions
         if last_only and self.conv.last_only is not None:
             kwargs[self.conv.last_only] = True if self.conv.name == "decoder" else 1
-        if self.conv.name == "hugging face":
+        if self.conv.name == "hugging face" and self.conv.ids_keyword:
             return self.model(input_ids=ids, **kwargs)
         return self.model(ids, **kwargs)
 
@@ -188,7 +255,7 @@ def numbered(model: nn.Module, conv: Convention, ids: torch.Tensor,
     if not (conv.position_ids and conv.masked):
         return conv, None
     origin = position_origin(model, ids, origin_candidates(pad_token_id),
-                             keyword=conv.name == "hugging face")
+                             keyword=conv.name == "hugging face" and conv.ids_keyword)
     return replace(conv, position_origin=origin or 0), origin
 
 

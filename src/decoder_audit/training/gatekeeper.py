@@ -1,8 +1,10 @@
 """The gate in front of training, and the evidence shown before step 1.
 
 The full gate (`decoder_audit.audit`) runs on the model exactly as it will be trained. Any failed
-check raises `GateRefusal` naming the first failed check: nothing is trained and no file is
-written. There is no switch to skip it. Under torchrun rank 0 audits and every rank learns the
+check of the path training takes raises `GateRefusal` naming the first: nothing is trained and no
+file is written. There is no switch to skip it. A check that failed on generation's path alone
+(the KV cache, left-padded prompts) is said and does not refuse training: a training step runs
+neither, and `decoder-audit verify` still fails on it. Under torchrun rank 0 audits and every rank learns the
 verdict from it.
 
 Which model this is, white-box or not, its V and max_seq_len and whether it is tied, are decided
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from rich.markup import escape
 from torch import nn
 
 from ..gate import AuditReport, ModelFacts, audit
@@ -57,7 +60,9 @@ def run_gate(model: nn.Module, ranks: RankInfo, facts: ModelFacts, *, seed: int,
                 raise
             verdict = [False, "gate", f"the gate itself raised {exc!r}"]
     if report is not None:
-        failure = report.first_failure
+        # Training refuses a failure of the path it takes; a failure of generation's alone (the
+        # KV cache, left padding) is said, and `decoder-audit verify` still fails on it.
+        failure = next(iter(report.failures_on("training")), None)
         verdict = [failure is None, getattr(failure, "name", ""), getattr(failure, "detail", "")]
         _say_summary(report, time.perf_counter() - start, say)
     passed, check, detail = share_from_main(ranks, verdict)
@@ -74,6 +79,10 @@ def _say_summary(report: AuditReport, seconds: float, say: Say) -> None:
         + (f" ({skipped} skipped)" if skipped else "")
         + f" in {seconds:.2f} s")
     say("  " + ", ".join(c.name + ("" if c.passed else " [red]FAILED[/red]") for c in ran))
+    for check in report.failures:
+        if "training" not in check.paths:
+            say(f"  note: {check.name} failed on the {'/'.join(check.paths)} path only, which "
+                f"training does not take: {escape(check.detail)}")
 
 
 def check_tied(model: nn.Module, facts: ModelFacts, when: str) -> None:
