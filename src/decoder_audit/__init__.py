@@ -13,7 +13,8 @@ from .errors import (
     InputShapeError,
     TokenIdError,
 )
-from .gate import AuditReport, CheckResult, audit
+from .gate import (AuditReport, BatchReport, CheckResult, ModelFacts, TrainingPath, audit,
+                   audit_batch)
 from .generation.generate import Generated, generate
 from .model.decoder import Decoder
 from .model.presets import preset, preset_names
@@ -35,6 +36,7 @@ __all__ = [
     "TorchTwin", "decoder_from_twin", "from_hf", "load_checkpoint", "load_hf_folder",
     "save_checkpoint", "save_hf_folder", "to_hf", "twin_from_decoder",
     "GateRefusal", "TrainConfig", "TrainResult", "train",
-    "AuditReport", "CheckResult", "audit",
+    "AuditReport", "BatchReport", "CheckResult", "ModelFacts", "TrainingPath", "audit",
+    "audit_batch",
     "Generated", "generate",
 ]

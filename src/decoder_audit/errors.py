@@ -41,3 +41,13 @@ class TrainingDiverged(RuntimeError):
     def __init__(self, message: str, *, step: int, quantity: str, value: float) -> None:
         super().__init__(message)
         self.step, self.quantity, self.value = step, quantity, value
+
+
+class LeakageSuspected(RuntimeError):
+    """A loss fell below the entropy floor of the task, which no causal model can reach: the
+    model reads the targets it predicts (a leak the gate did not see, or a wrong shift). The
+    run stops at that step; the figures are in the message and the attributes."""
+
+    def __init__(self, message: str, *, step: int, loss: float, floor: float) -> None:
+        super().__init__(message)
+        self.step, self.loss, self.floor = step, loss, floor

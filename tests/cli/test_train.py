@@ -6,11 +6,14 @@ existed before is still there, byte for byte."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from cli_support import TRAIN, Interrupt, assert_kept, error_line, snapshot, strict_rows
@@ -18,6 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import decoder_audit as da
+import decoder_audit.storage.folder as folder_module
 import decoder_audit.training.loop as loop
 from decoder_audit.cli import main
 from decoder_audit.storage.checkpoint import load_module_weights
@@ -202,3 +206,113 @@ def test_train_options_that_cannot_work_are_refused_before_the_gate(tmp_path, ca
     assert main(["train", "--out", str(out), *argv, *TRAIN]) == 2
     assert says in error_line(capsys, "train")
     assert not out.exists()
+
+
+# ---- issue 26: an interrupted checkpoint swap, the data a resumed run reads ---------------------
+
+def _rename_hook(monkeypatch, hook):
+    """os.rename inside storage/folder.py calls hook(real_rename, src, dst) instead."""
+    real = folder_module.os.rename
+    monkeypatch.setattr(folder_module.os, "rename", lambda src, dst: hook(real, src, dst))
+
+
+def test_ctrl_c_in_the_middle_of_a_checkpoint_swap_keeps_the_new_checkpoint(run_copy, capsys,
+                                                                            monkeypatch):
+    checkpoint = run_copy / "checkpoint"
+
+    def ctrl_c_after_moving_the_old_one_aside(real, src, dst):
+        real(src, dst)
+        if os.fspath(src) == str(checkpoint):  # step 16's save moved step 8's aside
+            signal.raise_signal(signal.SIGINT)
+
+    _rename_hook(monkeypatch, ctrl_c_after_moving_the_old_one_aside)
+    assert main(["train", "--resume", str(run_copy), "--no-progress"]) == 130
+    monkeypatch.undo()
+    assert "the last checkpoint is at step 16" in capsys.readouterr().err
+    assert read_trainer_state(checkpoint)[0]["step"] == 16
+    assert main(["train", "--resume", str(run_copy), "--no-progress"]) == 0
+    assert "at step 16/24" in " ".join(capsys.readouterr().out.split())  # resumed there
+
+
+def test_a_swap_torn_by_a_crash_resumes_from_the_newer_checkpoint(run_copy, capsys, monkeypatch):
+    checkpoint = run_copy / "checkpoint"
+
+    def die_before_the_new_one_is_in_place(real, src, dst):
+        if os.fspath(dst) == str(checkpoint):
+            raise KeyboardInterrupt  # the process dies: step 8's and step 16's are both aside
+        real(src, dst)
+
+    _rename_hook(monkeypatch, die_before_the_new_one_is_in_place)
+    assert main(["train", "--resume", str(run_copy), "--no-progress"]) == 130
+    monkeypatch.undo()
+    assert not checkpoint.exists()
+    assert "the last checkpoint is at step 16" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run_copy), "--no-progress"]) == 0
+    assert "at step 16/24" in " ".join(capsys.readouterr().out.split())  # resumed there
+    assert read_trainer_state(checkpoint)[0]["step"] == 24
+    assert [row["step"] for row in strict_rows(run_copy / "metrics.jsonl")] == list(range(25))
+    assert not [p.name for p in run_copy.iterdir() if p.name.startswith(".checkpoint.")]
+
+
+def test_a_symlinked_checkpoint_folder_is_refused_before_training(run_copy, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    (run_copy / "checkpoint").rename(elsewhere)
+    (run_copy / "checkpoint").symlink_to(elsewhere, target_is_directory=True)
+    before = snapshot(elsewhere, run_copy / "metrics.jsonl")
+    assert main(["train", "--resume", str(run_copy), "--no-progress"]) == 2
+    line = error_line(capsys, "train")
+    assert str(run_copy / "checkpoint") in line and str(elsewhere) in line
+    assert (run_copy / "checkpoint").is_symlink()
+    assert_kept(before)
+
+
+@pytest.fixture
+def data_run(tmp_path, monkeypatch):
+    """A byte-level run on a prepared dataset, prepared and started from tmp_path/first with
+    relative paths (--data data --out run) and interrupted after step 3 (checkpoint at step 2).
+    The working directory is tmp_path/first afterwards."""
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "text.txt").write_text("the cat sat on the mat. " * 40)
+    monkeypatch.chdir(first)
+    assert main(["prepare", "--text", "text.txt", "--tokenizer", "bytes", "--out", "data"]) == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "_record", Interrupt(3))
+        assert main(["train", "--config", str(_byte_config(tmp_path)), "--data", "data",
+                     "--steps", "4", "--save-every", "2", "--eval-every", "2", "--out", "run",
+                     *TRAIN]) == 130
+    return first
+
+
+def test_resuming_a_data_run_from_another_directory_reads_its_data(data_run, tmp_path, capsys,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not where the run was started
+    capsys.readouterr()
+    assert main(["train", "--resume", str(data_run / "run"), "--no-progress"]) == 0
+    assert read_trainer_state(data_run / "run" / "checkpoint")[0]["step"] == 4
+
+
+def test_resuming_on_a_rewritten_tokens_bin_is_refused_naming_it(data_run, capsys):
+    tokens = data_run / "data" / "tokens.bin"
+    ids = np.fromfile(tokens, dtype="<u2")
+    ids[::-1].tofile(tokens)  # the same size, ids and header, in another order
+    before = snapshot(data_run)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(data_run / "run"), "--no-progress"]) == 2
+    assert str(tokens) in error_line(capsys, "train")
+    assert_kept(before)
+
+
+def test_resuming_a_text_run_from_another_directory_reads_its_text(tmp_path, capsys,
+                                                                  monkeypatch):
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "text.txt").write_text("the cat sat on the mat. " * 40)
+    monkeypatch.chdir(first)
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "_record", Interrupt(3))
+        assert main(["train", "--config", str(_byte_config(tmp_path)), "--text", "text.txt",
+                     "--steps", "4", "--save-every", "2", "--out", "run", *TRAIN]) == 130
+    monkeypatch.chdir(tmp_path)  # not where the run was started
+    assert main(["train", "--resume", str(first / "run"), "--no-progress"]) == 0
+    assert read_trainer_state(first / "run" / "checkpoint")[0]["step"] == 4

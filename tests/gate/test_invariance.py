@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import zoo
 from zoo_foreign import RowRoundedLM, V
 
@@ -52,3 +53,13 @@ def test_a_leak_of_1e_6_is_still_a_leak_when_confirmed_in_float64():
     assert not causal.passed
     wide = causal.evidence["float64"]
     assert wide is not None and not wide["passed"] and wide["max_change_earlier"] > 1e-7
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_the_training_shape_probe_takes_batches_of_one_two_and_three(batch):
+    """Two rows give one changed row: the sampled cut positions need a spread of two (a
+    division by zero once); one row has no changed row and proves batch independence only."""
+    report = da.audit(da.Decoder(da.preset("tiny-368")), checks=["causal"],
+                      training=da.TrainingPath(batch, 4))
+    shape = report["causal"].evidence["training_shape"]
+    assert report.passed and shape["batch"] == batch and shape["leaks"] == []

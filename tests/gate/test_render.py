@@ -6,12 +6,15 @@ milliseconds on a hand-made AuditReport, with no model."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 
+import pytest
 from rich.console import Console
 
-from decoder_audit.gate import CHECK_TITLES, AuditReport, CheckResult
+from decoder_audit.errors import ConfigError
+from decoder_audit.gate import CHECK_TITLES, AuditReport, CheckResult, pictures
 from decoder_audit.gate.render import markdown, print_report
 
 
@@ -179,10 +182,11 @@ def test_numbers_in_the_causal_table_and_the_check_numbers_are_right_aligned():
     every = AuditReport([CheckResult(name, True, "ok") for name in CHECK_TITLES], model="m",
                         mode="white-box", dtype="float64", vocab_size=11, max_seq_len=16)
     summary = [line for line in _text(every, sections=False) if line[:1] in "┃│"]
-    assert len(summary) == 18
+    count = len(CHECK_TITLES)  # a header row, then one row per check, numbered from 1
+    assert len(summary) == count + 1
     assert summary[0].startswith("┃  # ┃ check ")
     assert summary[1].startswith("│  1 │ inputs ")
-    assert summary[17].startswith("│ 17 │ loss_alignment ")
+    assert summary[count].startswith(f"│ {count} │ loss_alignment ")
 
 
 def test_the_causal_table_marks_more_than_six_moved_rows_with_an_ellipsis():
@@ -249,3 +253,38 @@ def test_write_into_an_existing_folder_writes_the_markdown_and_the_json(tmp_path
         "# decoder-audit gate report: hand-made\n")
     data = json.loads((tmp_path / "report.json").read_text())
     assert (data["passed"], data["first_failure"]) == (False, "params")
+
+
+def _earlier_report(folder):
+    """What an earlier `verify --report folder` left: every file the report writes."""
+    earlier = {name: f"earlier {name}\n".encode() for name in
+               ("report.md", "report.json", "dependency_matrix.png", "attention_patterns.png")}
+    for name, data in earlier.items():
+        (folder / name).write_bytes(data)
+    return earlier
+
+
+def test_a_write_that_fails_half_way_leaves_the_earlier_report(tmp_path, monkeypatch):
+    earlier = _earlier_report(tmp_path)
+
+    def disk_full(check, path):  # half a picture, then the disk is full
+        path.write_bytes(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pictures, "attention_png", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        _report().write(tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == earlier  # no temporaries
+
+
+def test_a_symlinked_report_file_is_refused_not_followed(tmp_path):
+    outside = tmp_path / "outside.md"
+    outside.write_text("not a report\n")
+    folder = tmp_path / "report"
+    folder.mkdir()
+    (folder / "report.md").symlink_to(outside)
+    with pytest.raises(ConfigError) as refused:
+        _report().write(folder)
+    assert str(folder / "report.md") in str(refused.value)
+    assert outside.read_text() == "not a report\n"
+    assert [p.name for p in folder.iterdir()] == ["report.md"]

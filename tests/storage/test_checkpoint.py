@@ -224,27 +224,36 @@ def test_crash_after_the_swap_leaves_the_new_checkpoint(tmp_path, monkeypatch):
 
 
 def test_crash_between_the_two_renames(tmp_path, monkeypatch):
-    """The old folder is moved aside first; a crash then leaves no `c/` at all, but
-    load_checkpoint("c") still finds the previous checkpoint."""
+    """The old folder is moved aside first; a crash before the new one is renamed into place
+    leaves no `c/` at all, but two complete checkpoints beside it. load_checkpoint("c") takes
+    the newer, a save that fails deletes neither, and only a save that completes removes them."""
     cfg = configs.named("gqa-odd")
     old, new = random_decoder(cfg, seed=0), random_decoder(cfg, seed=1)
     path = save_checkpoint(old, tmp_path / "c")
-    real_rename, calls = os.rename, []
+    real_rename = os.rename
 
-    def rename_then_die(src, dst):
-        calls.append((src, dst))
-        if len(calls) == 2:  # path -> .old done; .tmp -> path never happens
+    def die_before_the_rename_into_place(src, dst):
+        if os.fspath(dst) == str(path):
             raise KeyboardInterrupt("simulated crash between the renames")
         real_rename(src, dst)
 
-    monkeypatch.setattr(atomic.os, "rename", rename_then_die)
+    monkeypatch.setattr(atomic.os, "rename", die_before_the_rename_into_place)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(new, path)
     monkeypatch.setattr(atomic.os, "rename", real_rename)
     assert not path.exists()
-    with pytest.warns(UserWarning, match="loading the previous checkpoint"):
-        recovered = load_checkpoint(path)
-    _assert_same_model(old, recovered)
+    with pytest.warns(UserWarning, match="is missing"):
+        _assert_same_model(new, load_checkpoint(path))  # the newest complete checkpoint
+    stranded = snapshot(tmp_path)
+
+    def refuse(folder):
+        raise ValueError("the written result does not match")
+
+    with pytest.raises(ValueError, match="does not match"):  # a save that fails ...
+        save_checkpoint(random_decoder(cfg, seed=2), path, check=refuse)
+    assert snapshot(tmp_path) == stranded  # ... deletes neither stranded checkpoint
+    with pytest.warns(UserWarning, match="is missing"):
+        _assert_same_model(new, load_checkpoint(path))
 
     save_checkpoint(new, path)  # a save that completes removes every backup
     _assert_same_model(new, load_checkpoint(path))

@@ -200,3 +200,25 @@ def test_tokenizer_spec_as_given_to_prepare_is_recorded(tmp_path):
     assert header["tokenizer"]["sha256"] == tok.sha256 and header["tokenizer"]["eos_id"] == 1000
     assert header["sources"][0]["tokens"] == 5  # four words and the end token
     assert Tokenizer.from_folder(tmp_path / "data").sha256 == tok.sha256
+
+
+def test_tokens_bin_is_covered_by_a_digest_recorded_at_prepare(counted):
+    from decoder_audit.text.datasets import check_tokens  # issue 26
+
+    folder, header = counted
+    tokens = folder / TOKENS_FILE
+    assert header["tokens_sha256"] == hashlib.sha256(tokens.read_bytes()).hexdigest()
+    check_tokens(folder)  # as prepared: no complaint
+    raw = tokens.read_bytes()
+    tokens.write_bytes(raw[2:4] + raw[2:])  # the first id rewritten: same size, other tokens
+    read_header(folder)  # the size still fits the header ...
+    with pytest.raises(ConfigError) as refused:  # ... the digest does not
+        check_tokens(folder)
+    assert str(tokens) in str(refused.value)
+
+
+def test_a_dataset_opened_by_a_relative_path_records_its_absolute_path(counted, monkeypatch):
+    folder, _ = counted
+    monkeypatch.chdir(folder.parent)
+    state = TokenDataset("data", 7).state()
+    assert state["data"] == str(folder.absolute())

@@ -28,3 +28,16 @@ def test_the_run_lock_is_exclusive_takes_over_stale_locks_and_cleans_up(tmp_path
     assert said == [f"note: took over the stale lock of pid {2**22 + 12345} (started at an "
                     "unknown time), which is no longer running"]
     assert list(folder.iterdir()) == []  # a folder it did not make stays
+
+
+def test_a_symlinked_run_lock_is_refused_and_its_target_kept(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("mine\n")
+    (folder / "run.lock").symlink_to(target)
+    with pytest.raises(RunFolderError) as refused:
+        RunLock(folder).acquire()
+    assert str(folder / "run.lock") in str(refused.value) and str(target) in str(refused.value)
+    assert target.read_text() == "mine\n"
+    assert (folder / "run.lock").is_symlink()

@@ -488,3 +488,77 @@ def test_a_left_padding_failure_is_generations_path():
     sides = {(r["side"], r["max_abs_diff"] <= r["allowed"]) for r in
              report["padding"].evidence["rows"] if r["how"] == "one masked forward"}
     assert ("right", True) in sides and ("left", False) in sides
+
+
+def test_a_leak_only_at_the_training_batch_size_is_refused_before_training():
+    """A model that reads the future only in batches of 16 rows or more passed every probe of the
+    gate (5 rows at most) and trained its loss to 0.0002, below the counting task's floor: the
+    gate now probes the shape training uses (64 rows)."""
+    from zoo_training import T, V, PathLM
+
+    with pytest.raises(GateRefusal) as refused:
+        train(PathLM("leak_at_batch_16"), vocab_size=V, max_seq_len=T, batch_size=64, steps=5,
+              progress=False, verbose=False)
+    assert refused.value.check == "causal" and "B=64" in refused.value.detail
+
+
+def test_a_loss_below_the_entropy_floor_stops_the_run_with_the_figures():
+    """A leak no probe reached (it starts after the gate, on the first step): the evaluation loss
+    falls below ln(4)/4, which no causal model reaches, and the run stops there."""
+    from decoder_audit.errors import LeakageSuspected
+    from zoo_training import T, V, PathLM
+
+    model = PathLM(dropout=0.0)
+
+    def start_leaking(step, row):
+        model.defect = "causal_only_in_eval"  # train mode now reads the future
+
+    with pytest.raises(LeakageSuspected) as stopped:
+        train(model, vocab_size=V, max_seq_len=T, batch_size=64, steps=400, eval_every=10,
+              lr=3e-2, progress=False, verbose=False, callback=start_leaking, expect_fresh=False)
+    floor = math.log(4) / 4
+    assert stopped.value.floor == pytest.approx(floor) and stopped.value.loss < floor
+    assert f"{stopped.value.loss:.4g}" in str(stopped.value)
+
+
+def test_checkpointing_trains_to_the_same_loss_and_the_gate_checks_it_first():
+    runs = {flag: train(da.preset("tiny-368"), steps=30, batch_size=16, warmup=2,
+                        checkpointing=flag, progress=False, verbose=False) for flag in (False, True)}
+    assert runs[True].report["checkpointing"].passed
+    assert runs[False].report["checkpointing"].skipped
+    # the recomputed activations are the same numbers: the same loss, bitwise on the CPU
+    assert runs[True].final_loss == runs[False].final_loss
+
+
+@pytest.fixture(scope="module")
+def documents_with_ends(tmp_path_factory):
+    """A text of short documents, each ended by the tokenizer's `<|endoftext|>`, and that
+    tokenizer (a BPE trained here: no download)."""
+    from helpers import BPE_CORPUS, trained_bpe
+
+    folder = tmp_path_factory.mktemp("docs")
+    trained_bpe().save(str(folder / "tokenizer.json"))
+    (folder / "text.txt").write_text("<|endoftext|>".join(BPE_CORPUS * 4) + "<|endoftext|>")
+    return folder
+
+
+def test_pack_trains_documents_apart_to_the_loss_of_unpacked_training(documents_with_ends):
+    cfg = da.DecoderConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, d_ff=64,
+                           max_seq_len=32, norm="rmsnorm", mlp="swiglu", pos="rope",
+                           tie_embeddings=False)
+    runs = {}
+    for pack in (False, True):
+        runs[pack] = train(cfg, steps=40, batch_size=8, warmup=4, lr=3e-3,
+                           text=str(documents_with_ends / "text.txt"),
+                           tokenizer=str(documents_with_ends / "tokenizer.json"), pack=pack,
+                           progress=False, verbose=False)
+    packing = runs[True].report["packing"]
+    assert packing.passed and runs[False].report["packing"].skipped
+    assert runs[True].report.facts.training.pack
+    # the same data, each document read alone: the held-out loss within noise of unpacked
+    assert abs(runs[True].final_loss - runs[False].final_loss) < 0.15
+
+
+def test_pack_is_refused_for_a_task_without_documents():
+    with pytest.raises(da.ConfigError, match="--pack"):
+        train(da.preset("tiny-368"), steps=1, pack=True, progress=False, verbose=False)

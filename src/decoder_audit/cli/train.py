@@ -71,6 +71,13 @@ def register(subparsers) -> None:
                         help="FSDP2: each process holds 1/N of the weights, gradients and AdamW "
                              "state (run under torchrun; a sharded run's checkpoint resumes "
                              "with or without --shard)")
+    parser.add_argument("--pack", action="store_true", default=None,
+                        help="pack documents: split each window at the tokenizer's end-of-"
+                             "sequence id, each document read alone (positions restart, a "
+                             "document mask); the gate proves the model's packing first")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="activation checkpointing: recompute each block's activations in "
+                             "backward (less memory, the same gradients; the gate proves it first)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -93,11 +100,12 @@ def _add_step_options(parser) -> None:
 
 # CLI flag -> TrainConfig field, for the flags that define the run.
 _OPTIONS = ("steps", "seed", "batch_size", "lr", "warmup", "weight_decay", "decay_embeddings",
-            "grad_clip", "text", "data", "tokenizer", "grad_accum", "precision", "compile")
+            "grad_clip", "text", "data", "tokenizer", "grad_accum", "precision", "compile",
+            "pack")
 
 
 def run(args) -> int:
-    from ..errors import TrainingDiverged
+    from ..errors import LeakageSuspected, TrainingDiverged
     from ..training import GateRefusal, train
 
     options = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
@@ -120,11 +128,11 @@ def run(args) -> int:
             progress=not args.no_progress, expect_fresh=not args.checkpoint, shard=args.shard,
             vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
             threads=args.threads if args.threads is not None else "auto",
-            peak_flops=args.peak_flops, **options)
+            peak_flops=args.peak_flops, checkpointing=args.checkpointing, **options)
     except GateRefusal as refusal:
         _print_refusal(refusal)
         return 1
-    except TrainingDiverged as diverged:
+    except (TrainingDiverged, LeakageSuspected) as diverged:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"decoder-audit train: error: {diverged}", file=sys.stderr)
         return 1
@@ -149,15 +157,26 @@ def _print_refusal(refusal) -> None:
 
 
 def _print_interrupted(out: str) -> None:
-    from ..storage.checkpoint import CHECKPOINT_DIR
+    import warnings
+
+    from ..errors import CheckpointError
+    from ..storage.checkpoint import CHECKPOINT_DIR, resolve_checkpoint_dir
     from ..training.state import TRAINER_FILE
 
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    meta = Path(out) / CHECKPOINT_DIR / TRAINER_FILE
-    if meta.is_file():
-        step = json.loads(meta.read_text())["step"]
-        print(f"\ninterrupted; the last checkpoint is at step {step}: continue with "
+    checkpoint = Path(out) / CHECKPOINT_DIR
+    try:  # checkpoint/ itself, or the newest complete copy a save stopped mid-swap left
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the line below says where it is
+            folder = resolve_checkpoint_dir(checkpoint)
+    except CheckpointError:
+        folder = None
+    if folder is not None and (folder / TRAINER_FILE).is_file():
+        step = json.loads((folder / TRAINER_FILE).read_text())["step"]
+        where = "" if folder == checkpoint else (
+            f" (in {str(folder)!r}, where the interrupted save left it; --resume takes it)")
+        print(f"\ninterrupted; the last checkpoint is at step {step}{where}: continue with "
               f"`decoder-audit train --resume {out}`", file=sys.stderr)
     else:
         print("\ninterrupted before the first checkpoint; nothing to resume", file=sys.stderr)

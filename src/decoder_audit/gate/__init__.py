@@ -13,17 +13,22 @@ One module per family of checks:
     invariance.py  determinism, batch_independence, causal, prefix
     attention.py   attention_rows
     weights.py     params, tying, tying_grad
+    training.py    train_mode, autocast
     reference.py   oracle
     alignment.py   loss_alignment
+    batch.py       audit_batch: a collator's batches (labels, shift, pads, EOS/BOS, packing)
 Nothing outside this package imports a module of it other than through these names.
 """
 
-from .facts import ModelFacts, model_facts
+from .batch import BatchReport, audit_batch
+from .facts import ModelFacts, TrainingPath, model_facts
 from .registry import CHECK_ORDER, CHECK_TITLES, CHECKS, Check
 from .render import print_report, to_json
 from .report import AuditReport
 from .result import CheckResult
 from .runner import audit
+from .training import packed_call
 
-__all__ = ["AuditReport", "CHECKS", "CHECK_ORDER", "CHECK_TITLES", "Check", "CheckResult",
-           "ModelFacts", "audit", "model_facts", "print_report", "to_json"]
+__all__ = ["AuditReport", "BatchReport", "audit_batch", "CHECKS", "CHECK_ORDER", "CHECK_TITLES", "Check", "CheckResult",
+           "ModelFacts", "TrainingPath", "audit", "model_facts", "packed_call", "print_report",
+           "to_json"]

@@ -29,6 +29,7 @@ The facts every check's `needs` (registry.py) are read from are the properties a
 
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,6 +45,31 @@ from ..generation.convention import Convention, convention
 # Causal and prefix interventions run at most this long by default (batched cuts cost
 # (cuts + 1) * T tokens; GPT-2 small at T=1024 would take minutes on a laptop CPU).
 DEFAULT_INTERVENTION_LEN = 64
+
+
+@dataclass(frozen=True)
+class TrainingPath:
+    """How a training run will call the model (given by the trainer, or by a caller who says
+    how they train): the gate audits that path too (train_mode, autocast, the shape probe)."""
+
+    batch_size: int
+    """Rows per forward: the global batch over ranks and micro-batches."""
+    seq_len: int
+    """T of a training row."""
+    precision: str = "fp32"
+    """"fp32", or "bf16": the forward runs under torch.autocast(bfloat16)."""
+    checkpointing: bool = False
+    """Activation checkpointing on (`gradient_checkpointing_enable()`)."""
+    pack: bool = False
+    """Several documents packed into each row (through the model's packing interface)."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"training {name}={value!r} must be a positive integer")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"training precision={self.precision!r} is not 'fp32' or 'bf16'")
 
 
 @dataclass(frozen=True)
@@ -70,6 +96,10 @@ class ModelFacts:
     """How the oracle reads the weights: "decoder", "hugging face", or None."""
     reference_reason: str = ""
     """Why there is no reference (empty when there is one)."""
+    packing: str | None = None
+    """How documents are packed into one row: "document_ids" (our Decoder), "position_ids" (a
+    Hugging Face model: restarting position_ids and a 4-D block-diagonal attention mask), or None
+    (no packing interface)."""
     has_input_embedding: bool = False
     """An input embedding was found (get_input_embeddings, token_embeddings, an nn.Embedding)."""
     attention: str | None = None
@@ -80,6 +110,9 @@ class ModelFacts:
     """Why the model's cache cannot be stepped, found by calling it (empty when it can)."""
     input_gradient_reason: str = ""
     """Why d loss / d input cannot be taken, found by one small backward (empty when it can)."""
+    train_mode_reason: str = ""
+    """Why the model cannot be run in train mode at the probes' length, found by one call, when
+    no training path says what length training uses (empty when it runs)."""
     length_limit: int | None = None
     """Without a declared max_seq_len: the longest T the model runs, when a longer one raises
     (probed: a fixed-size position or rotary table nobody declared); the checks stay within it."""
@@ -87,6 +120,8 @@ class ModelFacts:
     """What the model raised one token past `length_limit`."""
     probed: bool = False
     """The facts found by calling the model (above) have been filled in (runner.py)."""
+    training: TrainingPath | None = None
+    """How training will call the model, when the caller said (train always does)."""
     origin: dict[str, str] = field(default_factory=dict)
     """fact name -> "config" | "hugging face" | "argument" | "default"."""
     notes: tuple[str, ...] = ()
@@ -119,6 +154,26 @@ class ModelFacts:
         return self.reference is not None
 
     @property
+    def trains_in_bf16(self) -> bool:
+        return self.training is not None and self.training.precision == "bf16"
+
+    @property
+    def trains_with_checkpointing(self) -> bool:
+        return self.training is not None and self.training.checkpointing
+
+    @property
+    def runs_in_train_mode(self) -> bool:
+        return not self.train_mode_reason
+
+    @property
+    def packs(self) -> bool:
+        return self.packing is not None
+
+    @property
+    def trains_packed(self) -> bool:
+        return self.training is not None and self.training.pack
+
+    @property
     def has_attention(self) -> bool:
         return self.attention is not None
 
@@ -132,14 +187,19 @@ class ModelFacts:
                 "max_seq_len": self.max_seq_len, "intervention_len": self.intervention_len,
                 "pad_token_id": self.pad_token_id, "convention": self.convention.name,
                 "reference": self.reference, "attention": self.attention,
-                "length_limit": self.length_limit,
+                "length_limit": self.length_limit, "packing": self.packing,
+                "training": None if self.training is None else {
+                    "batch_size": self.training.batch_size, "seq_len": self.training.seq_len,
+                    "precision": self.training.precision,
+                    "checkpointing": self.training.checkpointing, "pack": self.training.pack},
                 "origin": dict(self.origin)}
 
 
 def model_facts(model: nn.Module, *, vocab_size: int | None = None,
                 max_seq_len: int | None = None, input_vocab_size: int | None = None,
                 pad_token_id: int | None = None,
-                intervention_len: int | None = None) -> ModelFacts:
+                intervention_len: int | None = None,
+                training: TrainingPath | None = None) -> ModelFacts:
     """The facts of `model`: read from its DecoderConfig or Hugging Face config, and from the
     arguments (see the module docstring for which wins). Raises ConfigError for a value that
     is not a positive integer, for a disagreement with what the model declares, and for a black
@@ -180,8 +240,9 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         max_seq_len=values["max_seq_len"],
         intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
         pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
-        reference=reference, reference_reason=reason,
-        has_input_embedding=input_embedding(model) is not None, origin=origin, notes=tuple(notes))
+        reference=reference, reference_reason=reason, packing=packing_interface(model),
+        has_input_embedding=input_embedding(model) is not None, training=training, origin=origin,
+        notes=tuple(notes))
 
 
 def with_notes(facts: ModelFacts, *notes: str) -> ModelFacts:
@@ -263,6 +324,19 @@ def _reference(model: nn.Module, config: DecoderConfig | None) -> tuple[str | No
     from ..references.hf import hf_reference
 
     return hf_reference(model)
+
+
+def packing_interface(model: nn.Module) -> str | None:
+    """How `model` takes several documents in one row, read from its forward's parameters."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if "document_ids" in params:
+        return "document_ids"
+    if _is_hugging_face(model) and "position_ids" in params and "attention_mask" in params:
+        return "position_ids"
+    return None
 
 
 def input_embedding(model: nn.Module) -> nn.Module | None:

@@ -21,6 +21,8 @@ gate borrows it (subject.py).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -340,7 +342,8 @@ def probe_input_gradient(s: Subject) -> str:
 
 
 def _input_gradient(s: Subject, ids: torch.Tensor, positions: list[int],
-                    targets: torch.Tensor) -> torch.Tensor:
+                    targets: torch.Tensor, run: Callable[[torch.Tensor], Any] | None = None
+                    ) -> torch.Tensor:
     """d (sum over rows b of the loss at position t_b) / d (the input embedding's output),
     (B, T, D); _NoInputGradient when it cannot be taken (see `_refuses_eval_backward`)."""
     embedding = s.input_embedding
@@ -358,7 +361,7 @@ def _input_gradient(s: Subject, ids: torch.Tensor, positions: list[int],
     try:
         with torch.enable_grad():
             s.count(ids)
-            logits = logits_of(s.work(ids))  # (B, T, V)
+            logits = logits_of((run or s.work)(ids))  # (B, T, V)
             if not captured or not captured[0].shape[:2] == ids.shape:
                 raise _NoInputGradient(f"{type(embedding).__name__} found as the input embedding "
                                        "produced no (B, T, D) output in forward")

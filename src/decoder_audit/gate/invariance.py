@@ -13,6 +13,7 @@ shape-change tolerance. See tolerances.py.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 
@@ -107,16 +108,20 @@ def check_batch_independence(s: Subject) -> CheckResult:
                        "when the batch is reversed or the row runs alone", evidence, exact)
 
 
-def _cut_changes(s: Subject, cuts: list[int]) -> tuple[torch.Tensor, float, float]:
+def _cut_changes(s: Subject, cuts: list[int], call: Callable[[torch.Tensor], torch.Tensor]
+                 | None = None) -> tuple[torch.Tensor, float, float]:
     """(change (cuts, T), index noise, logit scale): change[k, t] is the largest logit change at
     row t when the tokens from cut k on change. The cuts go B - 1 at a time into a (B, T)
     batch: row 0 the clean row (a model that mixes rows reads only clean content, and fails
     batch_independence, not this check), row k >= 1 changed from its cut on. Each row is
     compared with the clean row 0 at the same index of a batch of copies, so a correct
-    model's rows < c come out of identical arithmetic."""
+    model's rows < c come out of identical arithmetic. `call` runs the model another way (in
+    train mode, under autocast: training.py); the clean runs are then its own, not shared."""
     clean = clean_batch(s)  # (B, T)
     base_ids = clean[:1]  # (1, T)
-    copies = s.clean_logits(base_ids.repeat(len(clean), 1))  # (B, T, V): as batch_independence
+    copies_ids = base_ids.repeat(len(clean), 1)  # (B, T): as batch_independence
+    copies = s.clean_logits(copies_ids) if call is None else call(copies_ids)
+    run = s.logits if call is None else call
     group, seq_len = copies.shape[0] - 1, base_ids.shape[1]
     changed = s.other_ids(base_ids, s.generator(7))  # (1, T): differs at every position
     rows = []
@@ -126,11 +131,22 @@ def _cut_changes(s: Subject, cuts: list[int]) -> tuple[torch.Tensor, float, floa
         batch = base_ids.repeat(group + 1, 1)  # (B, T); rows past the last cut: the base
         for k, cut in enumerate(some, start=1):
             batch[k, cut:] = changed[0, cut:]
-        moved = s.logits(batch)
+        moved = run(batch)
         moved -= copies  # in place: logits are the check's largest allocation
         rows.append(moved[1:1 + len(some)].abs_().amax(-1))  # (cuts in this batch, T)
         del moved
     return torch.cat(rows), _index_noise(copies), value_scale(copies[0])
+
+
+def leaks_at(change: torch.Tensor, cuts: list[int], allowed: float) -> list[dict]:
+    """The cuts whose earlier rows moved by more than `allowed`: {cut, moved_rows, max_change}."""
+    found = []
+    for k, cut in enumerate(cuts):
+        earlier = change[k, :cut]
+        moved = [int(t) for t in (~(earlier <= allowed)).nonzero().flatten()]
+        if moved:
+            found.append({"cut": cut, "moved_rows": moved, "max_change": float(earlier.max())})
+    return found
 
 
 def check_causal(s: Subject) -> CheckResult:
@@ -158,6 +174,7 @@ def check_causal(s: Subject) -> CheckResult:
             leaks.append(records[-1])
         if not change[k, cut] > self_min:  # strictly: with an exact comparison, > 0
             blind.append(records[-1])
+    shape = training_shape_probe(s)
     if leaks:
         confirmed = _confirm_in_float64(s, cuts, leaks, scale)
         if confirmed is not None and confirmed["passed"]:
@@ -168,7 +185,7 @@ def check_causal(s: Subject) -> CheckResult:
         confirmed = None
     evidence = {
         "seq_len": seq_len, "dtype": str(s.dtype), "cuts": records, "allowed": allowed,
-        "float64": confirmed,
+        "float64": confirmed, "training_shape": shape,
         "index_noise": noise, "self_dependence_min": self_min, "all_cuts": len(cuts) == seq_len,
         # rows = logit positions, columns = first changed input position (the cut)
         "dependency": {"rows": list(range(seq_len)), "cols": cuts,
@@ -222,6 +239,16 @@ def _causal_verdict(records: list[dict], leaks: list[dict], blind: list[dict], e
                   f"{first['max_change_earlier']:.3g} (row {first['worst_row']}), allowed "
                   f"{allowed:.1e}; the model reads future tokens ({len(leaks)} of {len(records)} cuts leak)")
         return CheckResult("causal", False, detail, evidence, tol)
+    shape = evidence.get("training_shape")
+    if shape is not None and not shape["passed"]:
+        where = (f"row {shape['leaks'][0]['row']} moved before its cut c={shape['leaks'][0]['cut']}"
+                 f" by up to {shape['leaks'][0]['max_change']:.3g}: the model reads future tokens"
+                 if shape["leaks"] else
+                 f"row 0 moved by {shape['row0_moved']:.3g} when the other rows changed: rows leak "
+                 "across the batch")
+        return CheckResult("causal", False, f"at the training shape (B={shape['batch']}, "
+                           f"T={shape['seq_len']}), {where} (allowed {shape['allowed']:.1e}); the "
+                           f"audit's own shapes (T={seq_len}) did not show it", evidence, tol)
     if blind:
         first = blind[0]
         detail = (f"cut c={first['cut']}: row {first['cut']} changed by only "
@@ -276,3 +303,35 @@ def check_prefix(s: Subject) -> CheckResult:
         return CheckResult("prefix", True, "max_seq_len is 1: no proper prefix exists", evidence, tol)
     return CheckResult("prefix", True, f"prefixes of length {lengths} alone equal rows of the full "
                        f"T={seq_len} run", evidence, tol)
+
+
+def training_shape_probe(s: Subject) -> dict | None:
+    """One batch at the training path's (B, T) (`facts.training`), against a batch of copies of
+    its row 0: row b >= 1 is row 0 changed from a cut on, so rows before the cut must not move
+    (causal), and row 0, beside rows that all differ, must not move (batch independence).
+    None without a training path. Judged exactly, up to the noise floor of the copies."""
+    training = s.facts.training
+    if training is None:
+        return None
+    batch, seq_len = training.batch_size, min(training.seq_len, s.probe_max)
+    gen = s.generator(40)
+    base = s.random_ids(1, seq_len, gen)  # (1, T)
+    changed = s.other_ids(base, gen)
+    cuts = sample_positions(seq_len, max(2, batch - 1))  # spread needs two ends
+    ids = base.repeat(batch, 1)  # (B, T)
+    row_cuts = [None] + [cuts[(b - 1) % len(cuts)] for b in range(1, batch)]
+    for b in range(1, batch):
+        ids[b, row_cuts[b]:] = changed[0, row_cuts[b]:]
+    s.progress(f"the training shape: B={batch}, T={seq_len}")
+    copies = s.logits(base.repeat(batch, 1))  # (B, T, V)
+    noise, scale = _index_noise(copies), value_scale(copies[0])
+    moved = s.logits(ids)
+    moved -= copies
+    change = moved.abs_().amax(-1)  # (B, T)
+    del moved, copies
+    allowed = tolerances.same_shape(noise) * scale
+    leaks = [{"row": b, "cut": row_cuts[b], "max_change": float(change[b, :row_cuts[b]].max())}
+             for b in range(1, batch) if row_cuts[b] and not change[b, :row_cuts[b]].max() <= allowed]
+    row0 = float(change[0].max())
+    return {"batch": batch, "seq_len": seq_len, "allowed": allowed, "leaks": leaks,
+            "row0_moved": row0, "passed": not leaks and row0 <= allowed}

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import alignment, attention, generation, inputs, invariance, reference, weights
+from . import alignment, attention, generation, inputs, invariance, reference, training, weights
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -49,6 +49,17 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "has_input_embedding": lambda f: "no input embedding found (neither get_input_embeddings(), "
                                      "a token_embeddings module nor an nn.Embedding)",
     "has_attention": lambda f: f.attention_reason,
+    "runs_in_train_mode": lambda f: f"{f.train_mode_reason}; a training path declared with its "
+                                    "length (train declares one) has it checked there",
+    "trains_packed": lambda f: "training is not declared to pack documents into rows (train "
+                               "--pack runs it)",
+    "packs": lambda f: "no packing interface: the forward takes neither document_ids (ours) nor "
+                       "position_ids with an attention_mask (Hugging Face)",
+    "trains_with_checkpointing": lambda f: "training is not declared to use activation "
+                                           "checkpointing (train --checkpointing runs it)",
+    "trains_in_bf16": lambda f: "training is not declared to run under bfloat16 autocast (train "
+                                "--precision bf16 runs it; from Python: audit(model, training="
+                                "TrainingPath(batch_size, seq_len, precision='bf16')))",
     "has_input_gradient": lambda f: f.input_gradient_reason,
 }
 
@@ -106,6 +117,15 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           generation.check_kv_cache, needs=("has_cache",), paths=("generation",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",
           generation.check_padding, needs=("takes_mask",), paths=("generation",)),
+    Check("train_mode", "train mode (dropout on): causal, batch-independent", "training",
+          training.check_train_mode, needs=("runs_in_train_mode",), paths=("training",)),
+    Check("packing", "packed documents = each document alone; none reads another", "training",
+          training.check_packing, needs=("trains_packed", "packs"), paths=("training",)),
+    Check("checkpointing", "checkpointed logits and gradients = plain ones", "training",
+          training.check_checkpointing, needs=("trains_with_checkpointing",),
+          paths=("training",)),
+    Check("autocast", "under bf16 autocast: causal, batch-independent, finite", "training",
+          training.check_autocast, needs=("trains_in_bf16",), paths=("training",)),
     Check("grad_causal", "loss gradient at t is exactly 0 at every later input", "generation",
           generation.check_grad_causal, needs=("has_input_embedding", "has_input_gradient")),
     Check("loss_alignment", "inputs/targets shifted by one, rows aligned", "alignment",

@@ -91,22 +91,53 @@ class AuditReport:
         return render.markdown(self, command)
 
     def write(self, directory: str | Path, command: str | None = None) -> list[Path]:
-        """report.md, report.json and the PNG pictures into `directory`; returns the paths."""
+        """report.md, report.json and the PNG pictures into `directory`; returns the paths.
+
+        Every file is first written to a temporary file in `directory`, and only once all of
+        them are complete is each moved over its name (os.replace): a write that fails half way
+        (a full disk) leaves the earlier report as it was, and no temporary file. A report file
+        that is a symbolic link is refused (ConfigError naming it), never written through."""
+        import os
+        import tempfile
+
+        from ..errors import ConfigError
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        written = []
-        for name, text in (("report.md", render.markdown(self, command)),
-                           ("report.json", render.to_json(self, command) + "\n")):
-            path = directory / name
-            path.write_text(text)
-            written.append(path)
-        for name, draw, check in (("dependency_matrix.png", pictures.dependency_png, "causal"),
-                                  ("attention_patterns.png", pictures.attention_png,
-                                   "attention_rows")):
-            path = directory / name
-            if draw(self[check], path):
-                written.append(path)
-        return written
+        def text(make):
+            return lambda path: path.write_text(make()) is not None  # always written
+
+        writers = {  # name -> writes the file at a path; False when there is nothing to draw
+            "report.md": text(lambda: render.markdown(self, command)),
+            "report.json": text(lambda: render.to_json(self, command) + "\n"),
+            "dependency_matrix.png": lambda p: pictures.dependency_png(self["causal"], p),
+            "attention_patterns.png": lambda p: pictures.attention_png(self["attention_rows"], p),
+        }
+        for name in writers:
+            if (directory / name).is_symlink():
+                raise ConfigError(
+                    f"{str(directory / name)!r} is a symbolic link to "
+                    f"{os.readlink(directory / name)!r}; the report is never written through a "
+                    "link (nothing was written): remove it or choose another --report folder")
+        mask = os.umask(0)
+        os.umask(mask)
+        staged: dict[str, Path] = {}
+        try:
+            for name, writer in writers.items():
+                # the same suffix: matplotlib picks a picture's format from it
+                fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.",
+                                                 suffix=f".tmp{Path(name).suffix}")
+                os.close(fd)
+                staged[name] = Path(temporary)
+                if not writer(staged[name]):
+                    staged.pop(name).unlink()  # no such evidence: no picture
+            for name, temporary in staged.items():
+                os.chmod(temporary, 0o666 & ~mask)  # mkstemp makes 0600; give the default
+                os.replace(temporary, directory / name)
+        finally:
+            for temporary in staged.values():
+                temporary.unlink(missing_ok=True)  # still there only when something failed
+        return [directory / name for name in staged]
 
     def summary(self) -> str:
         first = self.first_failure

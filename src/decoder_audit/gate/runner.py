@@ -40,8 +40,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from . import attention, generation, inputs, tolerances
-from .facts import ModelFacts, model_facts
+from . import attention, generation, inputs, tolerances, training
+from .facts import ModelFacts, TrainingPath, model_facts
 from .measure import return_freed_memory
 from .registry import CHECK_ORDER, CHECKS
 from .report import AuditReport
@@ -61,13 +61,14 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
           checks: Iterable[str] | None = None,
           intervention_len: int | None = None,
           input_vocab_size: int | None = None, pad_token_id: int | None = None,
-          facts: ModelFacts | None = None) -> AuditReport:
+          training: TrainingPath | None = None, facts: ModelFacts | None = None) -> AuditReport:
     """Run the acceptance gate on `model` and return its `AuditReport`.
 
     The facts that describe the model (V, max_seq_len as a hard limit, intervention_len,
     input_vocab_size, pad_token_id; see the module docstring) are read from its DecoderConfig or
     Hugging Face config and from these arguments (facts.py says which wins), or given whole as
-    `facts` (from `model_facts`; then none of the others). A black box that declares none needs
+    `facts` (from `model_facts`; then none of the others). `training` says how a training run
+    will call the model (batch size, length, precision): its paths are audited too. A black box that declares none needs
     `vocab_size`. `checks=[names]` runs only those checks (the rest are listed as skipped).
     `progress=True` draws a progress bar on stderr (which check, and how far a long one has
     got); `progress=fn` calls fn(check, step) instead, e.g. fn("oracle", "oracle backward:
@@ -76,7 +77,7 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
     wanted = set(CHECK_ORDER if checks is None else _validate_names(checks))
     given = {"vocab_size": vocab_size, "max_seq_len": max_seq_len,
              "intervention_len": intervention_len, "input_vocab_size": input_vocab_size,
-             "pad_token_id": pad_token_id}
+             "pad_token_id": pad_token_id, "training": training}
     if facts is None:
         facts = model_facts(model, **given)
     elif any(value is not None for value in given.values()):
@@ -101,6 +102,7 @@ def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
     needed = {need for name in wanted for need in CHECKS[name].needs}
     changes: dict = {"probed": True}
     probes = [("length", ("length_limit", "length_error"), inputs.probe_length_limit),
+              ("runs_in_train_mode", ("train_mode_reason",), training.probe_train_mode),
               ("has_attention", ("attention", "attention_reason"), attention.probe_attention),
               ("has_cache", ("convention", "cache_reason"), generation.probe_convention),
               ("has_input_gradient", ("input_gradient_reason",),
@@ -120,6 +122,7 @@ def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
                 changes["attention_reason"] = said
             continue
         changes.update(zip(fields, found if len(fields) > 1 else (found,)))
+        subject.facts = replace(subject.facts, **changes)  # a later probe reads the earlier ones
     if changes.get("length_limit"):
         limit = changes["length_limit"]
         subject.notes.append(

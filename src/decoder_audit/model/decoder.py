@@ -28,6 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..config import DecoderConfig
 from ..errors import ContextLengthError, InputShapeError, TokenIdError
@@ -69,6 +70,30 @@ def check_ids(ids: torch.Tensor, cfg: DecoderConfig) -> None:
             f"token id {ids[bad[0], bad[1]].item()} at batch {bad[0]}, position {bad[1]} "
             f"is outside [0, vocab_size={cfg.vocab_size})"
         )
+
+
+def packed_documents(document_ids: torch.Tensor, ids: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions (B, T), allowed (B, 1, T, T)) of rows holding several documents, a run of
+    equal `document_ids` each: positions count from 0 at each document's first token, and
+    token t may read token s <= t of its own document only. E.g. ids [7, 7, 3, 3, 3] ->
+    positions [0, 1, 0, 1, 2]; token 2 reads token 2 alone. Raises InputShapeError for ids
+    that are not an integer (B, T) tensor matching the token ids."""
+    if not isinstance(document_ids, torch.Tensor) or tuple(document_ids.shape) != tuple(ids.shape) \
+            or document_ids.is_floating_point() or document_ids.dtype == torch.bool:
+        got = (f"{tuple(document_ids.shape)} {document_ids.dtype}"
+               if isinstance(document_ids, torch.Tensor) else type(document_ids).__name__)
+        raise InputShapeError(f"document_ids must be integer (B, T) = {tuple(ids.shape)} like the "
+                              f"ids, got {got}")
+    seq_len = ids.shape[1]
+    starts = torch.ones_like(document_ids, dtype=torch.bool)  # (B, T): a document begins here
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    index = torch.arange(seq_len, device=ids.device).expand_as(document_ids)  # (B, T)
+    first = torch.where(starts, index, 0).cummax(1).values  # (B, T): its document's first slot
+    segment = starts.long().cumsum(1)  # (B, T): which document of the row
+    same = segment[:, :, None] == segment[:, None, :]  # (B, T, T)
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=ids.device).tril()
+    return index - first, (same & causal)[:, None]  # (B, T), (B, 1, T, T)
 
 
 def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
@@ -190,15 +215,26 @@ class Decoder(nn.Module):
                                 device=like.device, dtype=like.dtype)
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
+                cache: KVCache | None = None, last_only: bool = False,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """ids (B, T) integer -> logits (B, T, V), or (B, 1, V) for the last position only.
 
         `attention_mask` (B, T): 1 for real tokens, 0 for pads (a left-padded batch of
         prompts); each row's positions count its real tokens only, so a padded row gives the
         logits of its unpadded run on its real tokens. `cache` (from `new_cache`): the ids
         continue the tokens the cache holds (a prefill, then one token or a chunk at a time),
-        at their absolute positions; a row past max_seq_len is rejected, never cropped."""
+        at their absolute positions; a row past max_seq_len is rejected, never cropped.
+        `document_ids` (B, T): several documents packed into one row (a run of equal ids is one
+        document); positions restart at each document and a token reads only the tokens of its
+        own document before it, so each document gets the logits it has alone."""
         check_ids(ids, self.config)
+        if document_ids is not None:
+            if attention_mask is not None or cache is not None:
+                raise InputShapeError("document_ids pack documents into the full causal square; "
+                                      "they take no attention_mask and no cache")
+            positions, allowed = packed_documents(document_ids, ids)
+            return self._run(ids, None, positions=positions, allowed=allowed,
+                             last_only=last_only)
         if attention_mask is None and cache is None:  # the plain path: no extra work
             return self._run(ids, None, last_only=last_only)
         mask = None if attention_mask is None else check_mask(attention_mask, ids)
@@ -251,8 +287,14 @@ class Decoder(nn.Module):
             x = x + rows
         _record(trace, "embed", x)
         rope = self._rotations(positions, seq_len, x) if cfg.pos == "rope" else None
+        recompute = (self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+                     and trace is None and cache is None)
         for i, block in enumerate(self.layers):
-            x = block(x, rope, trace, f"layers.{i}", allowed=allowed, cache=cache, layer=i)
+            if recompute:  # keep only each block's input; its activations are recomputed in backward
+                x = checkpoint(block, x, rope, None, f"layers.{i}", allowed=allowed, layer=i,
+                               use_reentrant=False)
+            else:
+                x = block(x, rope, trace, f"layers.{i}", allowed=allowed, cache=cache, layer=i)
         if last_only:
             x = x[:, -1:]  # (B, 1, D): generation reads the next-token row only
         x = self.ln_final(x)
@@ -260,6 +302,17 @@ class Decoder(nn.Module):
         logits = self.lm_head(x)  # (B, T, V): h @ E^T when tied
         _record(trace, "logits", logits)
         return logits
+
+    # Activation (gradient) checkpointing, with Hugging Face's method names: in train mode, with
+    # gradients on, each block keeps only its input and recomputes its activations in backward
+    # (non-reentrant, so frozen input embeddings still let every block's weights get gradients).
+    gradient_checkpointing = False
+
+    def gradient_checkpointing_enable(self) -> None:
+        self.gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.gradient_checkpointing = False
 
     def num_parameters(self) -> int:
         """Unique learned scalars (a tied weight counts once)."""

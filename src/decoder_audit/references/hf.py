@@ -46,6 +46,7 @@ from .hf_config import (
     hf_family,
     model_classes,
 )
+from .hf_models import read_hf_config
 
 # rope_permutation is re-exported for the tests that check it against transformers' RoPE.
 from .hf_weights import hf_tensors_to_ours, our_tensors_to_hf
@@ -148,16 +149,8 @@ def load_hf_folder(folder: str | os.PathLike) -> Decoder:
     """A Decoder from a Hugging Face folder as `save_pretrained` writes it: config.json plus
     model.safetensors (or sharded model-*.safetensors with model.safetensors.index.json). An
     old-style pytorch_model.bin is read only with torch.load(weights_only=True)."""
-    tf = _transformers()
     folder = Path(folder)
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"{str(folder)!r} has no config.json; not a Hugging Face model folder")
-    try:
-        hf_config = tf.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    except (ValueError, OSError, KeyError) as exc:
-        raise CheckpointError(f"{str(config_path)!r} is not a readable Hugging Face config: "
-                              f"{exc}") from exc
+    hf_config = read_hf_config(folder)  # never runs the folder's code (trust_remote_code=False)
     cfg = config_from_hf(hf_config)
     ours = hf_tensors_to_ours(cfg, _read_hf_weights(folder), source=f"weights in {str(folder)!r}")
     return decoder_from_tensors(cfg, ours)

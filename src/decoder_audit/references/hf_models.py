@@ -18,6 +18,7 @@ max_seq_len=None and every behavioural check covers `intervention_len` positions
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,24 +148,60 @@ def model_class(config: Any) -> type:
                           f"{getattr(config, 'model_type', None)!r} in this transformers")
 
 
-def load_hf_model(folder: str | os.PathLike) -> nn.Module:
-    """The model a `save_pretrained` folder holds, in eval mode, read offline (its config.json
-    and weights only). Raises CheckpointError when the folder is not one."""
+def read_hf_config(folder: str | os.PathLike, *, error: type[Exception] = CheckpointError) -> Any:
+    """The transformers config of a `save_pretrained` folder, read offline and without ever
+    running Python from the folder: always trust_remote_code=False, so transformers never asks
+    on stdin whether to run it. A config.json whose `auto_map` is the only way to its classes (a
+    model_type this transformers does not know) is refused with `error` naming the folder and
+    the entries, before transformers reads it."""
     tf = _transformers()
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{str(folder)!r} has no config.json; not a Hugging Face model folder")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise error(f"{str(folder)!r} has no config.json; not a Hugging Face model folder")
+    refuse_remote_code(folder, tf, error=error)
     try:
-        config = tf.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        return tf.AutoConfig.from_pretrained(str(folder), local_files_only=True,
+                                             trust_remote_code=False)
     except (ValueError, OSError, KeyError) as exc:
-        raise CheckpointError(f"{str(folder / 'config.json')!r} is not a readable Hugging Face "
-                              f"config: {exc}") from exc
+        raise error(f"{str(config_path)!r} is not a readable Hugging Face config: "
+                    f"{exc}") from exc
+
+
+def refuse_remote_code(folder: Path, tf: Any, *, error: type[Exception] = CheckpointError
+                       ) -> None:
+    """`error` when the folder's config.json needs the folder's own code: an `auto_map` for a
+    model_type transformers `tf` has no class of. (With a model_type it knows, trust_remote_code
+    =False makes transformers use its own class and ignore the auto_map.)"""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # unreadable: transformers says what is wrong with it
+    if not isinstance(config, dict) or not config.get("auto_map"):
+        return
+    model_type = config.get("model_type")
+    if isinstance(model_type, str) and model_type in getattr(tf, "CONFIG_MAPPING", {}):
+        return
+    raise error(f"{str(folder)!r} can only be loaded by running its own Python code: "
+                f"config.json's auto_map {config['auto_map']!r} names classes for "
+                f"model_type={model_type!r}, which transformers {tf.__version__} does not have; "
+                "decoder-audit never runs code from a model folder (trust_remote_code=False)")
+
+
+def load_hf_model(folder: str | os.PathLike) -> nn.Module:
+    """The model a `save_pretrained` folder holds, in eval mode, read offline (its config.json
+    and weights only; never the folder's Python, see `read_hf_config`). Raises CheckpointError
+    when the folder is not one."""
+    folder = Path(folder)
+    config = read_hf_config(folder)
     cls = model_class(config)
     try:
-        model = cls.from_pretrained(str(folder), config=config, local_files_only=True)
+        model = cls.from_pretrained(str(folder), config=config, local_files_only=True,
+                                    trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{cls.__name__} could not load {str(folder)!r}: {exc}") from exc
     return model.eval()
 
 
-__all__ = ["HFFacts", "audit_facts", "config_length", "load_hf_model", "model_class"]
+__all__ = ["HFFacts", "audit_facts", "config_length", "load_hf_model", "model_class",
+           "read_hf_config", "refuse_remote_code"]

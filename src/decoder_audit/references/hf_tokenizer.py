@@ -56,6 +56,7 @@ def _tokenizer_config(tokenizer: Tokenizer) -> bytes:
         if not isinstance(config, dict):
             raise ConfigError(f"{CONFIG_FILE} of {tokenizer.name} must hold a JSON object, got "
                               f"{type(config).__name__}")
+    config.pop("auto_map", None)  # never a pointer to code: the written folder loads without any
     config.setdefault("tokenizer_class", TOKENIZER_CLASS[tokenizer.kind])
     if tokenizer.eos_token is not None:
         config.setdefault("eos_token", tokenizer.eos_token)
@@ -66,7 +67,8 @@ def check_hf_tokenizer(folder: str | Path, tokenizer: Tokenizer, transformers: A
     """TokenizerMismatch unless `AutoTokenizer.from_pretrained(folder)` (offline) encodes and
     decodes PROBE_TEXT as `tokenizer` does and has its end token."""
     try:
-        theirs = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        theirs = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
+                                                            trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for unreadable files
         raise TokenizerMismatch(f"AutoTokenizer cannot load the written tokenizer: "
                                 f"{type(exc).__name__}: {exc}") from exc

@@ -47,7 +47,7 @@ from torch import nn
 from ..config import DecoderConfig
 from ..errors import CheckpointError, ConfigError
 from ..model.decoder import Decoder
-from .folder import stranded_backups, write_folder_atomically
+from .folder import stranded_copies, write_folder_atomically
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -306,20 +306,22 @@ def load_module_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module
 # ----------------------------------------------------------------------------------------------
 
 def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
-    """The folder that holds the checkpoint named `path`: `path` itself, or, when a crash in the
-    middle of a save left no `path`, the complete backup `.NAME.old-*` beside it."""
+    """The folder that holds the checkpoint named `path`: `path` itself, or, when a save stopped
+    between its renames and left no `path`, the newest complete copy beside it (the new
+    checkpoint it had finished writing before the old one it moved aside; `stranded_copies`)."""
     path = Path(path)
     if path.is_dir():
         return path
     if path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} is a file; a checkpoint is a folder "
                               f"holding {CONFIG_FILE} and {WEIGHTS_FILE}")
-    for backup in stranded_backups(path):
-        if (backup / WEIGHTS_FILE).is_file() and ((backup / CONFIG_FILE).is_file()
-                                                  or (backup / FACTORY_FILE).is_file()):
-            warnings.warn(f"checkpoint {str(path)!r} is missing (a save crashed mid-swap); "
-                          f"loading the previous checkpoint from {str(backup)!r}", stacklevel=3)
-            return backup
+    for copy in stranded_copies(path):
+        if (copy / WEIGHTS_FILE).is_file() and ((copy / CONFIG_FILE).is_file()
+                                                or (copy / FACTORY_FILE).is_file()):
+            warnings.warn(f"checkpoint {str(path)!r} is missing (a save stopped between its "
+                          f"renames); loading the newest complete copy it left, {str(copy)!r}",
+                          stacklevel=3)
+            return copy
     raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist")
 
 
@@ -333,7 +335,7 @@ def checkpoint_folder(path: str | os.PathLike) -> Path:
         return resolve_checkpoint_dir(path)
     run_checkpoint = path / CHECKPOINT_DIR
     if (not run_checkpoint.exists()
-            and not stranded_backups(run_checkpoint)):
+            and not stranded_copies(run_checkpoint)):
         raise CheckpointError(
             f"{str(path)!r} is neither a checkpoint (no {CONFIG_FILE}) nor a training run folder "
             f"(no {CHECKPOINT_DIR}/)")

@@ -3,8 +3,9 @@
 A prepared dataset is a folder (`decoder-audit prepare --text FILES --tokenizer T --out DIR`):
 
     DIR/dataset.json      the header: format, dtype, token count, the two splits, the tokenizer
-                          (name, kind, SHA-256, vocab_size, eos_id) and every source file (name,
-                          path as given, SHA-256, bytes, tokens, first token's offset)
+                          (name, kind, SHA-256, vocab_size, eos_id), every source file (name,
+                          path as given, SHA-256, bytes, tokens, first token's offset) and the
+                          SHA-256 of tokens.bin (`tokens_sha256`)
     DIR/tokens.bin        every token id back to back, little-endian uint16 when the tokenizer's
                           vocab_size <= 65536, else uint32; no header inside, so it opens with
                           np.memmap(dtype, shape=(tokens,)) as it is
@@ -24,6 +25,11 @@ ceil(val_fraction * N) tokens.
 [0, n_train - (T + 1)], so every training window lies inside [0, n_train) and none touches a
 held-out token; validation windows are evenly spaced over [n_train, N). The tokens are never read
 into memory: each batch gathers its B * (T + 1) ids from the memory map.
+
+Integrity. Reading a dataset checks tokens.bin's size against the header (free); its content is
+checked against `tokens_sha256` only where it matters and once: when a run resumes
+(`check_tokens`, one pass over the file), not every time a dataset is opened, since hashing a
+corpus of many GB would cost seconds to minutes per start.
 
 A folder is written atomically (a temporary sibling, then renames, as checkpoints are:
 `checkpoint.write_folder_atomically`), and only over an earlier dataset whose every file is
@@ -86,12 +92,14 @@ def prepare_dataset(texts: Sequence[str | os.PathLike], tokenizer: Tokenizer | s
 
     def write(folder: Path) -> None:
         sources, count = [], 0
+        digest = hashlib.sha256()  # of tokens.bin, taken as it is written: no second pass
         with open(folder / TOKENS_FILE, "wb") as handle:
             for path in paths:
-                source = _encode_source(path, tok, DTYPES[dtype], handle, start=count)
+                source = _encode_source(path, tok, DTYPES[dtype], handle, digest, start=count)
                 sources.append(source)
                 count += source["tokens"]
         header.update(_header(tok, dtype, sources, count, val_fraction))
+        header["tokens_sha256"] = digest.hexdigest()
         (folder / HEADER_FILE).write_text(json.dumps(header, indent=2) + "\n")
         tok.save(folder)
 
@@ -107,9 +115,10 @@ def is_dataset_folder(path: Path) -> bool:
     return (path / HEADER_FILE).is_file()
 
 
-def _encode_source(path: Path, tok: Tokenizer, dtype: np.dtype, handle: Any, *,
+def _encode_source(path: Path, tok: Tokenizer, dtype: np.dtype, handle: Any, digest: Any, *,
                    start: int) -> dict[str, Any]:
-    """Encode one file whole, append its ids (and eos) to `handle`; its header entry."""
+    """Encode one file whole, append its ids (and eos) to `handle` and to `digest` (a hashlib
+    object); its header entry."""
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -124,7 +133,9 @@ def _encode_source(path: Path, tok: Tokenizer, dtype: np.dtype, handle: Any, *,
     if array.size and (array.min() < 0 or array.max() >= tok.vocab_size):
         raise ConfigError(f"tokenizer {tok.name} produced ids outside [0, {tok.vocab_size}) "
                           f"for {str(path)!r}")
-    handle.write(array.astype(dtype).tobytes())
+    raw_ids = array.astype(dtype).tobytes()
+    handle.write(raw_ids)
+    digest.update(raw_ids)
     return {"file": path.name, "path": str(path), "sha256": hashlib.sha256(raw).hexdigest(),
             "bytes": len(raw), "tokens": int(array.size), "start": start,
             "round_trip": round_trip}
@@ -185,6 +196,29 @@ def read_header(folder: str | os.PathLike) -> dict[str, Any]:
     return header
 
 
+def check_tokens(folder: str | os.PathLike, header: dict[str, Any] | None = None) -> None:
+    """ConfigError naming tokens.bin when its SHA-256 is not the one `prepare` recorded in
+    dataset.json: a token file rewritten with the same size, which read_header's size check
+    cannot see. It reads the whole file (about a second per GB), so opening a dataset does not
+    call it; resuming a run does (training/prepare.py), since a resumed run on other tokens
+    would not continue the run. A dataset prepared before the digest was recorded has none to
+    check against and passes."""
+    folder = Path(folder)
+    header = header or read_header(folder)
+    recorded = header.get("tokens_sha256")
+    if recorded is None:
+        return
+    path = folder / TOKENS_FILE
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 24):
+            digest.update(chunk)
+    if digest.hexdigest() != recorded:
+        raise ConfigError(f"{str(path)!r} is not the token file {HEADER_FILE} was prepared with: "
+                          f"its SHA-256 differs from the one recorded there (rewritten or "
+                          "damaged); prepare the dataset again")
+
+
 def open_tokens(folder: str | os.PathLike, header: dict[str, Any] | None = None) -> np.memmap:
     """tokens.bin as a read-only memory map (N,); nothing is read until indexed."""
     header = header or read_header(folder)
@@ -203,7 +237,9 @@ class TokenDataset:
     eval_label = "validation loss"
 
     def __init__(self, folder: str | os.PathLike, seq_len: int) -> None:
-        self.folder = Path(folder)
+        # absolute: recorded in a checkpoint, so that a resumed run finds the same folder from
+        # any working directory
+        self.folder = Path(folder).absolute()
         self.header = read_header(self.folder)
         self.vocab = Tokenizer.from_folder(self.folder)
         declared = self.header["tokenizer"]
@@ -259,7 +295,7 @@ class TokenDataset:
     def state(self) -> dict:
         return {"task": self.name, "tokenizer": self.tokenizer,
                 "tokenizer_sha256": self.vocab.sha256, "data": str(self.folder),
-                "data_sha256": self.sha256}
+                "data_sha256": self.sha256, "tokens_sha256": self.header.get("tokens_sha256")}
 
     def checkpoint_files(self) -> dict[str, bytes]:
         """The tokenizer, to be saved beside the weights."""

@@ -10,7 +10,9 @@ The lock is a `flock` on that file (POSIX), which the kernel drops when the proc
 it dies: a lock file left by a killed run is stale and simply taken over (and said so). A second
 live run is refused with one line naming the holder's pid, host and start time. Where `flock` does
 not exist the file is created exclusively (O_EXCL) instead, and a holder whose pid is no longer
-running on this host is treated as stale.
+running on this host is treated as stale. A `run.lock` that is a symlink is refused, naming it
+and its target, and the file is opened with O_NOFOLLOW: the lock never writes (nor its release
+deletes) what a link points at.
 
 A lock that made the run folder removes it again on release if the run left it empty (a refused
 run leaves nothing behind).
@@ -18,6 +20,7 @@ run leaves nothing behind).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -35,6 +38,7 @@ except ImportError:  # Windows
     fcntl = None
 
 LOCK_FILE = "run.lock"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows, where links need privileges
 
 
 class RunLock:
@@ -57,6 +61,7 @@ class RunLock:
     def acquire(self) -> None:
         if self.folder.exists() and not self.folder.is_dir():
             raise RunFolderError(f"run folder {str(self.folder)!r} is a file, not a folder")
+        self._refuse_link()
         self._made = make_folders(self.folder)
         try:
             if fcntl is not None:
@@ -67,9 +72,26 @@ class RunLock:
             self._remove_made()
             raise
 
+    def _refuse_link(self) -> None:
+        """A run.lock that is a symlink would have the lock write (and release delete) whatever
+        it points at: refused, naming both. O_NOFOLLOW below closes the race with a link made
+        after this check."""
+        if self.path.is_symlink():
+            raise RunFolderError(
+                f"{str(self.path)!r} is a symbolic link to {os.readlink(self.path)!r}, not a run "
+                "lock; refusing to write through it: remove the link or choose another --out")
+
+    def _open(self, flags: int) -> int:
+        try:
+            return os.open(self.path, flags | _NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlink made since _refuse_link looked
+                self._refuse_link()
+            raise
+
     def _acquire_flock(self) -> None:
         for _ in range(10):  # retried only when a releasing holder unlinked the file under us
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open(os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -77,7 +99,7 @@ class RunLock:
                 os.close(fd)
                 raise RunFolderError(_busy(self.folder, holder)) from None
             try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+                same = os.fstat(fd).st_ino == os.stat(self.path, follow_symlinks=False).st_ino
             except FileNotFoundError:
                 same = False
             if not same:
@@ -95,7 +117,7 @@ class RunLock:
     def _acquire_exclusive(self) -> None:
         for _ in range(2):
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = self._open(os.O_RDWR | os.O_CREAT | os.O_EXCL)
             except FileExistsError:
                 holder = _read(self.path)
                 if holder and holder.get("host") == socket.gethostname() and \

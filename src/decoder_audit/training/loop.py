@@ -55,6 +55,7 @@ from .run import (
     Training,
     diverged,
     evaluation_row,
+    refuse_below_floor,
     resolve_run_options,
     save,
     shared_evaluation,
@@ -62,7 +63,7 @@ from .run import (
 )
 from .settings import TrainConfig, TrainResult, resumed_settings, settings_from
 from .start import evidence, gate
-from .state import read_trainer_state, refuse_finished_run, run_folder_of
+from .state import RunFolder, read_trainer_state, refuse_finished_run, run_folder_of
 from .step import progress_bar, train_step
 
 __all__ = ["train"]
@@ -71,13 +72,15 @@ __all__ = ["train"]
 NEAR_FLOOR = 0.05
 
 
+
 def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainConfig | None = None,
           *, out: str | os.PathLike | None = None, resume: str | os.PathLike | None = None,
           save_every: int | None = None, eval_every: int | None = None, device: str | None = None,
           progress: bool = True, verbose: bool = True, expect_fresh: bool = True,
           vocab_size: int | None = None, max_seq_len: int | None = None,
           threads: int | str | None = "auto", callback: Callback | None = None,
-          shard: bool = False, peak_flops: float | None = None, **options: Any) -> TrainResult:
+          shard: bool = False, peak_flops: float | None = None, checkpointing: bool = False,
+          **options: Any) -> TrainResult:
     """Audit `model` and, if every check passes, train it. See the module docstring.
 
     model: a Decoder or any nn.Module mapping ids (B, T) to logits (B, T, V) (foreign modules
@@ -103,6 +106,10 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
         state; under torchrun, or on one process (nothing split). Not a setting of the run:
         checkpoints are the same files either way, so a sharded run resumes unsharded and
         the reverse. A sharded run's result holds the whole model, on the CPU, on rank 0.
+    checkpointing: activation checkpointing (`gradient_checkpointing_enable()`: ours, Hugging
+        Face's): each block's activations are recomputed in backward. The gate's
+        `checkpointing` check proves it gives the plain gradients first. Not a setting of the
+        run (the result is the same), like `shard`.
     peak_flops: the peak FLOP/s the final report's MFU is a share of (a datasheet figure);
         None measures this device's matmul ceiling in the run's precision (throughput.py).
 
@@ -123,7 +130,8 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
             cfg, given, out=out, resume=resume, shard=shard,
             settings_given=config is not None or bool(options), progress=progress,
             verbose=verbose, expect_fresh=expect_fresh, vocab_size=vocab_size,
-            max_seq_len=max_seq_len, callback=callback, peak_flops=peak_flops)
+            max_seq_len=max_seq_len, callback=callback, peak_flops=peak_flops,
+            checkpointing=checkpointing)
         previous_threads = torch.get_num_threads()
         try:
             return _run(model, cfg, opts, ranks, started)
@@ -147,6 +155,8 @@ def _resolve(cfg: TrainConfig, given: dict[str, Any], *, out: Any, resume: Any,
         cfg = resumed_settings(resume_meta, cfg, given=settings_given)
     elif out is not None:
         refuse_finished_run(out)
+    if out is not None:  # a linked checkpoint/ or metrics file is refused before the gate runs
+        RunFolder(Path(out)).refuse_links()
     run_options, notes = resolve_run_options(given, (resume_meta or {}).get("run_options"))
     run_device = distributed.resolve_device(run_options["device"], distributed.local_rank())
     ranks = distributed.init_distributed(run_device, shard=shard)
@@ -203,12 +213,14 @@ def _record(setting: Setting, prepared: Prepared, training: Training, found: Evi
     (not at the last step: finish does that). Returns the outcome so far."""
     steps, step = setting.cfg.steps, training.step
     reached, checkpoint = outcome.reached, outcome.checkpoint
+    refuse_below_floor(row["loss"], prepared.task.entropy_floor(), step, "training loss")
     if step % setting.opts.eval_every == 0 or step == steps:
         value = shared_evaluation(setting.ranks, training.model, found.eval_batch)
         if not math.isfinite(value):
             diverged(setting, training, found.folder, "evaluation loss", value, applied=True)
         row.update(evaluation_row(prepared.task, value))
         floor = prepared.task.entropy_floor()
+        refuse_below_floor(value, floor, step, "evaluation loss")
         if (floor is not None and reached is None
                 and row["eval_loss"] <= (1 + NEAR_FLOOR) * floor):
             reached = (step, row["elapsed_s"])

@@ -5,6 +5,7 @@ weights must fit in memory before a single one is allocated."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,10 @@ from torch import nn
 from ..accounting.memory import check_fits
 from ..config import DecoderConfig
 from ..errors import CheckpointError, ConfigError
-from ..gate import model_facts
+from ..gate import ModelFacts, TrainingPath, model_facts
 from ..sources import Source
 from ..storage.checkpoint import FACTORY_FILE, load_module_weights
-from ..text.datasets import TokenDataset
+from ..text.datasets import TokenDataset, check_tokens
 from ..text.tasks import ByteText, CountingTask, TokenText
 from ..text.tokenizer import Tokenizer
 from . import distributed
@@ -57,6 +58,12 @@ def prepare(setting: Setting, model: Any) -> Prepared:
             f"batch_size={cfg.batch_size} must be divisible by the number of processes "
             f"({setting.ranks.world_size}) times grad_accum ({cfg.grad_accum}) = {rows}, so every "
             "rank's micro-batches hold equal rows")
+    # The path training takes, for the gate to audit too: each forward's rows (one micro-batch
+    # of one rank), the task's length, the precision.
+    if cfg.pack:
+        _check_packing(facts, task)
+    facts = replace(facts, training=TrainingPath(cfg.batch_size // rows, task.seq_len,
+                                                 cfg.precision, opts.checkpointing, cfg.pack))
     fresh = opts.expect_fresh and (source.built_fresh or source.kind in ("module", "model"))
     return Prepared(model=built, task=task, facts=facts, fresh=fresh,
                     factory=_factory_of(source, facts.vocab_size, facts.max_seq_len))
@@ -64,30 +71,66 @@ def prepare(setting: Setting, model: Any) -> Prepared:
 
 def _task(cfg: TrainConfig, opts: Options, vocab_size: int, max_seq_len: int) -> Any:
     """The task the config names, checked against the model's V and T and, on resume, against
-    the data the run started with (a changed file or dataset would not continue the run)."""
-    if cfg.data is not None:
-        task = TokenDataset(cfg.data, max_seq_len)
-    elif cfg.text is not None and cfg.tokenizer is not None:
-        task = TokenText(cfg.text, max_seq_len, _tokenizer(cfg, opts),
+    the data the run started with (a changed file or dataset would not continue the run).
+
+    The tasks get absolute paths, which they record in the checkpoint; a resumed run reads the
+    path recorded there, so it finds its data from any working directory (a checkpoint written
+    before paths were absolute recorded the path as given: resolved against this directory)."""
+    saved = opts.resume_meta or {}
+
+    def located(given: str | None, key: str) -> Path | None:
+        recorded = saved.get(key)
+        if given is None:
+            return None
+        if isinstance(recorded, str) and Path(recorded).is_absolute():
+            return Path(recorded)
+        return Path(given).absolute()
+
+    text, data = located(cfg.text, "text"), located(cfg.data, "data")
+    if data is not None:
+        task = TokenDataset(data, max_seq_len)
+    elif text is not None and cfg.tokenizer is not None:
+        task = TokenText(text, max_seq_len, _tokenizer(cfg, opts),
                          val_fraction=cfg.val_fraction, seed=cfg.seed)
-    elif cfg.text is not None:
-        task = ByteText(cfg.text, max_seq_len, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    elif text is not None:
+        task = ByteText(text, max_seq_len, val_fraction=cfg.val_fraction, seed=cfg.seed)
     else:
         task = CountingTask()
     task.check_model(vocab_size, max_seq_len)
-    saved = opts.resume_meta or {}
     if saved.get("text_sha256") not in (None, getattr(task, "sha256", None)):
-        raise ConfigError(f"the text file {cfg.text!r} changed since the checkpoint was written "
-                          "(SHA-256 differs); resuming on other data would not continue the run")
+        raise ConfigError(f"the text file {str(text)!r} changed since the checkpoint was "
+                          "written (SHA-256 differs); resuming on other data would not continue "
+                          "the run")
     if saved.get("data_sha256") not in (None, getattr(task, "sha256", None)):
-        raise ConfigError(f"the dataset {cfg.data!r} changed since the checkpoint was written "
+        raise ConfigError(f"the dataset {str(data)!r} changed since the checkpoint was written "
                           "(its dataset.json's SHA-256 differs); prepare it again or resume on "
                           "the data the run started with")
+    if saved and data is not None:  # the tokens themselves: one pass over tokens.bin, on resume
+        check_tokens(data, task.header)
     if cfg.data is None and saved.get("tokenizer_sha256") not in (
             None, getattr(getattr(task, "vocab", None), "sha256", None)):
         raise ConfigError(f"the tokenizer {cfg.tokenizer!r} changed since the checkpoint was "
                           "written (SHA-256 differs); its ids would not mean what they meant")
     return task
+
+
+def _check_packing(facts: ModelFacts, task: Any) -> None:
+    """--pack needs a model that takes packed documents and a task whose documents end in an
+    end-of-sequence id."""
+    if facts.packing is None:
+        raise ConfigError(f"--pack: {facts.model} has no packing interface (its forward takes "
+                          "neither document_ids nor position_ids with an attention_mask)")
+    if end_of_document(task) is None:
+        raise ConfigError(f"--pack splits windows into documents at the tokenizer's end-of-"
+                          f"sequence id, and the {task.name} task has none (--data or --text "
+                          "with --tokenizer whose tokenizer has one)")
+
+
+def end_of_document(task: Any) -> int | None:
+    """The id that ends a document of `task` (its tokenizer's eos_id), or None."""
+    if getattr(task, "name", "") == "counting":
+        return None  # one sequence per row already
+    return getattr(getattr(task, "vocab", None), "eos_id", None)
 
 
 def _tokenizer(cfg: TrainConfig, opts: Options) -> Tokenizer:

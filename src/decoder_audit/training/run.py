@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ConfigError, TrainingDiverged
+from ..errors import ConfigError, LeakageSuspected, TrainingDiverged
 from ..gate import ModelFacts
 from ..objective import next_token_loss
 from . import distributed
@@ -56,6 +56,8 @@ class Options:
     resumed run keeps them."""
     notes: tuple[str, ...] = ()
     peak_flops: float | None = None
+    checkpointing: bool = False
+    """Activation checkpointing on for the training steps (the gate checks it first)."""
     """The peak FLOP/s MFU is reported against; None measures a matmul ceiling."""
 
 
@@ -99,6 +101,7 @@ class Training:
     step: int
     first_step: int  # the step this process started from (0, or the resumed one)
     saved_step: int | None = None  # the step of the last checkpoint this run wrote
+    packing: tuple[str, int] | None = None  # --pack: (the model's interface, the end id)
 
 
 @dataclass(frozen=True)
@@ -220,3 +223,23 @@ def diverged(setting: Setting, training: Training, folder: RunFolder | None, qua
     raise TrainingDiverged(
         f"training diverged: the {quantity} is {value} {when}, learning rate {lr:g}; the run "
         f"stopped and {kept}", step=step, quantity=quantity, value=value)
+
+
+# A loss this far below the entropy floor (relative) is impossible for a causal model. The
+# counting task's evaluation is exact over its sequences, so any causal model's is >= the floor
+# up to float rounding (1e-7): 1% leaves room for nothing but a leak. A training batch's loss is
+# a sample: a model whose letter guesses happen to match one batch's letters can dip below the
+# floor, by less than half of it in a batch of 16 or more (a leak drives it to ~0).
+BELOW_FLOOR = {"evaluation loss": 0.01, "loss before training": 0.01, "training loss": 0.5}
+
+
+def refuse_below_floor(loss: float, floor: float | None, step: int, what: str) -> None:
+    """LeakageSuspected when `loss` (`what`: a key of BELOW_FLOOR) is below the task's entropy
+    floor (seeds: "loss is near zero before training: target leakage or incorrect shift")."""
+    if floor is None or not loss < (1 - BELOW_FLOOR[what]) * floor:
+        return
+    raise LeakageSuspected(
+        f"the {what} at step {step} is {loss:.4g}, below the task's entropy floor {floor:.4f} "
+        "that no causal model can reach: the model reads the targets it predicts (a leak the "
+        "gate's probes did not reach, or a shift that puts the target in the input); the run "
+        "stopped", step=step, loss=loss, floor=floor)

@@ -59,6 +59,12 @@ class TrainConfig:
     the weights and AdamW's state kept in float32."""
     compile: bool = False
     """torch.compile the model for the training steps (evaluation stays eager)."""
+    pack: bool = False
+    """Pack documents: each training window is split at the tokenizer's end-of-sequence id into
+    documents, each read alone (positions restart, no token reads another document) through the
+    model's packing interface; the target of a document's last token is still the next
+    document's first (as in unpacked training). Evaluation stays unpacked, so the losses of
+    packed and unpacked runs compare."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -122,16 +128,31 @@ class TrainConfig:
         checkpoint's)."""
         return [f"{f.name}: checkpoint {getattr(self, f.name)!r}, given {getattr(other, f.name)!r}"
                 for f in dataclasses.fields(TrainConfig)
-                if getattr(self, f.name) != getattr(other, f.name)]
+                if not _same(f.name, getattr(self, f.name), getattr(other, f.name))]
+
+
+# Fields that name files: stored absolute, so a resumed run reads the same file from any
+# working directory, and compared as the files they name.
+PATH_FIELDS = ("text", "data")
+
+
+def _same(name: str, saved: Any, given: Any) -> bool:
+    if name in PATH_FIELDS and saved is not None and given is not None:
+        return Path(saved).resolve() == Path(given).resolve()
+    return saved == given
 
 
 def settings_from(config: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
-    """`config` (default TrainConfig()) with `options` replacing its fields."""
+    """`config` (default TrainConfig()) with `options` replacing its fields; file paths made
+    absolute."""
     try:
-        return dataclasses.replace(config or TrainConfig(), **options)
+        cfg = dataclasses.replace(config or TrainConfig(), **options)
     except TypeError as exc:
         raise TypeError(f"train: unknown option ({exc}); options are the TrainConfig fields "
                         f"{[f.name for f in dataclasses.fields(TrainConfig)]}") from None
+    absolute = {name: str(Path(getattr(cfg, name)).absolute()) for name in PATH_FIELDS
+                if getattr(cfg, name) is not None}
+    return dataclasses.replace(cfg, **absolute) if absolute else cfg
 
 
 def resumed_settings(meta: dict[str, Any], cfg: TrainConfig, *, given: bool) -> TrainConfig:

@@ -15,7 +15,17 @@ from ..storage.checkpoint import FACTORY_FILE
 from . import distributed
 from .gatekeeper import GateRefusal, check_initial_loss, check_tied, run_gate, show_alignment
 from .optim import make_optimizer
-from .run import Evidence, Prepared, Setting, Training, evaluation_row, shared_evaluation, write
+from .prepare import end_of_document
+from .run import (
+    Evidence,
+    Prepared,
+    Setting,
+    Training,
+    evaluation_row,
+    refuse_below_floor,
+    shared_evaluation,
+    write,
+)
 from .state import CHECKPOINT_FILES, RunFolder, refuse_foreign_entries, restore_training_state
 
 
@@ -29,6 +39,9 @@ def gate(setting: Setting, prepared: Prepared) -> tuple[AuditReport | None, Trai
     model = prepared.model.to(opts.device)
     check_tied(model, facts, "after moving the model to its device")
     model.train()
+    if opts.checkpointing:  # the gate's `checkpointing` check has proven the switch exists
+        model.gradient_checkpointing_enable()
+        setting.say("activation checkpointing: each block's activations recomputed in backward")
     # FSDP2 replaces the Parameters with sharded ones, so the optimizer is built after wrap
     trained = distributed.wrap(model, ranks, opts.device)
     optimizer, scheduler = make_optimizer(model, cfg)
@@ -54,9 +67,13 @@ def gate(setting: Setting, prepared: Prepared) -> tuple[AuditReport | None, Trai
         # Compiled lazily: the first training step compiles (step.py turns a compiler failure
         # into a ConfigError). Evaluation and checkpoints use the eager model, same Parameters.
         trained = torch.compile(trained)
+    packing = ((facts.packing, end_of_document(prepared.task)) if cfg.pack else None)
+    if packing is not None:
+        setting.say(f"packing: documents split after id {packing[1]}, each read alone "
+                    f"({packing[0]})")
     return report, Training(model=model, trained=trained, optimizer=optimizer,
                             scheduler=scheduler, generator=generator, step=step,
-                            first_step=step)
+                            first_step=step, packing=packing)
 
 
 def _say_batch_and_precision(setting: Setting) -> None:
@@ -98,6 +115,8 @@ def evidence(setting: Setting, prepared: Prepared, training: Training,
     floor = task.entropy_floor()
     if floor is not None:
         setting.say(f"task: {task.name}; entropy floor ln(4)/4 = {floor:.4f} nats/token")
+        if initial_loss is not None:
+            refuse_below_floor(initial_loss, floor, training.step, "loss before training")
     if folder is not None and not prepared.facts.whitebox:
         setting.say("note: not a decoder-audit Decoder: checkpoints hold its state dict and "
                     f"{FACTORY_FILE} (factory {prepared.factory.get('factory')!r})")

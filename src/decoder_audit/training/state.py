@@ -60,7 +60,7 @@ from ..storage.checkpoint import (
     save_checkpoint,
     save_module_weights,
 )
-from ..storage.folder import refuse_to_lose
+from ..storage.folder import refuse_symlink, refuse_to_lose
 from .curve import loss_curve_png
 from .settings import TrainConfig
 
@@ -123,12 +123,21 @@ class RunFolder:
 
     def start(self, resumed_at: int | None) -> None:
         """Create the folder; a fresh run starts an empty log, a resumed one drops the lines
-        past its checkpoint (those steps will be redone)."""
+        past its checkpoint (those steps will be redone). Links are refused first."""
+        self.refuse_links()
         self.path.mkdir(parents=True, exist_ok=True)
         if resumed_at is None:
             self.metrics.write_text("")
         else:
             truncate_metrics(self.metrics, resumed_at)
+
+    def refuse_links(self) -> None:
+        """RunFolderError naming the link and its target if checkpoint/, metrics.jsonl or
+        loss_curve.png is a symbolic link: the run would overwrite what a file link points at,
+        and its saves would replace a linked checkpoint/ by a real folder, hiding the link."""
+        for path, what in ((self.checkpoint, "training checkpoint"),
+                           (self.metrics, "metrics log"), (self.plot, "loss curve")):
+            refuse_symlink(path, what=what, error=RunFolderError)
 
     def append(self, row: dict[str, Any]) -> None:
         """One JSON line; a non-finite float is written as null (JSON has no NaN)."""

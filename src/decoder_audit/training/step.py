@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..gate import packed_call
 from ..objective import logits_of, next_token_loss
 from . import distributed
 from .distributed import shard
@@ -68,6 +69,7 @@ def _accumulate(setting: Setting, training: Training, inputs: torch.Tensor,
     and its gradient is the whole batch's. Under DDP only the last backward averages over the
     ranks (no_sync before it), as one backward of the whole batch would."""
     device = setting.opts.device
+    packing = training.packing
     micro = inputs.shape[0] // setting.cfg.grad_accum  # rows per micro-batch; prepare checked it
     total = targets.numel()  # B / ranks * T tokens
     mean = None
@@ -76,7 +78,7 @@ def _accumulate(setting: Setting, training: Training, inputs: torch.Tensor,
         part_target = targets[start:start + micro].to(device)
         last = start + micro >= inputs.shape[0]
         with _gradient_sync(training.trained, last):
-            loss = _micro_loss(setting, training.trained, part_in, part_target)
+            loss = _micro_loss(setting, training.trained, part_in, part_target, packing)
             loss = loss * (part_target.numel() / total)
             loss.backward()
         mean = loss.detach() if mean is None else mean + loss.detach()
@@ -84,10 +86,14 @@ def _accumulate(setting: Setting, training: Training, inputs: torch.Tensor,
 
 
 def _micro_loss(setting: Setting, trained: Any, inputs: torch.Tensor,
-                targets: torch.Tensor) -> torch.Tensor:
+                targets: torch.Tensor, packing: tuple[str, int] | None = None) -> torch.Tensor:
     """The mean next-token loss of one micro-batch: the forward under bfloat16 autocast when
     precision is bf16, the cross-entropy always over float32 logits (bf16's 8-bit mantissa
-    would round a loss of ~3 nats to 1/64 of a nat)."""
+    would round a loss of ~3 nats to 1/64 of a nat). `packing` (interface, end id): the rows'
+    documents, split after each end id, each read alone (the gate's `packing` check proved
+    the interface)."""
+    if packing is not None:
+        trained = packed_call(trained, packing[0], documents(inputs, packing[1]))
     compiled = setting.cfg.compile
     if setting.cfg.precision == "fp32":
         return _compiled_call(compiled, lambda: next_token_loss(trained, inputs, targets))
@@ -95,6 +101,13 @@ def _micro_loss(setting: Setting, trained: Any, inputs: torch.Tensor,
     with torch.autocast(device_type, dtype=torch.bfloat16):
         logits = _compiled_call(compiled, lambda: logits_of(trained(inputs)))  # (B, T, V) bf16
     return next_token_loss(lambda _ids: logits.float(), inputs, targets)
+
+
+def documents(inputs: torch.Tensor, end_id: int) -> torch.Tensor:
+    """Document ids (B, T) of packed rows: a document ends at (and includes) each end id, so
+    ids [5, 6, eos, 7, 8] -> documents [0, 0, 0, 1, 1]."""
+    ends = (inputs == end_id).long()
+    return ends.cumsum(1) - ends  # an end id belongs to the document it ends
 
 
 def _compiled_call(compiled: bool, call: Callable[[], torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,452 @@
+"""The paths training takes that the eval-mode checks do not: train mode, autocast, the shape of
+a training batch.
+
+  train_mode  the causal interventions and batch independence again with the model in train
+              mode: dropout on, its masks made identical across the calls compared (the torch RNG
+              is forked and reset to one seed before each call, and the calls compared have one
+              shape), so a correct model's earlier rows still come out of identical arithmetic.
+              A model that declares no dropout must give the same logits in train and eval mode;
+              one with dropout modules must not (dropout left at 0 after an eval forward).
+  checkpointing  with activation checkpointing on (`gradient_checkpointing_enable()`, Hugging
+              Face's name, ours too), in train mode, the logits and every weight's gradient equal
+              those without it, and with the input embeddings frozen every other trainable weight
+              still gets a gradient (reentrant checkpointing loses them: transformers#26221).
+  autocast    the same interventions under torch.autocast in the dtype training uses (bfloat16),
+              with the noise floor measured under autocast; the logits finite, also with the
+              attention scores scaled up (white-box).
+  the shape   (in `causal`: invariance.training_shape_probe, when the facts carry the training
+              path) one batch at the batch size and length training uses: a kernel that
+              changes with the batch size (a leak only at B >= 16) is in reach.
+
+The user's train/eval flags come back as they were (`Subject.in_train_mode`, and the runner's
+release), and the user's RNG streams are untouched (the runner forks them for the whole audit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from ..objective import logits_of
+from . import tolerances
+from .invariance import _cut_changes, _index_noise, clean_batch, leaks_at
+from .measure import all_finite, sample_positions, value_scale
+from .result import CheckResult
+from .subject import Subject
+
+# Cuts of the train-mode and autocast interventions (the eval-mode `causal` samples 16).
+PATH_CUTS = 8
+# The seed every train-mode call starts from: the same dropout masks for every call compared.
+DROPOUT_SEED = 1234
+# Config fields that declare dropout in a Hugging Face (or similar) config.
+_DROPOUT_FIELDS = ("dropout", "pdrop", "drop_rate")
+
+
+@contextmanager
+def in_train_mode(s: Subject) -> Iterator[None]:
+    """The model in train mode within the block; every module's flag as it was afterwards."""
+    flags = [(module, module.training) for module in s.work.modules()]
+    s.forget_clean()  # the shared clean runs were made in eval mode
+    s.work.train()
+    try:
+        yield
+    finally:
+        for module, training in flags:
+            module.training = training
+
+
+def _seeded(s: Subject) -> Callable[[torch.Tensor], torch.Tensor]:
+    """s.logits with the RNG reset to DROPOUT_SEED first: two calls of one shape draw the same
+    dropout masks, so only the inputs differ between them."""
+    devices = [s.device] if s.device.type == "cuda" else []
+
+    def call(ids: torch.Tensor) -> torch.Tensor:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(DROPOUT_SEED)
+            return s.logits(ids)
+    return call
+
+
+def declared_dropout(model: nn.Module) -> list[str]:
+    """What declares dropout: Dropout modules with p > 0, config fields (dropout, pdrop) > 0."""
+    found = [f"{name or type(model).__name__}: {type(m).__name__}(p={m.p})"
+             for name, m in model.named_modules()
+             if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+    config = getattr(model, "config", None)
+    fields = vars(config) if config is not None and hasattr(config, "__dict__") else {}
+    found += [f"config.{key}={value}" for key, value in sorted(fields.items())
+              if any(word in key for word in _DROPOUT_FIELDS)
+              and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0]
+    return found
+
+
+def _changes_mode(model: nn.Module) -> list[str]:
+    """Modules other than dropout whose forward depends on the train flag (batch norm)."""
+    return [type(m).__name__ for m in model.modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def _path_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor], how: str,
+                evidence: dict, noise: float | None = None) -> list[str]:
+    """Causal cuts and batch independence through `call`, judged exactly (up to the noise floor
+    of identical rows measured through `call` itself, or `noise` when that floor is not
+    rounding: in train mode identical rows at two batch indices get two dropout masks).
+    Problems found, each naming `how`."""
+    seq_len = s.intervention_len()
+    cuts = sample_positions(seq_len, PATH_CUTS)
+    change, measured, scale = _cut_changes(s, cuts, call)  # (cuts, T)
+    noise = measured if noise is None else noise
+    allowed = tolerances.same_shape(noise) * scale
+    leaks = leaks_at(change, cuts, allowed)
+    clean = clean_batch(s)
+    base = call(clean)[0]  # row 0 beside rows that differ at every position
+    copies = call(clean[:1].repeat(len(clean), 1))[0]  # row 0 beside copies of itself
+    moved = float((base - copies).abs().max())
+    evidence.update(seq_len=seq_len, cuts=cuts, allowed=allowed, index_noise=noise,
+                    leaks=leaks, batch_moved=moved, finite=all_finite(base))
+    problems = []
+    if leaks:
+        first = leaks[0]
+        problems.append(f"{how}: cut c={first['cut']}: earlier rows {first['moved_rows'][:8]} "
+                        f"moved by up to {first['max_change']:.3g} (allowed {allowed:.1e}); the "
+                        f"model reads future tokens {how} ({len(leaks)} of {len(cuts)} cuts)")
+    if not moved <= allowed:
+        problems.append(f"{how}: row 0 moved by {moved:.3g} when the other rows changed "
+                        f"(allowed {allowed:.1e}): rows leak across the batch {how}")
+    if not evidence["finite"]:
+        problems.append(f"{how}: non-finite logits")
+    return problems
+
+
+def probe_train_mode(s: Subject) -> str:
+    """Why the model cannot run in train mode at the probes' length (a fact, found by one call),
+    or "": some models accept only the lengths they train at in train mode (Reformer: the
+    product of its axial position shape). With a declared training path the check runs anyway,
+    and such a refusal fails it: training would meet it."""
+    if s.facts.training is not None:
+        return ""
+    ids = s.random_ids(1, s.intervention_len(), s.generator(42))
+    with in_train_mode(s):
+        try:
+            _seeded(s)(ids)
+        except Exception as exc:  # noqa: BLE001 - the model's refusal, in its own words
+            said = (str(exc).strip().splitlines() or [""])[0][:200]
+            return (f"the model refuses to run in train mode at T={ids.shape[1]} "
+                    f"({type(exc).__name__}: {said})")
+    return ""
+
+
+def check_train_mode(s: Subject) -> CheckResult:
+    evidence: dict = {"dtype": str(s.dtype), "dropout": declared_dropout(s.work)}
+    ids = clean_batch(s)
+    in_eval = s.logits(ids)
+    # The kernels' own rounding noise, in eval mode: every comparison below is at one batch
+    # index under one dropout mask, so that noise is all a correct model can show.
+    noise = _index_noise(s.logits(ids[:1].repeat(len(ids), 1)))
+    with in_train_mode(s):
+        call = _seeded(s)
+        problems = _path_probe(s, call, "in train mode", evidence, noise)
+        in_train = call(ids)
+    differs = float((in_train - in_eval).abs().max())
+    allowed = s.shape_tolerance() * value_scale(in_eval)
+    evidence.update(train_vs_eval_max_abs=differs, train_vs_eval_allowed=allowed)
+    other = _changes_mode(s.work)
+    if not problems and not evidence["dropout"] and not other and not differs <= allowed:
+        problems.append(f"train mode changes the logits by {differs:.3g} (allowed {allowed:.1e}) "
+                        "but the model declares no dropout: its forward branches on "
+                        "self.training")
+    modules = [d for d in evidence["dropout"] if not d.startswith("config.")]
+    if not problems and modules and differs == 0.0:
+        problems.append(f"dropout modules ({modules[0]}, ...) but train mode gives the eval-mode "
+                        "logits exactly: dropout is never applied in training")
+    if problems:
+        return CheckResult("train_mode", False, problems[0], evidence)
+    how = ("dropout masks held fixed per call" if evidence["dropout"]
+           else "no dropout: train mode = eval mode")
+    return CheckResult("train_mode", True, f"in train mode ({how}): {len(evidence['cuts'])} cuts "
+                       f"of T={evidence['seq_len']} leave earlier rows unchanged, and row 0 is "
+                       "unchanged when the other rows change", evidence,
+                       tolerances.same_shape(evidence["index_noise"]))
+
+
+def check_autocast(s: Subject) -> CheckResult:
+    device_type = s.device.type
+    evidence: dict = {"autocast": f"torch.autocast({device_type!r}, bfloat16)"}
+
+    def call(ids: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            return s.logits(ids)
+
+    s.forget_clean()  # the shared clean runs were made without autocast
+    problems = _path_probe(s, call, "under autocast", evidence)
+    if not problems and s.has_trace:
+        problems += _stressed_finite(s, call, evidence)
+    if problems:
+        return CheckResult("autocast", False, problems[0], evidence)
+    return CheckResult("autocast", True, f"under {evidence['autocast']}: {len(evidence['cuts'])} "
+                       f"cuts of T={evidence['seq_len']} leave earlier rows unchanged, row 0 is "
+                       "unchanged when the other rows change, logits finite"
+                       + (" (also with attention scores scaled up)" if s.has_trace else ""),
+                       evidence, tolerances.same_shape(evidence["index_noise"]))
+
+
+def _stressed_finite(s: Subject, call, evidence: dict) -> list[str]:
+    """With every layer's largest attention score brought to ~1e4, the autocast logits must be
+    finite (a softmax or a mask constant that overflows in bfloat16 gives inf or NaN)."""
+    ids = clean_batch(s)
+    _, trace = s.trace(ids)
+    score_max = [float(trace[n].abs().max()) for n in trace if n.endswith(".attn.scores")]
+    del trace
+    with s.scaled_scores(score_max, STRESSED_SCORE) as stressed:
+        if not stressed:
+            return []
+        finite = all_finite(call(ids))
+    evidence["stressed_finite"] = finite
+    return [] if finite else [f"under autocast with attention scores scaled to ~{STRESSED_SCORE:g}: "
+                              "non-finite logits (an overflow in bfloat16)"]
+
+
+STRESSED_SCORE = 1e4
+"""Largest attention score of the autocast stress probe: far above a trained model's (tens), well
+inside bfloat16's range (3e38), so only an overflowing formulation gives inf or NaN."""
+
+
+def check_checkpointing(s: Subject) -> CheckResult:
+    model = s.work
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    disable = getattr(model, "gradient_checkpointing_disable", None)
+    if not (callable(enable) and callable(disable)):
+        return CheckResult("checkpointing", False, f"training asks for activation checkpointing but "
+                           f"{type(model).__name__} has no gradient_checkpointing_enable() / "
+                           "_disable()", {})
+    was_on = bool(getattr(model, "is_gradient_checkpointing",
+                          getattr(model, "gradient_checkpointing", False)))
+    seq_len = s.short_len(8)
+    gen = s.generator(41)
+    ids = s.random_ids(2, seq_len, gen).to(s.device)
+    projection = torch.randn(2, seq_len, s.vocab_size, generator=gen).to(s.device)
+    embedding = s.input_embedding
+    frozen = {id(p) for p in embedding.parameters()} if embedding is not None else set()
+    try:
+        plain = _projected_backward(s, ids, projection, disable)
+        checked = _projected_backward(s, ids, projection, enable)
+        no_embedding = _projected_backward(s, ids, projection, enable, frozen)
+    finally:
+        (enable if was_on else disable)()
+    return _checkpointing_verdict(s, plain, checked, no_embedding, frozen)
+
+
+def _projected_backward(s: Subject, ids: torch.Tensor, projection: torch.Tensor,
+                        switch: Callable[[], None], frozen: set[int] = frozenset()
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
+    """(logits, {weight name: gradient}) of sum(logits * projection) in train mode with the
+    dropout masks fixed, after `switch()`; the weights in `frozen` get no gradient."""
+    switch()
+    params = [p for p in s.parameters() if id(p) not in frozen]
+    with in_train_mode(s), s.gradients_for(params), torch.random.fork_rng(
+            devices=[s.device] if s.device.type == "cuda" else []):
+        torch.manual_seed(DROPOUT_SEED)
+        s.count(ids)
+        logits = logits_of(s.work(ids))
+        (logits.double() * projection.double()).sum().backward()
+        grads = {name: (None if p.grad is None else p.grad.detach().clone())
+                 for name, p in s.work.named_parameters() if id(p) not in frozen}
+    return logits.detach(), grads
+
+
+def _checkpointing_verdict(s: Subject, plain, checked, no_embedding, frozen) -> CheckResult:
+    (logits0, grads0), (logits1, grads1), (_, grads2) = plain, checked, no_embedding
+    tol = s.shape_tolerance()
+    logit_diff = float((logits1 - logits0).abs().max())
+    logit_allowed = tol * value_scale(logits0)
+    scale = max((float(g.abs().max()) for g in grads0.values() if g is not None), default=0.0)
+    grad_diff, worst = 0.0, None
+    for name, g0 in grads0.items():
+        g1 = grads1.get(name)
+        if (g0 is None) != (g1 is None):
+            grad_diff, worst = float("inf"), name
+            break
+        if g0 is not None and float((g1 - g0).abs().max()) > grad_diff:
+            grad_diff, worst = float((g1 - g0).abs().max()), name
+    starved = [name for name, g in grads2.items()
+               if name in grads0 and grads0[name] is not None and bool(grads0[name].any())
+               and (g is None or not bool(g.any()))]
+    evidence = {"logits_max_abs_diff": logit_diff, "logits_allowed": logit_allowed,
+                "grad_max_abs_diff": grad_diff, "worst_grad": worst, "grad_allowed": tol * scale,
+                "frozen_input_embedding": len(frozen), "no_gradient_when_frozen": starved}
+    if not logit_diff <= logit_allowed:
+        return CheckResult("checkpointing", False, f"with checkpointing on, the logits differ from "
+                           f"the plain forward's by up to {logit_diff:.3g} (allowed "
+                           f"{logit_allowed:.1e}): the checkpointed path computes another "
+                           "function (a mask or a branch it skips)", evidence, tol)
+    if not grad_diff <= tol * scale:
+        return CheckResult("checkpointing", False, f"with checkpointing on, the gradient of {worst} "
+                           f"differs by up to {grad_diff:.3g} (allowed {tol * scale:.1e})",
+                           evidence, tol)
+    if starved:
+        return CheckResult("checkpointing", False, f"with checkpointing on and the input embeddings "
+                           f"frozen, {len(starved)} trainable weights get no gradient "
+                           f"({', '.join(starved[:4])}): the recomputation is cut off from the "
+                           "loss (reentrant checkpointing of inputs that need no gradient)",
+                           evidence, tol)
+    return CheckResult("checkpointing", True, f"checkpointed logits and the gradients of "
+                       f"{len(grads0)} weights equal the plain ones (max {grad_diff:.1e}); with the "
+                       "input embeddings frozen every other weight still gets its gradient",
+                       evidence, tol)
+
+
+# Positions of the packing probe (capped by max_seq_len): three documents of unequal lengths.
+PACK_LEN = 16
+
+
+def _document_lengths(seq_len: int) -> list[list[int]]:
+    """Per row, the lengths of its documents (they fill the row): two rows, three documents
+    each, in another order in the second row so no boundary is at the same place twice."""
+    first, second = max(1, seq_len // 4), max(1, seq_len // 2)
+    third = seq_len - first - second
+    return [[first, second, third], [third, first, second]]
+
+
+def packed_call(model: nn.Module, interface: str, document_ids: torch.Tensor, *,
+                dtype: torch.dtype = torch.float32, with_mask: bool = True,
+                use_cache: bool = False) -> Callable[[torch.Tensor], object]:
+    """A call of the ids (B, T) through `model`'s packing interface (`ModelFacts.packing`),
+    with `document_ids` (B, T): for ours, document_ids; for Hugging Face, position_ids
+    restarting at each document and a 4-D additive mask (0 where a token may attend, the
+    dtype's lowest value elsewhere: transformers' eager attention adds a 4-D mask to the
+    scores, so a boolean one would be added as 0 and 1). The trainer packs through it too."""
+    from ..model.decoder import packed_documents
+
+    if interface == "document_ids":
+        return lambda ids: model(ids, document_ids=document_ids.to(ids.device))
+    positions, allowed = packed_documents(document_ids, document_ids)
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+    def call(ids: torch.Tensor):
+        extra = {"attention_mask": mask.to(ids.device)} if with_mask else {}
+        return model(input_ids=ids, position_ids=positions.to(ids.device), use_cache=use_cache,
+                     **extra)
+    return call
+
+
+def _packed_call(s: Subject, document_ids: torch.Tensor, **how) -> Callable[[torch.Tensor], object]:
+    return packed_call(s.work, s.facts.packing, document_ids, dtype=s.dtype, **how)
+
+
+def check_packing(s: Subject) -> CheckResult:
+    seq_len = s.short_len(PACK_LEN)
+    if seq_len < 3:
+        return CheckResult("packing", True, f"T={seq_len}: no room for three documents", {})
+    rows = _document_lengths(seq_len)
+    ids = s.random_ids(len(rows), seq_len, s.generator(43)).to(s.device)  # (2, T)
+    document_ids = torch.tensor([[d for d, n in enumerate(lengths) for _ in range(n)]
+                                 for lengths in rows], device=s.device)  # (2, T)
+    call = _packed_call(s, document_ids)
+    tol = s.shape_tolerance()
+    with torch.no_grad():
+        s.count(ids)
+        packed = logits_of(call(ids))  # (2, T, V)
+    records = []
+    for b, lengths in enumerate(rows):
+        start = 0
+        for d, length in enumerate(lengths):
+            alone = s.logits(ids[b:b + 1, start:start + length])[0]  # (length, V)
+            worst = float((packed[b, start:start + length] - alone).abs().max())
+            records.append({"row": b, "document": d, "start": start, "length": length,
+                            "max_abs_diff": worst, "allowed": tol * value_scale(alone)})
+            start += length
+    other = _other_document(s, ids, rows, call, packed, tol)
+    grad = _packed_gradient(s, ids, rows, call)
+    evidence = {"seq_len": seq_len, "documents": rows, "interface": s.facts.packing,
+                "alone": records, "other_document_changed": other, "gradient": grad}
+    if s.facts.packing == "position_ids":
+        evidence["position_ids_alone"] = _position_ids_alone(s, ids, document_ids, records)
+    return _packing_verdict(s, records, other, grad, evidence, tol)
+
+
+def _other_document(s: Subject, ids, rows, call, packed, tol) -> dict:
+    """Document 1 of row 0 changed: documents 0 and 2 must keep their logits."""
+    first, second, _ = rows[0]
+    changed = ids.clone()
+    changed[0, first:first + second] = s.other_ids(ids[:1, first:first + second].cpu(),
+                                                   s.generator(44))[0].to(ids.device)
+    with torch.no_grad():
+        s.count(changed)
+        moved = (logits_of(call(changed))[0] - packed[0]).abs().amax(-1)  # (T,)
+    kept = torch.cat([moved[:first], moved[first + second:]])
+    return {"max_abs_diff": float(kept.max()), "allowed": tol * value_scale(packed[0])}
+
+
+def _packed_gradient(s: Subject, ids, rows, call) -> dict | None:
+    """The loss at the last token of row 0's last document: its gradient at the input
+    embedding of every earlier document's tokens must be exactly 0."""
+    if not (s.facts.has_input_embedding and s.facts.has_input_gradient):
+        return None
+    first, second, third = rows[0]
+    last = first + second + third - 1
+    targets = torch.zeros(2, dtype=torch.long, device=s.device)
+    from .generation import _input_gradient
+
+    grad = _input_gradient(s, ids, [last, last], targets, run=call)  # (2, T, D)
+    earlier = float(grad[0, :first + second].abs().max())
+    return {"position": last, "max_grad_on_earlier_documents": earlier,
+            "grad_at_own_document": float(grad[0, first + second:].abs().max())}
+
+
+def _position_ids_alone(s: Subject, ids, document_ids, records) -> dict:
+    """What restarting position_ids without a document mask do, as DataCollatorWithFlattening
+    relies on (transformers detects packed rows from them, but only with the cache off): the
+    largest move of row 0's later documents against each alone, with use_cache off and on."""
+    found = {}
+    for use_cache in (False, True):
+        call = _packed_call(s, document_ids, with_mask=False, use_cache=use_cache)
+        try:
+            with torch.no_grad():
+                s.count(ids)
+                out = logits_of(call(ids))
+        except Exception as exc:  # noqa: BLE001 - a finding, not a verdict
+            found[f"use_cache={use_cache}"] = f"raised {type(exc).__name__}"
+            continue
+        worst = 0.0
+        for record in records:
+            if record["row"] == 0 and record["document"] > 0:
+                alone = s.logits(ids[:1, record["start"]:record["start"] + record["length"]])[0]
+                piece = out[0, record["start"]:record["start"] + record["length"]]
+                worst = max(worst, float((piece - alone).abs().max()))
+        found[f"use_cache={use_cache}"] = worst
+    return found
+
+
+def _packing_verdict(s: Subject, records, other, grad, evidence, tol) -> CheckResult:
+    bad = [r for r in records if not r["max_abs_diff"] <= r["allowed"]]
+    if bad:
+        r = bad[0]
+        return CheckResult("packing", False, f"packed row {r['row']}: document {r['document']} "
+                           f"(tokens {r['start']}..{r['start'] + r['length'] - 1}) differs from "
+                           f"itself alone by up to {r['max_abs_diff']:.3g} (allowed "
+                           f"{r['allowed']:.1e}): packed documents read across their boundary "
+                           "or are not causal inside", evidence, tol)
+    if not other["max_abs_diff"] <= other["allowed"]:
+        return CheckResult("packing", False, f"changing one packed document moves the others by up "
+                           f"to {other['max_abs_diff']:.3g} (allowed {other['allowed']:.1e})",
+                           evidence, tol)
+    if grad is not None and grad["max_grad_on_earlier_documents"] != 0.0:
+        return CheckResult("packing", False, "the loss of a packed document has a gradient of "
+                           f"{grad['max_grad_on_earlier_documents']:.3g} at earlier documents' "
+                           "inputs (must be exactly 0): the backward crosses documents",
+                           evidence, tol)
+    finding = ""
+    alone = evidence.get("position_ids_alone")
+    if alone:
+        allowed = max(r["allowed"] for r in records)
+        kept = [how for how, worst in alone.items()
+                if isinstance(worst, float) and worst <= allowed]
+        finding = ("; position_ids alone (no mask) keep documents apart only with "
+                   + (", ".join(kept) if kept else "no setting tried"))
+    return CheckResult("packing", True, f"{len(records)} packed documents ({evidence['interface']})"
+                       " equal each document alone; changing one leaves the others unchanged"
+                       + ("; no gradient crosses a document" if grad is not None else "")
+                       + finding, evidence, tol)

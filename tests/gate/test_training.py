@@ -1,0 +1,128 @@
+"""The training-path checks (gate/training.py, and causal's training-shape probe): a correct
+model with dropout passes every one; each leak that lives on one path is caught by that path's
+check and only there (the eval-mode checks pass it, as they did before these checks existed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decoder_audit as da
+from zoo_training import DEFECTS, T, V, PacksAcrossDocuments, PacksWithoutCausal, PathLM
+
+FACTS = {"vocab_size": V, "max_seq_len": T, "intervention_len": 16}
+# Where each defect lives: the check that must catch it, and the training path that reaches it.
+CAUGHT_BY = {
+    "causal_only_in_eval": ("train_mode", None),
+    "mask_only_in_eval": ("train_mode", None),
+    "dropout_never_applied": ("train_mode", None),
+    "leak_under_autocast": ("autocast", da.TrainingPath(8, T, "bf16")),
+    "leak_at_batch_16": ("causal", da.TrainingPath(64, T)),
+    "checkpointing_forgets_mask": ("checkpointing", da.TrainingPath(8, T, checkpointing=True)),
+    "checkpointing_reentrant": ("checkpointing", da.TrainingPath(8, T, checkpointing=True)),
+}
+EVAL_PATH = ["causal", "batch_independence", "prefix", "determinism"]
+
+
+def test_a_correct_model_with_dropout_passes_every_training_path():
+    report = da.audit(PathLM(), training=da.TrainingPath(64, T, "bf16", checkpointing=True),
+                      **FACTS)
+    assert report.passed, report.first_failure
+    assert report["train_mode"].evidence["dropout"]  # dropout is on, its masks held per call
+    assert report["causal"].evidence["training_shape"]["batch"] == 64
+
+
+@pytest.mark.parametrize("defect", DEFECTS)
+def test_each_training_path_leak_is_caught_by_its_own_check(defect):
+    check, path = CAUGHT_BY[defect]
+    report = da.audit(PathLM(defect), training=path, **FACTS)
+    assert not report[check].passed, report[check].detail
+    assert "training" in report[check].paths
+    plain = da.audit(PathLM(defect), checks=EVAL_PATH, **FACTS)  # the eval-mode audit
+    assert plain.passed, (defect, plain.first_failure)
+
+
+def test_our_decoder_passes_checkpointing_and_gets_its_switch_back():
+    model = da.Decoder(da.preset("llama-debug"))
+    report = da.audit(model, checks=["checkpointing"],
+                      training=da.TrainingPath(2, 16, checkpointing=True))
+    assert report["checkpointing"].passed, report["checkpointing"].detail
+    assert report["checkpointing"].evidence["grad_max_abs_diff"] == 0.0  # recomputed bitwise
+    assert not model.gradient_checkpointing
+
+
+def test_train_mode_gives_the_users_flags_back():
+    model = PathLM()
+    model.train()
+    model.drop.eval()  # a mixed state the gate must restore exactly
+    da.audit(model, checks=["train_mode"], **FACTS)
+    assert model.training and not model.drop.training
+
+
+def test_autocast_is_skipped_unless_training_runs_under_it():
+    report = da.audit(PathLM("leak_under_autocast"), checks=["autocast"], **FACTS)
+    assert report["autocast"].skipped and "bf16" in report["autocast"].evidence["reason"]
+
+
+def test_the_training_shape_is_bounded_by_the_probes():
+    with pytest.raises(da.ConfigError, match="batch_size=0"):
+        da.TrainingPath(0, 4)
+    with pytest.raises(da.ConfigError, match="precision='fp16'"):
+        da.TrainingPath(8, 4, "fp16")
+
+
+def test_the_rng_and_the_user_streams_are_untouched():
+    model = PathLM()  # its construction seeds the RNG itself
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    da.audit(model, checks=["train_mode"], **FACTS)
+    assert torch.equal(torch.rand(3), expected)
+
+
+PACKED = da.TrainingPath(4, 16, pack=True)
+
+
+@pytest.mark.parametrize("preset", ["tiny-368", "llama-debug"])
+def test_our_decoder_packs_documents_apart(preset):
+    report = da.audit(da.Decoder(da.preset(preset)), checks=["packing"], training=PACKED)
+    packing = report["packing"]
+    assert packing.passed, packing.detail
+    assert packing.evidence["gradient"]["max_grad_on_earlier_documents"] == 0.0
+    assert packing.evidence["gradient"]["grad_at_own_document"] > 0
+
+
+@pytest.mark.parametrize("broken", [PacksAcrossDocuments, PacksWithoutCausal])
+def test_packing_that_crosses_documents_or_drops_the_triangle_fails_packing_only(broken):
+    torch.manual_seed(0)
+    model = broken(da.preset("llama-debug"))
+    report = da.audit(model, training=PACKED)
+    assert [c.name for c in report.failures] == ["packing"], report.first_failure
+
+
+def test_packing_is_skipped_unless_training_packs():
+    report = da.audit(da.Decoder(da.preset("tiny-368")), checks=["packing"])
+    assert report["packing"].skipped and "--pack" in report["packing"].evidence["reason"]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_hugging_face_packs_with_a_4d_mask_and_position_ids_alone_need_the_cache_off(family):
+    """transformers 5.24 keeps packed documents apart given restarting position_ids and a 4-D
+    additive mask; given position_ids alone, only with use_cache=False (with the cache on its
+    packed-sequence detection is off and the second document reads the first)."""
+    tf = pytest.importorskip("transformers")
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    if family == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(
+            vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, intermediate_size=32, max_position_embeddings=64))
+    else:
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=2,
+                                                 n_positions=64))
+    report = da.audit(model.eval(), checks=["packing"], training=PACKED)
+    packing = report["packing"]
+    assert packing.passed, packing.detail
+    alone = packing.evidence["position_ids_alone"]
+    assert alone["use_cache=False"] < 1e-6 < alone["use_cache=True"]
+    assert "only with use_cache=False" in packing.detail
