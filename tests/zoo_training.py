@@ -21,6 +21,7 @@ a readout. `defect` (None: correct):
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -124,3 +125,34 @@ class PacksWithoutCausal(da.Decoder):
         positions, allowed = packed_documents(document_ids, ids)
         same = document_ids[:, :, None] == document_ids[:, None, :]
         return self._run(ids, None, positions=positions, allowed=same[:, None])
+
+
+# ---- a model that computes its own loss, as Hugging Face models do ----------------------------
+
+class OwnLossLM(nn.Module):
+    """forward(input_ids, labels=None, num_items_in_batch=None) -> .logits and .loss, labels
+    shifted inside (Hugging Face's convention). `defect` (None: correct):
+      "shifted_twice"      the labels are shifted by two (transformers#47395)
+      "reads_ignored"      the loss is built from input_ids, not labels: -100 is never honoured
+      "own_count"          num_items_in_batch ignored: each micro-batch divides by its own count
+                           (transformers#34191)"""
+
+    def __init__(self, defect: str | None = None) -> None:
+        super().__init__()
+        self.defect, self.inner = defect, PathLM(dropout=0.0)
+
+    def forward(self, input_ids, labels=None, num_items_in_batch=None, **kwargs):
+        logits = self.inner(input_ids)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            shift = 2 if self.defect == "shifted_twice" else 1
+            scores = logits[:, :-shift].reshape(-1, logits.shape[-1])
+            targets = labels[:, shift:].reshape(-1)
+            if self.defect == "reads_ignored":
+                targets = input_ids[:, shift:].reshape(-1)
+            total = F.cross_entropy(scores, targets, ignore_index=-100, reduction="sum")
+            count = (targets != -100).sum()
+            if num_items_in_batch is not None and self.defect != "own_count":
+                count = num_items_in_batch
+            loss = total / count
+        return SimpleNamespace(logits=logits, loss=loss)

@@ -11,10 +11,20 @@ from .errors import (
     ContextLengthError,
     DecoderInputError,
     InputShapeError,
+    LeakageSuspected,
+    NonFiniteLogitsError,
     TokenIdError,
+    TrainingDiverged,
 )
-from .gate import (AuditReport, BatchReport, CheckResult, ModelFacts, TrainingPath, audit,
-                   audit_batch)
+from .gate import (
+    AuditReport,
+    BatchReport,
+    CheckResult,
+    ModelFacts,
+    TrainingPath,
+    audit,
+    audit_batch,
+)
 from .generation.generate import Generated, generate
 from .model.decoder import Decoder
 from .model.presets import preset, preset_names
@@ -30,7 +40,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Accounting", "account",
     "CheckpointError", "ConfigError", "ContextLengthError", "Decoder", "DecoderConfig",
-    "DecoderInputError", "InputShapeError", "Ledger", "LedgerRow", "TokenIdError", "Trace",
+    "DecoderInputError", "InputShapeError", "LeakageSuspected", "NonFiniteLogitsError",
+    "TrainingDiverged", "Ledger", "LedgerRow", "TokenIdError", "Trace",
     "measured_ledger", "oracle_logits", "parameter_ledger", "preset", "preset_names", "reconcile",
     "run_with_trace",
     "TorchTwin", "decoder_from_twin", "from_hf", "load_checkpoint", "load_hf_folder",

@@ -51,3 +51,16 @@ class LeakageSuspected(RuntimeError):
     def __init__(self, message: str, *, step: int, loss: float, floor: float) -> None:
         super().__init__(message)
         self.step, self.loss, self.floor = step, loss, floor
+
+
+class NonFiniteLogitsError(ValueError):
+    """The model's next-token logits for a row hold no distribution to choose from (NaN or +inf
+    at a token, or -inf at every token): a broken or diverged model, not a bad prompt, so not a
+    DecoderInputError. `row` is the prompt row, `step` the new token being chosen (0: the
+    first)."""
+
+    def __init__(self, row: int, step: int, what: str) -> None:
+        super().__init__(f"the model's next-token logits for prompt row {row} at step {step} "
+                         f"(new token {step + 1}) {what}: there is no distribution to choose a "
+                         "token from (a broken or diverged model); nothing was generated")
+        self.row, self.step, self.what = row, step, what

@@ -112,17 +112,13 @@ class Source:
 def _hf_decoder_config(folder: Any) -> tuple[DecoderConfig | None, str]:
     """(the DecoderConfig of a Hugging Face folder, "") when our converter reads its family,
     else (None, the converter's reason)."""
-    from .references.hf_config import _transformers, config_from_hf
+    from .references.hf_config import config_from_hf
+    from .references.hf_models import read_hf_config
 
-    tf = _transformers()
     path = Path(folder)
     if not (path / "config.json").is_file():
         raise ConfigError(f"--hf {str(path)!r} has no config.json; not a Hugging Face model folder")
-    try:
-        hf_config = tf.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (ValueError, OSError, KeyError) as exc:
-        raise ConfigError(f"--hf {str(path)!r}: config.json is not a readable Hugging Face "
-                          f"config: {exc}") from exc
+    hf_config = read_hf_config(path, error=ConfigError)  # never runs the folder's code
     try:
         return config_from_hf(hf_config), ""
     except ConfigError as exc:
@@ -161,23 +157,39 @@ def load_factory(spec: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{factory_name}() in {str(path)!r} returned {type(model).__name__}, "
                           "not a torch.nn.Module")
+    _refuse_meta(model, f"{factory_name}() in {str(path)!r}")
     _FACTORY_CACHE[spec] = model
     return model
 
 
 def _user_code(what: str, call: Callable[[], Any]) -> Any:
     """Run a user's code; whatever it raises (or a sys.exit, which would end the command with
-    its status as if it had finished) becomes one ConfigError line naming it."""
+    its status as if it had finished, or a BaseException of its own, which no `except
+    Exception` stops) becomes one ConfigError line naming it. Only Ctrl-C passes through: it is
+    the user's, not the code's."""
     try:
         return call()
+    except KeyboardInterrupt:
+        raise
     except SyntaxError as exc:
         raise ConfigError(f"{what}: SyntaxError at line {exc.lineno}: {exc.msg}") from None
     except SystemExit as exc:
         raise ConfigError(f"{what}: it called sys.exit({exc.code!r}) instead of returning a "
                           "module") from None
-    except Exception as exc:  # noqa: BLE001 - any failure in user code is reported, not raised
+    except BaseException as exc:  # noqa: BLE001 - any failure in user code is reported
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigError(f"{what}: {type(exc).__name__}: {first}") from exc
+
+
+def _refuse_meta(model: nn.Module, what: str) -> None:
+    """A module with tensors on the meta device holds shapes without values: every check and
+    step would read nothing (or fail moving it). Refused, naming the first such tensor."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    meta = [name for name, tensor in tensors if tensor.is_meta]
+    if meta:
+        raise ConfigError(f"{what} returned a module with {len(meta)} of its {len(tensors)} "
+                          f"tensors on the meta device (first: {meta[0]!r}), which holds no "
+                          "values; build it on a real device (cpu) or load its weights first")
 
 
 def _refuse_required_arguments(factory: Callable[..., Any], what: str) -> None:

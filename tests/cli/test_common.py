@@ -127,3 +127,40 @@ def test_verify_ledger_account_and_train_take_a_run_folder(run_copy, tmp_path, c
                                                      "metrics.jsonl"]
     assert math.isfinite(strict_rows(out / "metrics.jsonl")[-1]["loss"])
     assert_kept(before)
+
+
+# ---- issue 26: factories that raise a BaseException or return a module on meta -----------------
+
+ODD_FACTORIES = '''
+import torch
+
+
+class Boom(BaseException):
+    pass
+
+
+def boom():
+    raise Boom("factory blew up")
+
+
+def on_meta():
+    with torch.device("meta"):
+        return torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
+'''
+
+
+@pytest.mark.parametrize("command", ["verify", "ledger", "train"])
+@pytest.mark.parametrize("factory, facts", [("boom", ["Boom", "factory blew up"]),
+                                            ("on_meta", ["meta", "'0.weight'"])])
+def test_factories_raising_a_base_exception_or_returning_meta_are_one_line(
+        tmp_path, capsys, command, factory, facts):
+    path = tmp_path / "odd.py"
+    path.write_text(ODD_FACTORIES)
+    argv = [command, "--model", f"{path}:{factory}", "--vocab-size", "8"]
+    if command != "ledger":
+        argv += ["--no-progress"]
+    if command == "train":
+        argv += ["--steps", "1", "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    line = error_line(capsys, command)
+    assert all(fact in line for fact in facts) and str(path) in line, line

@@ -68,3 +68,65 @@ def test_help_lists_the_commands(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert "ledger" in out and "presets" in out
+
+
+# ---- issue 26: --version; the pictures' colour scale and true cut positions --------------------
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out.split()
+    assert version("decoder-audit") in printed and da.__version__ in printed
+
+
+def _drawn(monkeypatch, draw, check):
+    """The matplotlib figure `draw(check, path)` saves."""
+    import matplotlib.figure
+
+    figures, save = [], matplotlib.figure.Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    assert draw(check, _drawn.path)
+    return figures[-1]
+
+
+def test_the_attention_picture_has_a_colour_scale(monkeypatch, tmp_path):
+    import numpy as np
+
+    from decoder_audit.gate.pictures import attention_png
+    from decoder_audit.gate.result import CheckResult
+
+    pattern = np.tril(np.ones((4, 4))) / np.arange(1, 5)[:, None]  # (T, T) rows sum to 1
+    check = CheckResult("attention_rows", True, "", arrays={
+        "patterns": [np.stack([pattern, pattern])] * 2, "ids": [1, 2, 3, 4]})
+    _drawn.path = tmp_path / "attention.png"
+    figure = _drawn(monkeypatch, attention_png, check)
+    bars = [ax for ax in figure.axes if getattr(ax, "_colorbar", None) is not None]
+    assert len(bars) == 1
+    assert bars[0]._colorbar.vmin == 0 and bars[0]._colorbar.vmax == 1  # probabilities
+
+
+def test_the_dependency_picture_draws_sampled_cuts_at_their_positions(monkeypatch, tmp_path):
+    from decoder_audit.gate.pictures import dependency_png
+    from decoder_audit.gate.result import CheckResult
+
+    rows, cols = list(range(40)), [0, 1, 10, 30, 39]  # sampled cuts, unevenly spaced
+    change = [[1.0 if r >= c else 0.0 for c in cols] for r in rows]
+    check = CheckResult("causal", True, "", {
+        "allowed": 0.0, "dependency": {"rows": rows, "cols": cols, "max_change": change}})
+    _drawn.path = tmp_path / "dependency.png"
+    figure = _drawn(monkeypatch, dependency_png, check)
+    ax = figure.axes[0]
+    # the x axis is in input positions: each cut's tick stands at its value, not at its index
+    assert [tick for tick in ax.get_xticks()] == cols
+    assert [label.get_text() for label in ax.get_xticklabels()] == [str(c) for c in cols]
+    mesh = ax.collections[0]
+    x_edges = sorted({round(float(x), 6) for x in mesh.get_coordinates()[0, :, 0]})
+    assert x_edges == [c - 0.5 for c in cols] + [cols[-1] + 0.5]

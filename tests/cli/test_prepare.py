@@ -127,3 +127,23 @@ def test_resuming_on_a_changed_dataset_is_refused_before_the_gate(trained, capsy
         assert "gate:" not in captured.out  # refused before the audit is spent
     finally:
         assert main([*prepare, "--val-fraction", "0.2"]) == 0  # as the fixture made it
+
+
+# ---- issue 26: one file given twice ------------------------------------------------------------
+
+def test_prepare_refuses_one_text_given_twice_naming_both(trained, tmp_path, capsys):
+    # the last tokens are held out: a repeated file would hold out a copy of training text
+    from cli_support import error_line
+
+    text = trained / "text.txt"
+    copy = tmp_path / "copy.txt"
+    copy.write_bytes(text.read_bytes())
+    roundabout = tmp_path / ".." / tmp_path.name / "copy.txt"
+    for first, second in ((text, text),  # one path twice
+                          (copy, roundabout),  # one file by two paths
+                          (text, copy)):  # two files holding the same bytes
+        assert main(["prepare", "--text", str(first), str(second), "--tokenizer", "bytes",
+                     "--out", str(tmp_path / "data")]) == 2
+        line = error_line(capsys, "prepare")
+        assert str(first) in line and str(second) in line, line
+    assert not (tmp_path / "data").exists()

@@ -77,3 +77,32 @@ def test_sample_command_prints_each_sample_and_refuses_top_k_when_greedy(tiny_ch
     assert main(["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A",
                  "--top-k", "2"]) == 2
     assert "top_k=2" in capsys.readouterr().err
+
+
+# ---- issue 26: a temperature whose scores overflow; logits that overflow -------------------------
+
+@pytest.mark.parametrize("temperature", ["1e-45", "5e-324"])
+def test_sample_at_a_temperature_whose_scores_overflow_draws_greedys_tokens(tiny_checkpoint,
+                                                                          capsys, temperature):
+    import json
+
+    base = ["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A", "--json"]
+    assert main(base) == 0
+    greedy = json.loads(capsys.readouterr().out)
+    assert main([*base, "--temperature", temperature, "--seed", "5"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids"] == greedy["ids"]
+
+
+def test_sample_refuses_logits_that_overflow_naming_the_row_and_the_step(tmp_path, capsys):
+    # finite weights (load_checkpoint takes them) whose logits are inf - inf = NaN: a final norm
+    # gain of 3e38 overflows the hidden state, the tied readout mixes +inf and -inf
+    model = da.Decoder(da.preset("tiny-368"))
+    import torch
+
+    with torch.no_grad():
+        model.ln_final.weight.fill_(3e38)
+    folder = da.save_checkpoint(model, tmp_path / "ckpt")
+    assert main(["sample", "--checkpoint", str(folder), "--prompt", "<bos> A",
+                 "--num-samples", "2"]) == 2
+    line = error_line(capsys, "sample")
+    assert "row 0" in line and "step 0" in line and "NaN" in line, line

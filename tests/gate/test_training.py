@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import decoder_audit as da
-from zoo_training import DEFECTS, T, V, PacksAcrossDocuments, PacksWithoutCausal, PathLM
+from zoo_training import (DEFECTS, T, V, OwnLossLM, PacksAcrossDocuments, PacksWithoutCausal,
+                          PathLM)
 
 FACTS = {"vocab_size": V, "max_seq_len": T, "intervention_len": 16}
 # Where each defect lives: the check that must catch it, and the training path that reaches it.
@@ -126,3 +127,24 @@ def test_hugging_face_packs_with_a_4d_mask_and_position_ids_alone_need_the_cache
     alone = packing.evidence["position_ids_alone"]
     assert alone["use_cache=False"] < 1e-6 < alone["use_cache=True"]
     assert "only with use_cache=False" in packing.detail
+
+
+def test_a_correct_own_loss_passes_model_loss_with_accumulation():
+    report = da.audit(OwnLossLM(), checks=["model_loss"], **FACTS)
+    check = report["model_loss"]
+    assert check.passed, check.detail
+    assert check.evidence["micro_batch_sum"] == pytest.approx(check.evidence["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("defect, says", [("shifted_twice", "shifted twice"),
+                                          ("reads_ignored", "ignored (-100)"),
+                                          ("own_count", "num_items_in_batch")])
+def test_each_own_loss_bug_fails_model_loss_only(defect, says):
+    report = da.audit(OwnLossLM(defect), **FACTS)
+    assert [c.name for c in report.failures] == ["model_loss"], report.first_failure
+    assert says in report["model_loss"].detail
+
+
+def test_a_model_without_labels_is_skipped_for_model_loss():
+    report = da.audit(da.Decoder(da.preset("tiny-368")), checks=["model_loss"])
+    assert report["model_loss"].skipped

@@ -423,3 +423,96 @@ def test_temperature_sampling_is_seeded_and_follows_the_distribution():
     cold = {one_row(model, [1], max_seq_len=4, temperature=0.01, max_new_tokens=1,
                      generator=gen).new_ids[0] for _ in range(50)}
     assert cold == {3}
+
+
+# ---- issue 26: logits that hold no distribution, ids on another device, tiny temperatures ----
+
+class BreaksAt(nn.Module):
+    """A plain module whose next token is (last id + 1) % V, except that the logits of the rows
+    starting with id `first` become `value` (everywhere) once the row holds `length` ids."""
+
+    def __init__(self, first: int, length: int, value: float, vocab: int = 11) -> None:
+        super().__init__()
+        self.first, self.length, self.value, self.vocab = first, length, value, vocab
+        self.weight = nn.Parameter(torch.zeros(()))
+
+    def forward(self, ids):
+        logits = nn.functional.one_hot((ids + 1) % self.vocab, self.vocab).float() * 5
+        if ids.shape[1] >= self.length:
+            logits[ids[:, 0] == self.first] = self.value
+        return logits
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logits_without_a_distribution_are_refused_naming_the_row_and_the_step(value,
+                                                                              temperature):
+    # row 1 starts with 5; at 4 ids (2 prompt + 2 new) its logits break: step 2, the third new
+    # token. Greedy argmax would have returned id 0 for NaN, multinomial a RuntimeError.
+    model = BreaksAt(first=5, length=4, value=value)
+    with pytest.raises(ValueError) as refused:
+        da.generate(model, [[1, 2], [5, 6]], max_new_tokens=4, temperature=temperature,
+                    generator=torch.Generator().manual_seed(0))
+    assert not isinstance(refused.value, da.DecoderInputError)  # the prompt is fine
+    assert (refused.value.row, refused.value.step) == (1, 2)
+    assert "row 1" in str(refused.value) and "step 2" in str(refused.value)
+
+
+def test_a_row_run_alone_is_named_by_its_place_in_the_prompt():
+    # ragged prompts for a module without a mask run row by row: the error names row 2 of the
+    # caller's prompt, not row 0 of the one-row call it happened in
+    model = BreaksAt(first=5, length=1, value=float("nan"))
+    with pytest.raises(ValueError) as refused:
+        da.generate(model, [[1, 2], [3], [5, 6, 7]], max_new_tokens=2)
+    assert (refused.value.row, refused.value.step) == (2, 0)
+
+
+def test_a_decoder_whose_logits_are_nan_is_refused_through_its_cache():
+    model = da.Decoder(da.preset("tiny-368"))
+    with torch.no_grad():
+        model.ln_final.weight.fill_(float("nan"))
+    with pytest.raises(ValueError) as refused:
+        da.generate(model, [[1, 3]], max_new_tokens=2)
+    assert (refused.value.row, refused.value.step) == (0, 0)
+
+
+def test_ids_on_another_device_than_the_models_are_refused_naming_both():
+    model = da.Decoder(da.preset("tiny-368"))
+    with pytest.raises(da.DecoderInputError) as refused:
+        da.generate(model, torch.tensor([[1, 3]], device="meta"), max_new_tokens=2)
+    assert "meta" in str(refused.value) and "cpu" in str(refused.value)
+    with pytest.raises(da.DecoderInputError, match="meta"):  # one row of several, as a tensor
+        da.generate(model, [[1, 3], torch.tensor([1], device="meta")], max_new_tokens=2)
+    on_meta = da.Decoder(da.preset("tiny-368"), device="meta")
+    with pytest.raises(da.DecoderInputError) as refused:
+        da.generate(on_meta, torch.tensor([[1, 3]]), max_new_tokens=2)
+    assert "meta" in str(refused.value) and "cpu" in str(refused.value)
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 5e-324])
+def test_a_temperature_whose_scores_overflow_draws_among_the_maxima(temperature):
+    # logits / 1e-45 overflows float32 (and 5e-324 is 0 in float32): the tokens below the
+    # maximum get probability 0, their limit, so the draw is greedy's token
+    model = _model(configs.named("gqa-small"))
+    greedy = da.generate(model, [[1, 2], [3, 4]], max_new_tokens=4)
+    cold = da.generate(model, [[1, 2], [3, 4]], max_new_tokens=4, temperature=temperature,
+                       generator=torch.Generator().manual_seed(0))
+    assert cold.ids == greedy.ids
+    tied = torch.tensor([[2.0, 5.0, 5.0, -1.0]])
+    probs = Sampler(temperature, None, None, None).probabilities(tied)[0]
+    assert probs.tolist() == [0.0, 0.5, 0.5, 0.0]
+
+
+@pytest.mark.parametrize("wrapper", ["BridgeLike", "WrapperLike", "KVGPTLike"])
+def test_generate_drives_a_forward_whose_names_suggest_another_convention(wrapper):
+    """A `past_key_values` or `cache` parameter is not taken on trust: generate calls the model
+    as it works (ids positionally, no cache it cannot step), and greedy output equals the
+    wrapped decoder's own."""
+    import zoo_foreign
+    from helpers import random_decoder
+
+    inner = random_decoder(da.preset("tiny-368"))
+    model = getattr(zoo_foreign, wrapper)(inner)
+    want = da.generate(inner, [1, 3], max_new_tokens=2)
+    got = da.generate(model, [1, 3], max_new_tokens=2, max_seq_len=4)
+    assert got.ids == want.ids

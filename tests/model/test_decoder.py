@@ -407,3 +407,11 @@ def test_cs336_attention_snapshots(cs336_reference):
     z4, _, _ = eager_attention(split(q), split(k), split(v), split(mask))
     torch.testing.assert_close(
         z4, _snapshot(cs336_reference, "test_4d_scaled_dot_product_attention"), atol=1e-6, rtol=0)
+
+
+def test_ids_on_the_meta_device_are_refused_by_weights_that_hold_values():
+    model = da.Decoder(da.preset("tiny-368"))
+    with pytest.raises(da.InputShapeError, match="meta"):
+        model(torch.zeros(1, 2, dtype=torch.long, device="meta"))
+    on_meta = da.Decoder(da.preset("tiny-368"), device="meta")  # accounting counts FLOPs so
+    assert on_meta(torch.zeros(1, 2, dtype=torch.long, device="meta")).device.type == "meta"

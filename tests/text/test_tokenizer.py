@@ -7,6 +7,7 @@ exist and in what order), never from the code under test."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from helpers import trained_bpe
@@ -218,3 +219,145 @@ def test_tokenizers():
     text = Tokenizer.for_vocab_size(256)
     assert text.encode("hé") == [104, 0xC3, 0xA9] and text.eos_id is None
     assert text.decode([104, 0xC3, 0xA9]) == "hé"
+
+
+# ---- issue 26: empty vocabularies, words the tiny vocabulary lacks, byte-level decoding,
+# ---- long texts in pieces ----------------------------------------------------------------------
+
+def test_a_tokenizer_json_without_tokens_is_refused_naming_its_file(tmp_path):
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={}, merges=[]))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.save(str(tmp_path / "nothing.json"))
+    with pytest.raises(ConfigError, match="nothing.json"):
+        Tokenizer.from_spec(tmp_path / "nothing.json")
+
+
+def test_the_tiny_vocabulary_names_the_first_word_it_lacks_and_where_it_starts():
+    tiny = Tokenizer("tiny-vocab")
+    text = "<bos> A B\n  C The cat <eos>"
+    with pytest.raises(ConfigError) as refused:
+        tiny.encode(text)
+    message = str(refused.value)
+    assert "'The'" in message and "cat" not in message
+    # where 'The' starts: character 14, line 2, column 5 (counted from 1)
+    assert text.index("The") == 14
+    for fact in (r"\b14\b", r"line 2\b", r"column 5\b"):
+        assert re.search(fact, message), (fact, message)
+
+
+def _byte_level_without_decoder(pre_tokenizer) -> tokenizers.Tokenizer:
+    backend = trained_bpe()
+    backend.pre_tokenizer = pre_tokenizer
+    backend.decoder = None
+    return backend
+
+
+@pytest.mark.parametrize("pre", [
+    lambda lib: lib.pre_tokenizers.ByteLevel(add_prefix_space=False),
+    lambda lib: lib.pre_tokenizers.Sequence([
+        lib.pre_tokenizers.Split(lib.Regex(r"\s+"), "isolated"),
+        lib.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+])
+def test_a_byte_level_tokenizer_json_without_a_decoder_reads_back_its_text(tmp_path, pre):
+    backend = _byte_level_without_decoder(pre(tokenizers))
+    backend.save(str(tmp_path / "tok.json"))
+    assert backend.decode(backend.encode("the cat").ids) != "the cat"  # the library's reading
+    tok = Tokenizer.from_spec(tmp_path / "tok.json")
+    for text in ("the cat the", "naïve ✓ the\n\tmat"):
+        assert tok.decode(tok.encode(text)) == text
+        assert tok.encode(text) == backend.encode(text).ids  # the ids are the file's own
+    assert tok.files["tokenizer.json"] == (tmp_path / "tok.json").read_bytes()  # kept verbatim
+
+
+class _Recording:
+    """A tokenizers.Tokenizer that records the length of every text it is asked to encode."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.lengths = backend, []
+
+    def encode(self, text, *args, **kwargs):
+        self.lengths.append(len(text))
+        return self.backend.encode(text, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
+def _word_level(lib):
+    words = ["the", "cat", "sat", "on", "mat", "[UNK]", "<s>", "</s>"]
+    backend = lib.Tokenizer(lib.models.WordLevel({w: i for i, w in enumerate(words)},
+                                                 unk_token="[UNK]"))
+    backend.normalizer = lib.normalizers.Sequence([lib.normalizers.NFKC(),
+                                                   lib.normalizers.Lowercase()])
+    backend.pre_tokenizer = lib.pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = lib.processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 6), ("</s>", 7)])
+    return backend
+
+
+def _metaspace(lib):
+    backend = trained_bpe()
+    backend.pre_tokenizer = lib.pre_tokenizers.Metaspace()
+    backend.decoder = lib.decoders.Metaspace()
+    return backend
+
+
+def _llama3_style(lib):
+    backend = trained_bpe()
+    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}"
+               r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    backend.pre_tokenizer = lib.pre_tokenizers.Sequence([
+        lib.pre_tokenizers.Split(lib.Regex(pattern), "isolated"),
+        lib.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.post_processor = lib.processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
+    return backend
+
+
+LONG_TEXT = ("the cat  sat on\tthe mat.\nThe CAT sat, the ﬁne mat<|endoftext|>café naïve ✓ 12345 "
+             "日本語の the\n\n  mat   ") * 40
+
+
+@pytest.mark.parametrize("build", [lambda lib: trained_bpe(), _word_level, _metaspace,
+                                   _llama3_style])
+def test_a_long_text_is_encoded_in_pieces_to_the_ids_of_the_whole(tmp_path, monkeypatch, build):
+    # The library holds ~200 bytes per character of one input: a 31 MB one-line file took
+    # 6.1 GB. A long text goes in pieces, and its ids are those of the text encoded whole.
+    import decoder_audit.text.tokenizer as module
+
+    backend = build(tokenizers)
+    backend.save(str(tmp_path / "tok.json"))
+    tok = Tokenizer.from_spec(tmp_path / "tok.json")
+    monkeypatch.setattr(module, "PIECE_CHARS", 200)
+    tok._backend = recording = _Recording(tok._backend)
+    for text in (LONG_TEXT, LONG_TEXT.replace("\n", " ")):  # several lines; one line
+        recording.lengths.clear()
+        assert tok.encode(text) == backend.encode(text).ids
+        # the whole text never went in at once: only pieces, and the first two once more
+        # (the check that this pipeline cannot see a cut)
+        assert max(recording.lengths) < len(text) / 4, recording.lengths
+
+
+def test_gpt2_files_encode_a_long_text_in_pieces_to_the_ids_of_the_whole(gpt2_folder,
+                                                                         monkeypatch):
+    import decoder_audit.text.tokenizer as module
+
+    tok = Tokenizer.from_spec(gpt2_folder)
+    whole = tok.encode(LONG_TEXT)
+    monkeypatch.setattr(module, "PIECE_CHARS", 200)
+    tok._backend = recording = _Recording(tok._backend)
+    assert tok.encode(LONG_TEXT) == whole
+    assert max(recording.lengths) < len(LONG_TEXT) / 4
+
+
+def test_a_pipeline_that_could_see_a_cut_encodes_the_text_whole(tmp_path, monkeypatch):
+    import decoder_audit.text.tokenizer as module
+
+    backend = trained_bpe()  # a normalizer that rewrites two characters at once
+    backend.normalizer = tokenizers.normalizers.Replace("t c", "tc")
+    backend.save(str(tmp_path / "tok.json"))
+    tok = Tokenizer.from_spec(tmp_path / "tok.json")
+    monkeypatch.setattr(module, "PIECE_CHARS", 200)
+    tok._backend = recording = _Recording(tok._backend)
+    assert tok.encode(LONG_TEXT) == backend.encode(LONG_TEXT).ids
+    assert recording.lengths == [len(LONG_TEXT)]

@@ -562,3 +562,21 @@ def test_pack_trains_documents_apart_to_the_loss_of_unpacked_training(documents_
 def test_pack_is_refused_for_a_task_without_documents():
     with pytest.raises(da.ConfigError, match="--pack"):
         train(da.preset("tiny-368"), steps=1, pack=True, progress=False, verbose=False)
+
+
+def test_a_default_initialised_model_is_refused_with_the_measured_cause_and_nothing_written(
+        tmp_path):
+    """PyTorch's default nn.Embedding draws N(0, 1): a correct model (verify passes it) starts
+    far above ln V. The refusal says why, with the logits' measured spread, and writes nothing,
+    so the rerun in the same folder is not blocked."""
+    from zoo_training import T, V, PathLM
+
+    out = tmp_path / "run"
+    with pytest.raises(GateRefusal) as refused:
+        train(PathLM(), vocab_size=V, max_seq_len=T, steps=2, batch_size=8, out=out,
+              progress=False, verbose=False)
+    assert "standard deviation" in refused.value.detail and "N(0, 0.02)" in refused.value.detail
+    assert not (out / "metrics.jsonl").exists() and not (out / "checkpoint").exists()
+    result = train(PathLM(), vocab_size=V, max_seq_len=T, steps=2, batch_size=8, out=out,
+                   progress=False, verbose=False, expect_fresh=False)
+    assert result.step == 2

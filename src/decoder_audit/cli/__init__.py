@@ -1,29 +1,54 @@
 """The `decoder-audit` command. Each subcommand lives in its own module with a `register`
-function that adds its parser and sets `func`; `main` only dispatches."""
+function that adds its parser and sets `func`; `main` only dispatches.
+
+A refusal (USER_ERRORS) ends the command with one line on stderr naming the value and the limit,
+and exit status 2; `--debug` re-raises it instead, with its traceback. `--version` prints the
+installed package's version."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from importlib import metadata
 
-from ..errors import CheckpointError, ConfigError, DecoderInputError, RunFolderError
+from ..errors import (
+    CheckpointError,
+    ConfigError,
+    DecoderInputError,
+    NonFiniteLogitsError,
+    RunFolderError,
+)
 
 # What a user can cause and fix: each ends the command with one line naming the problem and its
-# value, and exit status 2. Anything else is a bug of ours and keeps its traceback.
-USER_ERRORS = (ConfigError, DecoderInputError, CheckpointError, RunFolderError, OSError,
-               MemoryError)
+# value, and exit status 2. The storage refusals (an out folder holding a user's file, a
+# checkpoint that does not fit) are CheckpointErrors; NonFiniteLogitsError is a model whose
+# logits broke (sample). Anything else is a bug, ours or in a user's forward: one line too, exit
+# status 1, and its traceback with --debug.
+USER_ERRORS = (ConfigError, DecoderInputError, CheckpointError, RunFolderError,
+               NonFiniteLogitsError, OSError, MemoryError)
 
 # Subcommand modules, in the order `--help` lists them.
 COMMANDS = ["verify", "ledger", "account", "train", "sample", "convert", "prepare", "presets"]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (status 2); the usage is one --help away.
+    The subcommands' parsers are of this class too (add_subparsers makes them so)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="decoder-audit",
         description="Build decoder-only language models from one config and prove them correct "
                     "before training.",
     )
+    parser.add_argument("--version", action="version", version=f"decoder-audit {version()}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, raise it with its traceback instead of one line")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(subparsers)
@@ -35,19 +60,36 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except USER_ERRORS as exc:
+        if args.debug:
+            raise
         print(f"decoder-audit {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"decoder-audit {args.command}: interrupted", file=sys.stderr)
         return 130
     except SystemExit as exc:
-        if exc.code not in (0, None):
+        if exc.code not in (0, None) or args.debug:
             raise  # a usage error (argparse) keeps its status
         # Our commands return their status; a sys.exit(0) from user code (a --model factory or
         # forward) would otherwise end the run as a success with nothing checked.
         print(f"decoder-audit {args.command}: error: user code called sys.exit({exc.code!r}) "
               "before the command finished; nothing was checked", file=sys.stderr)
         return 1
+    except BaseException as exc:  # a bug: ours, or raised by a user's forward
+        if args.debug:
+            raise
+        # Still one line: the traceback is one flag away, not in every user's terminal.
+        print(f"decoder-audit {args.command}: error: unexpected {type(exc).__name__}: "
+              f"{one_line(exc)} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+def version() -> str:
+    """The installed distribution's version (the one pip reports)."""
+    try:
+        return metadata.version("decoder-audit")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def one_line(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ from rich.table import Table
 from ..accounting import account
 from ..accounting.plot import plot_context_sweep
 from ..accounting.results import BYTES_PER_ELEMENT, FLOP_CONVENTIONS
-from ..console import console
+from ..console import console, literal
 from ..sources import DEFAULT_PRESET
 from .common import add_model_source, rerun_command, source_from_args
 
@@ -80,7 +80,7 @@ def run(args) -> int:
 def _print(acct, args, extra) -> None:
     cfg, out = acct.config, console()
     B, T = acct.batch_size, acct.seq_len
-    out.print(f"[bold]{_source_name(args)}[/bold], accounted at B={B}, T={T}")
+    out.print(f"[bold]{literal(_source_name(args))}[/bold], accounted at B={B}, T={T}")
     out.print(f"  L={cfg.n_layers} D={cfg.d_model} H={cfg.n_heads} Hkv={cfg.kv_heads} "
               f"Dh={cfg.head_dim} F={cfg.d_ff} V={cfg.vocab_size} max_seq_len={cfg.max_seq_len} "
               f"mlp={cfg.mlp} pos={cfg.pos} norm={cfg.norm} tied={cfg.tie_embeddings}")
@@ -91,8 +91,8 @@ def _print(acct, args, extra) -> None:
     for line in FLOP_CONVENTIONS:
         out.print(f"  - {line}")
     if args.plot:
-        out.print(f"plot: {args.plot}")
-    out.print(f"rerun: {rerun_command('account', args, *extra)}")
+        out.print(f"plot: {literal(args.plot)}")
+    out.print(f"rerun: {literal(rerun_command('account', args, *extra))}")
 
 
 def _print_parameters(acct, out) -> None:

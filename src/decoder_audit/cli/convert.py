@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..console import console
+from ..console import console, literal
 from ..errors import ConfigError
 
 CHECK_BATCH = 2
@@ -135,7 +135,8 @@ def _from_hf(args, tf, check: _LogitCheck) -> _Converted:
     decoder = load_hf_folder(args.from_hf)
     tokenizer = _hf_tokenizer(args.from_hf, decoder.config.vocab_size)
     hf_model = tf.AutoModelForCausalLM.from_pretrained(
-        args.from_hf, attn_implementation=ATTN_IMPLEMENTATION)
+        args.from_hf, attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=False,
+        local_files_only=True)
     written = save_checkpoint(decoder, args.out,
                               extra_files=tokenizer.folder_files() if tokenizer else None,
                               check=lambda tmp: check(load_checkpoint(tmp), hf_model))
@@ -161,7 +162,8 @@ def _to_hf(args, tf, check: _LogitCheck) -> _Converted:
 
     def reread(tmp) -> None:
         check(ours, tf.AutoModelForCausalLM.from_pretrained(
-            str(tmp), attn_implementation=ATTN_IMPLEMENTATION))
+            str(tmp), attn_implementation=ATTN_IMPLEMENTATION, trust_remote_code=False,
+            local_files_only=True))
         if tokenizer is not None:
             check_hf_tokenizer(tmp, tokenizer, tf)
 
@@ -184,15 +186,17 @@ def _report(args, done: _Converted, check: _LogitCheck) -> None:
             "tokenizer": tokenizer}, indent=2))
         return
     out = console()
-    out.print(f"{done.direction}: {args.from_hf or args.checkpoint} -> {done.written}")
+    # folders, the tokenizer's name and the notes (which quote config values) are the user's
+    out.print(f"{done.direction}: {literal(args.from_hf or args.checkpoint)} -> "
+              f"{literal(done.written)}")
     if tokenizer is not None:
-        out.print(f"tokenizer {tokenizer} kept with the checkpoint" if args.from_hf else
-                  f"tokenizer {tokenizer} written for Hugging Face (AutoTokenizer reads the "
-                  "probe text as ours)")
+        out.print(f"tokenizer {literal(tokenizer)} kept with the checkpoint" if args.from_hf else
+                  f"tokenizer {literal(tokenizer)} written for Hugging Face (AutoTokenizer reads "
+                  "the probe text as ours)")
     out.print(f"{type(hf_model).__name__}, {ours.num_parameters():,} parameters, "
               f"tie_embeddings={cfg.tie_embeddings}")
     for change in done.changes:
-        out.print(f"[yellow]note[/yellow]: {change}")
+        out.print(f"[yellow]note[/yellow]: {literal(change)}")
     out.print(f"logits on random ids {tuple(check.ids.shape)} (float32): max |ours - HF| = "
               f"{check.diff:.3e} (tolerance {args.tolerance:g}) [green]equal[/green]")
 

@@ -8,7 +8,7 @@ import torch
 from rich.table import Table
 
 from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
-from ..console import console
+from ..console import console, literal
 from .common import add_model_source, source_from_args
 
 
@@ -57,7 +57,7 @@ def run(args) -> int:
     table.add_row("total", f"{shown.total:,}", "", style="bold")
     out.print(table)
     if analytic is None:
-        why = f" ({source.why_no_config()})" if source.why_no_config() else ""
+        why = f" ({literal(source.why_no_config())})" if source.why_no_config() else ""
         out.print(f"no DecoderConfig{why}: measured ledger only (unique Parameters, a tied "
                   "weight once)")
         return 0

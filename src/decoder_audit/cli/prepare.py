@@ -8,9 +8,12 @@ See `decoder_audit.text.datasets` for the folder it writes.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
-from ..console import console
+from ..console import console, literal
+from ..errors import ConfigError
 
 
 def register(subparsers) -> None:
@@ -39,6 +42,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..text.datasets import prepare_dataset
 
+    refuse_duplicates(args.text)
     header = prepare_dataset(args.text, args.tokenizer, args.out, val_fraction=args.val_fraction)
     if args.json:
         print(json.dumps(header, indent=2))
@@ -47,12 +51,40 @@ def run(args) -> int:
     tok = header["tokenizer"]
     (a, b), (c, d) = header["splits"]["train"], header["splits"]["val"]
     n_train, n_val = b - a, d - c
-    out.print(f"{args.out}: {header['tokens']:,} tokens ({header['dtype']}), train "
+    # paths and the tokenizer's name are the user's: `literal`, so brackets print as they are
+    out.print(f"{literal(args.out)}: {header['tokens']:,} tokens ({header['dtype']}), train "
               f"{n_train:,} + held out {n_val:,}")
-    out.print(f"tokenizer {tok['name']} (vocab_size {tok['vocab_size']}, eos_id "
+    out.print(f"tokenizer {literal(tok['name'])} (vocab_size {tok['vocab_size']}, eos_id "
               f"{tok['eos_id']}, sha256 {tok['sha256'][:12]})")
     for source in header["sources"]:
         note = "" if source["round_trip"] else "  [yellow]decoding does not give the text back[/]"
-        out.print(f"  {source['path']}: {source['bytes']:,} bytes -> {source['tokens']:,} tokens"
-                  f"{note}")
+        out.print(f"  {literal(source['path'])}: {source['bytes']:,} bytes -> "
+                  f"{source['tokens']:,} tokens{note}")
     return 0
+
+
+def refuse_duplicates(texts: list[str]) -> None:
+    """ConfigError naming both files when two --text files are one file (the same resolved path)
+    or hold the same bytes (the same SHA-256): the tokens go in order and the last ones are held
+    out, so a repeated file would make the held-out split a copy of training text."""
+    seen: dict[Path, str] = {}
+    for text in texts:
+        path = Path(text).resolve()
+        if path in seen:
+            raise ConfigError(f"--text {text!r} and {seen[path]!r} are the same file "
+                              f"({str(path)!r}); give each file once")
+        seen[path] = text
+    by_size: dict[int, list[str]] = {}
+    for path, text in seen.items():
+        if path.is_file():  # a missing file is prepare_dataset's to name
+            by_size.setdefault(path.stat().st_size, []).append(text)
+    digests: dict[str, str] = {}
+    for same_size in (group for group in by_size.values() if len(group) > 1):
+        for text in same_size:  # only files of equal size can hold the same bytes
+            with open(text, "rb") as handle:
+                digest = hashlib.file_digest(handle, "sha256").hexdigest()
+            if digest in digests:
+                raise ConfigError(f"--text {text!r} and {digests[digest]!r} hold the same bytes "
+                                  f"(SHA-256 {digest[:16]}...); give each text once, or the "
+                                  "held-out split repeats training text")
+            digests[digest] = text

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..console import console
+from ..console import console, literal
 from .common import add_model_source, source_from_args
 
 DEFAULT_OUT = "runs/train"
@@ -52,6 +52,12 @@ def register(subparsers) -> None:
                              "a folder with GPT-2's vocab.json + merges.txt) instead of bytes; "
                              "the checkpoint carries it")
     _add_step_options(parser)
+    _add_run_options(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_run_options(parser) -> None:
+    """Where the run writes and how it is carried out (none of these changes its result)."""
     parser.add_argument("--out", metavar="DIR", help="run folder: metrics.jsonl, loss_curve.png, "
                                                      f"checkpoint/ (default {DEFAULT_OUT})")
     parser.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
@@ -79,7 +85,6 @@ def register(subparsers) -> None:
                         help="activation checkpointing: recompute each block's activations in "
                              "backward (less memory, the same gradients; the gate proves it first)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
 
 
 def _add_step_options(parser) -> None:
@@ -147,7 +152,7 @@ def _print_refusal(refusal) -> None:
         return
     out = console()
     out.print(f"[bold red]training refused[/bold red]: check [bold]{refusal.check}[/bold] failed")
-    out.print(f"  {refusal.detail}")
+    out.print(f"  {literal(refusal.detail)}")
     report = refusal.report
     failed = [c for c in getattr(report, "checks", []) if not c.passed and not c.skipped]
     if len(failed) > 1:

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from ..console import console
+from ..console import console, literal
 from ..errors import ConfigError
 from ..gate import audit, print_report, to_json
 from .common import add_model_source, rerun_command, source_from_args
@@ -118,5 +118,5 @@ def run(args) -> int:
         out = console()
         print_report(report, out, command=command)
         if args.report:
-            out.print(f"report written: {', '.join(str(p) for p in written)}")
+            out.print(f"report written: {literal(', '.join(str(p) for p in written))}")
     return 0 if report.passed else 1

@@ -96,6 +96,8 @@ class ModelFacts:
     """How the oracle reads the weights: "decoder", "hugging face", or None."""
     reference_reason: str = ""
     """Why there is no reference (empty when there is one)."""
+    computes_loss: bool = False
+    """The forward takes labels= and returns its own .loss (Hugging Face's convention)."""
     packing: str | None = None
     """How documents are packed into one row: "document_ids" (our Decoder), "position_ids" (a
     Hugging Face model: restarting position_ids and a 4-D block-diagonal attention mask), or None
@@ -241,6 +243,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
         pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
         reference=reference, reference_reason=reason, packing=packing_interface(model),
+        computes_loss=_takes(model, "labels"),
         has_input_embedding=input_embedding(model) is not None, training=training, origin=origin,
         notes=tuple(notes))
 
@@ -324,6 +327,13 @@ def _reference(model: nn.Module, config: DecoderConfig | None) -> tuple[str | No
     from ..references.hf import hf_reference
 
     return hf_reference(model)
+
+
+def _takes(model: nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def packing_interface(model: nn.Module) -> str | None:

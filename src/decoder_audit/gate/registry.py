@@ -51,6 +51,8 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "has_attention": lambda f: f.attention_reason,
     "runs_in_train_mode": lambda f: f"{f.train_mode_reason}; a training path declared with its "
                                     "length (train declares one) has it checked there",
+    "computes_loss": lambda f: "the forward takes no labels=: the loss is the caller's "
+                               "(loss_alignment proves the next-token helpers)",
     "trains_packed": lambda f: "training is not declared to pack documents into rows (train "
                                "--pack runs it)",
     "packs": lambda f: "no packing interface: the forward takes neither document_ids (ours) nor "
@@ -126,6 +128,8 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           paths=("training",)),
     Check("autocast", "under bf16 autocast: causal, batch-independent, finite", "training",
           training.check_autocast, needs=("trains_in_bf16",), paths=("training",)),
+    Check("model_loss", "its own labels= loss: shifted once, -100 ignored, accumulates",
+          "training", training.check_model_loss, needs=("computes_loss",), paths=("training",)),
     Check("grad_causal", "loss gradient at t is exactly 0 at every later input", "generation",
           generation.check_grad_causal, needs=("has_input_embedding", "has_input_gradient")),
     Check("loss_alignment", "inputs/targets shifted by one, rows aligned", "alignment",

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..console import literal
 from .registry import CHECK_TITLES
 from .result import CheckResult
 from .subject import DEFAULT_PROBE_LEN
@@ -111,7 +112,7 @@ def print_report(report, console: Console | None = None, command: str | None = N
                       _fmt_tol(check.tolerance), check.detail)
     out.print(table)
     for note in report.notes:
-        out.print(f"note: {note}")
+        out.print(f"note: {literal(note)}")
     first = report.first_failure
     if first is None:
         skipped = [c.name for c in report.skipped]
@@ -120,7 +121,7 @@ def print_report(report, console: Console | None = None, command: str | None = N
     else:
         out.print(Text(f"FAILED: first broken contract is '{first.name}' "
                        f"({CHECK_TITLES[first.name]})", style="bold red"))
-        out.print(f"  {first.detail}")
+        out.print(f"  {literal(first.detail)}")
         others = [c.name for c in report.failures[1:]]
         if others:
             out.print(f"  also failing: {', '.join(others)}")
@@ -132,7 +133,7 @@ def print_report(report, console: Console | None = None, command: str | None = N
     if slow:
         out.print("  slowest: " + ", ".join(f"{c.name} {c.seconds:.1f} s" for c in slow[:5]))
     if command:
-        out.print(f"rerun: {command}")
+        out.print(f"rerun: {literal(command)}")
 
 
 def _print_sections(report, out: Console) -> None:
@@ -143,7 +144,7 @@ def _print_sections(report, out: Console) -> None:
         out.print(_rich_table(f"shape ledger ({sizes})", ("site", "declared", "recorded", ""),
                               rows))
         if note:
-            out.print(f"  {note}")
+            out.print(f"  {literal(note)}")
     params = report["params"]
     if params.evidence.get("rows"):
         ev = params.evidence

@@ -26,7 +26,16 @@ Sampling (temperature > 0): logits / temperature, then top-k (keep the k largest
 with the k-th are kept), then top-p (keep, in order of decreasing probability, each token whose
 more probable predecessors hold less than p of the mass; the most probable token is always
 kept), then one draw from the renormalised softmax with `generator`. temperature 0 is greedy
-(argmax; the first index among equal maxima).
+(argmax; the first index among equal maxima). The scores are (logits - row maximum) /
+temperature, the same softmax; at a temperature so small that this overflows (1e-45 in float32)
+the tokens below the maximum get -inf, probability 0, which is their limit: the draw is then
+among the maxima, greedy's token when the maximum is unique. Nothing overflows to +inf or NaN.
+
+Logits that hold no distribution are refused, never drawn from: NaN or +inf at any token, or
+-inf at every token, of a row still generating raise `NonFiniteLogitsError` naming the row and
+the step (argmax would return the NaN's index, multinomial a bare RuntimeError). -inf at some
+tokens is a model ruling them out, and stays allowed. A prompt tensor must lie on the model's
+device (not on meta, which holds no values): it is refused, naming both devices.
 """
 
 from __future__ import annotations
@@ -40,12 +49,19 @@ import torch
 from torch import nn
 
 from ..config import DecoderConfig
-from ..errors import ConfigError, ContextLengthError, InputShapeError, TokenIdError
-
+from ..errors import (
+    ConfigError,
+    ContextLengthError,
+    DecoderInputError,
+    InputShapeError,
+    NonFiniteLogitsError,
+    TokenIdError,
+)
 from .convention import (
     CacheNotReturned,
     Stepper,
     convention,
+    established,
     device_of,
     left_padded,
     numbered,
@@ -77,8 +93,9 @@ def generate(model: nn.Module, prompt: Sequence[int] | Sequence[Sequence[int]] |
     for you) or a (B, T0) integer tensor. See the module docstring for conventions, stopping
     and sampling. `max_seq_len` is for a model without a DecoderConfig; `on_token(n)` is called
     after each generated token of the batch (n new tokens so far), e.g. for a progress bar.
-    Raises ConfigError for a bad option and a DecoderInputError for a bad prompt, naming the
-    value and its limit."""
+    Raises ConfigError for a bad option and a DecoderInputError for a bad prompt (or a prompt
+    tensor on another device than the model's), naming the value and its limit;
+    NonFiniteLogitsError when the model's logits hold no distribution."""
     cfg = getattr(model, "config", None)
     cfg = cfg if isinstance(cfg, DecoderConfig) else None
     if cfg is not None:
@@ -87,6 +104,7 @@ def generate(model: nn.Module, prompt: Sequence[int] | Sequence[Sequence[int]] |
                               f"max_seq_len={cfg.max_seq_len}")
         max_seq_len = cfg.max_seq_len
     vocab = cfg.vocab_size if cfg is not None else None
+    _check_device(prompt, device_of(model))
     rows = _prompt_rows(prompt, vocab)
     _check_options(max_new_tokens, temperature, top_k, top_p, eos_id, generator, use_cache,
                    max_seq_len, vocab)
@@ -97,6 +115,11 @@ def generate(model: nn.Module, prompt: Sequence[int] | Sequence[Sequence[int]] |
                     f"prompt row {i} has {len(row)} tokens but the model accepts at most "
                     f"max_seq_len={max_seq_len}; it is rejected, never cropped")
     conv = convention(model)
+    longest_row = max(rows, key=len)
+    if conv.name != "decoder" and len(longest_row) >= 2 and (conv.cached or conv.masked):
+        # the names in a forward's signature are a guess: checked by calling it (two tokens)
+        conv, _ = established(model, conv, torch.tensor([longest_row[:2]],
+                                                        device=device_of(model)))
     if len({len(row) for row in rows}) > 1 or (eos_id is not None and len(rows) > 1):
         # pads will come: where the model's rows start
         pad = getattr(getattr(model, "config", None), "pad_token_id", None)
@@ -104,10 +127,15 @@ def generate(model: nn.Module, prompt: Sequence[int] | Sequence[Sequence[int]] |
         conv, _ = numbered(model, conv, longest, pad)
     if len({len(row) for row in rows}) > 1 and not conv.masked:
         # no mask, no padding: each row alone (the rows draw from `generator` in turn)
-        parts = [generate(model, [row], max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
-                          use_cache=use_cache, max_seq_len=max_seq_len, on_token=on_token)
-                 for row in rows]
+        parts = []
+        for i, row in enumerate(rows):
+            try:
+                parts.append(generate(
+                    model, [row], max_new_tokens=max_new_tokens, temperature=temperature,
+                    top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
+                    use_cache=use_cache, max_seq_len=max_seq_len, on_token=on_token))
+            except NonFiniteLogitsError as exc:  # named by its row in the caller's prompt
+                raise NonFiniteLogitsError(i, exc.step, exc.what) from None
         return Generated([p.ids[0] for p in parts], [p.new_ids[0] for p in parts],
                          [p.stop[0] for p in parts])
     sampler = Sampler(temperature, top_k, top_p, generator)
@@ -134,7 +162,13 @@ class Sampler:
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution (B, V) a draw comes from (temperature > 0): softmax of
         logits / temperature over the tokens top-k and top-p keep (zero elsewhere)."""
-        scores = logits.float() / self.temperature  # (B, V)
+        logits = logits.float()
+        # The same softmax from scores <= 0, so a tiny temperature overflows only to -inf (a
+        # token far below the maximum: probability 0, its limit), never to +inf or NaN. The
+        # maxima are set to 0 rather than divided: 0 / 5e-324 is 0 / 0 once the temperature is
+        # rounded to float32.
+        shifted = logits - logits.amax(-1, keepdim=True)  # (B, V)
+        scores = torch.where(shifted == 0, 0.0, shifted / self.temperature)
         if self.top_k is not None and self.top_k < scores.shape[-1]:
             kth = scores.topk(self.top_k, dim=-1).values[:, -1:]  # (B, 1)
             scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -186,6 +220,7 @@ class _Loop:
             logits = self._recompute(new, 0, done_at, device)
         feed_mask = None
         for step in range(self.steps):
+            _check_distribution(logits, done_at, step)
             nxt = self.sampler(logits)  # (B,)
             new[:, step] = nxt
             if self.on_token is not None:
@@ -228,6 +263,46 @@ class _Loop:
             elif step + 1 == self.limits[i]:
                 done_at[i], finished = step + 1, True
         return finished
+
+
+def _check_distribution(logits: torch.Tensor, done_at: list, step: int) -> None:
+    """NonFiniteLogitsError for the first row still generating whose next-token logits (V,)
+    hold NaN or +inf, or -inf everywhere (finished rows' logits are never read)."""
+    alive = [i for i, at in enumerate(done_at) if at is None]
+    rows = logits[alive]  # (alive, V)
+    broken = rows.isnan().any(-1) | (rows == float("inf")).any(-1) | \
+        (rows == float("-inf")).all(-1)  # (alive,)
+    if not broken.any():
+        return
+    j = int(broken.nonzero()[0])
+    row = rows[j]  # (V,)
+    nan, inf = int(row.isnan().sum()), int((row == float("inf")).sum())
+    if nan:
+        what = f"hold NaN at {nan} of {row.numel()} tokens"
+    elif inf:
+        what = f"hold +inf at {inf} of {row.numel()} tokens"
+    else:
+        what = f"are -inf at all {row.numel()} tokens"
+    raise NonFiniteLogitsError(alive[j], step, what)
+
+
+def _check_device(prompt: Any, device: torch.device) -> None:
+    """A prompt tensor (or a row given as one) must lie where the model's weights are, and
+    neither may be on meta (shapes without values: a model there computes nothing, ids there
+    are no ids)."""
+    rows = prompt if isinstance(prompt, (list, tuple)) else [prompt]
+    tensors = [row for row in rows if isinstance(row, torch.Tensor)]
+    where = next((t.device for t in tensors if t.device != device), None) or \
+        (tensors[0].device if tensors else None)
+    if device.type == "meta":
+        given = f"the prompt tensor is on {where}" if where is not None else "the prompt is a list"
+        raise DecoderInputError(f"the model's weights are on the meta device, which holds no "
+                                f"values, so it computes nothing ({given}); load or build the "
+                                "model on a real device such as cpu")
+    if where is not None and (where.type == "meta" or where != device):
+        raise DecoderInputError(f"the prompt tensor is on device {where} but the model's "
+                                f"weights are on {device}; move the ids to {device}"
+                                + (" (meta tensors hold no ids)" if where.type == "meta" else ""))
 
 
 def _prompt_rows(prompt: Any, vocab: int | None) -> list[list[int]]:

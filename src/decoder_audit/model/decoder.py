@@ -228,6 +228,7 @@ class Decoder(nn.Module):
         document); positions restart at each document and a token reads only the tokens of its
         own document before it, so each document gets the logits it has alone."""
         check_ids(ids, self.config)
+        self._check_device(ids)
         if document_ids is not None:
             if attention_mask is not None or cache is not None:
                 raise InputShapeError("document_ids pack documents into the full causal square; "
@@ -244,6 +245,14 @@ class Decoder(nn.Module):
         positions, allowed = self._positions(ids, mask, cache)
         return self._run(ids, None, positions=positions, allowed=allowed, cache=cache,
                          last_only=last_only)
+
+    def _check_device(self, ids: torch.Tensor) -> None:
+        """Ids on the meta device hold no values: fed to weights that do, the lookup would read
+        garbage; only a model on meta (accounting's FLOP count) takes them."""
+        weights = self.token_embeddings.weight.device
+        if ids.device.type == "meta" and weights.type != "meta":
+            raise InputShapeError(f"token ids are on the meta device (shapes only, no values) but "
+                                  f"the model's weights are on {weights}: move the ids there")
 
     def _positions(self, ids: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:

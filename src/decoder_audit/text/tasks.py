@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from ..console import literal
 from ..errors import ConfigError
 from ..objective import next_token_batch  # the shift the gate's loss_alignment check proves
 from . import tokenizer as vocab
@@ -180,8 +181,9 @@ class ByteText:
         return None  # unknown for natural text
 
     def describe_pair(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[str]:
+        """The pair as two console lines (the text escaped: `literal`)."""
         show = lambda ids: repr(bytes(ids.tolist()).decode("utf-8", errors="replace"))  # noqa: E731
-        return [f"input:  {show(inputs)}", f"target: {show(targets)}"]
+        return [literal(f"input:  {show(inputs)}"), literal(f"target: {show(targets)}")]
 
     def state(self) -> dict:
         return {"task": self.name, "tokenizer": self.tokenizer, "text": str(self.path),
@@ -235,10 +237,14 @@ class TokenText(ByteText):
 def describe_ids(tokenizer: vocab.Tokenizer, inputs: torch.Tensor, targets: torch.Tensor,
                  shown: int = 8) -> list[str]:
     """The first `shown` positions of an input/target pair (T,), each id decoded on its own,
-    input over target in columns."""
+    input over target in columns: two console lines, the decoded text escaped (`literal`) after
+    the columns are padded, so brackets in it print as they are and keep their width."""
     ins = [repr(tokenizer.decode([i])) for i in inputs[:shown].tolist()]
     outs = [repr(tokenizer.decode([t])) for t in targets[:shown].tolist()]
     widths = [max(len(a), len(b)) for a, b in zip(ins, outs)]
     more = f" ... ({len(inputs)} positions)" if len(inputs) > shown else ""
-    return ["input:  " + " ".join(s.ljust(w) for s, w in zip(ins, widths)).rstrip() + more,
-            "target: " + " ".join(s.ljust(w) for s, w in zip(outs, widths)).rstrip() + more]
+
+    def line(label: str, cells: list[str]) -> str:
+        return literal(label + " ".join(s.ljust(w) for s, w in zip(cells, widths)).rstrip() + more)
+
+    return [line("input:  ", ins), line("target: ", outs)]

@@ -18,7 +18,16 @@ vocabulary size and the end-of-sequence id; `Tokenizer.from_folder` reads it bac
 file whose digest changed. Each file kind is read into a `tokenizers.Tokenizer` (the library is
 imported only when a file is read, and is needed only for the two file kinds: it comes with
 transformers, the `hf` extra); every problem with a file is a ConfigError naming the file (and
-the line, for merges.txt).
+the line, for merges.txt), a tokenizer without a single token among them. A tokenizer.json whose
+pre-tokenizer is byte-level but which names no decoder (a pipeline assembled by hand) is given
+the byte-level decoder, the exact inverse of that pre-tokenizer: its ids are untouched, and its
+text reads "the cat", not "the Ġcat".
+
+A long text is encoded in pieces of about PIECE_CHARS characters (`pieces`), cut only before a
+single space between two non-space characters, and only for a pipeline that cannot tell such a
+cut from none (`cut_safe`); each cut tokenizer is also checked once on the text's first two
+pieces against encoding them whole. Why: the library keeps offsets, alignments and token strings
+for the whole input, about 200 bytes a character (a 31 MB one-line file took 6.1 GB).
 
 The tiny teaching vocabulary: 8 tokens, one per id of the tiny-368 model (V = 8).
 
@@ -41,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -60,13 +70,18 @@ MANIFEST_FORMAT = 1
 
 
 def encode(text: str) -> list[int]:
-    """Whitespace-separated tokens -> ids, e.g. "<bos> A B" -> [1, 3, 4]."""
-    ids = []
-    for token in text.split():
-        if token not in _ID_OF:
-            raise ValueError(f"token {token!r} is not in the tiny vocabulary {TINY_VOCAB}")
-        ids.append(_ID_OF[token])
-    return ids
+    """Whitespace-separated tokens -> ids, e.g. "<bos> A B" -> [1, 3, 4]. A word outside the
+    vocabulary is a ConfigError naming it and where it starts (line, column, character)."""
+    words = text.split()
+    if all(word in _ID_OF for word in words):
+        return [_ID_OF[word] for word in words]
+    found = next(m for m in re.finditer(r"\S+", text) if m.group() not in _ID_OF)
+    at = found.start()
+    line = text.count("\n", 0, at) + 1
+    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    raise ConfigError(f"token {found.group()!r} at line {line}, column {column} (character {at}) "
+                      f"is not in the tiny vocabulary {TINY_VOCAB}; it reads space-separated "
+                      "tokens, e.g. '<bos> A B'")
 
 
 def decode(ids: Iterable[int]) -> str:
@@ -138,13 +153,27 @@ def merges_beside(vocab: Path) -> Path:
 
 
 def parse_tokenizer_json(data: bytes, label: str | None) -> Any:
-    """A Hugging Face tokenizer.json's bytes -> tokenizers.Tokenizer."""
+    """A Hugging Face tokenizer.json's bytes -> tokenizers.Tokenizer; a byte-level one without a
+    decoder gets the byte-level decoder (the module docstring says why)."""
     lib = tokenizers_lib()
     try:
-        return lib.Tokenizer.from_str(data.decode("utf-8"))
+        backend = lib.Tokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises bare Exception for bad files
         raise ConfigError(f"tokenizer.json {label!r} could not be read by the tokenizers "
                           f"library: {exc}") from None
+    if backend.decoder is None and _byte_level(read_json(data, label).get("pre_tokenizer")):
+        # without it the ids read back as their byte symbols: "the Ġcat Ġthe"
+        backend.decoder = lib.decoders.ByteLevel()
+    return backend
+
+
+def _byte_level(pre_tokenizer: Any) -> bool:
+    """Whether a tokenizer.json's pre_tokenizer is ByteLevel, or a Sequence holding one."""
+    if not isinstance(pre_tokenizer, dict):
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        return any(_byte_level(p) for p in pre_tokenizer.get("pretokenizers", []))
+    return pre_tokenizer.get("type") == "ByteLevel"
 
 
 def parse_gpt2(vocab_data: bytes, merges_data: bytes, label: str | None) -> Any:
@@ -182,6 +211,91 @@ def parse_gpt2(vocab_data: bytes, merges_data: bytes, label: str | None) -> Any:
     return backend
 
 
+# ---- long texts in pieces (the module docstring says why) ---------------------------------------
+
+PIECE_CHARS = 1 << 18  # about 50 MB of the library's working memory per piece
+# The one cut made: before a single space between two non-space characters.
+_CUT = re.compile(r"(?<=\S) (?=\S)")
+# What cannot see such a cut. Normalizers that act on each character alone (a space is a
+# starter that composes with nothing, so NFC and its kin never join across it); pre-tokenizers
+# that always split there (the two word regexes of GPT-2 and of cl100k / Llama 3 start a new
+# piece at the space, and match nothing that ends in one after a non-space); pre-tokenizers that
+# only split further inside the pieces they get; every model encodes piece by piece.
+_LOCAL_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "BertNormalizer"}
+_SPLITTERS = {"Whitespace", "WhitespaceSplit", "BertPreTokenizer", "ByteLevel", "Metaspace",
+              "Split"}
+_WORD_REGEXES = {
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+     r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+}
+_INSIDE = {"Digits", "Punctuation"}
+
+
+def pieces(text: str, size: int) -> list[tuple[int, int]]:
+    """Spans (start, end) tiling `text`, each at least `size` characters long (the last may be
+    shorter), cut only before a single space between two non-space characters; a stretch with
+    no such space stays whole."""
+    spans, start = [], 0
+    while len(text) - start > size:
+        found = _CUT.search(text, start + size)
+        if found is None:
+            break
+        spans.append((start, found.start()))
+        start = found.start()
+    spans.append((start, len(text)))
+    return spans
+
+
+def cut_safe(config: Mapping[str, Any]) -> bool:
+    """Whether a tokenizer.json pipeline (`config`) encodes a text cut before a single space
+    between two non-space characters as it encodes it whole: no truncation or padding, added
+    tokens without whitespace that strip none, local normalizers, and a pre-tokenizer that
+    splits at that space (see the notes above)."""
+    if config.get("truncation") is not None or config.get("padding") is not None:
+        return False
+    for token in config.get("added_tokens") or []:
+        content = str(token.get("content", ""))
+        if token.get("lstrip") or token.get("rstrip") or any(c.isspace() for c in content):
+            return False
+    return _local_normalizer(config.get("normalizer")) and \
+        _splits_at_spaces(config.get("pre_tokenizer"))
+
+
+def _local_normalizer(normalizer: Any) -> bool:
+    if normalizer is None:
+        return True
+    if normalizer.get("type") == "Sequence":
+        return all(_local_normalizer(n) for n in normalizer.get("normalizers", []))
+    return normalizer.get("type") in _LOCAL_NORMALIZERS
+
+
+def _splits_at_spaces(pre: Any) -> bool:
+    """A pre-tokenizer that splits at the cut, or a Sequence of ones that split there or only
+    inside their pieces, one at least splitting there."""
+    if pre is None:
+        return False  # the whole text is one piece: a model may merge across the space
+    members = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    splitting = [m for m in members if _splits_there(m)]
+    inside = [m for m in members if m.get("type") in _INSIDE
+              or (m.get("type") == "ByteLevel" and not m.get("use_regex", True))]
+    return bool(splitting) and len(splitting) + len(inside) == len(members)
+
+
+def _splits_there(pre: Mapping[str, Any]) -> bool:
+    kind = pre.get("type")
+    if kind not in _SPLITTERS:
+        return False
+    if kind == "ByteLevel":
+        return pre.get("use_regex", True)  # without its regex it only maps bytes to symbols
+    if kind == "Metaspace":
+        return pre.get("split", True)  # a piece starting with the space gets no extra prefix
+    if kind == "Split":
+        return (pre.get("pattern") or {}).get("Regex") in _WORD_REGEXES and \
+            pre.get("behavior") == "Isolated" and not pre.get("invert")
+    return True
+
+
 def find_eos(vocab: Mapping[str, int], files: Mapping[str, bytes]) -> int | None:
     """The end-of-sequence id: tokenizer_config.json's eos_token if there is one, else the first
     conventional end token the vocabulary holds, else None."""
@@ -211,6 +325,7 @@ class Tokenizer:
         self.kind = kind
         self.files = dict(files or {})
         self._backend = None
+        self._cuts: bool | None = None  # whether long texts may be cut (`cut_safe`), once read
         if kind in BUILTIN_KINDS:
             self.name = kind
             self.vocab_size = len(TINY_VOCAB) if kind == "tiny-vocab" else 256
@@ -225,6 +340,10 @@ class Tokenizer:
                          if kind == "tokenizer.json" else
                          parse_gpt2(self.files["vocab.json"], self.files["merges.txt"], label))
         vocab = self._backend.get_vocab(with_added_tokens=True)
+        if not vocab:  # no id could be encoded, and no model could be sized by it
+            raise ConfigError(f"tokenizer {self.name} has no tokens: its vocabulary (and added "
+                              f"tokens) are empty, so it encodes nothing; give a trained "
+                              "tokenizer file")
         self.vocab_size = max(vocab.values()) + 1
         self.eos_id = eos_id if eos_id is not None else find_eos(vocab, self.files)
         if self.eos_id is not None and not 0 <= self.eos_id < self.vocab_size:
@@ -356,12 +475,49 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids. File kinds apply the tokenizer's own post-processing (e.g. a leading
-        <s> for Llama); GPT-2 adds nothing."""
+        <s> for Llama); GPT-2 adds nothing. A long text goes in pieces where its pipeline allows
+        (the module docstring), to the ids of the whole."""
         if self.kind == "bytes":
             return list(text.encode("utf-8"))
         if self.kind == "tiny-vocab":
             return encode(text)
+        spans = pieces(text, PIECE_CHARS)
+        if len(spans) > 1 and self._cut_safe():
+            ids = self._encode_pieces(text, spans)
+            if ids is not None:
+                return ids
         return list(self._backend.encode(text).ids)
+
+    def _cut_safe(self) -> bool:
+        """`cut_safe` of this tokenizer's pipeline (read once)."""
+        if self._cuts is None:
+            self._cuts = cut_safe(json.loads(self._backend.to_str()))
+        return self._cuts
+
+    def _encode_pieces(self, text: str, spans: list[tuple[int, int]]) -> list[int] | None:
+        """The ids of `text` encoded piece by piece, with the specials the post-processor puts
+        around a whole text; None when the first two pieces, encoded whole, say otherwise."""
+        backend = self._backend
+
+        def body(span: tuple[int, int]) -> list[int]:
+            return backend.encode(text[span[0]:span[1]], add_special_tokens=False).ids
+
+        # the post-processor's specials (a <s> before, a </s> after), read off the first piece
+        first = backend.encode(text[spans[0][0]:spans[0][1]], add_special_tokens=False)
+        head, whole = first.ids, backend.post_process(first, None, True).ids
+        extra = len(whole) - len(head)
+        starts = [k for k in range(extra + 1) if whole[k:k + len(head)] == head]
+        if len(starts) != 1:
+            return None
+        before, after = whole[:starts[0]], whole[starts[0] + len(head):]
+        second = body(spans[1])
+        if backend.encode(text[spans[0][0]:spans[1][1]]).ids != before + head + second + after:
+            return None  # a pipeline that sees the cut after all: encode the text whole
+        ids = before + head + second
+        for span in spans[2:]:
+            ids.extend(body(span))
+        ids.extend(after)
+        return ids
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text, special tokens included. Ids the tokenizer lacks (a model's V may be

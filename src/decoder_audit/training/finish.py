@@ -6,6 +6,7 @@ import math
 import time
 from typing import Any
 
+from ..console import literal
 from ..gate import AuditReport
 from . import distributed
 from .gatekeeper import check_tied
@@ -37,9 +38,9 @@ def finish(setting: Setting, prepared: Prepared, training: Training, found: Evid
     floor = task.entropy_floor()
     if ranks.is_main and folder is not None:
         plot = folder.plot_losses(floor=floor, uniform=math.log(prepared.facts.vocab_size))
-        setting.say(f"loss curve: {plot}")
+        setting.say(f"loss curve: {literal(plot)}")
     if checkpoint is not None:
-        setting.say(f"checkpoint: {folder.checkpoint}")
+        setting.say(f"checkpoint: {literal(folder.checkpoint)}")
     seconds = time.perf_counter() - setting.started
     setting.say(_summary(task, final_loss, floor, outcome.reached))
     steps = training.step - training.first_step

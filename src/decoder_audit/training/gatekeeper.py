@@ -106,17 +106,33 @@ def show_alignment(task: Any, generator: torch.Generator, say: Say) -> None:
 
 
 def check_initial_loss(loss: float, vocab_size: int, *, fresh: bool, report: Any,
-                       say: Say) -> None:
-    """A fresh model's loss lies within INITIAL_LOSS_TOLERANCE of ln V, else GateRefusal; any
-    other model's is shown, not judged."""
+                       say: Say, logit_std: float | None = None) -> None:
+    """A fresh model's loss lies within INITIAL_LOSS_TOLERANCE of ln V, else GateRefusal naming
+    the measured cause; any other model's is shown, not judged."""
     uniform = math.log(vocab_size)
     ok = abs(loss - uniform) <= INITIAL_LOSS_TOLERANCE * uniform
     verdict = "ok" if ok else "[red]FAILED[/red]" if fresh else "not a fresh model: not checked"
     say(f"initial loss {loss:.4f} vs ln V = {uniform:.4f} (tolerance "
         f"+/-{INITIAL_LOSS_TOLERANCE:.0%} = {INITIAL_LOSS_TOLERANCE * uniform:.3f}): {verdict}")
-    if fresh and not ok:
-        raise GateRefusal(
-            "initial loss near ln V",
-            f"a fresh model's loss is {loss:.4f}, more than {INITIAL_LOSS_TOLERANCE:.0%} away "
-            f"from ln V = {uniform:.4f}; far below suggests the targets leak into the inputs, far "
-            "above a broken model", report)
+    if not fresh or ok:
+        return
+    if loss < uniform:
+        why = ("far below ln V before any training: the targets leak into the inputs, or the "
+               "model was trained already (pass expect_fresh=False / train --checkpoint)")
+    elif logit_std is not None and logit_std ** 2 / 2 >= 0.5 * (loss - uniform):
+        why = (f"its logits have standard deviation {logit_std:.3g} at initialisation, so it "
+               "predicts confidently and wrongly: weights initialised at a large scale (PyTorch's "
+               "default nn.Embedding draws N(0, 1)); initialise them as GPT-2 does, N(0, 0.02), "
+               "and the loss starts near ln V. This is not a defect the gate checks: verify "
+               "passes such a model")
+    else:
+        why = "far above ln V: the model is broken or not freshly initialised"
+    raise GateRefusal("initial loss near ln V", f"a fresh model's loss is {loss:.4f}, more than "
+                      f"{INITIAL_LOSS_TOLERANCE:.0%} away from ln V = {uniform:.4f}: {why}",
+                      report)
+
+
+# Why the spread of the logits explains the excess: logits drawn independently with standard
+# deviation s give an expected loss of about ln V + s^2 / 2 (the log-sum-exp of V Gaussians less
+# the target's), so when s^2 / 2 accounts for at least half of the excess, the scale of the
+# initialisation is the measured cause.

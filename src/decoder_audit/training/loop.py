@@ -90,26 +90,21 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
         lr, warmup, ...). When resuming, the checkpoint's TrainConfig is used and must agree.
     out: run folder for metrics.jsonl, loss_curve.png and checkpoint/ (rank 0 writes).
     resume: a run folder (or its checkpoint/) to continue; `out` defaults to it.
-    save_every: also checkpoint every N steps (0, the default: only at the end). eval_every:
-        evaluate every N (default 50).
-    device: "cpu" (default; bitwise reproducible), "cuda", "cuda:N" or "auto"; a device this
-        machine lacks is a ConfigError before the gate runs.
-    save_every, eval_every, device and threads left unset on resume are the run's own (saved
-        with its checkpoints); given ones replace them.
+    save_every: also checkpoint every N steps (0: only at the end); eval_every: evaluate every
+        N (50). device: "cpu" (bitwise reproducible), "cuda", "cuda:N" or "auto"; one this
+        machine lacks is a ConfigError before the gate. On resume, those left unset (and
+        threads) are the run's own; given ones replace them.
     expect_fresh: check that the initial loss is within 10% of ln V (skipped on resume).
-    threads: CPU threads for the run (torch.set_num_threads; restored afterwards). "auto": 1
-        for CPU models under 1M parameters, whose ops are too small to split (the counting task
-        trains ~7x faster on 1 thread than on 2 on a busy 2-core machine), else torch's setting;
-        None keeps torch's setting. Bitwise resume needs the same thread count.
+    threads: CPU threads (restored afterwards). "auto": 1 for CPU models under 1M parameters,
+        whose ops are too small to split, else torch's; None keeps torch's. Bitwise resume needs
+        the same thread count.
     callback(step, metrics): called after every step (after its checkpoint, if any).
     shard: FSDP2 (distributed.py): each rank holds 1/N of the weights, gradients and AdamW
         state; under torchrun, or on one process (nothing split). Not a setting of the run:
         checkpoints are the same files either way, so a sharded run resumes unsharded and
         the reverse. A sharded run's result holds the whole model, on the CPU, on rank 0.
-    checkpointing: activation checkpointing (`gradient_checkpointing_enable()`: ours, Hugging
-        Face's): each block's activations are recomputed in backward. The gate's
-        `checkpointing` check proves it gives the plain gradients first. Not a setting of the
-        run (the result is the same), like `shard`.
+    checkpointing: activation checkpointing (`gradient_checkpointing_enable()`), proven by the
+        gate's `checkpointing` check first; like `shard`, not a setting of the run.
     peak_flops: the peak FLOP/s the final report's MFU is a share of (a datasheet figure);
         None measures this device's matmul ceiling in the run's precision (throughput.py).
 

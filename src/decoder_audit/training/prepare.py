@@ -14,6 +14,7 @@ from torch import nn
 
 from ..accounting.memory import check_fits
 from ..config import DecoderConfig
+from ..console import literal
 from ..errors import CheckpointError, ConfigError
 from ..gate import ModelFacts, TrainingPath, model_facts
 from ..sources import Source
@@ -35,7 +36,7 @@ def prepare(setting: Setting, model: Any) -> Prepared:
     data must fit the model's V and max_seq_len, checked before the gate is spent."""
     cfg, opts = setting.cfg, setting.opts
     for note in opts.notes:
-        setting.say(f"note: {note}")
+        setting.say(f"note: {literal(note)}")
     source, module_weights = _source(model, opts)
     if source.kind in ("preset", "config", "checkpoint"):
         _check_memory(source.config(), opts.device, setting.ranks)  # before a weight exists

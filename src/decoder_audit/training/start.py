@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from ..console import literal
 from ..errors import ConfigError
 from ..gate import AuditReport
 from ..storage.checkpoint import FACTORY_FILE
@@ -53,7 +54,7 @@ def gate(setting: Setting, prepared: Prepared) -> tuple[AuditReport | None, Trai
                                       model=model)
         if step > cfg.steps:
             raise ConfigError(f"checkpoint is at step {step}, past the run's steps={cfg.steps}")
-        setting.say(f"resumed from {str(opts.resume_folder)!r} at step {step}/{cfg.steps}")
+        setting.say(f"resumed from {literal(repr(str(opts.resume_folder)))} at step {step}/{cfg.steps}")
     if ranks.sharded:
         check_tied(model, facts, "after sharding with FSDP2")
         setting.say(distributed.describe_shards(ranks, cfg.batch_size, facts.tied))
@@ -89,35 +90,48 @@ def _say_batch_and_precision(setting: Setting) -> None:
 
 def evidence(setting: Setting, prepared: Prepared, training: Training,
              report: AuditReport | None) -> Evidence:
-    """The run folder, one aligned pair of the first batch, and the initial loss against ln V
-    (judged for a fresh model; a resumed run has none)."""
+    """One aligned pair of the first batch, the initial loss against ln V (judged for a fresh
+    model; a resumed run has none) and against the task's floor, and then, only once they
+    hold, the run folder: a refused run writes nothing, so rerunning it needs no cleaning up."""
     opts, ranks, task = setting.opts, setting.ranks, prepared.task
     resumed = opts.resume_state is not None
-    folder = None
-    if opts.out is not None:
-        folder = RunFolder(opts.out)
-        if ranks.is_main:
-            folder.start(resumed_at=training.step if resumed else None)
     eval_batch = tuple(t.to(opts.device) for t in task.eval_batch())
     show_alignment(task, training.generator, setting.say)
-    if folder is not None and ranks.is_main:
-        task_files = getattr(task, "checkpoint_files", dict)()  # e.g. its tokenizer
-        refuse_foreign_entries(folder.checkpoint, CHECKPOINT_FILES + list(task_files))
     initial_loss = None
+    floor = task.entropy_floor()
+    if floor is not None:
+        setting.say(f"task: {task.name}; entropy floor ln(4)/4 = {floor:.4f} nats/token")
     if not resumed:
         initial_loss = shared_evaluation(ranks, training.model, eval_batch)
         if not math.isfinite(initial_loss):
             raise GateRefusal("initial loss near ln V", f"the model's loss before training is "
                               f"{initial_loss} (not finite)", report)
         check_initial_loss(initial_loss, prepared.facts.vocab_size, fresh=prepared.fresh,
-                           report=report, say=setting.say)
+                           report=report, say=setting.say,
+                           logit_std=_logit_std(training.model, eval_batch))
+        refuse_below_floor(initial_loss, floor, training.step, "loss before training")
+    folder = None
+    if opts.out is not None:
+        folder = RunFolder(opts.out)
+        if ranks.is_main:
+            task_files = getattr(task, "checkpoint_files", dict)()  # e.g. its tokenizer
+            refuse_foreign_entries(folder.checkpoint, CHECKPOINT_FILES + list(task_files))
+            folder.start(resumed_at=training.step if resumed else None)
+    if initial_loss is not None:
         write(setting, folder, {"step": 0, **evaluation_row(task, initial_loss)})
-    floor = task.entropy_floor()
-    if floor is not None:
-        setting.say(f"task: {task.name}; entropy floor ln(4)/4 = {floor:.4f} nats/token")
-        if initial_loss is not None:
-            refuse_below_floor(initial_loss, floor, training.step, "loss before training")
     if folder is not None and not prepared.facts.whitebox:
         setting.say("note: not a decoder-audit Decoder: checkpoints hold its state dict and "
                     f"{FACTORY_FILE} (factory {prepared.factory.get('factory')!r})")
     return Evidence(folder=folder, eval_batch=eval_batch, initial_loss=initial_loss)
+
+
+def _logit_std(model, eval_batch) -> float:
+    """The standard deviation of the model's logits on the evaluation inputs: what makes a fresh
+    model's loss far above ln V (confident wrong predictions) is a large logit scale."""
+    from ..objective import logits_of
+
+    model.eval()
+    with torch.no_grad():
+        std = float(logits_of(model(eval_batch[0])).float().std())
+    model.train()
+    return std
