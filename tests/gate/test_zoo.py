@@ -19,14 +19,15 @@ PLANTED_ELSEWHERE = {
     "kv_cache": "zoo_generation.py", "padding": "zoo_generation.py",
     "grad_causal": "zoo_generation.py",
     "train_mode": "zoo_training.py", "checkpointing": "zoo_training.py",
-    "autocast": "zoo_training.py",
+    "autocast": "zoo_training.py", "packing": "zoo_training.py", "model_loss": "zoo_training.py",
 }
 # train_mode reruns the causal cuts and batch independence in train mode: a model that leaks in
 # eval mode leaks there too, so an "only" mutant of those checks fails train_mode beside them.
 ALSO_IN_TRAIN_MODE = {"causal", "batch_independence"}
-# Skipped on a plain audit: they run on the training path train declares (autocast under
-# --precision bf16, checkpointing under --checkpointing).
-TRAINING_ONLY = ["checkpointing", "autocast"]
+# Skipped on a plain audit of our models: they run on the training path train declares (packing
+# under --pack, checkpointing under --checkpointing, autocast under --precision bf16), and
+# model_loss on a model that takes labels=.
+TRAINING_ONLY = ["packing", "checkpointing", "autocast", "model_loss"]
 
 
 def test_every_check_of_the_registry_has_a_mutant_it_must_catch():

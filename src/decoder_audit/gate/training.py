@@ -42,8 +42,9 @@ from .subject import Subject
 PATH_CUTS = 8
 # The seed every train-mode call starts from: the same dropout masks for every call compared.
 DROPOUT_SEED = 1234
-# Config fields that declare dropout in a Hugging Face (or similar) config.
-_DROPOUT_FIELDS = ("dropout", "pdrop", "drop_rate")
+# Config fields that declare randomness in train mode in a Hugging Face (or similar) config:
+# dropout, and the jitter noise routed-expert layers multiply their inputs by (PhiMoE).
+_DROPOUT_FIELDS = ("dropout", "pdrop", "drop_rate", "jitter", "noise")
 
 
 @contextmanager
