@@ -336,6 +336,8 @@ class TorchDecoder(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
 
+    apply_final_norm = True
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dim() != 2 or ids.is_floating_point():
             raise ValueError(f"ids must be integer (B, T), got {tuple(ids.shape)} {ids.dtype}")
@@ -351,7 +353,8 @@ class TorchDecoder(nn.Module):
             mask = None
         for layer in self.layers:
             x = layer(x, src_mask=mask)
-        return self.finish(self.head(self.norm(x)), ids)  # (B, T, V)
+        x = self.norm(x) if self.apply_final_norm else x
+        return self.finish(self.head(x), ids)  # (B, T, V)
 
     def finish(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The last step of the forward: nothing here; the black-box mutants below plant theirs."""
@@ -407,6 +410,23 @@ class LeaksLastToken(TorchDecoder):
         return logits + self.leak * last
 
 
+class UnusedLinear(TorchDecoder):
+    """An nn.Linear created in __init__ and never called: the optimizer steps it, the loss never
+    reads it (a refactor that left an old projection behind)."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        super().__init__()
+        self.old_proj = nn.Linear(16, 16)
+
+
+class NormNeverApplied(TorchDecoder):
+    """A final norm's scale and shift created but the forward skips the norm (DEFECTS.md: a
+    missing final norm), so its parameters get no gradient."""
+
+    apply_final_norm = False
+
+
 # ---- the registry -----------------------------------------------------------------------------
 
 @dataclass
@@ -445,13 +465,17 @@ MUTANTS = [
     Case("output_shifted_two_ahead", lambda: decoder(SMALL, cls=ShiftedOutput), "causal",
          defect="B9/F22", says="does not read its own position"),
     Case("false_tying_copy", copied_readout, "tying", first=False, defect="A2",
-         says="copied into a separate Parameter"),
+         says="separate Parameter"),
     Case("shared_storage_two_params", shared_storage_readout, "tying", first=False, defect="A2",
-         says="share one storage"),
+         says="one storage"),
     Case("tie_lost_to_empty", rematerialised, "tying", first=False, defect="A1",
-         says="copied into a separate Parameter"),
+         says="separate Parameter"),
     Case("declared_untied_but_tied", declared_untied_but_tied, "tying", first=False, defect="A5",
          says="declared untied"),
+    Case("unused_linear", UnusedLinear, "dead_parameters", only=True, kwargs=TORCH_BLACKBOX,
+         says="old_proj.weight"),
+    Case("final_norm_never_applied", NormNeverApplied, "dead_parameters", only=True,
+         kwargs=TORCH_BLACKBOX, says="norm.weight"),
     Case("extra_bias_breaks_ledger", extra_attention_bias, "params", defect="A6",
          says="analytic 64 vs measured 68"),
     Case("heads_split_without_transpose", lambda: with_attention(NoTransposeSplit, SMALL), "causal",
@@ -495,7 +519,8 @@ MUTANTS = [
          "attention_rows", defect="B9 (pattern only)", only=True, says="on a future key"),
     Case("readout_detached_from_tied_weight", detached_readout, "tying_grad",
          defect="A: one path of the tied gradient lost", says="only the lookup path"),
-    Case("position_table_detached", detached_positions, "oracle", defect="gradient", only=True,
+    # a detached table gets no gradient at all: dead_parameters names it too
+    Case("position_table_detached", detached_positions, "oracle", defect="gradient",
          says="gradient of position_embeddings.weight"),
     Case("traced_path_differs_from_fast", lambda: with_attention(TracedPathDiffers, SMALL),
          "oracle", defect="eager vs fused", only=True, says="eager (traced) path differs"),

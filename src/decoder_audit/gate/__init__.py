@@ -21,7 +21,7 @@ Nothing outside this package imports a module of it other than through these nam
 """
 
 from .batch import BatchReport, audit_batch
-from .facts import ModelFacts, TrainingPath, model_facts
+from .facts import ModelFacts, TrainingPath, input_embedding, model_facts
 from .registry import CHECK_ORDER, CHECK_TITLES, CHECKS, Check
 from .render import print_report, to_json
 from .report import AuditReport
@@ -29,6 +29,6 @@ from .result import CheckResult
 from .runner import audit
 from .training import packed_call
 
-__all__ = ["AuditReport", "BatchReport", "audit_batch", "CHECKS", "CHECK_ORDER", "CHECK_TITLES", "Check", "CheckResult",
-           "ModelFacts", "TrainingPath", "audit", "model_facts", "packed_call", "print_report",
-           "to_json"]
+__all__ = ["AuditReport", "BatchReport", "CHECKS", "CHECK_ORDER", "CHECK_TITLES", "Check",
+           "CheckResult", "ModelFacts", "TrainingPath", "audit", "audit_batch", "input_embedding",
+           "model_facts", "packed_call", "print_report", "to_json"]

@@ -96,6 +96,19 @@ class ModelFacts:
     """How the oracle reads the weights: "decoder", "hugging face", or None."""
     reference_reason: str = ""
     """Why there is no reference (empty when there is one)."""
+    readout: str | None = None
+    """The name of the module that turns the last hidden state into logits (the output head:
+    get_output_embeddings(), a module named lm_head / head / output, or the last Linear with
+    V outputs), None when none is found."""
+    tie: str | None = None
+    """How the readout's weight relates to the input embedding's, found structurally: "one
+    Parameter" (tied), "shared storage" (two Parameters over one storage), "equal copies" (two
+    Parameters with equal values: not tied), "separate", or None (no readout or embedding)."""
+    declared_tie: bool | None = None
+    """The tie the model declares (a DecoderConfig's tie_embeddings, a Hugging Face config's
+    tie_word_embeddings), None when it declares none."""
+    hugging_face: bool = False
+    """An instance of a transformers PreTrainedModel."""
     computes_loss: bool = False
     """The forward takes labels= and returns its own .loss (Hugging Face's convention)."""
     packing: str | None = None
@@ -136,8 +149,19 @@ class ModelFacts:
 
     @property
     def tied(self) -> bool:
-        """White-box with tie_embeddings: the readout must be the embedding Parameter."""
-        return self.config is not None and self.config.tie_embeddings
+        """The readout is the input embedding's Parameter, or is declared to be (a white-box
+        config's tie_embeddings): tying_grad then checks the shared weight's gradient."""
+        return (self.config is not None and self.config.tie_embeddings) or \
+            self.tie == "one Parameter"
+
+    @property
+    def has_readout(self) -> bool:
+        return self.tie is not None
+
+    @property
+    def own_module(self) -> bool:
+        """Not a Hugging Face class: ours, or a module its user wrote."""
+        return not self.hugging_face
 
     @property
     def has_max_seq_len(self) -> bool:
@@ -189,6 +213,7 @@ class ModelFacts:
                 "max_seq_len": self.max_seq_len, "intervention_len": self.intervention_len,
                 "pad_token_id": self.pad_token_id, "convention": self.convention.name,
                 "reference": self.reference, "attention": self.attention,
+                "readout": self.readout, "tie": self.tie,
                 "length_limit": self.length_limit, "packing": self.packing,
                 "training": None if self.training is None else {
                     "batch_size": self.training.batch_size, "seq_len": self.training.seq_len,
@@ -243,7 +268,8 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
         pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
         reference=reference, reference_reason=reason, packing=packing_interface(model),
-        computes_loss=_takes(model, "labels"),
+        computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
+        **_readout_facts(model, values["vocab_size"]),
         has_input_embedding=input_embedding(model) is not None, training=training, origin=origin,
         notes=tuple(notes))
 
@@ -327,6 +353,62 @@ def _reference(model: nn.Module, config: DecoderConfig | None) -> tuple[str | No
     from ..references.hf import hf_reference
 
     return hf_reference(model)
+
+
+_HEAD_NAMES = ("lm_head", "head", "out_head", "output", "unembed", "embed_out")
+
+
+def output_head(model: nn.Module, vocab_size: int) -> tuple[str, nn.Module] | None:
+    """(name, module) of the readout: Hugging Face's get_output_embeddings(), else the last
+    module named like a head (lm_head, head, out_head, output, ...) with a weight of V rows, else
+    the last nn.Linear with V outputs; None when there is none."""
+    names = {id(m): name for name, m in model.named_modules()}
+    getter = getattr(model, "get_output_embeddings", None)
+    if callable(getter):
+        try:
+            found = getter()
+        except (NotImplementedError, AttributeError):
+            found = None
+        if isinstance(found, nn.Module) and id(found) in names:
+            return names[id(found)], found
+    heads = [(name, m) for name, m in model.named_modules()
+             if name.rsplit(".", 1)[-1] in _HEAD_NAMES
+             and getattr(getattr(m, "weight", None), "shape", (None,))[0] == vocab_size]
+    if heads:
+        return heads[-1]
+    linears = [(name, m) for name, m in model.named_modules()
+               if isinstance(m, nn.Linear) and m.out_features == vocab_size]
+    return linears[-1] if linears else None
+
+
+def _readout_facts(model: nn.Module, vocab_size: int) -> dict[str, Any]:
+    """readout, tie and declared_tie (see ModelFacts)."""
+    head, embedding = output_head(model, vocab_size), input_embedding(model)
+    config = getattr(model, "config", None)
+    # A Hugging Face config carries tie_word_embeddings in every family, True by default even in
+    # classes that never tie; it is a declaration only where its class ties by it (a family the
+    # converter reads, whose from_hf checks the same flag).
+    declared = (config.tie_embeddings if isinstance(config, DecoderConfig)
+                else getattr(config, "tie_word_embeddings", None)
+                if _reference(model, None)[0] == "hugging face" else None)
+    declared = declared if isinstance(declared, bool) else None
+    if head is None or embedding is None:
+        return {"readout": None if head is None else head[0], "tie": None,
+                "declared_tie": declared}
+    w_out, w_in = getattr(head[1], "weight", None), getattr(embedding, "weight", None)
+    if not isinstance(w_out, torch.Tensor) or not isinstance(w_in, torch.Tensor):
+        return {"readout": head[0], "tie": None, "declared_tie": declared}
+    if w_out is w_in:
+        tie = "one Parameter"
+    elif w_out.device.type != "meta" and w_out.data_ptr() == w_in.data_ptr() and \
+            w_out.shape == w_in.shape:
+        tie = "shared storage"
+    elif w_out.shape == w_in.shape and w_out.device == w_in.device and \
+            w_out.device.type != "meta" and bool(torch.equal(w_out.detach(), w_in.detach())):
+        tie = "equal copies"
+    else:
+        tie = "separate"
+    return {"readout": head[0], "tie": tie, "declared_tie": declared}
 
 
 def _takes(model: nn.Module, name: str) -> bool:

@@ -31,7 +31,14 @@ from .subject import Subject
 # Why a check is skipped when the model's facts lack what it needs (a fact of facts.py each).
 NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "whitebox": lambda f: "black-box: needs a DecoderConfig and the Decoder's weight names",
-    "tied": lambda f: "declared untied: no shared weight",
+    "tied": lambda f: "untied: no shared weight",
+    "own_module": lambda f: "a Hugging Face class carries parameters for inputs and losses a "
+                            "text-only next-token call does not give (cross-attention, vision "
+                            "towers, auxiliary losses): their missing gradients say nothing of the "
+                            "causal path",
+    "has_readout": lambda f: "no input embedding and readout found (get_input_embeddings / "
+                             "get_output_embeddings, token_embeddings / lm_head, an nn.Embedding "
+                             "and a Linear with V outputs)",
     "has_max_seq_len": lambda f: (
         "no max_seq_len given, so no length is known to be too long (pass max_seq_len= to check)"
         if not f.length_limit else
@@ -109,12 +116,15 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           attention.check_attention_rows, needs=("has_attention",)),
     Check("params", "measured parameter ledger reconciles with the config", "weights",
           weights.check_params, needs=("whitebox",)),
-    Check("tying", "declared tying is one Parameter object", "weights",
-          weights.check_tying, needs=("whitebox",)),
+    Check("tying", "a tie is one Parameter object, never a copy", "weights",
+          weights.check_tying, needs=("has_readout",)),
     Check("tying_grad", "shared weight gradient = lookup + readout paths", "weights",
-          weights.check_tying_grad, needs=("whitebox", "tied")),
+          weights.check_tying_grad, needs=("tied",)),
     Check("oracle", "fast forward equals the slow oracle (values, grads)", "reference",
           reference.check_oracle, needs=("has_reference",)),
+    Check("dead_parameters", "every trainable parameter gets a gradient from the loss",
+          "weights", weights.check_dead_parameters, needs=("own_module",),
+          paths=("training",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
           generation.check_kv_cache, needs=("has_cache",), paths=("generation",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",

@@ -131,6 +131,12 @@ class Subject:
             _restore_params(self._saved_params)
             self._saved_params = None
 
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters that required grad when the audit began (the user's trainable ones)."""
+        if self._saved_params is None:
+            return [p for p in self.parameters() if p.requires_grad]
+        return [param for param, requires_grad, _ in self._saved_params if requires_grad]
+
     def parameters(self) -> list[nn.Parameter]:
         """The model's parameters, each once (a tied weight is one)."""
         return list(self.work.parameters())

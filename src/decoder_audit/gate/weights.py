@@ -5,15 +5,18 @@ gradient as the sum of its two paths. They need a `DecoderConfig` and the Decode
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
 from ..objective import logits_of
 from . import tolerances
 from .measure import batch_not_equal, largest
 from .result import CheckResult
-from .subject import Subject, get_attr
+from .subject import Subject
 
 
 def check_params(s: Subject) -> CheckResult:
@@ -34,34 +37,35 @@ def check_params(s: Subject) -> CheckResult:
 
 
 def check_tying(s: Subject) -> CheckResult:
-    emb, head = get_attr(s.model, "token_embeddings.weight"), get_attr(s.model, "lm_head.weight")
-    if emb is None or head is None:
-        return CheckResult("tying", False, "no token_embeddings.weight / lm_head.weight to compare",
-                           {"found": {"token_embeddings.weight": emb is not None,
-                                      "lm_head.weight": head is not None}})
-    same_object = head is emb
-    same_storage = head.data_ptr() == emb.data_ptr()
-    same_values = head.shape == emb.shape and bool(torch.equal(head.detach(), emb.detach()))
-    listed = len(list(s.model.named_parameters(remove_duplicate=False)))
-    unique = len(list(s.model.parameters()))
-    evidence = {"declared_tied": s.cfg.tie_embeddings, "same_object": same_object,
-                "same_storage": same_storage, "same_values": same_values,
-                "parameters_listed": listed, "parameters_unique": unique}
-    if s.cfg.tie_embeddings:
-        if same_object:
-            return CheckResult("tying", True, "lm_head.weight is token_embeddings.weight "
-                               "(one Parameter object)", evidence)
-        if same_storage:
-            why = "two Parameter objects share one storage: the optimizer keeps two states"
-        elif same_values:
-            why = "same values copied into a separate Parameter: false tying, they drift apart"
-        else:
-            why = "lm_head.weight is a separate Parameter with different values: the tie was lost"
-        return CheckResult("tying", False, f"declared tied, but {why}", evidence)
-    if same_object or same_storage:
-        return CheckResult("tying", False, "declared untied (tie_embeddings=False), but lm_head "
-                           "uses the token-embedding weight", evidence)
-    return CheckResult("tying", True, "declared untied: lm_head.weight is its own Parameter",
+    """The readout's weight against the input embedding's, on any module whose two are found
+    (facts.readout, facts.tie): one Parameter object is tied; two Parameters with equal values
+    or over one storage are a false tie (they drift apart, or the optimizer keeps two states);
+    two different ones are untied, a fact. Where the model declares a tie (a DecoderConfig's
+    tie_embeddings, a Hugging Face config's tie_word_embeddings) the structure must match it."""
+    facts = s.facts
+    evidence = {"readout": facts.readout, "structure": facts.tie,
+                "declared_tied": facts.declared_tie,
+                "parameters_listed": len(list(s.model.named_parameters(remove_duplicate=False))),
+                "parameters_unique": len(list(s.model.parameters()))}
+    head = f"{facts.readout}.weight"
+    if facts.tie == "shared storage":
+        return CheckResult("tying", False, f"{head} and the input embedding are two Parameter "
+                           "objects over one storage: the optimizer keeps two states", evidence)
+    if facts.tie == "equal copies":
+        return CheckResult("tying", False, f"{head} holds a copy of the input embedding's values "
+                           "in a separate Parameter: false tying, they drift apart as soon as "
+                           "training starts", evidence)
+    tied = facts.tie == "one Parameter"
+    if facts.declared_tie is not None and facts.declared_tie != tied:
+        said = "tied" if facts.declared_tie else "untied"
+        return CheckResult("tying", False, f"declared {said}, but {head} "
+                           + ("is a separate Parameter: the tie was lost" if facts.declared_tie
+                              else "is the input embedding's Parameter"), evidence)
+    if tied:
+        return CheckResult("tying", True, f"{head} is the input embedding's weight (one Parameter "
+                           "object)", evidence)
+    return CheckResult("tying", True, f"untied: {head} is its own Parameter"
+                       + ("" if facts.declared_tie is not None else " (the model declares no tie)"),
                        evidence)
 
 
@@ -70,20 +74,24 @@ def check_tying_grad(s: Subject) -> CheckResult:
     through the readout, each computed separately (in float64) from the recorded activations:
         lookup[v]  = sum of dL/d(embedding output) over the positions whose id is v
         readout    = (dL/dlogits)^T @ h, h the input of the readout (B*T, D).
-    It runs on the model itself with only the shared weight requiring grad (one V x D gradient
-    beside the weights, no copy); flags and .grad are restored afterwards."""
+    A module that is not ours may do more in its embedding or readout (Gemma scales the lookup
+    by sqrt(D) inside its embedding module): there each path's gradient is the vector-Jacobian
+    product through that module alone, on the input it recorded. It runs on the model itself
+    with only the shared weight requiring grad; flags and .grad are restored afterwards."""
     model = s.work
-    emb_module, head_module = get_attr(model, "token_embeddings"), get_attr(model, "lm_head")
-    emb = get_attr(model, "token_embeddings.weight")
+    emb_module = s.input_embedding
+    head_module = model.get_submodule(s.facts.readout) if s.facts.readout else None
+    emb = getattr(emb_module, "weight", None)
     if emb_module is None or head_module is None or emb is None:
-        return CheckResult("tying_grad", False, "no token_embeddings / lm_head modules to observe",
-                           {})
+        return CheckResult("tying_grad", False, "no input embedding and readout modules to "
+                           "observe", {})
     with s.gradients_for([emb]):
         ids, seen = _backward_recording_both_paths(s, model, emb_module, head_module)
-        if "lookup_out" not in seen or "readout_out" not in seen or seen["readout_out"].grad is None:
+        if not seen.get("lookup_grads") or not seen.get("readout_grads"):
             return CheckResult("tying_grad", False, "the lookup or readout path was never run "
-                               "through token_embeddings / lm_head", {})
-        sums = _compare_path_sums(emb, ids, seen, s.vocab_size)
+                               f"through the input embedding / {s.facts.readout}", {})
+        sums = (_compare_path_sums(emb, ids, seen, s.vocab_size) if s.whitebox
+                else _vjp_path_sums(emb, emb_module, head_module, seen))
     batch, seq_len = ids.shape
     tol = tolerances.tying_grad(emb.dtype)
     worst, missing_readout = sums["error"], sums["shared_minus_lookup"]
@@ -116,8 +124,8 @@ def _compare_path_sums(emb: torch.Tensor, ids: torch.Tensor, seen: dict[str, tor
     look up, so it is added there alone; each block is one float64 buffer, updated in place."""
     dim = emb.shape[1]
     flat_ids = ids.reshape(-1)
-    d_lookup = seen["lookup_out"].grad.reshape(-1, dim).double()  # (B*T, D)
-    d_logits = seen["readout_out"].grad.reshape(-1, vocab_size).double()  # (B*T, V)
+    d_lookup = seen["lookup_grads"][0].reshape(-1, dim).double()  # (B*T, D)
+    d_logits = seen["readout_grads"][0].reshape(-1, vocab_size).double()  # (B*T, V)
     h = seen["readout_in"].reshape(-1, dim).double()  # (B*T, D)
     rows, where = torch.unique(flat_ids, return_inverse=True)
     lookup = torch.zeros(len(rows), dim, dtype=torch.float64,
@@ -144,20 +152,64 @@ def _compare_path_sums(emb: torch.Tensor, ids: torch.Tensor, seen: dict[str, tor
 
 
 
+class _Capture(torch.autograd.Function):
+    """The identity, recording the gradient its output receives."""
+
+    @staticmethod
+    def forward(ctx, x, grads):
+        ctx.grads = grads
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.grads.append(grad.detach())
+        return grad, None
+
+
+def _vjp_path_sums(emb: torch.Tensor, emb_module, head_module,
+                   seen: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The shared weight's gradient against lookup + readout, each path's gradient the
+    vector-Jacobian product through its module alone (re-run on the input it recorded, with the
+    gradient its output received): whatever the module computes around its weight."""
+    def through(module, calls) -> torch.Tensor:
+        total = torch.zeros(emb.shape, dtype=torch.float64, device=emb.device)
+        for call in calls:
+            for grad in call["grads"]:
+                with torch.enable_grad():
+                    piece = torch.autograd.grad(module(call["in"]), emb, grad_outputs=grad,
+                                                allow_unused=True)[0]
+                if piece is not None:
+                    total += piece.double()
+        return total
+
+    lookup = through(emb_module, seen["lookup_calls"])
+    readout = through(head_module, seen["readout_calls"])
+    total = torch.zeros_like(lookup) if emb.grad is None else emb.grad.double()
+    return {"error": largest(total - lookup - readout), "shared_minus_lookup":
+            largest(total - lookup), "lookup_max": largest(lookup), "readout_max":
+            largest(readout), "expected_max": largest(lookup + readout)}
+
+
 def _backward_recording_both_paths(s: Subject, model, emb_module, head_module
                                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One loss.backward() on random ids and targets, with the lookup's output (B, T, D) and
     the readout's input (B, T, D) and output (B, T, V) kept, each with its gradient."""
     seen: dict[str, torch.Tensor] = {}
 
-    def keep_lookup(_module, _inputs, output):
-        output.retain_grad()
-        seen["lookup_out"] = output
+    # Each output goes on through a capture whose backward records the gradient it receives:
+    # the gradient of the output as the module returned it, even when the model then changes
+    # it in place (CTRL scales its embedding by sqrt(D) in place). Every call is kept (a module
+    # may be called twice); the last one also under the keys a Decoder's formula reads.
+    def keep(kind: str):
+        def hook(_module, inputs, output):
+            grads: list[torch.Tensor] = []
+            call = {"in": inputs[0].detach(), "grads": grads}
+            seen.setdefault(f"{kind}_calls", []).append(call)
+            seen[f"{kind}_in"], seen[f"{kind}_grads"] = call["in"], grads
+            return _Capture.apply(output, grads)
+        return hook
 
-    def keep_readout(_module, inputs, output):
-        output.retain_grad()
-        seen["readout_in"], seen["readout_out"] = inputs[0].detach(), output
-
+    keep_lookup, keep_readout = keep("lookup"), keep("readout")
     hooks = [emb_module.register_forward_hook(keep_lookup),
              head_module.register_forward_hook(keep_readout)]
     seq_len = s.short_len(8)
@@ -175,3 +227,77 @@ def _backward_recording_both_paths(s: Subject, model, emb_module, head_module
             hook.remove()
     s.count(ids)
     return ids, seen
+
+
+# Parameters whose gradient from the next-token loss is exactly 0 by the mathematics, not by a
+# bug: a bias on the key projection adds q . b_k to every score of a query row, the same amount
+# for every key, and softmax does not change when a row is shifted, so no loss can move it.
+INERT = {r"(^|\.)(k_proj|key|k|wk)\.bias$": "a key-projection bias adds the same q . b_k to every "
+                                            "score of a query row, which softmax ignores"}
+# At most this share of the parameters gets gradients in one backward pass (as the oracle's).
+DEAD_SHARE = 0.25
+
+
+def check_dead_parameters(s: Subject) -> CheckResult:
+    """Every trainable parameter (those that required grad when the audit began) receives a
+    nonzero gradient from the next-token loss of a random batch: an unused Linear, a norm scale
+    created but never applied, a LoRA factor that nothing reaches are named. A parameter inert
+    by the mathematics (INERT) is reported as such, not failed. The gradients are taken a share
+    of the parameters at a time (DEAD_SHARE) from one forward, so no more than that share of
+    gradients exists beside the weights."""
+    trainable = s.trainable_parameters()
+    names = {}
+    for name, param in s.work.named_parameters():
+        names.setdefault(id(param), name)
+    seq_len = s.short_len(16)
+    gen = s.generator(46)
+    ids = s.random_ids(3, seq_len, gen).to(s.device)
+    targets = s.random_ids(3, seq_len, gen).to(s.device)
+    largest_grad: dict[str, float] = {}
+    with s.gradients_for(trainable):
+        s.count(ids)
+        logits = logits_of(s.work(ids))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        del logits
+        for chunk in _shares(trainable, DEAD_SHARE):
+            if loss.requires_grad:
+                loss.backward(inputs=chunk, retain_graph=True)
+            for param in chunk:
+                largest_grad[names[id(param)]] = 0.0 if param.grad is None else largest(param.grad)
+                param.grad = None
+        del loss
+    # No gradient is exactly none: a parameter the loss reads gets some, however small (a
+    # fresh model's query weights: 1e-6 of the largest). A parameter inert by the mathematics
+    # (INERT) gets exactly 0 or the rounding of terms that cancel (1e-12 of the largest here):
+    # reported as inert either way, never failed.
+    rounding = tolerances.eps(s.dtype) * max(largest_grad.values(), default=0.0)
+    dead, inert = [], {}
+    for name, size in largest_grad.items():
+        why = next((w for pattern, w in INERT.items() if re.search(pattern, name)), None)
+        if why is not None and size <= rounding:
+            inert[name] = why
+        elif size == 0.0:
+            dead.append(name)
+    evidence = {"trainable": len(trainable), "batch": 3, "seq_len": seq_len, "dead": dead,
+                "inert": inert}
+    if dead:
+        return CheckResult("dead_parameters", False, f"{len(dead)} of {len(trainable)} trainable "
+                           f"parameters get no gradient from the loss: {', '.join(dead[:6])}"
+                           + (" ..." if len(dead) > 6 else "") + " (unused, never applied, or "
+                           "cut off from the loss)", evidence)
+    said = f"; inert by the mathematics: {', '.join(sorted(inert)[:3])}" if inert else ""
+    return CheckResult("dead_parameters", True, f"all {len(trainable) - len(inert)} trainable "
+                       f"parameters get a gradient from the loss{said}", evidence)
+
+
+def _shares(params: list[nn.Parameter], share: float) -> list[list[nn.Parameter]]:
+    """Consecutive groups of at most `share` of the parameters' elements (a bigger one alone)."""
+    budget = share * sum(p.numel() for p in params)
+    groups, size = [[]], 0
+    for param in params:
+        if groups[-1] and size + param.numel() > budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(param)
+        size += param.numel()
+    return groups

@@ -27,7 +27,7 @@ import torch
 from rich.markup import escape
 from torch import nn
 
-from ..gate import AuditReport, ModelFacts, audit
+from ..gate import AuditReport, ModelFacts, audit, input_embedding
 from .distributed import RankInfo, share_from_main
 
 # A fresh model is close to uniform over V: its loss must lie within this fraction of ln V.
@@ -86,14 +86,15 @@ def _say_summary(report: AuditReport, seconds: float, say: Say) -> None:
 
 
 def check_tied(model: nn.Module, facts: ModelFacts, when: str) -> None:
-    """A tied model's readout must be the embedding Parameter itself, not a copy (DEFECTS.md
-    A1-A3); the gate's facts say whether the model is tied."""
-    if not facts.tied:
+    """A tied model's readout must be the embedding Parameter itself, not a copy (docs/defects.md
+    A); the gate's facts say whether the model is tied and which module its readout is."""
+    if not facts.tied or facts.readout is None:
         return
-    if model.get_parameter("lm_head.weight") is not model.get_parameter(
-            "token_embeddings.weight"):
-        raise RuntimeError(f"weight tying broken {when}: lm_head.weight is no longer the "
-                           "token_embeddings.weight Parameter")
+    readout = getattr(model.get_submodule(facts.readout), "weight", None)
+    embedding = getattr(input_embedding(model), "weight", None)
+    if readout is not embedding:
+        raise RuntimeError(f"weight tying broken {when}: {facts.readout}.weight is no longer the "
+                           "input embedding's Parameter")
 
 
 def show_alignment(task: Any, generator: torch.Generator, say: Say) -> None:
