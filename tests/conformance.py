@@ -27,10 +27,10 @@ that must fire and the words its message must contain.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import contextlib
+import dataclasses
 import io
+import json
 import re
 import sys
 import time

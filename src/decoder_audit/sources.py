@@ -3,21 +3,30 @@
 A source is one of
     preset       a named configuration (`da.preset_names()`), built with seeded random weights
     config       a DecoderConfig saved as JSON, built likewise
-    checkpoint   a checkpoint folder, or a training run folder holding `checkpoint/`
+    checkpoint   a checkpoint folder, or a training run folder holding `checkpoint/`: a Decoder's,
+                 or the weights of a module trained with --model (factory.json), rebuilt by its
+                 factory as `train --resume` does (`checkpoint_of`, `module_factory`); a Hugging
+                 Face folder given here is refused naming what it is (`--hf`)
     hf           a folder written by Hugging Face `save_pretrained`, any family: the model is
                  loaded as it is (causal LMs, and masked LMs for the BERT contrast); its
                  DecoderConfig exists when our converter reads the family (GPT-2, Llama)
     model        FILE.py:FACTORY, a user's own module (FACTORY() returns an nn.Module)
     module       an nn.Module already in hand (the Python API)
 The Python API may also pass a DecoderConfig or a preset name; `Source.of` says which it is.
+
+User code (a --model file, a module checkpoint's factory) is run by `load_factory`: whatever it
+raises becomes one ConfigError line, and `hard_exits_raise` turns its os._exit into a SystemExit
+the command reports instead of ending the process with the code's status.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,13 +36,22 @@ from torch import nn
 
 from .accounting.memory import check_fits
 from .config import DecoderConfig
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError
 from .model.decoder import Decoder
 from .model.presets import preset
-from .storage.checkpoint import CONFIG_FILE, checkpoint_folder, load_checkpoint
+from .storage.checkpoint import (
+    CONFIG_FILE,
+    FACTORY_FILE,
+    checkpoint_folder,
+    json_object,
+    load_checkpoint,
+    load_module_weights,
+)
 
 DEFAULT_PRESET = "tiny-368"
 KINDS = ("preset", "config", "checkpoint", "hf", "model", "module")
+# What a module checkpoint's factory.json says about its model besides the factory.
+DECLARED_FIELDS = ("vocab_size", "max_seq_len", "intervention_len")
 
 
 @dataclass(frozen=True)
@@ -70,7 +88,11 @@ class Source:
             return self.value if isinstance(self.value, DecoderConfig) else \
                 DecoderConfig.load(self.value)
         if self.kind == "checkpoint":
-            return DecoderConfig.load(checkpoint_folder(self.value) / CONFIG_FILE)
+            folder, factory = checkpoint_of(self.value)
+            if factory is not None:  # a module's weights: its config is the module's own
+                config = getattr(load_factory(module_factory(folder, factory)), "config", None)
+                return config if isinstance(config, DecoderConfig) else None
+            return DecoderConfig.load(folder / CONFIG_FILE)
         if self.kind == "hf":
             return _hf_decoder_config(self.value)[0]
         module = load_factory(self.value) if self.kind == "model" else self.value
@@ -84,7 +106,10 @@ class Source:
         if self.kind == "model":
             return load_factory(self.value)
         if self.kind == "checkpoint":
-            return load_checkpoint(checkpoint_folder(self.value))
+            folder, factory = checkpoint_of(self.value)
+            if factory is not None:
+                return load_module_weights(load_factory(module_factory(folder, factory)), folder)
+            return load_checkpoint(folder)
         if self.kind == "hf":
             from .references.hf_models import load_hf_model
 
@@ -94,12 +119,27 @@ class Source:
         torch.manual_seed(seed)
         return Decoder(config)
 
+    def declared(self) -> dict[str, int | None]:
+        """What a module checkpoint recorded about its model in factory.json (vocab_size;
+        max_seq_len, None for a model without a hard length limit; intervention_len, the length
+        such a model was audited and trained at, when recorded), for the gate and for
+        generation, which cannot read them off a module without a DecoderConfig; empty for
+        every other source."""
+        if self.kind != "checkpoint":
+            return {}
+        _, factory = checkpoint_of(self.value)
+        if factory is None:
+            return {}
+        return {name: factory.get(name) for name in DECLARED_FIELDS}
+
     def why_no_config(self) -> str:
         """Why `config()` is None for this source (empty when it is not)."""
         if self.kind == "hf":
             return _hf_decoder_config(self.value)[1]
         if self.kind in ("model", "module") and self.config() is None:
             return "the module carries no DecoderConfig"
+        if self.kind == "checkpoint" and self.config() is None:
+            return "it holds a module trained with --model, which carries no DecoderConfig"
         return ""
 
     @property
@@ -107,6 +147,51 @@ class Source:
         """Whether `build` initialises new weights (a preset or config), so the model's loss
         before training should be near ln V."""
         return self.kind in ("preset", "config")
+
+
+def checkpoint_of(path: Any) -> tuple[Path, dict[str, Any] | None]:
+    """The checkpoint folder `path` names (a run folder's checkpoint/) and, when it holds a
+    module's weights, its factory.json (else None). A Hugging Face folder is refused naming
+    what it is and what reads it: its config.json would otherwise be read as ours and its every
+    field listed as unknown."""
+    folder = checkpoint_folder(path)
+    if (folder / FACTORY_FILE).is_file():
+        factory = json_object(folder / FACTORY_FILE)
+        if factory is None:
+            raise CheckpointError(f"{str(folder / FACTORY_FILE)!r} is not a JSON object")
+        return folder, factory
+    config = json_object(folder / CONFIG_FILE)
+    if config is not None and ("model_type" in config or "architectures" in config):
+        raise ConfigError(
+            f"{str(folder)!r} is a Hugging Face folder (config.json names model_type="
+            f"{config.get('model_type')!r}), not a decoder-audit checkpoint: use --hf "
+            f"{str(folder)!r} (verify, ledger, account), or convert it first with "
+            f"`decoder-audit convert --from-hf {str(folder)!r} --out CKPT` and pass "
+            "--checkpoint CKPT")
+    return folder, None
+
+
+def module_factory(folder: Path, factory: dict[str, Any]) -> str:
+    """The FILE.py:FACTORY that rebuilds a module checkpoint's model. A module passed from
+    Python has none; a factory file inside the folder it describes is refused: no folder's
+    own Python is ever run (its factory is the user's file, named when they trained it)."""
+    spec = factory.get("factory")
+    if not isinstance(spec, str) or not spec:
+        raise CheckpointError(
+            f"{str(folder)!r} holds the weights of a module passed from Python "
+            f"({factory.get('class', 'unknown class')}), which no factory rebuilds: load them "
+            "with decoder_audit.storage.checkpoint.load_module_weights(module, folder)")
+    file = Path(spec.rpartition(":")[0]).resolve()
+    run = folder.resolve().parent if folder.name == "checkpoint" else folder.resolve()
+    if file.is_relative_to(run):
+        raise CheckpointError(f"{str(folder / FACTORY_FILE)!r} names a factory inside the "
+                              f"folder itself ({str(file)!r}); decoder-audit never runs a "
+                              "folder's own code: pass the model with --model instead")
+    if not file.is_file():
+        raise CheckpointError(f"{str(folder / FACTORY_FILE)!r} names the factory {spec!r}, whose "
+                              "file is not on this machine: its weights load only into the "
+                              "module that file builds")
+    return spec
 
 
 def _hf_decoder_config(folder: Any) -> tuple[DecoderConfig | None, str]:
@@ -126,6 +211,42 @@ def _hf_decoder_config(folder: Any) -> tuple[DecoderConfig | None, str]:
 
 
 _FACTORY_CACHE: dict[str, nn.Module] = {}
+# Every FILE.py this process has run (imported), in order: user code may be running from then on
+# (its forward, any thread it started).
+_RAN: list[str] = []
+
+
+def user_code_ran() -> tuple[str, ...]:
+    """The --model files (and module checkpoints' factories) this process has imported."""
+    return tuple(_RAN)
+
+
+class HardExit(SystemExit):
+    """os._exit(code) called by user code in this process, raised instead of ending it (see
+    `hard_exits_raise`): a SystemExit, so whatever reports a sys.exit reports it too."""
+
+    call = "os._exit"
+
+
+@contextlib.contextmanager
+def hard_exits_raise() -> Iterator[None]:
+    """While the block runs, os._exit(code) in this process raises HardExit(code) instead of
+    ending it at once with that status, unflushed and unreported: a user's model that calls it
+    would otherwise decide the command's outcome (os._exit(0): "passed", nothing checked). A
+    forked child (a DataLoader worker) still exits: os._exit is how it must end. Python's own
+    calls only: a C extension's _exit or a signal is not caught."""
+    real, pid = os._exit, os.getpid()
+
+    def raise_instead(code: int) -> None:
+        if os.getpid() != pid:
+            real(code)
+        raise HardExit(code)
+
+    os._exit = raise_instead
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 def load_factory(spec: str) -> nn.Module:
@@ -143,6 +264,7 @@ def load_factory(spec: str) -> nn.Module:
     if module_spec is None:
         raise ConfigError(f"--model file {str(path)!r} is not a Python file (FILE.py:FACTORY)")
     module = importlib.util.module_from_spec(module_spec)
+    _RAN.append(str(path.resolve()))
     sys.path.insert(0, str(path.parent.resolve()))  # let the file import its neighbours
     try:
         _user_code(f"--model file {str(path)!r} failed to import",
@@ -173,8 +295,9 @@ def _user_code(what: str, call: Callable[[], Any]) -> Any:
         raise
     except SyntaxError as exc:
         raise ConfigError(f"{what}: SyntaxError at line {exc.lineno}: {exc.msg}") from None
-    except SystemExit as exc:
-        raise ConfigError(f"{what}: it called sys.exit({exc.code!r}) instead of returning a "
+    except SystemExit as exc:  # sys.exit, or os._exit under hard_exits_raise
+        call = getattr(exc, "call", "sys.exit")
+        raise ConfigError(f"{what}: it called {call}({exc.code!r}) instead of returning a "
                           "module") from None
     except BaseException as exc:  # noqa: BLE001 - any failure in user code is reported
         first = (str(exc).strip().splitlines() or [""])[0]

@@ -115,7 +115,8 @@ def test_train_model_factory_saves_its_weights_and_resumes(foreign, tmp_path, ca
     monkeypatch.undo()
     checkpoint = out / "checkpoint"
     assert json.loads((checkpoint / "factory.json").read_text()) == {
-        "factory": f"{foreign.resolve()}:build", "vocab_size": 8, "max_seq_len": 4}
+        "factory": f"{foreign.resolve()}:build", "vocab_size": 8, "max_seq_len": 4,
+        "intervention_len": None}  # a hard limit: trained at it, no other length to record
     assert read_trainer_state(checkpoint)[0]["step"] == 2
     capsys.readouterr()
     assert main(["train", "--resume", str(out), "--no-progress"]) == 0
@@ -131,11 +132,13 @@ def test_train_model_factory_saves_its_weights_and_resumes(foreign, tmp_path, ca
     trained = load_module_weights(module.build(), checkpoint)
     assert trained.head.weight is trained.emb.weight  # the tie survives the alias
     assert not torch.equal(trained.emb.weight, fresh.emb.weight)
-    # It is not a Decoder checkpoint, and verify says so in one line.
+    # It is not a Decoder checkpoint: verify rebuilds it with its factory (issue 26), reads the
+    # V and length limit factory.json records, and audits the trained weights; nothing changes.
     before = snapshot(out)
-    assert main(["verify", "--checkpoint", str(out)]) == 2
-    line = error_line(capsys, "verify")
-    assert "holds the weights of a module that is not a Decoder (factory.json:" in line
+    capsys.readouterr()
+    assert main(["verify", "--checkpoint", str(out), "--json", "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["vocab_size"], report["max_seq_len"]) == (8, 4)
     assert_kept(before)
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import trained_bpe
 
 import decoder_audit as da
-from helpers import trained_bpe
 
 tf = pytest.importorskip("transformers")
 TEXTS = ["the cat sat on the mat<|endoftext|>", "the dog<|endoftext|>"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import zoo
+from zoo_foreign import FixedTableLM, V
 
 import decoder_audit as da
-from zoo_foreign import V, FixedTableLM
 
 
 def test_every_shape_site_of_a_correct_decoder_records_its_declared_shape():

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from zoo_training import DEFECTS, OwnLossLM, PacksAcrossDocuments, PacksWithoutCausal, PathLM, T, V
 
 import decoder_audit as da
-from zoo_training import (DEFECTS, T, V, OwnLossLM, PacksAcrossDocuments, PacksWithoutCausal,
-                          PathLM)
 
 FACTS = {"vocab_size": V, "max_seq_len": T, "intervention_len": 16}
 # Where each defect lives: the check that must catch it, and the training path that reaches it.

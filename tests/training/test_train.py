@@ -494,7 +494,7 @@ def test_a_leak_only_at_the_training_batch_size_is_refused_before_training():
     """A model that reads the future only in batches of 16 rows or more passed every probe of the
     gate (5 rows at most) and trained its loss to 0.0002, below the counting task's floor: the
     gate now probes the shape training uses (64 rows)."""
-    from zoo_training import T, V, PathLM
+    from zoo_training import PathLM, T, V
 
     with pytest.raises(GateRefusal) as refused:
         train(PathLM("leak_at_batch_16"), vocab_size=V, max_seq_len=T, batch_size=64, steps=5,
@@ -505,8 +505,9 @@ def test_a_leak_only_at_the_training_batch_size_is_refused_before_training():
 def test_a_loss_below_the_entropy_floor_stops_the_run_with_the_figures():
     """A leak no probe reached (it starts after the gate, on the first step): the evaluation loss
     falls below ln(4)/4, which no causal model reaches, and the run stops there."""
+    from zoo_training import PathLM, T, V
+
     from decoder_audit.errors import LeakageSuspected
-    from zoo_training import T, V, PathLM
 
     model = PathLM(dropout=0.0)
 
@@ -569,7 +570,7 @@ def test_a_default_initialised_model_is_refused_with_the_measured_cause_and_noth
     """PyTorch's default nn.Embedding draws N(0, 1): a correct model (verify passes it) starts
     far above ln V. The refusal says why, with the logits' measured spread, and writes nothing,
     so the rerun in the same folder is not blocked."""
-    from zoo_training import T, V, PathLM
+    from zoo_training import PathLM, T, V
 
     out = tmp_path / "run"
     with pytest.raises(GateRefusal) as refused:

@@ -53,9 +53,9 @@ def _source_name(args) -> str:
 def run(args) -> int:
     source = source_from_args(args)
     cfg = source.config()
-    if cfg is None:  # a Hugging Face folder of a family the converter does not read
-        print(f"decoder-audit account: error: --hf {args.hf}: accounting needs a DecoderConfig "
-              f"and {source.why_no_config()}", file=sys.stderr)
+    if cfg is None:  # a Hugging Face family the converter does not read, a --model's weights
+        print(f"decoder-audit account: error: {_source_name(args)}: accounting needs a "
+              f"DecoderConfig and {source.why_no_config()}", file=sys.stderr)
         return 2
     if args.max_seq_len is not None:
         cfg = cfg.replace(max_seq_len=args.max_seq_len)

@@ -4,12 +4,22 @@ A model comes from exactly one of `--preset NAME`, `--config FILE.json`, `--chec
 `--hf DIR` (a Hugging Face `save_pretrained` folder, for the commands that take one) or
 `--model FILE.py:FACTORY` (a user's own module; `--vocab-size`/`--max-seq-len` describe it when it
 has no `config`: `--max-seq-len` is a hard limit the model must enforce, left out for a model
-without one). With none given, the tiny-368 teaching model is used.
+without one, which the commands that audit it (verify, train) probe up to `--intervention-len`).
+With none given, the tiny-368 teaching model is used.
+
+A --model file's code runs inside the command; `user_output_to_stderr` keeps what it prints off
+stdout (which holds only the command's own output, e.g. `verify --json`), and the paths a
+command writes to are made absolute before it runs (`absolute`), so an os.chdir in it moves
+nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import sys
+from collections.abc import Iterator
 
 from torch import nn
 
@@ -19,14 +29,19 @@ from ..sources import DEFAULT_PRESET, Source
 
 
 def add_model_source(parser, *, foreign: bool = True, checkpoint: bool = True,
-                     hf: bool = False) -> None:
+                     hf: bool = False, intervention: bool = False) -> None:
+    """The source flags; with `foreign`, --vocab-size and --max-seq-len for a --model, and with
+    `intervention` (the commands that audit it) --intervention-len."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--preset", metavar="NAME",
                        help=f"a named configuration (default {DEFAULT_PRESET}): "
                             f"{', '.join(preset_names())}")
     group.add_argument("--config", metavar="FILE.json", help="a DecoderConfig saved as JSON")
     if checkpoint:
-        group.add_argument("--checkpoint", metavar="DIR", help="a decoder-audit checkpoint folder, or a training run folder holding checkpoint/")
+        group.add_argument("--checkpoint", metavar="DIR",
+                           help="a decoder-audit checkpoint folder, or a training run folder "
+                                "holding checkpoint/ (a model trained from FILE.py:FACTORY is "
+                                "rebuilt by its factory)")
     if hf:
         group.add_argument("--hf", metavar="DIR",
                            help="a folder written by Hugging Face save_pretrained (any causal or "
@@ -36,10 +51,17 @@ def add_model_source(parser, *, foreign: bool = True, checkpoint: bool = True,
                            help="your own model: FACTORY() in FILE.py returns an nn.Module")
         parser.add_argument("--vocab-size", type=int, metavar="V",
                             help="vocabulary size of a --model without a DecoderConfig")
+        no_limit = ("; leave it out for a model without one (RoPE, ALiBi, recurrent) and give "
+                    "--intervention-len instead") if intervention else (
+                    "; leave it out for a model without one (RoPE, ALiBi, recurrent)")
         parser.add_argument("--max-seq-len", type=int, metavar="T",
                             help="a hard length limit the --model enforces (T + 1 tokens must "
-                                 "be rejected); leave it out for a model without one (RoPE, "
-                                 "ALiBi, recurrent) and give --intervention-len instead")
+                                 f"be rejected){no_limit}")
+    if intervention:
+        parser.add_argument("--intervention-len", type=int, metavar="T",
+                            help="positions every behavioural check covers (default 64, or "
+                                 "max_seq_len when smaller); a model without a hard length "
+                                 "limit is probed up to T")
 
 
 # The source flags, in the order they are looked for (argparse makes them exclusive).
@@ -47,12 +69,31 @@ SOURCE_FLAGS = ("model", "hf", "checkpoint", "config", "preset")
 
 
 def source_from_args(args) -> Source:
-    """The one model source the flags name (tiny-368 when none is given)."""
+    """The one model source the flags name (tiny-368 when none is given). A --model's file is
+    made absolute here, before its code runs: a factory that changes directory would otherwise
+    leave the command (and a run's saved factory) pointing at another file."""
     for kind in SOURCE_FLAGS:
         value = getattr(args, kind, None)
+        if value and kind == "model":
+            path, sep, factory = str(value).rpartition(":")
+            return Source(kind, f"{absolute(path)}{sep}{factory}" if sep and path else value)
         if value:
             return Source(kind, value)
     return Source("preset", DEFAULT_PRESET)
+
+
+def absolute(path: str | None) -> str | None:
+    """`path` made absolute against the directory the command started in (None stays None)."""
+    return None if path is None else os.path.abspath(path)
+
+
+@contextlib.contextmanager
+def user_output_to_stderr() -> Iterator[None]:
+    """What user code prints while the block runs (a --model factory, its forward during the
+    audit) goes to stderr, where the progress and the notes are: stdout holds only the
+    command's own output, so `verify --json` prints JSON and nothing else."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def config_from_args(args) -> DecoderConfig | None:

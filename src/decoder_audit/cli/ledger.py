@@ -9,7 +9,7 @@ from rich.table import Table
 
 from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
 from ..console import console, literal
-from .common import add_model_source, source_from_args
+from .common import add_model_source, source_from_args, user_output_to_stderr
 
 
 def register(subparsers) -> None:
@@ -25,14 +25,15 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     source = source_from_args(args)
-    cfg = source.config()
-    if args.model or cfg is None:  # a foreign module, or a Hugging Face family we do not convert
-        model = source.build()
-    else:
-        from ..model.decoder import Decoder
+    with user_output_to_stderr():  # a --model factory's prints: stdout holds the ledger only
+        cfg = source.config()
+        if args.model or cfg is None:  # a foreign module, or a family we do not convert
+            model = source.build()
+        else:
+            from ..model.decoder import Decoder
 
-        with torch.device("meta"):  # shapes only: gpt2-xl is counted without allocating it
-            model = Decoder(cfg)
+            with torch.device("meta"):  # shapes only: gpt2-xl is counted without allocating it
+                model = Decoder(cfg)
     measured = measured_ledger(model)
     analytic = parameter_ledger(cfg) if cfg is not None else None
     problems = reconcile(analytic, measured) if analytic is not None else []

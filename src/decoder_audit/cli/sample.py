@@ -6,8 +6,12 @@ a progress bar on stderr for long generations when stderr is a terminal."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+
+from ..config import DecoderConfig
+from .common import absolute, user_output_to_stderr
 
 
 def register(subparsers) -> None:
@@ -19,7 +23,8 @@ def register(subparsers) -> None:
                     "error, never cropped. Tiny-vocabulary models take space-separated tokens "
                     "('<bos> A'); byte-level models take text.")
     parser.add_argument("--checkpoint", required=True, metavar="DIR",
-                        help="a checkpoint folder, or a training run folder holding checkpoint/")
+                        help="a checkpoint folder, or a training run folder holding checkpoint/ "
+                             "(a model trained from FILE.py:FACTORY is rebuilt by its factory)")
     parser.add_argument("--prompt", required=True, help="e.g. '<bos> A'")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0 (default) is greedy; T > 0 samples from softmax(logits / T)")
@@ -46,17 +51,16 @@ def run(args) -> int:
 
     from ..errors import ConfigError
     from ..generation.generate import generate
-    from ..storage.checkpoint import checkpoint_folder, load_checkpoint
     from ..text.tokenizer import Tokenizer
     from ..training.state import TRAINER_FILE
 
-    folder = checkpoint_folder(args.checkpoint)
-    model = load_checkpoint(folder).eval()
-    cfg = model.config
+    if args.tokenizer is not None and os.path.exists(args.tokenizer):
+        args.tokenizer = absolute(args.tokenizer)  # before a factory's code can change directory
+    folder, model, vocab_size, max_seq_len = _model(args.checkpoint)
     declared = None
     if (folder / TRAINER_FILE).is_file():
         declared = json.loads((folder / TRAINER_FILE).read_text()).get("tokenizer")
-    tokenizer = Tokenizer.for_checkpoint(folder, cfg.vocab_size, declared=declared,
+    tokenizer = Tokenizer.for_checkpoint(folder, vocab_size, declared=declared,
                                          override=args.tokenizer)
     try:
         prompt = tokenizer.encode(args.prompt)
@@ -65,15 +69,16 @@ def run(args) -> int:
         return 2
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples {args.num_samples} must be at least 1")
-    # without --max-new-tokens: up to the context limit (max_seq_len + 1 ids in all); a prompt
-    # longer than max_seq_len is refused by generate, never cropped
-    budget = (args.max_new_tokens if args.max_new_tokens is not None
-              else max(1, cfg.max_seq_len + 1 - len(prompt)))
+    budget = _budget(args, folder, max_seq_len, len(prompt))
     generator = torch.Generator().manual_seed(args.seed)
-    with _Progress(budget) as on_token:
+    # A Decoder's limit is its config's; another module's is the one its factory.json records.
+    limit = {} if isinstance(getattr(model, "config", None), DecoderConfig) else {
+        "max_seq_len": max_seq_len}
+    with _Progress(budget) as on_token, user_output_to_stderr():
         result = generate(model, [prompt] * args.num_samples, max_new_tokens=budget,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          eos_id=tokenizer.eos_id, generator=generator, on_token=on_token)
+                          eos_id=tokenizer.eos_id, generator=generator, on_token=on_token,
+                          **limit)
     samples = [{"ids": ids, "new_ids": new, "text": tokenizer.decode(ids), "stop": stop}
                for ids, new, stop in zip(result.ids, result.new_ids, result.stop)]
     if args.json:
@@ -96,6 +101,41 @@ def run(args) -> int:
         stops = ", ".join(sorted({sample["stop"] for sample in samples}))
         print(f"({mode}; {args.num_samples} samples; new tokens {counts}; stopped at {stops})")
     return 0
+
+
+def _budget(args, folder, max_seq_len: int | None, prompt_len: int) -> int:
+    """The new tokens to generate: --max-new-tokens, else up to the context limit (max_seq_len
+    + 1 ids in all); a prompt longer than max_seq_len is refused by generate, never cropped."""
+    from ..errors import ConfigError
+
+    if args.max_new_tokens is not None:
+        return args.max_new_tokens
+    if max_seq_len is None:
+        raise ConfigError(f"the model in {str(folder)!r} has no hard length limit (its "
+                          "factory.json records max_seq_len null), so there is no context limit "
+                          "to stop at: give --max-new-tokens N")
+    return max(1, max_seq_len + 1 - prompt_len)
+
+
+def _model(checkpoint: str):
+    """(the checkpoint folder, its model in eval mode, V, max_seq_len): a Decoder's from its
+    config; a module trained with --model rebuilt by its factory, with the V and length limit
+    its factory.json records (None: no hard limit)."""
+    from ..errors import CheckpointError
+    from ..sources import Source, checkpoint_of
+
+    folder, _ = checkpoint_of(checkpoint)
+    source = Source("checkpoint", folder)
+    with user_output_to_stderr():  # a factory's prints: stdout holds the samples only
+        model = source.build().eval()
+    cfg = getattr(model, "config", None)
+    if isinstance(cfg, DecoderConfig):
+        return folder, model, cfg.vocab_size, cfg.max_seq_len
+    declared = source.declared()
+    if not isinstance(declared.get("vocab_size"), int):
+        raise CheckpointError(f"{str(folder)!r}: its factory.json records no vocab_size, which "
+                              "sample needs to read the model's ids")
+    return folder, model, declared["vocab_size"], declared.get("max_seq_len")
 
 
 class _Progress:

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from ..console import console, literal
-from .common import add_model_source, source_from_args
+from ..errors import ConfigError
+from .common import absolute, add_model_source, source_from_args
 
 DEFAULT_OUT = "runs/train"
 
@@ -27,7 +28,7 @@ def register(subparsers) -> None:
                     "that failed. A loss that becomes NaN or inf stops the run (exit 1) and "
                     "keeps the last good checkpoint; a run folder another run is writing is "
                     "refused (run.lock).")
-    add_model_source(parser, foreign=True)
+    add_model_source(parser, foreign=True, intervention=True)
     parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default 400)")
     parser.add_argument("--seed", type=int, metavar="S",
                         help="seeds the initialisation and the batches (default 0)")
@@ -113,6 +114,9 @@ def run(args) -> int:
     from ..errors import LeakageSuspected, TrainingDiverged
     from ..training import GateRefusal, train
 
+    if args.intervention_len is not None and args.intervention_len < 1:
+        raise ConfigError(f"--intervention-len={args.intervention_len} must be >= 1")
+    _absolute_paths(args)  # before a --model's code runs: an os.chdir in it moves nothing
     options = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
     source_given = any(getattr(args, f, None) for f in ("preset", "config", "checkpoint", "model"))
     if args.resume:
@@ -122,16 +126,20 @@ def run(args) -> int:
             return 2
         model = None
     else:
+        if args.checkpoint:
+            _refuse_module_checkpoint(args.checkpoint)
         # The source itself, not a built module: the trainer builds it after locking the run
         # folder and checking it fits, and saves a --model factory's reference with its weights.
         model = source_from_args(args)
-    out = args.out or (None if args.resume else DEFAULT_OUT)  # resuming writes into its run
+    # resuming writes into its own run folder
+    out = args.out or (None if args.resume else absolute(DEFAULT_OUT))
     try:
         train(
             model, out=out, resume=args.resume,
             save_every=args.save_every, eval_every=args.eval_every, device=args.device,
             progress=not args.no_progress, expect_fresh=not args.checkpoint, shard=args.shard,
             vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
+            intervention_len=args.intervention_len,
             threads=args.threads if args.threads is not None else "auto",
             peak_flops=args.peak_flops, checkpointing=args.checkpointing, **options)
     except GateRefusal as refusal:
@@ -145,6 +153,32 @@ def run(args) -> int:
         _print_interrupted(out or args.resume)
         return 130
     return 0
+
+
+def _absolute_paths(args) -> None:
+    """The paths the run reads and writes, absolute against the directory the command started
+    in. A --tokenizer is a path only when it names one (else a built-in name: bytes, tiny-vocab)."""
+    for name in ("out", "resume", "text", "data"):
+        setattr(args, name, absolute(getattr(args, name)))
+    if args.tokenizer is not None and os.path.exists(args.tokenizer):
+        args.tokenizer = absolute(args.tokenizer)
+
+
+def _refuse_module_checkpoint(path: str) -> None:
+    """train --checkpoint starts a new run from a Decoder's weights. A module trained with
+    --model (factory.json) is continued with --resume; a Hugging Face folder is refused by
+    `checkpoint_of`, naming what it is."""
+    from ..sources import checkpoint_of
+    from ..storage.checkpoint import CHECKPOINT_DIR
+
+    folder, factory = checkpoint_of(path)
+    if factory is not None:
+        run = folder.parent if folder.name == CHECKPOINT_DIR else folder
+        raise ConfigError(
+            f"{str(folder)!r} holds the weights of a module trained with --model (factory.json: "
+            f"{factory.get('factory')!r}), not a Decoder checkpoint: continue its run with "
+            f"`decoder-audit train --resume {run}`, or start a new one with --model "
+            "FILE.py:FACTORY")
 
 
 def _print_refusal(refusal) -> None:

@@ -16,7 +16,13 @@ import torch
 from ..console import console, literal
 from ..errors import ConfigError
 from ..gate import audit, print_report, to_json
-from .common import add_model_source, rerun_command, source_from_args
+from .common import (
+    absolute,
+    add_model_source,
+    rerun_command,
+    source_from_args,
+    user_output_to_stderr,
+)
 
 
 def register(subparsers) -> None:
@@ -26,7 +32,7 @@ def register(subparsers) -> None:
                     "logits, determinism, batch independence, causal interventions, prefixes, "
                     "attention rows, parameter ledger, tying, tying gradient, slow oracle, loss "
                     "alignment) and print the evidence. Exit 0 only when every check passes.")
-    add_model_source(parser, foreign=True, hf=True)
+    add_model_source(parser, foreign=True, hf=True, intervention=True)
     parser.add_argument("--input-vocab-size", type=int, metavar="V_IN",
                         help="ids the model reads when that differs from V (an extra start "
                              "token past the output vocabulary): V_IN - 1 must run, V_IN must be "
@@ -36,10 +42,6 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--report", metavar="DIR",
                         help="write report.md, report.json and PNG pictures into DIR")
-    parser.add_argument("--intervention-len", type=int, metavar="T",
-                        help="positions every behavioural check covers (default 64, or "
-                             "max_seq_len when smaller); a model without a hard length limit is "
-                             "probed up to T")
     parser.add_argument("--dtype", choices=sorted(DTYPES),
                         help="cast the model to this dtype before the gate (default: its own, "
                              "float32 for a preset); tolerances follow the dtype. float64 doubles "
@@ -88,18 +90,40 @@ def run(args) -> int:
         print(f"decoder-audit verify: error: --report {args.report!r} is a file; it names a folder "
               "for report.md, report.json and the pictures", file=sys.stderr)
         return 2  # said before the gate runs, not after
+    report_dir = absolute(args.report)  # before user code runs: an os.chdir in it moves nothing
     device = resolve_device(args.device)
     source = source_from_args(args)
-    model = source.build(seed=args.seed)
-    # In place: the command owns the model it built or loaded (a Decoder keeps its tie).
-    model.to(device=device, dtype=DTYPES.get(args.dtype))
+    # A module checkpoint's V and lengths are in its factory.json; the flags win.
+    declared = source.declared()
+    vocab_size, max_seq_len, intervention_len = (
+        getattr(args, name) if getattr(args, name) is not None else declared.get(name)
+        for name in ("vocab_size", "max_seq_len", "intervention_len"))
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
-    # The facts (V, the length policy, the pad id) are the gate's to read from the model: a
-    # DecoderConfig or a Hugging Face config; the flags say what a bare module cannot.
-    report = audit(model, vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
-                   input_vocab_size=args.input_vocab_size,
-                   progress=show_progress and not args.json, seed=args.seed,
-                   intervention_len=args.intervention_len)
+    with user_output_to_stderr():  # a --model's prints, in its factory or its forward
+        model = source.build(seed=args.seed)
+        # In place: the command owns the model it built or loaded (a Decoder keeps its tie).
+        model.to(device=device, dtype=DTYPES.get(args.dtype))
+        # The facts (V, the length policy, the pad id) are the gate's to read from the model: a
+        # DecoderConfig or a Hugging Face config; the flags say what a bare module cannot.
+        report = audit(model, vocab_size=vocab_size, max_seq_len=max_seq_len,
+                       input_vocab_size=args.input_vocab_size,
+                       progress=show_progress and not args.json, seed=args.seed,
+                       intervention_len=intervention_len)
+    command = rerun_command("verify", args, *_rerun_flags(args))
+    if report_dir:
+        written = report.write(report_dir, command=command)
+    if args.json:
+        print(to_json(report, command))
+    else:
+        out = console()
+        print_report(report, out, command=command)
+        if report_dir:
+            out.print(f"report written: {literal(', '.join(str(p) for p in written))}")
+    return 0 if report.passed else 1
+
+
+def _rerun_flags(args) -> list[str]:
+    """The flags besides the model's that reproduce this run."""
     extra = []
     if args.seed:
         extra += ["--seed", str(args.seed)]
@@ -109,14 +133,4 @@ def run(args) -> int:
         extra += ["--dtype", args.dtype]
     if args.device != "cpu":
         extra += ["--device", args.device]
-    command = rerun_command("verify", args, *extra)
-    if args.report:
-        written = report.write(args.report, command=command)
-    if args.json:
-        print(to_json(report, command))
-    else:
-        out = console()
-        print_report(report, out, command=command)
-        if args.report:
-            out.print(f"report written: {literal(', '.join(str(p) for p in written))}")
-    return 0 if report.passed else 1
+    return extra

@@ -61,8 +61,8 @@ from .convention import (
     CacheNotReturned,
     Stepper,
     convention,
-    established,
     device_of,
+    established,
     left_padded,
     numbered,
 )

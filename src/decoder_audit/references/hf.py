@@ -49,7 +49,12 @@ from .hf_config import (
 from .hf_models import read_hf_config
 
 # rope_permutation is re-exported for the tests that check it against transformers' RoPE.
-from .hf_weights import hf_tensors_to_ours, our_tensors_to_hf
+from .hf_weights import (
+    hf_tensors_to_ours,
+    our_tensors_to_hf,
+    stored_shapes,
+    weight_files,
+)
 
 
 def _check_tie_flag(hf_model: Any) -> None:
@@ -147,8 +152,8 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
 
 def load_hf_folder(folder: str | os.PathLike) -> Decoder:
     """A Decoder from a Hugging Face folder as `save_pretrained` writes it: config.json plus
-    model.safetensors (or sharded model-*.safetensors with model.safetensors.index.json). An
-    old-style pytorch_model.bin is read only with torch.load(weights_only=True)."""
+    model.safetensors (or sharded model-*.safetensors with model.safetensors.index.json). A
+    folder holding only pickle weights (pytorch_model.bin) is refused: nothing is unpickled."""
     folder = Path(folder)
     hf_config = read_hf_config(folder)  # never runs the folder's code (trust_remote_code=False)
     cfg = config_from_hf(hf_config)
@@ -160,22 +165,8 @@ def _read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    if single.is_file():
-        files = [single]
-    elif index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        files = [folder / name for name in sorted(set(weight_map.values()))]
-    elif (folder / "pytorch_model.bin").is_file():
-        path = folder / "pytorch_model.bin"
-        try:  # weights_only=True: tensors and plain containers only, never arbitrary objects
-            return dict(torch.load(path, map_location="cpu", weights_only=True))
-        except Exception as exc:  # noqa: BLE001 - any failure means "not a plain weight file"
-            raise CheckpointError(f"{str(path)!r} could not be read with "
-                                  f"torch.load(weights_only=True): {exc}") from exc
-    else:
-        raise CheckpointError(f"{str(folder)!r} has no model.safetensors, "
-                              "model.safetensors.index.json or pytorch_model.bin")
+    files = weight_files(folder)
+    stored_shapes(files)  # a garbled or truncated header is named before any tensor is read
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         try:

@@ -6,15 +6,22 @@ Refused, with a ConfigError naming the field: RoPE scaling (rope_parameters.rope
 other than SiLU (Llama) or gelu_new / gelu_pytorch_tanh / gelu / relu (GPT-2),
 scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, unscaled attention and cross attention.
 
+Any family's config: `refuse_bad_sizes` refuses a size (layers, width, heads, vocabulary,
+context) that is not an integer or is below its least (1 for layers, width, heads and
+vocabulary), naming the field as config.json spells it.
+
 `transformers` is imported only inside `_transformers()`, so this module loads without it.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ..config import DecoderConfig
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 
 INSTALL_HINT = "pip install 'decoder-audit[hf]'"
 ATTN_IMPLEMENTATION = "eager"
@@ -35,6 +42,61 @@ def _transformers():
             f"with: {INSTALL_HINT}") from exc
     return transformers
 
+
+@contextlib.contextmanager
+def quiet(tf: Any) -> Iterator[None]:
+    """transformers' warnings and progress bars off (its loading report, the "Loading weights"
+    bar): what goes wrong is said once, by us; they are restored after."""
+    logging = tf.utils.logging
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _text_config(config: Any) -> Any:
+    getter = getattr(config, "get_text_config", None)
+    try:
+        return getter() if callable(getter) else config
+    except Exception:  # noqa: BLE001 - a composite config without a text part: use it whole
+        return config
+
+
+# Sizes every family names the same way (transformers maps a family's own names onto these:
+# GPT-2's n_layer is num_hidden_layers), with the least each may be. transformers checks few of
+# them: "n_layer": -2 builds a model with no layers at all, "n_head": 0 divides by zero. A width
+# or context of 0 is some family's convention (a NoPE model's head_dim), so only a negative one
+# or one that is no integer is refused.
+SIZE_FIELDS = {"vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 1, "num_attention_heads": 1,
+               "num_key_value_heads": 0, "intermediate_size": 0, "head_dim": 0,
+               "max_position_embeddings": 0}
+
+
+def json_name(config: Any, name: str) -> str:
+    """The name config.json spells a size with (GPT-2: n_layer for num_hidden_layers)."""
+    return (getattr(config, "attribute_map", None) or {}).get(name, name)
+
+
+def refuse_bad_sizes(config: Any, config_path: Path, *,
+                     error: type[Exception] = CheckpointError) -> None:
+    """`error` naming the file and the field when a size is not an integer of at least its
+    SIZE_FIELDS least (None, a size left to its default, is fine)."""
+    for part in {id(c): c for c in (config, _text_config(config))}.values():
+        for name, least in SIZE_FIELDS.items():
+            try:
+                value = getattr(part, name)
+            except AttributeError:
+                continue
+            if value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                 and value >= least):
+                continue
+            raise error(f"{str(config_path)!r}: {json_name(part, name)}={value!r} must be an "
+                        f"integer >= {least}")
 
 
 def model_classes(tf: Any) -> dict[str, type]:

@@ -21,12 +21,17 @@ permutation. Example, Dh = 4: ours = HF rows [0, 2, 1, 3]; back again: HF = ours
 
 Exporting a decoder without attention or MLP biases to GPT-2 (whose Conv1D always has them)
 writes zero biases: the function is unchanged, and loading it back gives attn_bias=True.
+
+The files: `weight_files` finds a folder's safetensors (one file or an index's shards; pickle
+weights alone are refused, never unpickled) and `stored_shapes` reads their headers only.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -230,3 +235,62 @@ def _normalise_names(hf_tensors: Mapping[str, torch.Tensor], prefix: str) -> dic
     if kept and not any(n.startswith(prefix) for n in kept):
         kept = {n if n == "lm_head.weight" else prefix + n: t for n, t in kept.items()}
     return kept
+
+
+# ----------------------------------------------------------------------------------------------
+# The files of a save_pretrained folder, read by their headers
+# ----------------------------------------------------------------------------------------------
+
+# Weights stored as pickles (torch.save): refused, never loaded, since unpickling runs code.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The folder's safetensors weights: model.safetensors, or the shards its index names. A
+    folder holding only pickle weights (pytorch_model.bin) is refused naming them."""
+    single, index = folder / SINGLE_FILE, folder / INDEX_FILE
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"{str(index)!r} is not a safetensors index (a JSON object "
+                                  f"with a weight_map of tensor -> file): {exc!r}") from None
+        missing = [name for name in names if not (folder / str(name)).is_file()]
+        if missing or not names:
+            raise CheckpointError(f"{str(index)!r} names shards {missing or names} that are "
+                                  f"not in {str(folder)!r}")
+        return [folder / name for name in names]
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(f"{str(folder)!r} holds its weights only as pickles {pickles}, "
+                              f"and no {SINGLE_FILE}: decoder-audit never unpickles (unpickling "
+                              "runs arbitrary code); re-save them with safetensors "
+                              "(save_pretrained's default)")
+    raise CheckpointError(f"{str(folder)!r} has no {SINGLE_FILE} or {INDEX_FILE}")
+
+
+def stored_shapes(files: list[Path]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, safetensors dtype) of every stored tensor, from the headers alone (no
+    tensor is read). A file that is not whole safetensors is refused naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    stored: dict[str, tuple[tuple[int, ...], str]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for name in handle.keys():
+                    part = handle.get_slice(name)
+                    stored[name] = (tuple(part.get_shape()), part.get_dtype())
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"{str(path)!r} is not a readable safetensors file (garbled or "
+                                  f"truncated?): {exc}") from None
+    return stored
+
+
+def weights_name(folder: Path, files: list[Path]) -> str:
+    """How a message names a folder's weights: its one file, or the index of its shards."""
+    return repr(str(files[0])) if len(files) == 1 else repr(str(folder / INDEX_FILE))

@@ -27,8 +27,12 @@ an unsharded run writes, and either kind of run resumes the other's.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -112,9 +116,52 @@ def init_distributed(device: str, *, shard: bool = False) -> RankInfo:
                     sharded=shard)
 
 
+# How long a rank waits at the barrier that ends a run for its peers to reach it (rank 0 turns a
+# sharded model's gathered weights into a Decoder first): past it, a rank whose peer failed still
+# tears its own group down and reports its own error.
+TEARDOWN_BARRIER_TIMEOUT = timedelta(minutes=5)
+
+# The groups shard_model's device mesh created beside the default one (on a machine with CUDA, a
+# gloo run's mesh makes its own, "mesh_default"): this process made them, so close() ends them.
+_MESH_GROUPS: list[Any] = []
+
+
 def close(ranks: RankInfo) -> None:
+    """End the process groups this process created, in an order that lets every rank exit
+    cleanly (with the groups left to interpreter exit, a rank whose gloo threads were still
+    running aborted there: "terminate called without an active exception", exit 1):
+      1. a barrier: no rank tears its connections down while a peer is still inside the run's
+         last collective (a sharded run's final gather); skipped on the way out of a failure
+         (close runs in train's `finally`), where a peer may never come;
+      2. gc.collect(): FSDP2's sharded modules are reference cycles (its hooks hold its state),
+         alive until a collection, and their DTensors, FSDP state and device mesh hold the
+         groups: freed here, while the groups still work, not at interpreter exit;
+      3. the groups destroyed: all of them when this process created the default group (the
+         mesh's go first, destroy_process_group ends them newest first), else only the mesh
+         groups shard_model made: a group this process joined is its creator's to end."""
+    created = list(_MESH_GROUPS)
+    _MESH_GROUPS.clear()
+    if not (ranks.owns_group or created) or not (dist.is_available() and dist.is_initialized()):
+        return
+    if ranks.distributed and sys.exc_info()[1] is None:  # a run that ended, not one failing
+        _teardown_barrier()
+    gc.collect()
     if ranks.owns_group:
         dist.destroy_process_group()
+        return
+    for group in reversed(created):
+        dist.destroy_process_group(group)
+
+
+def _teardown_barrier() -> None:
+    """Every rank at the end of the run before any ends its group. Bounded on gloo (a monitored
+    barrier) and never raising: close() runs on the way out of a failed run too, where its own
+    error is the one to report."""
+    with contextlib.suppress(Exception):  # a peer that failed: its error is reported, not this
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=TEARDOWN_BARRIER_TIMEOUT)
+        else:
+            dist.barrier()
 
 
 def share_from_main(ranks: RankInfo, values: list[Any]) -> list[Any]:
@@ -157,6 +204,9 @@ def shard_model(model: nn.Module, ranks: RankInfo, device: str) -> nn.Module:
 
     refuse_unshardable(model)
     mesh = init_device_mesh(torch.device(device).type, (ranks.world_size,))
+    group = mesh.get_group()
+    if group is not dist.group.WORLD and group not in _MESH_GROUPS:
+        _MESH_GROUPS.append(group)  # the mesh made a group of its own: close() ends it
     for block in model.layers:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)

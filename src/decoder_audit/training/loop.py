@@ -78,14 +78,16 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
           save_every: int | None = None, eval_every: int | None = None, device: str | None = None,
           progress: bool = True, verbose: bool = True, expect_fresh: bool = True,
           vocab_size: int | None = None, max_seq_len: int | None = None,
-          threads: int | str | None = "auto", callback: Callback | None = None,
-          shard: bool = False, peak_flops: float | None = None, checkpointing: bool = False,
+          intervention_len: int | None = None, threads: int | str | None = "auto",
+          callback: Callback | None = None, shard: bool = False,
+          peak_flops: float | None = None, checkpointing: bool = False,
           **options: Any) -> TrainResult:
     """Audit `model` and, if every check passes, train it. See the module docstring.
 
     model: a Decoder or any nn.Module mapping ids (B, T) to logits (B, T, V) (foreign modules
-        need `vocab_size` and `max_seq_len`), a DecoderConfig or preset name (built from `seed`),
-        or None: tiny-368, or the checkpoint's model when resuming.
+        need `vocab_size`, and `max_seq_len` or, without a hard length limit, the
+        `intervention_len` they are audited and trained at), a DecoderConfig or preset name
+        (built from `seed`), or None: tiny-368, or the checkpoint's model when resuming.
     config / **options: the TrainConfig (options override its fields: steps, seed, batch_size,
         lr, warmup, ...). When resuming, the checkpoint's TrainConfig is used and must agree.
     out: run folder for metrics.jsonl, loss_curve.png and checkpoint/ (rank 0 writes).
@@ -115,8 +117,7 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
     cfg = settings_from(config, options)
     if resume is not None and out is None:
         out = run_folder_of(resume)  # a resumed run writes into its own folder
-    given = {"save_every": save_every, "eval_every": eval_every, "device": device,
-             "threads": threads}
+    given = dict(save_every=save_every, eval_every=eval_every, device=device, threads=threads)
     # One run per folder: rank 0 locks it before anything in it is read or written.
     main_rank = int(os.environ.get("RANK", "0")) == 0
     say = make_console().print if verbose else (lambda *a, **k: None)
@@ -125,8 +126,8 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
             cfg, given, out=out, resume=resume, shard=shard,
             settings_given=config is not None or bool(options), progress=progress,
             verbose=verbose, expect_fresh=expect_fresh, vocab_size=vocab_size,
-            max_seq_len=max_seq_len, callback=callback, peak_flops=peak_flops,
-            checkpointing=checkpointing)
+            max_seq_len=max_seq_len, intervention_len=intervention_len, callback=callback,
+            peak_flops=peak_flops, checkpointing=checkpointing)
         previous_threads = torch.get_num_threads()
         try:
             return _run(model, cfg, opts, ranks, started)

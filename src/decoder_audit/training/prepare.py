@@ -48,11 +48,17 @@ def prepare(setting: Setting, model: Any) -> Prepared:
     _set_threads(built, opts)
     saved = (opts.resume_meta or {}).get("factory") or {}
     facts = model_facts(built, vocab_size=opts.vocab_size or saved.get("vocab_size"),
-                        max_seq_len=opts.max_seq_len or saved.get("max_seq_len"))
-    if facts.max_seq_len is None:
+                        max_seq_len=opts.max_seq_len or saved.get("max_seq_len"),
+                        intervention_len=opts.intervention_len or saved.get("intervention_len"))
+    # A model with a hard limit trains at it; one without, at the length it is audited at.
+    length = facts.max_seq_len or (facts.intervention_len if facts.origin.get(
+        "intervention_len") == "argument" else None)
+    if length is None:
         raise ConfigError("a model without a DecoderConfig needs vocab_size and max_seq_len "
-                          "(--vocab-size/--max-seq-len) to be audited and trained")
-    task = _task(cfg, opts, facts.vocab_size, facts.max_seq_len)
+                          "(--vocab-size/--max-seq-len), or intervention_len "
+                          "(--intervention-len) where it has no hard length limit, to be "
+                          "audited and trained")
+    task = _task(cfg, opts, facts.vocab_size, length)
     rows = setting.ranks.world_size * cfg.grad_accum
     if cfg.batch_size % rows:
         raise ConfigError(
@@ -67,7 +73,9 @@ def prepare(setting: Setting, model: Any) -> Prepared:
                                                  cfg.precision, opts.checkpointing, cfg.pack))
     fresh = opts.expect_fresh and (source.built_fresh or source.kind in ("module", "model"))
     return Prepared(model=built, task=task, facts=facts, fresh=fresh,
-                    factory=_factory_of(source, facts.vocab_size, facts.max_seq_len))
+                    factory=_factory_of(source, facts.vocab_size, facts.max_seq_len,
+                                        facts.intervention_len if length != facts.max_seq_len
+                                        else None))
 
 
 def _task(cfg: TrainConfig, opts: Options, vocab_size: int, max_seq_len: int) -> Any:
@@ -171,10 +179,11 @@ def _source(model: Any, opts: Options) -> tuple[Source, bool]:
     return Source("model", factory["factory"]), True
 
 
-def _factory_of(source: Source, vocab_size: int | None, max_seq_len: int | None
-                ) -> dict[str, Any] | None:
+def _factory_of(source: Source, vocab_size: int | None, max_seq_len: int | None,
+                intervention_len: int | None = None) -> dict[str, Any] | None:
     """What rebuilds the model, saved beside its weights when it is not white-box."""
-    shape = {"vocab_size": vocab_size, "max_seq_len": max_seq_len}
+    shape = {"vocab_size": vocab_size, "max_seq_len": max_seq_len,
+             "intervention_len": intervention_len}
     if source.kind == "model":
         path, _, name = str(source.value).rpartition(":")
         return {"factory": f"{Path(path).resolve()}:{name}", **shape}

@@ -49,6 +49,7 @@ class Options:
     expect_fresh: bool
     vocab_size: int | None
     max_seq_len: int | None
+    intervention_len: int | None
     threads: int | str | None
     callback: Callback | None
     run_options: dict[str, Any] = field(default_factory=dict)

@@ -170,8 +170,9 @@ def resumed_settings(meta: dict[str, Any], cfg: TrainConfig, *, given: bool) -> 
 
 @dataclass
 class TrainResult:
-    model: nn.Module
-    """The trained model (unwrapped from DDP)."""
+    model: nn.Module | None
+    """The trained model (unwrapped from DDP); None on the ranks other than 0 of a sharded
+    run, where rank 0 holds it whole."""
     config: TrainConfig
     step: int
     """Steps completed."""

@@ -382,10 +382,11 @@ def _load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer,
                              options=StateDictOptions(full_state_dict=True))
 
 
-def whole_model(model: nn.Module) -> nn.Module:
+def whole_model(model: nn.Module) -> nn.Module | None:
     """`model` as one module: a sharded one gathered into a plain Decoder on rank 0's CPU (every
-    rank must call this; the others keep their shard), any other `model` itself."""
+    rank must call this), any other `model` itself. The other ranks of a sharded run get None:
+    their shard, with the hooks that hold it, must be gone before the process group closes."""
     if not is_sharded(model):
         return model
     decoder, _ = gather_full_state(model, None)
-    return decoder if decoder is not None else model
+    return decoder
