@@ -169,6 +169,16 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                                 norm_eps=1e-3),
     "twin-relu-nopos-untied": da.DecoderConfig(**TWIN, n_layers=2, mlp="relu", pos="none",
                                                attn_bias=True, tie_embeddings=False),
+    # RoPE rotating halves (Hugging Face Llama's pairs), GQA 4/2, untied; and with MHA, biases
+    # and LayerNorm, tied.
+    "rope-half-gqa": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                      n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                      mlp="swiglu", pos="rope", rope_theta=300.0,
+                                      rope_layout="rotate_half", tie_embeddings=False),
+    "rope-half-ln-biases-tied": da.DecoderConfig(vocab_size=11, d_model=12, n_layers=2, n_heads=2,
+                                                 d_ff=20, max_seq_len=5, pos="rope",
+                                                 rope_layout="rotate_half", attn_bias=True,
+                                                 mlp_bias=True),
     # Tiny shapes for Hugging Face conversion: two GPT-2 and two Llama (GQA 6/2 and 6/3).
     "hf-gpt-relu-mlpbias-tied": da.DecoderConfig(**HF, n_layers=2, mlp="relu", attn_bias=False,
                                                  mlp_bias=True),
@@ -180,6 +190,10 @@ SPECIAL: dict[str, da.DecoderConfig] = {
     "hf-llama-kv3-tied": da.DecoderConfig(**HF, n_layers=3, n_kv_heads=3, norm="rmsnorm",
                                           mlp="swiglu", pos="rope", rope_theta=777.0,
                                           tie_embeddings=True),
+    "hf-llama-kv2-rotate-half": da.DecoderConfig(**HF, n_layers=2, n_kv_heads=2, norm="rmsnorm",
+                                                 mlp="swiglu", pos="rope", rope_theta=10000.0,
+                                                 rope_layout="rotate_half",
+                                                 tie_embeddings=False),
 }
 
 

@@ -23,6 +23,11 @@ from .errors import ConfigError
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("relu", "gelu", "gelu_tanh", "swiglu")
 POSITIONS = ("learned", "rope", "none")
+# Which features of a head RoPE rotates together: "interleaved" pairs (x[2j], x[2j+1]) (the
+# original RoFormer / Llama / CS336 layout, torchtune) or "rotate_half" pairs (x[j], x[j + Dh/2])
+# (Hugging Face Llama and its descendants, GPT-NeoX, litgpt). Pair j turns by the same angle in
+# both; they differ in which weight rows make up a pair, so neither is the other renamed.
+ROPE_LAYOUTS = ("interleaved", "rotate_half")
 # "reject" raises ContextLengthError on T > max_seq_len. No other policy is implemented, so no
 # other policy is accepted: a config cannot promise cropping or sliding that the model won't do.
 CONTEXT_POLICIES = ("reject",)
@@ -53,9 +58,12 @@ class DecoderConfig:
     mlp: str = "gelu"
     """"relu", "gelu" (exact erf), "gelu_tanh" (GPT-2's approximation) or "swiglu"."""
     pos: str = "learned"
-    """"learned" absolute positions, "rope" (interleaved pairs) or "none"."""
+    """"learned" absolute positions, "rope" (rotary, see rope_layout) or "none"."""
     rope_theta: float = 10000.0
     """RoPE base: pair j of a head rotates by pos * theta^(-2j/Dh)."""
+    rope_layout: str = "interleaved"
+    """Which features form RoPE's pair j: "interleaved" (x[2j], x[2j+1]) or "rotate_half"
+    (x[j], x[j + Dh/2])."""
     attn_bias: bool = False
     """Biases on q/k/v/output projections."""
     mlp_bias: bool = False
@@ -164,7 +172,7 @@ def _validate(cfg: DecoderConfig) -> list[str]:
     if cfg.n_kv_heads is not None and (not _is_int(cfg.n_kv_heads) or cfg.n_kv_heads <= 0):
         problems.append(f"n_kv_heads={cfg.n_kv_heads!r} must be a positive integer or None")
     for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS),
-                          ("context_policy", CONTEXT_POLICIES)):
+                          ("rope_layout", ROPE_LAYOUTS), ("context_policy", CONTEXT_POLICIES)):
         value = getattr(cfg, name)
         if value not in allowed:
             problems.append(f"{name}={value!r} is not one of {list(allowed)}")

@@ -254,34 +254,51 @@ def load_factory(spec: str) -> nn.Module:
     files you trust. The module is built once per process."""
     if spec in _FACTORY_CACHE:
         return _FACTORY_CACHE[spec]
-    path_text, sep, factory_name = spec.rpartition(":")
-    if not sep or not path_text or not factory_name:
-        raise ConfigError(f"--model {spec!r} must look like path/to/file.py:factory")
+    factory, where = load_callable(spec, "--model", "factory")
+    _refuse_required_arguments(factory, where)
+    model = _user_code(f"{where} failed", factory)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{where} returned {type(model).__name__}, not a torch.nn.Module")
+    _refuse_meta(model, where)
+    _FACTORY_CACHE[spec] = model
+    return model
+
+
+def load_weights_map(spec: str) -> Callable[..., Any]:
+    """FN of FILE.py:FN, a function from a module's state dict to {canonical name: tensor}
+    (`verify --weights-map`). Runs the user's code on import, like --model."""
+    function, _ = load_callable(spec, "--weights-map", "function")
+
+    def weights_map(state):
+        return _user_code(f"--weights-map {spec!r} failed", lambda: function(state))
+
+    weights_map.__qualname__ = spec  # the report names the user's function, not this wrapper
+    return weights_map
+
+
+def load_callable(spec: str, flag: str, kind: str) -> tuple[Callable[..., Any], str]:
+    """(the callable NAME of FILE.py:NAME, "NAME() in 'FILE.py'"), the file imported once."""
+    path_text, sep, name = spec.rpartition(":")
+    if not sep or not path_text or not name:
+        raise ConfigError(f"{flag} {spec!r} must look like path/to/file.py:{kind}")
     path = Path(path_text)
     if not path.is_file():
-        raise ConfigError(f"--model file {str(path)!r} does not exist")
+        raise ConfigError(f"{flag} file {str(path)!r} does not exist")
     module_spec = importlib.util.spec_from_file_location(f"_user_model_{path.stem}", path)
     if module_spec is None:
-        raise ConfigError(f"--model file {str(path)!r} is not a Python file (FILE.py:FACTORY)")
+        raise ConfigError(f"{flag} file {str(path)!r} is not a Python file (FILE.py:{kind})")
     module = importlib.util.module_from_spec(module_spec)
     _RAN.append(str(path.resolve()))
     sys.path.insert(0, str(path.parent.resolve()))  # let the file import its neighbours
     try:
-        _user_code(f"--model file {str(path)!r} failed to import",
+        _user_code(f"{flag} file {str(path)!r} failed to import",
                    lambda: module_spec.loader.exec_module(module))
     finally:
         sys.path.pop(0)
-    factory = getattr(module, factory_name, None)
-    if not callable(factory):
-        raise ConfigError(f"{str(path)!r} has no callable {factory_name!r}")
-    _refuse_required_arguments(factory, f"{factory_name}() in {str(path)!r}")
-    model = _user_code(f"{factory_name}() in {str(path)!r} failed", factory)
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"{factory_name}() in {str(path)!r} returned {type(model).__name__}, "
-                          "not a torch.nn.Module")
-    _refuse_meta(model, f"{factory_name}() in {str(path)!r}")
-    _FACTORY_CACHE[spec] = model
-    return model
+    found = getattr(module, name, None)
+    if not callable(found):
+        raise ConfigError(f"{str(path)!r} has no callable {name!r}")
+    return found, f"{name}() in {str(path)!r}"
 
 
 def _user_code(what: str, call: Callable[[], Any]) -> Any:

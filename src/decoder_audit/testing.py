@@ -26,8 +26,9 @@ EVIDENCE_CHARS = 240
 
 def assert_decoder(model: nn.Module, **audit_options: Any) -> AuditReport:
     """Audit `model` (keyword options as `decoder_audit.audit`: vocab_size, max_seq_len,
-    intervention_len, input_vocab_size, checks, seed) and raise AssertionError listing the
-    failing checks with their evidence; return the report when every check passes."""
+    intervention_len, input_vocab_size, spec, weights_map, checks, seed) and raise
+    AssertionError listing the failing checks with their evidence; return the report when every
+    check passes."""
     report = audit(model, **audit_options)
     if not report.passed:
         raise AssertionError(failure_message(report))

@@ -16,7 +16,8 @@ from decoder_audit.model.attention import apply_rope, eager_attention, rope_rota
 # MHA/GQA/MQA) and the hand-named configs this module has always covered.
 ORACLE = configs.grid() + configs.entries(
     "tiny-368", "ln-gelu-learned-biases-gqa-untied", "gqa-odd", "ln-gelutanh-nopos-attnbias-tied",
-    "rms-relu-rope-mlpbias-tied", "ln-swiglu-rope-allbias-gqa")
+    "rms-relu-rope-mlpbias-tied", "ln-swiglu-rope-allbias-gqa", "rope-half-gqa",
+    "rope-half-ln-biases-tied")
 
 
 @pytest.mark.parametrize("cfg", configs.params(ORACLE))
@@ -36,7 +37,8 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
             torch.testing.assert_close(traced, slow, atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("cfg", configs.params(configs.entries("tiny-368", "gqa-odd")))
+@pytest.mark.parametrize("cfg", configs.params(configs.entries("tiny-368", "gqa-odd",
+                                                                "rope-half-gqa")))
 def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
@@ -339,6 +341,23 @@ def test_rope_rotates_each_interleaved_pair_by_its_own_angle():
     x = torch.randn(12, 8, dtype=torch.float64)
     torch.testing.assert_close(apply_rope(x, rotations), _rope_by_hand(x, 100.0),
                                atol=1e-12, rtol=0)
+
+
+def test_rope_rotate_half_equals_hugging_face_llama():
+    """The "rotate_half" layout against transformers' own Llama rotary code (its cos/sin tables
+    built from the same angles, pair j = (x[j], x[j + Dh/2]))."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    head_dim, seq_len, theta = 8, 12, 100.0
+    cfg = configs.rope_only(head_dim=head_dim, max_seq_len=seq_len, rope_theta=theta)
+    rotations = rope_rotations(cfg, seq_len, torch.device("cpu"), torch.float64)
+    x = torch.randn(1, 1, seq_len, head_dim, dtype=torch.float64)  # (B, H, T, Dh)
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq  # (T, Dh/2)
+    table = torch.cat((angles, angles), dim=-1)[None]  # (1, T, Dh): HF repeats the halves
+    want, _ = apply_rotary_pos_emb(x, x, table.cos(), table.sin())
+    torch.testing.assert_close(apply_rope(x, rotations, "rotate_half"), want, atol=1e-12, rtol=0)
+    assert not torch.allclose(apply_rope(x, rotations, "interleaved"), want)
 
 
 def test_rope_worked_example():

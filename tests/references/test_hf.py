@@ -122,6 +122,23 @@ def test_to_hf_logits_equal_and_round_trip_is_exact(cfg):
                    for i in range(cfg.n_layers) for p in ("q_proj", "k_proj", "v_proj", "output_proj"))
 
 
+def test_a_rotate_half_decoder_exports_without_permuting_and_comes_back_interleaved():
+    """Our "rotate_half" rows already pair as Hugging Face Llama's: to_hf copies q and k as they
+    are (logits equal); from_hf reads them back in our default interleaved layout (rows
+    permuted), the same function."""
+    cfg = configs.named("hf-llama-kv2-rotate-half")
+    ours = random_decoder(cfg, seed=1, std=0.3)
+    hf_model = hfref.to_hf(ours)
+    layer = hf_model.model.layers[0].self_attn
+    assert torch.equal(layer.q_proj.weight, ours.layers[0].attn.q_proj.weight)
+    ids = _ids()
+    back = hfref.from_hf(hf_model)
+    assert back.config == cfg.replace(rope_layout="interleaved")
+    with torch.no_grad():
+        torch.testing.assert_close(hf_model(ids).logits, ours(ids), rtol=0, atol=1e-5)
+        torch.testing.assert_close(back(ids), ours(ids), rtol=0, atol=1e-5)
+
+
 def test_tiny_368_runs_as_a_gpt2_model():
     ours = random_decoder(da.preset("tiny-368"))
     hf_model = hfref.to_hf(ours)

@@ -131,13 +131,15 @@ def _component(name: str) -> str:
     return "other"
 
 
-def measured_ledger(module: nn.Module) -> Ledger:
+def measured_ledger(module: nn.Module, names: Mapping[str, str] | None = None) -> Ledger:
     """Walk the module's unique Parameters (a tied weight is one object, counted once, under the
-    first name it was registered with) and sum them into ledger rows by weight name."""
+    first name it was registered with) and sum them into ledger rows by weight name: our names,
+    or, for a module of another layout, the canonical names `names` gives its parameters (a
+    parameter it does not name is "other")."""
     counts: dict[str, int] = {}
     others: list[str] = []
     for name, param in module.named_parameters():  # deduplicated by object identity
-        row = _component(name)
+        row = _component(name if names is None else names.get(name, "?"))
         counts[row] = counts.get(row, 0) + param.numel()
         if row == "other":
             others.append(name)

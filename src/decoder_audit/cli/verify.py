@@ -13,9 +13,11 @@ import sys
 
 import torch
 
+from ..config import DecoderConfig
 from ..console import console, literal
 from ..errors import ConfigError
 from ..gate import audit, print_report, to_json
+from ..sources import load_weights_map
 from .common import (
     absolute,
     add_model_source,
@@ -37,6 +39,15 @@ def register(subparsers) -> None:
                         help="ids the model reads when that differs from V (an extra start "
                              "token past the output vocabulary): V_IN - 1 must run, V_IN must be "
                              "rejected")
+    parser.add_argument("--spec", metavar="CONFIG.json",
+                        help="the architecture a --model (or --hf) module declares, a "
+                             "DecoderConfig saved as JSON: its parameter ledger, tie and float64 "
+                             "oracle are checked against it, its weights found by their names "
+                             "(our layout, nanoGPT / GPT-2, Hugging Face Llama, torchtune, "
+                             "LLMs-from-scratch)")
+    parser.add_argument("--weights-map", metavar="FILE.py:FN",
+                        help="with --spec, for a layout not found by its names: FN(state_dict) "
+                             "returns {canonical name: tensor} (views of the module's tensors)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the model's random weights and of the probe ids (default 0)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -93,6 +104,10 @@ def run(args) -> int:
     report_dir = absolute(args.report)  # before user code runs: an os.chdir in it moves nothing
     device = resolve_device(args.device)
     source = source_from_args(args)
+    spec = DecoderConfig.load(args.spec) if args.spec else None
+    if args.weights_map and spec is None:
+        raise ConfigError("--weights-map places a module's weights on a spec's names: give "
+                          "--spec CONFIG.json too")
     # A module checkpoint's V and lengths are in its factory.json; the flags win.
     declared = source.declared()
     vocab_size, max_seq_len, intervention_len = (
@@ -100,6 +115,7 @@ def run(args) -> int:
         for name in ("vocab_size", "max_seq_len", "intervention_len"))
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     with user_output_to_stderr():  # a --model's prints, in its factory or its forward
+        weights_map = load_weights_map(args.weights_map) if args.weights_map else None
         model = source.build(seed=args.seed)
         # In place: the command owns the model it built or loaded (a Decoder keeps its tie).
         model.to(device=device, dtype=DTYPES.get(args.dtype))
@@ -108,7 +124,7 @@ def run(args) -> int:
         report = audit(model, vocab_size=vocab_size, max_seq_len=max_seq_len,
                        input_vocab_size=args.input_vocab_size,
                        progress=show_progress and not args.json, seed=args.seed,
-                       intervention_len=intervention_len)
+                       intervention_len=intervention_len, spec=spec, weights_map=weights_map)
     command = rerun_command("verify", args, *_rerun_flags(args))
     if report_dir:
         written = report.write(report_dir, command=command)
@@ -125,6 +141,10 @@ def run(args) -> int:
 def _rerun_flags(args) -> list[str]:
     """The flags besides the model's that reproduce this run."""
     extra = []
+    if args.spec:
+        extra += ["--spec", args.spec]
+    if args.weights_map:
+        extra += ["--weights-map", args.weights_map]
     if args.seed:
         extra += ["--seed", str(args.seed)]
     if args.intervention_len is not None:

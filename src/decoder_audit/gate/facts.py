@@ -21,8 +21,9 @@ with a DecoderConfig but other names (the torch.nn twin, say) is a black box who
 max_seq_len come from its config. Some facts are found by calling the model, once, before the
 checks (runner.py): where its attention patterns can be read, whether its cache can be stepped,
 whether d loss / d input can be taken. `reference` names the float64 oracle's way into the model's
-weights: "decoder" (our names), "hugging face" (a class the converter reads, whose config it
-can express), or None with `reference_reason`.
+weights: "decoder" (our names), "spec" (a declared architecture, `spec=`, or the config of a
+Hugging Face class the converter reads, with the module's weights placed on its names by
+`references.layouts`), or None with `reference_reason`.
 
 The facts every check's `needs` (registry.py) are read from are the properties at the end.
 """
@@ -93,7 +94,7 @@ class ModelFacts:
     convention: Convention
     """How the model is called for padded batches and cached steps."""
     reference: str | None
-    """How the oracle reads the weights: "decoder", "hugging face", or None."""
+    """How the oracle reads the weights: "decoder", "spec", or None."""
     reference_reason: str = ""
     """Why there is no reference (empty when there is one)."""
     readout: str | None = None
@@ -137,8 +138,14 @@ class ModelFacts:
     """The facts found by calling the model (above) have been filled in (runner.py)."""
     training: TrainingPath | None = None
     """How training will call the model, when the caller said (train always does)."""
+    spec: DecoderConfig | None = None
+    """The architecture the caller declared for a module that is not ours (`spec=`): the
+    ledger, the tie and the oracle are checked against it (spec.py)."""
+    placement: Any = None
+    """Where the module's weights lie on the spec's canonical names (references.layouts
+    Placement), None without a spec or when no layout was found (`reference_reason` says)."""
     origin: dict[str, str] = field(default_factory=dict)
-    """fact name -> "config" | "hugging face" | "argument" | "default"."""
+    """fact name -> "config" | "spec" | "hugging face" | "argument" | "default"."""
     notes: tuple[str, ...] = ()
     """Sentences the report shows about how the facts were found."""
 
@@ -146,6 +153,11 @@ class ModelFacts:
     @property
     def whitebox(self) -> bool:
         return self.config is not None
+
+    @property
+    def has_ledger(self) -> bool:
+        """A DecoderConfig of our layout, or a declared spec whose layout was found."""
+        return self.config is not None or self.placement is not None
 
     @property
     def tied(self) -> bool:
@@ -215,6 +227,8 @@ class ModelFacts:
                 "reference": self.reference, "attention": self.attention,
                 "readout": self.readout, "tie": self.tie,
                 "length_limit": self.length_limit, "packing": self.packing,
+                "spec": None if self.spec is None else self.spec.to_dict(),
+                "layout": None if self.placement is None else self.placement.layout,
                 "training": None if self.training is None else {
                     "batch_size": self.training.batch_size, "seq_len": self.training.seq_len,
                     "precision": self.training.precision,
@@ -226,11 +240,13 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
                 max_seq_len: int | None = None, input_vocab_size: int | None = None,
                 pad_token_id: int | None = None,
                 intervention_len: int | None = None,
-                training: TrainingPath | None = None) -> ModelFacts:
-    """The facts of `model`: read from its DecoderConfig or Hugging Face config, and from the
-    arguments (see the module docstring for which wins). Raises ConfigError for a value that
-    is not a positive integer, for a disagreement with what the model declares, and for a black
-    box whose V nobody gave."""
+                training: TrainingPath | None = None, spec: DecoderConfig | None = None,
+                weights_map: Any = None) -> ModelFacts:
+    """The facts of `model`: read from its DecoderConfig or Hugging Face config, from a declared
+    `spec` (with `weights_map`, a function from its state dict to the canonical names, where
+    its layout is not one `references.layouts` detects), and from the arguments (see the module
+    docstring for which wins). Raises ConfigError for a value that is not a positive integer,
+    for a disagreement with what the model declares, and for a black box whose V nobody gave."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"audit() needs a torch.nn.Module, got {type(model).__name__}")
     given = {"vocab_size": vocab_size, "max_seq_len": max_seq_len,
@@ -238,6 +254,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
              "intervention_len": intervention_len}
     _check_integers(given)
     declared, origin, notes = _declared(model)
+    spec_facts = _spec_facts(model, spec, weights_map, declared, origin)
     for name in ("vocab_size", "input_vocab_size") + (
             ("max_seq_len",) if origin.get("max_seq_len") == "config" else ()):
         if given[name] is not None and name in declared and given[name] != declared[name]:
@@ -248,7 +265,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         if value is not None:
             values[name] = value
             origin.setdefault(name, "argument")
-            if origin[name] == "hugging face" and declared.get(name) != value:
+            if origin[name] in ("hugging face", "spec") and declared.get(name) != value:
                 origin[name] = "argument"
         elif name in declared:
             values[name] = declared[name]
@@ -261,6 +278,13 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
             "(and max_seq_len=T to check that longer inputs are rejected)")
     config = _whitebox_config(model, notes)
     reference, reason = _reference(model, config)
+    if spec_facts:
+        reference, reason = ("spec", "") if spec_facts["placement"] else (None,
+                                                                          spec_facts["reason"])
+    readout = _readout_facts(model, values["vocab_size"])
+    spec = spec_facts.get("spec")
+    if spec is not None:
+        readout["declared_tie"] = spec.tie_embeddings
     return ModelFacts(
         model=type(model).__name__, vocab_size=values["vocab_size"],
         input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
@@ -269,9 +293,52 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
         reference=reference, reference_reason=reason, packing=packing_interface(model),
         computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
-        **_readout_facts(model, values["vocab_size"]),
-        has_input_embedding=input_embedding(model) is not None, training=training, origin=origin,
+        **readout, has_input_embedding=input_embedding(model) is not None, training=training,
+        spec=spec, placement=spec_facts.get("placement"), origin=origin,
         notes=tuple(notes))
+
+
+def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
+                declared: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
+    """With a declared spec: V, the input vocabulary and (with learned positions) max_seq_len
+    are the spec's (added to `declared`, origin "spec"), and where the module's weights lie on its names is found
+    ({"placement": Placement or None, "reason": why none}). Empty without a spec, and for our
+    own Decoder, whose DecoderConfig is its spec (a spec that differs is a ConfigError)."""
+    if spec is None and weights_map is not None:
+        raise ConfigError("weights_map= places a module's weights on a spec's names: it needs "
+                          "spec= (--spec) too")
+    from .spec import place
+
+    if spec is None:  # a Hugging Face class the converter reads: its config is the spec
+        if _reference(model, None)[0] != "hugging face":
+            return {}
+        from ..references.hf import hf_spec
+
+        spec = hf_spec(model)
+        placement, reason = place(model, spec, None)
+        return {"spec": spec, "placement": placement, "reason": reason}
+
+    placement, reason = place(model, spec, weights_map)
+    own = getattr(model, "config", None)
+    if isinstance(own, DecoderConfig):
+        if own != spec:
+            differ = sorted(k for k, v in spec.to_dict().items() if own.to_dict()[k] != v)
+            raise ConfigError(f"spec disagrees with the model's own DecoderConfig on {differ} "
+                              f"(spec {[getattr(spec, k) for k in differ]}, model "
+                              f"{[getattr(own, k) for k in differ]})")
+        return {}
+    spec_values = [("vocab_size", spec.vocab_size), ("input_vocab_size", spec.vocab_size)]
+    # A learned position table has max_seq_len rows: a hard limit. Rotary and position-free
+    # models (Llama, torchtune) run past their config's length by design: there the spec's
+    # max_seq_len is a horizon, and a hard limit is the caller's to declare (max_seq_len=).
+    if spec.pos == "learned":
+        spec_values.append(("max_seq_len", spec.max_seq_len))
+    for name, value in spec_values:
+        if name == "vocab_size" and name in declared and declared[name] != value:
+            raise ConfigError(f"spec vocab_size={value} disagrees with the model's "
+                              f"{origin[name]} vocab_size={declared[name]}")
+        declared[name], origin[name] = value, "spec"
+    return {"spec": spec, "placement": placement, "reason": reason}
 
 
 def with_notes(facts: ModelFacts, *notes: str) -> ModelFacts:

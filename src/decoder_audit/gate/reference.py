@@ -1,6 +1,7 @@
 """`oracle`: the fast forward equals the slow float64 oracle fed the same weights (values, the
-eager traced path, and gradients). A Hugging Face model whose class and config the converter reads
-is compared with the oracle fed its converted weights.
+eager traced path, and gradients). A module of another layout with a declared spec (a Hugging
+Face model whose class and config the converter reads declares its config) is compared with the
+spec's oracle fed its own weights where they lie (spec.py).
 
 Memory: the oracle reads the model's own weights layer by layer (`StreamedOracle`: one layer in
 float64 on the CPU at a time, the readout in vocabulary blocks), and the fast model's gradients
@@ -18,10 +19,11 @@ import torch
 from torch import nn
 
 from ..objective import logits_of
-from ..references.oracle import StreamedOracle, oracle_logits
+from ..references.oracle import StreamedOracle
 from . import tolerances
 from .measure import batch_not_equal, largest, scaled_excess
 from .result import CheckResult
+from .spec import check_spec_oracle
 from .subject import Subject, own_weight
 
 GRAD_SHARE = 0.25
@@ -34,8 +36,8 @@ def check_oracle(s: Subject) -> CheckResult:
     """Fast forward (the model itself) against the slow oracle fed the same weights, on a short
     sequence (the oracle loops over heads and rows in Python). Values, the eager trace path, and
     the gradients of a fixed random projection of the logits with respect to every weight."""
-    if s.cfg is None:
-        return _check_hf_against_oracle(s)
+    if s.facts.reference == "spec":  # a module of another layout, against its declared spec
+        return check_spec_oracle(s)
     big = sum(p.numel() for p in s.parameters()) > 10_000_000
     seq_len = s.short_len(6 if big else 12)
     batch = batch_not_equal(seq_len, (2, 3))
@@ -286,39 +288,3 @@ def _compare_grads(s: Subject, named: dict[str, nn.Parameter], oracle: StreamedO
         return len(ledger.errors), []
     return len(ledger.errors), [f"gradient of {worst_name} differs from the oracle's by "
                                 f"{worst:.3g} (allowed {allowed:.1e})"]
-
-
-def _check_hf_against_oracle(s: Subject) -> CheckResult:
-    """A Hugging Face model (a black box to the rest of the gate) against the slow oracle fed its
-    weights through the converter: the HF forward must compute the architecture its config
-    declares. The facts said the converter reads its class and config (`references.hf.
-    hf_reference`); weights that do not fit that config fail here, naming what does not fit."""
-    from ..errors import CheckpointError, ConfigError
-    from ..references.hf import from_hf
-
-    name = type(s.model).__name__
-    try:
-        converted = from_hf(s.model)
-    except (ConfigError, CheckpointError) as exc:
-        return CheckResult("oracle", False, f"{name}'s weights do not fit the architecture its "
-                           f"config declares: {exc}", {"reference": s.facts.reference_reason,
-                                                        "conversion_error": str(exc)})
-    cfg = converted.config
-    seq_len = s.short_len(6 if converted.num_parameters() > 10_000_000 else 12)
-    ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(11))
-    fast = s.run(ids).double().cpu()
-    with torch.no_grad():
-        reference = oracle_logits(converted.state_dict(), cfg, ids)
-    del converted
-    tol = tolerances.hf_oracle(s.dtype, cfg)
-    worst, allowed = scaled_excess(fast - reference, reference, tol)
-    evidence = {"batch": ids.shape[0], "seq_len": seq_len, "dtype": str(s.dtype),
-                "reference": s.facts.reference_reason,
-                "max_abs_logit_error": worst, "allowed": allowed}
-    if not worst <= allowed:
-        rows = (fast - reference).abs().amax((0, 2))
-        evidence["error_by_position"] = rows.tolist()
-        return CheckResult("oracle", False, f"{name} logits differ from the slow oracle fed its "
-                           f"weights by up to {worst:.3g} (allowed {allowed:.1e})", evidence, tol)
-    return CheckResult("oracle", True, f"{name} logits = oracle fed its converted weights on "
-                       f"({ids.shape[0]}, {seq_len}) ids (max error {worst:.1e})", evidence, tol)

@@ -31,6 +31,11 @@ from .subject import Subject
 # Why a check is skipped when the model's facts lack what it needs (a fact of facts.py each).
 NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "whitebox": lambda f: "black-box: needs a DecoderConfig and the Decoder's weight names",
+    "has_ledger": lambda f: (
+        f"the declared spec's weights were not found in the module: {f.reference_reason}"
+        if f.spec is not None else
+        "black-box: needs a DecoderConfig and the Decoder's weight names, or the architecture "
+        "declared with spec= (verify --spec cfg.json)"),
     "tied": lambda f: "untied: no shared weight",
     "own_module": lambda f: "a Hugging Face class carries parameters for inputs and losses a "
                             "text-only next-token call does not give (cross-attention, vision "
@@ -46,8 +51,8 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
         f"at T={f.length_limit + 1}): pass max_seq_len={f.length_limit} to check that longer "
         "input is rejected"),
     "has_reference": lambda f: "black-box: the oracle needs a DecoderConfig and our weight "
-                               "names, or a model the Hugging Face converter can read "
-                               f"({f.reference_reason})",
+                               "names, a declared spec= (verify --spec cfg.json), or a model "
+                               f"the Hugging Face converter can read ({f.reference_reason})",
     "has_cache": lambda f: f.cache_reason or (
         "the model takes no KV cache (neither a Decoder's new_cache + forward(cache=) nor the "
         "Hugging Face convention forward(past_key_values= or cache=, use_cache=))"),
@@ -115,7 +120,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("attention_rows", "attention rows sum to 1, zero on future keys", "attention",
           attention.check_attention_rows, needs=("has_attention",)),
     Check("params", "measured parameter ledger reconciles with the config", "weights",
-          weights.check_params, needs=("whitebox",)),
+          weights.check_params, needs=("has_ledger",)),
     Check("tying", "a tie is one Parameter object, never a copy", "weights",
           weights.check_tying, needs=("has_readout",)),
     Check("tying_grad", "shared weight gradient = lookup + readout paths", "weights",

@@ -39,7 +39,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from ..config import DecoderConfig
 from ..errors import ConfigError
+from ..references.layouts import WeightsMap
 from . import attention, generation, inputs, tolerances, training
 from .facts import ModelFacts, TrainingPath, model_facts
 from .measure import return_freed_memory
@@ -61,13 +63,18 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
           checks: Iterable[str] | None = None,
           intervention_len: int | None = None,
           input_vocab_size: int | None = None, pad_token_id: int | None = None,
-          training: TrainingPath | None = None, facts: ModelFacts | None = None) -> AuditReport:
+          training: TrainingPath | None = None, spec: DecoderConfig | None = None,
+          weights_map: WeightsMap | None = None,
+          facts: ModelFacts | None = None) -> AuditReport:
     """Run the acceptance gate on `model` and return its `AuditReport`.
 
     The facts that describe the model (V, max_seq_len as a hard limit, intervention_len,
     input_vocab_size, pad_token_id; see the module docstring) are read from its DecoderConfig or
     Hugging Face config and from these arguments (facts.py says which wins), or given whole as
-    `facts` (from `model_facts`; then none of the others). `training` says how a training run
+    `facts` (from `model_facts`; then none of the others). `spec` declares the architecture of
+    a module that is not ours (a DecoderConfig): its ledger, tie and float64 oracle are checked
+    against it, its weights found by their names (`references.layouts`) or placed by
+    `weights_map` (state dict -> canonical names). `training` says how a training run
     will call the model (batch size, length, precision): its paths are audited too. A black box that declares none needs
     `vocab_size`. `checks=[names]` runs only those checks (the rest are listed as skipped).
     `progress=True` draws a progress bar on stderr (which check, and how far a long one has
@@ -77,7 +84,8 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
     wanted = set(CHECK_ORDER if checks is None else _validate_names(checks))
     given = {"vocab_size": vocab_size, "max_seq_len": max_seq_len,
              "intervention_len": intervention_len, "input_vocab_size": input_vocab_size,
-             "pad_token_id": pad_token_id, "training": training}
+             "pad_token_id": pad_token_id, "training": training, "spec": spec,
+             "weights_map": weights_map}
     if facts is None:
         facts = model_facts(model, **given)
     elif any(value is not None for value in given.values()):

@@ -16,10 +16,13 @@ from ..objective import logits_of
 from . import tolerances
 from .measure import batch_not_equal, largest
 from .result import CheckResult
+from .spec import check_spec_params
 from .subject import Subject
 
 
 def check_params(s: Subject) -> CheckResult:
+    if s.cfg is None:  # a module of another layout, against its declared spec
+        return check_spec_params(s)
     analytic, measured = parameter_ledger(s.cfg), measured_ledger(s.model)
     problems = reconcile(analytic, measured)
     evidence = {

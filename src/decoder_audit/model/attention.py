@@ -38,14 +38,18 @@ def rope_rotations(cfg: DecoderConfig, seq_len: int, device: torch.device,
     return torch.complex(angles.cos().to(real_dtype), angles.sin().to(real_dtype))
 
 
-def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x[2j], x[2j+1]) of x (..., T, Dh) by the tabled angles:
-    (x[2j] + i x[2j+1]) * exp(i angle), one complex multiply per pair.
-
-    This is the CS336 / original-Llama layout. Hugging Face Llama rotates halves
-    (x[j], x[j + Dh/2]) instead; its q/k rows are permuted on conversion. The complex form is
-    one kernel instead of the eight a real-valued rotation takes (~10x faster on CPU)."""
+def apply_rope(x: torch.Tensor, rotations: torch.Tensor, layout: str = "interleaved"
+               ) -> torch.Tensor:
+    """Rotate the pairs of x (..., T, Dh) by the tabled angles, one complex multiply per pair:
+    (x[2j] + i x[2j+1]) * exp(i angle) for "interleaved" pairs (the CS336 / original-Llama
+    layout), (x[j] + i x[j + Dh/2]) * exp(i angle) for "rotate_half" (Hugging Face Llama's). The
+    complex form is one kernel instead of the eight a real-valued rotation takes (~10x faster on
+    CPU)."""
     real_dtype = rotations.real.dtype
+    if layout == "rotate_half":
+        first, second = x.to(real_dtype).chunk(2, dim=-1)  # (..., T, Dh/2) each
+        turned = torch.complex(first, second) * rotations
+        return torch.cat((turned.real, turned.imag), dim=-1).to(x.dtype)  # (..., T, Dh)
     pairs = torch.view_as_complex(x.to(real_dtype).unflatten(-1, (-1, 2)))  # (..., T, Dh/2)
     return torch.view_as_real(pairs * rotations).flatten(-2).to(x.dtype)  # (..., T, Dh)
 
@@ -57,7 +61,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: DecoderConfig, *, residual_std: float, **factory) -> None:
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.group = cfg.kv_group_size
+        self.group, self.rope_layout = cfg.kv_group_size, cfg.rope_layout
         d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         bias = cfg.attn_bias
         self.q_proj = Linear(cfg.d_model, d_q, bias, init_std=INIT_STD, **factory)
@@ -98,7 +102,7 @@ class CausalSelfAttention(nn.Module):
         v = self.v_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
         if rope is not None:
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
+            q, k = apply_rope(q, rope, self.rope_layout), apply_rope(k, rope, self.rope_layout)
         return q, k, v
 
     def _merge(self, z: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,18 @@ def from_hf(hf_model: Any) -> Decoder:
     return decoder_from_tensors(cfg, hf_tensors_to_ours(cfg, hf_model.state_dict(), source=source))
 
 
+def hf_spec(hf_model: Any) -> DecoderConfig:
+    """The architecture a GPT2LMHeadModel's or LlamaForCausalLM's config declares, as the spec
+    its own weights are checked against where they lie (references.layouts): Llama's RoPE
+    rotates halves, so its spec says rope_layout="rotate_half" (from_hf instead permutes the
+    rows into our interleaved default). Raises ConfigError naming any field we cannot express."""
+    tf = _transformers()
+    family = next((name for name, cls in model_classes(tf).items() if isinstance(hf_model, cls)),
+                  None)
+    cfg = config_from_hf(hf_model.config, family)
+    return cfg.replace(rope_layout="rotate_half") if cfg.pos == "rope" else cfg
+
+
 def export_changes(cfg: DecoderConfig) -> list[str]:
     """What writing `cfg` in its Hugging Face family changes, one sentence each (empty when the
     round trip gives `cfg` back). GPT-2's Conv1D always has biases: a decoder without them is
@@ -215,5 +227,5 @@ def max_logit_difference(decoder: Decoder, hf_model: Any, ids: torch.Tensor) -> 
     theirs = hf_model(input_ids=ids).logits
     return (ours - theirs.to(ours.dtype)).abs().max().item()
 
-__all__ = ["export_changes", "from_hf", "is_hf_folder", "load_hf_folder", "max_logit_difference",
+__all__ = ["export_changes", "from_hf", "hf_spec", "is_hf_folder", "load_hf_folder", "max_logit_difference",
     "save_hf_folder", "to_hf"]

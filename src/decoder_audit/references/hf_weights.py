@@ -133,6 +133,8 @@ def _llama_rules(cfg: DecoderConfig) -> list[Rule]:
     dq, dkv = cfg.n_heads * dh, cfg.kv_heads * dh
     perm = rope_permutation(dh)
     to_ours, to_hf = _permute_heads(perm, dh), _permute_heads(torch.argsort(perm), dh)
+    if cfg.rope_layout == "rotate_half":  # the rows already pair as Hugging Face's do
+        to_ours = to_hf = _same
     rules = [Rule(("model.embed_tokens.weight",), ((v, d),), ("token_embeddings.weight",),
                   _same, _same)]
     for i in range(cfg.n_layers):

@@ -63,20 +63,24 @@ def _activation(kind: str, x: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"no plain activation {kind!r}")
 
 
-def _rope_row(vec: torch.Tensor, position: int, theta: float) -> torch.Tensor:
-    """Rotate one head vector (Dh,) at `position`: each pair (vec[2j], vec[2j+1]) turns by the
-    angle position * theta^(-2j/Dh), written out as the 2x2 rotation."""
+def _rope_row(vec: torch.Tensor, position: int, theta: float, layout: str) -> torch.Tensor:
+    """Rotate one head vector (Dh,) at `position`: pair j turns by the angle
+    position * theta^(-2j/Dh), written out as the 2x2 rotation. Pair j is (vec[2j], vec[2j+1])
+    in the "interleaved" layout, (vec[j], vec[j + Dh/2]) in "rotate_half"."""
     head_dim = vec.shape[-1]
     angles = torch.tensor([position * theta ** (-2.0 * j / head_dim) for j in range(head_dim // 2)],
                           dtype=vec.dtype, device=vec.device)  # (Dh/2,)
     c, s = torch.cos(angles), torch.sin(angles)
+    if layout == "rotate_half":
+        x0, x1 = vec[:head_dim // 2], vec[head_dim // 2:]
+        return torch.cat((c * x0 - s * x1, s * x0 + c * x1))
     x0, x1 = vec[0::2], vec[1::2]
     return torch.stack((c * x0 - s * x1, s * x0 + c * x1), dim=-1).reshape(head_dim)
 
 
-def _rope_rows(rows: torch.Tensor, theta: float) -> torch.Tensor:
+def _rope_rows(rows: torch.Tensor, theta: float, layout: str) -> torch.Tensor:
     """Row t of `rows` (T, Dh) rotated as the token at position t."""
-    return torch.stack([_rope_row(rows[t], t, theta) for t in range(rows.shape[0])])
+    return torch.stack([_rope_row(rows[t], t, theta, layout) for t in range(rows.shape[0])])
 
 
 def _linear(x: torch.Tensor, w: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -151,8 +155,8 @@ def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
         k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
         v_h = v[:, kv * head_dim:(kv + 1) * head_dim]
         if cfg.pos == "rope":
-            q_h = _rope_rows(q_h, cfg.rope_theta)
-            k_h = _rope_rows(k_h, cfg.rope_theta)
+            q_h = _rope_rows(q_h, cfg.rope_theta, cfg.rope_layout)
+            k_h = _rope_rows(k_h, cfg.rope_theta, cfg.rope_layout)
         out_rows = []
         for t in range(q.shape[0]):
             visible = slice(0, t + 1)  # inclusive causal: row t reads keys 0..t only

@@ -1,0 +1,300 @@
+"""Where a decoder someone else wrote keeps each weight of its declared architecture.
+
+A spec (a `DecoderConfig` the user declares for their module) names every weight the
+architecture has by our canonical names (DESIGN.md: `token_embeddings.weight`,
+`layers.{i}.attn.q_proj.weight`, ..., `lm_head.weight`). A `Placement` says where each of them
+lies in the module's own state dict: which parameter, transposed or not (a Conv1D stores
+(in, out)), and which rows of it (a fused q/k/v matrix). `Placement.canonical(state)` turns the
+module's state dict into canonical tensors that are *views* of the module's tensors, so the
+oracle can read them, the gate can write stress weights through them, and a gradient flows back
+to the module's own parameters.
+
+Layouts detected from the parameter names (`detect`):
+    decoder-audit       token_embeddings, layers.{i}.attn.q_proj, ffn.w1 ... (our names)
+    nanoGPT / GPT-2     transformer.wte, transformer.h.{i}.attn.c_attn (q, k, v fused), mlp.c_fc;
+                        nn.Linear (out, in) or GPT-2's Conv1D (in, out), decided from the shapes
+    Hugging Face Llama  model.embed_tokens, model.layers.{i}.self_attn.q_proj, mlp.gate_proj ...
+                        (Llama, Mistral, Qwen2 and every class with these names)
+    torchtune           tok_embeddings, layers.{i}.attn.q_proj, sa_norm.scale, mlp.w1, output
+    LLMs-from-scratch   tok_emb, trf_blocks.{i}.att.W_query, norm1.scale/shift, ff.layers.0
+                        (its GPTModel), and ff.fc1/fc2/fc3 with norm1.weight (its Llama models)
+each possibly under a wrapper's prefix (`model.`, `net.`). Anything else takes a user function
+(`weights_map=`): state dict -> {canonical name: tensor}.
+
+Nothing is guessed: a weight the spec expects that the layout does not find, a weight found
+with another shape, and a parameter of the module no canonical name takes are listed in
+`Placement.problems` / `Placement.leftover`; the gate's `params` check reports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import DecoderConfig
+
+WeightsMap = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+"""A user's mapping: the module's state dict (its names) -> {canonical name: tensor}."""
+
+
+def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    """Every canonical weight the spec's architecture has, with its shape (out, in for a
+    matrix). lm_head.weight is listed tied or not: tied, it must be the embedding's Parameter."""
+    v, d, f, t = spec.vocab_size, spec.d_model, spec.d_ff, spec.max_seq_len
+    d_q, d_kv = spec.n_heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    norm = ("weight", "bias") if spec.norm == "layernorm" else ("weight",)
+    shapes: dict[str, tuple[int, ...]] = {"token_embeddings.weight": (v, d)}
+    if spec.pos == "learned":
+        shapes["position_embeddings.weight"] = (t, d)
+    matrices = {"attn.q_proj": (d_q, d), "attn.k_proj": (d_kv, d), "attn.v_proj": (d_kv, d),
+                "attn.output_proj": (d, d_q), "ffn.w1": (f, d), "ffn.w2": (d, f)}
+    if spec.mlp == "swiglu":
+        matrices["ffn.w3"] = (f, d)
+    for i in range(spec.n_layers):
+        p = f"layers.{i}"
+        for name in ("ln1", "ln2"):
+            shapes.update({f"{p}.{name}.{part}": (d,) for part in norm})
+        for name, shape in matrices.items():
+            shapes[f"{p}.{name}.weight"] = shape
+            if spec.attn_bias if name.startswith("attn.") else spec.mlp_bias:
+                shapes[f"{p}.{name}.bias"] = shape[:1]
+    shapes.update({f"ln_final.{part}": (d,) for part in norm})
+    shapes["lm_head.weight"] = (v, d)
+    return shapes
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way of naming a decoder's weights. Module names are relative to the block
+    (`block` with {i}) or to the model; `parts` maps our in-block module names to the layout's."""
+
+    name: str
+    embedding: str
+    positions: str | None
+    block: str
+    final_norm: str
+    head: str
+    parts: dict[str, str]
+    fused_qkv: str | None = None
+    """The in-block module whose weight stacks q, k and v rows (in that order)."""
+    norm_params: tuple[str, str | None] = ("weight", "bias")
+    """The layout's names for a norm's gain and shift (None: its norms have no shift)."""
+
+    def module_name(self, canonical: str) -> tuple[str, str] | None:
+        """(the layout's module name, parameter kind) for a canonical weight name."""
+        module, _, kind = canonical.rpartition(".")
+        if module.startswith("layers."):
+            _, i, part = module.split(".", 2)
+            inner = self.parts.get(part)
+            return None if inner is None else (f"{self.block.format(i=i)}.{inner}", kind)
+        top = {"token_embeddings": self.embedding, "position_embeddings": self.positions,
+               "ln_final": self.final_norm, "lm_head": self.head}.get(module)
+        return None if top is None else (top, kind)
+
+
+_OURS = {part: part for part in ("ln1", "ln2", "attn.q_proj", "attn.k_proj", "attn.v_proj",
+                                 "attn.output_proj", "ffn.w1", "ffn.w2", "ffn.w3")}
+_HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+             "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
+             "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
+             "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj"}
+_FROM_SCRATCH_ATTN = {"ln1": "norm1", "ln2": "norm2", "attn.q_proj": "att.W_query",
+                      "attn.k_proj": "att.W_key", "attn.v_proj": "att.W_value",
+                      "attn.output_proj": "att.out_proj"}
+
+LAYOUTS: tuple[Layout, ...] = (
+    Layout("decoder-audit", "token_embeddings", "position_embeddings", "layers.{i}", "ln_final",
+           "lm_head", _OURS),
+    Layout("nanoGPT / GPT-2", "transformer.wte", "transformer.wpe", "transformer.h.{i}",
+           "transformer.ln_f", "lm_head",
+           {"ln1": "ln_1", "ln2": "ln_2", "attn.output_proj": "attn.c_proj",
+            "ffn.w1": "mlp.c_fc", "ffn.w2": "mlp.c_proj"}, fused_qkv="attn.c_attn"),
+    Layout("Hugging Face Llama", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", _HF_LLAMA),
+    Layout("torchtune", "tok_embeddings", None, "layers.{i}", "norm", "output",
+           {"ln1": "sa_norm", "ln2": "mlp_norm", "attn.q_proj": "attn.q_proj",
+            "attn.k_proj": "attn.k_proj", "attn.v_proj": "attn.v_proj",
+            "attn.output_proj": "attn.output_proj", "ffn.w1": "mlp.w1", "ffn.w2": "mlp.w2",
+            "ffn.w3": "mlp.w3"}, norm_params=("scale", None)),
+    Layout("LLMs-from-scratch GPT", "tok_emb", "pos_emb", "trf_blocks.{i}", "final_norm",
+           "out_head", {**_FROM_SCRATCH_ATTN, "ffn.w1": "ff.layers.0", "ffn.w2": "ff.layers.2"},
+           norm_params=("scale", "shift")),
+    Layout("LLMs-from-scratch Llama", "tok_emb", None, "trf_blocks.{i}", "final_norm",
+           "out_head", {**_FROM_SCRATCH_ATTN, "ffn.w1": "ff.fc1", "ffn.w3": "ff.fc2",
+                        "ffn.w2": "ff.fc3"}, norm_params=("weight", None)),
+)
+
+
+@dataclass(frozen=True)
+class Spot:
+    """Where one canonical weight lies: module parameter `source`, transposed first or not, then
+    rows [start, stop) of it (None: every row)."""
+
+    source: str
+    transposed: bool = False
+    rows: tuple[int, int] | None = None
+
+    def view(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.T if self.transposed else tensor
+        return out if self.rows is None else out[self.rows[0]:self.rows[1]]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The module's weights placed on the spec's canonical names (see the module docstring)."""
+
+    layout: str
+    spots: dict[str, Spot] = field(default_factory=dict)
+    """canonical name -> where it lies (empty for a user's weights_map)."""
+    user_map: WeightsMap | None = None
+    problems: tuple[str, ...] = ()
+    """What does not fit the spec: expected and not found, found with another shape, found
+    although the spec has no such weight (an extra bias)."""
+    leftover: tuple[str, ...] = ()
+    """The module's parameters no canonical name takes (an extra Linear, a q/k norm)."""
+
+    def canonical(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """{canonical name: tensor} from the module's state dict (its names), as views."""
+        if self.user_map is not None:
+            return dict(self.user_map(state))
+        return {name: spot.view(state[spot.source]) for name, spot in self.spots.items()}
+
+
+def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement | None:
+    """The layout of a module with these parameters (every name, `named_parameters(
+    remove_duplicate=False)`: a tied weight under each of its names), placed on the spec; None
+    when no known layout's embedding is among them. Where several layouts find the embedding,
+    the one that leaves the fewest problems wins (LLMs-from-scratch's GPT and Llama share their
+    names)."""
+    found = [_place(layout, prefix, named, spec) for layout in LAYOUTS
+             for prefix in _prefixes(named, f"{layout.embedding}.weight")]
+    if not found:
+        return None
+    return min(found, key=lambda p: len(p.problems) + len(p.leftover))
+
+
+def user_placement(weights_map: WeightsMap, named: Mapping[str, torch.Tensor],
+                   spec: DecoderConfig) -> Placement:
+    """A user's weights_map, run once on the module's parameters to list what it does not fit:
+    the same problems a detected layout reports (leftover: parameters whose storage no
+    canonical tensor shares)."""
+    mapped = dict(weights_map(named))
+    used = {t.untyped_storage().data_ptr() for t in mapped.values()}
+    name = getattr(weights_map, "__qualname__", type(weights_map).__name__)
+    return Placement(f"weights_map {name}", user_map=weights_map,
+                     problems=tuple(_misfits({n: tuple(t.shape) for n, t in mapped.items()},
+                                             spec)),
+                     leftover=_unused(named, lambda n, t: t.untyped_storage().data_ptr() in used))
+
+
+def _prefixes(named: Mapping[str, torch.Tensor], suffix: str) -> list[str]:
+    return [name[:-len(suffix)] for name in named
+            if name == suffix or name.endswith("." + suffix)]
+
+
+def _unused(named: Mapping[str, torch.Tensor], used: Callable[[str, torch.Tensor], bool]
+            ) -> tuple[str, ...]:
+    """The first name of each Parameter none of whose names (or storage) is used."""
+    by_param: dict[int, list[str]] = {}
+    for name, tensor in named.items():
+        by_param.setdefault(id(tensor), []).append(name)
+    return tuple(names[0] for names in by_param.values()
+                 if not any(used(n, named[n]) for n in names))
+
+
+def _place(layout: Layout, prefix: str, named: Mapping[str, torch.Tensor],
+           spec: DecoderConfig) -> Placement:
+    shapes = {name: tuple(tensor.shape) for name, tensor in named.items()}
+    conv1d = _conv1d(layout, prefix, shapes, spec)
+    spots: dict[str, Spot] = {}
+    for canonical in _every_canonical(spec):
+        spot = _spot(layout, prefix, canonical, shapes, spec, conv1d)
+        if spot is not None:
+            spots[canonical] = spot
+    if "lm_head.weight" not in spots and spec.tie_embeddings and "token_embeddings.weight" in spots:
+        spots["lm_head.weight"] = spots["token_embeddings.weight"]  # the forward reuses it
+    meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    problems = _misfits({name: tuple(spot.view(meta[spot.source]).shape)
+                         for name, spot in spots.items()}, spec)
+    sources = {spot.source for spot in spots.values()}
+    leftover = _unused({n: t for n, t in named.items() if n.startswith(prefix)},
+                       lambda n, _: n in sources)
+    label = layout.name + (f" (under {prefix.rstrip('.')!r})" if prefix else "")
+    return Placement(label, spots, problems=tuple(problems), leftover=leftover)
+
+
+def _every_canonical(spec: DecoderConfig) -> list[str]:
+    """Every canonical name a module of this family might hold: the spec's, and every bias,
+    shift, gate and position table it might have although the spec says not (so an extra one
+    is found and named, not left over)."""
+    full = spec.replace(attn_bias=True, mlp_bias=True, norm="layernorm", mlp="swiglu",
+                        pos="learned")
+    return list(expected_weights(full))
+
+
+def _qkv_rows(spec: DecoderConfig) -> dict[str, tuple[int, int]]:
+    """Rows of q, k and v in a fused matrix that stacks them in this order."""
+    d_q, d_kv = spec.n_heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    return {"q_proj": (0, d_q), "k_proj": (d_q, d_q + d_kv), "v_proj": (d_q + d_kv, d_q + 2 * d_kv)}
+
+
+def _conv1d(layout: Layout, prefix: str, shapes: Mapping[str, tuple[int, ...]],
+            spec: DecoderConfig) -> bool:
+    """A fused layout's matrices are stored (in, out) (GPT-2's Conv1D) when its first fused
+    q/k/v weight is (D, 3 rows) rather than (3 rows, D): decided once, so a square matrix
+    (c_proj, D x D) is read the same way as the rest."""
+    if layout.fused_qkv is None:
+        return False
+    shape = shapes.get(f"{prefix}{layout.block.format(i=0)}.{layout.fused_qkv}.weight")
+    rows = _qkv_rows(spec)["v_proj"][1]
+    return shape == (spec.d_model, rows) and rows != spec.d_model
+
+
+def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tuple[int, ...]],
+          spec: DecoderConfig, conv1d: bool) -> Spot | None:
+    """Where `canonical` lies in this layout, or None when the layout has no such weight."""
+    module, _, kind = canonical.rpartition(".")
+    part = module.split(".", 2)[2] if module.startswith("layers.") else module
+    if part in ("ln1", "ln2", "ln_final"):
+        kind = layout.norm_params[0 if kind == "weight" else 1] or ""
+    matrix = kind == "weight" and part.startswith(("attn.", "ffn."))
+    located = layout.module_name(canonical)
+    if located is not None and kind:
+        source = f"{prefix}{located[0]}.{kind}"
+        if source in shapes:
+            return Spot(source, conv1d and matrix)
+    which = part.split(".")[-1]
+    if layout.fused_qkv and part.startswith("attn.") and which in ("q_proj", "k_proj", "v_proj"):
+        layer = module.split(".")[1]
+        source = f"{prefix}{layout.block.format(i=layer)}.{layout.fused_qkv}.{kind}"
+        if source in shapes:
+            return Spot(source, conv1d and matrix, _qkv_rows(spec)[which])
+    return None
+
+
+def _misfits(found: Mapping[str, tuple[int, ...]], spec: DecoderConfig) -> list[str]:
+    """The differences between the canonical weights found and the spec's."""
+    want = expected_weights(spec)
+    problems = [f"{name} {list(shape)}: the spec expects it, the module has no such weight"
+                for name, shape in want.items() if name not in found]
+    problems += [f"{name} {list(found[name])}: the spec expects {list(shape)}"
+                 for name, shape in want.items() if name in found and found[name] != shape]
+    problems += [f"{name} {list(shape)}: the module has it, the spec ({_why_not(name, spec)}) "
+                 "does not" for name, shape in found.items() if name not in want]
+    return problems
+
+
+def _why_not(name: str, spec: DecoderConfig) -> str:
+    if name.endswith(".bias") and ".attn." in name:
+        return f"attn_bias={spec.attn_bias}"
+    if name.endswith(".bias") and ".ffn." in name:
+        return f"mlp_bias={spec.mlp_bias}"
+    if name.endswith(".bias"):
+        return f"norm={spec.norm!r}"
+    if "w3" in name:
+        return f"mlp={spec.mlp!r}"
+    if name.startswith("position_embeddings"):
+        return f"pos={spec.pos!r}"
+    return "its architecture"

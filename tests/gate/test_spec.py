@@ -1,0 +1,241 @@
+"""A declared architecture checked on decoders written by others (`audit(model, spec=cfg)`):
+each style's correct model passes every check, with params, tying, tying_grad, oracle and
+dead_parameters run; each planted numerics defect fails the check that owns it; the layouts are
+placed as the converter places them; what cannot be placed is named, never guessed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import zoo_styles
+from torch import nn
+
+import decoder_audit as da
+from decoder_audit.references import layouts
+
+WHITE_BOX = ("params", "tying", "oracle", "dead_parameters")
+
+
+@pytest.mark.parametrize("style", sorted(zoo_styles.STYLES))
+def test_each_style_passes_against_its_spec_with_the_white_box_checks_run(style):
+    spec = zoo_styles.SPECS[style]
+    model = zoo_styles.STYLES[style]()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    report = da.audit(model, spec=spec)
+    assert report.passed, report.first_failure
+    for name in WHITE_BOX + (("tying_grad",) if spec.tie_embeddings else ()):
+        assert report[name].passed and not report[name].skipped, name
+    oracle = report["oracle"].evidence
+    assert oracle["stressed"] and oracle["gradients"]["compared"] == len(before)
+    params = report["params"].evidence
+    assert params["measured_total"] == da.parameter_ledger(spec).total
+    # the stress weights were written into the model and every one restored bit for bit
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+
+
+CASES = [(style, defect, check) for style, defects in sorted(zoo_styles.DEFECTS.items())
+         for defect, check in defects.items()]
+
+
+@pytest.mark.parametrize("style, defect, check", CASES,
+                         ids=[f"{s}-{d}" for s, d, _ in CASES])
+def test_each_planted_defect_fails_its_check(style, defect, check):
+    report = da.audit(zoo_styles.STYLES[style](defect), spec=zoo_styles.SPECS[style])
+    assert check in [c.name for c in report.failures], report.first_failure
+    # the behavioural checks cannot see these: each keeps the model causal and shape-correct
+    assert report["causal"].passed and report["shapes"].passed
+
+
+def test_without_a_spec_tying_and_dead_parameters_still_run():
+    """A learner's tied GPT without --spec: the tie is judged structurally and every weight must
+    get a gradient; the ledger and the oracle are skipped, saying what would run them."""
+    report = da.audit(zoo_styles.NanoGPT(), vocab_size=zoo_styles.V,
+                      max_seq_len=zoo_styles.T)
+    assert report.passed
+    assert report["tying"].passed and report.facts.tie == "one Parameter"
+    assert report["tying_grad"].passed and report["dead_parameters"].passed
+    for name in ("params", "oracle"):
+        assert report[name].skipped and "spec" in report[name].evidence["reason"]
+
+
+def test_the_stage_that_first_differs_is_named():
+    spec = zoo_styles.SPECS["tune"]
+    report = da.audit(zoo_styles.TuneLlama("no_final_norm"), spec=spec)
+    assert "final norm" in report["oracle"].detail
+    model = zoo_styles.TuneLlama()
+    model.layers[1].mlp_norm.eps = 1e-1  # layer 0 still computes what the spec says
+    report = da.audit(model, spec=spec)
+    assert report["oracle"].evidence["as_initialised"]["first_stage"].startswith("layer 1")
+    model = zoo_styles.TuneLlama()
+    model.layers[0].mlp_norm.eps = 1e-1
+    report = da.audit(model, spec=spec)
+    assert report["oracle"].evidence["as_initialised"]["first_stage"].startswith("layer 0")
+
+
+def test_a_spec_the_weights_do_not_fit_is_a_params_failure_naming_every_difference():
+    spec = zoo_styles.SPECS["nanogpt"].replace(n_layers=3)  # the module has two blocks
+    report = da.audit(zoo_styles.NanoGPT(), spec=spec)
+    failed = [c.name for c in report.failures]
+    assert "params" in failed and "oracle" in failed
+    differences = " ".join(report["params"].evidence["differences"])
+    assert "layers.2.attn.q_proj.weight" in differences and "layers.2.ln1.weight" in differences
+
+
+def test_a_module_of_no_known_layout_needs_a_weights_map():
+    class Renamed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = zoo_styles.ScratchGPT()
+
+        def forward(self, ids):
+            return self.inner(ids)
+
+    spec = zoo_styles.SPECS["scratch"]
+    # a wrapper's prefix is found ("inner.")
+    assert da.audit(Renamed(), spec=spec, checks=["params"]).passed
+    odd = zoo_styles.ScratchGPT()
+    odd.emb = odd.tok_emb  # rename: no layout's embedding name is left
+    del odd.tok_emb
+    odd.forward = lambda ids: odd.out_head(odd.final_norm(odd.trf_blocks(
+        odd.emb(ids) + odd.pos_emb(torch.arange(ids.shape[1])))))
+    report = da.audit(odd, spec=spec, checks=["params", "oracle"])
+    for name in ("params", "oracle"):
+        assert report[name].skipped and "weights_map" in report[name].evidence["reason"]
+
+    def weights_map(state):
+        renamed = {("tok_emb" + name[3:] if name.startswith("emb.") else name): t
+                   for name, t in state.items()}
+        return layouts.detect(renamed, spec).canonical(renamed)
+
+    report = da.audit(odd, spec=spec, weights_map=weights_map, checks=["params", "oracle"])
+    assert report.passed, report.first_failure
+    assert report["oracle"].evidence["stressed"]  # the map's tensors are views: stress written
+
+
+def test_a_weights_map_that_misses_a_weight_is_named():
+    spec = zoo_styles.SPECS["tune"]
+    model = zoo_styles.TuneLlama()
+
+    def partial(state):
+        full = layouts.detect(state, spec).canonical(state)
+        return {name: t for name, t in full.items() if name != "layers.1.ffn.w3.weight"}
+
+    report = da.audit(model, spec=spec, weights_map=partial, checks=["params", "oracle"])
+    assert not report["params"].passed and not report["oracle"].passed
+    assert "layers.1.ffn.w3.weight" in report["params"].detail
+    assert "layers.1.mlp.w3.weight" in report["params"].evidence["leftover"]
+
+
+def test_a_spec_that_disagrees_with_our_own_config_is_refused():
+    model = da.Decoder(da.preset("tiny-368"))
+    assert da.audit(model, spec=da.preset("tiny-368"), checks=["params"]).passed
+    with pytest.raises(da.ConfigError, match="d_model"):
+        da.audit(model, spec=da.preset("tiny-368").replace(d_model=8, n_heads=2))
+    with pytest.raises(da.ConfigError, match="spec"):
+        da.audit(zoo_styles.NanoGPT(), vocab_size=zoo_styles.V, weights_map=lambda s: s)
+
+
+# ---- layouts placed as the converter places them ------------------------------------------
+
+def _gpt2(tie: bool):
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = tf.GPT2Config(vocab_size=29, n_embd=24, n_layer=2, n_head=6, n_positions=16,
+                           tie_word_embeddings=tie)
+    return tf.GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_gpt2_conv1d_layout_gives_the_converters_weights(tie):
+    """The placement reads GPT-2's Conv1D (in, out) matrices transposed, its square c_proj too,
+    and splits c_attn into q, k, v: the same tensors `from_hf` copies out."""
+    from decoder_audit.references.hf import from_hf
+
+    model = _gpt2(tie)
+    converted = from_hf(model)
+    named = dict(model.named_parameters(remove_duplicate=False))
+    placement = layouts.detect(named, converted.config)
+    assert placement.layout == "nanoGPT / GPT-2" and not placement.problems
+    assert not placement.leftover
+    mapped = placement.canonical({n: t.detach() for n, t in named.items()})
+    expected = converted.state_dict()
+    assert set(mapped) == set(expected) | {"lm_head.weight"}
+    for name, tensor in expected.items():
+        assert torch.equal(mapped[name], tensor), name
+
+
+def test_hugging_face_llama_placed_with_rotate_half_equals_the_oracle():
+    """Llama's weights as they lie (no permutation) under the spec that says its RoPE rotates
+    halves: the oracle equals transformers' own forward."""
+    tf = pytest.importorskip("transformers")
+    from decoder_audit.references.hf import hf_spec
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=29, hidden_size=24, num_hidden_layers=2,
+                            num_attention_heads=6, num_key_value_heads=2, intermediate_size=37,
+                            max_position_embeddings=32, bos_token_id=0, eos_token_id=1)
+    model = tf.LlamaForCausalLM(config).eval()
+    spec = hf_spec(model)
+    assert spec.rope_layout == "rotate_half"
+    named = dict(model.named_parameters(remove_duplicate=False))
+    mapped = layouts.detect(named, spec).canonical({n: t.detach().double()
+                                                    for n, t in named.items()})
+    ids = torch.randint(0, 29, (2, 9))
+    with torch.no_grad():
+        want = model.double()(ids).logits
+    torch.testing.assert_close(da.oracle_logits(mapped, spec, ids), want, atol=1e-5, rtol=0)
+
+
+def _llama(tie: bool = False):
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=37, hidden_size=16, intermediate_size=24,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=12, tie_word_embeddings=tie,
+                            bos_token_id=0, eos_token_id=1, attn_implementation="eager")
+    return tf.LlamaForCausalLM(config).eval()
+
+
+def _untied_copy(model):
+    model.lm_head.weight = nn.Parameter(model.model.embed_tokens.weight.detach().clone())
+
+
+def _extra_linear(model):
+    model.model.extra = nn.Linear(16, 16)
+
+
+def _eps(model):
+    for layer in model.model.layers:
+        layer.input_layernorm.variance_epsilon = 1e-2
+
+
+def _scale(model):
+    for layer in model.model.layers:
+        layer.self_attn.scaling = 1.0 / layer.self_attn.head_dim
+
+
+def _final_norm_missing(model):
+    model.model.norm = nn.Identity()
+
+
+HF_DEFECTS = {"untied_copy": (True, _untied_copy, "tying"),
+              "extra_linear": (False, _extra_linear, "params"),
+              "eps": (False, _eps, "oracle"), "scale": (False, _scale, "oracle"),
+              "final_norm_missing": (False, _final_norm_missing, "params")}
+
+
+def test_hugging_face_llama_needs_no_argument_and_passes():
+    report = da.audit(_llama(), vocab_size=37)
+    assert report.passed, report.first_failure
+    assert report.facts.spec is not None and report.facts.reference == "spec"
+    assert report["params"].passed and report["oracle"].evidence["stressed"]
+
+
+@pytest.mark.parametrize("name", sorted(HF_DEFECTS))
+def test_hugging_face_llama_defects_fail_against_its_config(name):
+    tie, plant, check = HF_DEFECTS[name]
+    model = _llama(tie)
+    plant(model)
+    report = da.audit(model, vocab_size=37)
+    assert check in [c.name for c in report.failures], report.first_failure
+    assert not report["oracle"].skipped

@@ -1,0 +1,313 @@
+"""Decoders written the way people outside this project write them, each with one numerics
+defect plantable at a time (`defect=`), for the declared-architecture checks (spec.py):
+
+    NanoGPT      nanoGPT's names and structure: transformer.wte/wpe/h/ln_f, q/k/v fused in one
+                 nn.Linear `c_attn`, exact GELU, LayerNorm with bias, the head tied by assigning
+                 the embedding's Parameter;
+    ScratchGPT   LLMs-from-scratch's GPTModel: tok_emb/pos_emb/trf_blocks/final_norm/out_head,
+                 separate W_query/W_key/W_value with biases, its own LayerNorm (scale, shift) and
+                 tanh GELU, an untied head;
+    TuneLlama    a Llama written with torchtune's names (tok_embeddings, layers.{i}.attn.q_proj,
+                 sa_norm.scale, mlp.w1/w2/w3, norm.scale, output): RMSNorm, SwiGLU, interleaved
+                 RoPE, grouped-query attention 4/2, untied.
+
+Each is a re-implementation (nanoGPT and LLMs-from-scratch are not packages on the registry,
+torchtune's install pulls torchao and more than CI's budget allows): the names, shapes and
+arithmetic follow the originals, written here in our own words. `SPECS` holds the architecture
+each declares. The defects (DEFECTS, by style) keep the model causal and its logits (B, T, V).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import decoder_audit as da
+
+V, T = 37, 16
+
+SPECS = {
+    "nanogpt": da.DecoderConfig(vocab_size=V, d_model=24, n_layers=2, n_heads=3, d_ff=96,
+                                max_seq_len=T, norm="layernorm", mlp="gelu", pos="learned",
+                                attn_bias=True, mlp_bias=True, tie_embeddings=True),
+    "scratch": da.DecoderConfig(vocab_size=V, d_model=24, n_layers=2, n_heads=4, d_ff=96,
+                                max_seq_len=T, norm="layernorm", mlp="gelu_tanh", pos="learned",
+                                attn_bias=True, mlp_bias=True, tie_embeddings=False),
+    "tune": da.DecoderConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                             d_ff=40, max_seq_len=T, norm="rmsnorm", norm_eps=1e-6,
+                             mlp="swiglu", pos="rope", rope_theta=10000.0,
+                             tie_embeddings=False),
+}
+
+# The defects each style can carry, with the check that must catch it.
+COMMON = {
+    "scale": "oracle",          # scores divided by Dh instead of sqrt(Dh)
+    "activation": "oracle",     # exact GELU <-> tanh GELU (SwiGLU: SiLU -> GELU)
+    "eps": "oracle",            # norm eps 1e-2 instead of the spec's
+    "no_final_norm": "oracle",  # the final norm is created but never applied
+    "post_norm": "oracle",      # norm after the residual add instead of before the sublayer
+    "extra_linear": "params",   # an nn.Linear nothing calls
+    "untied_copy": "tying",     # the head a copy of the embedding where the spec ties
+}
+DEFECTS = {
+    "nanogpt": {**COMMON, "no_mlp_bias": "params"},
+    "scratch": {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
+                "no_mlp_bias": "params", "tied_head": "tying"},
+    "tune": {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
+             "theta": "oracle", "rope_layout": "oracle", "gqa_order": "oracle"},
+}
+
+
+def _causal_attention(q, k, v, scale: float) -> torch.Tensor:
+    """q (B, H, T, Dh), k and v (B, H, T, Dh): explicit scores, mask, softmax."""
+    seq_len = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * scale
+    future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(future, float("-inf")).softmax(-1) @ v
+
+
+def _check_length(ids: torch.Tensor, limit: int) -> None:
+    if ids.shape[1] > limit:
+        raise ValueError(f"sequence of length {ids.shape[1]} is longer than block size {limit}")
+
+
+def _residual(x, norm, sublayer, post_norm: bool):
+    """x + f(norm(x)) (pre-norm), or norm(x + f(x)) under the post_norm defect."""
+    return norm(x + sublayer(x)) if post_norm else x + sublayer(norm(x))
+
+
+# ---- nanoGPT ------------------------------------------------------------------------------------
+
+class _NanoBlock(nn.Module):
+    def __init__(self, cfg: da.DecoderConfig, defect: str | None) -> None:
+        super().__init__()
+        d = cfg.d_model
+        eps = 1e-2 if defect == "eps" else cfg.norm_eps
+        self.ln_1, self.ln_2 = nn.LayerNorm(d, eps=eps), nn.LayerNorm(d, eps=eps)
+        self.attn = nn.Module()
+        self.attn.c_attn, self.attn.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Module()
+        bias = defect != "no_mlp_bias"
+        self.mlp.c_fc, self.mlp.c_proj = nn.Linear(d, cfg.d_ff, bias), nn.Linear(cfg.d_ff, d, bias)
+        self.heads, self.defect = cfg.n_heads, defect
+
+    def _attention(self, x):
+        b, t, d = x.shape
+        q, k, v = self.attn.c_attn(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        dh = d // self.heads
+        y = _causal_attention(q, k, v, 1 / dh if self.defect == "scale" else 1 / math.sqrt(dh))
+        return self.attn.c_proj(y.transpose(1, 2).reshape(b, t, d))
+
+    def _mlp(self, x):
+        gelu = "tanh" if self.defect == "activation" else "none"
+        return self.mlp.c_proj(F.gelu(self.mlp.c_fc(x), approximate=gelu))
+
+    def forward(self, x):
+        post = self.defect == "post_norm"
+        x = _residual(x, self.ln_1, self._attention, post)
+        return _residual(x, self.ln_2, self._mlp, post)
+
+
+class NanoGPT(nn.Module):
+    def __init__(self, defect: str | None = None, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        cfg = SPECS["nanogpt"]
+        self.block_size, self.defect = cfg.max_seq_len, defect
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(V, cfg.d_model), wpe=nn.Embedding(cfg.max_seq_len, cfg.d_model),
+            h=nn.ModuleList(_NanoBlock(cfg, defect) for _ in range(cfg.n_layers)),
+            ln_f=nn.LayerNorm(cfg.d_model, eps=1e-2 if defect == "eps" else cfg.norm_eps)))
+        self.lm_head = nn.Linear(cfg.d_model, V, bias=False)
+        if defect == "untied_copy":
+            self.lm_head.weight = nn.Parameter(self.transformer.wte.weight.detach().clone())
+        else:
+            self.transformer.wte.weight = self.lm_head.weight  # nanoGPT's weight tying
+        if defect == "extra_linear":
+            self.unused = nn.Linear(cfg.d_model, cfg.d_model)
+        for name, p in self.named_parameters():
+            if name.endswith("weight") and p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, ids):
+        _check_length(ids, self.block_size)
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        x = self.transformer.wte(ids) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        if self.defect != "no_final_norm":
+            x = self.transformer.ln_f(x)
+        return self.lm_head(x)
+
+
+# ---- LLMs-from-scratch GPTModel ---------------------------------------------------------------
+
+class ScratchLayerNorm(nn.Module):
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.scale, self.shift = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        mean = x.mean(dim=-1, keepdim=True)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)
+        return self.scale * (x - mean) / torch.sqrt(var + self.eps) + self.shift
+
+
+class _ScratchBlock(nn.Module):
+    def __init__(self, cfg: da.DecoderConfig, defect: str | None) -> None:
+        super().__init__()
+        d, eps = cfg.d_model, 1e-2 if defect == "eps" else cfg.norm_eps
+        self.att = nn.Module()
+        for name in ("W_query", "W_key", "W_value"):
+            setattr(self.att, name, nn.Linear(d, d, bias=True))
+        self.att.out_proj = nn.Linear(d, d)
+        bias = defect != "no_mlp_bias"
+        self.ff = nn.Module()
+        act = nn.GELU(approximate="none" if defect == "activation" else "tanh")
+        self.ff.layers = nn.Sequential(nn.Linear(d, cfg.d_ff, bias), act,
+                                       nn.Linear(cfg.d_ff, d, bias))
+        self.norm1, self.norm2 = ScratchLayerNorm(d, eps), ScratchLayerNorm(d, eps)
+        self.heads, self.defect = cfg.n_heads, defect
+
+    def _attention(self, x):
+        b, t, d = x.shape
+        split = lambda z: z.view(b, t, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.att.W_query(x)), split(self.att.W_key(x)), split(self.att.W_value(x))
+        dh = d // self.heads
+        y = _causal_attention(q, k, v, 1 / dh if self.defect == "scale" else dh ** -0.5)
+        return self.att.out_proj(y.transpose(1, 2).reshape(b, t, d))
+
+    def forward(self, x):
+        post = self.defect == "post_norm"
+        x = _residual(x, self.norm1, self._attention, post)
+        return _residual(x, self.norm2, self.ff.layers, post)
+
+
+class ScratchGPT(nn.Module):
+    def __init__(self, defect: str | None = None, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        cfg = SPECS["scratch"]
+        self.context_length, self.defect = cfg.max_seq_len, defect
+        self.tok_emb = nn.Embedding(V, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.trf_blocks = nn.Sequential(*(_ScratchBlock(cfg, defect)
+                                          for _ in range(cfg.n_layers)))
+        self.final_norm = ScratchLayerNorm(cfg.d_model, 1e-2 if defect == "eps" else cfg.norm_eps)
+        self.out_head = nn.Linear(cfg.d_model, V, bias=False)
+        if defect == "tied_head":  # the spec says untied
+            self.out_head.weight = self.tok_emb.weight
+        if defect == "extra_linear":
+            self.unused = nn.Linear(cfg.d_model, 4)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, in_idx):
+        _check_length(in_idx, self.context_length)
+        pos = torch.arange(in_idx.shape[1], device=in_idx.device)
+        x = self.trf_blocks(self.tok_emb(in_idx) + self.pos_emb(pos))
+        if self.defect != "no_final_norm":
+            x = self.final_norm(x)
+        return self.out_head(x)
+
+
+# ---- a Llama with torchtune's names -------------------------------------------------------------
+
+class TuneRMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.eps, self.scale = eps, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale
+
+
+def _rope(x: torch.Tensor, theta: float, interleaved: bool) -> torch.Tensor:
+    """x (B, H, T, Dh) rotated: pairs (x[2j], x[2j+1]) (torchtune's layout) or halves."""
+    t, dh = x.shape[-2], x.shape[-1]
+    freqs = theta ** (-torch.arange(0, dh, 2, dtype=torch.float32) / dh)
+    angle = torch.arange(t, dtype=torch.float32)[:, None] * freqs  # (T, Dh/2)
+    cos, sin = angle.cos(), angle.sin()
+    if interleaved:
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+    x0, x1 = x[..., :dh // 2], x[..., dh // 2:]
+    return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+
+
+class _TuneLayer(nn.Module):
+    def __init__(self, cfg: da.DecoderConfig, defect: str | None) -> None:
+        super().__init__()
+        d, dh = cfg.d_model, cfg.head_dim
+        eps = 1e-2 if defect == "eps" else cfg.norm_eps
+        self.attn = nn.Module()
+        self.attn.q_proj = nn.Linear(d, cfg.n_heads * dh, bias=False)
+        self.attn.k_proj = nn.Linear(d, cfg.kv_heads * dh, bias=False)
+        self.attn.v_proj = nn.Linear(d, cfg.kv_heads * dh, bias=False)
+        self.attn.output_proj = nn.Linear(cfg.n_heads * dh, d, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.w1 = nn.Linear(d, cfg.d_ff, bias=False)
+        self.mlp.w2 = nn.Linear(cfg.d_ff, d, bias=False)
+        self.mlp.w3 = nn.Linear(d, cfg.d_ff, bias=False)
+        self.sa_norm, self.mlp_norm = TuneRMSNorm(d, eps), TuneRMSNorm(d, eps)
+        self.cfg, self.defect = cfg, defect
+
+    def _attention(self, x):
+        b, t, _ = x.shape
+        cfg, defect = self.cfg, self.defect
+        split = lambda z, h: z.view(b, t, h, cfg.head_dim).transpose(1, 2)  # noqa: E731
+        q = split(self.attn.q_proj(x), cfg.n_heads)
+        k, v = split(self.attn.k_proj(x), cfg.kv_heads), split(self.attn.v_proj(x), cfg.kv_heads)
+        theta = 1000.0 if defect == "theta" else cfg.rope_theta
+        q, k = (_rope(z, theta, interleaved=defect != "rope_layout") for z in (q, k))
+        group = cfg.n_heads // cfg.kv_heads
+        if defect == "gqa_order":  # [k0, k1, k0, k1]: query head h reads KV head h % Hkv
+            k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+        else:
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        dh = cfg.head_dim
+        y = _causal_attention(q, k, v, 1 / dh if defect == "scale" else 1 / math.sqrt(dh))
+        return self.attn.output_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+    def _mlp(self, x):
+        act = F.gelu if self.defect == "activation" else F.silu
+        return self.mlp.w2(act(self.mlp.w1(x)) * self.mlp.w3(x))
+
+    def forward(self, x):
+        post = self.defect == "post_norm"
+        x = _residual(x, self.sa_norm, self._attention, post)
+        return _residual(x, self.mlp_norm, self._mlp, post)
+
+
+class TuneLlama(nn.Module):
+    def __init__(self, defect: str | None = None, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        cfg = SPECS["tune"]
+        self.defect = defect
+        self.tok_embeddings = nn.Embedding(V, cfg.d_model)
+        self.layers = nn.ModuleList(_TuneLayer(cfg, defect) for _ in range(cfg.n_layers))
+        self.norm = TuneRMSNorm(cfg.d_model, 1e-2 if defect == "eps" else cfg.norm_eps)
+        self.output = nn.Linear(cfg.d_model, V, bias=False)
+        if defect == "extra_linear":
+            self.unused = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, tokens):
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        if self.defect != "no_final_norm":
+            x = self.norm(x)
+        return self.output(x)
+
+
+STYLES = {"nanogpt": NanoGPT, "scratch": ScratchGPT, "tune": TuneLlama}
