@@ -446,6 +446,20 @@ def verdict_problems(row: Row) -> list[str]:
     return problems
 
 
+def _oracle_paragraph(built: list[Row]) -> str:
+    """Which families the white-box checks (params, oracle) ran on: those whose class the
+    converter reads, whose config is then their spec."""
+    white = [r for r in built if "oracle" in r.ran]
+    names = ", ".join(f"{r.family} ({r.cls})" for r in white)
+    return (f"**The float64 oracle and the parameter ledger ran on {len(white)} families**, "
+            f"{names}: a class the converter reads (GPT2LMHeadModel, LlamaForCausalLM, "
+            "MistralForCausalLM, or a subclass) declares its architecture in its config, which "
+            "is its spec (`da.audit(hf_model)` needs no argument); its weights are checked where "
+            "they lie. Every other family is audited black-box (the skipped column says why), "
+            "and gets the same white-box checks from `da.audit(model, spec=cfg)` where a "
+            "DecoderConfig expresses its architecture.")
+
+
 def write_docs(rows: list[Row], path: Path = DOCS) -> Path:
     """docs/conformance.md: every family, its verdict, the checks it ran, skipped and failed."""
     import transformers
@@ -482,6 +496,8 @@ def write_docs(rows: list[Row], path: Path = DOCS) -> Path:
         f"{len(rows) - len(built)} not built (reason below).** "
         f"Audit cost: {sum(r.seconds for r in built) / max(1, len(built)):.1f} s per model on "
         "average, build included.",
+        "",
+        _oracle_paragraph(built),
         "",
         "## Verdicts",
         "",

@@ -307,7 +307,7 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
     if spec is None and weights_map is not None:
         raise ConfigError("weights_map= places a module's weights on a spec's names: it needs "
                           "spec= (--spec) too")
-    from .spec import place
+    from ..references.layouts import place
 
     if spec is None:  # a Hugging Face class the converter reads: its config is the spec
         if _reference(model, None)[0] != "hugging face":

@@ -30,9 +30,8 @@ from torch import nn
 
 from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
 from ..config import DecoderConfig
-from ..errors import ConfigError
 from ..objective import logits_of
-from ..references.layouts import Placement, WeightsMap, detect, user_placement
+from ..references.layouts import Placement, expected_weights
 from ..references.oracle import StreamedOracle, oracle_logits
 from . import tolerances
 from .measure import batch_not_equal, largest, scaled_excess
@@ -41,27 +40,6 @@ from .subject import Subject
 
 STRESS_GAIN_STD = 0.2
 """Spread of the stress weights' norm gains around 1 and of their biases and shifts around 0."""
-
-
-def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
-          ) -> tuple[Placement | None, str]:
-    """(where the module's weights lie on the spec's names, "") or (None, why not)."""
-    if not isinstance(spec, DecoderConfig):
-        raise ConfigError(f"spec={spec!r} must be a DecoderConfig (load a JSON one with "
-                          "DecoderConfig.load(path))")
-    named = dict(model.named_parameters(remove_duplicate=False))
-    if weights_map is not None:
-        if not callable(weights_map):
-            raise ConfigError(f"weights_map={weights_map!r} must be a function from the module's "
-                              "state dict to {canonical name: tensor}")
-        detached = {name: tensor.detach() for name, tensor in named.items()}
-        return user_placement(weights_map, detached, spec), ""
-    placement = detect(named, spec)
-    if placement is None:
-        return None, (f"no known layout in {type(model).__name__}'s parameter names (first: "
-                      f"{list(named)[:3]}): pass weights_map= (--weights-map FILE.py:FN), a "
-                      "function from its state dict to the canonical names")
-    return placement, ""
 
 
 # ---- params ---------------------------------------------------------------------------------
@@ -147,8 +125,6 @@ def check_spec_oracle(s: Subject) -> CheckResult:
 
 def _missing_for_oracle(placement: Placement, named: Mapping[str, torch.Tensor],
                         spec: DecoderConfig) -> list[str]:
-    from ..references.layouts import expected_weights
-
     mapped = placement.canonical({n: t.detach() for n, t in named.items()})
     want = expected_weights(spec)
     return [name for name, shape in want.items()
@@ -159,8 +135,6 @@ def _canonical(placement: Placement, named: Mapping[str, torch.Tensor],
                spec: DecoderConfig) -> dict[str, torch.Tensor]:
     """The canonical weights the spec's architecture reads (an extra bias the module has but the
     spec does not is left out: the params check names it, and the oracle computes the spec)."""
-    from ..references.layouts import expected_weights
-
     want = expected_weights(spec)
     mapped = placement.canonical(named)
     return {name: tensor for name, tensor in mapped.items() if name in want}

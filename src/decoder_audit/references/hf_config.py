@@ -101,8 +101,10 @@ def refuse_bad_sizes(config: Any, config_path: Path, *,
 
 def model_classes(tf: Any) -> dict[str, type]:
     """The model class of each family we convert, from the transformers module `tf`. Accessing
-    them imports only these two modeling files (transformers loads its models lazily)."""
-    return {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM}
+    them imports only these modeling files (transformers loads its models lazily). Mistral is
+    Llama's architecture under other class names (its sliding window must be off)."""
+    return {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM,
+            "mistral": tf.MistralForCausalLM}
 
 
 def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
@@ -113,10 +115,11 @@ def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
     model_type = family or getattr(hf_config, "model_type", None)
     if model_type == "gpt2":
         return _gpt2_config(hf_config)
-    if model_type == "llama":
+    if model_type in ("llama", "mistral"):
         return _llama_config(hf_config)
     raise ConfigError(f"model_type={model_type!r} is not supported; supported are 'gpt2' "
-                      "(GPT2LMHeadModel) and 'llama' (LlamaForCausalLM)")
+                      "(GPT2LMHeadModel), 'llama' (LlamaForCausalLM) and 'mistral' "
+                      "(MistralForCausalLM)")
 
 
 def _refuse(family: str, problems: list[str]) -> None:
@@ -176,7 +179,9 @@ def _llama_config(c: Any) -> DecoderConfig:
         n_kv_heads=None if n_kv in (None, c.num_attention_heads) else n_kv,
         d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, norm="rmsnorm",
         norm_eps=float(c.rms_norm_eps), mlp="swiglu", pos="rope", rope_theta=float(theta),
-        attn_bias=bool(c.attention_bias), mlp_bias=bool(c.mlp_bias),
+        # Mistral's config has neither flag: its projections have no biases
+        attn_bias=bool(getattr(c, "attention_bias", False)),
+        mlp_bias=bool(getattr(c, "mlp_bias", False)),
         tie_embeddings=bool(c.tie_word_embeddings),
     )
 

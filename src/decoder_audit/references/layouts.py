@@ -32,8 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from ..config import DecoderConfig
+from ..errors import ConfigError
 
 WeightsMap = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 """A user's mapping: the module's state dict (its names) -> {canonical name: tensor}."""
@@ -160,6 +162,27 @@ class Placement:
         if self.user_map is not None:
             return dict(self.user_map(state))
         return {name: spot.view(state[spot.source]) for name, spot in self.spots.items()}
+
+
+def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
+          ) -> tuple[Placement | None, str]:
+    """(where the module's weights lie on the spec's names, "") or (None, why not)."""
+    if not isinstance(spec, DecoderConfig):
+        raise ConfigError(f"spec={spec!r} must be a DecoderConfig (load a JSON one with "
+                          "DecoderConfig.load(path))")
+    named = dict(model.named_parameters(remove_duplicate=False))
+    if weights_map is not None:
+        if not callable(weights_map):
+            raise ConfigError(f"weights_map={weights_map!r} must be a function from the module's "
+                              "state dict to {canonical name: tensor}")
+        detached = {name: tensor.detach() for name, tensor in named.items()}
+        return user_placement(weights_map, detached, spec), ""
+    placement = detect(named, spec)
+    if placement is None:
+        return None, (f"no known layout in {type(model).__name__}'s parameter names (first: "
+                      f"{list(named)[:3]}): pass weights_map= (--weights-map FILE.py:FN), a "
+                      "function from its state dict to the canonical names")
+    return placement, ""
 
 
 def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement | None:

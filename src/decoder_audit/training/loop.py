@@ -79,9 +79,8 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
           progress: bool = True, verbose: bool = True, expect_fresh: bool = True,
           vocab_size: int | None = None, max_seq_len: int | None = None,
           intervention_len: int | None = None, threads: int | str | None = "auto",
-          callback: Callback | None = None, shard: bool = False,
-          peak_flops: float | None = None, checkpointing: bool = False,
-          **options: Any) -> TrainResult:
+          callback: Callback | None = None, shard: bool = False, peak_flops: float | None = None,
+          checkpointing: bool = False, **options: Any) -> TrainResult:
     """Audit `model` and, if every check passes, train it. See the module docstring.
 
     model: a Decoder or any nn.Module mapping ids (B, T) to logits (B, T, V) (foreign modules
