@@ -35,7 +35,8 @@ def _instrumented() -> Iterator[_Tally]:
     copies too) to count passes, the gate's oracle_logits to count its tokens, and the function
     of every check in registry.CHECKS plus Subject.prepare (the float64 working copy) to time
     them. Restored after."""
-    from decoder_audit.gate import reference, registry, subject
+    from decoder_audit.gate import registry, subject
+    from decoder_audit.gate import spec as reference  # where the gate calls oracle_logits
 
     tally = _Tally()
     original_run, original_oracle = Decoder._run, reference.oracle_logits

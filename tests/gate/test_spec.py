@@ -239,3 +239,75 @@ def test_hugging_face_llama_defects_fail_against_its_config(name):
     report = da.audit(model, vocab_size=37)
     assert check in [c.name for c in report.failures], report.first_failure
     assert not report["oracle"].skipped
+
+
+def test_above_the_gradient_limit_only_the_logits_are_compared(monkeypatch):
+    from decoder_audit.gate import spec as spec_checks
+
+    monkeypatch.setattr(spec_checks, "GRADIENT_MAX_PARAMETERS", 1000)
+    report = da.audit(zoo_styles.TuneLlama(), spec=zoo_styles.SPECS["tune"], checks=["oracle"])
+    evidence = report["oracle"].evidence
+    assert report.passed and evidence["stressed"] and "gradients" not in evidence
+    assert "1,000" in report["oracle"].detail
+    # the logits comparison alone still sees a wrong RoPE base
+    report = da.audit(zoo_styles.TuneLlama("theta"), spec=zoo_styles.SPECS["tune"],
+                      checks=["oracle"])
+    assert not report.passed
+
+
+def test_a_weights_map_that_copies_is_compared_as_initialised_only():
+    spec = zoo_styles.SPECS["scratch"]
+
+    def copies(state):
+        return {name: t.clone() for name, t in layouts.detect(state, spec).canonical(state).items()}
+
+    report = da.audit(zoo_styles.ScratchGPT(), spec=spec, weights_map=copies,
+                      checks=["params", "oracle"])
+    assert report.passed, report.first_failure
+    assert not report["oracle"].evidence["stressed"]
+    # what each canonical weight is made of is followed through the copy
+    assert not report["params"].evidence["leftover"]
+    report = da.audit(zoo_styles.ScratchGPT("eps"), spec=spec, weights_map=copies,
+                      checks=["oracle"])
+    assert not report.passed
+
+
+def _twin_map(state):
+    """The torch.nn twin's names (nn.MultiheadAttention's fused in_proj, an nn.Sequential MLP)
+    on the canonical ones: chunks of in_proj are views, so the stress weights reach it."""
+    out = {"token_embeddings.weight": state["token_embedding.weight"],
+           "position_embeddings.weight": state["position"],
+           "ln_final.weight": state["ln_final.weight"], "ln_final.bias": state["ln_final.bias"],
+           "lm_head.weight": state["readout.weight"]}
+    layers = {name.split(".")[1] for name in state if name.startswith("blocks.")}
+    for i in sorted(layers):
+        b, o = f"blocks.{i}", f"layers.{i}"
+        for part in ("weight", "bias"):
+            for norm in ("ln1", "ln2"):
+                out[f"{o}.{norm}.{part}"] = state[f"{b}.{norm}.{part}"]
+            fused = state[f"{b}.attn.in_proj_{part}"].chunk(3)
+            for name, tensor in zip(("q_proj", "k_proj", "v_proj"), fused):
+                out[f"{o}.attn.{name}.{part}"] = tensor
+            out[f"{o}.attn.output_proj.{part}"] = state[f"{b}.attn.out_proj.{part}"]
+            out[f"{o}.ffn.w1.{part}"] = state[f"{b}.mlp.0.{part}"]
+            out[f"{o}.ffn.w2.{part}"] = state[f"{b}.mlp.2.{part}"]
+    return out
+
+
+def test_the_torch_twin_passes_its_own_config_as_spec_through_a_weights_map():
+    """nn.MultiheadAttention and nn.LayerNorm, not our code: the twin carries our DecoderConfig
+    but not our names, so without a spec it is a black box; with its config as the spec and a
+    weights_map every white-box check runs on it."""
+    import configs
+
+    from decoder_audit.references.torch_twin import TorchTwin
+
+    cfg = configs.named("twin-gelutanh-biases-tied")
+    torch.manual_seed(0)
+    twin = TorchTwin(cfg).eval()
+    assert da.audit(twin, checks=["oracle"])["oracle"].skipped
+    report = da.audit(twin, spec=cfg, weights_map=_twin_map)
+    assert report.passed, report.first_failure
+    for name in ("params", "tying", "tying_grad", "oracle"):
+        assert report[name].passed and not report[name].skipped, name
+    assert report["oracle"].evidence["stressed"]

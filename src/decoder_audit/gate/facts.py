@@ -326,7 +326,8 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
             raise ConfigError(f"spec disagrees with the model's own DecoderConfig on {differ} "
                               f"(spec {[getattr(spec, k) for k in differ]}, model "
                               f"{[getattr(own, k) for k in differ]})")
-        return {}
+        if _whitebox_config(model, []) is not None:
+            return {}  # our own layout: its DecoderConfig is the spec, checked as ours
     spec_values = [("vocab_size", spec.vocab_size), ("input_vocab_size", spec.vocab_size)]
     # A learned position table has max_seq_len rows: a hard limit. Rotary and position-free
     # models (Llama, torchtune) run past their config's length by design: there the spec's

@@ -156,6 +156,9 @@ class Placement:
     although the spec has no such weight (an extra bias)."""
     leftover: tuple[str, ...] = ()
     """The module's parameters no canonical name takes (an extra Linear, a q/k norm)."""
+    sources: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """canonical name -> the module parameters it is made of (one, or several that a
+    weights_map concatenates)."""
 
     def canonical(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """{canonical name: tensor} from the module's state dict (its names), as views."""
@@ -200,16 +203,30 @@ def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement 
 
 def user_placement(weights_map: WeightsMap, named: Mapping[str, torch.Tensor],
                    spec: DecoderConfig) -> Placement:
-    """A user's weights_map, run once on the module's parameters to list what it does not fit:
-    the same problems a detected layout reports (leftover: parameters whose storage no
-    canonical tensor shares)."""
-    mapped = dict(weights_map(named))
-    used = {t.untyped_storage().data_ptr() for t in mapped.values()}
-    name = getattr(weights_map, "__qualname__", type(weights_map).__name__)
-    return Placement(f"weights_map {name}", user_map=weights_map,
+    """A user's weights_map, run once on shape-only (meta) stand-ins of the module's parameters
+    to find what each canonical tensor is made of (by autograd, so a map that slices, transposes
+    or concatenates is followed) and what it does not fit: the same problems a detected layout
+    reports."""
+    leaves = {id(t): torch.empty(t.shape, dtype=t.dtype, device="meta").requires_grad_()
+              for t in named.values()}  # a tied weight: one stand-in under each of its names
+    stand_ins = {name: leaves[id(t)] for name, t in named.items()}
+    mapped = dict(weights_map(stand_ins))
+    first_name = {}
+    for name, tensor in named.items():
+        first_name.setdefault(id(leaves[id(tensor)]), name)
+    sources = {}
+    for canonical, tensor in mapped.items():
+        inputs = [leaf for leaf in leaves.values()]
+        grads = torch.autograd.grad(tensor.sum(), inputs, allow_unused=True) \
+            if tensor.requires_grad else [None] * len(inputs)
+        sources[canonical] = tuple(first_name[id(leaf)] for leaf, g in zip(inputs, grads)
+                                   if g is not None)
+    used = {name for names in sources.values() for name in names}
+    label = getattr(weights_map, "__qualname__", type(weights_map).__name__)
+    return Placement(f"weights_map {label}", user_map=weights_map,
                      problems=tuple(_misfits({n: tuple(t.shape) for n, t in mapped.items()},
                                              spec)),
-                     leftover=_unused(named, lambda n, t: t.untyped_storage().data_ptr() in used))
+                     leftover=_unused(named, lambda n, _: n in used), sources=sources)
 
 
 def _prefixes(named: Mapping[str, torch.Tensor], suffix: str) -> list[str]:
@@ -245,7 +262,8 @@ def _place(layout: Layout, prefix: str, named: Mapping[str, torch.Tensor],
     leftover = _unused({n: t for n, t in named.items() if n.startswith(prefix)},
                        lambda n, _: n in sources)
     label = layout.name + (f" (under {prefix.rstrip('.')!r})" if prefix else "")
-    return Placement(label, spots, problems=tuple(problems), leftover=leftover)
+    return Placement(label, spots, problems=tuple(problems), leftover=leftover,
+                     sources={name: (spot.source,) for name, spot in spots.items()})
 
 
 def _every_canonical(spec: DecoderConfig) -> list[str]:
