@@ -79,7 +79,7 @@ PACKAGES = {
         ("src/decoder_audit/gate/*.py",),
         tuple(f"tests/gate/test_{name}.py" for name in (
             "zoo", "checks", "generation", "dtypes", "render", "inputs", "invariance",
-            "attention", "weights", "reference", "alignment", "tolerances"))
+            "attention", "weights", "reference", "alignment", "tolerances", "spec"))
         # the two foreign-family tests that judge the output_attentions path against `causal`
         + ("tests/gate/test_foreign.py::test_falcons_output_attentions_path_leak_is_named",
            "tests/gate/test_foreign.py::test_bidirectional_defaults_fail_causal_and_prefix"),
@@ -88,6 +88,11 @@ PACKAGES = {
         # the 16-bit presets are 40% of the selection's time; the bf16 config grid and the zoo
         # in bf16 run the same code in the same dtypes
         deselect=("tests/gate/test_dtypes.py::test_presets_pass_in_16_bit",)),
+    "spec": Package(
+        ("src/decoder_audit/gate/spec.py", "src/decoder_audit/references/layouts.py"),
+        ("tests/gate/test_spec.py",),
+        "a declared architecture on modules we did not write: each outside style's correct "
+        "model, each planted numerics defect, the layouts against the converter, weights maps"),
     "training": Package(
         ("src/decoder_audit/training/*.py",),
         ("tests/training/", "tests/cli/test_train.py"),
@@ -134,12 +139,12 @@ def _snapshot(work: Path, package: Package, commit: str | None, only: list[str] 
     work.mkdir(parents=True)
     if commit is None:
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-        for folder in ("src", "tests"):
+        for folder in ("src", "tests", "examples"):  # examples: the learner's model and spec
             shutil.copytree(ROOT / folder, work / folder, ignore=ignore)
         pyproject = (ROOT / "pyproject.toml").read_text()
         revision = "working tree"
     else:
-        archive = subprocess.run(["git", "archive", commit, "src", "tests"], cwd=ROOT,
+        archive = subprocess.run(["git", "archive", commit, "src", "tests", "examples"], cwd=ROOT,
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
         pyproject = subprocess.run(["git", "show", f"{commit}:pyproject.toml"], cwd=ROOT,

@@ -14,29 +14,22 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import error_line, one_line
+from cli_support import FOREIGN, error_line, one_line
 
 from decoder_audit.cli import main
 
-USER = '''
+# The foreign model of cli_support (a causal prefix mean, V = 8, 4 positions), misbehaving on
+# demand inside its forward.
+USER = FOREIGN + '''
 import os
-import sys
 import threading
 import time
 
-import torch
-from torch import nn
 
-
-class PrefixMean(nn.Module):
-    """A causal prefix mean with a learned position table for 4 positions, V = 8."""
-
+class Misbehaving(PrefixMean):
     def __init__(self, how=""):
         super().__init__()
         self.how = how
-        self.emb = nn.Embedding(8, 8)
-        self.pos = nn.Parameter(torch.zeros(4, 8))
-        self.head = nn.Linear(8, 8, bias=False)
 
     def forward(self, ids):
         if self.how == "print":
@@ -45,18 +38,12 @@ class PrefixMean(nn.Module):
             sys.exit(3)
         elif self.how == "os._exit":
             os._exit(0)
-        if ids.dim() != 2 or ids.dtype != torch.long:
-            raise ValueError(f"ids must be (B, T) int64, got {tuple(ids.shape)} {ids.dtype}")
-        if not 1 <= ids.shape[1] <= 4 or ids.min() < 0 or ids.max() >= 8:
-            raise ValueError("ids outside the contract")
-        x = self.emb(ids) + self.pos[: ids.shape[1]]
-        x = torch.cumsum(x, 1) / torch.arange(1, ids.shape[1] + 1).view(1, -1, 1)
-        return self.head(x)
+        return super().forward(ids)
 
 
 def _built(how=""):
     torch.manual_seed(0)
-    model = PrefixMean(how)
+    model = Misbehaving(how)
     with torch.no_grad():
         model.emb.weight.mul_(0.02)  # a fresh model's loss near ln V, as train expects
     return model
@@ -113,7 +100,7 @@ def test_prints_in_the_factory_and_the_forward_leave_verify_json_alone(user, cap
 def test_a_print_in_the_factory_leaves_ledger_json_alone(user, capsys):
     assert main(["ledger", "--model", f"{user}:prints", "--json"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["measured_total"] == 8 * 8 + 4 * 8 + 8 * 8
+    assert json.loads(captured.out)["measured_total"] == 8 * 8 + 4 * 8  # V*D + T*D, head tied
     assert "building the model" in captured.err
 
 
