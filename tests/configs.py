@@ -179,6 +179,16 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                                  d_ff=20, max_seq_len=5, pos="rope",
                                                  rope_layout="rotate_half", attn_bias=True,
                                                  mlp_bias=True),
+    # Qwen3's attention: a per-head RMSNorm on q and k before RoPE (rotating halves), GQA 4/2;
+    # and Qwen2's: q/k/v biases, none on the output projection.
+    "qk-norm-gqa": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                    n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                    mlp="swiglu", pos="rope", rope_layout="rotate_half",
+                                    qk_norm=True, norm_eps=1e-6, tie_embeddings=False),
+    "qkv-bias-only": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                      n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                      mlp="swiglu", pos="rope", attn_bias=True,
+                                      attn_output_bias=False, tie_embeddings=True),
     # Tiny shapes for Hugging Face conversion: two GPT-2 and two Llama (GQA 6/2 and 6/3).
     "hf-gpt-relu-mlpbias-tied": da.DecoderConfig(**HF, n_layers=2, mlp="relu", attn_bias=False,
                                                  mlp_bias=True),

@@ -447,14 +447,14 @@ def verdict_problems(row: Row) -> list[str]:
 
 
 def _oracle_paragraph(built: list[Row]) -> str:
-    """Which families the white-box checks (params, oracle) ran on: those whose class the
-    converter reads, whose config is then their spec."""
+    """Which families the white-box checks (params, oracle) ran on: those of a class whose
+    config is read as their spec (references.hf_config.spec_classes)."""
     white = [r for r in built if "oracle" in r.ran]
     names = ", ".join(f"{r.family} ({r.cls})" for r in white)
     return (f"**The float64 oracle and the parameter ledger ran on {len(white)} families**, "
-            f"{names}: a class the converter reads (GPT2LMHeadModel, LlamaForCausalLM, "
-            "MistralForCausalLM, or a subclass) declares its architecture in its config, which "
-            "is its spec (`da.audit(hf_model)` needs no argument); its weights are checked where "
+            f"{names}: a model of GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
+            "Qwen2ForCausalLM, Qwen3ForCausalLM or a subclass declares its architecture in its "
+            "config, which is its spec (`da.audit(hf_model)` needs no argument); its weights are checked where "
             "they lie. Every other family is audited black-box (the skipped column says why), "
             "and gets the same white-box checks from `da.audit(model, spec=cfg)` where a "
             "DecoderConfig expresses its architecture.")

@@ -57,7 +57,8 @@ DEFECTS = {
     "scratch": {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
                 "no_mlp_bias": "params", "tied_head": "tying"},
     "tune": {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
-             "theta": "oracle", "rope_layout": "oracle", "gqa_order": "oracle"},
+             "theta": "oracle", "rope_layout": "oracle", "gqa_order": "oracle",
+             "detached_weight": "oracle"},  # the forward's values right, its gradient not
 }
 
 
@@ -277,7 +278,10 @@ class _TuneLayer(nn.Module):
 
     def _mlp(self, x):
         act = F.gelu if self.defect == "activation" else F.silu
-        return self.mlp.w2(act(self.mlp.w1(x)) * self.mlp.w3(x))
+        hidden = act(self.mlp.w1(x)) * self.mlp.w3(x)
+        if self.defect == "detached_weight":  # the down projection's weight gets no gradient
+            return F.linear(hidden, self.mlp.w2.weight.detach())
+        return self.mlp.w2(hidden)
 
     def forward(self, x):
         post = self.defect == "post_norm"

@@ -65,7 +65,14 @@ class DecoderConfig:
     """Which features form RoPE's pair j: "interleaved" (x[2j], x[2j+1]) or "rotate_half"
     (x[j], x[j + Dh/2])."""
     attn_bias: bool = False
-    """Biases on q/k/v/output projections."""
+    """Biases on the q/k/v projections, and on the output projection unless attn_output_bias
+    says otherwise."""
+    attn_output_bias: bool | None = None
+    """The output projection's bias: None follows attn_bias; False with attn_bias=True is
+    Qwen2's attention (q/k/v biases, none on the output)."""
+    qk_norm: bool = False
+    """RMSNorm (a gain of Dh, eps norm_eps) on each head's query and key, before RoPE (Qwen3,
+    OLMo 2 style per head): weights attn.q_norm and attn.k_norm."""
     mlp_bias: bool = False
     """Biases on the MLP matrices."""
     tie_embeddings: bool = True
@@ -83,6 +90,11 @@ class DecoderConfig:
     def kv_heads(self) -> int:
         """Hkv, with None resolved to H."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def output_bias(self) -> bool:
+        """Whether the attention output projection has a bias (attn_output_bias resolved)."""
+        return self.attn_bias if self.attn_output_bias is None else self.attn_output_bias
 
     @property
     def head_dim(self) -> int:
@@ -182,7 +194,9 @@ def _validate(cfg: DecoderConfig) -> list[str]:
             problems.append(f"{name}={value!r} must be a finite number >= 0")
     if _is_real(cfg.rope_theta) and cfg.pos == "rope" and not cfg.rope_theta > 0:
         problems.append(f"rope_theta={cfg.rope_theta!r} must be > 0 with pos='rope'")
-    for name in ("attn_bias", "mlp_bias", "tie_embeddings"):
+    if cfg.attn_output_bias is not None and not isinstance(cfg.attn_output_bias, bool):
+        problems.append(f"attn_output_bias={cfg.attn_output_bias!r} must be true, false or null")
+    for name in ("attn_bias", "mlp_bias", "tie_embeddings", "qk_norm"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             problems.append(f"{name}={value!r} must be true or false")

@@ -67,7 +67,9 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
     V, D, L, F, T = cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.d_ff, cfg.max_seq_len
     kv = cfg.kv_heads * (D // cfg.n_heads)
     norm = 2 * D if cfg.norm == "layernorm" else D
-    attn = 2 * D * D + 2 * D * kv + (2 * D + 2 * kv if cfg.attn_bias else 0)
+    dh = D // cfg.n_heads
+    attn = (2 * D * D + 2 * D * kv + (D + 2 * kv if cfg.attn_bias else 0)
+            + (D if cfg.output_bias else 0) + (2 * dh if cfg.qk_norm else 0))
     n_mat = 3 if cfg.mlp == "swiglu" else 2
     mlp = n_mat * D * F + ((n_mat - 1) * F + D if cfg.mlp_bias else 0)
     return (V * D + (T * D if cfg.pos == "learned" else 0) + L * (2 * norm + attn + mlp) + norm

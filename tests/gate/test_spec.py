@@ -21,12 +21,17 @@ def test_each_style_passes_against_its_spec_with_the_white_box_checks_run(style)
     spec = zoo_styles.SPECS[style]
     model = zoo_styles.STYLES[style]()
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    rng = torch.random.get_rng_state()
     report = da.audit(model, spec=spec)
     assert report.passed, report.first_failure
+    assert torch.equal(torch.random.get_rng_state(), rng)  # stress drawn from the gate's own
     for name in WHITE_BOX + (("tying_grad",) if spec.tie_embeddings else ()):
         assert report[name].passed and not report[name].skipped, name
     oracle = report["oracle"].evidence
     assert oracle["stressed"] and oracle["gradients"]["compared"] == len(before)
+    assert oracle["dtype"] == "torch.float32" and oracle["batch"] != oracle["seq_len"]
+    # float32 against float64: 256 ulps of the logit scale (tolerances.SHAPE_CHANGE_ULPS)
+    assert report["oracle"].tolerance == 256 * torch.finfo(torch.float32).eps
     params = report["params"].evidence
     assert params["measured_total"] == da.parameter_ledger(spec).total
     # the stress weights were written into the model and every one restored bit for bit
@@ -311,3 +316,121 @@ def test_the_torch_twin_passes_its_own_config_as_spec_through_a_weights_map():
     for name in ("params", "tying", "tying_grad", "oracle"):
         assert report[name].passed and not report[name].skipped, name
     assert report["oracle"].evidence["stressed"]
+
+
+def _qwen(family: str):
+    tf = pytest.importorskip("transformers")
+    config_class, model_class = {"qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+                                 "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM)}[family]
+    torch.manual_seed(0)
+    config = config_class(vocab_size=37, hidden_size=16, intermediate_size=24,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=4, bos_token_id=0, eos_token_id=1)
+    return model_class(config).eval()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_qwen_attention_variants_are_their_configs_spec(family):
+    """Qwen2's q/k/v biases without an output bias, Qwen3's per-head q/k RMSNorm: read from the
+    config, placed, and proven against the oracle with no argument."""
+    model = _qwen(family)
+    report = da.audit(model)
+    assert report.passed, report.first_failure
+    spec = report.facts.spec
+    assert (spec.attn_bias, spec.output_bias, spec.qk_norm) == (
+        (True, False, False) if family == "qwen2" else (False, False, True))
+    assert report["params"].passed and report["oracle"].evidence["stressed"]
+
+
+def test_qwen_variant_defects_fail_params_naming_the_weight():
+    model = _qwen("qwen3")
+    model.model.layers[1].self_attn.q_norm = nn.Identity()  # the q norm dropped from one layer
+    report = da.audit(model)
+    assert "layers.1.attn.q_norm.weight" in report["params"].detail
+    model = _qwen("qwen2")
+    layer = model.model.layers[0].self_attn
+    layer.o_proj = nn.Linear(16, 16, bias=True)  # an output bias Qwen2 does not have
+    report = da.audit(model)
+    assert not report["params"].passed
+    assert any("layers.0.attn.output_proj.bias" in d
+               for d in report["params"].evidence["differences"])
+
+
+def test_a_gradient_only_defect_fails_the_oracle_naming_the_weight():
+    """A weight detached inside the forward: every logit is right, its gradient is not."""
+    report = da.audit(zoo_styles.TuneLlama("detached_weight"), spec=zoo_styles.SPECS["tune"])
+    oracle = report["oracle"]
+    assert not oracle.passed and oracle.tolerance is not None
+    assert oracle.evidence["stress"]["max_abs_logit_error"] <= oracle.evidence["stress"]["allowed"]
+    grads = oracle.evidence["gradients"]
+    assert grads["max_abs_grad_error"] > grads["allowed"]
+    assert grads["worst_parameter"].endswith("mlp.w2.weight")
+    assert grads["worst_parameter"] in oracle.detail
+
+
+def test_post_norm_is_traced_to_the_first_block():
+    """Post-norm changes what leaves block 0 (the stage is the block, not its norm's input)."""
+    report = da.audit(zoo_styles.NanoGPT("post_norm"), spec=zoo_styles.SPECS["nanogpt"],
+                      checks=["oracle"])
+    assert report["oracle"].evidence["as_initialised"]["first_stage"].startswith("layer 0")
+
+
+def test_weights_the_spec_does_not_have_are_named_with_the_field_that_says_so():
+    spec = zoo_styles.SPECS["nanogpt"].replace(mlp_bias=False)  # the module has MLP biases
+    report = da.audit(zoo_styles.NanoGPT(), spec=spec, checks=["params"])
+    differences = report["params"].evidence["differences"]
+    assert any("layers.0.ffn.w1.bias" in d and "mlp_bias=False" in d for d in differences)
+    assert not report["params"].evidence["leftover"]  # named as the bias it is, not left over
+    spec = zoo_styles.SPECS["scratch"].replace(attn_bias=False)
+    differences = da.audit(zoo_styles.ScratchGPT(), spec=spec,
+                           checks=["params"])["params"].evidence["differences"]
+    assert any("layers.1.attn.k_proj.bias" in d and "attn_bias=False" in d for d in differences)
+
+
+def test_missing_weights_fail_the_oracle_naming_the_first():
+    spec = zoo_styles.SPECS["tune"].replace(n_layers=3)
+    report = da.audit(zoo_styles.TuneLlama(), spec=spec, checks=["oracle"])
+    oracle = report["oracle"]
+    assert not oracle.passed and oracle.tolerance is not None
+    assert oracle.evidence["missing"][0] == "layers.2.ln1.weight"
+    assert "layers.2.ln1.weight" in oracle.detail and str(len(oracle.evidence["missing"])) in \
+        oracle.detail
+
+
+def test_a_weights_map_may_list_the_tied_head_first():
+    """The tie counts once, as the embedding, whichever name the map gives first."""
+    spec = zoo_styles.SPECS["nanogpt"]
+
+    def head_first(state):
+        mapped = layouts.detect(state, spec).canonical(state)
+        return {"lm_head.weight": mapped.pop("lm_head.weight"), **mapped}
+
+    report = da.audit(zoo_styles.NanoGPT(), spec=spec, weights_map=head_first,
+                      checks=["params"])
+    assert report.passed, report.first_failure
+
+
+def test_a_weights_map_may_give_a_constant_for_a_weight_the_module_lacks():
+    """A zero bias made up by the map is a tensor of no parameter: the ledger says so."""
+    spec = zoo_styles.SPECS["tune"].replace(mlp_bias=True)
+
+    def zero_biases(state):
+        mapped = layouts.detect(state, zoo_styles.SPECS["tune"]).canonical(state)
+        for name in [n for n in mapped if ".ffn." in n]:
+            mapped[name.replace(".weight", ".bias")] = torch.zeros(mapped[name].shape[0])
+        return mapped
+
+    report = da.audit(zoo_styles.TuneLlama(), spec=spec, weights_map=zero_biases,
+                      checks=["params", "oracle"])
+    assert report["oracle"].passed  # zero biases: the same function
+    assert not report["params"].passed
+    assert any("ffn" in d for d in report["params"].evidence["differences"])
+
+
+@pytest.mark.parametrize("spec, weights_map, named", [
+    ({"vocab_size": 37}, None, "spec"), (zoo_styles.SPECS["tune"], "not a function", "weights_map"),
+])
+def test_a_spec_that_is_not_a_config_or_a_map_that_is_not_a_function_is_refused(
+        spec, weights_map, named):
+    with pytest.raises(da.ConfigError, match=named):
+        da.audit(zoo_styles.TuneLlama(), spec=spec, weights_map=weights_map)

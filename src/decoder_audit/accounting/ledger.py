@@ -97,8 +97,14 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     attn = D * d_q + 2 * D * d_kv + d_q * D
     attn_formula = f"D*H*Dh + 2*D*Hkv*Dh + H*Dh*D = {D}*{d_q} + 2*{D}*{d_kv} + {d_q}*{D}"
     if cfg.attn_bias:
-        attn += d_q + 2 * d_kv + D
-        attn_formula += f" + biases {d_q}+2*{d_kv}+{D}"
+        attn += d_q + 2 * d_kv
+        attn_formula += f" + q/k/v biases {d_q}+2*{d_kv}"
+    if cfg.output_bias:
+        attn += D
+        attn_formula += f" + output bias {D}"
+    if cfg.qk_norm:
+        attn += 2 * cfg.head_dim
+        attn_formula += f" + q/k norm gains 2*Dh = 2*{cfg.head_dim}"
     n_in = 2 if cfg.mlp == "swiglu" else 1  # matrices D -> F (w1, and w3 for SwiGLU)
     ffn = n_in * D * F + F * D
     ffn_formula = f"{n_in + 1}*D*F = {n_in + 1}*{D}*{F}"

@@ -22,7 +22,7 @@ max_seq_len come from its config. Some facts are found by calling the model, onc
 checks (runner.py): where its attention patterns can be read, whether its cache can be stepped,
 whether d loss / d input can be taken. `reference` names the float64 oracle's way into the model's
 weights: "decoder" (our names), "spec" (a declared architecture, `spec=`, or the config of a
-Hugging Face class the converter reads, with the module's weights placed on its names by
+Hugging Face class whose config is read as a spec, with the module's weights placed on its names by
 `references.layouts`), or None with `reference_reason`.
 
 The facts every check's `needs` (registry.py) are read from are the properties at the end.
@@ -309,7 +309,7 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
                           "spec= (--spec) too")
     from ..references.layouts import place
 
-    if spec is None:  # a Hugging Face class the converter reads: its config is the spec
+    if spec is None:  # a Hugging Face class of spec_classes: its config is the spec
         if _reference(model, None)[0] != "hugging face":
             return {}
         from ..references.hf import hf_spec
@@ -454,8 +454,8 @@ def _readout_facts(model: nn.Module, vocab_size: int) -> dict[str, Any]:
     head, embedding = output_head(model, vocab_size), input_embedding(model)
     config = getattr(model, "config", None)
     # A Hugging Face config carries tie_word_embeddings in every family, True by default even in
-    # classes that never tie; it is a declaration only where its class ties by it (a family the
-    # converter reads, whose from_hf checks the same flag).
+    # classes that never tie; it is a declaration only where its class ties by it (a class
+    # whose config is read as its spec, references.hf_config.spec_classes).
     declared = (config.tie_embeddings if isinstance(config, DecoderConfig)
                 else getattr(config, "tie_word_embeddings", None)
                 if _reference(model, None)[0] == "hugging face" else None)

@@ -1,6 +1,6 @@
 """`oracle`: the fast forward equals the slow float64 oracle fed the same weights (values, the
 eager traced path, and gradients). A module of another layout with a declared spec (a Hugging
-Face model whose class and config the converter reads declares its config) is compared with the
+Face model of a class whose config is read as its spec declares it) is compared with the
 spec's oracle fed its own weights where they lie (spec.py).
 
 Memory: the oracle reads the model's own weights layer by layer (`StreamedOracle`: one layer in

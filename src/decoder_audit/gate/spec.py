@@ -99,8 +99,10 @@ def check_spec_oracle(s: Subject) -> CheckResult:
     evidence: dict = {"layout": placement.layout, "batch": ids.shape[0], "seq_len": seq_len,
                       "dtype": str(s.dtype), "tolerance": tol}
     if missing:
-        return CheckResult("oracle", False, f"the module lacks weights the spec's oracle needs: "
-                           f"{missing[:3]} (layout {placement.layout})", evidence, tol)
+        evidence["missing"] = missing
+        return CheckResult("oracle", False, f"{len(missing)} weights the spec's oracle reads are "
+                           f"missing or of another shape, first {missing[0]} (layout "
+                           f"{placement.layout})", evidence, tol)
     natural = _compare_values(s, placement, named, ids, tol)
     evidence["as_initialised"] = natural
     with _stressed(s, placement, named) as stressed:
@@ -245,7 +247,7 @@ def _compare_grads(s: Subject, placement: Placement, named: Mapping[str, nn.Para
         (fast.double() * projection.to(fast.device)).sum().backward()
         errors = {placed[id(p)]: largest((_dense(p) .double().cpu() - leaves[id(p)].grad))
                   for p in params}
-    scale = max((largest(leaves[id(p)].grad) for p in params), default=0.0)
+    scale = max(largest(leaves[id(p)].grad) for p in params)  # the spec reads every weight
     allowed = tolerances.oracle_grad(s.dtype) * scale
     worst_name, worst = max(errors.items(), key=lambda item: item[1], default=(None, 0.0))
     return {"compared": len(errors), "max_abs_grad_error": worst, "allowed": allowed,
@@ -294,7 +296,7 @@ def _stress_value(name: str, shape: tuple[int, ...], gen: torch.Generator) -> to
     part = name.rsplit(".", 2)
     if name.startswith(("token_embeddings", "position_embeddings")):
         return noise
-    if part[-2].startswith("ln") or name.startswith("ln_final"):
+    if part[-2].startswith("ln") or part[-2].endswith("_norm"):  # a norm's gain or shift
         return (1.0 + STRESS_GAIN_STD * noise) if part[-1] == "weight" else STRESS_GAIN_STD * noise
     if part[-1] == "bias":
         return STRESS_GAIN_STD * noise

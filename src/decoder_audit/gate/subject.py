@@ -188,8 +188,9 @@ class Subject:
     @contextmanager
     def scaled_scores(self, score_max: list[float | None] | None, target: float
                       ) -> Iterator[bool]:
-        """Within the block, layer i's query and key projections come out multiplied by
-        a_i = sqrt(target / score_max[i]) (forward hooks on `layers.i.attn.q_proj` and `k_proj`:
+        """Within the block, layer i's queries and keys come out multiplied by
+        a_i = sqrt(target / score_max[i]) (forward hooks on `layers.i.attn.q_proj` and `k_proj`,
+        or on its q_norm and k_norm where it has them:
         exactly what scaling their weights and biases by a_i does, without touching a weight or
         copying the model), so every layer's largest attention score becomes about `target`.
         Yields False (and scales nothing) when the model has no such projections."""
@@ -203,7 +204,10 @@ class Subject:
         self.forget_clean()  # the hooks change what the model computes
         try:
             for attn, factor in zip(layers, score_factors(score_max, target)):
-                for proj in (attn.q_proj, attn.k_proj):
+                # after a q/k norm where there is one: a norm would undo a scaled projection
+                pair = ((attn.q_norm, attn.k_norm) if getattr(attn, "q_norm", None) is not None
+                        else (attn.q_proj, attn.k_proj))
+                for proj in pair:
                     hooks.append(proj.register_forward_hook(
                         lambda _module, _inputs, output, a=factor: output * a))
             yield True

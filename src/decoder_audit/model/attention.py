@@ -18,7 +18,7 @@ from torch import nn
 
 from ..config import DecoderConfig
 from .cache import KVCache
-from .layers import INIT_STD, Linear
+from .layers import INIT_STD, Linear, RMSNorm
 from .trace import Trace
 
 
@@ -68,7 +68,11 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = Linear(cfg.d_model, d_kv, bias, init_std=INIT_STD, **factory)
         self.v_proj = Linear(cfg.d_model, d_kv, bias, init_std=INIT_STD, **factory)
         # writes into the residual stream
-        self.output_proj = Linear(d_q, cfg.d_model, bias, init_std=residual_std, **factory)
+        self.output_proj = Linear(d_q, cfg.d_model, cfg.output_bias, init_std=residual_std,
+                                  **factory)
+        # per-head RMSNorm of q and k (a gain of Dh shared by the heads), before RoPE
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, **factory) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, **factory) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
                 trace: Trace | None = None, prefix: str = "") -> torch.Tensor:
@@ -101,6 +105,8 @@ class CausalSelfAttention(nn.Module):
         k = self.k_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope, self.rope_layout), apply_rope(k, rope, self.rope_layout)
         return q, k, v

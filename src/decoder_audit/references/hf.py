@@ -45,6 +45,7 @@ from .hf_config import (
     config_to_hf,
     hf_family,
     model_classes,
+    spec_classes,
 )
 from .hf_models import read_hf_config
 
@@ -81,12 +82,13 @@ def from_hf(hf_model: Any) -> Decoder:
 
 
 def hf_spec(hf_model: Any) -> DecoderConfig:
-    """The architecture a GPT2LMHeadModel's or LlamaForCausalLM's config declares, as the spec
+    """The architecture a model of `spec_classes` (GPT-2, Llama, Mistral, Qwen2, Qwen3 and
+    their subclasses) declares in its config, as the spec
     its own weights are checked against where they lie (references.layouts): Llama's RoPE
     rotates halves, so its spec says rope_layout="rotate_half" (from_hf instead permutes the
     rows into our interleaved default). Raises ConfigError naming any field we cannot express."""
     tf = _transformers()
-    family = next((name for name, cls in model_classes(tf).items() if isinstance(hf_model, cls)),
+    family = next((name for name, cls in spec_classes(tf).items() if isinstance(hf_model, cls)),
                   None)
     cfg = config_from_hf(hf_model.config, family)
     return cfg.replace(rope_layout="rotate_half") if cfg.pos == "rope" else cfg
@@ -127,15 +129,15 @@ def to_hf(decoder: Decoder) -> Any:
 
 
 def hf_reference(model: Any) -> tuple[str | None, str]:
-    """Whether the oracle can read `model`'s weights through the converter, decided from its
-    class and config alone (no weight is copied): ("hugging face", where the weights come from)
-    when it can, (None, why not) when it cannot. Never raises.
+    """Whether `model`'s config is a spec the oracle can check its weights against, decided
+    from its class and config alone (no weight is read): ("hugging face", "") when it is, (None,
+    why not) when it is not. Never raises.
 
-    Readable means an instance of a model class we convert (GPT2LMHeadModel or LlamaForCausalLM,
+    It is when the model is an instance of `spec_classes` (GPT-2, Llama, Mistral, Qwen2, Qwen3
     or a subclass: the class decides, not `config.model_type`) whose config `config_from_hf`
-    expresses. Whether the weights then fit that config is the oracle check's question: weights
-    that do not (a missing final norm, an untied head under tie_word_embeddings=True, an extra
-    weight) fail it."""
+    expresses. Whether the weights then fit that config is the gate's question: weights that do
+    not (a missing final norm, an untied head under tie_word_embeddings=True, an extra weight)
+    fail params, tying or oracle."""
     name = type(model).__name__
     tf = sys.modules.get("transformers")
     if tf is None:
@@ -148,18 +150,18 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
     if base is None or not isinstance(model, base.PreTrainedModel):
         # Not a transformers model at all: asking for the converted classes would import their
         # modeling files (seconds) only to answer "no".
-        return None, (f"{name} is not a Hugging Face model, so not a model class the converter "
-                      "reads (GPT2LMHeadModel or LlamaForCausalLM, or a subclass)")
-    classes = model_classes(tf)
+        return None, (f"{name} is not a Hugging Face model, so its config declares no spec "
+                      "(pass spec=)")
+    classes = spec_classes(tf)
     family = next((fam for fam, cls in classes.items() if isinstance(model, cls)), None)
     if family is None:
         known = " or ".join(cls.__name__ for cls in classes.values())
-        return None, f"{name} is not a model class the converter reads ({known}, or a subclass)"
+        return None, f"{name} is not a class whose config is read as a spec ({known}, or a subclass)"
     try:
         config_from_hf(model.config, family)
     except ConfigError as exc:
         return None, f"{name}'s config declares what the oracle does not express: {exc}"
-    return "hugging face", f"{name} weights via references.hf.from_hf"
+    return "hugging face", ""
 
 
 def load_hf_folder(folder: str | os.PathLike) -> Decoder:

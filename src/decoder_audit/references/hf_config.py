@@ -107,6 +107,14 @@ def model_classes(tf: Any) -> dict[str, type]:
             "mistral": tf.MistralForCausalLM}
 
 
+def spec_classes(tf: Any) -> dict[str, type]:
+    """The model classes whose config declares an architecture a DecoderConfig expresses (the
+    gate's spec for them, `hf.hf_spec`): the converter's, and Qwen2 (q/k/v biases, none on the
+    output projection) and Qwen3 (a per-head q/k RMSNorm), whose weights the converter does
+    not write."""
+    return {**model_classes(tf), "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM}
+
+
 def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
     """A DecoderConfig for a GPT2Config or LlamaConfig, or ConfigError naming every field we
     cannot express. `family` ("gpt2" or "llama", from the model's class) reads the config as that
@@ -115,11 +123,11 @@ def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
     model_type = family or getattr(hf_config, "model_type", None)
     if model_type == "gpt2":
         return _gpt2_config(hf_config)
-    if model_type in ("llama", "mistral"):
-        return _llama_config(hf_config)
+    if model_type in ("llama", "mistral", "qwen2", "qwen3"):
+        return _llama_config(hf_config, model_type)
     raise ConfigError(f"model_type={model_type!r} is not supported; supported are 'gpt2' "
-                      "(GPT2LMHeadModel), 'llama' (LlamaForCausalLM) and 'mistral' "
-                      "(MistralForCausalLM)")
+                      "(GPT2LMHeadModel), 'llama', 'mistral', 'qwen2' and 'qwen3' (their "
+                      "*ForCausalLM)")
 
 
 def _refuse(family: str, problems: list[str]) -> None:
@@ -149,7 +157,7 @@ def _gpt2_config(c: Any) -> DecoderConfig:
     )
 
 
-def _llama_config(c: Any) -> DecoderConfig:
+def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
     problems = []
     if c.hidden_act != "silu":
         problems.append(f"hidden_act={c.hidden_act!r} (our SwiGLU gate is SiLU)")
@@ -179,15 +187,21 @@ def _llama_config(c: Any) -> DecoderConfig:
         n_kv_heads=None if n_kv in (None, c.num_attention_heads) else n_kv,
         d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, norm="rmsnorm",
         norm_eps=float(c.rms_norm_eps), mlp="swiglu", pos="rope", rope_theta=float(theta),
-        # Mistral's config has neither flag: its projections have no biases
-        attn_bias=bool(getattr(c, "attention_bias", False)),
-        mlp_bias=bool(getattr(c, "mlp_bias", False)),
+        # Mistral's and Qwen2's configs have neither flag: Mistral's projections have no
+        # biases, Qwen2's q, k and v have one and its output projection none
+        attn_bias=family == "qwen2" or bool(getattr(c, "attention_bias", False)),
+        attn_output_bias=False if family == "qwen2" else None,
+        qk_norm=family == "qwen3", mlp_bias=bool(getattr(c, "mlp_bias", False)),
         tie_embeddings=bool(c.tie_word_embeddings),
     )
 
 
 def hf_family(cfg: DecoderConfig) -> str:
     """"gpt2" or "llama": the HF family that expresses cfg, or ConfigError naming the fields."""
+    if cfg.qk_norm or cfg.output_bias != cfg.attn_bias:
+        raise ConfigError(f"qk_norm={cfg.qk_norm}, attn_output_bias={cfg.attn_output_bias}: "
+                          "the converter writes GPT-2 and Llama, which have no q/k norm and bias "
+                          "all four attention projections or none")
     if cfg.norm == "layernorm" and cfg.pos == "learned" and cfg.mlp in _GPT2_EXPORT_ACTIVATIONS:
         if cfg.kv_heads != cfg.n_heads:
             raise ConfigError(f"n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}: GPT-2 has "

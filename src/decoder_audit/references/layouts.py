@@ -54,14 +54,17 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
                 "attn.output_proj": (d, d_q), "ffn.w1": (f, d), "ffn.w2": (d, f)}
     if spec.mlp == "swiglu":
         matrices["ffn.w3"] = (f, d)
+    biased = {"attn.output_proj": spec.output_bias}
     for i in range(spec.n_layers):
         p = f"layers.{i}"
         for name in ("ln1", "ln2"):
             shapes.update({f"{p}.{name}.{part}": (d,) for part in norm})
         for name, shape in matrices.items():
             shapes[f"{p}.{name}.weight"] = shape
-            if spec.attn_bias if name.startswith("attn.") else spec.mlp_bias:
+            if biased.get(name, spec.attn_bias if name.startswith("attn.") else spec.mlp_bias):
                 shapes[f"{p}.{name}.bias"] = shape[:1]
+        if spec.qk_norm:
+            shapes.update({f"{p}.attn.{n}.weight": (spec.head_dim,) for n in ("q_norm", "k_norm")})
     shapes.update({f"ln_final.{part}": (d,) for part in norm})
     shapes["lm_head.weight"] = (v, d)
     return shapes
@@ -97,10 +100,12 @@ class Layout:
 
 
 _OURS = {part: part for part in ("ln1", "ln2", "attn.q_proj", "attn.k_proj", "attn.v_proj",
-                                 "attn.output_proj", "ffn.w1", "ffn.w2", "ffn.w3")}
+                                 "attn.output_proj", "attn.q_norm", "attn.k_norm", "ffn.w1",
+                                 "ffn.w2", "ffn.w3")}
 _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
              "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
              "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
+             "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
              "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj"}
 _FROM_SCRATCH_ATTN = {"ln1": "norm1", "ln2": "norm2", "attn.q_proj": "att.W_query",
                       "attn.k_proj": "att.W_key", "attn.v_proj": "att.W_value",
@@ -118,7 +123,8 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout("torchtune", "tok_embeddings", None, "layers.{i}", "norm", "output",
            {"ln1": "sa_norm", "ln2": "mlp_norm", "attn.q_proj": "attn.q_proj",
             "attn.k_proj": "attn.k_proj", "attn.v_proj": "attn.v_proj",
-            "attn.output_proj": "attn.output_proj", "ffn.w1": "mlp.w1", "ffn.w2": "mlp.w2",
+            "attn.output_proj": "attn.output_proj", "attn.q_norm": "attn.q_norm",
+            "attn.k_norm": "attn.k_norm", "ffn.w1": "mlp.w1", "ffn.w2": "mlp.w2",
             "ffn.w3": "mlp.w3"}, norm_params=("scale", None)),
     Layout("LLMs-from-scratch GPT", "tok_emb", "pos_emb", "trf_blocks.{i}", "final_norm",
            "out_head", {**_FROM_SCRATCH_ATTN, "ffn.w1": "ff.layers.0", "ffn.w2": "ff.layers.2"},
@@ -270,8 +276,8 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
     """Every canonical name a module of this family might hold: the spec's, and every bias,
     shift, gate and position table it might have although the spec says not (so an extra one
     is found and named, not left over)."""
-    full = spec.replace(attn_bias=True, mlp_bias=True, norm="layernorm", mlp="swiglu",
-                        pos="learned")
+    full = spec.replace(attn_bias=True, attn_output_bias=True, mlp_bias=True, norm="layernorm",
+                        mlp="swiglu", pos="learned", qk_norm=True)
     return list(expected_weights(full))
 
 
@@ -298,11 +304,13 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     """Where `canonical` lies in this layout, or None when the layout has no such weight."""
     module, _, kind = canonical.rpartition(".")
     part = module.split(".", 2)[2] if module.startswith("layers.") else module
-    if part in ("ln1", "ln2", "ln_final"):
-        kind = layout.norm_params[0 if kind == "weight" else 1] or ""
+    if part in ("ln1", "ln2", "ln_final", "attn.q_norm", "attn.k_norm"):
+        kind = layout.norm_params[0 if kind == "weight" else 1]
+        if kind is None:  # the layout's norms have no shift
+            return None
     matrix = kind == "weight" and part.startswith(("attn.", "ffn."))
     located = layout.module_name(canonical)
-    if located is not None and kind:
+    if located is not None:
         source = f"{prefix}{located[0]}.{kind}"
         if source in shapes:
             return Spot(source, conv1d and matrix)
@@ -328,8 +336,12 @@ def _misfits(found: Mapping[str, tuple[int, ...]], spec: DecoderConfig) -> list[
 
 
 def _why_not(name: str, spec: DecoderConfig) -> str:
+    if name.endswith(".bias") and ".attn.output_proj" in name:
+        return f"attn_output_bias={spec.attn_output_bias}, attn_bias={spec.attn_bias}"
     if name.endswith(".bias") and ".attn." in name:
         return f"attn_bias={spec.attn_bias}"
+    if "_norm." in name:
+        return f"qk_norm={spec.qk_norm}"
     if name.endswith(".bias") and ".ffn." in name:
         return f"mlp_bias={spec.mlp_bias}"
     if name.endswith(".bias"):

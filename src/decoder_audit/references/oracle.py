@@ -105,7 +105,8 @@ def layer_weight_names(layer: int) -> list[str]:
     linears = [f"{p}.attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "output_proj")]
     linears += [f"{p}.ffn.{n}" for n in ("w1", "w2", "w3")]
     return ([f"{p}.{n}.{part}" for n in ("ln1", "ln2") for part in ("weight", "bias")]
-            + [f"{name}.{part}" for name in linears for part in ("weight", "bias")])
+            + [f"{name}.{part}" for name in linears for part in ("weight", "bias")]
+            + [f"{p}.attn.q_norm.weight", f"{p}.attn.k_norm.weight"])
 
 
 FINAL_NORM_NAMES = ("ln_final.weight", "ln_final.bias")
@@ -132,6 +133,9 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
     q = _linear(h, w, f"{p}.attn.q_proj")  # (B, T, H*Dh)
     k = _linear(h, w, f"{p}.attn.k_proj")  # (B, T, Hkv*Dh)
     v = _linear(h, w, f"{p}.attn.v_proj")
+    if cfg.qk_norm:  # each head's query and key normalised over its Dh features
+        q = _head_norm(cfg, q, w[f"{p}.attn.q_norm.weight"])
+        k = _head_norm(cfg, k, w[f"{p}.attn.k_norm.weight"])
     mixed = torch.stack([_attention(cfg, q[b], k[b], v[b]) for b in range(x.shape[0])])
     x = x + _linear(mixed, w, f"{p}.attn.output_proj")  # mixed: (B, T, H*Dh)
     h = _norm(cfg, x, w, f"{p}.ln2")
@@ -141,6 +145,12 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
     else:
         hidden = _activation(cfg.mlp, _linear(h, w, f"{p}.ffn.w1"))
     return x + _linear(hidden, w, f"{p}.ffn.w2")  # (B, T, D)
+
+
+def _head_norm(cfg: DecoderConfig, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    """RMSNorm of every head's slice of x (B, T, heads*Dh), one gain (Dh,) for all heads."""
+    heads = x.unflatten(-1, (-1, cfg.head_dim))  # (B, T, heads, Dh)
+    return _rmsnorm(heads, gain, cfg.norm_eps).flatten(-2)
 
 
 def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
@@ -250,6 +260,8 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
         p = f"layers.{layer}"
         names += [f"{p}.{norm}.{part}" for norm in ("ln1", "ln2") for part in norm_parts]
         names += [f"{p}.attn.{n}_proj.weight" for n in ("q", "k", "v", "output")]
+        if cfg.qk_norm:
+            names += [f"{p}.attn.q_norm.weight", f"{p}.attn.k_norm.weight"]
         names += [f"{p}.ffn.{n}.weight" for n in matrices]
     return names + [f"ln_final.{part}" for part in norm_parts]
 

@@ -59,6 +59,11 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
     if cfg.kv_heads != cfg.n_heads:
         problems.append(f"n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}: "
                         "nn.MultiheadAttention has no grouped-query attention")
+    if cfg.qk_norm:
+        problems.append("qk_norm=True: nn.MultiheadAttention cannot normalise q and k")
+    if cfg.output_bias != cfg.attn_bias:
+        problems.append(f"attn_output_bias={cfg.attn_output_bias}: nn.MultiheadAttention biases "
+                        "all of q, k, v and the output or none")
     return problems
 
 
