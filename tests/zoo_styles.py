@@ -9,10 +9,14 @@ defect plantable at a time (`defect=`), for the declared-architecture checks (sp
                  tanh GELU, an untied head;
     TuneLlama    a Llama written with torchtune's names (tok_embeddings, layers.{i}.attn.q_proj,
                  sa_norm.scale, mlp.w1/w2/w3, norm.scale, output): RMSNorm, SwiGLU, interleaved
-                 RoPE, grouped-query attention 4/2, untied.
+                 RoPE, grouped-query attention 4/2, untied;
+    LitGPT       litgpt 0.5's GPT with a Llama config: transformer.wte/h/ln_f, q, k and v stacked
+                 in one `attn.qkv` (query heads, then key heads, then value heads), RoPE rotating
+                 halves, key/value heads expanded over their group, mlp.fc_1/fc_2/proj.
 
 Each is a re-implementation (nanoGPT and LLMs-from-scratch are not packages on the registry,
-torchtune's install pulls torchao and more than CI's budget allows): the names, shapes and
+torchtune's install pulls torchao and more than CI's budget allows, litgpt 0.5 pins a
+huggingface-hub older than transformers 5 needs, so neither installs beside our pins): the names, shapes and
 arithmetic follow the originals, written here in our own words. `SPECS` holds the architecture
 each declares. The defects (DEFECTS, by style) keep the model causal and its logits (B, T, V).
 """
@@ -36,6 +40,10 @@ SPECS = {
     "scratch": da.DecoderConfig(vocab_size=V, d_model=24, n_layers=2, n_heads=4, d_ff=96,
                                 max_seq_len=T, norm="layernorm", mlp="gelu_tanh", pos="learned",
                                 attn_bias=True, mlp_bias=True, tie_embeddings=False),
+    "litgpt": da.DecoderConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                               d_ff=48, max_seq_len=T, norm="rmsnorm", norm_eps=1e-5,
+                               mlp="swiglu", pos="rope", rope_layout="rotate_half",
+                               tie_embeddings=False),
     "tune": da.DecoderConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                              d_ff=40, max_seq_len=T, norm="rmsnorm", norm_eps=1e-6,
                              mlp="swiglu", pos="rope", rope_theta=10000.0,
@@ -53,6 +61,8 @@ COMMON = {
     "untied_copy": "tying",     # the head a copy of the embedding where the spec ties
 }
 DEFECTS = {
+    "litgpt": {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
+               "rope_layout": "oracle", "gqa_order": "oracle"},
     "nanogpt": {**COMMON, "no_mlp_bias": "params"},
     "scratch": {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
                 "no_mlp_bias": "params", "tied_head": "tying"},
@@ -314,4 +324,82 @@ class TuneLlama(nn.Module):
         return self.output(x)
 
 
-STYLES = {"nanogpt": NanoGPT, "scratch": ScratchGPT, "tune": TuneLlama}
+# ---- litgpt's GPT with its Llama config ----------------------------------------------------------
+
+class LitRMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class _LitBlock(nn.Module):
+    def __init__(self, cfg: da.DecoderConfig, defect: str | None) -> None:
+        super().__init__()
+        d, dh, eps = cfg.d_model, cfg.head_dim, 1e-2 if defect == "eps" else cfg.norm_eps
+        self.norm_1, self.norm_2 = LitRMSNorm(d, eps), LitRMSNorm(d, eps)
+        self.attn = nn.Module()
+        self.attn.qkv = nn.Linear(d, (cfg.n_heads + 2 * cfg.kv_heads) * dh, bias=False)
+        self.attn.proj = nn.Linear(cfg.n_heads * dh, d, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.fc_1 = nn.Linear(d, cfg.d_ff, bias=False)
+        self.mlp.fc_2 = nn.Linear(d, cfg.d_ff, bias=False)
+        self.mlp.proj = nn.Linear(cfg.d_ff, d, bias=False)
+        self.cfg, self.defect = cfg, defect
+
+    def _attention(self, x):
+        b, t, _ = x.shape
+        cfg, dh = self.cfg, self.cfg.head_dim
+        q, k, v = self.attn.qkv(x).split((cfg.n_heads * dh, cfg.kv_heads * dh,
+                                          cfg.kv_heads * dh), dim=-1)
+        q = q.view(b, t, cfg.n_heads, dh).transpose(1, 2)
+        k, v = (z.view(b, t, cfg.kv_heads, dh).transpose(1, 2) for z in (k, v))
+        q, k = (_rope(z, cfg.rope_theta, interleaved=self.defect == "rope_layout") for z in (q, k))
+        group = cfg.n_heads // cfg.kv_heads
+        if self.defect == "gqa_order":  # tiled: query head h reads key/value head h % Hkv
+            k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+        else:  # litgpt expands each key/value head over its group of query heads
+            k, v = (z[:, :, None].expand(b, cfg.kv_heads, group, t, dh).reshape(b, -1, t, dh)
+                    for z in (k, v))
+        y = _causal_attention(q, k, v, 1 / dh if self.defect == "scale" else dh ** -0.5)
+        return self.attn.proj(y.transpose(1, 2).reshape(b, t, -1))
+
+    def _mlp(self, x):
+        act = F.gelu if self.defect == "activation" else F.silu
+        return self.mlp.proj(act(self.mlp.fc_1(x)) * self.mlp.fc_2(x))
+
+    def forward(self, x):
+        post = self.defect == "post_norm"
+        x = _residual(x, self.norm_1, self._attention, post)
+        return _residual(x, self.norm_2, self._mlp, post)
+
+
+class LitGPT(nn.Module):
+    def __init__(self, defect: str | None = None, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        cfg = SPECS["litgpt"]
+        self.defect = defect
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(V, cfg.d_model),
+            h=nn.ModuleList(_LitBlock(cfg, defect) for _ in range(cfg.n_layers)),
+            ln_f=LitRMSNorm(cfg.d_model, 1e-2 if defect == "eps" else cfg.norm_eps)))
+        self.lm_head = nn.Linear(cfg.d_model, V, bias=False)
+        if defect == "extra_linear":
+            self.unused = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx):
+        x = self.transformer.wte(idx)
+        for block in self.transformer.h:
+            x = block(x)
+        if self.defect != "no_final_norm":
+            x = self.transformer.ln_f(x)
+        return self.lm_head(x)
+
+
+STYLES = {"nanogpt": NanoGPT, "scratch": ScratchGPT, "tune": TuneLlama, "litgpt": LitGPT}

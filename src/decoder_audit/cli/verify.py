@@ -43,7 +43,7 @@ def register(subparsers) -> None:
                         help="the architecture a --model (or --hf) module declares, a "
                              "DecoderConfig saved as JSON: its parameter ledger, tie and float64 "
                              "oracle are checked against it, its weights found by their names "
-                             "(our layout, nanoGPT / GPT-2, Hugging Face Llama, torchtune, "
+                             "(our layout, nanoGPT / GPT-2, litgpt, Hugging Face Llama, torchtune, "
                              "LLMs-from-scratch)")
     parser.add_argument("--weights-map", metavar="FILE.py:FN",
                         help="with --spec, for a layout not found by its names: FN(state_dict) "

@@ -13,6 +13,9 @@ Layouts detected from the parameter names (`detect`):
     decoder-audit       token_embeddings, layers.{i}.attn.q_proj, ffn.w1 ... (our names)
     nanoGPT / GPT-2     transformer.wte, transformer.h.{i}.attn.c_attn (q, k, v fused), mlp.c_fc;
                         nn.Linear (out, in) or GPT-2's Conv1D (in, out), decided from the shapes
+    litgpt              transformer.wte, transformer.h.{i}.norm_1, attn.qkv (q, k, v stacked: all
+                        query heads, then the key heads, then the value heads, as litgpt 0.5
+                        splits them), mlp.fc_1/fc_2/proj (LLaMAMLP) or mlp.fc/proj (GptNeoxMLP)
     Hugging Face Llama  model.embed_tokens, model.layers.{i}.self_attn.q_proj, mlp.gate_proj ...
                         (Llama, Mistral, Qwen2 and every class with these names)
     torchtune           tok_embeddings, layers.{i}.attn.q_proj, sa_norm.scale, mlp.w1, output
@@ -111,6 +114,9 @@ _FROM_SCRATCH_ATTN = {"ln1": "norm1", "ln2": "norm2", "attn.q_proj": "att.W_quer
                       "attn.k_proj": "att.W_key", "attn.v_proj": "att.W_value",
                       "attn.output_proj": "att.out_proj"}
 
+_LITGPT_ATTN = {"ln1": "norm_1", "ln2": "norm_2", "attn.output_proj": "attn.proj",
+                "attn.q_norm": "attn.norm_q", "attn.k_norm": "attn.norm_k"}
+
 LAYOUTS: tuple[Layout, ...] = (
     Layout("decoder-audit", "token_embeddings", "position_embeddings", "layers.{i}", "ln_final",
            "lm_head", _OURS),
@@ -118,6 +124,12 @@ LAYOUTS: tuple[Layout, ...] = (
            "transformer.ln_f", "lm_head",
            {"ln1": "ln_1", "ln2": "ln_2", "attn.output_proj": "attn.c_proj",
             "ffn.w1": "mlp.c_fc", "ffn.w2": "mlp.c_proj"}, fused_qkv="attn.c_attn"),
+    Layout("litgpt (LLaMAMLP)", "transformer.wte", None, "transformer.h.{i}", "transformer.ln_f",
+           "lm_head", _LITGPT_ATTN | {"ffn.w1": "mlp.fc_1", "ffn.w3": "mlp.fc_2",
+                                      "ffn.w2": "mlp.proj"}, fused_qkv="attn.qkv"),
+    Layout("litgpt (GptNeoxMLP)", "transformer.wte", None, "transformer.h.{i}",
+           "transformer.ln_f", "lm_head", _LITGPT_ATTN | {"ffn.w1": "mlp.fc", "ffn.w2": "mlp.proj"},
+           fused_qkv="attn.qkv"),
     Layout("Hugging Face Llama", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
            "lm_head", _HF_LLAMA),
     Layout("torchtune", "tok_embeddings", None, "layers.{i}", "norm", "output",
