@@ -265,3 +265,21 @@ def test_cli_verify_on_cuda(capsys):
     assert main(["verify", "--device", "cuda", "--dtype", "bfloat16", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["device"].startswith("cuda") and data["passed"]
+
+
+def test_an_overflowing_float16_model_is_reported_as_non_finite_not_as_a_leak():
+    """Scores past float16's 65504 give inf, then NaN: the checks that compare logits say the
+    logits are not finite (what happened), instead of a leak, a batch mix or nondeterminism
+    that a NaN differing from itself would otherwise look like."""
+    import zoo_styles
+
+    model = zoo_styles.NanoGPT().half()
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(3000.0)
+    report = da.audit(model, vocab_size=zoo_styles.V, max_seq_len=zoo_styles.T)
+    for name in ("determinism", "batch_independence", "causal", "prefix", "loss_alignment"):
+        assert report[name].evidence["exception"] == "NonFiniteLogits", name
+    assert "NaN" in report["causal"].detail and "65504" in report["causal"].detail
+    assert report["grad_causal"].evidence["non_finite_positions"]
+    assert not report["tying_grad"].passed

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..generation.convention import Convention, Stepper, established, numbered
 from ..objective import logits_of
 from . import tolerances
-from .measure import batch_not_equal, sample_positions, scaled_excess
+from .measure import all_finite, batch_not_equal, sample_positions, scaled_excess
 from .result import CheckResult
 from .subject import Subject
 
@@ -309,7 +309,15 @@ def check_grad_causal(s: Subject) -> CheckResult:
     ids = s.random_ids(len(positions), seq_len, gen).to(s.device)
     targets = torch.randint(0, s.vocab_size, (len(positions),), generator=gen).to(s.device)
     grad = _input_gradient(s, ids, positions, targets)
-    size = grad.detach().abs().amax(-1).double().cpu().nan_to_num(float("inf"))  # (B, T)
+    if not all_finite(grad):  # NaN reaches every input: no position can be judged
+        rows = sorted({int(t) for t in (~torch.isfinite(grad)).any(-1).nonzero()[:, 1]})
+        return CheckResult("grad_causal", False, f"d loss / d input holds NaN or inf at "
+                           f"positions {rows[:8]}: the forward or backward overflowed (dtype "
+                           f"{str(s.dtype).removeprefix('torch.')}), so nothing was judged and "
+                           "nothing is called a leak", {"seq_len": seq_len,
+                                                        "dtype": str(s.dtype),
+                                                        "non_finite_positions": rows})
+    size = grad.detach().abs().amax(-1).double().cpu()  # (B, T)
     records = []
     for b, t in enumerate(positions):
         later = size[b, t + 1:]

@@ -32,7 +32,7 @@ from ..generation.convention import Convention
 from ..objective import OutputError, logits_of
 from . import tolerances
 from .facts import ModelFacts, input_embedding
-from .measure import value_scale
+from .measure import all_finite, value_scale
 from .probes import ProbeIds
 
 # Cost normaliser of the report when no length is known (report.forward_equivalents).
@@ -159,12 +159,20 @@ class Subject:
             _restore_params(saved)
 
     # ---- running the model ----------------------------------------------------------------
-    def run(self, ids: torch.Tensor) -> torch.Tensor:
-        """Logits of the model for ids (B, T), without gradients."""
+    def run(self, ids: torch.Tensor, *, finite: bool = True) -> torch.Tensor:
+        """Logits of the model for ids (B, T), without gradients. Raises NonFiniteLogits when
+        they hold NaN or inf: no comparison of them means anything (a NaN differs from
+        everything, itself included), so no check reports a leak or a mismatch it never saw.
+        `finite=False` hands them back as they are, for the checks that look at that itself
+        (inputs, raw_logits)."""
         ids = ids.to(self.device)
         self.count(ids)
         with torch.no_grad():
-            return logits_of(self.work(ids))
+            logits = logits_of(self.work(ids))
+        if finite and isinstance(logits, torch.Tensor) and logits.is_floating_point() and \
+                not all_finite(logits):
+            raise NonFiniteLogits(non_finite_message(logits, self.dtype))
+        return logits
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         """`run`, then the shape: logits of ids (B, T) must be (B, T, V) before any comparison
@@ -299,6 +307,27 @@ class Subject:
 
 class WrongShape(OutputError):
     """The model ran but its logits are not (B, T, V) for ids (B, T)."""
+
+
+class NonFiniteLogits(OutputError):
+    """The model ran but its logits hold NaN or inf: what happened, not a leak (an OutputError:
+    never counted as the model rejecting its input)."""
+
+
+def non_finite_message(logits: torch.Tensor, dtype: torch.dtype) -> str:
+    """Where the logits are not finite, what they hold, and the likely cause in a 16-bit
+    dtype (an overflow: float16 ends at 65504)."""
+    bad = ~torch.isfinite(logits.detach())
+    where = bad.reshape(-1, logits.shape[-1]).any(-1).nonzero().flatten()
+    positions = [[int(i) // logits.shape[-2], int(i) % logits.shape[-2]] for i in where[:6]] \
+        if logits.dim() >= 3 else where[:6].tolist()
+    kinds = [name for name, found in (("NaN", bool(torch.isnan(logits).any())),
+                                      ("inf", bool(torch.isinf(logits).any()))) if found]
+    cause = (f"; in {str(dtype).removeprefix('torch.')} an overflow (scores or activations past "
+             f"{torch.finfo(dtype).max:.0f}) gives inf, and inf - inf NaN"
+             if dtype in tolerances.LOW_PRECISION else "")
+    return (f"non-finite logits ({' and '.join(kinds)}) at (batch, position) {positions}{cause}: "
+            "nothing was compared, so nothing is called a leak")
 
 
 def score_factors(score_max: list[float], target: float) -> list[float]:

@@ -5,6 +5,7 @@ gradient as the sum of its two paths. They need a `DecoderConfig` and the Decode
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -106,6 +107,11 @@ def check_tying_grad(s: Subject) -> CheckResult:
     if worst <= allowed:
         return CheckResult("tying_grad", True, "shared weight gradient = lookup path + readout "
                            f"path (max error {worst:.1e}, allowed {allowed:.1e})", evidence, tol)
+    if not (math.isfinite(worst) and math.isfinite(allowed)):
+        return CheckResult("tying_grad", False, "the shared weight's gradient or its two paths "
+                           "hold NaN or inf (the forward or backward overflowed in "
+                           f"{str(emb.dtype).removeprefix('torch.')}): nothing was compared",
+                           evidence, tol)
     if missing_readout <= allowed:
         why = ("the embedding's gradient holds only the lookup path: the readout's gradient goes "
                "elsewhere")
