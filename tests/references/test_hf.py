@@ -22,6 +22,8 @@ from helpers import random_decoder, randomise, tiny_decoder
 import decoder_audit as da
 from decoder_audit.references import hf as hfref
 from decoder_audit.references import hf_weights
+from decoder_audit.references.hf_config import config_from_hf, hf_family
+from decoder_audit.references.hf_weights import hf_tensors_to_ours
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()  # tiny vocabularies trigger harmless special-token warnings
@@ -110,7 +112,7 @@ def test_to_hf_logits_equal_and_round_trip_is_exact(cfg):
     with torch.no_grad():
         torch.testing.assert_close(hf_model(ids).logits, ours(ids), rtol=0, atol=1e-5)
     back = hfref.from_hf(hf_model)
-    if cfg.attn_bias or hfref.hf_family(cfg) == "llama":
+    if cfg.attn_bias or hf_family(cfg) == "llama":
         assert back.config == cfg
         _assert_state_dicts_equal(back.state_dict(), ours.state_dict())
     else:
@@ -183,14 +185,14 @@ def test_rope_row_permutation_turns_rotate_half_into_interleaved():
 ])
 def test_unsupported_hf_configs_are_refused_naming_the_field(config, field):
     with pytest.raises(da.ConfigError, match=field.replace("(", r"\(").replace(".", r"\.")):
-        hfref.config_from_hf(config())
+        config_from_hf(config())
 
 
 def test_sliding_window_is_refused():
     config = tf.LlamaConfig()
     config.sliding_window = 128  # as Mistral-style configs carry it
     with pytest.raises(da.ConfigError, match="sliding_window=128"):
-        hfref.config_from_hf(config)
+        config_from_hf(config)
 
 
 def test_tie_flag_that_disagrees_with_the_weights_is_refused(hf_models):
@@ -212,13 +214,13 @@ def test_to_hf_refuses_what_no_family_expresses(change, field):
 
 
 def test_weights_that_do_not_fit_are_listed(hf_models):
-    cfg = hfref.config_from_hf(hf_models["llama-kv3-untied"].config)
+    cfg = config_from_hf(hf_models["llama-kv3-untied"].config)
     state = dict(hf_models["llama-kv3-untied"].state_dict())
     state["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(5, D)
     del state["model.norm.weight"]
     state["model.extra.weight"] = torch.zeros(1)
     with pytest.raises(da.CheckpointError) as info:
-        hfref.hf_tensors_to_ours(cfg, state)
+        hf_tensors_to_ours(cfg, state)
     message = str(info.value)
     assert "missing ['model.norm.weight']" in message
     assert "unexpected ['model.extra.weight']" in message

@@ -1,16 +1,16 @@
-"""Hugging Face transformers as an independent reference: GPT-2 and Llama, both ways.
+"""Hugging Face transformers as an independent reference: GPT-2 and Llama (and Mistral, read as
+Llama), both ways; and the spec a model's config declares.
 
     from_hf(GPT2LMHeadModel | LlamaForCausalLM) -> Decoder      to_hf(Decoder) -> PreTrainedModel
     load_hf_folder(dir) -> Decoder                              save_hf_folder(decoder, dir)
-    hf_reference(any module) -> ("hugging face" | None, why)
+    hf_reference(any module) -> ("hugging face" | None, why)    hf_spec(model) -> DecoderConfig
 
 `transformers` is the optional extra `hf`; it is imported only inside these functions, so the
 core package works without it. Every model we build uses attn_implementation="eager" (HF's
 explicit softmax path, the one whose attention weights can be read back).
 
 The config mapping and what it refuses live in `hf_config`; the weight rename tables and the RoPE
-row permutation in `hf_weights`. Both are re-exported here, so `references.hf` is the one name
-callers import.
+row permutation in `hf_weights`: callers import those names from there.
 
 Precision: transformers computes Llama's rotary angles in float32 (and its RMSNorm in float32)
 even for a float64 model, which bounds a float64 Llama comparison near 1e-6; GPT-2 in float64
@@ -48,8 +48,6 @@ from .hf_config import (
     spec_classes,
 )
 from .hf_models import read_hf_config
-
-# rope_permutation is re-exported for the tests that check it against transformers' RoPE.
 from .hf_weights import (
     hf_tensors_to_ours,
     our_tensors_to_hf,
