@@ -63,7 +63,7 @@ COMMON = {
 DEFECTS = {
     "litgpt": {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
                "rope_layout": "oracle", "gqa_order": "oracle"},
-    "nanogpt": {**COMMON, "no_mlp_bias": "params"},
+    "nanogpt": {**COMMON, "no_mlp_bias": "params", "skipped_block": "oracle"},
     "scratch": {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
                 "no_mlp_bias": "params", "tied_head": "tying"},
     "tune": {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
@@ -148,7 +148,9 @@ class NanoGPT(nn.Module):
         _check_length(ids, self.block_size)
         pos = torch.arange(ids.shape[1], device=ids.device)
         x = self.transformer.wte(ids) + self.transformer.wpe(pos)
-        for block in self.transformer.h:
+        # skipped_block: an off-by-one loop that never runs the last block
+        blocks = self.transformer.h[:-1] if self.defect == "skipped_block" else self.transformer.h
+        for block in blocks:
             x = block(x)
         if self.defect != "no_final_norm":
             x = self.transformer.ln_f(x)

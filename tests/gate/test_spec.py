@@ -34,6 +34,8 @@ def test_each_style_passes_against_its_spec_with_the_white_box_checks_run(style)
     assert report["oracle"].tolerance == 256 * torch.finfo(torch.float32).eps
     params = report["params"].evidence
     assert params["measured_total"] == da.parameter_ledger(spec).total
+    assert sum(params["analytic"].values()) == sum(params["measured"].values()) == \
+        params["analytic_total"]
     # the stress weights were written into the model and every one restored bit for bit
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
 
@@ -352,7 +354,7 @@ def test_qwen_variant_defects_fail_params_naming_the_weight():
     layer.o_proj = nn.Linear(16, 16, bias=True)  # an output bias Qwen2 does not have
     report = da.audit(model)
     assert not report["params"].passed
-    assert any("layers.0.attn.output_proj.bias" in d
+    assert any("layers.0.attn.output_proj.bias" in d and "attn_output_bias=False" in d
                for d in report["params"].evidence["differences"])
 
 
@@ -434,3 +436,23 @@ def test_a_spec_that_is_not_a_config_or_a_map_that_is_not_a_function_is_refused(
         spec, weights_map, named):
     with pytest.raises(da.ConfigError, match=named):
         da.audit(zoo_styles.TuneLlama(), spec=spec, weights_map=weights_map)
+
+
+def test_a_block_the_forward_never_runs_is_named_as_that_stage():
+    report = da.audit(zoo_styles.NanoGPT("skipped_block"), spec=zoo_styles.SPECS["nanogpt"],
+                      checks=["oracle"])
+    stage = report["oracle"].evidence["as_initialised"]["first_stage"]
+    assert stage.startswith("unknown") and "layer 1" in stage  # block 1's module never ran
+
+
+def test_the_oracle_reports_its_progress_and_the_gradient_limit_is_inclusive(monkeypatch):
+    from decoder_audit.gate import spec as spec_checks
+
+    model = zoo_styles.TuneLlama()
+    monkeypatch.setattr(spec_checks, "GRADIENT_MAX_PARAMETERS",
+                        sum(p.numel() for p in model.parameters()))
+    steps = []
+    report = da.audit(model, spec=zoo_styles.SPECS["tune"], checks=["oracle"],
+                      progress=lambda check, step: steps.append((check, step)))
+    assert "gradients" in report["oracle"].evidence  # exactly at the limit: still compared
+    assert any(check == "oracle" and "layer 2/2" in step for check, step in steps)

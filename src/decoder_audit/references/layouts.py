@@ -99,7 +99,9 @@ class Layout:
             return None if inner is None else (f"{self.block.format(i=i)}.{inner}", kind)
         top = {"token_embeddings": self.embedding, "position_embeddings": self.positions,
                "ln_final": self.final_norm, "lm_head": self.head}.get(module)
-        return None if top is None else (top, kind)
+        if top is None:  # a layout without such a weight (no position table, say)
+            return None
+        return top, kind
 
 
 _OURS = {part: part for part in ("ln1", "ln2", "attn.q_proj", "attn.k_proj", "attn.v_proj",
