@@ -189,6 +189,14 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                       n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
                                       mlp="swiglu", pos="rope", attn_bias=True,
                                       attn_output_bias=False, tie_embeddings=True),
+    # Heads wider than D / H (Qwen3 0.6B, Gemma): 4 heads of 6 over a width of 16, GQA 4/2
+    "wide-heads": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2,
+                                   head_width=6, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                   mlp="swiglu", pos="rope", qk_norm=True,
+                                   rope_layout="rotate_half", tie_embeddings=False),
+    "hf-llama-wide-heads": da.DecoderConfig(**HF, n_layers=2, n_kv_heads=2, head_width=8,
+                                            norm="rmsnorm", mlp="swiglu", pos="rope",
+                                            tie_embeddings=False),
     # Tiny shapes for Hugging Face conversion: two GPT-2 and two Llama (GQA 6/2 and 6/3).
     "hf-gpt-relu-mlpbias-tied": da.DecoderConfig(**HF, n_layers=2, mlp="relu", attn_bias=False,
                                                  mlp_bias=True),

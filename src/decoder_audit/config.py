@@ -2,7 +2,7 @@
 
 Shape letters used throughout the package:
     B batch, T sequence length, D d_model, H query heads, Hkv key/value heads,
-    Dh = D / H head width, F FFN width, V vocabulary, L layers.
+    Dh head width (D / H unless head_width says), F FFN width, V vocabulary, L layers.
 
 The config validates itself on construction, before a single weight exists, and raises
 `ConfigError` listing every offending field with its value. Modules receive final integers
@@ -51,6 +51,9 @@ class DecoderConfig:
     """Longest sequence the model accepts; longer input is rejected, never cropped."""
     n_kv_heads: int | None = None
     """Hkv: key/value heads (grouped-query attention). None means Hkv = H (plain MHA)."""
+    head_width: int | None = None
+    """Dh when it is not D / H (Gemma, Qwen3: q_proj is D -> H*Dh, output_proj H*Dh -> D).
+    None means Dh = D / H, which must then divide."""
     norm: str = "layernorm"
     """"layernorm" (with bias) or "rmsnorm" (gain only)."""
     norm_eps: float = 1e-5
@@ -98,8 +101,8 @@ class DecoderConfig:
 
     @property
     def head_dim(self) -> int:
-        """Dh = D / H."""
-        return self.d_model // self.n_heads
+        """Dh: head_width, or D / H."""
+        return self.d_model // self.n_heads if self.head_width is None else self.head_width
 
     @property
     def kv_group_size(self) -> int:
@@ -181,8 +184,10 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         value = getattr(cfg, name)
         if not _is_int(value) or value <= 0:
             problems.append(f"{name}={value!r} must be a positive integer")
-    if cfg.n_kv_heads is not None and (not _is_int(cfg.n_kv_heads) or cfg.n_kv_heads <= 0):
-        problems.append(f"n_kv_heads={cfg.n_kv_heads!r} must be a positive integer or None")
+    for name in ("n_kv_heads", "head_width"):
+        value = getattr(cfg, name)
+        if value is not None and (not _is_int(value) or value <= 0):
+            problems.append(f"{name}={value!r} must be a positive integer or None")
     for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS),
                           ("rope_layout", ROPE_LAYOUTS), ("context_policy", CONTEXT_POLICIES)):
         value = getattr(cfg, name)
@@ -202,13 +207,13 @@ def _validate(cfg: DecoderConfig) -> list[str]:
             problems.append(f"{name}={value!r} must be true or false")
     if problems:  # the divisibility checks below need valid integers
         return problems
-    if cfg.d_model % cfg.n_heads:
-        problems.append(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
+    if cfg.head_width is None and cfg.d_model % cfg.n_heads:
+        problems.append(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads} "
+                        "(set head_width for heads narrower or wider than D / H)")
     if cfg.n_heads % cfg.kv_heads:
         problems.append(f"n_heads={cfg.n_heads} is not divisible by n_kv_heads={cfg.kv_heads}")
-    if cfg.pos == "rope" and cfg.d_model % cfg.n_heads == 0 and cfg.head_dim % 2:
-        problems.append(
-            f"head width d_model/n_heads={cfg.head_dim} is odd; "
-            "RoPE rotates pairs and needs it even"
-        )
+    if cfg.pos == "rope" and (cfg.head_width is not None or cfg.d_model % cfg.n_heads == 0) \
+            and cfg.head_dim % 2:
+        problems.append(f"head width Dh={cfg.head_dim} is odd; RoPE rotates pairs and needs it "
+                        "even")
     return problems

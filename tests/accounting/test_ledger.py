@@ -65,10 +65,10 @@ def test_tying_survives_to_empty():
 def _independent_count(cfg: da.DecoderConfig) -> int:
     """Unique parameters written directly from the architecture, not from ledger.py."""
     V, D, L, F, T = cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.d_ff, cfg.max_seq_len
-    kv = cfg.kv_heads * (D // cfg.n_heads)
+    dh = cfg.head_width or D // cfg.n_heads  # a declared head width, else D / H
+    q, kv = cfg.n_heads * dh, cfg.kv_heads * dh
     norm = 2 * D if cfg.norm == "layernorm" else D
-    dh = D // cfg.n_heads
-    attn = (2 * D * D + 2 * D * kv + (D + 2 * kv if cfg.attn_bias else 0)
+    attn = (2 * D * q + 2 * D * kv + (q + 2 * kv if cfg.attn_bias else 0)
             + (D if cfg.output_bias else 0) + (2 * dh if cfg.qk_norm else 0))
     n_mat = 3 if cfg.mlp == "swiglu" else 2
     mlp = n_mat * D * F + ((n_mat - 1) * F + D if cfg.mlp_bias else 0)

@@ -320,28 +320,30 @@ def test_the_torch_twin_passes_its_own_config_as_spec_through_a_weights_map():
     assert report["oracle"].evidence["stressed"]
 
 
-def _qwen(family: str):
+def _qwen(family: str, head_dim: int = 4):
     tf = pytest.importorskip("transformers")
     config_class, model_class = {"qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
                                  "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM)}[family]
     torch.manual_seed(0)
     config = config_class(vocab_size=37, hidden_size=16, intermediate_size=24,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=4, bos_token_id=0, eos_token_id=1)
+                          head_dim=head_dim, bos_token_id=0, eos_token_id=1)
     return model_class(config).eval()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_qwen_attention_variants_are_their_configs_spec(family):
-    """Qwen2's q/k/v biases without an output bias, Qwen3's per-head q/k RMSNorm: read from the
-    config, placed, and proven against the oracle with no argument."""
-    model = _qwen(family)
+@pytest.mark.parametrize("family, head_dim", [("qwen2", 4), ("qwen3", 4), ("qwen3", 8)])
+def test_qwen_attention_variants_are_their_configs_spec(family, head_dim):
+    """Qwen2's q/k/v biases without an output bias, Qwen3's per-head q/k RMSNorm (and its heads
+    wider than D / H, as in Qwen3 0.6B): read from the config, placed, and proven against the
+    oracle with no argument."""
+    model = _qwen(family, head_dim)
     report = da.audit(model)
     assert report.passed, report.first_failure
     spec = report.facts.spec
     assert (spec.attn_bias, spec.output_bias, spec.qk_norm) == (
         (True, False, False) if family == "qwen2" else (False, False, True))
     assert report["params"].passed and report["oracle"].evidence["stressed"]
+    assert spec.head_dim == head_dim
 
 
 def test_qwen_variant_defects_fail_params_naming_the_weight():

@@ -17,7 +17,7 @@ from decoder_audit.model.attention import apply_rope, eager_attention, rope_rota
 ORACLE = configs.grid() + configs.entries(
     "tiny-368", "ln-gelu-learned-biases-gqa-untied", "gqa-odd", "ln-gelutanh-nopos-attnbias-tied",
     "rms-relu-rope-mlpbias-tied", "ln-swiglu-rope-allbias-gqa", "rope-half-gqa",
-    "rope-half-ln-biases-tied", "qk-norm-gqa", "qkv-bias-only")
+    "rope-half-ln-biases-tied", "qk-norm-gqa", "qkv-bias-only", "wide-heads")
 
 
 @pytest.mark.parametrize("cfg", configs.params(ORACLE))
@@ -39,7 +39,7 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
 
 @pytest.mark.parametrize("cfg", configs.params(configs.entries("tiny-368", "gqa-odd",
                                                                 "rope-half-gqa", "qk-norm-gqa",
-                                                                "qkv-bias-only")))
+                                                                "qkv-bias-only", "wide-heads")))
 def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))

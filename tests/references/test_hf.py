@@ -99,7 +99,7 @@ def test_from_hf_logits_equal_and_round_trip_is_exact(hf_models, name):
 # Our tiny conversion shapes (the V, D, H, F, T above): GPT-2 tied without attention biases and
 # untied with them, Llama with GQA 6/2 untied and 6/3 tied.
 OURS = configs.entries("hf-gpt-relu-mlpbias-tied", "hf-gpt-gelu-biases-untied",
-                       "hf-llama-kv2-untied", "hf-llama-kv3-tied")
+                       "hf-llama-kv2-untied", "hf-llama-kv3-tied", "hf-llama-wide-heads")
 
 
 @pytest.mark.parametrize("cfg", configs.params(OURS))
@@ -177,7 +177,6 @@ def test_rope_row_permutation_turns_rotate_half_into_interleaved():
     (lambda: tf.GPT2Config(reorder_and_upcast_attn=True), "reorder_and_upcast_attn"),
     (lambda: tf.GPT2Config(scale_attn_weights=False), "scale_attn_weights=False"),
     (lambda: tf.LlamaConfig(hidden_act="gelu"), "hidden_act='gelu'"),
-    (lambda: tf.LlamaConfig(hidden_size=24, num_attention_heads=6, head_dim=8), "head_dim=8"),
     (lambda: tf.LlamaConfig(rope_parameters={"rope_type": "linear", "factor": 2.0,
                                              "rope_theta": 1e4}),
      "rope_parameters.rope_type='linear'"),
@@ -186,6 +185,14 @@ def test_rope_row_permutation_turns_rotate_half_into_interleaved():
 def test_unsupported_hf_configs_are_refused_naming_the_field(config, field):
     with pytest.raises(da.ConfigError, match=field.replace("(", r"\(").replace(".", r"\.")):
         config_from_hf(config())
+
+
+def test_a_head_width_other_than_d_over_h_is_read():
+    """Qwen3 0.6B's shape in small: head_dim * heads != hidden_size is a head width, not D / H."""
+    cfg = config_from_hf(tf.LlamaConfig(hidden_size=24, num_attention_heads=6, head_dim=8,
+                                        num_key_value_heads=2, intermediate_size=16))
+    assert (cfg.head_width, cfg.head_dim, cfg.d_model) == (8, 8, 24)
+    assert config_from_hf(tf.LlamaConfig(hidden_size=24, num_attention_heads=6)).head_width is None
 
 
 def test_sliding_window_is_refused():

@@ -155,11 +155,12 @@ def forward_matmuls(cfg: DecoderConfig, batch_size: int, seq_len: int) -> list[M
 
 
 def _group_formulas(cfg: DecoderConfig) -> dict[str, str]:
-    kv = "4BTD(H + Hkv)Dh" if cfg.kv_heads != cfg.n_heads else "8BTD^2"
+    square = cfg.n_heads * cfg.head_dim == cfg.d_model  # H*Dh = D: the usual shapes
+    kv = "8BTD^2" if square and cfg.kv_heads == cfg.n_heads else "4BTD(H + Hkv)Dh"
     mlp = "6BTDF" if cfg.mlp == "swiglu" else "4BTDF"
     return {
         "attention projections": f"L x {kv}",
-        "attention scores + weighted sum": "L x 4BT^2D",
+        "attention scores + weighted sum": "L x 4BT^2D" if square else "L x 4BT^2*H*Dh",
         "MLP": f"L x {mlp}",
         "readout": "2BTDV",
     }

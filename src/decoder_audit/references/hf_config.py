@@ -162,9 +162,6 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
     if c.hidden_act != "silu":
         problems.append(f"hidden_act={c.hidden_act!r} (our SwiGLU gate is SiLU)")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    if head_dim * c.num_attention_heads != c.hidden_size:
-        problems.append(f"head_dim={head_dim} != hidden_size/num_attention_heads="
-                        f"{c.hidden_size}/{c.num_attention_heads}")
     rope = dict(getattr(c, "rope_parameters", None) or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
@@ -185,6 +182,8 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
         vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
         n_heads=c.num_attention_heads,
         n_kv_heads=None if n_kv in (None, c.num_attention_heads) else n_kv,
+        # Qwen3 0.6B: 16 heads of 128 over a width of 1024
+        head_width=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
         d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, norm="rmsnorm",
         norm_eps=float(c.rms_norm_eps), mlp="swiglu", pos="rope", rope_theta=float(theta),
         # Mistral's and Qwen2's configs have neither flag: Mistral's projections have no
@@ -206,6 +205,8 @@ def hf_family(cfg: DecoderConfig) -> str:
         if cfg.kv_heads != cfg.n_heads:
             raise ConfigError(f"n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}: GPT-2 has "
                               "no grouped-query attention")
+        if cfg.head_width is not None:
+            raise ConfigError(f"head_width={cfg.head_width}: GPT-2's heads are D / H wide")
         return "gpt2"
     if cfg.norm == "rmsnorm" and cfg.pos == "rope" and cfg.mlp == "swiglu":
         return "llama"

@@ -59,6 +59,9 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
     if cfg.kv_heads != cfg.n_heads:
         problems.append(f"n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}: "
                         "nn.MultiheadAttention has no grouped-query attention")
+    if cfg.head_width is not None:
+        problems.append(f"head_width={cfg.head_width}: nn.MultiheadAttention's heads are D / H "
+                        "wide")
     if cfg.qk_norm:
         problems.append("qk_norm=True: nn.MultiheadAttention cannot normalise q and k")
     if cfg.output_bias != cfg.attn_bias:
