@@ -197,6 +197,10 @@ SPECIAL: dict[str, da.DecoderConfig] = {
     "hf-llama-wide-heads": da.DecoderConfig(**HF, n_layers=2, n_kv_heads=2, head_width=8,
                                             norm="rmsnorm", mlp="swiglu", pos="rope",
                                             tie_embeddings=False),
+    # nanoGPT with bias=False: LayerNorm without a shift, no Linear biases, tied
+    "ln-nobias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3, d_ff=20,
+                                       max_seq_len=5, norm="layernorm", norm_bias=False,
+                                       mlp="gelu", tie_embeddings=True),
     # Tiny shapes for Hugging Face conversion: two GPT-2 and two Llama (GQA 6/2 and 6/3).
     "hf-gpt-relu-mlpbias-tied": da.DecoderConfig(**HF, n_layers=2, mlp="relu", attn_bias=False,
                                                  mlp_bias=True),

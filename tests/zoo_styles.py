@@ -93,16 +93,18 @@ def _residual(x, norm, sublayer, post_norm: bool):
 # ---- nanoGPT ------------------------------------------------------------------------------------
 
 class _NanoBlock(nn.Module):
-    def __init__(self, cfg: da.DecoderConfig, defect: str | None) -> None:
+    def __init__(self, cfg: da.DecoderConfig, defect: str | None, bias: bool) -> None:
         super().__init__()
         d = cfg.d_model
         eps = 1e-2 if defect == "eps" else cfg.norm_eps
-        self.ln_1, self.ln_2 = nn.LayerNorm(d, eps=eps), nn.LayerNorm(d, eps=eps)
+        self.ln_1 = nn.LayerNorm(d, eps=eps, bias=bias)
+        self.ln_2 = nn.LayerNorm(d, eps=eps, bias=bias)
         self.attn = nn.Module()
-        self.attn.c_attn, self.attn.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.attn.c_attn, self.attn.c_proj = nn.Linear(d, 3 * d, bias), nn.Linear(d, d, bias)
         self.mlp = nn.Module()
-        bias = defect != "no_mlp_bias"
-        self.mlp.c_fc, self.mlp.c_proj = nn.Linear(d, cfg.d_ff, bias), nn.Linear(cfg.d_ff, d, bias)
+        mlp_bias = bias and defect != "no_mlp_bias"
+        self.mlp.c_fc = nn.Linear(d, cfg.d_ff, mlp_bias)
+        self.mlp.c_proj = nn.Linear(cfg.d_ff, d, mlp_bias)
         self.heads, self.defect = cfg.n_heads, defect
 
     def _attention(self, x):
@@ -124,15 +126,18 @@ class _NanoBlock(nn.Module):
 
 
 class NanoGPT(nn.Module):
-    def __init__(self, defect: str | None = None, seed: int = 0) -> None:
+    """bias=False is nanoGPT's own option: no bias in any Linear or LayerNorm."""
+
+    def __init__(self, defect: str | None = None, seed: int = 0, bias: bool = True) -> None:
         super().__init__()
         torch.manual_seed(seed)
         cfg = SPECS["nanogpt"]
         self.block_size, self.defect = cfg.max_seq_len, defect
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(V, cfg.d_model), wpe=nn.Embedding(cfg.max_seq_len, cfg.d_model),
-            h=nn.ModuleList(_NanoBlock(cfg, defect) for _ in range(cfg.n_layers)),
-            ln_f=nn.LayerNorm(cfg.d_model, eps=1e-2 if defect == "eps" else cfg.norm_eps)))
+            h=nn.ModuleList(_NanoBlock(cfg, defect, bias) for _ in range(cfg.n_layers)),
+            ln_f=nn.LayerNorm(cfg.d_model, eps=1e-2 if defect == "eps" else cfg.norm_eps,
+                              bias=bias)))
         self.lm_head = nn.Linear(cfg.d_model, V, bias=False)
         if defect == "untied_copy":
             self.lm_head.weight = nn.Parameter(self.transformer.wte.weight.detach().clone())

@@ -58,6 +58,8 @@ class DecoderConfig:
     """"layernorm" (with bias) or "rmsnorm" (gain only)."""
     norm_eps: float = 1e-5
     """Epsilon added to the variance (LayerNorm) or mean square (RMSNorm)."""
+    norm_bias: bool = True
+    """A LayerNorm's shift (False: gain only, nanoGPT's bias=False, OLMo); RMSNorm has none."""
     mlp: str = "gelu"
     """"relu", "gelu" (exact erf), "gelu_tanh" (GPT-2's approximation) or "swiglu"."""
     pos: str = "learned"
@@ -201,7 +203,7 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         problems.append(f"rope_theta={cfg.rope_theta!r} must be > 0 with pos='rope'")
     if cfg.attn_output_bias is not None and not isinstance(cfg.attn_output_bias, bool):
         problems.append(f"attn_output_bias={cfg.attn_output_bias!r} must be true, false or null")
-    for name in ("attn_bias", "mlp_bias", "tie_embeddings", "qk_norm"):
+    for name in ("attn_bias", "mlp_bias", "tie_embeddings", "qk_norm", "norm_bias"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             problems.append(f"{name}={value!r} must be true or false")

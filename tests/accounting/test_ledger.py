@@ -67,7 +67,7 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
     V, D, L, F, T = cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.d_ff, cfg.max_seq_len
     dh = cfg.head_width or D // cfg.n_heads  # a declared head width, else D / H
     q, kv = cfg.n_heads * dh, cfg.kv_heads * dh
-    norm = 2 * D if cfg.norm == "layernorm" else D
+    norm = 2 * D if cfg.norm == "layernorm" and cfg.norm_bias else D
     attn = (2 * D * q + 2 * D * kv + (q + 2 * kv if cfg.attn_bias else 0)
             + (D if cfg.output_bias else 0) + (2 * dh if cfg.qk_norm else 0))
     n_mat = 3 if cfg.mlp == "swiglu" else 2

@@ -458,3 +458,15 @@ def test_the_oracle_reports_its_progress_and_the_gradient_limit_is_inclusive(mon
                       progress=lambda check, step: steps.append((check, step)))
     assert "gradients" in report["oracle"].evidence  # exactly at the limit: still compared
     assert any(check == "oracle" and "layer 2/2" in step for check, step in steps)
+
+
+def test_nanogpt_without_biases_is_its_spec_with_norm_bias_false():
+    """nanoGPT's bias=False: LayerNorms without a shift and Linears without biases."""
+    spec = zoo_styles.SPECS["nanogpt"].replace(norm_bias=False, attn_bias=False, mlp_bias=False)
+    report = da.audit(zoo_styles.NanoGPT(bias=False), spec=spec)
+    assert report.passed, report.first_failure
+    assert report["params"].evidence["measured_total"] == da.parameter_ledger(spec).total
+    # against the spec with biases, each missing shift is named with the field that asks for it
+    report = da.audit(zoo_styles.NanoGPT(bias=False), spec=zoo_styles.SPECS["nanogpt"],
+                      checks=["params"])
+    assert any("layers.0.ln1.bias" in d for d in report["params"].evidence["differences"])

@@ -17,7 +17,8 @@ from decoder_audit.model.attention import apply_rope, eager_attention, rope_rota
 ORACLE = configs.grid() + configs.entries(
     "tiny-368", "ln-gelu-learned-biases-gqa-untied", "gqa-odd", "ln-gelutanh-nopos-attnbias-tied",
     "rms-relu-rope-mlpbias-tied", "ln-swiglu-rope-allbias-gqa", "rope-half-gqa",
-    "rope-half-ln-biases-tied", "qk-norm-gqa", "qkv-bias-only", "wide-heads")
+    "rope-half-ln-biases-tied", "qk-norm-gqa", "qkv-bias-only", "wide-heads",
+    "ln-nobias-tied")
 
 
 @pytest.mark.parametrize("cfg", configs.params(ORACLE))

@@ -72,7 +72,7 @@ class Ledger:
 
 
 def _norm_count(cfg: DecoderConfig) -> tuple[int, str]:
-    if cfg.norm == "layernorm":
+    if cfg.norm == "layernorm" and cfg.norm_bias:
         return 2 * cfg.d_model, f"2*D = 2*{cfg.d_model} (gain + bias)"
     return cfg.d_model, f"D = {cfg.d_model} (gain)"
 

@@ -61,16 +61,17 @@ class Embedding(nn.Module):
 class LayerNorm(nn.Module):
     """(x - mean) / sqrt(var + eps) * g + b over the last axis (biased variance)."""
 
-    def __init__(self, dim: int, eps: float, **factory) -> None:
+    def __init__(self, dim: int, eps: float, bias: bool = True, **factory) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim, **factory))
-        self.bias = nn.Parameter(torch.empty(dim, **factory))
+        self.bias = nn.Parameter(torch.empty(dim, **factory)) if bias else None
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
         self.weight.fill_(1.0)
-        self.bias.zero_()
+        if self.bias is not None:
+            self.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
@@ -97,5 +98,6 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(cfg: DecoderConfig, **factory) -> nn.Module:
-    norm = LayerNorm if cfg.norm == "layernorm" else RMSNorm
-    return norm(cfg.d_model, cfg.norm_eps, **factory)
+    if cfg.norm == "layernorm":
+        return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.norm_bias, **factory)
+    return RMSNorm(cfg.d_model, cfg.norm_eps, **factory)

@@ -207,6 +207,8 @@ def hf_family(cfg: DecoderConfig) -> str:
                               "no grouped-query attention")
         if cfg.head_width is not None:
             raise ConfigError(f"head_width={cfg.head_width}: GPT-2's heads are D / H wide")
+        if not cfg.norm_bias:
+            raise ConfigError("norm_bias=False: GPT-2's LayerNorms have a bias")
         return "gpt2"
     if cfg.norm == "rmsnorm" and cfg.pos == "rope" and cfg.mlp == "swiglu":
         return "llama"

@@ -49,7 +49,7 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     matrix). lm_head.weight is listed tied or not: tied, it must be the embedding's Parameter."""
     v, d, f, t = spec.vocab_size, spec.d_model, spec.d_ff, spec.max_seq_len
     d_q, d_kv = spec.n_heads * spec.head_dim, spec.kv_heads * spec.head_dim
-    norm = ("weight", "bias") if spec.norm == "layernorm" else ("weight",)
+    norm = ("weight", "bias") if spec.norm == "layernorm" and spec.norm_bias else ("weight",)
     shapes: dict[str, tuple[int, ...]] = {"token_embeddings.weight": (v, d)}
     if spec.pos == "learned":
         shapes["position_embeddings.weight"] = (t, d)
@@ -359,7 +359,7 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
     if name.endswith(".bias") and ".ffn." in name:
         return f"mlp_bias={spec.mlp_bias}"
     if name.endswith(".bias"):
-        return f"norm={spec.norm!r}"
+        return f"norm={spec.norm!r}, norm_bias={spec.norm_bias}"
     if "w3" in name:
         return f"mlp={spec.mlp!r}"
     if name.startswith("position_embeddings"):

@@ -42,10 +42,12 @@ doubles, 26 MB, instead of the whole 643 MB matrix)."""
 
 # ---- the definitions ---------------------------------------------------------------------------
 
-def _layernorm(x: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+def _layernorm(x: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor | None,
+               eps: float) -> torch.Tensor:
     mean = x.sum(-1, keepdim=True) / x.shape[-1]
     var = ((x - mean) ** 2).sum(-1, keepdim=True) / x.shape[-1]  # biased, as LayerNorm defines
-    return (x - mean) / torch.sqrt(var + eps) * gain + bias
+    normed = (x - mean) / torch.sqrt(var + eps) * gain
+    return normed if bias is None else normed + bias
 
 
 def _rmsnorm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
@@ -91,8 +93,9 @@ def _linear(x: torch.Tensor, w: Mapping[str, torch.Tensor], name: str) -> torch.
 
 def _norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
           name: str) -> torch.Tensor:
-    if cfg.norm == "layernorm":
-        return _layernorm(x, w[f"{name}.weight"], w[f"{name}.bias"], cfg.norm_eps)
+    if cfg.norm == "layernorm":  # the shift where the config has one (norm_bias)
+        return _layernorm(x, w[f"{name}.weight"], w[f"{name}.bias"] if cfg.norm_bias else None,
+                          cfg.norm_eps)
     return _rmsnorm(x, w[f"{name}.weight"], cfg.norm_eps)
 
 
@@ -251,7 +254,7 @@ def check_oracle_inputs(weights, cfg: DecoderConfig, ids: torch.Tensor) -> None:
 
 def _required_weights(cfg: DecoderConfig) -> list[str]:
     """Every weight the config needs (biases are optional: used wherever present)."""
-    norm_parts = ("weight", "bias") if cfg.norm == "layernorm" else ("weight",)
+    norm_parts = ("weight", "bias") if cfg.norm == "layernorm" and cfg.norm_bias else ("weight",)
     names = ["token_embeddings.weight"]
     if cfg.pos == "learned":
         names.append("position_embeddings.weight")
