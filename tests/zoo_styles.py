@@ -14,10 +14,11 @@ defect plantable at a time (`defect=`), for the declared-architecture checks (sp
                  in one `attn.qkv` (query heads, then key heads, then value heads), RoPE rotating
                  halves, key/value heads expanded over their group, mlp.fc_1/fc_2/proj.
 
-Each is a re-implementation (nanoGPT and LLMs-from-scratch are not packages on the registry,
-torchtune's install pulls torchao and more than CI's budget allows, litgpt 0.5 pins a
-huggingface-hub older than transformers 5 needs, so neither installs beside our pins): the names, shapes and
-arithmetic follow the originals, written here in our own words. `SPECS` holds the architecture
+Each is a re-implementation: nanoGPT and LLMs-from-scratch are not packages on the registry;
+torchtune 0.6.1 installs but does not import with the registry's torchao (its modules import
+torchao.dtypes.nf4tensor, which torchao 0.18 no longer has); litgpt 0.5 pins a huggingface-hub
+older than transformers 5 needs. The names, shapes and arithmetic follow the originals (litgpt's
+read from its 0.5.13 wheel), written here in our own words. `SPECS` holds the architecture
 each declares. The defects (DEFECTS, by style) keep the model causal and its logits (B, T, V).
 """
 
@@ -237,13 +238,17 @@ class ScratchGPT(nn.Module):
 
 # ---- a Llama with torchtune's names -------------------------------------------------------------
 
-class TuneRMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float) -> None:
+class StyleRMSNorm(nn.Module):
+    """RMSNorm with its gain named as the style names it (torchtune: scale; litgpt: weight)."""
+
+    def __init__(self, d: int, eps: float, gain: str = "weight") -> None:
         super().__init__()
-        self.eps, self.scale = eps, nn.Parameter(torch.ones(d))
+        self.eps, self.gain = eps, gain
+        self.register_parameter(gain, nn.Parameter(torch.ones(d)))
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale
+        gain = getattr(self, self.gain)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * gain
 
 
 def _rope(x: torch.Tensor, theta: float, interleaved: bool) -> torch.Tensor:
@@ -273,7 +278,7 @@ class _TuneLayer(nn.Module):
         self.mlp.w1 = nn.Linear(d, cfg.d_ff, bias=False)
         self.mlp.w2 = nn.Linear(cfg.d_ff, d, bias=False)
         self.mlp.w3 = nn.Linear(d, cfg.d_ff, bias=False)
-        self.sa_norm, self.mlp_norm = TuneRMSNorm(d, eps), TuneRMSNorm(d, eps)
+        self.sa_norm, self.mlp_norm = StyleRMSNorm(d, eps, "scale"), StyleRMSNorm(d, eps, "scale")
         self.cfg, self.defect = cfg, defect
 
     def _attention(self, x):
@@ -314,7 +319,7 @@ class TuneLlama(nn.Module):
         self.defect = defect
         self.tok_embeddings = nn.Embedding(V, cfg.d_model)
         self.layers = nn.ModuleList(_TuneLayer(cfg, defect) for _ in range(cfg.n_layers))
-        self.norm = TuneRMSNorm(cfg.d_model, 1e-2 if defect == "eps" else cfg.norm_eps)
+        self.norm = StyleRMSNorm(cfg.d_model, 1e-2 if defect == "eps" else cfg.norm_eps, "scale")
         self.output = nn.Linear(cfg.d_model, V, bias=False)
         if defect == "extra_linear":
             self.unused = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
@@ -333,20 +338,11 @@ class TuneLlama(nn.Module):
 
 # ---- litgpt's GPT with its Llama config ----------------------------------------------------------
 
-class LitRMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float) -> None:
-        super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
 class _LitBlock(nn.Module):
     def __init__(self, cfg: da.DecoderConfig, defect: str | None) -> None:
         super().__init__()
         d, dh, eps = cfg.d_model, cfg.head_dim, 1e-2 if defect == "eps" else cfg.norm_eps
-        self.norm_1, self.norm_2 = LitRMSNorm(d, eps), LitRMSNorm(d, eps)
+        self.norm_1, self.norm_2 = StyleRMSNorm(d, eps), StyleRMSNorm(d, eps)
         self.attn = nn.Module()
         self.attn.qkv = nn.Linear(d, (cfg.n_heads + 2 * cfg.kv_heads) * dh, bias=False)
         self.attn.proj = nn.Linear(cfg.n_heads * dh, d, bias=False)
@@ -392,7 +388,7 @@ class LitGPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(V, cfg.d_model),
             h=nn.ModuleList(_LitBlock(cfg, defect) for _ in range(cfg.n_layers)),
-            ln_f=LitRMSNorm(cfg.d_model, 1e-2 if defect == "eps" else cfg.norm_eps)))
+            ln_f=StyleRMSNorm(cfg.d_model, 1e-2 if defect == "eps" else cfg.norm_eps)))
         self.lm_head = nn.Linear(cfg.d_model, V, bias=False)
         if defect == "extra_linear":
             self.unused = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
