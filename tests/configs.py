@@ -197,6 +197,13 @@ SPECIAL: dict[str, da.DecoderConfig] = {
     "hf-llama-wide-heads": da.DecoderConfig(**HF, n_layers=2, n_kv_heads=2, head_width=8,
                                             norm="rmsnorm", mlp="swiglu", pos="rope",
                                             tie_embeddings=False),
+    # Gemma's block: GeGLU, RMSNorm gains 1 + w, the embedding scaled by sqrt(D), heads wider
+    # than D / H, rotate-half RoPE, tied
+    "gemma-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
+                                   head_width=12, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                   norm_eps=1e-6, norm_offset=1.0, embedding_scale=4.0,
+                                   mlp="geglu", pos="rope", rope_layout="rotate_half",
+                                   tie_embeddings=True),
     # nanoGPT with bias=False: LayerNorm without a shift, no Linear biases, tied
     "ln-nobias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3, d_ff=20,
                                        max_seq_len=5, norm="layernorm", norm_bias=False,

@@ -453,11 +453,11 @@ def _oracle_paragraph(built: list[Row]) -> str:
     names = ", ".join(f"{r.family} ({r.cls})" for r in white)
     return (f"**The float64 oracle and the parameter ledger ran on {len(white)} families**, "
             f"{names}: a model of GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-            "Qwen2ForCausalLM, Qwen3ForCausalLM or a subclass declares its architecture in its "
-            "config, which is its spec (`da.audit(hf_model)` needs no argument); its weights are checked where "
-            "they lie. Every other family is audited black-box (the skipped column says why), "
-            "and gets the same white-box checks from `da.audit(model, spec=cfg)` where a "
-            "DecoderConfig expresses its architecture.")
+            "Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM or a subclass declares its "
+            "architecture in its config, which is its spec (`da.audit(hf_model)` needs no "
+            "argument); its weights are checked where they lie. Every other family is audited "
+            "black-box (the skipped column says why), and gets the same white-box checks from "
+            "`da.audit(model, spec=cfg)` where a DecoderConfig expresses its architecture.")
 
 
 def write_docs(rows: list[Row], path: Path = DOCS) -> Path:

@@ -21,7 +21,7 @@ from typing import Any
 from .errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("relu", "gelu", "gelu_tanh", "swiglu")
+MLPS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
 POSITIONS = ("learned", "rope", "none")
 # Which features of a head RoPE rotates together: "interleaved" pairs (x[2j], x[2j+1]) (the
 # original RoFormer / Llama / CS336 layout, torchtune) or "rotate_half" pairs (x[j], x[j + Dh/2])
@@ -58,10 +58,17 @@ class DecoderConfig:
     """"layernorm" (with bias) or "rmsnorm" (gain only)."""
     norm_eps: float = 1e-5
     """Epsilon added to the variance (LayerNorm) or mean square (RMSNorm)."""
+    norm_offset: float = 0.0
+    """Added to every RMSNorm gain: the gain is offset + w (Gemma stores w around 0 and scales by
+    1 + w). A fresh model's w starts at 1 - offset, so its gain starts at 1."""
+    embedding_scale: float | None = None
+    """The token embedding's output multiplied by this, rounded to the model's dtype first (Gemma:
+    sqrt(D)); None multiplies by nothing. The tied readout reads the unscaled weight."""
     norm_bias: bool = True
     """A LayerNorm's shift (False: gain only, nanoGPT's bias=False, OLMo); RMSNorm has none."""
     mlp: str = "gelu"
-    """"relu", "gelu" (exact erf), "gelu_tanh" (GPT-2's approximation) or "swiglu"."""
+    """"relu", "gelu" (exact erf), "gelu_tanh" (GPT-2's approximation), or a gated MLP w2(act(w1
+    x) * w3 x): "swiglu" (SiLU) or "geglu" (tanh GELU, Gemma's)."""
     pos: str = "learned"
     """"learned" absolute positions, "rope" (rotary, see rope_layout) or "none"."""
     rope_theta: float = 10000.0
@@ -95,6 +102,11 @@ class DecoderConfig:
     def kv_heads(self) -> int:
         """Hkv, with None resolved to H."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def gated(self) -> bool:
+        """A gated MLP (w1, w3 in, w2 out): SwiGLU or GeGLU."""
+        return self.mlp in ("swiglu", "geglu")
 
     @property
     def output_bias(self) -> bool:
@@ -195,6 +207,14 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         value = getattr(cfg, name)
         if value not in allowed:
             problems.append(f"{name}={value!r} is not one of {list(allowed)}")
+    if cfg.embedding_scale is not None and (not _is_real(cfg.embedding_scale)
+                                            or not cfg.embedding_scale > 0
+                                            or cfg.embedding_scale == float("inf")):
+        problems.append(f"embedding_scale={cfg.embedding_scale!r} must be a finite number > 0 "
+                        "or null")
+    if not _is_real(cfg.norm_offset) or cfg.norm_offset != cfg.norm_offset or \
+            abs(cfg.norm_offset) == float("inf"):
+        problems.append(f"norm_offset={cfg.norm_offset!r} must be a finite number")
     for name in ("norm_eps", "rope_theta"):
         value = getattr(cfg, name)
         if not _is_real(value) or not value >= 0 or value == float("inf"):

@@ -470,3 +470,36 @@ def test_nanogpt_without_biases_is_its_spec_with_norm_bias_false():
     report = da.audit(zoo_styles.NanoGPT(bias=False), spec=zoo_styles.SPECS["nanogpt"],
                       checks=["params"])
     assert any("layers.0.ln1.bias" in d for d in report["params"].evidence["differences"])
+
+
+def _gemma():
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = tf.GemmaConfig(vocab_size=37, hidden_size=16, intermediate_size=24,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            head_dim=12, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    return tf.GemmaForCausalLM(config).eval()
+
+
+def _unscaled_embedding(model):
+    model.model.embed_tokens.embed_scale.fill_(1.0)
+
+
+def _exact_gelu_gate(model):
+    model.model.layers[1].mlp.act_fn = nn.GELU()  # the spec's GeGLU gate is tanh GELU
+
+
+def test_gemma_is_its_configs_spec_and_its_defects_fail_the_oracle():
+    """Gemma: GeGLU, RMSNorm gains 1 + w, the embedding scaled by sqrt(D), heads of 12 over a
+    width of 16, tied; read from its config with no argument."""
+    report = da.audit(_gemma())
+    assert report.passed, report.first_failure
+    spec = report.facts.spec
+    assert (spec.mlp, spec.norm_offset, spec.embedding_scale, spec.head_dim) == \
+        ("geglu", 1.0, 4.0, 12)
+    assert report["oracle"].evidence["stressed"] and report["tying_grad"].passed
+    for plant in (_unscaled_embedding, _exact_gelu_gate):
+        model = _gemma()
+        plant(model)
+        report = da.audit(model, checks=["oracle"])
+        assert not report["oracle"].passed, plant.__name__

@@ -127,7 +127,7 @@ def test_presets_pass(name):
 @pytest.mark.parametrize("cfg", configs.params(
     configs.entries("gqa-small", "ln-gelutanh-biases-tied", "mqa-nopos-tied", "long-context-40",
                     "rope-half-gqa", "qk-norm-gqa", "qkv-bias-only", "wide-heads",
-                    "ln-nobias-tied")
+                    "ln-nobias-tied", "gemma-like")
     + configs.grid()))
 def test_odd_configs_pass(cfg):
     _passes(zoo.decoder(cfg, seed=3))

@@ -18,7 +18,7 @@ ORACLE = configs.grid() + configs.entries(
     "tiny-368", "ln-gelu-learned-biases-gqa-untied", "gqa-odd", "ln-gelutanh-nopos-attnbias-tied",
     "rms-relu-rope-mlpbias-tied", "ln-swiglu-rope-allbias-gqa", "rope-half-gqa",
     "rope-half-ln-biases-tied", "qk-norm-gqa", "qkv-bias-only", "wide-heads",
-    "ln-nobias-tied")
+    "ln-nobias-tied", "gemma-like")
 
 
 @pytest.mark.parametrize("cfg", configs.params(ORACLE))
@@ -40,7 +40,8 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
 
 @pytest.mark.parametrize("cfg", configs.params(configs.entries("tiny-368", "gqa-odd",
                                                                 "rope-half-gqa", "qk-norm-gqa",
-                                                                "qkv-bias-only", "wide-heads")))
+                                                                "qkv-bias-only", "wide-heads",
+                                                                "gemma-like")))
 def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))

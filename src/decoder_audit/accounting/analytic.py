@@ -82,8 +82,8 @@ ACTIVATION_ASSUMPTIONS = [
 def _activation_rows(cfg: DecoderConfig, B: int, T: int) -> list[MemoryRow]:
     D, H, Hkv, Dh, F, V, L = (cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff,
                               cfg.vocab_size, cfg.n_layers)
-    n_mlp = 3 if cfg.mlp == "swiglu" else 2  # w1 out, (w3 out,) activation out
-    mlp_what = "w1, w3 outputs, SiLU product" if cfg.mlp == "swiglu" else "w1 output, activation"
+    n_mlp = 3 if cfg.gated else 2  # w1 out, (w3 out,) activation out
+    mlp_what = "w1, w3 outputs, gated product" if cfg.gated else "w1 output, activation"
     per_layer = [  # (what, elements, formula)
         ("ln1, ln2 inputs + outputs", 4 * B * T * D, "4BTD"),
         ("q, k, v", B * T * (H + 2 * Hkv) * Dh, "BT(H+2Hkv)Dh"),
@@ -144,7 +144,7 @@ def forward_matmuls(cfg: DecoderConfig, batch_size: int, seq_len: int) -> list[M
         Matmul("attn.output_proj", proj, BT, H * Dh, D, L, "L", "(BT x H*Dh)(H*Dh x D)"),
         Matmul("ffn.w1", "MLP", BT, D, F, L, "L", "(BT x D)(D x F)"),
     ]
-    if cfg.mlp == "swiglu":
+    if cfg.gated:
         out.append(Matmul("ffn.w3", "MLP", BT, D, F, L, "L", "(BT x D)(D x F)"))
     out += [
         Matmul("ffn.w2", "MLP", BT, F, D, L, "L", "(BT x F)(F x D)"),
@@ -157,7 +157,7 @@ def forward_matmuls(cfg: DecoderConfig, batch_size: int, seq_len: int) -> list[M
 def _group_formulas(cfg: DecoderConfig) -> dict[str, str]:
     square = cfg.n_heads * cfg.head_dim == cfg.d_model  # H*Dh = D: the usual shapes
     kv = "8BTD^2" if square and cfg.kv_heads == cfg.n_heads else "4BTD(H + Hkv)Dh"
-    mlp = "6BTDF" if cfg.mlp == "swiglu" else "4BTDF"
+    mlp = "6BTDF" if cfg.gated else "4BTDF"
     return {
         "attention projections": f"L x {kv}",
         "attention scores + weighted sum": "L x 4BT^2D" if square else "L x 4BT^2*H*Dh",

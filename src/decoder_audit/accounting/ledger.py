@@ -105,7 +105,7 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     if cfg.qk_norm:
         attn += 2 * cfg.head_dim
         attn_formula += f" + q/k norm gains 2*Dh = 2*{cfg.head_dim}"
-    n_in = 2 if cfg.mlp == "swiglu" else 1  # matrices D -> F (w1, and w3 for SwiGLU)
+    n_in = 2 if cfg.gated else 1  # matrices D -> F (w1, and w3 for SwiGLU / GeGLU)
     ffn = n_in * D * F + F * D
     ffn_formula = f"{n_in + 1}*D*F = {n_in + 1}*{D}*{F}"
     if cfg.mlp_bias:

@@ -71,8 +71,9 @@ class CausalSelfAttention(nn.Module):
         self.output_proj = Linear(d_q, cfg.d_model, cfg.output_bias, init_std=residual_std,
                                   **factory)
         # per-head RMSNorm of q and k (a gain of Dh shared by the heads), before RoPE
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, **factory) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, **factory) if cfg.qk_norm else None
+        norm = dict(eps=cfg.norm_eps, offset=cfg.norm_offset, **factory)
+        self.q_norm = RMSNorm(cfg.head_dim, **norm) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, **norm) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
                 trace: Trace | None = None, prefix: str = "") -> torch.Tensor:

@@ -102,7 +102,8 @@ def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
 
 
 class FeedForward(nn.Module):
-    """w2(act(w1 x)), or SwiGLU w2(silu(w1 x) * w3 x). F is final: nothing rescales it."""
+    """w2(act(w1 x)), or gated w2(act(w1 x) * w3 x): SwiGLU (SiLU), GeGLU (tanh GELU). F is
+    final: nothing rescales it."""
 
     _ACTIVATIONS = {
         "relu": F.relu,
@@ -112,18 +113,19 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: DecoderConfig, *, residual_std: float, **factory) -> None:
         super().__init__()
-        swiglu = cfg.mlp == "swiglu"
-        self.activation = None if swiglu else self._ACTIVATIONS[cfg.mlp]
+        gated = cfg.gated
+        self.activation = {"swiglu": F.silu, "geglu": self._ACTIVATIONS["gelu_tanh"]}.get(
+            cfg.mlp) or self._ACTIVATIONS[cfg.mlp]
         D, F_, bias = cfg.d_model, cfg.d_ff, cfg.mlp_bias
         self.w1 = Linear(D, F_, bias, init_std=INIT_STD, **factory)
         # writes into the residual stream
         self.w2 = Linear(F_, D, bias, init_std=residual_std, **factory)
-        self.w3 = Linear(D, F_, bias, init_std=INIT_STD, **factory) if swiglu else None
+        self.w3 = Linear(D, F_, bias, init_std=INIT_STD, **factory) if gated else None
 
     def forward(self, x: torch.Tensor, trace: Trace | None = None,
                 prefix: str = "") -> torch.Tensor:
         if self.w3 is not None:
-            hidden = F.silu(self.w1(x)) * self.w3(x)  # (B, T, F)
+            hidden = self.activation(self.w1(x)) * self.w3(x)  # (B, T, F)
         else:
             hidden = self.activation(self.w1(x))  # (B, T, F)
         _record(trace, f"{prefix}.hidden", hidden)
@@ -287,6 +289,8 @@ class Decoder(nn.Module):
         ids = ids.long()
         seq_len = ids.shape[1]
         x = self.token_embeddings(ids)  # (B, T, D)
+        if cfg.embedding_scale is not None:  # rounded to the model's dtype, as Gemma does
+            x = x * torch.tensor(cfg.embedding_scale, dtype=x.dtype, device=x.device)
         _record(trace, "tokens", x)
         if self.position_embeddings is not None:
             table = self.position_embeddings.weight  # (max_seq_len, D)

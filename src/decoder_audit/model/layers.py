@@ -78,26 +78,28 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * g, normalised in at least float32 (CS336's convention)."""
+    """x / sqrt(mean(x^2) + eps) * (offset + w), normalised in at least float32 (CS336's
+    convention; Gemma's offset is 1, its w stored around 0)."""
 
-    def __init__(self, dim: int, eps: float, **factory) -> None:
+    def __init__(self, dim: int, eps: float, offset: float = 0.0, **factory) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.offset = eps, offset
         self.weight = nn.Parameter(torch.empty(dim, **factory))
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        self.weight.fill_(1.0)
+        self.weight.fill_(1.0 - self.offset)  # a gain of 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The fused kernel computes the same formula; its backward is ~4x faster on CPU than
         # the five-op composition.
         x_wide = x.to(torch.promote_types(x.dtype, torch.float32))
         normed = F.rms_norm(x_wide, self.weight.shape, eps=self.eps)
-        return normed.to(x.dtype) * self.weight
+        gain = self.weight if not self.offset else self.weight + self.offset
+        return normed.to(x.dtype) * gain
 
 
 def make_norm(cfg: DecoderConfig, **factory) -> nn.Module:
     if cfg.norm == "layernorm":
         return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.norm_bias, **factory)
-    return RMSNorm(cfg.d_model, cfg.norm_eps, **factory)
+    return RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_offset, **factory)

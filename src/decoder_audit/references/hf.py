@@ -80,7 +80,7 @@ def from_hf(hf_model: Any) -> Decoder:
 
 
 def hf_spec(hf_model: Any) -> DecoderConfig:
-    """The architecture a model of `spec_classes` (GPT-2, Llama, Mistral, Qwen2, Qwen3 and
+    """The architecture a model of `spec_classes` (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma and
     their subclasses) declares in its config, as the spec
     its own weights are checked against where they lie (references.layouts): Llama's RoPE
     rotates halves, so its spec says rope_layout="rotate_half" (from_hf instead permutes the
@@ -131,9 +131,9 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
     from its class and config alone (no weight is read): ("hugging face", "") when it is, (None,
     why not) when it is not. Never raises.
 
-    It is when the model is an instance of `spec_classes` (GPT-2, Llama, Mistral, Qwen2, Qwen3
-    or a subclass: the class decides, not `config.model_type`) whose config `config_from_hf`
-    expresses. Whether the weights then fit that config is the gate's question: weights that do
+    It is when the model is an instance of `spec_classes` (GPT-2, Llama, Mistral, Qwen2, Qwen3,
+    Gemma or a subclass: the class decides, not `config.model_type`) whose config
+    `config_from_hf` expresses. Whether the weights then fit that config is the gate's question: weights that do
     not (a missing final norm, an untied head under tie_word_embeddings=True, an extra weight)
     fail params, tying or oracle."""
     name = type(model).__name__

@@ -110,9 +110,10 @@ def model_classes(tf: Any) -> dict[str, type]:
 def spec_classes(tf: Any) -> dict[str, type]:
     """The model classes whose config declares an architecture a DecoderConfig expresses (the
     gate's spec for them, `hf.hf_spec`): the converter's, and Qwen2 (q/k/v biases, none on the
-    output projection) and Qwen3 (a per-head q/k RMSNorm), whose weights the converter does
-    not write."""
-    return {**model_classes(tf), "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM}
+    output projection), Qwen3 (a per-head q/k RMSNorm) and Gemma (GeGLU, RMSNorm gains 1 + w,
+    the embedding scaled by sqrt(D)), whose weights the converter does not write."""
+    return {**model_classes(tf), "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM,
+            "gemma": tf.GemmaForCausalLM}
 
 
 def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
@@ -123,7 +124,7 @@ def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
     model_type = family or getattr(hf_config, "model_type", None)
     if model_type == "gpt2":
         return _gpt2_config(hf_config)
-    if model_type in ("llama", "mistral", "qwen2", "qwen3"):
+    if model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma"):
         return _llama_config(hf_config, model_type)
     raise ConfigError(f"model_type={model_type!r} is not supported; supported are 'gpt2' "
                       "(GPT2LMHeadModel), 'llama', 'mistral', 'qwen2' and 'qwen3' (their "
@@ -159,8 +160,12 @@ def _gpt2_config(c: Any) -> DecoderConfig:
 
 def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
     problems = []
-    if c.hidden_act != "silu":
-        problems.append(f"hidden_act={c.hidden_act!r} (our SwiGLU gate is SiLU)")
+    # the gate's activation: SiLU (SwiGLU); Gemma's tanh GELU (GeGLU)
+    gates = {"silu": "swiglu"} if family != "gemma" else {"gelu_pytorch_tanh": "geglu",
+                                                          "gelu_new": "geglu"}
+    if c.hidden_act not in gates:
+        problems.append(f"hidden_act={c.hidden_act!r} (this family's gate is "
+                        f"{' or '.join(sorted(gates))})")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     rope = dict(getattr(c, "rope_parameters", None) or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -185,7 +190,10 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
         # Qwen3 0.6B: 16 heads of 128 over a width of 1024
         head_width=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
         d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, norm="rmsnorm",
-        norm_eps=float(c.rms_norm_eps), mlp="swiglu", pos="rope", rope_theta=float(theta),
+        norm_eps=float(c.rms_norm_eps), mlp=gates.get(c.hidden_act, "swiglu"), pos="rope",
+        rope_theta=float(theta),
+        norm_offset=1.0 if family == "gemma" else 0.0,
+        embedding_scale=float(c.hidden_size) ** 0.5 if family == "gemma" else None,
         # Mistral's and Qwen2's configs have neither flag: Mistral's projections have no
         # biases, Qwen2's q, k and v have one and its output projection none
         attn_bias=family == "qwen2" or bool(getattr(c, "attention_bias", False)),
@@ -197,6 +205,10 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
 
 def hf_family(cfg: DecoderConfig) -> str:
     """"gpt2" or "llama": the HF family that expresses cfg, or ConfigError naming the fields."""
+    if cfg.mlp == "geglu" or cfg.norm_offset or cfg.embedding_scale is not None:
+        raise ConfigError(f"mlp={cfg.mlp!r}, norm_offset={cfg.norm_offset}, embedding_scale="
+                          f"{cfg.embedding_scale}: the converter writes GPT-2 and Llama, which "
+                          "have no GeGLU, no norm offset and no embedding scale")
     if cfg.qk_norm or cfg.output_bias != cfg.attn_bias:
         raise ConfigError(f"qk_norm={cfg.qk_norm}, attn_output_bias={cfg.attn_output_bias}: "
                           "the converter writes GPT-2 and Llama, which have no q/k norm and bias "

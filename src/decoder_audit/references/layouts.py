@@ -55,7 +55,7 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
         shapes["position_embeddings.weight"] = (t, d)
     matrices = {"attn.q_proj": (d_q, d), "attn.k_proj": (d_kv, d), "attn.v_proj": (d_kv, d),
                 "attn.output_proj": (d, d_q), "ffn.w1": (f, d), "ffn.w2": (d, f)}
-    if spec.mlp == "swiglu":
+    if spec.gated:
         matrices["ffn.w3"] = (f, d)
     biased = {"attn.output_proj": spec.output_bias}
     for i in range(spec.n_layers):

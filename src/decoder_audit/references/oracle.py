@@ -50,9 +50,10 @@ def _layernorm(x: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor | None,
     return normed if bias is None else normed + bias
 
 
-def _rmsnorm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+def _rmsnorm(x: torch.Tensor, gain: torch.Tensor, eps: float, offset: float = 0.0
+             ) -> torch.Tensor:
     mean_square = (x * x).sum(-1, keepdim=True) / x.shape[-1]
-    return x / torch.sqrt(mean_square + eps) * gain
+    return x / torch.sqrt(mean_square + eps) * (gain + offset)
 
 
 def _activation(kind: str, x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +97,7 @@ def _norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
     if cfg.norm == "layernorm":  # the shift where the config has one (norm_bias)
         return _layernorm(x, w[f"{name}.weight"], w[f"{name}.bias"] if cfg.norm_bias else None,
                           cfg.norm_eps)
-    return _rmsnorm(x, w[f"{name}.weight"], cfg.norm_eps)
+    return _rmsnorm(x, w[f"{name}.weight"], cfg.norm_eps, cfg.norm_offset)
 
 
 # ---- the stages: embedding, one layer, final norm and readout ----------------------------------
@@ -116,10 +117,13 @@ FINAL_NORM_NAMES = ("ln_final.weight", "ln_final.bias")
 
 
 def _embed(cfg: DecoderConfig, ids: torch.Tensor, row: Callable[[int], torch.Tensor],
-           positions: torch.Tensor | None) -> torch.Tensor:
-    """x (B, T, D): the embedding row of each id (`row(v)`), plus position t's row."""
+           positions: torch.Tensor | None, table: torch.Tensor) -> torch.Tensor:
+    """x (B, T, D): the embedding row of each id (`row(v)`), times the config's embedding scale
+    rounded to the table's dtype (as the model rounds it), plus position t's row."""
     seq_len = ids.shape[1]
     x = torch.stack([torch.stack([row(int(i)) for i in seq]) for seq in ids])  # (B, T, D)
+    if cfg.embedding_scale is not None:
+        x = x * float(torch.tensor(cfg.embedding_scale, dtype=table.dtype))
     if cfg.pos == "learned":
         x = x + positions[:seq_len]
     return x
@@ -145,6 +149,9 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
     if cfg.mlp == "swiglu":
         gate = _linear(h, w, f"{p}.ffn.w1")
         hidden = gate * torch.sigmoid(gate) * _linear(h, w, f"{p}.ffn.w3")
+    elif cfg.mlp == "geglu":
+        hidden = _activation("gelu_tanh", _linear(h, w, f"{p}.ffn.w1")) * \
+            _linear(h, w, f"{p}.ffn.w3")
     else:
         hidden = _activation(cfg.mlp, _linear(h, w, f"{p}.ffn.w1"))
     return x + _linear(hidden, w, f"{p}.ffn.w2")  # (B, T, D)
@@ -153,7 +160,7 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
 def _head_norm(cfg: DecoderConfig, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
     """RMSNorm of every head's slice of x (B, T, heads*Dh), one gain (Dh,) for all heads."""
     heads = x.unflatten(-1, (-1, cfg.head_dim))  # (B, T, heads, Dh)
-    return _rmsnorm(heads, gain, cfg.norm_eps).flatten(-2)
+    return _rmsnorm(heads, gain, cfg.norm_eps, cfg.norm_offset).flatten(-2)
 
 
 def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
@@ -258,7 +265,7 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
     names = ["token_embeddings.weight"]
     if cfg.pos == "learned":
         names.append("position_embeddings.weight")
-    matrices = ("w1", "w2", "w3") if cfg.mlp == "swiglu" else ("w1", "w2")
+    matrices = ("w1", "w2", "w3") if cfg.gated else ("w1", "w2")
     for layer in range(cfg.n_layers):
         p = f"layers.{layer}"
         names += [f"{p}.{norm}.{part}" for norm in ("ln1", "ln2") for part in norm_parts]
@@ -283,7 +290,7 @@ def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
     table = get("token_embeddings.weight")
     positions = get("position_embeddings.weight") if cfg.pos == "learned" else None
     x = _embed(cfg, ids.cpu(), lambda v: read.wide(table[v]),
-               None if positions is None else read.wide(positions[:ids.shape[1]]))
+               None if positions is None else read.wide(positions[:ids.shape[1]]), table)
     for layer in range(cfg.n_layers):
         x = _block(cfg, read.load(layer_weight_names(layer)), layer, x)
     x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
@@ -318,7 +325,7 @@ class StreamedOracle:
         read = _Reader(self.get, dtype, leaves=False)
         table = self.get("token_embeddings.weight")
         with torch.no_grad():
-            x = _embed(cfg, self.ids, lambda v: read.wide(table[v]), self._positions(read))
+            x = _embed(cfg, self.ids, lambda v: read.wide(table[v]), self._positions(read), table)
             for layer in range(cfg.n_layers):
                 self.progress(f"oracle forward: layer {layer + 1}/{cfg.n_layers}")
                 self.inputs.append(x)
@@ -399,7 +406,7 @@ class StreamedOracle:
         rows = {int(v): read.wide(table[int(v)]) for v in looked_up}  # (D,) leaves
         positions = self._positions(read)
         with torch.enable_grad():
-            _backward(_embed(self.cfg, self.ids, rows.__getitem__, positions), upstream)
+            _backward(_embed(self.cfg, self.ids, rows.__getitem__, positions, table), upstream)
         yield "embed", "token_embeddings.weight", looked_up, torch.stack([rows[int(v)].grad
                                                                            for v in looked_up])
         if positions is not None:

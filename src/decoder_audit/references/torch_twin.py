@@ -59,6 +59,8 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
     if cfg.kv_heads != cfg.n_heads:
         problems.append(f"n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}: "
                         "nn.MultiheadAttention has no grouped-query attention")
+    if cfg.embedding_scale is not None:
+        problems.append(f"embedding_scale={cfg.embedding_scale}: the twin's embedding is unscaled")
     if not cfg.norm_bias:
         problems.append("norm_bias=False: the twin's nn.LayerNorm keeps its bias")
     if cfg.head_width is not None:
