@@ -133,9 +133,9 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
 
     It is when the model is an instance of `spec_classes` (GPT-2, Llama, Mistral, Qwen2, Qwen3,
     Gemma or a subclass: the class decides, not `config.model_type`) whose config
-    `config_from_hf` expresses. Whether the weights then fit that config is the gate's question: weights that do
-    not (a missing final norm, an untied head under tie_word_embeddings=True, an extra weight)
-    fail params, tying or oracle."""
+    `config_from_hf` expresses. Whether the weights then fit that config is the gate's
+    question: weights that do not (a missing final norm, an untied head under
+    tie_word_embeddings=True, an extra weight) fail params, tying or oracle."""
     name = type(model).__name__
     tf = sys.modules.get("transformers")
     if tf is None:
