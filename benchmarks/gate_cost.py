@@ -36,10 +36,10 @@ def _instrumented() -> Iterator[_Tally]:
     of every check in registry.CHECKS plus Subject.prepare (the float64 working copy) to time
     them. Restored after."""
     from decoder_audit.gate import registry, subject
-    from decoder_audit.gate import spec as reference  # where the gate calls oracle_logits
+    from decoder_audit.gate import spec as spec_checks  # where the gate calls oracle_logits
 
     tally = _Tally()
-    original_run, original_oracle = Decoder._run, reference.oracle_logits
+    original_run, original_oracle = Decoder._run, spec_checks.oracle_logits
     original_checks, original_prepare = dict(registry.CHECKS), subject.Subject.prepare
 
     def counting_run(self, ids, trace, **options):  # inputs the contract rejects never get here
@@ -61,14 +61,14 @@ def _instrumented() -> Iterator[_Tally]:
                                              + time.perf_counter() - start)
         return wrapper
 
-    Decoder._run, reference.oracle_logits = counting_run, counting_oracle
+    Decoder._run, spec_checks.oracle_logits = counting_run, counting_oracle
     registry.CHECKS.update({name: dataclasses.replace(check, run=timed(name, check.run))
                             for name, check in original_checks.items()})
     subject.Subject.prepare = timed("prepare (working copy)", original_prepare)
     try:
         yield tally
     finally:
-        Decoder._run, reference.oracle_logits = original_run, original_oracle
+        Decoder._run, spec_checks.oracle_logits = original_run, original_oracle
         registry.CHECKS.update(original_checks)
         subject.Subject.prepare = original_prepare
 

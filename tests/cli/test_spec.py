@@ -24,7 +24,10 @@ def test_with_a_spec_the_white_box_checks_run_and_pass(capsys):
     checks = _checks(capsys)
     for name in ("params", "tying", "tying_grad", "oracle", "dead_parameters"):
         assert checks[name]["passed"] and not checks[name]["skipped"], name
-    assert checks["params"]["evidence"]["measured_total"] == 28_544  # the spec's ledger
+    # spec.json by hand: V*D + T*D, L x (2 LayerNorms + attention + MLP, with biases), ln_f, tied
+    V, D, T, L, F = 64, 32, 32, 2, 128
+    block = 2 * 2 * D + (4 * D * D + 4 * D) + (2 * D * F + F + D)
+    assert checks["params"]["evidence"]["measured_total"] == V * D + T * D + L * block + 2 * D
     assert checks["oracle"]["evidence"]["layout"] == "nanoGPT / GPT-2"
 
 

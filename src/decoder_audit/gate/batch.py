@@ -34,28 +34,17 @@ from typing import Any
 import torch
 
 from ..errors import InputShapeError
-from .result import CheckResult
+from .result import CheckResult, Verdicts
 
 IGNORE_INDEX = -100
 
 
 @dataclass
-class BatchReport:
+class BatchReport(Verdicts):
     """The verdict on one batch: every check, and the first row's aligned pair."""
 
     checks: list[CheckResult]
     pair: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
-
-    @property
-    def first_failure(self) -> CheckResult | None:
-        return next((c for c in self.checks if not c.passed), None)
-
-    def __getitem__(self, name: str) -> CheckResult:
-        return next(c for c in self.checks if c.name == name)
 
 
 def audit_batch(batch: Any, tokenizer: Any = None, *, labels_shifted: bool = False,

@@ -254,7 +254,11 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
              "intervention_len": intervention_len}
     _check_integers(given)
     declared, origin, notes = _declared(model)
-    spec_facts = _spec_facts(model, spec, weights_map, declared, origin)
+    config = _whitebox_config(model, notes)
+    reference, reason = _reference(model, config)
+    spec_facts = _spec_facts(model, spec, weights_map, declared, origin,
+                             whitebox=config is not None,
+                             hf_readable=reference == "hugging face")
     for name in ("vocab_size", "input_vocab_size") + (
             ("max_seq_len",) if origin.get("max_seq_len") == "config" else ()):
         if given[name] is not None and name in declared and given[name] != declared[name]:
@@ -276,15 +280,11 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         raise ConfigError(
             f"{type(model).__name__} has no DecoderConfig, so audit() needs vocab_size=V "
             "(and max_seq_len=T to check that longer inputs are rejected)")
-    config = _whitebox_config(model, notes)
-    reference, reason = _reference(model, config)
-    if spec_facts:
-        reference, reason = ("spec", "") if spec_facts["placement"] else (None,
-                                                                          spec_facts["reason"])
-    readout = _readout_facts(model, values["vocab_size"])
     spec = spec_facts.get("spec")
     if spec is not None:
-        readout["declared_tie"] = spec.tie_embeddings
+        reference, reason = ("spec", "") if spec_facts["placement"] else (None,
+                                                                          spec_facts["reason"])
+    readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
     return ModelFacts(
         model=type(model).__name__, vocab_size=values["vocab_size"],
         input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
@@ -299,35 +299,37 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
 
 
 def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
-                declared: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
-    """With a declared spec: V, the input vocabulary and (with learned positions) max_seq_len
-    are the spec's (added to `declared`, origin "spec"), and where the module's weights lie on its names is found
-    ({"placement": Placement or None, "reason": why none}). Empty without a spec, and for our
-    own Decoder, whose DecoderConfig is its spec (a spec that differs is a ConfigError)."""
-    if spec is None and weights_map is not None:
-        raise ConfigError("weights_map= places a module's weights on a spec's names: it needs "
-                          "spec= (--spec) too")
+                declared: dict[str, Any], origin: dict[str, str], *, whitebox: bool,
+                hf_readable: bool) -> dict[str, Any]:
+    """{"spec", "placement": where the module's weights lie on the spec's names (a Placement, or
+    None), "reason": why none}. The spec is the one declared, or the config of a Hugging Face
+    class the oracle reads (`hf_readable`). A declared spec's V, input vocabulary and (with
+    learned positions) max_seq_len become the model's (added to `declared`, origin "spec").
+    Empty without a spec, and for our own layout (`whitebox`), whose DecoderConfig is its spec
+    (a spec that differs is a ConfigError)."""
     from ..references.layouts import place
 
-    if spec is None:  # a Hugging Face class of spec_classes: its config is the spec
-        if _reference(model, None)[0] != "hugging face":
+    if spec is not None and not isinstance(spec, DecoderConfig):
+        raise ConfigError(f"spec={spec!r} must be a DecoderConfig (load a JSON one with "
+                          "DecoderConfig.load(path))")
+    if spec is None:
+        if weights_map is not None:
+            raise ConfigError("weights_map= places a module's weights on a spec's names: it "
+                              "needs spec= (--spec) too")
+        if not hf_readable:
             return {}
         from ..references.hf import hf_spec
 
         spec = hf_spec(model)
-        placement, reason = place(model, spec, None)
-        return {"spec": spec, "placement": placement, "reason": reason}
-
-    placement, reason = place(model, spec, weights_map)
+        return {"spec": spec, **dict(zip(("placement", "reason"), place(model, spec, None)))}
     own = getattr(model, "config", None)
-    if isinstance(own, DecoderConfig):
-        if own != spec:
-            differ = sorted(k for k, v in spec.to_dict().items() if own.to_dict()[k] != v)
-            raise ConfigError(f"spec disagrees with the model's own DecoderConfig on {differ} "
-                              f"(spec {[getattr(spec, k) for k in differ]}, model "
-                              f"{[getattr(own, k) for k in differ]})")
-        if _whitebox_config(model, []) is not None:
-            return {}  # our own layout: its DecoderConfig is the spec, checked as ours
+    if isinstance(own, DecoderConfig) and own != spec:
+        differ = sorted(k for k, v in spec.to_dict().items() if own.to_dict()[k] != v)
+        raise ConfigError(f"spec disagrees with the model's own DecoderConfig on {differ} "
+                          f"(spec {[getattr(spec, k) for k in differ]}, model "
+                          f"{[getattr(own, k) for k in differ]})")
+    if whitebox:
+        return {}  # our own layout: its DecoderConfig is the spec, checked as ours
     spec_values = [("vocab_size", spec.vocab_size), ("input_vocab_size", spec.vocab_size)]
     # A learned position table has max_seq_len rows: a hard limit. Rotary and position-free
     # models (Llama, torchtune) run past their config's length by design: there the spec's
@@ -339,7 +341,7 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
             raise ConfigError(f"spec vocab_size={value} disagrees with the model's "
                               f"{origin[name]} vocab_size={declared[name]}")
         declared[name], origin[name] = value, "spec"
-    return {"spec": spec, "placement": placement, "reason": reason}
+    return {"spec": spec, **dict(zip(("placement", "reason"), place(model, spec, weights_map)))}
 
 
 def with_notes(facts: ModelFacts, *notes: str) -> ModelFacts:
@@ -449,17 +451,21 @@ def output_head(model: nn.Module, vocab_size: int) -> tuple[str, nn.Module] | No
     return linears[-1] if linears else None
 
 
-def _readout_facts(model: nn.Module, vocab_size: int) -> dict[str, Any]:
+def _declared_tie(model: nn.Module, spec: DecoderConfig | None) -> bool | None:
+    """The tie a model declares: its own DecoderConfig's, or its spec's. A Hugging Face config
+    carries tie_word_embeddings in every family, True by default even in classes that never
+    tie; it is a declaration only where its class ties by it: a class whose config is read as
+    its spec (references.hf_config.spec_classes), so through that spec."""
+    own = getattr(model, "config", None)
+    if isinstance(own, DecoderConfig):
+        return own.tie_embeddings
+    return None if spec is None else spec.tie_embeddings
+
+
+def _readout_facts(model: nn.Module, vocab_size: int, declared: bool | None
+                   ) -> dict[str, Any]:
     """readout, tie and declared_tie (see ModelFacts)."""
     head, embedding = output_head(model, vocab_size), input_embedding(model)
-    config = getattr(model, "config", None)
-    # A Hugging Face config carries tie_word_embeddings in every family, True by default even in
-    # classes that never tie; it is a declaration only where its class ties by it (a class
-    # whose config is read as its spec, references.hf_config.spec_classes).
-    declared = (config.tie_embeddings if isinstance(config, DecoderConfig)
-                else getattr(config, "tie_word_embeddings", None)
-                if _reference(model, None)[0] == "hugging face" else None)
-    declared = declared if isinstance(declared, bool) else None
     if head is None or embedding is None:
         return {"readout": None if head is None else head[0], "tie": None,
                 "declared_tie": declared}

@@ -8,12 +8,12 @@ from typing import Any
 
 from . import pictures, render
 from .facts import ModelFacts
-from .result import CheckResult
+from .result import CheckResult, Verdicts
 from .subject import DEFAULT_PROBE_LEN
 
 
 @dataclass
-class AuditReport:
+class AuditReport(Verdicts):
     """The gate's verdict on one model: every check in diagnosis order, and how it ran."""
 
     checks: list[CheckResult]
@@ -33,15 +33,6 @@ class AuditReport:
     facts: ModelFacts | None = None  # what the gate knew of the model (facts.py)
 
     @property
-    def passed(self) -> bool:
-        """Every check passed (skipped checks neither pass nor fail; see `skipped`)."""
-        return all(c.passed for c in self.checks)
-
-    @property
-    def first_failure(self) -> CheckResult | None:
-        return next((c for c in self.checks if not c.passed), None)
-
-    @property
     def failures(self) -> list[CheckResult]:
         return [c for c in self.checks if not c.passed]
 
@@ -52,12 +43,6 @@ class AuditReport:
     @property
     def skipped(self) -> list[CheckResult]:
         return [c for c in self.checks if c.skipped]
-
-    def __getitem__(self, name: str) -> CheckResult:
-        for check in self.checks:
-            if check.name == name:
-                return check
-        raise KeyError(f"no check named {name!r}; checks are {[c.name for c in self.checks]}")
 
     @property
     def forward_equivalents(self) -> float:

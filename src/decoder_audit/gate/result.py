@@ -49,6 +49,27 @@ class CheckResult:
         }
 
 
+class Verdicts:
+    """What a report of checks answers from its `checks` list (AuditReport, BatchReport)."""
+
+    checks: list[CheckResult]
+
+    @property
+    def passed(self) -> bool:
+        """Every check passed (skipped checks neither pass nor fail)."""
+        return all(c.passed for c in self.checks)
+
+    @property
+    def first_failure(self) -> CheckResult | None:
+        return next((c for c in self.checks if not c.passed), None)
+
+    def __getitem__(self, name: str) -> CheckResult:
+        for check in self.checks:
+            if check.name == name:
+                return check
+        raise KeyError(f"no check named {name!r}; checks are {[c.name for c in self.checks]}")
+
+
 def skipped(name: str, why: str) -> CheckResult:
     return CheckResult(name, True, f"skipped: {why}", {"reason": why}, None, skipped=True)
 

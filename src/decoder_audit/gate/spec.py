@@ -95,7 +95,10 @@ def check_spec_oracle(s: Subject) -> CheckResult:
     ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(13))
     tol = tolerances.hf_oracle(s.dtype, spec)
     named = dict(s.work.named_parameters(remove_duplicate=False))
-    missing = _missing_for_oracle(placement, named, spec)
+    live = {n: t.detach() for n, t in named.items()}
+    weights = _canonical(placement, live, spec)  # views of the module's own tensors
+    missing = [name for name, shape in expected_weights(spec).items()
+               if name not in weights or tuple(weights[name].shape) != shape]
     evidence: dict = {"layout": placement.layout, "batch": ids.shape[0], "seq_len": seq_len,
                       "dtype": str(s.dtype), "tolerance": tol}
     if missing:
@@ -103,12 +106,12 @@ def check_spec_oracle(s: Subject) -> CheckResult:
         return CheckResult("oracle", False, f"{len(missing)} weights the spec's oracle reads are "
                            f"missing or of another shape, first {missing[0]} (layout "
                            f"{placement.layout})", evidence, tol)
-    natural = _compare_values(s, placement, named, ids, tol)
+    natural = _compare_values(s, placement, weights, ids, tol)
     evidence["as_initialised"] = natural
-    with _stressed(s, placement, named) as stressed:
+    with _stressed(s, weights, live) as stressed:
         evidence["stressed"] = stressed
-        if stressed:
-            evidence["stress"] = _compare_values(s, placement, named, ids, tol)
+        if stressed:  # the views now read the stress weights
+            evidence["stress"] = _compare_values(s, placement, weights, ids, tol)
             if sum(p.numel() for p in s.parameters()) <= GRADIENT_MAX_PARAMETERS:
                 evidence["gradients"] = _compare_grads(s, placement, named, ids)
     for label, found in (("as initialised", natural), ("with stress weights",
@@ -136,14 +139,6 @@ def check_spec_oracle(s: Subject) -> CheckResult:
                        f"weights, as initialised {how}; layout {placement.layout}", evidence, tol)
 
 
-def _missing_for_oracle(placement: Placement, named: Mapping[str, torch.Tensor],
-                        spec: DecoderConfig) -> list[str]:
-    mapped = placement.canonical({n: t.detach() for n, t in named.items()})
-    want = expected_weights(spec)
-    return [name for name, shape in want.items()
-            if name not in mapped or tuple(mapped[name].shape) != shape]
-
-
 def _canonical(placement: Placement, named: Mapping[str, torch.Tensor],
                spec: DecoderConfig) -> dict[str, torch.Tensor]:
     """The canonical weights the spec's architecture reads (an extra bias the module has but the
@@ -153,11 +148,11 @@ def _canonical(placement: Placement, named: Mapping[str, torch.Tensor],
     return {name: tensor for name, tensor in mapped.items() if name in want}
 
 
-def _compare_values(s: Subject, placement: Placement, named: Mapping[str, torch.Tensor],
+def _compare_values(s: Subject, placement: Placement, weights: Mapping[str, torch.Tensor],
                     ids: torch.Tensor, tol: float) -> dict:
-    """The module's logits against the oracle's, and the first stage whose input differs."""
+    """The module's logits against the oracle's fed `weights` (the canonical views), and the
+    first stage whose input differs."""
     spec = s.facts.spec
-    weights = _canonical(placement, {n: t.detach() for n, t in named.items()}, spec)
     oracle = StreamedOracle(weights, spec, ids, progress=s.progress)
     with _stage_inputs(s.work, placement, spec) as seen:
         fast = s.run(ids).double().cpu()
@@ -259,14 +254,12 @@ def _dense(param: nn.Parameter) -> torch.Tensor:
 
 
 @contextmanager
-def _stressed(s: Subject, placement: Placement, named: Mapping[str, nn.Parameter]
-              ) -> Iterator[bool]:
-    """Within the block, the module holds the stress weights (see the module docstring); yields
-    False, writing nothing, when a canonical tensor is not a view of the module's own weights
-    (a weights_map that copies). Every parameter is restored bit for bit afterwards."""
-    spec = s.facts.spec
-    live = {n: t.detach() for n, t in named.items()}
-    weights = _canonical(placement, live, spec)
+def _stressed(s: Subject, weights: Mapping[str, torch.Tensor],
+              live: Mapping[str, torch.Tensor]) -> Iterator[bool]:
+    """Within the block, the module holds the stress weights (see the module docstring), written
+    through the canonical views `weights`; yields False, writing nothing, when one of them is
+    not a view of the module's own tensors `live` (a weights_map that copies). Every parameter
+    is restored bit for bit afterwards."""
     storages = {t.untyped_storage().data_ptr() for t in live.values()}
     if not all(t.untyped_storage().data_ptr() in storages for t in weights.values()):
         yield False

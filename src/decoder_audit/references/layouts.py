@@ -190,9 +190,6 @@ class Placement:
 def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
           ) -> tuple[Placement | None, str]:
     """(where the module's weights lie on the spec's names, "") or (None, why not)."""
-    if not isinstance(spec, DecoderConfig):
-        raise ConfigError(f"spec={spec!r} must be a DecoderConfig (load a JSON one with "
-                          "DecoderConfig.load(path))")
     named = dict(model.named_parameters(remove_duplicate=False))
     if weights_map is not None:
         if not callable(weights_map):
@@ -235,8 +232,8 @@ def user_placement(weights_map: WeightsMap, named: Mapping[str, torch.Tensor],
     for name, tensor in named.items():
         first_name.setdefault(id(leaves[id(tensor)]), name)
     sources = {}
+    inputs = list(leaves.values())
     for canonical, tensor in mapped.items():
-        inputs = [leaf for leaf in leaves.values()]
         grads = torch.autograd.grad(tensor.sum(), inputs, allow_unused=True) \
             if tensor.requires_grad else [None] * len(inputs)
         sources[canonical] = tuple(first_name[id(leaf)] for leaf, g in zip(inputs, grads)
