@@ -46,6 +46,25 @@ def test_non_positive_or_non_integer_sizes_are_rejected_by_name(field, value):
     (dict(rope_theta=-10.0), "rope_theta=-10.0 must be a finite number >= 0"),
     (dict(rope_theta=0.0, pos="rope"), "rope_theta=0.0 must be > 0"),
     (dict(tie_embeddings="yes"), "tie_embeddings='yes' must be true or false"),
+    (dict(pos="rope", rotary_dim=3), "rotary_dim=3 must be even and at most"),
+    (dict(pos="rope", rotary_dim=4, d_model=12, n_heads=6), "rotary_dim=4 must be even and at "
+     "most the head width Dh=2"),
+    (dict(rotary_dim=2), "need pos='rope', not 'learned'"),
+    (dict(parallel_residual="yes"), "parallel_residual='yes' must be true or false"),
+    (dict(pos="rope", rope_scaling={"type": "ntk"}), "rope_scaling='ntk'"),
+    (dict(pos="rope", rope_scaling={"type": "linear"}), "'linear' needs 'factor'"),
+    (dict(pos="rope", rope_scaling={"type": "linear", "factor": 2.0, "beta": 1}),
+     "unknown key(s) ['beta']"),
+    (dict(pos="rope", rope_scaling={"type": "linear", "factor": 0.0}), "factor=0.0 must be a "
+     "finite number > 0"),
+    (dict(pos="rope", rope_scaling={"type": "yarn", "factor": 2.0, "original_max_seq_len": 4,
+                                    "truncate": 1}), "truncate=1 must be true or false"),
+    (dict(pos="rope", rope_scaling={"type": "llama3", "factor": 8.0, "original_max_seq_len": 64,
+                                    "low_freq_factor": 4.0, "high_freq_factor": 1.0}),
+     "high_freq_factor=1.0 must exceed low_freq_factor=4.0"),
+    (dict(pos="rope", rope_scaling={"type": "dynamic", "factor": 2.0, "original_max_seq_len": 4},
+          d_model=12, n_heads=6), "at least 4, got 2"),
+    (dict(pos="rope", rope_scaling=[1.0]), "rope_scaling=[1.0]"),
 ])
 def test_each_bad_field_is_named_with_its_value(changes, message):
     with pytest.raises(ConfigError) as info:
@@ -75,6 +94,18 @@ def test_frozen():
     cfg = make()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.d_model = 8
+
+
+def test_the_config_keeps_its_own_copy_of_rope_scaling():
+    """The caller's dict changing later does not change a validated config."""
+    scaling = {"type": "linear", "factor": 2.0}
+    cfg = make(pos="rope", rope_scaling=scaling)
+    scaling["factor"] = -1.0
+    assert cfg.rope_scaling == {"type": "linear", "factor": 2.0}
+    assert cfg.rope_parameter("factor") == 2.0
+    yarn = make(pos="rope", rope_scaling={"type": "yarn", "factor": 2.0,
+                                          "original_max_seq_len": 4})
+    assert (yarn.rope_parameter("beta_fast"), yarn.rope_parameter("truncate")) == (32.0, True)
 
 
 @pytest.mark.parametrize("cfg", configs.params(configs.everything()))

@@ -28,6 +28,14 @@ POSITIONS = ("learned", "rope", "none")
 # (Hugging Face Llama and its descendants, GPT-NeoX, litgpt). Pair j turns by the same angle in
 # both; they differ in which weight rows make up a pair, so neither is the other renamed.
 ROPE_LAYOUTS = ("interleaved", "rotate_half")
+# Each RoPE scaling type's parameters: required, then optional with the default used.
+ROPE_SCALING = {
+    "linear": (("factor",), {}),
+    "dynamic": (("factor", "original_max_seq_len"), {}),
+    "llama3": (("factor", "original_max_seq_len", "low_freq_factor", "high_freq_factor"), {}),
+    "yarn": (("factor", "original_max_seq_len"),
+             {"beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None, "truncate": True}),
+}
 # "reject" raises ContextLengthError on T > max_seq_len. No other policy is implemented, so no
 # other policy is accepted: a config cannot promise cropping or sliding that the model won't do.
 CONTEXT_POLICIES = ("reject",)
@@ -75,7 +83,25 @@ class DecoderConfig:
     """RoPE base: pair j of a head rotates by pos * theta^(-2j/Dh)."""
     rope_layout: str = "interleaved"
     """Which features form RoPE's pair j: "interleaved" (x[2j], x[2j+1]) or "rotate_half"
-    (x[j], x[j + Dh/2])."""
+    (x[j], x[j + R/2]), R the rotated width (rotary_dim)."""
+    rotary_dim: int | None = None
+    """R: RoPE rotates the first R features of each head and passes the other Dh - R through
+    (partial rotary: GPT-NeoX's rotary_pct, Phi's and StableLM's partial_rotary_factor); pair j
+    turns by pos * theta^(-2j/R). None rotates all Dh."""
+    rope_scaling: dict | None = None
+    """How RoPE's frequencies are stretched for a longer context (None: not at all), as a dict
+    with "type" and that type's parameters (ROPE_SCALING lists them):
+        linear   {"factor"}: positions divided by factor
+        dynamic  {"factor", "original_max_seq_len"}: NTK-aware, the base grows with the
+                 sequence once it passes original_max_seq_len
+        llama3   {"factor", "original_max_seq_len", "low_freq_factor", "high_freq_factor"}:
+                 low frequencies divided by factor, high ones kept, a smooth ramp between
+        yarn     {"factor", "original_max_seq_len", "beta_fast", "beta_slow",
+                 "attention_factor", "truncate"}: frequencies blended between kept and
+                 divided over a ramp of pair indices, and q, k scaled by attention_factor."""
+    parallel_residual: bool = False
+    """The block adds attention and MLP to the same input: x + Attn(N1(x)) + MLP(N2(x))
+    (GPT-NeoX, Pythia), instead of the MLP reading the stream after attention."""
     attn_bias: bool = False
     """Biases on the q/k/v projections, and on the output projection unless attn_output_bias
     says otherwise."""
@@ -93,6 +119,8 @@ class DecoderConfig:
     """What happens to T > max_seq_len; only "reject" exists."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):  # the config's own copy: the caller's may change
+            object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
         problems = _validate(self)
         if problems:
             raise ConfigError("invalid DecoderConfig: " + "; ".join(problems))
@@ -117,6 +145,16 @@ class DecoderConfig:
     def head_dim(self) -> int:
         """Dh: head_width, or D / H."""
         return self.d_model // self.n_heads if self.head_width is None else self.head_width
+
+    @property
+    def rope_dim(self) -> int:
+        """R: the features of a head RoPE rotates (rotary_dim, or all Dh)."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    def rope_parameter(self, name: str):
+        """A rope_scaling parameter, or its type's default (ROPE_SCALING)."""
+        scaling = self.rope_scaling or {}
+        return scaling.get(name, ROPE_SCALING.get(scaling.get("type"), ((), {}))[1].get(name))
 
     @property
     def kv_group_size(self) -> int:
@@ -198,7 +236,7 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         value = getattr(cfg, name)
         if not _is_int(value) or value <= 0:
             problems.append(f"{name}={value!r} must be a positive integer")
-    for name in ("n_kv_heads", "head_width"):
+    for name in ("n_kv_heads", "head_width", "rotary_dim"):
         value = getattr(cfg, name)
         if value is not None and (not _is_int(value) or value <= 0):
             problems.append(f"{name}={value!r} must be a positive integer or None")
@@ -223,10 +261,12 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         problems.append(f"rope_theta={cfg.rope_theta!r} must be > 0 with pos='rope'")
     if cfg.attn_output_bias is not None and not isinstance(cfg.attn_output_bias, bool):
         problems.append(f"attn_output_bias={cfg.attn_output_bias!r} must be true, false or null")
-    for name in ("attn_bias", "mlp_bias", "tie_embeddings", "qk_norm", "norm_bias"):
+    for name in ("attn_bias", "mlp_bias", "tie_embeddings", "qk_norm", "norm_bias",
+                 "parallel_residual"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             problems.append(f"{name}={value!r} must be true or false")
+    problems += _rope_scaling_problems(cfg.rope_scaling)
     if problems:  # the divisibility checks below need valid integers
         return problems
     if cfg.head_width is None and cfg.d_model % cfg.n_heads:
@@ -238,4 +278,43 @@ def _validate(cfg: DecoderConfig) -> list[str]:
             and cfg.head_dim % 2:
         problems.append(f"head width Dh={cfg.head_dim} is odd; RoPE rotates pairs and needs it "
                         "even")
+    if cfg.rotary_dim is not None and (cfg.rotary_dim % 2 or cfg.rotary_dim > cfg.head_dim):
+        problems.append(f"rotary_dim={cfg.rotary_dim} must be even and at most the head width "
+                        f"Dh={cfg.head_dim}")
+    if cfg.pos != "rope" and (cfg.rotary_dim is not None or cfg.rope_scaling is not None):
+        problems.append(f"rotary_dim={cfg.rotary_dim}, rope_scaling={cfg.rope_scaling} need "
+                        f"pos='rope', not {cfg.pos!r}")
+    if cfg.rope_scaling is not None and cfg.rope_dim < 4 and cfg.rope_scaling["type"] == "dynamic":
+        problems.append(f"rope_scaling type 'dynamic' needs a rotated width of at least 4, got "
+                        f"{cfg.rope_dim} (its base grows as a power dim / (dim - 2))")
+    return problems
+
+
+def _rope_scaling_problems(scaling: Any) -> list[str]:
+    """What is wrong with a rope_scaling dict (ROPE_SCALING), each naming the key and value."""
+    if scaling is None:
+        return []
+    if not isinstance(scaling, dict) or scaling.get("type") not in ROPE_SCALING:
+        kind = scaling.get("type") if isinstance(scaling, dict) else scaling
+        return [f"rope_scaling={kind!r}: a dict whose 'type' is one of {list(ROPE_SCALING)}, or "
+                "null"]
+    required, optional = ROPE_SCALING[scaling["type"]]
+    where = f"rope_scaling type {scaling['type']!r}"
+    problems = [f"{where} needs {name!r}" for name in required if name not in scaling]
+    unknown = sorted(set(scaling) - {"type", *required, *optional})
+    if unknown:
+        problems.append(f"{where} has unknown key(s) {unknown}; it takes "
+                        f"{sorted({*required, *optional})}")
+    for name, value in scaling.items():
+        if name == "type" or name in unknown or (value is None and name in optional):
+            continue
+        if name == "truncate":
+            if not isinstance(value, bool):
+                problems.append(f"{where}: truncate={value!r} must be true or false")
+        elif not _is_real(value) or not 0 < value < float("inf"):
+            problems.append(f"{where}: {name}={value!r} must be a finite number > 0")
+    if not problems and scaling["type"] == "llama3" and \
+            not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        problems.append(f"{where}: high_freq_factor={scaling['high_freq_factor']} must exceed "
+                        f"low_freq_factor={scaling['low_freq_factor']}")
     return problems

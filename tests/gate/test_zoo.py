@@ -127,10 +127,24 @@ def test_presets_pass(name):
 @pytest.mark.parametrize("cfg", configs.params(
     configs.entries("gqa-small", "ln-gelutanh-biases-tied", "mqa-nopos-tied", "long-context-40",
                     "rope-half-gqa", "qk-norm-gqa", "qkv-bias-only", "wide-heads",
-                    "ln-nobias-tied", "gemma-like")
+                    "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3",
+                    "rope-linear-gqa", "rope-yarn-partial")
     + configs.grid()))
 def test_odd_configs_pass(cfg):
     _passes(zoo.decoder(cfg, seed=3))
+
+
+def test_dynamic_rope_past_its_original_length_is_seen_to_depend_on_the_length():
+    """Dynamic NTK scaling grows RoPE's base with the sequence once it passes
+    original_max_seq_len, so every row's logits depend on the total length: a one-token step
+    of cached decoding (rotated at the shorter length) differs from the full forward. The gate
+    says so; within the original length the same model is inert and passes."""
+    cfg = configs.named("rope-dynamic")  # original length 4, max_seq_len 8
+    report = da.audit(zoo.decoder(cfg, seed=3))
+    assert not report["kv_cache"].passed
+    assert report["kv_cache"].evidence  # the positions that differ, by how much
+    inert = cfg.replace(rope_scaling={**cfg.rope_scaling, "original_max_seq_len": 8})
+    _passes(zoo.decoder(inert, seed=3))
 
 
 def test_hand_written_attention_passes_so_each_mutant_differs_by_its_defect_only():

@@ -18,7 +18,8 @@ ORACLE = configs.grid() + configs.entries(
     "tiny-368", "ln-gelu-learned-biases-gqa-untied", "gqa-odd", "ln-gelutanh-nopos-attnbias-tied",
     "rms-relu-rope-mlpbias-tied", "ln-swiglu-rope-allbias-gqa", "rope-half-gqa",
     "rope-half-ln-biases-tied", "qk-norm-gqa", "qkv-bias-only", "wide-heads",
-    "ln-nobias-tied", "gemma-like")
+    "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3", "rope-linear-gqa",
+    "rope-yarn-partial", "rope-dynamic")
 
 
 @pytest.mark.parametrize("cfg", configs.params(ORACLE))
@@ -41,7 +42,9 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
 @pytest.mark.parametrize("cfg", configs.params(configs.entries("tiny-368", "gqa-odd",
                                                                 "rope-half-gqa", "qk-norm-gqa",
                                                                 "qkv-bias-only", "wide-heads",
-                                                                "gemma-like")))
+                                                                "gemma-like", "neox-like",
+                                                                "rope-yarn-partial",
+                                                                "rope-dynamic")))
 def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))

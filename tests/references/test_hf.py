@@ -177,9 +177,14 @@ def test_rope_row_permutation_turns_rotate_half_into_interleaved():
     (lambda: tf.GPT2Config(reorder_and_upcast_attn=True), "reorder_and_upcast_attn"),
     (lambda: tf.GPT2Config(scale_attn_weights=False), "scale_attn_weights=False"),
     (lambda: tf.LlamaConfig(hidden_act="gelu"), "hidden_act='gelu'"),
-    (lambda: tf.LlamaConfig(rope_parameters={"rope_type": "linear", "factor": 2.0,
-                                             "rope_theta": 1e4}),
-     "rope_parameters.rope_type='linear'"),
+    (lambda: tf.LlamaConfig(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                                             "short_factor": [1.0], "long_factor": [1.0]}),
+     "rope_parameters.rope_type='longrope'"),
+    (lambda: tf.LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                             "partial_rotary_factor": 0.5}),
+     "partial_rotary_factor=0.5"),
+    (lambda: tf.StableLmConfig(num_key_value_heads=32, qk_layernorm=True), "qk_layernorm=True"),
+    (lambda: tf.GPTNeoXConfig(hidden_act="silu"), "hidden_act='silu'"),
     (lambda: tf.BertConfig(), "model_type='bert'"),
 ])
 def test_unsupported_hf_configs_are_refused_naming_the_field(config, field):
@@ -272,3 +277,75 @@ def test_to_hf_says_what_the_gpt2_format_changes():
     with pytest.warns(UserWarning, match=r"attn_bias=false is written as zero biases.*368 -> "
                                          r"400 parameters"):
         da.to_hf(tiny_decoder())
+
+
+ROPE_TYPES = {
+    "default": {"rope_type": "default"},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                    "beta_fast": 16, "beta_slow": 2, "mscale": 1.0, "mscale_all_dim": 0.5},
+    "yarn-no-truncate": {"rope_type": "yarn", "factor": 8.0, "truncate": False,
+                         "original_max_position_embeddings": 2048, "attention_factor": 1.3},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ROPE_TYPES))
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+def test_rope_frequencies_equal_transformers_for_every_scaling(kind, partial):
+    """transformers' ROPE_INIT_FUNCTIONS give the inverse frequencies and attention factor of
+    each rope_type; the config read from the same rope_parameters gives the same through the
+    model's `rope_frequencies` and the oracle's per-pair formula (both written from the papers,
+    sharing no code). Dynamic NTK is compared past its original length (3x), where it bites."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from decoder_audit.model.attention import rope_frequencies
+    from decoder_audit.references import oracle
+
+    params = {**ROPE_TYPES[kind], "rope_theta": 500000.0, "partial_rotary_factor": partial}
+    config = tf.StableLmConfig(hidden_size=512, num_attention_heads=4, num_key_value_heads=4,
+                               num_hidden_layers=1, intermediate_size=8, vocab_size=8,
+                               max_position_embeddings=16384, rope_parameters=params)
+    seq_len = 3 * config.max_position_embeddings if kind == "dynamic" else None
+    init = ROPE_INIT_FUNCTIONS.get(params["rope_type"])
+    if init is None:  # "default" has no entry: theta^(-2j/R) in float32
+        dim = int(128 * partial)
+        theirs, factor = 1.0 / 500000.0 ** (torch.arange(0, dim, 2).float() / dim), 1.0
+    else:
+        theirs, factor = init(config, "cpu", seq_len=seq_len)
+    cfg = config_from_hf(config, "stablelm")
+    assert cfg.rope_dim == 2 * theirs.numel()
+    ours, ours_factor = rope_frequencies(cfg, seq_len or 1, torch.device("cpu"))
+    slow = torch.tensor([oracle._pair_frequency(cfg, j, seq_len or 1)
+                         for j in range(cfg.rope_dim // 2)], dtype=torch.float64)
+    torch.testing.assert_close(ours, theirs.double(), rtol=2e-6, atol=0)  # theirs: float32
+    torch.testing.assert_close(slow, ours, rtol=1e-12, atol=0)
+    assert ours_factor == pytest.approx(factor, rel=1e-12)
+    assert oracle._rope_attention_factor(cfg) == pytest.approx(factor, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["linear", "llama3", "yarn"])
+def test_llama_rope_scaling_round_trips_through_the_converter(kind):
+    """A scaled Llama converts to ours and back with its rope_parameters, and both compute the
+    same logits (the pairs permuted into our interleaved layout turn by the same angles)."""
+    params = {**ROPE_TYPES[kind], "rope_theta": 50.0}
+    if "original_max_position_embeddings" in params:
+        params["original_max_position_embeddings"] = 8
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=V, hidden_size=D, num_hidden_layers=2, num_attention_heads=H,
+                            num_key_value_heads=2, intermediate_size=F, max_position_embeddings=T,
+                            rope_parameters=params, attn_implementation="eager",
+                            bos_token_id=None, eos_token_id=None)
+    hf_model = randomise(tf.LlamaForCausalLM(config), 0, std=0.3).double().eval()
+    ours = hfref.from_hf(hf_model)
+    assert ours.config.rope_scaling["type"] == kind
+    ids = torch.randint(0, V, (2, T))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf_model(ids).logits, rtol=0, atol=2e-6)
+    back = hfref.to_hf(ours)
+    written = back.config.rope_parameters
+    assert {k: written[k] for k in params} == params
+    assert hfref.from_hf(back).config == ours.config

@@ -139,6 +139,7 @@ def test_tie_survives_an_optimizer_step_in_the_twin():
     (dict(mlp="swiglu"), "mlp='swiglu'"),
     (dict(pos="rope"), "pos='rope'"),
     (dict(n_kv_heads=2), "n_kv_heads=2"),
+    (dict(parallel_residual=True), "parallel_residual=True"),
 ])
 def test_refuses_configs_it_cannot_express(change, field):
     cfg = configs.named("twin-gelutanh-biases-tied").replace(**change)

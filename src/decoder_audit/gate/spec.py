@@ -108,9 +108,10 @@ def check_spec_oracle(s: Subject) -> CheckResult:
                            f"{placement.layout})", evidence, tol)
     natural = _compare_values(s, placement, weights, ids, tol)
     evidence["as_initialised"] = natural
-    with _stressed(s, weights, live) as stressed:
+    with _stressed(s, placement, weights, live) as stressed:
         evidence["stressed"] = stressed
-        if stressed:  # the views now read the stress weights
+        if stressed:  # the module now holds the stress weights
+            weights = _canonical(placement, live, spec)
             evidence["stress"] = _compare_values(s, placement, weights, ids, tol)
             if sum(p.numel() for p in s.parameters()) <= GRADIENT_MAX_PARAMETERS:
                 evidence["gradients"] = _compare_grads(s, placement, named, ids)
@@ -254,14 +255,15 @@ def _dense(param: nn.Parameter) -> torch.Tensor:
 
 
 @contextmanager
-def _stressed(s: Subject, weights: Mapping[str, torch.Tensor],
+def _stressed(s: Subject, placement: Placement, weights: Mapping[str, torch.Tensor],
               live: Mapping[str, torch.Tensor]) -> Iterator[bool]:
-    """Within the block, the module holds the stress weights (see the module docstring), written
-    through the canonical views `weights`; yields False, writing nothing, when one of them is
-    not a view of the module's own tensors `live` (a weights_map that copies). Every parameter
-    is restored bit for bit afterwards."""
+    """Within the block, the module holds the stress weights (see the module docstring), each
+    written into its place: by the layout's spots, or through a weights_map's tensors when they
+    are views of the module's own tensors `live`. Yields False, writing nothing, for a
+    weights_map that copies. Every parameter is restored bit for bit afterwards."""
     storages = {t.untyped_storage().data_ptr() for t in live.values()}
-    if not all(t.untyped_storage().data_ptr() in storages for t in weights.values()):
+    if not placement.spots and not all(t.untyped_storage().data_ptr() in storages
+                                       for t in weights.values()):
         yield False
         return
     saved = [(p, p.detach().clone()) for p in s.parameters()]
@@ -269,12 +271,19 @@ def _stressed(s: Subject, weights: Mapping[str, torch.Tensor],
     s.forget_clean()  # the weights change what the model computes
     try:
         with torch.no_grad():
-            written: set[tuple[int, int, tuple[int, ...]]] = set()
-            for name, view in weights.items():
-                key = (view.untyped_storage().data_ptr(), view.storage_offset(), tuple(view.shape))
-                if key not in written:
-                    written.add(key)
-                    view.copy_(_stress_value(name, tuple(view.shape), gen))
+            written: set = set()
+            for name, tensor in weights.items():
+                value = _stress_value(name, tuple(tensor.shape), gen)
+                spot = placement.spots.get(name)
+                key = spot if spot is not None else (tensor.untyped_storage().data_ptr(),
+                                                     tensor.storage_offset(), tuple(tensor.shape))
+                if key in written:  # a tied weight: written once
+                    continue
+                written.add(key)
+                if spot is not None:
+                    spot.write(live[spot.source], value)
+                else:
+                    tensor.copy_(value)
         yield True
     finally:
         with torch.no_grad():

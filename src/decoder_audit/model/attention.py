@@ -22,36 +22,95 @@ from .layers import INIT_STD, Linear, RMSNorm
 from .trace import Trace
 
 
+def rope_frequencies(cfg: DecoderConfig, seq_len: int, device: torch.device
+                     ) -> tuple[torch.Tensor, float]:
+    """(the angle per position of each rotated pair (R/2,) in float64, the factor q and k are
+    scaled by): theta^(-2j/R), stretched as cfg.rope_scaling says for a call whose longest
+    position is seq_len - 1 (only "dynamic" depends on it)."""
+    rotated = cfg.rope_dim
+    exponents = torch.arange(0, rotated, 2, device=device, dtype=torch.float64) / rotated
+    kind, get = (cfg.rope_scaling or {}).get("type"), cfg.rope_parameter
+    if kind == "dynamic" and seq_len > get("original_max_seq_len"):
+        # NTK-aware: the base grows so the longest wavelength spans the longer context
+        stretch = get("factor") * seq_len / get("original_max_seq_len") - (get("factor") - 1)
+        return (cfg.rope_theta * stretch ** (rotated / (rotated - 2))) ** -exponents, 1.0
+    inv_freq = cfg.rope_theta ** -exponents  # (R/2,)
+    if kind == "linear":
+        return inv_freq / get("factor"), 1.0
+    if kind == "llama3":
+        wavelength = 2 * math.pi / inv_freq
+        original, factor = get("original_max_seq_len"), get("factor")
+        low, high = get("low_freq_factor"), get("high_freq_factor")
+        smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+        # wavelengths longer than original / low: divided; shorter than original / high: kept
+        return (1 - smooth) * inv_freq / factor + smooth * inv_freq, 1.0
+    if kind == "yarn":
+        ramp = _yarn_ramp(cfg, rotated, device)  # 0: kept (extrapolated) .. 1: divided
+        factor = get("factor")
+        attention = get("attention_factor")
+        if attention is None:
+            attention = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        return inv_freq * (1 - ramp) + inv_freq / factor * ramp, attention
+    return inv_freq, 1.0
+
+
+def _yarn_ramp(cfg: DecoderConfig, rotated: int, device: torch.device) -> torch.Tensor:
+    """YaRN's blend per pair (R/2,): 0 for the pairs that turn more than beta_fast times over
+    the original context (kept), 1 below beta_slow turns (divided by factor), linear between."""
+    get = cfg.rope_parameter
+
+    def pair_turning(turns: float) -> float:  # the pair index that turns `turns` times
+        return rotated * math.log(get("original_max_seq_len") / (turns * 2 * math.pi)) / (
+            2 * math.log(cfg.rope_theta))
+
+    low, high = pair_turning(get("beta_fast")), pair_turning(get("beta_slow"))
+    if get("truncate"):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotated - 1)
+    if low == high:
+        high += 0.001  # a ramp of width zero would divide by zero
+    pairs = torch.arange(rotated // 2, device=device, dtype=torch.float64)
+    return ((pairs - low) / (high - low)).clamp(0.0, 1.0)
+
+
 def rope_rotations(cfg: DecoderConfig, seq_len: int, device: torch.device,
                    dtype: torch.dtype, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """exp(i * pos * theta^(-2j/Dh)) as a complex table (T, Dh/2), built once per forward, for
-    pos = 0..T-1, or for the given `positions` (..., T) -> (..., T, Dh/2).
+    """a * exp(i * pos * freq_j) as a complex table (T, R/2), built once per forward, for
+    pos = 0..T-1, or for the given `positions` (..., T) -> (..., T, R/2); freq and the
+    attention factor a from `rope_frequencies` (a = 1 unless YaRN).
 
     The angles are computed in float64 on every call and only then rounded to the compute dtype
     (complex64 at least), so a model cast to bf16 never rotates by low-precision angles."""
     real_dtype = torch.promote_types(dtype, torch.float32)
-    exponents = torch.arange(0, cfg.head_dim, 2, device=device, dtype=torch.float64) / cfg.head_dim
-    inv_freq = cfg.rope_theta ** -exponents  # (Dh/2,)
+    dynamic = (cfg.rope_scaling or {}).get("type") == "dynamic"
+    # the longest position of the call (only dynamic scaling reads it: no sync otherwise)
+    longest = int(positions.max()) + 1 if dynamic and positions is not None else seq_len
+    inv_freq, attention = rope_frequencies(cfg, longest, device)  # (R/2,)
     positions = (torch.arange(seq_len, device=device, dtype=torch.float64) if positions is None
                  else positions.to(torch.float64))  # (..., T)
-    angles = positions[..., None] * inv_freq  # (..., T, Dh/2)
-    return torch.complex(angles.cos().to(real_dtype), angles.sin().to(real_dtype))
+    angles = positions[..., None] * inv_freq  # (..., T, R/2)
+    return torch.complex((attention * angles.cos()).to(real_dtype),
+                         (attention * angles.sin()).to(real_dtype))
 
 
 def apply_rope(x: torch.Tensor, rotations: torch.Tensor, layout: str = "interleaved"
                ) -> torch.Tensor:
-    """Rotate the pairs of x (..., T, Dh) by the tabled angles, one complex multiply per pair:
-    (x[2j] + i x[2j+1]) * exp(i angle) for "interleaved" pairs (the CS336 / original-Llama
-    layout), (x[j] + i x[j + Dh/2]) * exp(i angle) for "rotate_half" (Hugging Face Llama's). The
-    complex form is one kernel instead of the eight a real-valued rotation takes (~10x faster on
-    CPU)."""
+    """Rotate the pairs of x (..., T, Dh) by the tabled angles (..., T, R/2), one complex
+    multiply per pair: (x[2j] + i x[2j+1]) * exp(i angle) for "interleaved" pairs (the CS336 /
+    original-Llama layout), (x[j] + i x[j + R/2]) * exp(i angle) for "rotate_half" (Hugging Face
+    Llama's); features R.. of a partial rotary pass through. The complex form is one kernel
+    instead of the eight a real-valued rotation takes (~10x faster on CPU)."""
     real_dtype = rotations.real.dtype
+    rotated = 2 * rotations.shape[-1]  # R
+    x_rot = x[..., :rotated].to(real_dtype)  # (..., T, R)
     if layout == "rotate_half":
-        first, second = x.to(real_dtype).chunk(2, dim=-1)  # (..., T, Dh/2) each
+        first, second = x_rot.chunk(2, dim=-1)  # (..., T, R/2) each
         turned = torch.complex(first, second) * rotations
-        return torch.cat((turned.real, turned.imag), dim=-1).to(x.dtype)  # (..., T, Dh)
-    pairs = torch.view_as_complex(x.to(real_dtype).unflatten(-1, (-1, 2)))  # (..., T, Dh/2)
-    return torch.view_as_real(pairs * rotations).flatten(-2).to(x.dtype)  # (..., T, Dh)
+        out = torch.cat((turned.real, turned.imag), dim=-1).to(x.dtype)  # (..., T, R)
+    else:
+        pairs = torch.view_as_complex(x_rot.unflatten(-1, (-1, 2)))  # (..., T, R/2)
+        out = torch.view_as_real(pairs * rotations).flatten(-2).to(x.dtype)  # (..., T, R)
+    return out if rotated == x.shape[-1] else torch.cat((out, x[..., rotated:]), dim=-1)
 
 
 class CausalSelfAttention(nn.Module):

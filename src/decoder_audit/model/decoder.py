@@ -133,10 +133,12 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm block: two residual updates, each reading a normalised copy of the stream."""
+    """One pre-norm block: two residual updates, each reading a normalised copy of the stream
+    (in a parallel block both read the block's input: x + Attn(N1(x)) + MLP(N2(x)))."""
 
     def __init__(self, cfg: DecoderConfig, *, residual_std: float, **factory) -> None:
         super().__init__()
+        self.parallel = cfg.parallel_residual
         self.ln1 = make_norm(cfg, **factory)
         self.attn = CausalSelfAttention(cfg, residual_std=residual_std, **factory)
         self.ln2 = make_norm(cfg, **factory)
@@ -154,7 +156,8 @@ class Block(nn.Module):
         _record(trace, f"{prefix}.attn.out", attn_out)
         resid_mid = resid_pre + attn_out
         _record(trace, f"{prefix}.resid_mid", resid_mid)
-        normed = self.ln2(resid_mid)
+        # a parallel block's MLP reads the block's input, not the stream after attention
+        normed = self.ln2(resid_pre if self.parallel else resid_mid)
         _record(trace, f"{prefix}.ln2", normed)
         ffn_out = self.ffn(normed, trace, f"{prefix}.ffn")
         _record(trace, f"{prefix}.ffn.out", ffn_out)

@@ -16,6 +16,7 @@ vocabulary), naming the field as config.json spells it.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,10 +111,19 @@ def model_classes(tf: Any) -> dict[str, type]:
 def spec_classes(tf: Any) -> dict[str, type]:
     """The model classes whose config declares an architecture a DecoderConfig expresses (the
     gate's spec for them, `hf.hf_spec`): the converter's, and Qwen2 (q/k/v biases, none on the
-    output projection), Qwen3 (a per-head q/k RMSNorm) and Gemma (GeGLU, RMSNorm gains 1 + w,
-    the embedding scaled by sqrt(D)), whose weights the converter does not write."""
+    output projection), Qwen3 (a per-head q/k RMSNorm), Gemma (GeGLU, RMSNorm gains 1 + w,
+    the embedding scaled by sqrt(D)), StableLM (LayerNorm, partial rotary, q/k/v biases),
+    Phi-3 (fused q/k/v and gate/up weights, partial rotary) and GPT-NeoX (parallel residual,
+    partial rotary, q/k/v fused head by head), whose weights the converter does not write."""
     return {**model_classes(tf), "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM,
-            "gemma": tf.GemmaForCausalLM}
+            "gemma": tf.GemmaForCausalLM, "stablelm": tf.StableLmForCausalLM,
+            "phi3": tf.Phi3ForCausalLM, "gpt_neox": tf.GPTNeoXForCausalLM}
+
+
+# Families whose attention rotates only the first partial_rotary_factor of each head's features
+# (Llama's apply_rotary_pos_emb rotates them all, so a Llama config with a factor is refused).
+_PARTIAL_ROTARY = ("stablelm", "phi3", "gpt_neox")
+_LLAMA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "stablelm", "phi3")
 
 
 def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
@@ -124,10 +134,12 @@ def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
     model_type = family or getattr(hf_config, "model_type", None)
     if model_type == "gpt2":
         return _gpt2_config(hf_config)
-    if model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma"):
+    if model_type in _LLAMA_FAMILIES:
         return _llama_config(hf_config, model_type)
+    if model_type == "gpt_neox":
+        return _neox_config(hf_config)
     raise ConfigError(f"model_type={model_type!r} is not supported; supported are 'gpt2' "
-                      "(GPT2LMHeadModel), 'llama', 'mistral', 'qwen2' and 'qwen3' (their "
+                      f"(GPT2LMHeadModel), 'gpt_neox' and {list(_LLAMA_FAMILIES)} (their "
                       "*ForCausalLM)")
 
 
@@ -158,6 +170,67 @@ def _gpt2_config(c: Any) -> DecoderConfig:
     )
 
 
+def _rope_fields(c: Any, family: str, head_dim: int, problems: list[str]) -> dict[str, Any]:
+    """rope_theta, rotary_dim and rope_scaling from a config's rope_parameters (or its older
+    flat fields), appending what we cannot express to `problems`."""
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    theta = rope.get("rope_theta", getattr(c, "rope_theta", None))
+    if theta is None:
+        problems.append("rope_parameters.rope_theta is missing")
+    factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
+    rotary_dim = None
+    if factor != 1.0:
+        rotary_dim = int(head_dim * factor)  # as transformers rounds it
+        if family not in _PARTIAL_ROTARY:
+            problems.append(f"rope_parameters.partial_rotary_factor={factor} ({family}'s "
+                            "attention rotates every feature)")
+        elif rotary_dim % 2 or rotary_dim <= 0:
+            problems.append(f"partial_rotary_factor={factor} rotates {rotary_dim} of "
+                            f"{head_dim} features; RoPE needs an even number")
+    scaling = _rope_scaling_from_hf(rope, c, problems)
+    return {"rope_theta": float(theta or 0.0), "rotary_dim": rotary_dim,
+            "rope_scaling": scaling}
+
+
+def _rope_scaling_from_hf(rope: dict, c: Any, problems: list[str]) -> dict | None:
+    """Our rope_scaling for transformers' rope_parameters (None for rope_type "default")."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind not in ("linear", "dynamic", "llama3", "yarn"):
+        problems.append(f"rope_parameters.rope_type={kind!r} (supported: default, linear, "
+                        "dynamic, llama3, yarn)")
+        return None
+    original = rope.get("original_max_position_embeddings")
+    scaling: dict[str, Any] = {"type": kind, "factor": rope.get("factor")}
+    if kind == "dynamic":  # transformers grows the base past max_position_embeddings
+        scaling["original_max_seq_len"] = c.max_position_embeddings
+    if kind in ("llama3", "yarn"):
+        scaling["original_max_seq_len"] = original
+    if kind == "llama3":
+        scaling.update(low_freq_factor=rope.get("low_freq_factor"),
+                       high_freq_factor=rope.get("high_freq_factor"))
+    if kind == "yarn":
+        if scaling["factor"] is None and original:
+            scaling["factor"] = c.max_position_embeddings / original
+        attention = rope.get("attention_factor")
+        mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        if attention is None and mscale and mscale_all and scaling["factor"]:
+            # DeepSeek's ratio of two log scales, resolved here to the factor it gives
+            attention = ((0.1 * mscale * math.log(scaling["factor"]) + 1.0)
+                         / (0.1 * mscale_all * math.log(scaling["factor"]) + 1.0)
+                         if scaling["factor"] > 1 else 1.0)
+        scaling.update(beta_fast=float(rope.get("beta_fast") or 32.0),
+                       beta_slow=float(rope.get("beta_slow") or 1.0),
+                       attention_factor=attention, truncate=bool(rope.get("truncate", True)))
+    absent = sorted(key for key, value in scaling.items() if value is None and
+                    key != "attention_factor")
+    if absent:
+        problems.append(f"rope_parameters of rope_type {kind!r} lack {absent}")
+        return None
+    return scaling
+
+
 def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
     problems = []
     # the gate's activation: SiLU (SwiGLU); Gemma's tanh GELU (GeGLU)
@@ -167,40 +240,64 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
         problems.append(f"hidden_act={c.hidden_act!r} (this family's gate is "
                         f"{' or '.join(sorted(gates))})")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    rope = dict(getattr(c, "rope_parameters", None) or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        problems.append(f"rope_parameters.rope_type={rope_type!r} (RoPE scaling is not supported)")
-    if rope.get("partial_rotary_factor", 1.0) != 1.0:
-        problems.append(f"rope_parameters.partial_rotary_factor={rope['partial_rotary_factor']}")
-    theta = rope.get("rope_theta", getattr(c, "rope_theta", None))
-    if theta is None:
-        problems.append("rope_parameters.rope_theta is missing")
-    if getattr(c, "sliding_window", None) is not None:
+    rope = _rope_fields(c, family, head_dim, problems)
+    if getattr(c, "sliding_window", None) is not None and \
+            getattr(c, "use_sliding_window", True) is not False:
         problems.append(f"sliding_window={c.sliding_window} (attention here is full causal)")
     layer_types = getattr(c, "layer_types", None)
     if layer_types and any(t != "full_attention" for t in layer_types):
         problems.append(f"layer_types={layer_types} (only full_attention)")
-    _refuse("Llama", problems)
+    for flag in ("qk_layernorm", "use_parallel_residual"):  # StableLM's options
+        if getattr(c, flag, False):
+            problems.append(f"{flag}=True ({family}'s per-head LayerNorms of q and k, or its "
+                            "single-norm parallel block, are not expressed)")
+    _refuse(family, problems)
     n_kv = c.num_key_value_heads
+    layernorm = family == "stablelm"
     return DecoderConfig(
         vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
         n_heads=c.num_attention_heads,
         n_kv_heads=None if n_kv in (None, c.num_attention_heads) else n_kv,
         # Qwen3 0.6B: 16 heads of 128 over a width of 1024
         head_width=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
-        d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, norm="rmsnorm",
-        norm_eps=float(c.rms_norm_eps), mlp=gates.get(c.hidden_act, "swiglu"), pos="rope",
-        rope_theta=float(theta),
+        d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings,
+        norm="layernorm" if layernorm else "rmsnorm",
+        norm_eps=float(c.layer_norm_eps if layernorm else c.rms_norm_eps),
+        mlp=gates.get(c.hidden_act, "swiglu"), pos="rope", **rope,
         norm_offset=1.0 if family == "gemma" else 0.0,
         embedding_scale=float(c.hidden_size) ** 0.5 if family == "gemma" else None,
         # Mistral's and Qwen2's configs have neither flag: Mistral's projections have no
-        # biases, Qwen2's q, k and v have one and its output projection none
-        attn_bias=family == "qwen2" or bool(getattr(c, "attention_bias", False)),
-        attn_output_bias=False if family == "qwen2" else None,
+        # biases, Qwen2's q, k and v have one and its output projection none (StableLM's
+        # use_qkv_bias likewise)
+        attn_bias=family == "qwen2" or bool(getattr(c, "attention_bias", False)
+                                            or getattr(c, "use_qkv_bias", False)),
+        attn_output_bias=False if family in ("qwen2", "stablelm") else None,
         qk_norm=family == "qwen3", mlp_bias=bool(getattr(c, "mlp_bias", False)),
         tie_embeddings=bool(c.tie_word_embeddings),
     )
+
+
+_NEOX_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                     "gelu_fast": "gelu_tanh", "relu": "relu"}
+
+
+def _neox_config(c: Any) -> DecoderConfig:
+    """GPTNeoXConfig (Pythia, GPT-NeoX-20B): LayerNorms with biases, a GELU MLP with biases,
+    partial rotary on rotated halves, parallel or sequential residual."""
+    problems = []
+    if c.hidden_act not in _NEOX_ACTIVATIONS:
+        problems.append(f"hidden_act={c.hidden_act!r} (supported: {sorted(_NEOX_ACTIVATIONS)})")
+    head_dim = c.hidden_size // c.num_attention_heads
+    rope = _rope_fields(c, "gpt_neox", head_dim, problems)
+    _refuse("GPT-NeoX", problems)
+    return DecoderConfig(
+        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads, d_ff=c.intermediate_size,
+        max_seq_len=c.max_position_embeddings, norm="layernorm",
+        norm_eps=float(c.layer_norm_eps), mlp=_NEOX_ACTIVATIONS[c.hidden_act], pos="rope",
+        **rope, parallel_residual=bool(c.use_parallel_residual),
+        attn_bias=bool(getattr(c, "attention_bias", True)), mlp_bias=True,
+        tie_embeddings=bool(c.tie_word_embeddings))
 
 
 def hf_family(cfg: DecoderConfig) -> str:
@@ -209,6 +306,10 @@ def hf_family(cfg: DecoderConfig) -> str:
         raise ConfigError(f"mlp={cfg.mlp!r}, norm_offset={cfg.norm_offset}, embedding_scale="
                           f"{cfg.embedding_scale}: the converter writes GPT-2 and Llama, which "
                           "have no GeGLU, no norm offset and no embedding scale")
+    if cfg.rotary_dim is not None or cfg.parallel_residual:
+        raise ConfigError(f"rotary_dim={cfg.rotary_dim}, parallel_residual="
+                          f"{cfg.parallel_residual}: the converter writes GPT-2 and Llama, whose "
+                          "RoPE rotates every feature and whose blocks are sequential")
     if cfg.qk_norm or cfg.output_bias != cfg.attn_bias:
         raise ConfigError(f"qk_norm={cfg.qk_norm}, attn_output_bias={cfg.attn_output_bias}: "
                           "the converter writes GPT-2 and Llama, which have no q/k norm and bias "
@@ -248,6 +349,25 @@ def config_to_hf(cfg: DecoderConfig) -> Any:
         num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim,
         intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_seq_len,
         rms_norm_eps=cfg.norm_eps, hidden_act="silu",
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+        rope_parameters=_rope_parameters(cfg),
         attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_bias, attention_dropout=0.0, **common)
 
+
+
+def _rope_parameters(cfg: DecoderConfig) -> dict[str, Any]:
+    """transformers' rope_parameters for our rope_theta and rope_scaling."""
+    out: dict[str, Any] = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
+    scaling = dict(cfg.rope_scaling or {})
+    if not scaling:
+        return out
+    kind = out["rope_type"] = scaling.pop("type")
+    original = scaling.pop("original_max_seq_len", None)
+    if kind in ("llama3", "yarn"):
+        out["original_max_position_embeddings"] = original
+    elif kind == "dynamic" and original != cfg.max_seq_len:
+        raise ConfigError(f"rope_scaling dynamic with original_max_seq_len={original} != "
+                          f"max_seq_len={cfg.max_seq_len}: transformers grows the base past "
+                          "max_position_embeddings, so the two must be one number")
+    if kind == "yarn" and scaling.get("attention_factor") is None:
+        scaling.pop("attention_factor", None)  # transformers derives the same default
+    return out | scaling

@@ -17,7 +17,13 @@ Layouts detected from the parameter names (`detect`):
                         query heads, then the key heads, then the value heads, as litgpt 0.5
                         splits them), mlp.fc_1/fc_2/proj (LLaMAMLP) or mlp.fc/proj (GptNeoxMLP)
     Hugging Face Llama  model.embed_tokens, model.layers.{i}.self_attn.q_proj, mlp.gate_proj ...
-                        (Llama, Mistral, Qwen2 and every class with these names)
+                        (Llama, Mistral, Qwen2, Qwen3, Gemma, StableLM and every class with these
+                        names)
+    Hugging Face Phi-3  the same names, with q/k/v fused in self_attn.qkv_proj and the gate and
+                        up projections in mlp.gate_up_proj
+    Hugging Face        gpt_neox.embed_in, gpt_neox.layers.{i}.attention.query_key_value (q, k,
+      GPT-NeoX          v fused head by head), mlp.dense_h_to_4h, lm_head (stored as embed_out
+                        before transformers 5)
     torchtune           tok_embeddings, layers.{i}.attn.q_proj, sa_norm.scale, mlp.w1, output
     LLMs-from-scratch   tok_emb, trf_blocks.{i}.att.W_query, norm1.scale/shift, ff.layers.0
                         (its GPTModel), and ff.fc1/fc2/fc3 with norm1.weight (its Llama models)
@@ -87,6 +93,11 @@ class Layout:
     parts: dict[str, str]
     fused_qkv: str | None = None
     """The in-block module whose weight stacks q, k and v rows (in that order)."""
+    qkv_per_head: bool = False
+    """The fused q/k/v rows are grouped by head, each head's q, k and v rows together
+    (GPT-NeoX: (H, 3, Dh) rows), instead of all q rows, then all k rows, then all v rows."""
+    fused_gate_up: str | None = None
+    """The in-block module whose weight stacks the gated MLP's w1 (gate) rows, then w3 (up)."""
     norm_params: tuple[str, str | None] = ("weight", "bias")
     """The layout's names for a norm's gain and shift (None: its norms have no shift)."""
 
@@ -134,6 +145,16 @@ LAYOUTS: tuple[Layout, ...] = (
            fused_qkv="attn.qkv"),
     Layout("Hugging Face Llama", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
            "lm_head", _HF_LLAMA),
+    Layout("Hugging Face Phi-3", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+                       "attn.output_proj": "self_attn.o_proj", "ffn.w2": "mlp.down_proj"},
+           fused_qkv="self_attn.qkv_proj", fused_gate_up="mlp.gate_up_proj"),
+    Layout("Hugging Face GPT-NeoX", "gpt_neox.embed_in", None, "gpt_neox.layers.{i}",
+           "gpt_neox.final_layer_norm", "lm_head",
+           {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+            "attn.output_proj": "attention.dense", "ffn.w1": "mlp.dense_h_to_4h",
+            "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="attention.query_key_value",
+           qkv_per_head=True),
     Layout("torchtune", "tok_embeddings", None, "layers.{i}", "norm", "output",
            {"ln1": "sa_norm", "ln2": "mlp_norm", "attn.q_proj": "attn.q_proj",
             "attn.k_proj": "attn.k_proj", "attn.v_proj": "attn.v_proj",
@@ -152,15 +173,34 @@ LAYOUTS: tuple[Layout, ...] = (
 @dataclass(frozen=True)
 class Spot:
     """Where one canonical weight lies: module parameter `source`, transposed first or not, then
-    rows [start, stop) of it (None: every row)."""
+    rows [start, stop) of it (None: every row), or of each of its `groups` equal row groups,
+    concatenated (GPT-NeoX's fused q/k/v: head h's q rows are rows [0, Dh) of group h)."""
 
     source: str
     transposed: bool = False
     rows: tuple[int, int] | None = None
+    groups: int = 1
+
+    def _target(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A view of the weight's place in `tensor`: (rows, ...), or (groups, rows, ...)."""
+        out = tensor.T if self.transposed else tensor
+        if self.rows is None:
+            return out
+        start, stop = self.rows
+        if self.groups == 1:
+            return out[start:stop]
+        return out.unflatten(0, (self.groups, -1))[:, start:stop]
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.T if self.transposed else tensor
-        return out if self.rows is None else out[self.rows[0]:self.rows[1]]
+        """The canonical weight: a view of `tensor`, or for grouped rows a differentiable copy
+        (its rows are not evenly spaced in memory)."""
+        target = self._target(tensor)
+        return target.flatten(0, 1) if self.groups > 1 else target
+
+    def write(self, tensor: torch.Tensor, value: torch.Tensor) -> None:
+        """Write the canonical weight's `value` into its place in `tensor` (no autograd)."""
+        target = self._target(tensor)
+        target.copy_(value.view(target.shape))
 
 
 @dataclass(frozen=True)
@@ -288,7 +328,8 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
     shift, gate and position table it might have although the spec says not (so an extra one
     is found and named, not left over)."""
     full = spec.replace(attn_bias=True, attn_output_bias=True, mlp_bias=True, norm="layernorm",
-                        mlp="swiglu", pos="learned", qk_norm=True)
+                        mlp="swiglu", pos="learned", qk_norm=True, rotary_dim=None,
+                        rope_scaling=None)
     return list(expected_weights(full))
 
 
@@ -326,11 +367,20 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
         if source in shapes:
             return Spot(source, conv1d and matrix)
     which = part.split(".")[-1]
+    fused, rows, groups = None, None, 1
     if layout.fused_qkv and part.startswith("attn.") and which in ("q_proj", "k_proj", "v_proj"):
+        fused, rows = layout.fused_qkv, _qkv_rows(spec)[which]
+        if layout.qkv_per_head:  # each head's q, k, v rows together (no GQA in such layouts)
+            index, width = ("q_proj", "k_proj", "v_proj").index(which), spec.head_dim
+            rows, groups = (index * width, (index + 1) * width), spec.n_heads
+    elif layout.fused_gate_up and part in ("ffn.w1", "ffn.w3"):
+        fused = layout.fused_gate_up
+        rows = (0, spec.d_ff) if part == "ffn.w1" else (spec.d_ff, 2 * spec.d_ff)
+    if fused is not None:
         layer = module.split(".")[1]
-        source = f"{prefix}{layout.block.format(i=layer)}.{layout.fused_qkv}.{kind}"
-        if source in shapes:
-            return Spot(source, conv1d and matrix, _qkv_rows(spec)[which])
+        source = f"{prefix}{layout.block.format(i=layer)}.{fused}.{kind}"
+        if source in shapes and (groups == 1 or shapes[source][0] % groups == 0):
+            return Spot(source, conv1d and matrix, rows, groups)
     return None
 
 

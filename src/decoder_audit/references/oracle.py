@@ -66,24 +66,86 @@ def _activation(kind: str, x: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"no plain activation {kind!r}")
 
 
-def _rope_row(vec: torch.Tensor, position: int, theta: float, layout: str) -> torch.Tensor:
-    """Rotate one head vector (Dh,) at `position`: pair j turns by the angle
-    position * theta^(-2j/Dh), written out as the 2x2 rotation. Pair j is (vec[2j], vec[2j+1])
-    in the "interleaved" layout, (vec[j], vec[j + Dh/2]) in "rotate_half"."""
-    head_dim = vec.shape[-1]
-    angles = torch.tensor([position * theta ** (-2.0 * j / head_dim) for j in range(head_dim // 2)],
-                          dtype=vec.dtype, device=vec.device)  # (Dh/2,)
-    c, s = torch.cos(angles), torch.sin(angles)
-    if layout == "rotate_half":
-        x0, x1 = vec[:head_dim // 2], vec[head_dim // 2:]
-        return torch.cat((c * x0 - s * x1, s * x0 + c * x1))
-    x0, x1 = vec[0::2], vec[1::2]
-    return torch.stack((c * x0 - s * x1, s * x0 + c * x1), dim=-1).reshape(head_dim)
+def _pair_frequency(cfg: DecoderConfig, j: int, seq_len: int) -> float:
+    """The angle per position of rotated pair j (0 <= j < R/2), R = rotary_dim or Dh, in a
+    sequence of seq_len tokens: theta^(-2j/R), stretched as cfg.rope_scaling defines it."""
+    rotated, theta = cfg.rope_dim, cfg.rope_theta
+    scaling = cfg.rope_scaling or {}
+    kind, get = scaling.get("type"), cfg.rope_parameter
+    if kind == "dynamic" and seq_len > get("original_max_seq_len"):
+        grown = get("factor") * seq_len / get("original_max_seq_len") - get("factor") + 1
+        return 1.0 / (theta * grown ** (rotated / (rotated - 2))) ** (2.0 * j / rotated)
+    freq = 1.0 / theta ** (2.0 * j / rotated)
+    if kind == "linear":
+        return freq / get("factor")
+    if kind == "llama3":  # Llama 3.1's piecewise rule, by wavelength
+        wavelength = 2 * math.pi / freq
+        original = get("original_max_seq_len")
+        if wavelength > original / get("low_freq_factor"):
+            return freq / get("factor")
+        if wavelength < original / get("high_freq_factor"):
+            return freq
+        mix = (original / wavelength - get("low_freq_factor")) / (
+            get("high_freq_factor") - get("low_freq_factor"))
+        return mix * freq + (1 - mix) * freq / get("factor")
+    if kind == "yarn":
+        return _yarn_frequency(cfg, j, freq)
+    return freq
 
 
-def _rope_rows(rows: torch.Tensor, theta: float, layout: str) -> torch.Tensor:
-    """Row t of `rows` (T, Dh) rotated as the token at position t."""
-    return torch.stack([_rope_row(rows[t], t, theta, layout) for t in range(rows.shape[0])])
+def _yarn_frequency(cfg: DecoderConfig, j: int, freq: float) -> float:
+    """YaRN (Peng et al. 2023): pair j keeps its frequency when it turns more than beta_fast
+    times in the original context, is divided by factor below beta_slow turns, in between
+    a linear blend in j."""
+    get, rotated = cfg.rope_parameter, cfg.rope_dim
+    bounds = []
+    for turns in (get("beta_fast"), get("beta_slow")):
+        # j at which theta^(-2j/R) * original = 2 pi * turns
+        bounds.append(rotated / 2 * math.log(get("original_max_seq_len") / (2 * math.pi * turns))
+                      / math.log(cfg.rope_theta))
+    start, end = bounds
+    if get("truncate"):
+        start, end = math.floor(start), math.ceil(end)
+    start, end = max(start, 0), min(end, rotated - 1)
+    width = end - start if end != start else 0.001
+    divided = min(max((j - start) / width, 0.0), 1.0)  # 0 kept .. 1 divided
+    return (1 - divided) * freq + divided * freq / get("factor")
+
+
+def _rope_attention_factor(cfg: DecoderConfig) -> float:
+    """What YaRN multiplies q and k by (1 for every other RoPE)."""
+    if (cfg.rope_scaling or {}).get("type") != "yarn":
+        return 1.0
+    given, factor = cfg.rope_parameter("attention_factor"), cfg.rope_parameter("factor")
+    if given is not None:
+        return given
+    return 1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0
+
+
+def _rope_row(cfg: DecoderConfig, vec: torch.Tensor, position: int, seq_len: int
+              ) -> torch.Tensor:
+    """Rotate one head vector (Dh,) at `position`: pair j of its first R features turns by
+    position * freq_j, written out as the 2x2 rotation; features R.. pass through. Pair j is
+    (vec[2j], vec[2j+1]) in the "interleaved" layout, (vec[j], vec[j + R/2]) in "rotate_half".
+    YaRN also scales the rotated features by its attention factor."""
+    rotated = cfg.rope_dim
+    angles = torch.tensor([position * _pair_frequency(cfg, j, seq_len)
+                           for j in range(rotated // 2)], dtype=vec.dtype, device=vec.device)
+    scale = _rope_attention_factor(cfg)
+    c, s = scale * torch.cos(angles), scale * torch.sin(angles)  # (R/2,)
+    part, rest = vec[:rotated], vec[rotated:]
+    if cfg.rope_layout == "rotate_half":
+        x0, x1 = part[:rotated // 2], part[rotated // 2:]
+        turned = torch.cat((c * x0 - s * x1, s * x0 + c * x1))
+    else:
+        x0, x1 = part[0::2], part[1::2]
+        turned = torch.stack((c * x0 - s * x1, s * x0 + c * x1), dim=-1).reshape(rotated)
+    return torch.cat((turned, rest))
+
+
+def _rope_rows(cfg: DecoderConfig, rows: torch.Tensor) -> torch.Tensor:
+    """Row t of `rows` (T, Dh) rotated as the token at position t of a T-token sequence."""
+    return torch.stack([_rope_row(cfg, rows[t], t, rows.shape[0]) for t in range(rows.shape[0])])
 
 
 def _linear(x: torch.Tensor, w: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -144,8 +206,10 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
         q = _head_norm(cfg, q, w[f"{p}.attn.q_norm.weight"])
         k = _head_norm(cfg, k, w[f"{p}.attn.k_norm.weight"])
     mixed = torch.stack([_attention(cfg, q[b], k[b], v[b]) for b in range(x.shape[0])])
-    x = x + _linear(mixed, w, f"{p}.attn.output_proj")  # mixed: (B, T, H*Dh)
-    h = _norm(cfg, x, w, f"{p}.ln2")
+    after_attention = x + _linear(mixed, w, f"{p}.attn.output_proj")  # mixed: (B, T, H*Dh)
+    # a parallel block's MLP reads the block's input x; otherwise the stream after attention
+    h = _norm(cfg, x if cfg.parallel_residual else after_attention, w, f"{p}.ln2")
+    x = after_attention
     if cfg.mlp == "swiglu":
         gate = _linear(h, w, f"{p}.ffn.w1")
         hidden = gate * torch.sigmoid(gate) * _linear(h, w, f"{p}.ffn.w3")
@@ -175,8 +239,7 @@ def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
         k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
         v_h = v[:, kv * head_dim:(kv + 1) * head_dim]
         if cfg.pos == "rope":
-            q_h = _rope_rows(q_h, cfg.rope_theta, cfg.rope_layout)
-            k_h = _rope_rows(k_h, cfg.rope_theta, cfg.rope_layout)
+            q_h, k_h = _rope_rows(cfg, q_h), _rope_rows(cfg, k_h)
         out_rows = []
         for t in range(q.shape[0]):
             visible = slice(0, t + 1)  # inclusive causal: row t reads keys 0..t only

@@ -68,6 +68,8 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
                         "wide")
     if cfg.qk_norm:
         problems.append("qk_norm=True: nn.MultiheadAttention cannot normalise q and k")
+    if cfg.parallel_residual:
+        problems.append("parallel_residual=True: the twin's block is sequential")
     if cfg.output_bias != cfg.attn_bias:
         problems.append(f"attn_output_bias={cfg.attn_output_bias}: nn.MultiheadAttention biases "
                         "all of q, k, v and the output or none")

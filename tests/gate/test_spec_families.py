@@ -1,0 +1,138 @@
+"""Hugging Face families whose configs declare the variants a DecoderConfig grew for them:
+GPT-NeoX (attention and MLP in parallel, partial rotary, q/k/v fused head by head), StableLM
+(LayerNorm, partial rotary, q/k/v biases only), Phi-3 (q/k/v and gate/up fused) and Llama with
+each RoPE scaling (linear, Llama 3.1's, YaRN). Each correct model passes with no argument; each
+defect planted in transformers' own module fails the check that owns it."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch import nn
+
+import decoder_audit as da
+
+tf = pytest.importorskip("transformers")
+tf.logging.set_verbosity_error()
+
+COMMON = dict(vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+              num_attention_heads=2, max_position_embeddings=12, bos_token_id=0, eos_token_id=1,
+              pad_token_id=None)
+PARTIAL = {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 3.0},
+    # wavelengths of 6 to 3e2 against 64 / 4 and 64 / 1: every regime of the rule
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 6},
+}
+
+
+def _model(family: str, **config):
+    torch.manual_seed(0)
+    if family.startswith("neox"):
+        c = tf.GPTNeoXConfig(**COMMON, use_parallel_residual=family == "neox-parallel",
+                             rope_parameters=PARTIAL, **config)
+        return tf.GPTNeoXForCausalLM(c).eval()
+    if family == "stablelm":
+        c = tf.StableLmConfig(**COMMON, num_key_value_heads=1, use_qkv_bias=True,
+                              rope_parameters=PARTIAL, **config)
+        return tf.StableLmForCausalLM(c).eval()
+    if family == "phi3":
+        c = tf.Phi3Config(**COMMON, num_key_value_heads=1, rope_parameters=PARTIAL, **config)
+        return tf.Phi3ForCausalLM(c).eval()
+    c = tf.LlamaConfig(**COMMON, num_key_value_heads=1, head_dim=8,
+                       rope_parameters={**SCALINGS[family], "rope_theta": 50.0}, **config)
+    return tf.LlamaForCausalLM(c).eval()
+
+
+EXPECTED = {  # what each family's config declares, read by hand from transformers' modules
+    "neox-parallel": dict(parallel_residual=True, rotary_dim=4, norm="layernorm", attn_bias=True,
+                          mlp_bias=True, mlp="gelu", tie_embeddings=False),
+    "neox-sequential": dict(parallel_residual=False, rotary_dim=4, norm="layernorm"),
+    "stablelm": dict(rotary_dim=4, norm="layernorm", attn_bias=True, attn_output_bias=False,
+                     n_kv_heads=1, mlp="swiglu"),
+    "phi3": dict(rotary_dim=4, norm="rmsnorm", n_kv_heads=1, mlp="swiglu", attn_bias=False),
+    "linear": dict(rope_scaling={"type": "linear", "factor": 3.0}, n_kv_heads=1),
+    "llama3": dict(rope_scaling={"type": "llama3", "factor": 8.0, "original_max_seq_len": 64,
+                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
+    "yarn": dict(rope_scaling={"type": "yarn", "factor": 4.0, "original_max_seq_len": 6,
+                               "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None,
+                               "truncate": True}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_each_family_is_its_configs_spec_and_passes(family):
+    report = da.audit(_model(family))
+    assert report.passed, report.first_failure
+    spec = report.facts.spec
+    assert {field: getattr(spec, field) for field in EXPECTED[family]} == EXPECTED[family]
+    assert spec.rope_layout == "rotate_half"
+    oracle = report["oracle"].evidence
+    assert oracle["stressed"] and oracle["gradients"]["compared"] > 0
+    assert report["params"].passed
+
+
+def _serial_block(model):
+    for layer in model.gpt_neox.layers:
+        layer.use_parallel_residual = False
+
+
+def _rope_base(model):  # every rotated pair turns twice as fast: another theta
+    rotary = model.gpt_neox.rotary_emb
+    rotary.inv_freq.mul_(2.0)
+
+
+def _gate_up_swapped(model):
+    mlp = model.model.layers[1].mlp
+
+    def forward(self, x):
+        up, gate = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(up * self.activation_fn(gate))
+    mlp.forward = types.MethodType(forward, mlp)
+
+
+def _q_bias_dropped(model):
+    model.model.layers[0].self_attn.q_proj = nn.Linear(16, 16, bias=False)
+
+
+def _scaling_dropped(model):  # the frequencies of plain RoPE, as if rope_type were "default"
+    rotary = model.model.rotary_emb
+    head = model.config.head_dim
+    rotary.inv_freq.copy_(50.0 ** -(torch.arange(0, head, 2, dtype=torch.float32) / head))
+
+
+def _attention_factor_dropped(model):
+    model.model.rotary_emb.attention_scaling = 1.0
+
+
+DEFECTS = {("neox-parallel", "serial block"): (_serial_block, "oracle"),
+           ("neox-parallel", "rope base"): (_rope_base, "oracle"),
+           ("phi3", "gate and up swapped"): (_gate_up_swapped, "oracle"),
+           ("stablelm", "q bias dropped"): (_q_bias_dropped, "params"),
+           ("linear", "scaling dropped"): (_scaling_dropped, "oracle"),
+           ("llama3", "scaling dropped"): (_scaling_dropped, "oracle"),
+           ("yarn", "attention factor dropped"): (_attention_factor_dropped, "oracle")}
+
+
+@pytest.mark.parametrize("family, defect", sorted(DEFECTS))
+def test_each_planted_defect_fails_its_check(family, defect):
+    plant, check = DEFECTS[(family, defect)]
+    model = _model(family)
+    with torch.no_grad():
+        plant(model)
+    report = da.audit(model, checks=["params", "oracle"])
+    assert not report[check].passed, report.first_failure
+    if check == "oracle":  # a numerics defect: every weight is where the spec puts it
+        assert report["params"].passed, report["params"].detail
+
+
+def test_a_config_the_spec_cannot_express_leaves_the_model_black_box_saying_why():
+    """StableLM's per-head q/k LayerNorms (qk_layernorm) are not a DecoderConfig variant: the
+    oracle does not run, and the report names the field instead of failing."""
+    report = da.audit(_model("stablelm", qk_layernorm=True), checks=["params", "oracle"])
+    assert report.facts.spec is None
+    assert "qk_layernorm" in report["oracle"].detail
