@@ -237,6 +237,20 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                      rope_theta=100.0,
                                      rope_scaling={"type": "dynamic", "factor": 2.0,
                                                    "original_max_seq_len": 4}),
+    # Gemma 2's block: sandwich norms, scores scaled by 1/sqrt(8) over heads of 12 and
+    # soft-capped at 5, logits capped at 3, layer 0 windowed to 3 tokens; and Mistral's window
+    # of 2 in every layer
+    "gemma2-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2,
+                                    n_kv_heads=1, head_width=12, d_ff=24, max_seq_len=7,
+                                    norm="rmsnorm", norm_eps=1e-6, norm_offset=1.0,
+                                    embedding_scale=4.0, mlp="geglu", pos="rope",
+                                    rope_layout="rotate_half", sandwich_norm=True,
+                                    attn_scale=8 ** -0.5, attn_softcap=5.0, logit_softcap=3.0,
+                                    sliding_window=3, window_layers=(0,), tie_embeddings=True),
+    "window-every-layer": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                           n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                           mlp="swiglu", pos="rope", sliding_window=2,
+                                           tie_embeddings=False),
     # nanoGPT with bias=False: LayerNorm without a shift, no Linear biases, tied
     "ln-nobias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3, d_ff=20,
                                        max_seq_len=5, norm="layernorm", norm_bias=False,

@@ -99,6 +99,21 @@ class DecoderConfig:
         yarn     {"factor", "original_max_seq_len", "beta_fast", "beta_slow",
                  "attention_factor", "truncate"}: frequencies blended between kept and
                  divided over a ramp of pair indices, and q, k scaled by attention_factor."""
+    sliding_window: int | None = None
+    """W: in a windowed layer token t reads tokens t-W+1..t only (Mistral, Gemma 2's local
+    layers); None: every layer reads every earlier token."""
+    window_layers: tuple[int, ...] | None = None
+    """The layers the window applies to (Gemma 2: 0, 2, 4, ...); None: every layer."""
+    attn_scale: float | None = None
+    """What the scores q.k are multiplied by; None: 1/sqrt(Dh). Gemma 2 scales by
+    query_pre_attn_scalar^-0.5, which need not be the head width."""
+    attn_softcap: float | None = None
+    """c: scores become c * tanh(scores / c) before the mask and softmax (Gemma 2: 50)."""
+    logit_softcap: float | None = None
+    """c: the logits become c * tanh(logits / c) (Gemma 2: 30)."""
+    sandwich_norm: bool = False
+    """Each sublayer's output is normalised too before it joins the stream (Gemma 2):
+    x + N1'(Attn(N1(x))), then + N2'(MLP(N2(.))), with weights ln1_post and ln2_post."""
     parallel_residual: bool = False
     """The block adds attention and MLP to the same input: x + Attn(N1(x)) + MLP(N2(x))
     (GPT-NeoX, Pythia), instead of the MLP reading the stream after attention."""
@@ -121,6 +136,8 @@ class DecoderConfig:
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, dict):  # the config's own copy: the caller's may change
             object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
+        if isinstance(self.window_layers, list):  # as JSON gives it back
+            object.__setattr__(self, "window_layers", tuple(self.window_layers))
         problems = _validate(self)
         if problems:
             raise ConfigError("invalid DecoderConfig: " + "; ".join(problems))
@@ -150,6 +167,13 @@ class DecoderConfig:
     def rope_dim(self) -> int:
         """R: the features of a head RoPE rotates (rotary_dim, or all Dh)."""
         return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    def window(self, layer: int) -> int | None:
+        """W for this layer, or None where it reads every earlier token."""
+        if self.sliding_window is None or (self.window_layers is not None
+                                           and layer not in self.window_layers):
+            return None
+        return self.sliding_window
 
     def rope_parameter(self, name: str):
         """A rope_scaling parameter, or its type's default (ROPE_SCALING)."""
@@ -236,7 +260,7 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         value = getattr(cfg, name)
         if not _is_int(value) or value <= 0:
             problems.append(f"{name}={value!r} must be a positive integer")
-    for name in ("n_kv_heads", "head_width", "rotary_dim"):
+    for name in ("n_kv_heads", "head_width", "rotary_dim", "sliding_window"):
         value = getattr(cfg, name)
         if value is not None and (not _is_int(value) or value <= 0):
             problems.append(f"{name}={value!r} must be a positive integer or None")
@@ -261,8 +285,12 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         problems.append(f"rope_theta={cfg.rope_theta!r} must be > 0 with pos='rope'")
     if cfg.attn_output_bias is not None and not isinstance(cfg.attn_output_bias, bool):
         problems.append(f"attn_output_bias={cfg.attn_output_bias!r} must be true, false or null")
+    for name in ("attn_scale", "attn_softcap", "logit_softcap"):
+        value = getattr(cfg, name)
+        if value is not None and (not _is_real(value) or not 0 < value < float("inf")):
+            problems.append(f"{name}={value!r} must be a finite number > 0 or null")
     for name in ("attn_bias", "mlp_bias", "tie_embeddings", "qk_norm", "norm_bias",
-                 "parallel_residual"):
+                 "parallel_residual", "sandwich_norm"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             problems.append(f"{name}={value!r} must be true or false")
@@ -278,6 +306,13 @@ def _validate(cfg: DecoderConfig) -> list[str]:
             and cfg.head_dim % 2:
         problems.append(f"head width Dh={cfg.head_dim} is odd; RoPE rotates pairs and needs it "
                         "even")
+    layers = cfg.window_layers
+    if layers is not None and (not isinstance(layers, tuple) or not all(
+            _is_int(i) and 0 <= i < cfg.n_layers for i in layers) or len(set(layers)) != len(layers)):
+        problems.append(f"window_layers={layers!r} must list distinct layers in [0, n_layers="
+                        f"{cfg.n_layers})")
+    elif layers is not None and cfg.sliding_window is None:
+        problems.append(f"window_layers={list(layers)} needs a sliding_window")
     if cfg.rotary_dim is not None and (cfg.rotary_dim % 2 or cfg.rotary_dim > cfg.head_dim):
         problems.append(f"rotary_dim={cfg.rotary_dim} must be even and at most the head width "
                         f"Dh={cfg.head_dim}")

@@ -72,7 +72,8 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
             + (D if cfg.output_bias else 0) + (2 * dh if cfg.qk_norm else 0))
     n_mat = 3 if cfg.mlp in ("swiglu", "geglu") else 2  # gated: w1, w3 in and w2 out
     mlp = n_mat * D * F + ((n_mat - 1) * F + D if cfg.mlp_bias else 0)
-    return (V * D + (T * D if cfg.pos == "learned" else 0) + L * (2 * norm + attn + mlp) + norm
+    norms = 4 if cfg.sandwich_norm else 2  # Gemma 2 normalises each sublayer's output too
+    return (V * D + (T * D if cfg.pos == "learned" else 0) + L * (norms * norm + attn + mlp) + norm
             + (0 if cfg.tie_embeddings else V * D))
 
 

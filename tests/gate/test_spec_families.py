@@ -43,6 +43,15 @@ def _model(family: str, **config):
     if family == "phi3":
         c = tf.Phi3Config(**COMMON, num_key_value_heads=1, rope_parameters=PARTIAL, **config)
         return tf.Phi3ForCausalLM(c).eval()
+    if family == "gemma2":  # heads of 12 scaled by 1/sqrt(8), layer 0 windowed to 3 tokens
+        c = tf.Gemma2Config(**{**COMMON, "pad_token_id": 0}, num_key_value_heads=1, head_dim=12,
+                            query_pre_attn_scalar=8, attn_logit_softcapping=5.0,
+                            final_logit_softcapping=3.0, sliding_window=3,
+                            layer_types=["sliding_attention", "full_attention"], **config)
+        return tf.Gemma2ForCausalLM(c).eval()
+    if family == "mistral-window":
+        c = tf.MistralConfig(**COMMON, num_key_value_heads=1, sliding_window=3, **config)
+        return tf.MistralForCausalLM(c).eval()
     c = tf.LlamaConfig(**COMMON, num_key_value_heads=1, head_dim=8,
                        rope_parameters={**SCALINGS[family], "rope_theta": 50.0}, **config)
     return tf.LlamaForCausalLM(c).eval()
@@ -55,6 +64,10 @@ EXPECTED = {  # what each family's config declares, read by hand from transforme
     "stablelm": dict(rotary_dim=4, norm="layernorm", attn_bias=True, attn_output_bias=False,
                      n_kv_heads=1, mlp="swiglu"),
     "phi3": dict(rotary_dim=4, norm="rmsnorm", n_kv_heads=1, mlp="swiglu", attn_bias=False),
+    "gemma2": dict(sandwich_norm=True, attn_scale=8 ** -0.5, attn_softcap=5.0,
+                   logit_softcap=3.0, sliding_window=3, window_layers=(0,), mlp="geglu",
+                   norm_offset=1.0, embedding_scale=4.0, head_width=12),
+    "mistral-window": dict(sliding_window=3, window_layers=None, n_kv_heads=1),
     "linear": dict(rope_scaling={"type": "linear", "factor": 3.0}, n_kv_heads=1),
     "llama3": dict(rope_scaling={"type": "llama3", "factor": 8.0, "original_max_seq_len": 64,
                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
@@ -109,13 +122,45 @@ def _attention_factor_dropped(model):
     model.model.rotary_emb.attention_scaling = 1.0
 
 
+def _score_softcap_dropped(model):
+    model.model.layers[0].self_attn.attn_logit_softcapping = None
+
+
+def _score_scale_of_the_head_width(model):  # 1/sqrt(12) where the config says 1/sqrt(8)
+    model.model.layers[1].self_attn.scaling = 12 ** -0.5
+
+
+def _sandwich_norm_dropped(model):
+    model.model.layers[1].post_feedforward_layernorm = nn.Identity()
+
+
+def _window_ignored(model):  # the windowed layer reads every earlier token
+    model.model.layers[0].self_attn.sliding_window = None
+    model.config.layer_types = ["full_attention", "full_attention"]
+
+
 DEFECTS = {("neox-parallel", "serial block"): (_serial_block, "oracle"),
            ("neox-parallel", "rope base"): (_rope_base, "oracle"),
            ("phi3", "gate and up swapped"): (_gate_up_swapped, "oracle"),
            ("stablelm", "q bias dropped"): (_q_bias_dropped, "params"),
            ("linear", "scaling dropped"): (_scaling_dropped, "oracle"),
            ("llama3", "scaling dropped"): (_scaling_dropped, "oracle"),
-           ("yarn", "attention factor dropped"): (_attention_factor_dropped, "oracle")}
+           ("yarn", "attention factor dropped"): (_attention_factor_dropped, "oracle"),
+           ("gemma2", "score softcap dropped"): (_score_softcap_dropped, "oracle"),
+           ("gemma2", "score scale of the head width"): (_score_scale_of_the_head_width,
+                                                         "oracle"),
+           ("gemma2", "sandwich norm dropped"): (_sandwich_norm_dropped, "params")}
+
+
+def test_a_window_the_module_ignores_fails_the_oracle():
+    """The spec is read before the defect is planted (the planted model's config says every
+    layer is full), so the declared window of layer 0 is held against a module that ignores it."""
+    model = _model("gemma2")
+    spec = da.audit(model, checks=["params"]).facts.spec
+    _window_ignored(model)
+    report = da.audit(model, spec=spec, checks=["params", "oracle"])
+    assert report["params"].passed and not report["oracle"].passed
+    assert "layer 0" in report["oracle"].detail
 
 
 @pytest.mark.parametrize("family, defect", sorted(DEFECTS))

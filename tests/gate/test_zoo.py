@@ -128,7 +128,8 @@ def test_presets_pass(name):
     configs.entries("gqa-small", "ln-gelutanh-biases-tied", "mqa-nopos-tied", "long-context-40",
                     "rope-half-gqa", "qk-norm-gqa", "qkv-bias-only", "wide-heads",
                     "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3",
-                    "rope-linear-gqa", "rope-yarn-partial")
+                    "rope-linear-gqa", "rope-yarn-partial", "gemma2-like",
+                    "window-every-layer")
     + configs.grid()))
 def test_odd_configs_pass(cfg):
     _passes(zoo.decoder(cfg, seed=3))

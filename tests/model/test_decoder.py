@@ -19,7 +19,7 @@ ORACLE = configs.grid() + configs.entries(
     "rms-relu-rope-mlpbias-tied", "ln-swiglu-rope-allbias-gqa", "rope-half-gqa",
     "rope-half-ln-biases-tied", "qk-norm-gqa", "qkv-bias-only", "wide-heads",
     "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3", "rope-linear-gqa",
-    "rope-yarn-partial", "rope-dynamic")
+    "rope-yarn-partial", "rope-dynamic", "gemma2-like", "window-every-layer")
 
 
 @pytest.mark.parametrize("cfg", configs.params(ORACLE))
@@ -44,7 +44,8 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
                                                                 "qkv-bias-only", "wide-heads",
                                                                 "gemma-like", "neox-like",
                                                                 "rope-yarn-partial",
-                                                                "rope-dynamic")))
+                                                                "rope-dynamic", "gemma2-like",
+                                                                "window-every-layer")))
 def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))

@@ -200,11 +200,17 @@ def test_a_head_width_other_than_d_over_h_is_read():
     assert config_from_hf(tf.LlamaConfig(hidden_size=24, num_attention_heads=6)).head_width is None
 
 
-def test_sliding_window_is_refused():
-    config = tf.LlamaConfig()
+def test_a_sliding_window_is_read_and_the_converter_refuses_to_write_it():
+    config = tf.LlamaConfig(num_hidden_layers=4)
     config.sliding_window = 128  # as Mistral-style configs carry it
+    cfg = config_from_hf(config)
+    assert (cfg.sliding_window, cfg.window_layers) == (128, None)
     with pytest.raises(da.ConfigError, match="sliding_window=128"):
-        config_from_hf(config)
+        hf_family(cfg)
+    config.layer_types = ["sliding_attention", "full_attention"] * 2  # Gemma 2's pattern
+    assert config_from_hf(config).window_layers == (0, 2)
+    qwen = tf.Qwen2Config(num_hidden_layers=2, use_sliding_window=False, sliding_window=64)
+    assert config_from_hf(qwen).sliding_window is None
 
 
 def test_tie_flag_that_disagrees_with_the_weights_is_refused(hf_models):

@@ -111,9 +111,10 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     if cfg.mlp_bias:
         ffn += n_in * F + D
         ffn_formula += f" + biases {n_in}*{F}+{D}"
+    norms = 4 if cfg.sandwich_norm else 2  # ln1, ln2 (and ln1_post, ln2_post)
     for i in range(cfg.n_layers):
         rows += [
-            LedgerRow(f"layers.{i}.norms", 2 * norm, f"2 norms x {norm_formula}"),
+            LedgerRow(f"layers.{i}.norms", norms * norm, f"{norms} norms x {norm_formula}"),
             LedgerRow(f"layers.{i}.attn", attn, attn_formula),
             LedgerRow(f"layers.{i}.ffn", ffn, ffn_formula),
         ]
@@ -129,7 +130,7 @@ def _component(name: str) -> str:
     """Ledger row of a parameter of our Decoder, from its DESIGN.md weight name."""
     parts = name.split(".")
     if parts[0] == "layers" and len(parts) >= 3:
-        part = "norms" if parts[2] in ("ln1", "ln2") else parts[2]
+        part = "norms" if parts[2] in ("ln1", "ln2", "ln1_post", "ln2_post") else parts[2]
         if part in BLOCK_PARTS:
             return f"layers.{parts[1]}.{part}"
     if parts[0] in ("token_embeddings", "position_embeddings", "ln_final", "lm_head"):

@@ -117,10 +117,14 @@ class CausalSelfAttention(nn.Module):
     """Grouped-query causal attention. Head h owns rows h*Dh..(h+1)*Dh-1 of q_proj and reads
     KV head h // group, e.g. H=4, Hkv=2: query heads 0,1 -> KV head 0; 2,3 -> KV head 1."""
 
-    def __init__(self, cfg: DecoderConfig, *, residual_std: float, **factory) -> None:
+    def __init__(self, cfg: DecoderConfig, *, residual_std: float, layer: int = 0,
+                 **factory) -> None:
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.group, self.rope_layout = cfg.kv_group_size, cfg.rope_layout
+        # W (None: every earlier token), the score multiplier (None: 1/sqrt(Dh)), the soft cap
+        self.window, self.score_scale, self.score_softcap = (cfg.window(layer), cfg.attn_scale,
+                                                           cfg.attn_softcap)
         d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         bias = cfg.attn_bias
         self.q_proj = Linear(cfg.d_model, d_q, bias, init_std=INIT_STD, **factory)
@@ -138,12 +142,23 @@ class CausalSelfAttention(nn.Module):
                 trace: Trace | None = None, prefix: str = "") -> torch.Tensor:
         """The full causal square: x (B, T, D) -> (B, T, D), fused or traced (eager)."""
         q, k, v = self._project(x, rope)
-        if trace is None:
+        if trace is None and self.score_softcap is None:
+            band = self._band(q.shape[-2], q.device)  # None: plain causal
             z = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.n_heads)
-        else:
+                q, k, v, attn_mask=band, is_causal=band is None, scale=self.score_scale,
+                enable_gqa=self.kv_heads != self.n_heads)
+        else:  # SDPA cannot soft-cap scores: the explicit path
             z = self._eager(q, k, v, trace, prefix)
         return self._merge(z)
+
+    def _band(self, seq_len: int, device: torch.device) -> torch.Tensor | None:
+        """(T, T) True where query t may read key s: s <= t and t - s < W; None where the
+        window does not bite (no window, or T <= W): then it is the plain causal square."""
+        if self.window is None or seq_len <= self.window:
+            return None
+        offset = torch.arange(seq_len, device=device)[:, None] - torch.arange(seq_len,
+                                                                              device=device)
+        return (offset >= 0) & (offset < self.window)  # (T, T)
 
     def attend(self, x: torch.Tensor, rope: torch.Tensor | None, allowed: torch.Tensor | None,
                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
@@ -153,9 +168,18 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self._project(x, rope)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, Hkv, S, Dh): every filled slot
-        z = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, is_causal=allowed is None and q.shape[-2] > 1,
-            enable_gqa=self.kv_heads != self.n_heads)
+        if self.score_softcap is None:
+            z = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, is_causal=allowed is None and q.shape[-2] > 1,
+                scale=self.score_scale, enable_gqa=self.kv_heads != self.n_heads)
+        else:
+            new, total = q.shape[-2], k.shape[-2]
+            if allowed is None:  # bottom-right causal: query i sits in slot total - new + i
+                allowed = (torch.arange(total, device=q.device)
+                           <= torch.arange(total - new, total, device=q.device)[:, None])
+            z, _, _ = eager_attention(q, k.repeat_interleave(self.group, dim=1),
+                                      v.repeat_interleave(self.group, dim=1), allowed,
+                                      self.score_scale, self.score_softcap)
         return self._merge(z)
 
     def _project(self, x: torch.Tensor, rope: torch.Tensor | None
@@ -176,29 +200,38 @@ class CausalSelfAttention(nn.Module):
         batch, _, seq_len, _ = z.shape
         return self.output_proj(z.transpose(1, 2).reshape(batch, seq_len, -1))
 
-    def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trace: Trace,
+    def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trace: Trace | None,
                prefix: str) -> torch.Tensor:
-        """The inspectable path: explicit scores, -inf strictly above the diagonal, softmax."""
+        """The inspectable path: explicit scores, -inf strictly above the diagonal (and
+        outside the window), softmax; recorded into `trace` when one is given."""
         group = self.group
         # repeat_interleave gives KV order [k0, k0, k1, k1] for group 2: query head h -> h // group
         k = k.repeat_interleave(group, dim=1)  # (B, H, T, Dh)
         v = v.repeat_interleave(group, dim=1)  # (B, H, T, Dh)
         seq_len = q.shape[-2]
-        causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()  # (T, T)
-        z, scores, pattern = eager_attention(q, k, v, causal)
-        for name, value in (("q", q), ("k", k[:, ::group]), ("v", v[:, ::group]),
-                            ("scores", scores), ("pattern", pattern), ("z", z)):
-            trace.record(f"{prefix}.{name}", value)
+        band = self._band(seq_len, q.device)
+        allowed = band if band is not None else torch.ones(
+            seq_len, seq_len, dtype=torch.bool, device=q.device).tril()  # (T, T)
+        z, scores, pattern = eager_attention(q, k, v, allowed, self.score_scale, self.score_softcap)
+        if trace is not None:
+            for name, value in (("q", q), ("k", k[:, ::group]), ("v", v[:, ::group]),
+                                ("scores", scores), ("pattern", pattern), ("z", z)):
+                trace.record(f"{prefix}.{name}", value)
         return z
 
 
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                    scale: float | None = None, softcap: float | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """softmax(q k^T / sqrt(Dh), masked) v for q (..., Tq, Dh), k and v (..., Tk, Dh), and a
+    """softmax(q k^T * scale, masked) v for q (..., Tq, Dh), k and v (..., Tk, Dh), and a
     boolean `allowed` (..., Tq, Tk) where True means "may attend" (SDPA's convention, the
-    opposite of nn.MultiheadAttention's). Returns (z, scores, pattern); a disallowed key gets
-    -inf, hence exactly zero probability. Every query row must allow at least one key."""
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (..., Tq, Tk)
+    opposite of nn.MultiheadAttention's); scale None is 1/sqrt(Dh), and a `softcap` c turns
+    the scores into c * tanh(scores / c) first. Returns (z, scores, pattern); a disallowed key
+    gets -inf, hence exactly zero probability. Every query row must allow at least one key."""
+    products = q @ k.transpose(-2, -1)  # (..., Tq, Tk)
+    scores = products / math.sqrt(q.shape[-1]) if scale is None else products * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     masked = scores.masked_fill(~allowed, float("-inf"))
     # softmax in at least float32 so low-precision models still sum to one
     pattern = masked.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)

@@ -103,6 +103,13 @@ class KVCache:
         values[:, :, self.start:self.length] = v
         return keys[:, :, :self.length], values[:, :, :self.length]
 
+    def slot_positions(self) -> torch.Tensor:
+        """The position of every filled slot, (1, length), or (B, length) once pads are held
+        (a pad slot gets its row's previous position; no query reads it)."""
+        if self.valid is None:
+            return torch.arange(self.length, device=self.keys.device)[None]
+        return (self.valid[:, :self.length].long().cumsum(1) - 1).clamp(min=0)
+
     def allowed(self) -> torch.Tensor | None:
         """Which filled slots each new token may read, (B|1, 1, new, length) bool, True = may
         attend (SDPA's convention); None when SDPA needs no mask (see `attention_allowed`)."""
@@ -149,3 +156,17 @@ def attention_allowed(start: int, new: int, valid: torch.Tensor | None,
         return causal[None, None]  # (1, 1, new, S)
     readable = valid[:, None, :end] | (keys == queries)  # (B, new, S)
     return (causal & readable)[:, None]  # (B, 1, new, S)
+
+
+def windowed_allowed(allowed: torch.Tensor | None, positions: torch.Tensor,
+                     key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """`allowed` (B|1, 1, T, S) narrowed to a sliding window: a query at position p reads a key
+    at position p' only when p - p' < window. Positions, not slots (a row's pads hold slots but
+    no positions), so a padded row reads the keys it reads alone. `allowed` None is the
+    bottom-right causal mask of T queries over S keys."""
+    new, total = positions.shape[-1], key_positions.shape[-1]
+    if allowed is None:
+        allowed = (torch.arange(total, device=positions.device)
+                   <= torch.arange(total - new, total, device=positions.device)[:, None])
+    near = positions[:, :, None] - key_positions[:, None, :] < window  # (B|1, T, S)
+    return allowed & near[:, None]

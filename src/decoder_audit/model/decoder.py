@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from ..config import DecoderConfig
 from ..errors import ContextLengthError, InputShapeError, TokenIdError
 from .attention import CausalSelfAttention, rope_rotations
-from .cache import KVCache, attention_allowed, check_mask
+from .cache import KVCache, attention_allowed, check_mask, windowed_allowed
 from .layers import INIT_STD, Embedding, Linear, make_norm
 from .trace import Trace
 
@@ -136,13 +136,17 @@ class Block(nn.Module):
     """One pre-norm block: two residual updates, each reading a normalised copy of the stream
     (in a parallel block both read the block's input: x + Attn(N1(x)) + MLP(N2(x)))."""
 
-    def __init__(self, cfg: DecoderConfig, *, residual_std: float, **factory) -> None:
+    def __init__(self, cfg: DecoderConfig, *, residual_std: float, layer: int = 0,
+                 **factory) -> None:
         super().__init__()
         self.parallel = cfg.parallel_residual
         self.ln1 = make_norm(cfg, **factory)
-        self.attn = CausalSelfAttention(cfg, residual_std=residual_std, **factory)
+        self.attn = CausalSelfAttention(cfg, residual_std=residual_std, layer=layer, **factory)
         self.ln2 = make_norm(cfg, **factory)
         self.ffn = FeedForward(cfg, residual_std=residual_std, **factory)
+        # sandwich norms: each sublayer's output normalised before it joins the stream
+        self.ln1_post = make_norm(cfg, **factory) if cfg.sandwich_norm else None
+        self.ln2_post = make_norm(cfg, **factory) if cfg.sandwich_norm else None
 
     def forward(self, resid_pre: torch.Tensor, rope, trace: Trace | None = None,
                 prefix: str = "", *, allowed: torch.Tensor | None = None,
@@ -153,6 +157,8 @@ class Block(nn.Module):
             attn_out = self.attn(normed, rope, trace, f"{prefix}.attn")
         else:  # padded or cached: the generation path (same weights)
             attn_out = self.attn.attend(normed, rope, allowed, cache, layer)
+        if self.ln1_post is not None:
+            attn_out = self.ln1_post(attn_out)
         _record(trace, f"{prefix}.attn.out", attn_out)
         resid_mid = resid_pre + attn_out
         _record(trace, f"{prefix}.resid_mid", resid_mid)
@@ -160,6 +166,8 @@ class Block(nn.Module):
         normed = self.ln2(resid_pre if self.parallel else resid_mid)
         _record(trace, f"{prefix}.ln2", normed)
         ffn_out = self.ffn(normed, trace, f"{prefix}.ffn")
+        if self.ln2_post is not None:
+            ffn_out = self.ln2_post(ffn_out)
         _record(trace, f"{prefix}.ffn.out", ffn_out)
         resid_post = resid_mid + ffn_out
         _record(trace, f"{prefix}.resid_post", resid_post)
@@ -183,8 +191,8 @@ class Decoder(nn.Module):
             Embedding(cfg.max_seq_len, cfg.d_model, init_std=INIT_STD, **factory)
             if cfg.pos == "learned" else None)
         residual_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-        self.layers = nn.ModuleList(Block(cfg, residual_std=residual_std, **factory)
-                                    for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, residual_std=residual_std, layer=i, **factory)
+                                    for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg, **factory)
         # Tying: the readout *is* the embedding Parameter, so both paths add into one .grad
         # (and the embedding, its owner, initialises it).
@@ -249,7 +257,8 @@ class Decoder(nn.Module):
                                   f"built for B={cache.batch}")
         positions, allowed = self._positions(ids, mask, cache)
         return self._run(ids, None, positions=positions, allowed=allowed, cache=cache,
-                         last_only=last_only)
+                         last_only=last_only, key_positions=None if cache is None
+                         else cache.slot_positions())
 
     def _check_device(self, ids: torch.Tensor) -> None:
         """Ids on the meta device hold no values: fed to weights that do, the lookup would read
@@ -285,9 +294,11 @@ class Decoder(nn.Module):
 
     def _run(self, ids: torch.Tensor, trace: Trace | None, *,
              positions: torch.Tensor | None = None, allowed: torch.Tensor | None = None,
-             cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
+             cache: KVCache | None = None, last_only: bool = False,
+             key_positions: torch.Tensor | None = None) -> torch.Tensor:
         """The forward pass proper, on ids that passed `check_ids`. `positions` None: 0..T-1
-        over the full causal square; else the generation path (see `forward`)."""
+        over the full causal square; else the generation path (see `forward`), where the keys
+        sit at `key_positions` (B|1, S) (None: at the queries' own positions)."""
         cfg = self.config
         ids = ids.long()
         seq_len = ids.shape[1]
@@ -305,17 +316,24 @@ class Decoder(nn.Module):
         rope = self._rotations(positions, seq_len, x) if cfg.pos == "rope" else None
         recompute = (self.gradient_checkpointing and self.training and torch.is_grad_enabled()
                      and trace is None and cache is None)
+        windowed = None  # what a windowed layer's queries may read on the generation path
+        if positions is not None and cfg.sliding_window is not None:
+            windowed = windowed_allowed(allowed, positions, positions if key_positions is None
+                                        else key_positions, cfg.sliding_window)
         for i, block in enumerate(self.layers):
+            reads = windowed if block.attn.window is not None and windowed is not None else allowed
             if recompute:  # keep only each block's input; its activations are recomputed in backward
-                x = checkpoint(block, x, rope, None, f"layers.{i}", allowed=allowed, layer=i,
+                x = checkpoint(block, x, rope, None, f"layers.{i}", allowed=reads, layer=i,
                                use_reentrant=False)
             else:
-                x = block(x, rope, trace, f"layers.{i}", allowed=allowed, cache=cache, layer=i)
+                x = block(x, rope, trace, f"layers.{i}", allowed=reads, cache=cache, layer=i)
         if last_only:
             x = x[:, -1:]  # (B, 1, D): generation reads the next-token row only
         x = self.ln_final(x)
         _record(trace, "ln_final", x)
         logits = self.lm_head(x)  # (B, T, V): h @ E^T when tied
+        if cfg.logit_softcap is not None:
+            logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
         _record(trace, "logits", logits)
         return logits
 

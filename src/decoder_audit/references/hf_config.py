@@ -114,16 +114,19 @@ def spec_classes(tf: Any) -> dict[str, type]:
     output projection), Qwen3 (a per-head q/k RMSNorm), Gemma (GeGLU, RMSNorm gains 1 + w,
     the embedding scaled by sqrt(D)), StableLM (LayerNorm, partial rotary, q/k/v biases),
     Phi-3 (fused q/k/v and gate/up weights, partial rotary) and GPT-NeoX (parallel residual,
-    partial rotary, q/k/v fused head by head), whose weights the converter does not write."""
+    partial rotary, q/k/v fused head by head) and Gemma 2 (Gemma's block with sandwich norms,
+    soft-capped scores and logits, every other layer windowed), whose weights the converter
+    does not write."""
     return {**model_classes(tf), "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM,
             "gemma": tf.GemmaForCausalLM, "stablelm": tf.StableLmForCausalLM,
-            "phi3": tf.Phi3ForCausalLM, "gpt_neox": tf.GPTNeoXForCausalLM}
+            "phi3": tf.Phi3ForCausalLM, "gpt_neox": tf.GPTNeoXForCausalLM,
+            "gemma2": tf.Gemma2ForCausalLM}
 
 
 # Families whose attention rotates only the first partial_rotary_factor of each head's features
 # (Llama's apply_rotary_pos_emb rotates them all, so a Llama config with a factor is refused).
 _PARTIAL_ROTARY = ("stablelm", "phi3", "gpt_neox")
-_LLAMA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "stablelm", "phi3")
+_LLAMA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "stablelm", "phi3")
 
 
 def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
@@ -234,19 +237,16 @@ def _rope_scaling_from_hf(rope: dict, c: Any, problems: list[str]) -> dict | Non
 def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
     problems = []
     # the gate's activation: SiLU (SwiGLU); Gemma's tanh GELU (GeGLU)
-    gates = {"silu": "swiglu"} if family != "gemma" else {"gelu_pytorch_tanh": "geglu",
-                                                          "gelu_new": "geglu"}
-    if c.hidden_act not in gates:
-        problems.append(f"hidden_act={c.hidden_act!r} (this family's gate is "
+    gemma = family in ("gemma", "gemma2")
+    gates = {"silu": "swiglu"} if not gemma else {"gelu_pytorch_tanh": "geglu",
+                                                  "gelu_new": "geglu"}
+    act = c.hidden_activation if family == "gemma2" else c.hidden_act
+    if act not in gates:
+        problems.append(f"hidden_act={act!r} (this family's gate is "
                         f"{' or '.join(sorted(gates))})")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     rope = _rope_fields(c, family, head_dim, problems)
-    if getattr(c, "sliding_window", None) is not None and \
-            getattr(c, "use_sliding_window", True) is not False:
-        problems.append(f"sliding_window={c.sliding_window} (attention here is full causal)")
-    layer_types = getattr(c, "layer_types", None)
-    if layer_types and any(t != "full_attention" for t in layer_types):
-        problems.append(f"layer_types={layer_types} (only full_attention)")
+    window = _window_fields(c, problems)
     for flag in ("qk_layernorm", "use_parallel_residual"):  # StableLM's options
         if getattr(c, flag, False):
             problems.append(f"{flag}=True ({family}'s per-head LayerNorms of q and k, or its "
@@ -263,9 +263,10 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
         d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings,
         norm="layernorm" if layernorm else "rmsnorm",
         norm_eps=float(c.layer_norm_eps if layernorm else c.rms_norm_eps),
-        mlp=gates.get(c.hidden_act, "swiglu"), pos="rope", **rope,
-        norm_offset=1.0 if family == "gemma" else 0.0,
-        embedding_scale=float(c.hidden_size) ** 0.5 if family == "gemma" else None,
+        mlp=gates.get(act, "swiglu"), pos="rope", **rope, **window,
+        norm_offset=1.0 if gemma else 0.0,
+        embedding_scale=float(c.hidden_size) ** 0.5 if gemma else None,
+        **(_gemma2_fields(c) if family == "gemma2" else {}),
         # Mistral's and Qwen2's configs have neither flag: Mistral's projections have no
         # biases, Qwen2's q, k and v have one and its output projection none (StableLM's
         # use_qkv_bias likewise)
@@ -275,6 +276,36 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
         qk_norm=family == "qwen3", mlp_bias=bool(getattr(c, "mlp_bias", False)),
         tie_embeddings=bool(c.tie_word_embeddings),
     )
+
+
+def _window_fields(c: Any, problems: list[str]) -> dict[str, Any]:
+    """sliding_window and window_layers from a config's sliding_window and layer_types (Qwen2's
+    use_sliding_window=False turns its window off; max_window_layers is refused)."""
+    layer_types = getattr(c, "layer_types", None)
+    window = getattr(c, "sliding_window", None)
+    if getattr(c, "use_sliding_window", True) is False:
+        window = None
+        if layer_types and any(t != "full_attention" for t in layer_types):
+            problems.append(f"layer_types={layer_types} with use_sliding_window=False")
+    if window is None:
+        return {}
+    if not layer_types:
+        return {"sliding_window": window}
+    unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        problems.append(f"layer_types {unknown} (only full_attention and sliding_attention)")
+    windowed = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    if not windowed:
+        return {}
+    return {"sliding_window": window,
+            "window_layers": None if len(windowed) == len(layer_types) else windowed}
+
+
+def _gemma2_fields(c: Any) -> dict[str, Any]:
+    """Gemma 2's scores scaled by query_pre_attn_scalar^-0.5, its soft caps, sandwich norms."""
+    return {"attn_scale": float(c.query_pre_attn_scalar) ** -0.5,
+            "attn_softcap": c.attn_logit_softcapping, "logit_softcap": c.final_logit_softcapping,
+            "sandwich_norm": True}
 
 
 _NEOX_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -306,10 +337,17 @@ def hf_family(cfg: DecoderConfig) -> str:
         raise ConfigError(f"mlp={cfg.mlp!r}, norm_offset={cfg.norm_offset}, embedding_scale="
                           f"{cfg.embedding_scale}: the converter writes GPT-2 and Llama, which "
                           "have no GeGLU, no norm offset and no embedding scale")
-    if cfg.rotary_dim is not None or cfg.parallel_residual:
+    if cfg.rotary_dim is not None or cfg.parallel_residual or cfg.sandwich_norm:
         raise ConfigError(f"rotary_dim={cfg.rotary_dim}, parallel_residual="
-                          f"{cfg.parallel_residual}: the converter writes GPT-2 and Llama, whose "
-                          "RoPE rotates every feature and whose blocks are sequential")
+                          f"{cfg.parallel_residual}, sandwich_norm={cfg.sandwich_norm}: the "
+                          "converter writes GPT-2 and Llama, whose RoPE rotates every feature "
+                          "and whose blocks are sequential with two norms")
+    if cfg.sliding_window is not None or cfg.attn_scale is not None or cfg.attn_softcap \
+            or cfg.logit_softcap:
+        raise ConfigError(f"sliding_window={cfg.sliding_window}, attn_scale={cfg.attn_scale}, "
+                          f"attn_softcap={cfg.attn_softcap}, logit_softcap={cfg.logit_softcap}: "
+                          "the converter writes GPT-2 and Llama, whose attention is full causal "
+                          "with scores q.k / sqrt(Dh), uncapped")
     if cfg.qk_norm or cfg.output_bias != cfg.attn_bias:
         raise ConfigError(f"qk_norm={cfg.qk_norm}, attn_output_bias={cfg.attn_output_bias}: "
                           "the converter writes GPT-2 and Llama, which have no q/k norm and bias "

@@ -19,6 +19,8 @@ Layouts detected from the parameter names (`detect`):
     Hugging Face Llama  model.embed_tokens, model.layers.{i}.self_attn.q_proj, mlp.gate_proj ...
                         (Llama, Mistral, Qwen2, Qwen3, Gemma, StableLM and every class with these
                         names)
+    Hugging Face        the same names, with pre_feedforward_layernorm and the sandwich norms
+      Gemma 2           (post_attention_layernorm on the attention output)
     Hugging Face Phi-3  the same names, with q/k/v fused in self_attn.qkv_proj and the gate and
                         up projections in mlp.gate_up_proj
     Hugging Face        gpt_neox.embed_in, gpt_neox.layers.{i}.attention.query_key_value (q, k,
@@ -66,7 +68,7 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     biased = {"attn.output_proj": spec.output_bias}
     for i in range(spec.n_layers):
         p = f"layers.{i}"
-        for name in ("ln1", "ln2"):
+        for name in ("ln1", "ln2", "ln1_post", "ln2_post") if spec.sandwich_norm else ("ln1", "ln2"):
             shapes.update({f"{p}.{name}.{part}": (d,) for part in norm})
         for name, shape in matrices.items():
             shapes[f"{p}.{name}.weight"] = shape
@@ -115,7 +117,7 @@ class Layout:
         return top, kind
 
 
-_OURS = {part: part for part in ("ln1", "ln2", "attn.q_proj", "attn.k_proj", "attn.v_proj",
+_OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn.q_proj", "attn.k_proj", "attn.v_proj",
                                  "attn.output_proj", "attn.q_norm", "attn.k_norm", "ffn.w1",
                                  "ffn.w2", "ffn.w3")}
 _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
@@ -145,6 +147,12 @@ LAYOUTS: tuple[Layout, ...] = (
            fused_qkv="attn.qkv"),
     Layout("Hugging Face Llama", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
            "lm_head", _HF_LLAMA),
+    # Gemma 2 and 3: post_attention_layernorm is the attention output's norm (ln1_post), not
+    # the MLP's input norm as in Llama
+    Layout("Hugging Face Gemma 2", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA, "ln1_post": "post_attention_layernorm",
+                       "ln2": "pre_feedforward_layernorm",
+                       "ln2_post": "post_feedforward_layernorm"}),
     Layout("Hugging Face Phi-3", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
            "lm_head", {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
                        "attn.output_proj": "self_attn.o_proj", "ffn.w2": "mlp.down_proj"},
@@ -329,7 +337,7 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
     is found and named, not left over)."""
     full = spec.replace(attn_bias=True, attn_output_bias=True, mlp_bias=True, norm="layernorm",
                         mlp="swiglu", pos="learned", qk_norm=True, rotary_dim=None,
-                        rope_scaling=None)
+                        rope_scaling=None, sandwich_norm=True)
     return list(expected_weights(full))
 
 
@@ -356,7 +364,7 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     """Where `canonical` lies in this layout, or None when the layout has no such weight."""
     module, _, kind = canonical.rpartition(".")
     part = module.split(".", 2)[2] if module.startswith("layers.") else module
-    if part in ("ln1", "ln2", "ln_final", "attn.q_norm", "attn.k_norm"):
+    if part in ("ln1", "ln2", "ln1_post", "ln2_post", "ln_final", "attn.q_norm", "attn.k_norm"):
         kind = layout.norm_params[0 if kind == "weight" else 1]
         if kind is None:  # the layout's norms have no shift
             return None
@@ -403,6 +411,8 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
         return f"attn_bias={spec.attn_bias}"
     if "_norm." in name:
         return f"qk_norm={spec.qk_norm}"
+    if "_post." in name:
+        return f"sandwich_norm={spec.sandwich_norm}"
     if name.endswith(".bias") and ".ffn." in name:
         return f"mlp_bias={spec.mlp_bias}"
     if name.endswith(".bias"):

@@ -170,7 +170,8 @@ def layer_weight_names(layer: int) -> list[str]:
     p = f"layers.{layer}"
     linears = [f"{p}.attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "output_proj")]
     linears += [f"{p}.ffn.{n}" for n in ("w1", "w2", "w3")]
-    return ([f"{p}.{n}.{part}" for n in ("ln1", "ln2") for part in ("weight", "bias")]
+    norms = ("ln1", "ln2", "ln1_post", "ln2_post")
+    return ([f"{p}.{n}.{part}" for n in norms for part in ("weight", "bias")]
             + [f"{name}.{part}" for name in linears for part in ("weight", "bias")]
             + [f"{p}.attn.q_norm.weight", f"{p}.attn.k_norm.weight"])
 
@@ -205,8 +206,11 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
     if cfg.qk_norm:  # each head's query and key normalised over its Dh features
         q = _head_norm(cfg, q, w[f"{p}.attn.q_norm.weight"])
         k = _head_norm(cfg, k, w[f"{p}.attn.k_norm.weight"])
-    mixed = torch.stack([_attention(cfg, q[b], k[b], v[b]) for b in range(x.shape[0])])
-    after_attention = x + _linear(mixed, w, f"{p}.attn.output_proj")  # mixed: (B, T, H*Dh)
+    mixed = torch.stack([_attention(cfg, q[b], k[b], v[b], layer) for b in range(x.shape[0])])
+    attended = _linear(mixed, w, f"{p}.attn.output_proj")  # mixed: (B, T, H*Dh)
+    if cfg.sandwich_norm:  # the sublayer's output normalised before it joins the stream
+        attended = _norm(cfg, attended, w, f"{p}.ln1_post")
+    after_attention = x + attended
     # a parallel block's MLP reads the block's input x; otherwise the stream after attention
     h = _norm(cfg, x if cfg.parallel_residual else after_attention, w, f"{p}.ln2")
     x = after_attention
@@ -218,7 +222,10 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
             _linear(h, w, f"{p}.ffn.w3")
     else:
         hidden = _activation(cfg.mlp, _linear(h, w, f"{p}.ffn.w1"))
-    return x + _linear(hidden, w, f"{p}.ffn.w2")  # (B, T, D)
+    out = _linear(hidden, w, f"{p}.ffn.w2")
+    if cfg.sandwich_norm:
+        out = _norm(cfg, out, w, f"{p}.ln2_post")
+    return x + out  # (B, T, D)
 
 
 def _head_norm(cfg: DecoderConfig, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
@@ -228,10 +235,15 @@ def _head_norm(cfg: DecoderConfig, x: torch.Tensor, gain: torch.Tensor) -> torch
 
 
 def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor) -> torch.Tensor:
+               v: torch.Tensor, layer: int) -> torch.Tensor:
     """One sequence's causal attention: q (T, H*Dh), k and v (T, Hkv*Dh) -> (T, H*Dh), head by
-    head and query row by query row; query head h reads key/value head h // (H / Hkv)."""
+    head and query row by query row; query head h reads key/value head h // (H / Hkv). In a
+    windowed layer row t reads keys t-W+1..t; scores are q.k times attn_scale (1/sqrt(Dh)
+    unless given), soft-capped to c * tanh(score / c) where attn_softcap gives c."""
     group, head_dim = cfg.kv_group_size, cfg.head_dim
+    window = cfg.sliding_window if cfg.sliding_window is not None and (
+        cfg.window_layers is None or layer in cfg.window_layers) else None
+    scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(head_dim)
     head_outputs = []
     for head in range(cfg.n_heads):
         kv = head // group
@@ -242,8 +254,11 @@ def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
             q_h, k_h = _rope_rows(cfg, q_h), _rope_rows(cfg, k_h)
         out_rows = []
         for t in range(q.shape[0]):
-            visible = slice(0, t + 1)  # inclusive causal: row t reads keys 0..t only
-            scores = (k_h[visible] @ q_h[t]) / math.sqrt(head_dim)  # (t+1,)
+            # inclusive causal: row t reads keys 0..t only, the last W of them when windowed
+            visible = slice(0 if window is None else max(0, t - window + 1), t + 1)
+            scores = (k_h[visible] @ q_h[t]) * scale  # (visible,)
+            if cfg.attn_softcap is not None:
+                scores = cfg.attn_softcap * torch.tanh(scores / cfg.attn_softcap)
             weights = torch.exp(scores - scores.max())
             weights = weights / weights.sum()
             out_rows.append(weights @ v_h[visible])  # (Dh,)
@@ -331,7 +346,8 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
     matrices = ("w1", "w2", "w3") if cfg.gated else ("w1", "w2")
     for layer in range(cfg.n_layers):
         p = f"layers.{layer}"
-        names += [f"{p}.{norm}.{part}" for norm in ("ln1", "ln2") for part in norm_parts]
+        norms = ("ln1", "ln2", "ln1_post", "ln2_post") if cfg.sandwich_norm else ("ln1", "ln2")
+        names += [f"{p}.{norm}.{part}" for norm in norms for part in norm_parts]
         names += [f"{p}.attn.{n}_proj.weight" for n in ("q", "k", "v", "output")]
         if cfg.qk_norm:
             names += [f"{p}.attn.q_norm.weight", f"{p}.attn.k_norm.weight"]
@@ -358,8 +374,14 @@ def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
         x = _block(cfg, read.load(layer_weight_names(layer)), layer, x)
     x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
     readout = get(_readout_name(get))
-    return torch.cat([x @ read.wide(readout[block]).T for block in _vocab_blocks(cfg.vocab_size)],
-                     dim=-1)  # (B, T, V)
+    return _capped(cfg, torch.cat([x @ read.wide(readout[block]).T
+                                   for block in _vocab_blocks(cfg.vocab_size)], dim=-1))
+
+
+def _capped(cfg: DecoderConfig, logits: torch.Tensor) -> torch.Tensor:
+    """The logits (B, T, V), soft-capped to c * tanh(logits / c) where logit_softcap gives c."""
+    cap = cfg.logit_softcap
+    return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
 def _backward(output: torch.Tensor, grad: torch.Tensor) -> None:
@@ -396,8 +418,9 @@ class StreamedOracle:
             self.inputs.append(x)
             x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
             readout = self.get(_readout_name(self.get))
-            self.logits = torch.cat([x @ read.wide(readout[block]).T
-                                     for block in _vocab_blocks(cfg.vocab_size)], dim=-1)
+            self.logits = _capped(cfg, torch.cat([x @ read.wide(readout[block]).T
+                                                  for block in _vocab_blocks(cfg.vocab_size)],
+                                                 dim=-1))
 
     def _positions(self, read: _Reader) -> torch.Tensor | None:
         if self.cfg.pos != "learned":
@@ -426,6 +449,8 @@ class StreamedOracle:
         last; a weight read by two stages (a tied embedding) comes in pieces from both, to be
         summed. Grad mode is enabled only inside each step, never across a yield."""
         cfg, grad_logits = self.cfg, grad_logits.to("cpu", self.dtype)
+        if cfg.logit_softcap is not None:  # d/dz c tanh(z / c) = 1 - tanh^2 = 1 - (logit / c)^2
+            grad_logits = grad_logits * (1 - (self.logits / cfg.logit_softcap) ** 2)
         read = _Reader(self.get, self.dtype, leaves=True)
         upstream = yield from self._final_backward(read, grad_logits)
         for layer in reversed(range(cfg.n_layers)):

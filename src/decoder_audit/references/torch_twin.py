@@ -68,8 +68,15 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
                         "wide")
     if cfg.qk_norm:
         problems.append("qk_norm=True: nn.MultiheadAttention cannot normalise q and k")
-    if cfg.parallel_residual:
-        problems.append("parallel_residual=True: the twin's block is sequential")
+    if cfg.parallel_residual or cfg.sandwich_norm:
+        problems.append(f"parallel_residual={cfg.parallel_residual}, sandwich_norm="
+                        f"{cfg.sandwich_norm}: the twin's block is sequential, two norms")
+    if cfg.sliding_window is not None or cfg.attn_scale is not None or cfg.attn_softcap:
+        problems.append(f"sliding_window={cfg.sliding_window}, attn_scale={cfg.attn_scale}, "
+                        f"attn_softcap={cfg.attn_softcap}: nn.MultiheadAttention reads every "
+                        "earlier token with scores q.k / sqrt(Dh)")
+    if cfg.logit_softcap is not None:
+        problems.append(f"logit_softcap={cfg.logit_softcap}: the twin's logits are uncapped")
     if cfg.output_bias != cfg.attn_bias:
         problems.append(f"attn_output_bias={cfg.attn_output_bias}: nn.MultiheadAttention biases "
                         "all of q, k, v and the output or none")
