@@ -65,6 +65,15 @@ def test_non_positive_or_non_integer_sizes_are_rejected_by_name(field, value):
     (dict(pos="rope", rope_scaling={"type": "dynamic", "factor": 2.0, "original_max_seq_len": 4},
           d_model=12, n_heads=6), "at least 4, got 2"),
     (dict(pos="rope", rope_scaling=[1.0]), "rope_scaling=[1.0]"),
+    (dict(sliding_window=0), "sliding_window=0"),
+    (dict(sliding_window=4, window_layers=(0, 2)), "window_layers=(0, 2) must list distinct "
+     "layers in [0, n_layers=2)"),
+    (dict(sliding_window=4, window_layers=(1, 1)), "window_layers=(1, 1)"),
+    (dict(window_layers=(0,)), "window_layers=[0] needs a sliding_window"),
+    (dict(attn_scale=-1.0), "attn_scale=-1.0 must be a finite number > 0"),
+    (dict(attn_softcap=0.0), "attn_softcap=0.0"),
+    (dict(logit_softcap=float("inf")), "logit_softcap=inf"),
+    (dict(sandwich_norm=None), "sandwich_norm=None must be true or false"),
 ])
 def test_each_bad_field_is_named_with_its_value(changes, message):
     with pytest.raises(ConfigError) as info:
@@ -94,6 +103,13 @@ def test_frozen():
     cfg = make()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.d_model = 8
+
+
+def test_window_layers_read_back_from_json_as_the_same_config():
+    cfg = make(sliding_window=3, window_layers=[1])
+    assert cfg.window_layers == (1,) and (cfg.window(0), cfg.window(1)) == (None, 3)
+    assert DecoderConfig.from_json(cfg.to_json()) == cfg
+    assert make(sliding_window=3).window(0) == 3
 
 
 def test_the_config_keeps_its_own_copy_of_rope_scaling():

@@ -525,3 +525,52 @@ MUTANTS = [
     Case("traced_path_differs_from_fast", lambda: with_attention(TracedPathDiffers, SMALL),
          "oracle", defect="eager vs fused", only=True, says="eager (traced) path differs"),
 ]
+
+
+# ---- the spec's variants, each ignored by one module of our own Decoder ------------------------
+
+def _variant_mutant(config: str, plant: Callable[[da.Decoder], None]) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        model = decoder(configs.named(config), seed=3)
+        plant(model)
+        return model
+    return build
+
+
+def _set(path: str, value: Any) -> Callable[[da.Decoder], None]:
+    """Set the attribute `path` (e.g. "layers.0.attn.window") of a model to `value`."""
+    def plant(model: da.Decoder) -> None:
+        owner, _, name = path.rpartition(".")
+        setattr(model.get_submodule(owner), name, value)
+    return plant
+
+
+def _softcap_dropped_at_scale(model: da.Decoder) -> None:
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attn.q_proj.weight.mul_(30.0)
+    model.layers[1].attn.score_softcap = None
+
+
+# Each runs through the white-box oracle (the model's own config is its spec); a dropped sandwich
+# norm removes a weight the config declares, which the ledger names.
+VARIANT_MUTANTS = [
+    Case("window_ignored", _variant_mutant("gemma2-like", _set("layers.0.attn.window", None)),
+         "oracle", first=False, defect="I (sliding window)", says="differ from the slow oracle"),
+    Case("window_on_the_wrong_layer", _variant_mutant("gemma2-like",
+                                                      _set("layers.1.attn.window", 3)),
+         "oracle", first=False, defect="I (window pattern)", says="differ from the slow oracle"),
+    # at initialisation the scores are ~1e-3, where c * tanh(s / c) = s to 1e-8: the weights of
+    # a trained model (q 30x larger, scores of order 1) are where the cap acts
+    Case("score_softcap_dropped", _variant_mutant("gemma2-like", _softcap_dropped_at_scale),
+         "oracle", first=False, defect="I (soft-capping)", says="differ from the slow oracle"),
+    Case("score_scale_of_the_head_width", _variant_mutant("gemma2-like",
+                                                          _set("layers.0.attn.score_scale", None)),
+         "oracle", first=False, defect="I (attention scale)", says="differ from the slow oracle"),
+    Case("sandwich_norm_dropped", _variant_mutant("gemma2-like", _set("layers.1.ln2_post", None)),
+         "params", first=False, defect="I (sandwich norm)", says="layers.1.ln2_post.weight",
+         kwargs={"spec": configs.named("gemma2-like")}),
+    Case("parallel_block_run_in_series", _variant_mutant("neox-like", _set("layers.1.parallel",
+                                                                           False)),
+         "oracle", first=False, defect="I (parallel residual)", says="differ from the slow oracle"),
+]

@@ -306,6 +306,12 @@ def _validate(cfg: DecoderConfig) -> list[str]:
             and cfg.head_dim % 2:
         problems.append(f"head width Dh={cfg.head_dim} is odd; RoPE rotates pairs and needs it "
                         "even")
+    return problems + _attention_problems(cfg)
+
+
+def _attention_problems(cfg: DecoderConfig) -> list[str]:
+    """The window's layers and the rotated width against the sizes (which are valid here)."""
+    problems = []
     layers = cfg.window_layers
     if layers is not None and (not isinstance(layers, tuple) or not all(
             _is_int(i) and 0 <= i < cfg.n_layers for i in layers) or len(set(layers)) != len(layers)):

@@ -233,3 +233,10 @@ def test_a_hugging_face_model_whose_forward_breaks_its_config_fails_the_oracle(b
     swap(model)
     report = da.audit(model, **HF_FACTS["gpt2" if build is _gpt2 else "llama"])
     assert [c.name for c in report.failures] == ["oracle"]
+
+
+@pytest.mark.parametrize("case", zoo.VARIANT_MUTANTS, ids=lambda case: case.name)
+def test_each_variant_the_module_ignores_fails_its_check(case):
+    report = da.audit(case.build(), **case.kwargs)
+    check = report[case.expect]
+    assert not check.passed and case.says in check.detail, check.detail
