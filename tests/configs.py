@@ -251,6 +251,27 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                            n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
                                            mlp="swiglu", pos="rope", sliding_window=2,
                                            tie_embeddings=False),
+    # OLMo: LayerNorms that learn nothing; OLMo 2: no pre-norms, sandwich norms, q/k RMSNorm over
+    # the whole projection (GQA 4/2); Gemma 3: per-head q/k norms (gains 1 + w), layer 1
+    # windowed on its own RoPE base while the full layers' RoPE is linearly scaled
+    "olmo-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=24,
+                                  max_seq_len=6, norm="layernorm", norm_affine=False,
+                                  norm_bias=False, mlp="swiglu", pos="rope",
+                                  rope_layout="rotate_half", tie_embeddings=False),
+    "olmo2-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                   n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                   pre_norm=False, sandwich_norm=True, qk_norm=True,
+                                   qk_norm_scope="projection", mlp="swiglu", pos="rope",
+                                   rope_layout="rotate_half", tie_embeddings=False),
+    "gemma3-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2,
+                                    n_kv_heads=1, head_width=8, d_ff=24, max_seq_len=7,
+                                    norm="rmsnorm", norm_eps=1e-6, norm_offset=1.0,
+                                    embedding_scale=4.0, mlp="geglu", pos="rope",
+                                    rope_theta=1e6, window_rope_theta=10.0,
+                                    rope_scaling={"type": "linear", "factor": 8.0},
+                                    rope_layout="rotate_half", sandwich_norm=True, qk_norm=True,
+                                    attn_scale=0.25, sliding_window=3, window_layers=(1,),
+                                    tie_embeddings=True),
     # nanoGPT with bias=False: LayerNorm without a shift, no Linear biases, tied
     "ln-nobias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3, d_ff=20,
                                        max_seq_len=5, norm="layernorm", norm_bias=False,

@@ -74,6 +74,13 @@ def test_non_positive_or_non_integer_sizes_are_rejected_by_name(field, value):
     (dict(attn_softcap=0.0), "attn_softcap=0.0"),
     (dict(logit_softcap=float("inf")), "logit_softcap=inf"),
     (dict(sandwich_norm=None), "sandwich_norm=None must be true or false"),
+    (dict(norm_affine=False), "norm_affine=False with norm_bias=True"),
+    (dict(pre_norm=0), "pre_norm=0 must be true or false"),
+    (dict(qk_norm_scope="all"), "qk_norm_scope='all' is not one of"),
+    (dict(pos="rope", window_rope_theta=10.0), "window_rope_theta=10.0 needs pos='rope' and a "
+     "sliding_window"),
+    (dict(pos="rope", sliding_window=2, window_rope_theta=-1.0), "window_rope_theta=-1.0 must "
+     "be a finite number > 0"),
 ])
 def test_each_bad_field_is_named_with_its_value(changes, message):
     with pytest.raises(ConfigError) as info:

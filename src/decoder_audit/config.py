@@ -28,6 +28,7 @@ POSITIONS = ("learned", "rope", "none")
 # (Hugging Face Llama and its descendants, GPT-NeoX, litgpt). Pair j turns by the same angle in
 # both; they differ in which weight rows make up a pair, so neither is the other renamed.
 ROPE_LAYOUTS = ("interleaved", "rotate_half")
+QK_NORM_SCOPES = ("head", "projection")
 # Each RoPE scaling type's parameters: required, then optional with the default used.
 ROPE_SCALING = {
     "linear": (("factor",), {}),
@@ -73,7 +74,12 @@ class DecoderConfig:
     """The token embedding's output multiplied by this, rounded to the model's dtype first (Gemma:
     sqrt(D)); None multiplies by nothing. The tied readout reads the unscaled weight."""
     norm_bias: bool = True
-    """A LayerNorm's shift (False: gain only, nanoGPT's bias=False, OLMo); RMSNorm has none."""
+    """A LayerNorm's shift (False: gain only, nanoGPT's bias=False); RMSNorm has none."""
+    norm_affine: bool = True
+    """False: the block and final norms learn nothing, no gain and no shift (OLMo's LayerNorm)."""
+    pre_norm: bool = True
+    """False: each sublayer reads the stream itself, not a normalised copy (OLMo 2, whose
+    sandwich norms normalise only the sublayers' outputs)."""
     mlp: str = "gelu"
     """"relu", "gelu" (exact erf), "gelu_tanh" (GPT-2's approximation), or a gated MLP w2(act(w1
     x) * w3 x): "swiglu" (SiLU) or "geglu" (tanh GELU, Gemma's)."""
@@ -88,6 +94,10 @@ class DecoderConfig:
     """R: RoPE rotates the first R features of each head and passes the other Dh - R through
     (partial rotary: GPT-NeoX's rotary_pct, Phi's and StableLM's partial_rotary_factor); pair j
     turns by pos * theta^(-2j/R). None rotates all Dh."""
+    window_rope_theta: float | None = None
+    """The RoPE base of the windowed layers (Gemma 3: 1e4 where the full layers use 1e6); their
+    RoPE is then never scaled (rope_scaling is the full layers'). None: rope_theta and
+    rope_scaling in every layer."""
     rope_scaling: dict | None = None
     """How RoPE's frequencies are stretched for a longer context (None: not at all), as a dict
     with "type" and that type's parameters (ROPE_SCALING lists them):
@@ -124,8 +134,11 @@ class DecoderConfig:
     """The output projection's bias: None follows attn_bias; False with attn_bias=True is
     Qwen2's attention (q/k/v biases, none on the output)."""
     qk_norm: bool = False
-    """RMSNorm (a gain of Dh, eps norm_eps) on each head's query and key, before RoPE (Qwen3,
-    OLMo 2 style per head): weights attn.q_norm and attn.k_norm."""
+    """RMSNorm (eps norm_eps) on the queries and keys, before RoPE: weights attn.q_norm and
+    attn.k_norm, over each head (qk_norm_scope "head": a gain of Dh shared by the heads, Qwen3,
+    Gemma 3) or over the whole projection ("projection": gains of H*Dh and Hkv*Dh, OLMo 2)."""
+    qk_norm_scope: str = "head"
+    """What one q/k RMSNorm normalises: "head" or "projection" (see qk_norm)."""
     mlp_bias: bool = False
     """Biases on the MLP matrices."""
     tie_embeddings: bool = True
@@ -265,7 +278,8 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         if value is not None and (not _is_int(value) or value <= 0):
             problems.append(f"{name}={value!r} must be a positive integer or None")
     for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS),
-                          ("rope_layout", ROPE_LAYOUTS), ("context_policy", CONTEXT_POLICIES)):
+                          ("rope_layout", ROPE_LAYOUTS), ("qk_norm_scope", QK_NORM_SCOPES),
+                          ("context_policy", CONTEXT_POLICIES)):
         value = getattr(cfg, name)
         if value not in allowed:
             problems.append(f"{name}={value!r} is not one of {list(allowed)}")
@@ -285,12 +299,12 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         problems.append(f"rope_theta={cfg.rope_theta!r} must be > 0 with pos='rope'")
     if cfg.attn_output_bias is not None and not isinstance(cfg.attn_output_bias, bool):
         problems.append(f"attn_output_bias={cfg.attn_output_bias!r} must be true, false or null")
-    for name in ("attn_scale", "attn_softcap", "logit_softcap"):
+    for name in ("attn_scale", "attn_softcap", "logit_softcap", "window_rope_theta"):
         value = getattr(cfg, name)
         if value is not None and (not _is_real(value) or not 0 < value < float("inf")):
             problems.append(f"{name}={value!r} must be a finite number > 0 or null")
     for name in ("attn_bias", "mlp_bias", "tie_embeddings", "qk_norm", "norm_bias",
-                 "parallel_residual", "sandwich_norm"):
+                 "parallel_residual", "sandwich_norm", "norm_affine", "pre_norm"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             problems.append(f"{name}={value!r} must be true or false")
@@ -319,6 +333,12 @@ def _attention_problems(cfg: DecoderConfig) -> list[str]:
                         f"{cfg.n_layers})")
     elif layers is not None and cfg.sliding_window is None:
         problems.append(f"window_layers={list(layers)} needs a sliding_window")
+    if cfg.window_rope_theta is not None and (cfg.sliding_window is None or cfg.pos != "rope"):
+        problems.append(f"window_rope_theta={cfg.window_rope_theta} needs pos='rope' and a "
+                        "sliding_window")
+    if not cfg.norm_affine and cfg.norm == "layernorm" and cfg.norm_bias:
+        problems.append("norm_affine=False with norm_bias=True: a norm without a gain has no "
+                        "shift either (set norm_bias=false)")
     if cfg.rotary_dim is not None and (cfg.rotary_dim % 2 or cfg.rotary_dim > cfg.head_dim):
         problems.append(f"rotary_dim={cfg.rotary_dim} must be even and at most the head width "
                         f"Dh={cfg.head_dim}")

@@ -68,11 +68,14 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
     dh = cfg.head_width or D // cfg.n_heads  # a declared head width, else D / H
     q, kv = cfg.n_heads * dh, cfg.kv_heads * dh
     norm = 2 * D if cfg.norm == "layernorm" and cfg.norm_bias else D
+    norm = norm if cfg.norm_affine else 0  # OLMo's norms learn nothing
+    qk = (q + kv if cfg.qk_norm_scope == "projection" else 2 * dh) if cfg.qk_norm else 0
     attn = (2 * D * q + 2 * D * kv + (q + 2 * kv if cfg.attn_bias else 0)
-            + (D if cfg.output_bias else 0) + (2 * dh if cfg.qk_norm else 0))
+            + (D if cfg.output_bias else 0) + qk)
     n_mat = 3 if cfg.mlp in ("swiglu", "geglu") else 2  # gated: w1, w3 in and w2 out
     mlp = n_mat * D * F + ((n_mat - 1) * F + D if cfg.mlp_bias else 0)
-    norms = 4 if cfg.sandwich_norm else 2  # Gemma 2 normalises each sublayer's output too
+    # before each sublayer unless OLMo 2's, after it too in Gemma 2's and OLMo 2's
+    norms = (2 if cfg.pre_norm else 0) + (2 if cfg.sandwich_norm else 0)
     return (V * D + (T * D if cfg.pos == "learned" else 0) + L * (norms * norm + attn + mlp) + norm
             + (0 if cfg.tie_embeddings else V * D))
 

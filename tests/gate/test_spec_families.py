@@ -1,7 +1,10 @@
 """Hugging Face families whose configs declare the variants a DecoderConfig grew for them:
 GPT-NeoX (attention and MLP in parallel, partial rotary, q/k/v fused head by head), StableLM
-(LayerNorm, partial rotary, q/k/v biases only), Phi-3 (q/k/v and gate/up fused) and Llama with
-each RoPE scaling (linear, Llama 3.1's, YaRN). Each correct model passes with no argument; each
+(LayerNorm, partial rotary, q/k/v biases only), Phi-3 (q/k/v and gate/up fused), Mistral (a
+sliding window), Gemma 2 (sandwich norms, soft caps, a score scale, windowed layers), Gemma 3
+(per-head q/k norms, its windowed layers on their own RoPE base), OLMo (norms that learn
+nothing), OLMo 2 (no pre-norms, q/k norms over the projection) and Llama with each RoPE scaling
+(linear, Llama 3.1's, YaRN). Each correct model passes with no argument; each
 defect planted in transformers' own module fails the check that owns it."""
 
 from __future__ import annotations
@@ -49,6 +52,21 @@ def _model(family: str, **config):
                             final_logit_softcapping=3.0, sliding_window=3,
                             layer_types=["sliding_attention", "full_attention"], **config)
         return tf.Gemma2ForCausalLM(c).eval()
+    if family == "gemma3":  # layer 1 windowed on base 10, the full layer on 1e6 scaled 8x
+        c = tf.Gemma3TextConfig(**{**COMMON, "pad_token_id": 0}, num_key_value_heads=1,
+                                head_dim=8, query_pre_attn_scalar=16, sliding_window=3,
+                                layer_types=["full_attention", "sliding_attention"],
+                                rope_parameters={
+                                    "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                       "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 10.0}}, **config)
+        return tf.Gemma3ForCausalLM(c).eval()
+    if family in ("olmo", "olmo2"):
+        config_class, model_class = {"olmo": (tf.OlmoConfig, tf.OlmoForCausalLM),
+                                     "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM)}[family]
+        c = config_class(**COMMON, num_key_value_heads=1, **config)
+        return model_class(c).eval()
     if family == "mistral-window":
         c = tf.MistralConfig(**COMMON, num_key_value_heads=1, sliding_window=3, **config)
         return tf.MistralForCausalLM(c).eval()
@@ -68,6 +86,12 @@ EXPECTED = {  # what each family's config declares, read by hand from transforme
                    logit_softcap=3.0, sliding_window=3, window_layers=(0,), mlp="geglu",
                    norm_offset=1.0, embedding_scale=4.0, head_width=12),
     "mistral-window": dict(sliding_window=3, window_layers=None, n_kv_heads=1),
+    "gemma3": dict(qk_norm=True, qk_norm_scope="head", window_rope_theta=10.0, rope_theta=1e6,
+                   rope_scaling={"type": "linear", "factor": 8.0}, window_layers=(1,),
+                   attn_scale=0.25, sandwich_norm=True, logit_softcap=None),
+    "olmo": dict(norm="layernorm", norm_affine=False, norm_bias=False, norm_eps=1e-5),
+    "olmo2": dict(pre_norm=False, sandwich_norm=True, qk_norm=True,
+                  qk_norm_scope="projection", norm="rmsnorm"),
     "linear": dict(rope_scaling={"type": "linear", "factor": 3.0}, n_kv_heads=1),
     "llama3": dict(rope_scaling={"type": "llama3", "factor": 8.0, "original_max_seq_len": 64,
                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
@@ -134,6 +158,23 @@ def _sandwich_norm_dropped(model):
     model.model.layers[1].post_feedforward_layernorm = nn.Identity()
 
 
+def _windowed_layer_on_the_global_base(model):
+    rotary = model.model.rotary_emb
+    rotary.sliding_attention_inv_freq.copy_(rotary.full_attention_inv_freq)
+
+
+def _learned_layernorm(model):  # OLMo's norms learn nothing; this one has a gain and a shift
+    model.model.layers[0].input_layernorm = nn.LayerNorm(16)
+
+
+def _q_norm_dropped(model):
+    model.model.layers[1].self_attn.q_norm = nn.Identity()
+
+
+def _post_norm_eps(model):
+    model.model.layers[0].post_attention_layernorm.variance_epsilon = 1e-2
+
+
 def _window_ignored(model):  # the windowed layer reads every earlier token
     model.model.layers[0].self_attn.sliding_window = None
     model.config.layer_types = ["full_attention", "full_attention"]
@@ -149,7 +190,12 @@ DEFECTS = {("neox-parallel", "serial block"): (_serial_block, "oracle"),
            ("gemma2", "score softcap dropped"): (_score_softcap_dropped, "oracle"),
            ("gemma2", "score scale of the head width"): (_score_scale_of_the_head_width,
                                                          "oracle"),
-           ("gemma2", "sandwich norm dropped"): (_sandwich_norm_dropped, "params")}
+           ("gemma2", "sandwich norm dropped"): (_sandwich_norm_dropped, "params"),
+           ("gemma3", "windowed layer on the global base"): (_windowed_layer_on_the_global_base,
+                                                             "oracle"),
+           ("olmo", "learned layernorm"): (_learned_layernorm, "params"),
+           ("olmo2", "q norm dropped"): (_q_norm_dropped, "params"),
+           ("olmo2", "post-norm eps"): (_post_norm_eps, "oracle")}
 
 
 def test_a_window_the_module_ignores_fails_the_oracle():

@@ -185,6 +185,7 @@ def test_rope_row_permutation_turns_rotate_half_into_interleaved():
      "partial_rotary_factor=0.5"),
     (lambda: tf.StableLmConfig(num_key_value_heads=32, qk_layernorm=True), "qk_layernorm=True"),
     (lambda: tf.GPTNeoXConfig(hidden_act="silu"), "hidden_act='silu'"),
+    (lambda: tf.OlmoConfig(clip_qkv=8.0), "clip_qkv=8.0"),
     (lambda: tf.BertConfig(), "model_type='bert'"),
 ])
 def test_unsupported_hf_configs_are_refused_naming_the_field(config, field):

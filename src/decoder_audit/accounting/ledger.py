@@ -72,6 +72,8 @@ class Ledger:
 
 
 def _norm_count(cfg: DecoderConfig) -> tuple[int, str]:
+    if not cfg.norm_affine:
+        return 0, "0 (norm_affine=False: no gain, no shift)"
     if cfg.norm == "layernorm" and cfg.norm_bias:
         return 2 * cfg.d_model, f"2*D = 2*{cfg.d_model} (gain + bias)"
     return cfg.d_model, f"D = {cfg.d_model} (gain)"
@@ -102,7 +104,10 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     if cfg.output_bias:
         attn += D
         attn_formula += f" + output bias {D}"
-    if cfg.qk_norm:
+    if cfg.qk_norm and cfg.qk_norm_scope == "projection":
+        attn += d_q + d_kv
+        attn_formula += f" + q/k norm gains H*Dh + Hkv*Dh = {d_q}+{d_kv}"
+    elif cfg.qk_norm:
         attn += 2 * cfg.head_dim
         attn_formula += f" + q/k norm gains 2*Dh = 2*{cfg.head_dim}"
     n_in = 2 if cfg.gated else 1  # matrices D -> F (w1, and w3 for SwiGLU / GeGLU)
@@ -111,7 +116,7 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     if cfg.mlp_bias:
         ffn += n_in * F + D
         ffn_formula += f" + biases {n_in}*{F}+{D}"
-    norms = 4 if cfg.sandwich_norm else 2  # ln1, ln2 (and ln1_post, ln2_post)
+    norms = (2 if cfg.pre_norm else 0) + (2 if cfg.sandwich_norm else 0)  # ln1, ln2, *_post
     for i in range(cfg.n_layers):
         rows += [
             LedgerRow(f"layers.{i}.norms", norms * norm, f"{norms} norms x {norm_formula}"),

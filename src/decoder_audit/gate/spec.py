@@ -205,16 +205,20 @@ def _stage_inputs(model: nn.Module, placement: Placement, spec: DecoderConfig
 
 def _stage_modules(model: nn.Module, placement: Placement, spec: DecoderConfig
                    ) -> dict[int, nn.Module]:
-    """The module of block i (from where its first norm's weight lies) and the final norm."""
+    """The module of block i (from where its first norm's weight lies, or its query
+    projection's: every layout nests it two deep, as attn.q_proj) and the final norm."""
     out: dict[int, nn.Module] = {}
     for index in range(spec.n_layers + 1):
-        spot = placement.spots.get(f"layers.{index}.ln1.weight" if index < spec.n_layers
-                                   else "ln_final.weight")
+        spots = placement.spots
+        if index < spec.n_layers:
+            norm = spots.get(f"layers.{index}.ln1.weight")
+            query = spots.get(f"layers.{index}.attn.q_proj.weight")
+            spot, up = (norm, 2) if norm is not None else (query, 3)
+        else:
+            spot, up = spots.get("ln_final.weight"), 1
         if spot is None:
             continue
-        path = spot.source.rsplit(".", 1)[0]  # the norm module
-        if index < spec.n_layers:
-            path = path.rsplit(".", 1)[0]  # its block
+        path = spot.source.rsplit(".", up)[0]  # the block (or the final norm) module
         try:
             out[index] = model.get_submodule(path)
         except AttributeError:

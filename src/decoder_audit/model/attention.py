@@ -22,14 +22,17 @@ from .layers import INIT_STD, Linear, RMSNorm
 from .trace import Trace
 
 
-def rope_frequencies(cfg: DecoderConfig, seq_len: int, device: torch.device
-                     ) -> tuple[torch.Tensor, float]:
+def rope_frequencies(cfg: DecoderConfig, seq_len: int, device: torch.device,
+                     windowed: bool = False) -> tuple[torch.Tensor, float]:
     """(the angle per position of each rotated pair (R/2,) in float64, the factor q and k are
     scaled by): theta^(-2j/R), stretched as cfg.rope_scaling says for a call whose longest
-    position is seq_len - 1 (only "dynamic" depends on it)."""
+    position is seq_len - 1 (only "dynamic" depends on it). `windowed`: for a windowed layer,
+    which turns by window_rope_theta, unscaled, where the config gives one."""
     rotated = cfg.rope_dim
     exponents = torch.arange(0, rotated, 2, device=device, dtype=torch.float64) / rotated
     kind, get = (cfg.rope_scaling or {}).get("type"), cfg.rope_parameter
+    if windowed and cfg.window_rope_theta is not None:
+        return cfg.window_rope_theta ** -exponents, 1.0
     if kind == "dynamic" and seq_len > get("original_max_seq_len"):
         # NTK-aware: the base grows so the longest wavelength spans the longer context
         stretch = get("factor") * seq_len / get("original_max_seq_len") - (get("factor") - 1)
@@ -74,7 +77,8 @@ def _yarn_ramp(cfg: DecoderConfig, rotated: int, device: torch.device) -> torch.
 
 
 def rope_rotations(cfg: DecoderConfig, seq_len: int, device: torch.device,
-                   dtype: torch.dtype, positions: torch.Tensor | None = None) -> torch.Tensor:
+                   dtype: torch.dtype, positions: torch.Tensor | None = None,
+                   windowed: bool = False) -> torch.Tensor:
     """a * exp(i * pos * freq_j) as a complex table (T, R/2), built once per forward, for
     pos = 0..T-1, or for the given `positions` (..., T) -> (..., T, R/2); freq and the
     attention factor a from `rope_frequencies` (a = 1 unless YaRN).
@@ -85,7 +89,7 @@ def rope_rotations(cfg: DecoderConfig, seq_len: int, device: torch.device,
     dynamic = (cfg.rope_scaling or {}).get("type") == "dynamic"
     # the longest position of the call (only dynamic scaling reads it: no sync otherwise)
     longest = int(positions.max()) + 1 if dynamic and positions is not None else seq_len
-    inv_freq, attention = rope_frequencies(cfg, longest, device)  # (R/2,)
+    inv_freq, attention = rope_frequencies(cfg, longest, device, windowed)  # (R/2,)
     positions = (torch.arange(seq_len, device=device, dtype=torch.float64) if positions is None
                  else positions.to(torch.float64))  # (..., T)
     angles = positions[..., None] * inv_freq  # (..., T, R/2)
@@ -133,10 +137,13 @@ class CausalSelfAttention(nn.Module):
         # writes into the residual stream
         self.output_proj = Linear(d_q, cfg.d_model, cfg.output_bias, init_std=residual_std,
                                   **factory)
-        # per-head RMSNorm of q and k (a gain of Dh shared by the heads), before RoPE
+        # RMSNorm of q and k before RoPE: per head (a gain of Dh shared by the heads) or over
+        # the whole projection (H*Dh and Hkv*Dh)
         norm = dict(eps=cfg.norm_eps, offset=cfg.norm_offset, **factory)
-        self.q_norm = RMSNorm(cfg.head_dim, **norm) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, **norm) if cfg.qk_norm else None
+        self.norm_whole = cfg.qk_norm_scope == "projection"
+        widths = (d_q, d_kv) if self.norm_whole else (cfg.head_dim, cfg.head_dim)
+        self.q_norm = RMSNorm(widths[0], **norm) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(widths[1], **norm) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
                 trace: Trace | None = None, prefix: str = "") -> torch.Tensor:
@@ -185,11 +192,14 @@ class CausalSelfAttention(nn.Module):
     def _project(self, x: torch.Tensor, rope: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, seq_len, _ = x.shape
-        q = self.q_proj(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.q_proj(x), self.k_proj(x)  # (B, T, H*Dh), (B, T, Hkv*Dh)
+        if self.q_norm is not None and self.norm_whole:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope, self.rope_layout), apply_rope(k, rope, self.rope_layout)

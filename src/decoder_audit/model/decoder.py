@@ -140,9 +140,10 @@ class Block(nn.Module):
                  **factory) -> None:
         super().__init__()
         self.parallel = cfg.parallel_residual
-        self.ln1 = make_norm(cfg, **factory)
+        # no pre-norms (OLMo 2): the sublayers read the stream itself
+        self.ln1 = make_norm(cfg, **factory) if cfg.pre_norm else None
         self.attn = CausalSelfAttention(cfg, residual_std=residual_std, layer=layer, **factory)
-        self.ln2 = make_norm(cfg, **factory)
+        self.ln2 = make_norm(cfg, **factory) if cfg.pre_norm else None
         self.ffn = FeedForward(cfg, residual_std=residual_std, **factory)
         # sandwich norms: each sublayer's output normalised before it joins the stream
         self.ln1_post = make_norm(cfg, **factory) if cfg.sandwich_norm else None
@@ -151,7 +152,7 @@ class Block(nn.Module):
     def forward(self, resid_pre: torch.Tensor, rope, trace: Trace | None = None,
                 prefix: str = "", *, allowed: torch.Tensor | None = None,
                 cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        normed = self.ln1(resid_pre)
+        normed = resid_pre if self.ln1 is None else self.ln1(resid_pre)
         _record(trace, f"{prefix}.ln1", normed)
         if allowed is None and cache is None:  # the full causal square
             attn_out = self.attn(normed, rope, trace, f"{prefix}.attn")
@@ -163,7 +164,8 @@ class Block(nn.Module):
         resid_mid = resid_pre + attn_out
         _record(trace, f"{prefix}.resid_mid", resid_mid)
         # a parallel block's MLP reads the block's input, not the stream after attention
-        normed = self.ln2(resid_pre if self.parallel else resid_mid)
+        normed = resid_pre if self.parallel else resid_mid
+        normed = normed if self.ln2 is None else self.ln2(normed)
         _record(trace, f"{prefix}.ln2", normed)
         ffn_out = self.ffn(normed, trace, f"{prefix}.ffn")
         if self.ln2_post is not None:
@@ -279,12 +281,14 @@ class Decoder(nn.Module):
         return positions, attention_allowed(0, ids.shape[1], mask, ids.device)
 
     def _rotations(self, positions: torch.Tensor | None, seq_len: int,
-                   like: torch.Tensor) -> torch.Tensor:
-        """The RoPE table: (T, Dh/2) for positions 0..T-1, or (B|1, 1, T, Dh/2) for given
-        positions (B|1, T), broadcast over heads."""
+                   like: torch.Tensor, windowed: bool = False) -> torch.Tensor:
+        """The RoPE table: (T, R/2) for positions 0..T-1, or (B|1, 1, T, R/2) for given
+        positions (B|1, T), broadcast over heads; `windowed`: the windowed layers' table."""
         if positions is None:
-            return rope_rotations(self.config, seq_len, like.device, like.dtype)
-        return rope_rotations(self.config, seq_len, like.device, like.dtype, positions)[:, None]
+            return rope_rotations(self.config, seq_len, like.device, like.dtype,
+                                  windowed=windowed)
+        return rope_rotations(self.config, seq_len, like.device, like.dtype, positions,
+                              windowed=windowed)[:, None]
 
     def run_with_trace(self, ids: torch.Tensor) -> tuple[torch.Tensor, Trace]:
         """Like forward, through the eager attention path, recording every named site."""
@@ -314,6 +318,9 @@ class Decoder(nn.Module):
             x = x + rows
         _record(trace, "embed", x)
         rope = self._rotations(positions, seq_len, x) if cfg.pos == "rope" else None
+        # Gemma 3's windowed layers turn by their own base
+        rope_windowed = (self._rotations(positions, seq_len, x, windowed=True)
+                         if cfg.window_rope_theta is not None else rope)
         recompute = (self.gradient_checkpointing and self.training and torch.is_grad_enabled()
                      and trace is None and cache is None)
         windowed = None  # what a windowed layer's queries may read on the generation path
@@ -322,11 +329,12 @@ class Decoder(nn.Module):
                                         else key_positions, cfg.sliding_window)
         for i, block in enumerate(self.layers):
             reads = windowed if block.attn.window is not None and windowed is not None else allowed
+            turns = rope_windowed if block.attn.window is not None else rope
             if recompute:  # keep only each block's input; its activations are recomputed in backward
-                x = checkpoint(block, x, rope, None, f"layers.{i}", allowed=reads, layer=i,
+                x = checkpoint(block, x, turns, None, f"layers.{i}", allowed=reads, layer=i,
                                use_reentrant=False)
             else:
-                x = block(x, rope, trace, f"layers.{i}", allowed=reads, cache=cache, layer=i)
+                x = block(x, turns, trace, f"layers.{i}", allowed=reads, cache=cache, layer=i)
         if last_only:
             x = x[:, -1:]  # (B, 1, D): generation reads the next-token row only
         x = self.ln_final(x)

@@ -61,45 +61,50 @@ class Embedding(nn.Module):
 class LayerNorm(nn.Module):
     """(x - mean) / sqrt(var + eps) * g + b over the last axis (biased variance)."""
 
-    def __init__(self, dim: int, eps: float, bias: bool = True, **factory) -> None:
+    def __init__(self, dim: int, eps: float, bias: bool = True, affine: bool = True,
+                 **factory) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim, **factory))
-        self.bias = nn.Parameter(torch.empty(dim, **factory)) if bias else None
+        self.eps, self.shape = eps, (dim,)
+        self.weight = nn.Parameter(torch.empty(dim, **factory)) if affine else None
+        self.bias = nn.Parameter(torch.empty(dim, **factory)) if bias and affine else None
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        self.weight.fill_(1.0)
+        if self.weight is not None:
+            self.weight.fill_(1.0)
         if self.bias is not None:
             self.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * (offset + w), normalised in at least float32 (CS336's
     convention; Gemma's offset is 1, its w stored around 0)."""
 
-    def __init__(self, dim: int, eps: float, offset: float = 0.0, **factory) -> None:
+    def __init__(self, dim: int, eps: float, offset: float = 0.0, affine: bool = True,
+                 **factory) -> None:
         super().__init__()
-        self.eps, self.offset = eps, offset
-        self.weight = nn.Parameter(torch.empty(dim, **factory))
+        self.eps, self.offset, self.shape = eps, offset, (dim,)
+        self.weight = nn.Parameter(torch.empty(dim, **factory)) if affine else None
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        self.weight.fill_(1.0 - self.offset)  # a gain of 1
+        if self.weight is not None:
+            self.weight.fill_(1.0 - self.offset)  # a gain of 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The fused kernel computes the same formula; its backward is ~4x faster on CPU than
         # the five-op composition.
         x_wide = x.to(torch.promote_types(x.dtype, torch.float32))
-        normed = F.rms_norm(x_wide, self.weight.shape, eps=self.eps)
-        gain = self.weight if not self.offset else self.weight + self.offset
-        return normed.to(x.dtype) * gain
+        normed = F.rms_norm(x_wide, self.shape, eps=self.eps).to(x.dtype)
+        if self.weight is None:
+            return normed
+        return normed * (self.weight if not self.offset else self.weight + self.offset)
 
 
 def make_norm(cfg: DecoderConfig, **factory) -> nn.Module:
     if cfg.norm == "layernorm":
-        return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.norm_bias, **factory)
-    return RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_offset, **factory)
+        return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine, **factory)
+    return RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_offset, cfg.norm_affine, **factory)

@@ -115,18 +115,22 @@ def spec_classes(tf: Any) -> dict[str, type]:
     the embedding scaled by sqrt(D)), StableLM (LayerNorm, partial rotary, q/k/v biases),
     Phi-3 (fused q/k/v and gate/up weights, partial rotary) and GPT-NeoX (parallel residual,
     partial rotary, q/k/v fused head by head) and Gemma 2 (Gemma's block with sandwich norms,
-    soft-capped scores and logits, every other layer windowed), whose weights the converter
-    does not write."""
+    soft-capped scores and logits, every other layer windowed), Gemma 3's text model (per-head
+    q/k norms, its windowed layers on their own RoPE base), OLMo (LayerNorms that learn
+    nothing) and OLMo 2 (no pre-norms, sandwich norms, q/k norms over the whole projection),
+    whose weights the converter does not write."""
     return {**model_classes(tf), "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM,
             "gemma": tf.GemmaForCausalLM, "stablelm": tf.StableLmForCausalLM,
             "phi3": tf.Phi3ForCausalLM, "gpt_neox": tf.GPTNeoXForCausalLM,
-            "gemma2": tf.Gemma2ForCausalLM}
+            "gemma2": tf.Gemma2ForCausalLM, "gemma3_text": tf.Gemma3ForCausalLM,
+            "olmo": tf.OlmoForCausalLM, "olmo2": tf.Olmo2ForCausalLM}
 
 
 # Families whose attention rotates only the first partial_rotary_factor of each head's features
 # (Llama's apply_rotary_pos_emb rotates them all, so a Llama config with a factor is refused).
 _PARTIAL_ROTARY = ("stablelm", "phi3", "gpt_neox")
-_LLAMA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "stablelm", "phi3")
+_LLAMA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+                   "stablelm", "phi3", "olmo", "olmo2")
 
 
 def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
@@ -177,6 +181,14 @@ def _rope_fields(c: Any, family: str, head_dim: int, problems: list[str]) -> dic
     """rope_theta, rotary_dim and rope_scaling from a config's rope_parameters (or its older
     flat fields), appending what we cannot express to `problems`."""
     rope = dict(getattr(c, "rope_parameters", None) or {})
+    window_theta = None
+    if "full_attention" in rope:  # per layer type (Gemma 3): the windowed layers' own base
+        local = dict(rope.get("sliding_attention") or {})
+        if local.get("rope_type", "default") != "default":
+            problems.append(f"rope_parameters.sliding_attention.rope_type="
+                            f"{local['rope_type']!r} (the windowed layers' RoPE is unscaled here)")
+        window_theta = local.get("rope_theta")
+        rope = dict(rope["full_attention"])
     theta = rope.get("rope_theta", getattr(c, "rope_theta", None))
     if theta is None:
         problems.append("rope_parameters.rope_theta is missing")
@@ -191,8 +203,11 @@ def _rope_fields(c: Any, family: str, head_dim: int, problems: list[str]) -> dic
             problems.append(f"partial_rotary_factor={factor} rotates {rotary_dim} of "
                             f"{head_dim} features; RoPE needs an even number")
     scaling = _rope_scaling_from_hf(rope, c, problems)
-    return {"rope_theta": float(theta or 0.0), "rotary_dim": rotary_dim,
-            "rope_scaling": scaling}
+    fields = {"rope_theta": float(theta or 0.0), "rotary_dim": rotary_dim,
+              "rope_scaling": scaling}
+    if window_theta is not None and getattr(c, "sliding_window", None) is not None:
+        fields["window_rope_theta"] = float(window_theta)
+    return fields
 
 
 def _rope_scaling_from_hf(rope: dict, c: Any, problems: list[str]) -> dict | None:
@@ -237,23 +252,25 @@ def _rope_scaling_from_hf(rope: dict, c: Any, problems: list[str]) -> dict | Non
 def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
     problems = []
     # the gate's activation: SiLU (SwiGLU); Gemma's tanh GELU (GeGLU)
-    gemma = family in ("gemma", "gemma2")
+    gemma = family in ("gemma", "gemma2", "gemma3_text")
     gates = {"silu": "swiglu"} if not gemma else {"gelu_pytorch_tanh": "geglu",
                                                   "gelu_new": "geglu"}
-    act = c.hidden_activation if family == "gemma2" else c.hidden_act
+    act = c.hidden_activation if family in ("gemma2", "gemma3_text") else c.hidden_act
     if act not in gates:
         problems.append(f"hidden_act={act!r} (this family's gate is "
                         f"{' or '.join(sorted(gates))})")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     rope = _rope_fields(c, family, head_dim, problems)
     window = _window_fields(c, problems)
+    if getattr(c, "clip_qkv", None) is not None:  # OLMo's option
+        problems.append(f"clip_qkv={c.clip_qkv} (q, k and v clamped: not expressed)")
     for flag in ("qk_layernorm", "use_parallel_residual"):  # StableLM's options
         if getattr(c, flag, False):
             problems.append(f"{flag}=True ({family}'s per-head LayerNorms of q and k, or its "
                             "single-norm parallel block, are not expressed)")
     _refuse(family, problems)
     n_kv = c.num_key_value_heads
-    layernorm = family == "stablelm"
+    layernorm = family in ("stablelm", "olmo")
     return DecoderConfig(
         vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
         n_heads=c.num_attention_heads,
@@ -262,18 +279,24 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
         head_width=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
         d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings,
         norm="layernorm" if layernorm else "rmsnorm",
-        norm_eps=float(c.layer_norm_eps if layernorm else c.rms_norm_eps),
+        # OLMo's LayerNorm learns nothing, with transformers' fixed eps
+        norm_eps=1e-5 if family == "olmo" else float(c.layer_norm_eps if layernorm
+                                                     else c.rms_norm_eps),
+        norm_affine=family != "olmo", norm_bias=family != "olmo",
         mlp=gates.get(act, "swiglu"), pos="rope", **rope, **window,
         norm_offset=1.0 if gemma else 0.0,
         embedding_scale=float(c.hidden_size) ** 0.5 if gemma else None,
-        **(_gemma2_fields(c) if family == "gemma2" else {}),
+        **(_gemma2_fields(c) if family in ("gemma2", "gemma3_text") else {}),
+        **(dict(pre_norm=False, sandwich_norm=True, qk_norm_scope="projection")
+           if family == "olmo2" else {}),
         # Mistral's and Qwen2's configs have neither flag: Mistral's projections have no
         # biases, Qwen2's q, k and v have one and its output projection none (StableLM's
         # use_qkv_bias likewise)
         attn_bias=family == "qwen2" or bool(getattr(c, "attention_bias", False)
                                             or getattr(c, "use_qkv_bias", False)),
         attn_output_bias=False if family in ("qwen2", "stablelm") else None,
-        qk_norm=family == "qwen3", mlp_bias=bool(getattr(c, "mlp_bias", False)),
+        qk_norm=family in ("qwen3", "gemma3_text", "olmo2"),
+        mlp_bias=bool(getattr(c, "mlp_bias", False)),
         tie_embeddings=bool(c.tie_word_embeddings),
     )
 
@@ -337,6 +360,9 @@ def hf_family(cfg: DecoderConfig) -> str:
         raise ConfigError(f"mlp={cfg.mlp!r}, norm_offset={cfg.norm_offset}, embedding_scale="
                           f"{cfg.embedding_scale}: the converter writes GPT-2 and Llama, which "
                           "have no GeGLU, no norm offset and no embedding scale")
+    if not cfg.norm_affine or not cfg.pre_norm:
+        raise ConfigError(f"norm_affine={cfg.norm_affine}, pre_norm={cfg.pre_norm}: the "
+                          "converter writes GPT-2 and Llama, whose sublayers read learned norms")
     if cfg.rotary_dim is not None or cfg.parallel_residual or cfg.sandwich_norm:
         raise ConfigError(f"rotary_dim={cfg.rotary_dim}, parallel_residual="
                           f"{cfg.parallel_residual}, sandwich_norm={cfg.sandwich_norm}: the "

@@ -20,7 +20,7 @@ Layouts detected from the parameter names (`detect`):
                         (Llama, Mistral, Qwen2, Qwen3, Gemma, StableLM and every class with these
                         names)
     Hugging Face        the same names, with pre_feedforward_layernorm and the sandwich norms
-      Gemma 2           (post_attention_layernorm on the attention output)
+      Gemma 2 / OLMo 2  (post_attention_layernorm on the attention output)
     Hugging Face Phi-3  the same names, with q/k/v fused in self_attn.qkv_proj and the gate and
                         up projections in mlp.gate_up_proj
     Hugging Face        gpt_neox.embed_in, gpt_neox.layers.{i}.attention.query_key_value (q, k,
@@ -58,6 +58,7 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     v, d, f, t = spec.vocab_size, spec.d_model, spec.d_ff, spec.max_seq_len
     d_q, d_kv = spec.n_heads * spec.head_dim, spec.kv_heads * spec.head_dim
     norm = ("weight", "bias") if spec.norm == "layernorm" and spec.norm_bias else ("weight",)
+    norm = norm if spec.norm_affine else ()  # OLMo's norms learn nothing
     shapes: dict[str, tuple[int, ...]] = {"token_embeddings.weight": (v, d)}
     if spec.pos == "learned":
         shapes["position_embeddings.weight"] = (t, d)
@@ -68,17 +69,26 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     biased = {"attn.output_proj": spec.output_bias}
     for i in range(spec.n_layers):
         p = f"layers.{i}"
-        for name in ("ln1", "ln2", "ln1_post", "ln2_post") if spec.sandwich_norm else ("ln1", "ln2"):
+        for name in block_norms(spec):
             shapes.update({f"{p}.{name}.{part}": (d,) for part in norm})
         for name, shape in matrices.items():
             shapes[f"{p}.{name}.weight"] = shape
             if biased.get(name, spec.attn_bias if name.startswith("attn.") else spec.mlp_bias):
                 shapes[f"{p}.{name}.bias"] = shape[:1]
         if spec.qk_norm:
-            shapes.update({f"{p}.attn.{n}.weight": (spec.head_dim,) for n in ("q_norm", "k_norm")})
+            whole = spec.qk_norm_scope == "projection"  # OLMo 2: over the whole projection
+            shapes[f"{p}.attn.q_norm.weight"] = (d_q if whole else spec.head_dim,)
+            shapes[f"{p}.attn.k_norm.weight"] = (d_kv if whole else spec.head_dim,)
     shapes.update({f"ln_final.{part}": (d,) for part in norm})
     shapes["lm_head.weight"] = (v, d)
     return shapes
+
+
+def block_norms(spec: DecoderConfig) -> tuple[str, ...]:
+    """The norms of a block: ln1, ln2 before the sublayers (pre_norm), ln1_post, ln2_post after
+    them (sandwich_norm)."""
+    return (("ln1", "ln2") if spec.pre_norm else ()) + (
+        ("ln1_post", "ln2_post") if spec.sandwich_norm else ())
 
 
 @dataclass(frozen=True)
@@ -147,9 +157,9 @@ LAYOUTS: tuple[Layout, ...] = (
            fused_qkv="attn.qkv"),
     Layout("Hugging Face Llama", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
            "lm_head", _HF_LLAMA),
-    # Gemma 2 and 3: post_attention_layernorm is the attention output's norm (ln1_post), not
-    # the MLP's input norm as in Llama
-    Layout("Hugging Face Gemma 2", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+    # Gemma 2 and 3, OLMo 2: post_attention_layernorm is the attention output's norm
+    # (ln1_post), not the MLP's input norm as in Llama
+    Layout("Hugging Face Gemma 2 / OLMo 2", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
            "lm_head", {**_HF_LLAMA, "ln1_post": "post_attention_layernorm",
                        "ln2": "pre_feedforward_layernorm",
                        "ln2_post": "post_feedforward_layernorm"}),
@@ -337,7 +347,8 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
     is found and named, not left over)."""
     full = spec.replace(attn_bias=True, attn_output_bias=True, mlp_bias=True, norm="layernorm",
                         mlp="swiglu", pos="learned", qk_norm=True, rotary_dim=None,
-                        rope_scaling=None, sandwich_norm=True)
+                        rope_scaling=None, window_rope_theta=None, sandwich_norm=True,
+                        pre_norm=True, norm_affine=True, norm_bias=True)
     return list(expected_weights(full))
 
 
@@ -415,6 +426,10 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
         return f"sandwich_norm={spec.sandwich_norm}"
     if name.endswith(".bias") and ".ffn." in name:
         return f"mlp_bias={spec.mlp_bias}"
+    if name.split(".")[-2].startswith("ln") and not spec.norm_affine:
+        return "norm_affine=False"
+    if name.split(".")[-2] in ("ln1", "ln2") and not spec.pre_norm:
+        return "pre_norm=False"
     if name.endswith(".bias"):
         return f"norm={spec.norm!r}, norm_bias={spec.norm_bias}"
     if "w3" in name:

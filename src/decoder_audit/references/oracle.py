@@ -42,18 +42,20 @@ doubles, 26 MB, instead of the whole 643 MB matrix)."""
 
 # ---- the definitions ---------------------------------------------------------------------------
 
-def _layernorm(x: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor | None,
+def _layernorm(x: torch.Tensor, gain: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float) -> torch.Tensor:
     mean = x.sum(-1, keepdim=True) / x.shape[-1]
     var = ((x - mean) ** 2).sum(-1, keepdim=True) / x.shape[-1]  # biased, as LayerNorm defines
-    normed = (x - mean) / torch.sqrt(var + eps) * gain
+    normed = (x - mean) / torch.sqrt(var + eps)
+    normed = normed if gain is None else normed * gain  # None: a norm that learns nothing
     return normed if bias is None else normed + bias
 
 
-def _rmsnorm(x: torch.Tensor, gain: torch.Tensor, eps: float, offset: float = 0.0
+def _rmsnorm(x: torch.Tensor, gain: torch.Tensor | None, eps: float, offset: float = 0.0
              ) -> torch.Tensor:
     mean_square = (x * x).sum(-1, keepdim=True) / x.shape[-1]
-    return x / torch.sqrt(mean_square + eps) * (gain + offset)
+    normed = x / torch.sqrt(mean_square + eps)
+    return normed if gain is None else normed * (gain + offset)
 
 
 def _activation(kind: str, x: torch.Tensor) -> torch.Tensor:
@@ -66,10 +68,13 @@ def _activation(kind: str, x: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"no plain activation {kind!r}")
 
 
-def _pair_frequency(cfg: DecoderConfig, j: int, seq_len: int) -> float:
+def _pair_frequency(cfg: DecoderConfig, j: int, seq_len: int, windowed: bool = False) -> float:
     """The angle per position of rotated pair j (0 <= j < R/2), R = rotary_dim or Dh, in a
-    sequence of seq_len tokens: theta^(-2j/R), stretched as cfg.rope_scaling defines it."""
+    sequence of seq_len tokens: theta^(-2j/R), stretched as cfg.rope_scaling defines it; in a
+    windowed layer of a config with window_rope_theta, that base, never stretched."""
     rotated, theta = cfg.rope_dim, cfg.rope_theta
+    if windowed and cfg.window_rope_theta is not None:
+        return cfg.window_rope_theta ** (-2.0 * j / rotated)
     scaling = cfg.rope_scaling or {}
     kind, get = scaling.get("type"), cfg.rope_parameter
     if kind == "dynamic" and seq_len > get("original_max_seq_len"):
@@ -112,9 +117,11 @@ def _yarn_frequency(cfg: DecoderConfig, j: int, freq: float) -> float:
     return (1 - divided) * freq + divided * freq / get("factor")
 
 
-def _rope_attention_factor(cfg: DecoderConfig) -> float:
-    """What YaRN multiplies q and k by (1 for every other RoPE)."""
-    if (cfg.rope_scaling or {}).get("type") != "yarn":
+def _rope_attention_factor(cfg: DecoderConfig, windowed: bool = False) -> float:
+    """What YaRN multiplies q and k by (1 for every other RoPE, and in a windowed layer with
+    its own base)."""
+    if (cfg.rope_scaling or {}).get("type") != "yarn" or (
+            windowed and cfg.window_rope_theta is not None):
         return 1.0
     given, factor = cfg.rope_parameter("attention_factor"), cfg.rope_parameter("factor")
     if given is not None:
@@ -122,16 +129,16 @@ def _rope_attention_factor(cfg: DecoderConfig) -> float:
     return 1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0
 
 
-def _rope_row(cfg: DecoderConfig, vec: torch.Tensor, position: int, seq_len: int
-              ) -> torch.Tensor:
+def _rope_row(cfg: DecoderConfig, vec: torch.Tensor, position: int, seq_len: int,
+              windowed: bool = False) -> torch.Tensor:
     """Rotate one head vector (Dh,) at `position`: pair j of its first R features turns by
     position * freq_j, written out as the 2x2 rotation; features R.. pass through. Pair j is
     (vec[2j], vec[2j+1]) in the "interleaved" layout, (vec[j], vec[j + R/2]) in "rotate_half".
     YaRN also scales the rotated features by its attention factor."""
     rotated = cfg.rope_dim
-    angles = torch.tensor([position * _pair_frequency(cfg, j, seq_len)
+    angles = torch.tensor([position * _pair_frequency(cfg, j, seq_len, windowed)
                            for j in range(rotated // 2)], dtype=vec.dtype, device=vec.device)
-    scale = _rope_attention_factor(cfg)
+    scale = _rope_attention_factor(cfg, windowed)
     c, s = scale * torch.cos(angles), scale * torch.sin(angles)  # (R/2,)
     part, rest = vec[:rotated], vec[rotated:]
     if cfg.rope_layout == "rotate_half":
@@ -143,9 +150,10 @@ def _rope_row(cfg: DecoderConfig, vec: torch.Tensor, position: int, seq_len: int
     return torch.cat((turned, rest))
 
 
-def _rope_rows(cfg: DecoderConfig, rows: torch.Tensor) -> torch.Tensor:
+def _rope_rows(cfg: DecoderConfig, rows: torch.Tensor, windowed: bool) -> torch.Tensor:
     """Row t of `rows` (T, Dh) rotated as the token at position t of a T-token sequence."""
-    return torch.stack([_rope_row(cfg, rows[t], t, rows.shape[0]) for t in range(rows.shape[0])])
+    return torch.stack([_rope_row(cfg, rows[t], t, rows.shape[0], windowed)
+                        for t in range(rows.shape[0])])
 
 
 def _linear(x: torch.Tensor, w: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -156,10 +164,11 @@ def _linear(x: torch.Tensor, w: Mapping[str, torch.Tensor], name: str) -> torch.
 
 def _norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
           name: str) -> torch.Tensor:
+    gain = w[f"{name}.weight"] if cfg.norm_affine else None
     if cfg.norm == "layernorm":  # the shift where the config has one (norm_bias)
-        return _layernorm(x, w[f"{name}.weight"], w[f"{name}.bias"] if cfg.norm_bias else None,
-                          cfg.norm_eps)
-    return _rmsnorm(x, w[f"{name}.weight"], cfg.norm_eps, cfg.norm_offset)
+        shift = w[f"{name}.bias"] if cfg.norm_bias and cfg.norm_affine else None
+        return _layernorm(x, gain, shift, cfg.norm_eps)
+    return _rmsnorm(x, gain, cfg.norm_eps, cfg.norm_offset)
 
 
 # ---- the stages: embedding, one layer, final norm and readout ----------------------------------
@@ -199,11 +208,14 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
     gradient is one product, not one per sequence); attention, the only mixing across
     positions, runs one sequence, one head and one query row at a time."""
     p = f"layers.{layer}"
-    h = _norm(cfg, x, w, f"{p}.ln1")
+    h = _norm(cfg, x, w, f"{p}.ln1") if cfg.pre_norm else x  # OLMo 2 reads the stream itself
     q = _linear(h, w, f"{p}.attn.q_proj")  # (B, T, H*Dh)
     k = _linear(h, w, f"{p}.attn.k_proj")  # (B, T, Hkv*Dh)
     v = _linear(h, w, f"{p}.attn.v_proj")
-    if cfg.qk_norm:  # each head's query and key normalised over its Dh features
+    if cfg.qk_norm and cfg.qk_norm_scope == "projection":  # over all of q's (k's) features
+        q = _rmsnorm(q, w[f"{p}.attn.q_norm.weight"], cfg.norm_eps, cfg.norm_offset)
+        k = _rmsnorm(k, w[f"{p}.attn.k_norm.weight"], cfg.norm_eps, cfg.norm_offset)
+    elif cfg.qk_norm:  # each head's query and key normalised over its Dh features
         q = _head_norm(cfg, q, w[f"{p}.attn.q_norm.weight"])
         k = _head_norm(cfg, k, w[f"{p}.attn.k_norm.weight"])
     mixed = torch.stack([_attention(cfg, q[b], k[b], v[b], layer) for b in range(x.shape[0])])
@@ -212,7 +224,8 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
         attended = _norm(cfg, attended, w, f"{p}.ln1_post")
     after_attention = x + attended
     # a parallel block's MLP reads the block's input x; otherwise the stream after attention
-    h = _norm(cfg, x if cfg.parallel_residual else after_attention, w, f"{p}.ln2")
+    h = x if cfg.parallel_residual else after_attention
+    h = _norm(cfg, h, w, f"{p}.ln2") if cfg.pre_norm else h
     x = after_attention
     if cfg.mlp == "swiglu":
         gate = _linear(h, w, f"{p}.ffn.w1")
@@ -251,7 +264,8 @@ def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
         k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
         v_h = v[:, kv * head_dim:(kv + 1) * head_dim]
         if cfg.pos == "rope":
-            q_h, k_h = _rope_rows(cfg, q_h), _rope_rows(cfg, k_h)
+            windowed = window is not None
+            q_h, k_h = _rope_rows(cfg, q_h, windowed), _rope_rows(cfg, k_h, windowed)
         out_rows = []
         for t in range(q.shape[0]):
             # inclusive causal: row t reads keys 0..t only, the last W of them when windowed
@@ -340,13 +354,15 @@ def check_oracle_inputs(weights, cfg: DecoderConfig, ids: torch.Tensor) -> None:
 def _required_weights(cfg: DecoderConfig) -> list[str]:
     """Every weight the config needs (biases are optional: used wherever present)."""
     norm_parts = ("weight", "bias") if cfg.norm == "layernorm" and cfg.norm_bias else ("weight",)
+    norm_parts = norm_parts if cfg.norm_affine else ()
     names = ["token_embeddings.weight"]
     if cfg.pos == "learned":
         names.append("position_embeddings.weight")
     matrices = ("w1", "w2", "w3") if cfg.gated else ("w1", "w2")
     for layer in range(cfg.n_layers):
         p = f"layers.{layer}"
-        norms = ("ln1", "ln2", "ln1_post", "ln2_post") if cfg.sandwich_norm else ("ln1", "ln2")
+        norms = (("ln1", "ln2") if cfg.pre_norm else ()) + (
+            ("ln1_post", "ln2_post") if cfg.sandwich_norm else ())
         names += [f"{p}.{norm}.{part}" for norm in norms for part in norm_parts]
         names += [f"{p}.attn.{n}_proj.weight" for n in ("q", "k", "v", "output")]
         if cfg.qk_norm:

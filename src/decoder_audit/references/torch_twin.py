@@ -75,6 +75,9 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
         problems.append(f"sliding_window={cfg.sliding_window}, attn_scale={cfg.attn_scale}, "
                         f"attn_softcap={cfg.attn_softcap}: nn.MultiheadAttention reads every "
                         "earlier token with scores q.k / sqrt(Dh)")
+    if not cfg.norm_affine or not cfg.pre_norm:
+        problems.append(f"norm_affine={cfg.norm_affine}, pre_norm={cfg.pre_norm}: the twin's "
+                        "sublayers read learned nn.LayerNorms")
     if cfg.logit_softcap is not None:
         problems.append(f"logit_softcap={cfg.logit_softcap}: the twin's logits are uncapped")
     if cfg.output_bias != cfg.attn_bias:
