@@ -45,8 +45,10 @@ from .hf_config import (
     config_to_hf,
     hf_family,
     model_classes,
+    quiet,
     spec_classes,
 )
+from .hf_families import decoder_from_spec_model, hf_model_for
 from .hf_models import read_hf_config
 from .hf_weights import (
     hf_tensors_to_ours,
@@ -67,16 +69,30 @@ def _check_tie_flag(hf_model: Any) -> None:
 
 
 def from_hf(hf_model: Any) -> Decoder:
-    """A Decoder holding copies of a GPT2LMHeadModel's or LlamaForCausalLM's weights, with the
-    same dtype and device (the class decides the family, also for another model_type registered
-    for one of these classes). Raises ConfigError naming any field we cannot express."""
+    """A Decoder holding copies of a Hugging Face model's weights, with the same dtype and device
+    (the class decides the family, also for another model_type registered for one of its
+    classes). GPT-2 and Llama (and a Mistral without a window) go through the converter's rename
+    tables, Llama's RoPE rows permuted into our interleaved pairs; every other class of
+    `spec_classes` is read as its config's spec with its weights placed by `hf_families`
+    (rotate-half RoPE kept). Raises ConfigError naming any field we cannot express."""
     tf = _transformers()
     family = next((name for name, cls in model_classes(tf).items() if isinstance(hf_model, cls)),
                   None)
-    cfg = config_from_hf(hf_model.config, family)
+    cfg = config_from_hf(hf_model.config, family) if family is not None else None
     _check_tie_flag(hf_model)
-    source = f"{type(hf_model).__name__} weights"
-    return decoder_from_tensors(cfg, hf_tensors_to_ours(cfg, hf_model.state_dict(), source=source))
+    if cfg is not None and _converter_writes(cfg):
+        source = f"{type(hf_model).__name__} weights"
+        return decoder_from_tensors(cfg, hf_tensors_to_ours(cfg, hf_model.state_dict(),
+                                                            source=source))
+    return decoder_from_spec_model(hf_model, hf_spec(hf_model))
+
+
+def _converter_writes(cfg: DecoderConfig) -> bool:
+    try:
+        hf_family(cfg)
+    except ConfigError:
+        return False
+    return True
 
 
 def hf_spec(hf_model: Any) -> DecoderConfig:
@@ -108,13 +124,23 @@ def export_changes(cfg: DecoderConfig) -> list[str]:
 
 
 def to_hf(decoder: Decoder) -> Any:
-    """A GPT2LMHeadModel or LlamaForCausalLM (eager attention, eval mode) holding copies of the
-    decoder's weights, in its dtype and on its device. What the HF family cannot keep (GPT-2's
-    always-present biases, see `export_changes`) is said in a UserWarning."""
+    """A Hugging Face model (eager attention, eval mode) holding copies of the decoder's weights,
+    in its dtype and on its device: GPT2LMHeadModel or LlamaForCausalLM where the converter's
+    tables write the config, else the first family of `hf_families` whose config holds it
+    exactly (Qwen3 for a q/k norm, Gemma 2 for soft caps, GPT-NeoX for a parallel block...).
+    What GPT-2 cannot keep (its always-present biases, see `export_changes`) is said in a
+    UserWarning; a config no family holds is a ConfigError naming both reasons."""
     tf = _transformers()
     if not isinstance(decoder, Decoder):
         raise TypeError(f"to_hf needs a decoder_audit Decoder, got {type(decoder).__name__}")
     cfg = decoder.config
+    try:
+        hf_family(cfg)
+    except ConfigError as exc:
+        try:
+            return hf_model_for(decoder, tf)
+        except ConfigError as other:
+            raise ConfigError(f"{exc}; and {other}") from None
     for change in export_changes(cfg):
         warnings.warn(change, UserWarning, stacklevel=2)
     hf_config = config_to_hf(cfg)
@@ -169,8 +195,31 @@ def load_hf_folder(folder: str | os.PathLike) -> Decoder:
     folder = Path(folder)
     hf_config = read_hf_config(folder)  # never runs the folder's code (trust_remote_code=False)
     cfg = config_from_hf(hf_config)
+    if not _converter_writes(cfg):  # a family the layouts place: through its own class
+        return from_hf(_spec_model_from_folder(hf_config, folder))
     ours = hf_tensors_to_ours(cfg, _read_hf_weights(folder), source=f"weights in {str(folder)!r}")
     return decoder_from_tensors(cfg, ours)
+
+
+def _spec_model_from_folder(hf_config: Any, folder: Path) -> Any:
+    """The folder's model through its own class's `from_pretrained` (which renames the names
+    older releases stored, GPT-NeoX's embed_out): safetensors only, never the folder's code;
+    CheckpointError naming a weight missing or left over."""
+    tf = _transformers()
+    model_class = spec_classes(tf).get(hf_config.model_type)
+    if model_class is None:
+        raise ConfigError(f"model_type={hf_config.model_type!r} in {str(folder)!r} is not a "
+                          "family the converter reads")
+    weight_files(folder)  # pickle weights alone are refused before transformers sees them
+    with quiet(tf):
+        model, info = model_class.from_pretrained(
+            str(folder), config=hf_config, local_files_only=True, trust_remote_code=False,
+            use_safetensors=True, dtype="auto", output_loading_info=True)
+    missing, unexpected = info.get("missing_keys") or [], info.get("unexpected_keys") or []
+    if missing or unexpected:
+        raise CheckpointError(f"weights in {str(folder)!r} do not fit its config: missing "
+                              f"{sorted(missing)}, unexpected {sorted(unexpected)}")
+    return model.eval()
 
 
 def _read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,185 @@
+"""The Hugging Face families beyond the converter's GPT-2 and Llama, both ways, through the
+layouts the gate places weights with (`references.layouts`):
+
+    decoder_from_spec_model(hf_model) -> Decoder    hf_model_for(decoder) -> PreTrainedModel
+
+Reading: the model's config is its spec (`hf.hf_spec`: rotate-half RoPE, as every one of these
+families rotates), its weights are placed on our names, and a Decoder is built from copies of
+them. A weight the spec expects and the model lacks, or one it has and the spec does not, is a
+ConfigError naming it: nothing is dropped.
+
+Writing: each family's config is written from a DecoderConfig by `_WRITERS`, and a family is
+chosen only if transformers' config of it reads back (`hf_config.config_from_hf`) as exactly
+that DecoderConfig, so a field a family cannot hold (Qwen3's q/k norm in Mistral, a window in
+OLMo) is never lost: the next family is tried, and when none holds it the ConfigError names the
+families tried. The weights are then written into the new model's own tensors where its layout
+puts them (a fused q/k/v matrix row block by row block). Our RoPE must rotate halves here (the
+families' own layout); the converter's Llama path is the one that permutes interleaved rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..config import DecoderConfig
+from ..errors import ConfigError
+from ..model.decoder import Decoder
+from ..storage.checkpoint import decoder_from_tensors
+from .hf_config import ATTN_IMPLEMENTATION, _rope_parameters, config_from_hf, spec_classes
+from .layouts import detect
+
+
+def placed_weights(hf_model: Any, spec: DecoderConfig) -> dict[str, torch.Tensor]:
+    """{our unique-parameter name: a copy of the model's tensor} for a model whose config is
+    `spec`, or ConfigError naming every weight that does not fit it."""
+    named = dict(hf_model.named_parameters(remove_duplicate=False))
+    placement = detect(named, spec)
+    if placement is None:
+        raise ConfigError(f"{type(hf_model).__name__}'s weights are in no known layout (first: "
+                          f"{list(named)[:3]})")
+    problems = list(placement.problems) + [f"{name}: a weight the spec has no place for"
+                                           for name in placement.leftover]
+    if problems:
+        raise ConfigError(f"{type(hf_model).__name__}'s weights do not fit its config: "
+                          + "; ".join(problems))
+    state = {name: tensor.detach() for name, tensor in named.items()}
+    tensors = {name: view.clone() for name, view in placement.canonical(state).items()}
+    if spec.tie_embeddings:
+        tensors.pop("lm_head.weight", None)  # the embedding Parameter itself
+    return tensors
+
+
+def decoder_from_spec_model(hf_model: Any, spec: DecoderConfig) -> Decoder:
+    """A Decoder of `spec` holding copies of the model's weights (dtype and device kept)."""
+    return decoder_from_tensors(spec, placed_weights(hf_model, spec))
+
+
+def hf_model_for(decoder: Decoder, tf: Any) -> Any:
+    """The model of the first family whose config reads back as the decoder's own (eval mode,
+    eager attention), holding copies of its weights; ConfigError naming the families tried."""
+    cfg = decoder.config
+    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half":
+        raise ConfigError("rope_layout='interleaved': these families rotate halves; write "
+                          "rope_layout='rotate_half' (the same weights, rows reordered per head, "
+                          "as from_hf's Llama path does)")
+    classes = spec_classes(tf)
+    tried = []
+    for family, write in _WRITERS.items():
+        config = _written(tf, classes[family], write, cfg)
+        if config is None:
+            tried.append(family)
+            continue
+        like = decoder.token_embeddings.weight
+        hf_model = classes[family](config).to(device=like.device, dtype=like.dtype).eval()
+        if _write_weights(hf_model, cfg, decoder):
+            return hf_model
+        tried.append(family)  # its modules are not the shapes its config reads back as
+    raise ConfigError(f"no Hugging Face family holds this config exactly (tried {tried}; each "
+                      "reads back as another config)")
+
+
+def _written(tf: Any, model_class: type, write: Callable[[DecoderConfig], dict],
+             cfg: DecoderConfig) -> Any:
+    """The family's config for cfg, or None when it does not read back as cfg."""
+    config_class = model_class.config_class
+    try:
+        config = config_class(**write(cfg), vocab_size=cfg.vocab_size,
+                              hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+                              num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
+                              max_position_embeddings=cfg.max_seq_len,
+                              tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None,
+                              eos_token_id=None, pad_token_id=None,
+                              attn_implementation=ATTN_IMPLEMENTATION)
+        back = config_from_hf(config, config.model_type)
+    except Exception:  # noqa: BLE001 - the family's config refuses the fields (each family
+        return None    # raises its own validation error types): it cannot hold cfg
+    back = back.replace(rope_layout="rotate_half") if back.pos == "rope" else back
+    return config if _plain(back) == _plain(cfg) else None
+
+
+def _plain(cfg: DecoderConfig) -> DecoderConfig:
+    """cfg with a head width of exactly D / H written as None (the same architecture)."""
+    if cfg.head_width is not None and cfg.head_width * cfg.n_heads == cfg.d_model:
+        return cfg.replace(head_width=None)
+    return cfg
+
+
+def _write_weights(hf_model: Any, cfg: DecoderConfig, decoder: Decoder) -> bool:
+    """Copy the decoder's weights into the model where its layout puts them; False (nothing
+    written) when its weights do not fit cfg exactly."""
+    named = dict(hf_model.named_parameters(remove_duplicate=False))
+    placement = detect(named, cfg)
+    if placement is None or placement.problems or placement.leftover:
+        return False
+    ours = dict(decoder.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for name, spot in placement.spots.items():
+            spot.write(named[spot.source].data, ours[name].detach())
+    return True
+
+
+# ---- each family's config from ours ------------------------------------------------------------
+
+def _common_rope(cfg: DecoderConfig) -> dict[str, Any]:
+    rope = _rope_parameters(cfg) if cfg.pos == "rope" else {}
+    if cfg.rotary_dim is not None:
+        rope["partial_rotary_factor"] = cfg.rotary_dim / cfg.head_dim
+    return {"rope_parameters": rope, "num_key_value_heads": cfg.kv_heads,
+            "head_dim": cfg.head_dim}
+
+
+def _layer_types(cfg: DecoderConfig) -> list[str]:
+    return ["sliding_attention" if cfg.window(i) else "full_attention"
+            for i in range(cfg.n_layers)]
+
+
+def _rms(cfg: DecoderConfig, **more: Any) -> dict[str, Any]:
+    return {**_common_rope(cfg), "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu", **more}
+
+
+def _gemma2(cfg: DecoderConfig) -> dict[str, Any]:
+    scalar = (cfg.attn_scale or cfg.head_dim ** -0.5) ** -2  # scores * scalar^-0.5
+    if abs(scalar - round(scalar)) < 1e-9 * scalar:
+        scalar = round(scalar)  # the config field is an integer
+    return {**_common_rope(cfg), "rms_norm_eps": cfg.norm_eps,
+            "hidden_activation": "gelu_pytorch_tanh", "sliding_window": cfg.sliding_window,
+            "layer_types": _layer_types(cfg), "query_pre_attn_scalar": scalar,
+            "attn_logit_softcapping": cfg.attn_softcap,
+            "final_logit_softcapping": cfg.logit_softcap}
+
+
+def _gemma3(cfg: DecoderConfig) -> dict[str, Any]:
+    out = _gemma2(cfg)
+    local = {"rope_type": "default", "rope_theta": cfg.window_rope_theta or cfg.rope_theta}
+    out["rope_parameters"] = {"full_attention": out["rope_parameters"],
+                              "sliding_attention": local}
+    return out
+
+
+_WRITERS: dict[str, Callable[[DecoderConfig], dict[str, Any]]] = {
+    "mistral": lambda cfg: _rms(cfg, sliding_window=cfg.sliding_window),
+    "qwen2": lambda cfg: _rms(cfg, use_sliding_window=False),
+    "qwen3": lambda cfg: _rms(cfg, attention_bias=cfg.attn_bias),
+    "phi3": lambda cfg: _rms(cfg, sliding_window=cfg.sliding_window),
+    "olmo2": lambda cfg: _rms(cfg, attention_bias=cfg.attn_bias),
+    "olmo": lambda cfg: {**_common_rope(cfg), "hidden_act": "silu",
+                         "attention_bias": cfg.attn_bias},
+    "stablelm": lambda cfg: {**_common_rope(cfg), "layer_norm_eps": cfg.norm_eps,
+                             "hidden_act": "silu", "use_qkv_bias": cfg.attn_bias},
+    "gemma": lambda cfg: {**_common_rope(cfg), "rms_norm_eps": cfg.norm_eps,
+                          "hidden_act": "gelu_pytorch_tanh"},
+    "gemma2": _gemma2,
+    "gemma3_text": _gemma3,
+    "gpt_neox": lambda cfg: {"rope_parameters": _common_rope(cfg)["rope_parameters"],
+                             "layer_norm_eps": cfg.norm_eps,
+                             "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new",
+                                            "relu": "relu"}.get(cfg.mlp, cfg.mlp),
+                             "use_parallel_residual": cfg.parallel_residual,
+                             "attention_bias": cfg.attn_bias},
+}
+"""Family -> its config's fields for a DecoderConfig (the sizes every family shares are added
+by `_written`). Order matters only where two families read back the same config: the first
+wins (Mistral before Phi-3 and Qwen2 for a plain grouped-query Llama with a window)."""

@@ -1,0 +1,84 @@
+"""The Hugging Face families beyond GPT-2 and Llama, both ways (references.hf_families): each
+variant config written as its family's model computes the logits our Decoder computes (HF's
+own modules are the independent reference), reads back as the same config with the same
+weights bitwise, and survives a save_pretrained folder; what no family holds is refused by name.
+
+Tolerance: HF computes RoPE's angles in float32 even for a float64 model, and the Gemma
+families their whole RMSNorm (x in float32, times 1 + w in float32), so the float64 comparison
+is bounded near 1e-7 of the largest logit for most families and measured up to 1.4e-6 of it for
+Gemma (weights of std 0.3 through 2 layers); asserted 2e-5 of it."""
+
+from __future__ import annotations
+
+import configs
+import pytest
+import torch
+from helpers import random_decoder
+
+import decoder_audit as da
+from decoder_audit.references import hf as hfref
+
+tf = pytest.importorskip("transformers")
+tf.logging.set_verbosity_error()
+
+FAMILIES = {  # our variant config -> the class it must be written as
+    "neox-like": "GPTNeoXForCausalLM", "gemma2-like": "Gemma2ForCausalLM",
+    "gemma3-like": "Gemma3ForCausalLM", "olmo-like": "OlmoForCausalLM",
+    "olmo2-like": "Olmo2ForCausalLM", "qk-norm-gqa": "Qwen3ForCausalLM",
+    "qkv-bias-only": "Qwen2ForCausalLM", "gemma-like": "GemmaForCausalLM",
+    "window-every-layer": "MistralForCausalLM", "wide-heads": "Qwen3ForCausalLM",
+}
+
+
+def _same_architecture(a: da.DecoderConfig, b: da.DecoderConfig) -> bool:
+    plain = lambda c: c.replace(head_width=None) if c.head_dim * c.n_heads == c.d_model else c  # noqa: E731
+    return plain(a) == plain(b)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_variant_is_written_as_its_family_and_read_back(name):
+    cfg = configs.named(name)
+    cfg = cfg.replace(rope_layout="rotate_half") if cfg.pos == "rope" else cfg
+    ours = random_decoder(cfg, dtype=torch.float64)
+    hf_model = hfref.to_hf(ours)
+    assert type(hf_model).__name__ == FAMILIES[name]
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
+    with torch.no_grad():
+        expected = ours(ids)
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(hf_model(ids).logits, expected, rtol=0, atol=2e-5 * scale)
+    back = hfref.from_hf(hf_model)
+    assert _same_architecture(back.config, ours.config)
+    theirs = dict(back.named_parameters())
+    for pname, param in ours.named_parameters():
+        assert torch.equal(theirs[pname], param), pname
+    assert (back.lm_head.weight is back.token_embeddings.weight) == cfg.tie_embeddings
+
+
+@pytest.mark.parametrize("name", ["neox-like", "gemma2-like"])
+def test_a_family_folder_saves_and_loads_back(tmp_path, name):
+    ours = random_decoder(configs.named(name), dtype=torch.float32)
+    hfref.save_hf_folder(ours, tmp_path / "model")
+    back = hfref.load_hf_folder(tmp_path / "model")
+    assert _same_architecture(back.config, ours.config)
+    ids = torch.randint(0, ours.config.vocab_size, (2, ours.config.max_seq_len))
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids), ours(ids), rtol=0, atol=0)
+
+
+def test_a_config_no_family_holds_is_refused_naming_why():
+    # YaRN over a partial rotary with RMSNorm: no family (Phi-3 scales only by longrope)
+    cfg = configs.named("rope-yarn-partial").replace(rope_layout="rotate_half")
+    with pytest.raises(da.ConfigError, match="rotary_dim=8") as info:
+        hfref.to_hf(random_decoder(cfg))
+    assert "gpt_neox" in str(info.value)  # the families tried are listed
+    interleaved = configs.named("qk-norm-gqa").replace(rope_layout="interleaved")
+    with pytest.raises(da.ConfigError, match="rope_layout='interleaved'"):
+        hfref.to_hf(random_decoder(interleaved))
+
+
+def test_a_family_model_whose_weights_do_not_fit_its_config_is_refused():
+    model = hfref.to_hf(random_decoder(configs.named("olmo2-like")))
+    model.model.layers[0].self_attn.q_norm = torch.nn.Identity()
+    with pytest.raises(da.ConfigError, match="layers.0.attn.q_norm.weight"):
+        hfref.from_hf(model)
