@@ -280,3 +280,19 @@ def test_model_safetensors_gets_the_permissions_of_the_other_files(converted, tm
     for folder in (converted, tmp_path / "hf"):
         modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
         assert len(set(modes.values())) == 1, modes  # model.safetensors was 0600
+
+
+def test_a_family_beyond_gpt2_and_llama_converts_both_ways(tmp_path, capsys):
+    """Gemma 2's sandwich norms, soft caps and windowed layer, through `convert` both ways: the
+    command checks each written result's logits against transformers' own Gemma2ForCausalLM."""
+    ours = random_decoder(configs.named("gemma2-like"))
+    da.save_checkpoint(ours, tmp_path / "ckpt")
+    assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "ckpt"),
+                 "--out", str(tmp_path / "hf"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] and report["hf_class"] == "Gemma2ForCausalLM"
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back"),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["passed"]
+    back = da.load_checkpoint(tmp_path / "back")
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in ours.state_dict().items())

@@ -112,8 +112,8 @@ def export_changes(cfg: DecoderConfig) -> list[str]:
     """What writing `cfg` in its Hugging Face family changes, one sentence each (empty when the
     round trip gives `cfg` back). GPT-2's Conv1D always has biases: a decoder without them is
     written with zero biases (the function is unchanged) and reads back with them."""
-    if hf_family(cfg) != "gpt2" or (cfg.attn_bias and cfg.mlp_bias):
-        return []
+    if not _converter_writes(cfg) or hf_family(cfg) != "gpt2" or (cfg.attn_bias and cfg.mlp_bias):
+        return []  # the families of hf_families keep every field, or refuse
     flags = [name for name in ("attn_bias", "mlp_bias") if not getattr(cfg, name)]
     before = " and ".join(f"{flag}=false" for flag in flags)
     after = " and ".join(f"{flag}=true" for flag in flags)
