@@ -272,6 +272,11 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                     rope_layout="rotate_half", sandwich_norm=True, qk_norm=True,
                                     attn_scale=0.25, sliding_window=3, window_layers=(1,),
                                     tie_embeddings=True),
+    # TransformerLens' readout: a bias on the logits, beside a tied matrix
+    "readout-bias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3,
+                                          d_ff=20, max_seq_len=5, mlp="gelu_tanh",
+                                          attn_bias=True, mlp_bias=True, readout_bias=True,
+                                          tie_embeddings=True),
     # nanoGPT with bias=False: LayerNorm without a shift, no Linear biases, tied
     "ln-nobias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3, d_ff=20,
                                        max_seq_len=5, norm="layernorm", norm_bias=False,

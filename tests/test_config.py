@@ -76,6 +76,7 @@ def test_non_positive_or_non_integer_sizes_are_rejected_by_name(field, value):
     (dict(sandwich_norm=None), "sandwich_norm=None must be true or false"),
     (dict(norm_affine=False), "norm_affine=False with norm_bias=True"),
     (dict(pre_norm=0), "pre_norm=0 must be true or false"),
+    (dict(readout_bias="no"), "readout_bias='no' must be true or false"),
     (dict(qk_norm_scope="all"), "qk_norm_scope='all' is not one of"),
     (dict(pos="rope", window_rope_theta=10.0), "window_rope_theta=10.0 needs pos='rope' and a "
      "sliding_window"),

@@ -35,3 +35,16 @@ def test_every_planted_defect_of_a_hugging_face_family_is_in_the_catalogue():
     for (family, defect), (_, check) in families.DEFECTS.items():
         assert listed.get(f"{family}:{defect}") == check, (family, defect)
     assert listed.get("gemma2:window ignored") == "oracle"  # its own test, spec read first
+
+
+def test_every_planted_defect_of_transformer_lens_is_in_the_catalogue():
+    import importlib.util
+
+    pytest.importorskip("transformer_lens")
+    path = Path(__file__).resolve().parent / "gate" / "test_spec_lens.py"
+    spec = importlib.util.spec_from_file_location("test_spec_lens_doc", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    listed = dict(re.findall(r"^\| `([^`]+)` \| [^|]* \| `([^`]+)` \|", DOC, re.M))
+    for name, (_, _, check) in module.DEFECTS.items():
+        assert listed.get(f"lens:{name}") == check, name

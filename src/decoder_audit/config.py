@@ -141,6 +141,9 @@ class DecoderConfig:
     """What one q/k RMSNorm normalises: "head" or "projection" (see qk_norm)."""
     mlp_bias: bool = False
     """Biases on the MLP matrices."""
+    readout_bias: bool = False
+    """A bias on the logits (TransformerLens' unembed.b_U): weight lm_head.bias, its own
+    Parameter also when the readout matrix is tied."""
     tie_embeddings: bool = True
     """Readout uses the token-embedding Parameter itself (one object, one gradient)."""
     context_policy: str = "reject"
@@ -304,7 +307,8 @@ def _validate(cfg: DecoderConfig) -> list[str]:
         if value is not None and (not _is_real(value) or not 0 < value < float("inf")):
             problems.append(f"{name}={value!r} must be a finite number > 0 or null")
     for name in ("attn_bias", "mlp_bias", "tie_embeddings", "qk_norm", "norm_bias",
-                 "parallel_residual", "sandwich_norm", "norm_affine", "pre_norm"):
+                 "parallel_residual", "sandwich_norm", "norm_affine", "pre_norm",
+                 "readout_bias"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             problems.append(f"{name}={value!r} must be true or false")

@@ -77,7 +77,7 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
     # before each sublayer unless OLMo 2's, after it too in Gemma 2's and OLMo 2's
     norms = (2 if cfg.pre_norm else 0) + (2 if cfg.sandwich_norm else 0)
     return (V * D + (T * D if cfg.pos == "learned" else 0) + L * (norms * norm + attn + mlp) + norm
-            + (0 if cfg.tie_embeddings else V * D))
+            + (0 if cfg.tie_embeddings else V * D) + (V if cfg.readout_bias else 0))
 
 
 @pytest.mark.parametrize("name", da.preset_names())

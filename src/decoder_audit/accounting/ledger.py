@@ -124,10 +124,12 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
             LedgerRow(f"layers.{i}.ffn", ffn, ffn_formula),
         ]
     rows.append(LedgerRow("ln_final", norm, norm_formula))
+    bias, bias_formula = (V, f" + bias V = {V}") if cfg.readout_bias else (0, "")
     if cfg.tie_embeddings:
-        rows.append(LedgerRow("lm_head", 0, "tied: the token_embeddings Parameter, 0 additional"))
+        rows.append(LedgerRow("lm_head", bias, "tied: the token_embeddings Parameter, 0 "
+                              "additional" + bias_formula))
     else:
-        rows.append(LedgerRow("lm_head", V * D, f"untied: V*D = {V}*{D}"))
+        rows.append(LedgerRow("lm_head", V * D + bias, f"untied: V*D = {V}*{D}" + bias_formula))
     return Ledger(rows, "analytic")
 
 

@@ -199,7 +199,7 @@ class Decoder(nn.Module):
         # Tying: the readout *is* the embedding Parameter, so both paths add into one .grad
         # (and the embedding, its owner, initialises it).
         shared = self.token_embeddings.weight if cfg.tie_embeddings else None
-        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, False, weight=shared,
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, cfg.readout_bias, weight=shared,
                               init_std=None if shared is not None else INIT_STD, **factory)
         self.reset_parameters()
 

@@ -360,6 +360,8 @@ def hf_family(cfg: DecoderConfig) -> str:
         raise ConfigError(f"mlp={cfg.mlp!r}, norm_offset={cfg.norm_offset}, embedding_scale="
                           f"{cfg.embedding_scale}: the converter writes GPT-2 and Llama, which "
                           "have no GeGLU, no norm offset and no embedding scale")
+    if cfg.readout_bias:
+        raise ConfigError("readout_bias=True: the converter's families read out without a bias")
     if not cfg.norm_affine or not cfg.pre_norm:
         raise ConfigError(f"norm_affine={cfg.norm_affine}, pre_norm={cfg.pre_norm}: the "
                           "converter writes GPT-2 and Llama, whose sublayers read learned norms")

@@ -29,6 +29,8 @@ Layouts detected from the parameter names (`detect`):
     torchtune           tok_embeddings, layers.{i}.attn.q_proj, sa_norm.scale, mlp.w1, output
     LLMs-from-scratch   tok_emb, trf_blocks.{i}.att.W_query, norm1.scale/shift, ff.layers.0
                         (its GPTModel), and ff.fc1/fc2/fc3 with norm1.weight (its Llama models)
+    TransformerLens     embed.W_E, blocks.{i}.attn.W_Q (H, D, Dh), W_O (H, Dh, D), b_Q (H, Dh),
+                        mlp.W_in (D, F), unembed.W_U (D, V) and its bias b_U (HookedTransformer)
 each possibly under a wrapper's prefix (`model.`, `net.`). Anything else takes a user function
 (`weights_map=`): state dict -> {canonical name: tensor}.
 
@@ -81,6 +83,8 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{p}.attn.k_norm.weight"] = (d_kv if whole else spec.head_dim,)
     shapes.update({f"ln_final.{part}": (d,) for part in norm})
     shapes["lm_head.weight"] = (v, d)
+    if spec.readout_bias:
+        shapes["lm_head.bias"] = (v,)
     return shapes
 
 
@@ -198,9 +202,20 @@ class Spot:
     transposed: bool = False
     rows: tuple[int, int] | None = None
     groups: int = 1
+    heads: str = ""
+    """A weight stored head by head (TransformerLens): "in" for (heads, in, Dh) -> (heads * Dh,
+    in) (W_Q, W_K, W_V), "out" for (heads, Dh, out) -> (out, heads * Dh) (W_O), "bias" for
+    (heads, Dh) -> (heads * Dh,) (b_Q, b_K, b_V)."""
 
     def _target(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A view of the weight's place in `tensor`: (rows, ...), or (groups, rows, ...)."""
+        """A view of the weight's place in `tensor`: (rows, ...), or (groups, rows, ...) whose
+        first two axes flattened give the canonical weight."""
+        if self.heads == "in":
+            return tensor.transpose(1, 2)  # (heads, Dh, in)
+        if self.heads == "out":
+            return tensor.flatten(0, 1).T  # (out, heads * Dh): a view, the heads contiguous
+        if self.heads == "bias":
+            return tensor.flatten()
         out = tensor.T if self.transposed else tensor
         if self.rows is None:
             return out
@@ -210,10 +225,10 @@ class Spot:
         return out.unflatten(0, (self.groups, -1))[:, start:stop]
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The canonical weight: a view of `tensor`, or for grouped rows a differentiable copy
-        (its rows are not evenly spaced in memory)."""
+        """The canonical weight: a view of `tensor`, or for grouped rows (and TransformerLens'
+        per-head matrices) a differentiable copy (its rows are not evenly spaced in memory)."""
         target = self._target(tensor)
-        return target.flatten(0, 1) if self.groups > 1 else target
+        return target.flatten(0, 1) if self.groups > 1 or self.heads == "in" else target
 
     def write(self, tensor: torch.Tensor, value: torch.Tensor) -> None:
         """Write the canonical weight's `value` into its place in `tensor` (no autograd)."""
@@ -263,6 +278,55 @@ def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
     return placement, ""
 
 
+# TransformerLens (HookedTransformer, 3.x): (module, parameter) of each canonical weight, within
+# a block (blocks.{i}.) or at the top; W_in is the MLP's input matrix, or its up projection (w3)
+# beside W_gate in a gated MLP; a grouped-query block names its K and V _W_K, _W_V.
+_LENS_BLOCK = {"ln1.weight": "ln1.w", "ln1.bias": "ln1.b", "ln2.weight": "ln2.w",
+               "ln2.bias": "ln2.b", "attn.output_proj.weight": "attn.W_O",
+               "attn.output_proj.bias": "attn.b_O", "ffn.w2.weight": "mlp.W_out",
+               "ffn.w2.bias": "mlp.b_out"}
+_LENS_TOP = {"token_embeddings.weight": "embed.W_E", "position_embeddings.weight": "pos_embed.W_pos",
+             "ln_final.weight": "ln_final.w", "ln_final.bias": "ln_final.b",
+             "lm_head.weight": "unembed.W_U", "lm_head.bias": "unembed.b_U"}
+
+
+def _lens_spot(prefix: str, canonical: str, shapes: Mapping[str, tuple[int, ...]],
+               spec: DecoderConfig) -> Spot | None:
+    """Where a canonical weight lies in a TransformerLens HookedTransformer, or None."""
+    module = canonical.split(".")
+    if module[0] != "layers":
+        name = _LENS_TOP.get(canonical)
+        transposed = canonical == "lm_head.weight"  # W_U is (D, V)
+        return Spot(prefix + name, transposed) if prefix + name in shapes else None
+    block, part = f"{prefix}blocks.{module[1]}.", ".".join(module[2:])
+    which = module[3] if module[2] == "attn" else ""
+    if which in ("q_proj", "k_proj", "v_proj"):
+        letter = which[0].upper()
+        kind = "W" if module[-1] == "weight" else "b"
+        for name in (f"attn.{kind}_{letter}", f"attn._{kind}_{letter}"):
+            if block + name in shapes:
+                return Spot(block + name, heads="in" if kind == "W" else "bias")
+        return None
+    gated = f"{block}mlp.W_gate" in shapes
+    mlp = {"ffn.w1.weight": "mlp.W_gate" if gated else "mlp.W_in",
+           "ffn.w1.bias": None if gated else "mlp.b_in",
+           "ffn.w3.weight": "mlp.W_in" if gated else None, "ffn.w3.bias": "mlp.b_in" if gated
+           else None}
+    name = mlp[part] if part in mlp else _LENS_BLOCK.get(part)
+    if name is None or block + name not in shapes:
+        return None
+    return Spot(block + name, heads="out" if name == "attn.W_O" else "",
+                transposed=name.startswith(("mlp.W_", "unembed.W_")))
+
+
+def _lens_placement(prefix: str, named: Mapping[str, torch.Tensor],
+                    spec: DecoderConfig) -> Placement:
+    shapes = {name: tuple(tensor.shape) for name, tensor in named.items()}
+    spots = {canonical: spot for canonical in _every_canonical(spec)
+             if (spot := _lens_spot(prefix, canonical, shapes, spec)) is not None}
+    return _placement("TransformerLens", prefix, spots, named, spec)
+
+
 def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement | None:
     """The layout of a module with these parameters (every name, `named_parameters(
     remove_duplicate=False)`: a tied weight under each of its names), placed on the spec; None
@@ -271,6 +335,7 @@ def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement 
     names)."""
     found = [_place(layout, prefix, named, spec) for layout in LAYOUTS
              for prefix in _prefixes(named, f"{layout.embedding}.weight")]
+    found += [_lens_placement(prefix, named, spec) for prefix in _prefixes(named, "embed.W_E")]
     if not found:
         return None
     return min(found, key=lambda p: len(p.problems) + len(p.leftover))
@@ -328,6 +393,14 @@ def _place(layout: Layout, prefix: str, named: Mapping[str, torch.Tensor],
         spot = _spot(layout, prefix, canonical, shapes, spec, conv1d)
         if spot is not None:
             spots[canonical] = spot
+    return _placement(layout.name, prefix, spots, named, spec)
+
+
+def _placement(layout_name: str, prefix: str, spots: dict[str, Spot],
+               named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement:
+    """The placement of these spots: the tied head where the spec ties and the module has no
+    head of its own, the problems, and the module's parameters no spot takes."""
+    shapes = {n: tuple(tensor.shape) for n, tensor in named.items()}
     if "lm_head.weight" not in spots and spec.tie_embeddings and "token_embeddings.weight" in spots:
         spots["lm_head.weight"] = spots["token_embeddings.weight"]  # the forward reuses it
     meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
@@ -336,7 +409,7 @@ def _place(layout: Layout, prefix: str, named: Mapping[str, torch.Tensor],
     sources = {spot.source for spot in spots.values()}
     leftover = _unused({n: t for n, t in named.items() if n.startswith(prefix)},
                        lambda n, _: n in sources)
-    label = layout.name + (f" (under {prefix.rstrip('.')!r})" if prefix else "")
+    label = layout_name + (f" (under {prefix.rstrip('.')!r})" if prefix else "")
     return Placement(label, spots, problems=tuple(problems), leftover=leftover,
                      sources={name: (spot.source,) for name, spot in spots.items()})
 
@@ -348,7 +421,7 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
     full = spec.replace(attn_bias=True, attn_output_bias=True, mlp_bias=True, norm="layernorm",
                         mlp="swiglu", pos="learned", qk_norm=True, rotary_dim=None,
                         rope_scaling=None, window_rope_theta=None, sandwich_norm=True,
-                        pre_norm=True, norm_affine=True, norm_bias=True)
+                        pre_norm=True, norm_affine=True, norm_bias=True, readout_bias=True)
     return list(expected_weights(full))
 
 
@@ -434,6 +507,8 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
         return f"norm={spec.norm!r}, norm_bias={spec.norm_bias}"
     if "w3" in name:
         return f"mlp={spec.mlp!r}"
+    if name == "lm_head.bias":
+        return f"readout_bias={spec.readout_bias}"
     if name.startswith("position_embeddings"):
         return f"pos={spec.pos!r}"
     return "its architecture"

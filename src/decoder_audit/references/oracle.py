@@ -389,9 +389,17 @@ def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
     for layer in range(cfg.n_layers):
         x = _block(cfg, read.load(layer_weight_names(layer)), layer, x)
     x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
-    readout = get(_readout_name(get))
-    return _capped(cfg, torch.cat([x @ read.wide(readout[block]).T
-                                   for block in _vocab_blocks(cfg.vocab_size)], dim=-1))
+    return _read_out(cfg, x, read, get)
+
+
+def _read_out(cfg: DecoderConfig, x: torch.Tensor, read: "_Reader",
+              get: Callable[[str], torch.Tensor | None]) -> torch.Tensor:
+    """The logits (B, T, V) of the final stage's output x (B, T, D): the readout matrix a block
+    of vocabulary rows at a time, its bias where the weights have one, then the soft cap."""
+    readout, bias = get(_readout_name(get)), get("lm_head.bias")
+    logits = torch.cat([x @ read.wide(readout[block]).T for block in _vocab_blocks(cfg.vocab_size)],
+                       dim=-1)
+    return _capped(cfg, logits if bias is None else logits + read.wide(bias))
 
 
 def _capped(cfg: DecoderConfig, logits: torch.Tensor) -> torch.Tensor:
@@ -433,10 +441,7 @@ class StreamedOracle:
                 x = _block(cfg, read.load(layer_weight_names(layer)), layer, x)
             self.inputs.append(x)
             x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
-            readout = self.get(_readout_name(self.get))
-            self.logits = _capped(cfg, torch.cat([x @ read.wide(readout[block]).T
-                                                  for block in _vocab_blocks(cfg.vocab_size)],
-                                                 dim=-1))
+            self.logits = _read_out(cfg, x, read, self.get)
 
     def _positions(self, read: _Reader) -> torch.Tensor | None:
         if self.cfg.pos != "learned":
@@ -448,7 +453,8 @@ class StreamedOracle:
         yields them: the embedding reads only the rows its ids look up (and positions 0..T-1)."""
         cfg = self.cfg
         present = lambda names: {n: None for n in names if self.get(n) is not None}  # noqa: E731
-        stages = [("final", {_readout_name(self.get): None, **present(FINAL_NORM_NAMES)})]
+        stages = [("final", {_readout_name(self.get): None,
+                             **present(("lm_head.bias",) + FINAL_NORM_NAMES)})]
         stages += [(f"layers.{i}", present(layer_weight_names(i)))
                    for i in reversed(range(cfg.n_layers))]
         embed = {"token_embeddings.weight": torch.unique(self.ids)}
@@ -498,6 +504,8 @@ class StreamedOracle:
                 _backward(cut @ w.T, grad_logits[..., block])
             yield "final", name, torch.arange(block.start, block.stop), w.grad
             del w
+        if self.get("lm_head.bias") is not None:  # d/db of sum(logits * g) = g summed over B, T
+            yield "final", "lm_head.bias", None, grad_logits.sum((0, 1))
         with torch.enable_grad():
             _backward(normed, cut.grad)
         for n, leaf in norm.items():

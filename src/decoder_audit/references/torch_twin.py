@@ -78,6 +78,8 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
     if not cfg.norm_affine or not cfg.pre_norm:
         problems.append(f"norm_affine={cfg.norm_affine}, pre_norm={cfg.pre_norm}: the twin's "
                         "sublayers read learned nn.LayerNorms")
+    if cfg.readout_bias:
+        problems.append("readout_bias=True: the twin's readout has no bias")
     if cfg.logit_softcap is not None:
         problems.append(f"logit_softcap={cfg.logit_softcap}: the twin's logits are uncapped")
     if cfg.output_bias != cfg.attn_bias:
