@@ -72,7 +72,9 @@ PACKAGES = {
          "tests/gate/test_scale.py::test_the_streamed_oracle_equals_the_whole_one",
          "tests/gate/test_scale.py::test_each_streamed_piece_comes_under_the_stage_that_reads_it",
          "tests/gate/test_scale.py::"
-         "test_the_oracle_reads_weights_in_their_own_dtype_and_one_layer_at_a_time"),
+         "test_the_oracle_reads_weights_in_their_own_dtype_and_one_layer_at_a_time",
+         # its RoPE frequencies, per pair, against transformers' for every scaling
+         "tests/references/test_hf.py::test_rope_frequencies_equal_transformers_for_every_scaling"),
         "the oracle against the decoder, the CS336 snapshots and hand-written formulas; the "
         "streamed oracle against the whole one; its input contract"),
     "gate": Package(
@@ -90,9 +92,11 @@ PACKAGES = {
         deselect=("tests/gate/test_dtypes.py::test_presets_pass_in_16_bit",)),
     "spec": Package(
         ("src/decoder_audit/gate/spec.py", "src/decoder_audit/references/layouts.py"),
-        ("tests/gate/test_spec.py",),
+        ("tests/gate/test_spec.py", "tests/gate/test_spec_families.py",
+         "tests/gate/test_spec_lens.py", "tests/references/test_hf_families.py"),
         "a declared architecture on modules we did not write: each outside style's correct "
-        "model, each planted numerics defect, the layouts against the converter, weights maps"),
+        "model, each planted numerics defect, the layouts against the converter, weights maps; "
+        "the Hugging Face families and TransformerLens placed, and written back"),
     "training": Package(
         ("src/decoder_audit/training/*.py",),
         ("tests/training/", "tests/cli/test_train.py"),
