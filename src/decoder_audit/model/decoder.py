@@ -4,6 +4,11 @@
     Block:  resid_mid  = resid_pre + Attn(N1(resid_pre))
             resid_post = resid_mid + MLP(N2(resid_mid))
 
+The config's variants change the block where it says: a parallel block's MLP reads N2(resid_pre);
+sandwich norms normalise each sublayer's output before it is added (Gemma 2, OLMo 2); without
+pre-norms N1 and N2 are the identity (OLMo 2); a windowed layer's attention reads the last W
+tokens only, on its own RoPE table where the config gives the windowed layers a base.
+
 Shape letters: B batch, T sequence, D d_model, H query heads, Hkv KV heads, Dh head width,
 F FFN width, V vocabulary. Every component is built from `nn.Parameter` and tensor ops, here
 and in layers.py (Linear, Embedding, the norms); the weight names are those of DESIGN.md (the
