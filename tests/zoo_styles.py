@@ -279,6 +279,9 @@ class _TuneLayer(nn.Module):
         self.mlp.w2 = nn.Linear(cfg.d_ff, d, bias=False)
         self.mlp.w3 = nn.Linear(d, cfg.d_ff, bias=False)
         self.sa_norm, self.mlp_norm = StyleRMSNorm(d, eps, "scale"), StyleRMSNorm(d, eps, "scale")
+        if cfg.qk_norm:  # torchtune's Qwen3: a per-head RMSNorm of q and k before RoPE
+            self.attn.q_norm = StyleRMSNorm(dh, eps, "scale")
+            self.attn.k_norm = StyleRMSNorm(dh, eps, "scale")
         self.cfg, self.defect = cfg, defect
 
     def _attention(self, x):
@@ -287,6 +290,8 @@ class _TuneLayer(nn.Module):
         split = lambda z, h: z.view(b, t, h, cfg.head_dim).transpose(1, 2)  # noqa: E731
         q = split(self.attn.q_proj(x), cfg.n_heads)
         k, v = split(self.attn.k_proj(x), cfg.kv_heads), split(self.attn.v_proj(x), cfg.kv_heads)
+        if cfg.qk_norm:
+            q, k = self.attn.q_norm(q), self.attn.k_norm(k)
         theta = 1000.0 if defect == "theta" else cfg.rope_theta
         q, k = (_rope(z, theta, interleaved=defect != "rope_layout") for z in (q, k))
         group = cfg.n_heads // cfg.kv_heads
@@ -312,10 +317,10 @@ class _TuneLayer(nn.Module):
 
 
 class TuneLlama(nn.Module):
-    def __init__(self, defect: str | None = None, seed: int = 0) -> None:
+    def __init__(self, defect: str | None = None, seed: int = 0, qk_norm: bool = False) -> None:
         super().__init__()
         torch.manual_seed(seed)
-        cfg = SPECS["tune"]
+        cfg = SPECS["tune"].replace(qk_norm=qk_norm)
         self.defect = defect
         self.tok_embeddings = nn.Embedding(V, cfg.d_model)
         self.layers = nn.ModuleList(_TuneLayer(cfg, defect) for _ in range(cfg.n_layers))

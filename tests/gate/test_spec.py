@@ -5,6 +5,7 @@ placed as the converter places them; what cannot be placed is named, never guess
 
 from __future__ import annotations
 
+import configs
 import pytest
 import torch
 import zoo_styles
@@ -503,3 +504,85 @@ def test_gemma_is_its_configs_spec_and_its_defects_fail_the_oracle():
         plant(model)
         report = da.audit(model, checks=["oracle"])
         assert not report["oracle"].passed, plant.__name__
+
+
+def test_the_oracle_check_is_reproducible():
+    """Its ids, stress weights and gradient projection are drawn from the gate's seeds: the
+    same model gives the same evidence twice."""
+    runs = [da.audit(zoo_styles.TuneLlama(), spec=zoo_styles.SPECS["tune"],
+                     checks=["oracle"])["oracle"].evidence for _ in range(2)]
+    assert runs[0]["as_initialised"] == runs[1]["as_initialised"]
+    assert runs[0]["stress"] == runs[1]["stress"]
+
+
+def test_a_weights_map_sees_shape_only_stand_ins_of_the_modules_dtype():
+    """The map is first run on meta tensors (nothing allocated for a large model) in each
+    parameter's own dtype, so a map that casts or checks dtypes sees what it will see later."""
+    seen = []
+
+    def recording(state):
+        seen.append({(t.device.type, t.dtype) for t in state.values()})
+        return _twin_map(state)
+
+    from decoder_audit.references.torch_twin import TorchTwin
+
+    cfg = configs.named("twin-gelutanh-biases-tied")
+    twin = TorchTwin(cfg).double()
+    assert da.audit(twin, spec=cfg, weights_map=recording, checks=["params"]).passed
+    assert seen[0] == {("meta", torch.float64)}
+
+
+class _ReadsOutWithTheEmbedding(nn.Module):
+    """nanoGPT with no lm_head module at all: logits = h @ wte.weight^T (a tie by the forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = zoo_styles.NanoGPT()
+        del self.inner.lm_head
+
+    def forward(self, ids):
+        gpt = self.inner
+        pos = torch.arange(ids.shape[1])
+        x = gpt.transformer.wte(ids) + gpt.transformer.wpe(pos)
+        for block in gpt.transformer.h:
+            x = block(x)
+        return gpt.transformer.ln_f(x) @ gpt.transformer.wte.weight.T
+
+
+def test_a_readout_by_the_embedding_itself_is_the_tied_head_under_a_wrapper():
+    report = da.audit(_ReadsOutWithTheEmbedding(), spec=zoo_styles.SPECS["nanogpt"],
+                      checks=["params", "oracle"], max_seq_len=None)
+    assert report.passed, report.first_failure
+    assert report["params"].evidence["layout"] == "nanoGPT / GPT-2 (under 'inner')"
+
+
+class _Wrapped(nn.Module):
+    """Our Decoder inside a module of its own (no config of its own: the spec is the claim)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.inner = da.Decoder(cfg)
+
+    def forward(self, ids):
+        return self.inner(ids)
+
+
+def test_a_sandwich_norm_or_a_position_table_the_spec_lacks_names_its_field():
+    gemma2 = configs.named("gemma2-like")
+    report = da.audit(_Wrapped(gemma2), spec=gemma2.replace(sandwich_norm=False),
+                      checks=["params"])
+    assert any("ln1_post.weight" in d and "sandwich_norm=False" in d
+               for d in report["params"].evidence["differences"])
+    learned = da.preset("tiny-368")
+    report = da.audit(_Wrapped(learned), spec=learned.replace(pos="rope"), checks=["params"])
+    assert any("position_embeddings.weight" in d and "pos='rope'" in d
+               for d in report["params"].evidence["differences"])
+
+
+def test_torchtunes_q_and_k_norms_are_found_under_their_scale_names():
+    """torchtune names a norm's gain `scale`, its q/k norms too (Qwen3 in torchtune)."""
+    spec = zoo_styles.SPECS["tune"].replace(qk_norm=True)
+    report = da.audit(zoo_styles.TuneLlama(qk_norm=True), spec=spec, checks=["params", "oracle"])
+    assert report.passed, report.first_failure
+    assert report["oracle"].evidence["gradients"]["compared"] == len(
+        list(zoo_styles.TuneLlama(qk_norm=True).parameters()))

@@ -99,3 +99,18 @@ def test_its_unchecked_token_ids_are_caught():
     """HookedTransformer indexes W_E with the ids as given, so -1 reads the last row."""
     report = da.audit(_model(False), spec=_spec(False), checks=["inputs"])
     assert not report["inputs"].passed and "-1" in report["inputs"].detail
+
+
+def test_a_gated_mlp_is_placed_and_its_unexpressed_bias_named():
+    """A gated HookedTransformer computes act(x W_gate) * (x W_in + b_in): W_gate is the spec's
+    w1, W_in its w3. A DecoderConfig biases w1, w3 and w2 together or none, so with mlp_bias
+    the one difference params names is the w1 bias the module does not have (a known limit)."""
+    torch.manual_seed(0)
+    config = lens.HookedTransformerConfig(**SHAPES, act_fn="silu", gated_mlp=True,
+                                          normalization_type="RMS", seed=0)
+    model = lens.HookedTransformer(config).eval()
+    spec = _spec(False).replace(norm="rmsnorm", mlp="swiglu")
+    report = da.audit(model, spec=spec, checks=["params"])
+    named = [d.split(" ")[0] for d in report["params"].evidence["differences"]]
+    weights = [name for name in named if name.endswith((".weight", ".bias"))]
+    assert weights == ["layers.0.ffn.w1.bias", "layers.1.ffn.w1.bias"]

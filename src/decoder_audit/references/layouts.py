@@ -366,7 +366,7 @@ def user_placement(weights_map: WeightsMap, named: Mapping[str, torch.Tensor],
     return Placement(f"weights_map {label}", user_map=weights_map,
                      problems=tuple(_misfits({n: tuple(t.shape) for n, t in mapped.items()},
                                              spec)),
-                     leftover=_unused(named, lambda n, _: n in used), sources=sources)
+                     leftover=_unused(named, used.__contains__), sources=sources)
 
 
 def _prefixes(named: Mapping[str, torch.Tensor], suffix: str) -> list[str]:
@@ -374,14 +374,13 @@ def _prefixes(named: Mapping[str, torch.Tensor], suffix: str) -> list[str]:
             if name == suffix or name.endswith("." + suffix)]
 
 
-def _unused(named: Mapping[str, torch.Tensor], used: Callable[[str, torch.Tensor], bool]
-            ) -> tuple[str, ...]:
+def _unused(named: Mapping[str, torch.Tensor], used: Callable[[str], bool]) -> tuple[str, ...]:
     """The first name of each Parameter none of whose names (or storage) is used."""
     by_param: dict[int, list[str]] = {}
     for name, tensor in named.items():
         by_param.setdefault(id(tensor), []).append(name)
     return tuple(names[0] for names in by_param.values()
-                 if not any(used(n, named[n]) for n in names))
+                 if not any(used(n) for n in names))
 
 
 def _place(layout: Layout, prefix: str, named: Mapping[str, torch.Tensor],
@@ -408,7 +407,7 @@ def _placement(layout_name: str, prefix: str, spots: dict[str, Spot],
                          for name, spot in spots.items()}, spec)
     sources = {spot.source for spot in spots.values()}
     leftover = _unused({n: t for n, t in named.items() if n.startswith(prefix)},
-                       lambda n, _: n in sources)
+                       sources.__contains__)
     label = layout_name + (f" (under {prefix.rstrip('.')!r})" if prefix else "")
     return Placement(label, spots, problems=tuple(problems), leftover=leftover,
                      sources={name: (spot.source,) for name, spot in spots.items()})
