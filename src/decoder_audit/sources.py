@@ -99,8 +99,10 @@ class Source:
         config = getattr(module, "config", None)
         return config if isinstance(config, DecoderConfig) else None
 
-    def build(self, *, seed: int = 0) -> nn.Module:
-        """The model: built from `seed` (preset, config), loaded (checkpoint) or imported."""
+    def build(self, *, seed: int = 0, dtype: torch.dtype | None = None) -> nn.Module:
+        """The model: built from `seed` (preset, config), loaded (checkpoint) or imported. A
+        preset or config is built directly in `dtype` (a 7B model in bfloat16 never exists in
+        float32); every other source comes as it is, for the caller to cast."""
         if self.kind == "module":
             return self.value
         if self.kind == "model":
@@ -115,9 +117,10 @@ class Source:
 
             return load_hf_model(self.value)
         config = self.config()
-        check_fits(config)  # V = 10^9 is refused here, not inside the allocator
+        # V = 10^9 is refused here, not inside the allocator
+        check_fits(config, dtype=dtype or torch.float32)
         torch.manual_seed(seed)
-        return Decoder(config)
+        return Decoder(config, dtype=dtype)
 
     def declared(self) -> dict[str, int | None]:
         """What a module checkpoint recorded about its model in factory.json (vocab_size;

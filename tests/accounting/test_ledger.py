@@ -105,6 +105,8 @@ def test_every_test_config_has_the_independent_count(cfg):
     ("gpt2-xl", 1_557_611_200),    # GPT-2 XL, tied
     ("cs336-xl", 2_127_057_600),   # CS336 transformer_accounting (a), untied
     ("cs336-test", 1_403_328),     # CS336 reference test model (FACTS.md)
+    ("llama2-7b", 6_738_415_616),  # Llama-2-7b-hf: LlamaForCausalLM.num_parameters()
+    ("llama3-8b", 8_030_261_248),  # Meta-Llama-3-8B: the same, grouped-query 32/8
 ])
 def test_published_parameter_counts(name, published):
     with torch.device("meta"):

@@ -116,7 +116,7 @@ def run(args) -> int:
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     with user_output_to_stderr():  # a --model's prints, in its factory or its forward
         weights_map = load_weights_map(args.weights_map) if args.weights_map else None
-        model = source.build(seed=args.seed)
+        model = source.build(seed=args.seed, dtype=DTYPES.get(args.dtype))
         # In place: the command owns the model it built or loaded (a Decoder keeps its tie).
         model.to(device=device, dtype=DTYPES.get(args.dtype))
         # The facts (V, the length policy, the pad id) are the gate's to read from the model: a

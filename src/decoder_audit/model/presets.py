@@ -55,6 +55,18 @@ PRESETS: dict[str, DecoderConfig] = {
         max_seq_len=512, norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", pos="rope",
         rope_theta=500000.0, attn_bias=False, mlp_bias=False, tie_embeddings=False,
     ),
+    # Llama 2 7B and Llama 3 8B (Meta's shapes: interleaved RoPE pairs, as Meta's own code
+    # rotates them; a Hugging Face checkpoint of either reads as rotate_half through from_hf).
+    "llama2-7b": DecoderConfig(
+        vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, d_ff=11008, max_seq_len=4096,
+        norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", pos="rope", rope_theta=10000.0,
+        attn_bias=False, mlp_bias=False, tie_embeddings=False,
+    ),
+    "llama3-8b": DecoderConfig(
+        vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
+        max_seq_len=8192, norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", pos="rope",
+        rope_theta=500000.0, attn_bias=False, mlp_bias=False, tie_embeddings=False,
+    ),
 }
 
 
