@@ -509,8 +509,12 @@ def test_gemma_is_its_configs_spec_and_its_defects_fail_the_oracle():
 def test_the_oracle_check_is_reproducible():
     """Its ids, stress weights and gradient projection are drawn from the gate's seeds: the
     same model gives the same evidence twice."""
-    runs = [da.audit(zoo_styles.TuneLlama(), spec=zoo_styles.SPECS["tune"],
-                     checks=["oracle"])["oracle"].evidence for _ in range(2)]
+    model = zoo_styles.TuneLlama()  # built once: torch's global RNG moves between the audits
+    runs = []
+    for _ in range(2):
+        runs.append(da.audit(model, spec=zoo_styles.SPECS["tune"],
+                             checks=["oracle"])["oracle"].evidence)
+        torch.rand(7)
     assert runs[0]["as_initialised"] == runs[1]["as_initialised"]
     assert runs[0]["stress"] == runs[1]["stress"]
 
@@ -528,8 +532,17 @@ def test_a_weights_map_sees_shape_only_stand_ins_of_the_modules_dtype():
 
     cfg = configs.named("twin-gelutanh-biases-tied")
     twin = TorchTwin(cfg).double()
-    assert da.audit(twin, spec=cfg, weights_map=recording, checks=["params"]).passed
-    assert seen[0] == {("meta", torch.float64)}
+    report = da.audit(twin, spec=cfg, weights_map=recording, checks=["params"])
+    assert report.passed and seen[0] == {("meta", torch.float64)}
+    # the report names the map: its function's name, or a callable object's class
+    assert "recording" in report["params"].evidence["layout"]
+
+    class Mapper:
+        def __call__(self, state):
+            return _twin_map(state)
+
+    report = da.audit(twin, spec=cfg, weights_map=Mapper(), checks=["params"])
+    assert "Mapper" in report["params"].evidence["layout"]
 
 
 class _ReadsOutWithTheEmbedding(nn.Module):
@@ -572,6 +585,15 @@ def test_a_sandwich_norm_or_a_position_table_the_spec_lacks_names_its_field():
     report = da.audit(_Wrapped(gemma2), spec=gemma2.replace(sandwich_norm=False),
                       checks=["params"])
     assert any("ln1_post.weight" in d and "sandwich_norm=False" in d
+               for d in report["params"].evidence["differences"])
+    olmo = configs.named("olmo-like")  # its norms learn nothing; a module whose norms learn
+    report = da.audit(_Wrapped(olmo.replace(norm_affine=True, norm_bias=True)), spec=olmo,
+                      checks=["params"])
+    assert any("ln1.weight" in d and "norm_affine=False" in d
+               for d in report["params"].evidence["differences"])
+    nobias = configs.named("ln-nobias-tied")  # a shift where the spec has none
+    report = da.audit(_Wrapped(nobias.replace(norm_bias=True)), spec=nobias, checks=["params"])
+    assert any("ln1.bias" in d and "norm_bias=False" in d and "norm_affine" not in d
                for d in report["params"].evidence["differences"])
     learned = da.preset("tiny-368")
     report = da.audit(_Wrapped(learned), spec=learned.replace(pos="rope"), checks=["params"])
