@@ -446,16 +446,14 @@ def verdict_problems(row: Row) -> list[str]:
     return problems
 
 
-def _oracle_paragraph(built: list[Row]) -> str:
+def _oracle_paragraph(built: list[Row], tf) -> str:
     """Which families the white-box checks (params, oracle) ran on: those of a class whose
     config is read as their spec (references.hf_config.spec_classes)."""
     white = [r for r in built if "oracle" in r.ran]
     names = ", ".join(f"{r.family} ({r.cls})" for r in white)
-    import transformers  # noqa: PLC0415 - the document is written where it is installed
-
     from decoder_audit.references.hf_config import spec_classes
 
-    classes = ", ".join(cls.__name__ for cls in spec_classes(transformers).values())
+    classes = ", ".join(cls.__name__ for cls in spec_classes(tf).values())
     return (f"**The float64 oracle and the parameter ledger ran on {len(white)} families**, "
             f"{names}: a model of {classes} or a subclass declares its "
             "architecture in its config, which is its spec (`da.audit(hf_model)` needs no "
@@ -466,7 +464,7 @@ def _oracle_paragraph(built: list[Row]) -> str:
 
 def write_docs(rows: list[Row], path: Path = DOCS) -> Path:
     """docs/conformance.md: every family, its verdict, the checks it ran, skipped and failed."""
-    import transformers  # noqa: PLC0415 - the document is written where it is installed
+    import transformers
 
     built = [r for r in rows if r.built]
     passed = [r for r in built if r.verdict == "pass"]
@@ -501,7 +499,7 @@ def write_docs(rows: list[Row], path: Path = DOCS) -> Path:
         f"Audit cost: {sum(r.seconds for r in built) / max(1, len(built)):.1f} s per model on "
         "average, build included.",
         "",
-        _oracle_paragraph(built),
+        _oracle_paragraph(built, transformers),
         "",
         "## Verdicts",
         "",

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DecoderConfig
-from .cache import KVCache
+from .cache import KVCache, bottom_right_causal
 from .layers import INIT_STD, Linear, RMSNorm
 from .trace import Trace
 
@@ -180,10 +180,8 @@ class CausalSelfAttention(nn.Module):
                 q, k, v, attn_mask=allowed, is_causal=allowed is None and q.shape[-2] > 1,
                 scale=self.score_scale, enable_gqa=self.kv_heads != self.n_heads)
         else:
-            new, total = q.shape[-2], k.shape[-2]
-            if allowed is None:  # bottom-right causal: query i sits in slot total - new + i
-                allowed = (torch.arange(total, device=q.device)
-                           <= torch.arange(total - new, total, device=q.device)[:, None])
+            if allowed is None:
+                allowed = bottom_right_causal(q.shape[-2], k.shape[-2], q.device)
             z, _, _ = eager_attention(q, k.repeat_interleave(self.group, dim=1),
                                       v.repeat_interleave(self.group, dim=1), allowed,
                                       self.score_scale, self.score_softcap)

@@ -149,13 +149,20 @@ def attention_allowed(start: int, new: int, valid: torch.Tensor | None,
     end = start + new
     if valid is None and (start == 0 or new == 1):
         return None
-    keys = torch.arange(end, device=device)  # (S,) slots
-    queries = torch.arange(start, end, device=device)[:, None]  # (new, 1) slots
-    causal = keys <= queries  # (new, S)
+    causal = bottom_right_causal(new, end, device)  # (new, S)
     if valid is None:
         return causal[None, None]  # (1, 1, new, S)
+    keys = torch.arange(end, device=device)  # (S,) slots
+    queries = torch.arange(start, end, device=device)[:, None]  # (new, 1) slots
     readable = valid[:, None, :end] | (keys == queries)  # (B, new, S)
     return (causal & readable)[:, None]  # (B, 1, new, S)
+
+
+def bottom_right_causal(new: int, total: int, device: torch.device) -> torch.Tensor:
+    """(new, total) True where query i, sitting in slot total - new + i, may read a key: the
+    keys in its slot and before (SDPA's is_causal aligns top-left instead, B11)."""
+    return (torch.arange(total, device=device)
+            <= torch.arange(total - new, total, device=device)[:, None])
 
 
 def windowed_allowed(allowed: torch.Tensor | None, positions: torch.Tensor,
@@ -166,7 +173,6 @@ def windowed_allowed(allowed: torch.Tensor | None, positions: torch.Tensor,
     bottom-right causal mask of T queries over S keys."""
     new, total = positions.shape[-1], key_positions.shape[-1]
     if allowed is None:
-        allowed = (torch.arange(total, device=positions.device)
-                   <= torch.arange(total - new, total, device=positions.device)[:, None])
+        allowed = bottom_right_causal(new, total, positions.device)
     near = positions[:, :, None] - key_positions[:, None, :] < window  # (B|1, T, S)
     return allowed & near[:, None]

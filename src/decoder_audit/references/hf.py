@@ -80,19 +80,20 @@ def from_hf(hf_model: Any) -> Decoder:
                   None)
     cfg = config_from_hf(hf_model.config, family) if family is not None else None
     _check_tie_flag(hf_model)
-    if cfg is not None and _converter_writes(cfg):
+    if cfg is not None and converter_family(cfg) is not None:
         source = f"{type(hf_model).__name__} weights"
         return decoder_from_tensors(cfg, hf_tensors_to_ours(cfg, hf_model.state_dict(),
                                                             source=source))
     return decoder_from_spec_model(hf_model, hf_spec(hf_model))
 
 
-def _converter_writes(cfg: DecoderConfig) -> bool:
+def converter_family(cfg: DecoderConfig) -> str | None:
+    """"gpt2" or "llama" where the converter's rename tables write cfg (`hf_family`), else
+    None: the layouts' families (`hf_families`) take it, or nothing does."""
     try:
-        hf_family(cfg)
+        return hf_family(cfg)
     except ConfigError:
-        return False
-    return True
+        return None
 
 
 def hf_spec(hf_model: Any) -> DecoderConfig:
@@ -112,7 +113,7 @@ def export_changes(cfg: DecoderConfig) -> list[str]:
     """What writing `cfg` in its Hugging Face family changes, one sentence each (empty when the
     round trip gives `cfg` back). GPT-2's Conv1D always has biases: a decoder without them is
     written with zero biases (the function is unchanged) and reads back with them."""
-    if not _converter_writes(cfg) or hf_family(cfg) != "gpt2" or (cfg.attn_bias and cfg.mlp_bias):
+    if converter_family(cfg) != "gpt2" or (cfg.attn_bias and cfg.mlp_bias):
         return []  # the families of hf_families keep every field, or refuse
     flags = [name for name in ("attn_bias", "mlp_bias") if not getattr(cfg, name)]
     before = " and ".join(f"{flag}=false" for flag in flags)
@@ -135,7 +136,7 @@ def to_hf(decoder: Decoder) -> Any:
         raise TypeError(f"to_hf needs a decoder_audit Decoder, got {type(decoder).__name__}")
     cfg = decoder.config
     try:
-        hf_family(cfg)
+        family = hf_family(cfg)
     except ConfigError as exc:
         try:
             return hf_model_for(decoder, tf)
@@ -144,7 +145,7 @@ def to_hf(decoder: Decoder) -> Any:
     for change in export_changes(cfg):
         warnings.warn(change, UserWarning, stacklevel=2)
     hf_config = config_to_hf(cfg)
-    model_cls = model_classes(tf)[hf_family(cfg)]
+    model_cls = model_classes(tf)[family]
     like = decoder.token_embeddings.weight
     hf_model = model_cls(hf_config).to(device=like.device, dtype=like.dtype).eval()
     copy_into_parameters(hf_model, our_tensors_to_hf(cfg, dict(decoder.named_parameters())))
@@ -195,7 +196,7 @@ def load_hf_folder(folder: str | os.PathLike) -> Decoder:
     folder = Path(folder)
     hf_config = read_hf_config(folder)  # never runs the folder's code (trust_remote_code=False)
     cfg = config_from_hf(hf_config)
-    if not _converter_writes(cfg):  # a family the layouts place: through its own class
+    if converter_family(cfg) is None:  # a family the layouts place: through its own class
         return from_hf(_spec_model_from_folder(hf_config, folder))
     ours = hf_tensors_to_ours(cfg, _read_hf_weights(folder), source=f"weights in {str(folder)!r}")
     return decoder_from_tensors(cfg, ours)

@@ -415,12 +415,12 @@ def config_to_hf(cfg: DecoderConfig) -> Any:
         num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim,
         intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_seq_len,
         rms_norm_eps=cfg.norm_eps, hidden_act="silu",
-        rope_parameters=_rope_parameters(cfg),
+        rope_parameters=rope_parameters_for(cfg),
         attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_bias, attention_dropout=0.0, **common)
 
 
 
-def _rope_parameters(cfg: DecoderConfig) -> dict[str, Any]:
+def rope_parameters_for(cfg: DecoderConfig) -> dict[str, Any]:
     """transformers' rope_parameters for our rope_theta and rope_scaling."""
     out: dict[str, Any] = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
     scaling = dict(cfg.rope_scaling or {})

@@ -28,7 +28,7 @@ from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import decoder_from_tensors
-from .hf_config import ATTN_IMPLEMENTATION, _rope_parameters, config_from_hf, spec_classes
+from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, rope_parameters_for, spec_classes
 from .layouts import detect
 
 
@@ -124,7 +124,7 @@ def _write_weights(hf_model: Any, cfg: DecoderConfig, decoder: Decoder) -> bool:
 # ---- each family's config from ours ------------------------------------------------------------
 
 def _common_rope(cfg: DecoderConfig) -> dict[str, Any]:
-    rope = _rope_parameters(cfg) if cfg.pos == "rope" else {}
+    rope = rope_parameters_for(cfg) if cfg.pos == "rope" else {}
     if cfg.rotary_dim is not None:
         rope["partial_rotary_factor"] = cfg.rotary_dim / cfg.head_dim
     return {"rope_parameters": rope, "num_key_value_heads": cfg.kv_heads,

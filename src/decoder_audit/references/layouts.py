@@ -290,8 +290,8 @@ _LENS_TOP = {"token_embeddings.weight": "embed.W_E", "position_embeddings.weight
              "lm_head.weight": "unembed.W_U", "lm_head.bias": "unembed.b_U"}
 
 
-def _lens_spot(prefix: str, canonical: str, shapes: Mapping[str, tuple[int, ...]],
-               spec: DecoderConfig) -> Spot | None:
+def _lens_spot(prefix: str, canonical: str, shapes: Mapping[str, tuple[int, ...]]
+               ) -> Spot | None:
     """Where a canonical weight lies in a TransformerLens HookedTransformer, or None."""
     module = canonical.split(".")
     if module[0] != "layers":
@@ -316,14 +316,14 @@ def _lens_spot(prefix: str, canonical: str, shapes: Mapping[str, tuple[int, ...]
     if name is None or block + name not in shapes:
         return None
     return Spot(block + name, heads="out" if name == "attn.W_O" else "",
-                transposed=name.startswith(("mlp.W_", "unembed.W_")))
+                transposed=name.startswith("mlp.W_"))  # W_in, W_gate, W_out: (in, out)
 
 
 def _lens_placement(prefix: str, named: Mapping[str, torch.Tensor],
                     spec: DecoderConfig) -> Placement:
     shapes = {name: tuple(tensor.shape) for name, tensor in named.items()}
     spots = {canonical: spot for canonical in _every_canonical(spec)
-             if (spot := _lens_spot(prefix, canonical, shapes, spec)) is not None}
+             if (spot := _lens_spot(prefix, canonical, shapes)) is not None}
     return _placement("TransformerLens", prefix, spots, named, spec)
 
 

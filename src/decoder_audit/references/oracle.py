@@ -254,8 +254,7 @@ def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
     windowed layer row t reads keys t-W+1..t; scores are q.k times attn_scale (1/sqrt(Dh)
     unless given), soft-capped to c * tanh(score / c) where attn_softcap gives c."""
     group, head_dim = cfg.kv_group_size, cfg.head_dim
-    window = cfg.sliding_window if cfg.sliding_window is not None and (
-        cfg.window_layers is None or layer in cfg.window_layers) else None
+    window = cfg.window(layer)
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(head_dim)
     head_outputs = []
     for head in range(cfg.n_heads):
