@@ -59,6 +59,10 @@ def register(subparsers) -> None:
                              "the memory of float32: meant for small models")
     parser.add_argument("--device", default="cpu",
                         help="run the checks on this device: cpu (default), cuda or cuda:N")
+    parser.add_argument("--shard", action="store_true",
+                        help="audit the model sharded with FSDP2, as `train --shard` trains it "
+                             "(run under torchrun: each rank holds 1/N of the weights; a preset "
+                             "or config is built sharded, never whole); rank 0 reports")
     progress = parser.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                           help="show a progress bar (default: only on a terminal)")
@@ -102,6 +106,8 @@ def run(args) -> int:
               "for report.md, report.json and the pictures", file=sys.stderr)
         return 2  # said before the gate runs, not after
     report_dir = absolute(args.report)  # before user code runs: an os.chdir in it moves nothing
+    if args.shard:
+        return _run_sharded(args, report_dir)
     device = resolve_device(args.device)
     source = source_from_args(args)
     spec = DecoderConfig.load(args.spec) if args.spec else None
@@ -125,6 +131,49 @@ def run(args) -> int:
                        input_vocab_size=args.input_vocab_size,
                        progress=show_progress and not args.json, seed=args.seed,
                        intervention_len=intervention_len, spec=spec, weights_map=weights_map)
+    return _print_verdict(args, report, report_dir)
+
+
+def _run_sharded(args, report_dir: str | None) -> int:
+    """`verify --shard` (under torchrun): the model sharded with FSDP2 over every rank, the
+    gate run on every rank alike (gate/sharding.py), rank 0 printing and writing the report.
+    A preset or config is built sharded (`build_sharded`: 1/N of the weights per rank); a
+    checkpoint or a --model's Decoder is loaded whole on each rank, then sharded."""
+    from ..training import distributed
+
+    if args.spec or args.weights_map or args.hf:
+        raise ConfigError("--shard audits a decoder-audit Decoder in its own layout (a preset, "
+                          "--config, --checkpoint, or a --model that returns a Decoder); "
+                          "--spec, --weights-map and --hf describe modules of other layouts")
+    device = distributed.resolve_device(args.device, distributed.local_rank())
+    dtype = DTYPES.get(args.dtype)
+    source = source_from_args(args)
+    ranks = distributed.init_distributed(device, shard=True)
+    try:
+        with user_output_to_stderr():
+            if source.built_fresh:
+                model = distributed.build_sharded(source.config(), ranks, device, seed=args.seed,
+                                                  dtype=dtype, reshard_root=True)
+            else:
+                model = source.build(seed=args.seed, dtype=dtype)
+                distributed.refuse_unshardable(model)
+                model.to(device=device, dtype=dtype)
+                distributed.shard_model(model, ranks, device, reshard_root=True)
+            show_progress = ranks.is_main and (sys.stderr.isatty() if args.progress is None
+                                               else args.progress)
+            report = audit(model, progress=show_progress and not args.json, seed=args.seed,
+                           vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
+                           input_vocab_size=args.input_vocab_size,
+                           intervention_len=args.intervention_len)
+        code = _print_verdict(args, report, report_dir) if ranks.is_main else \
+            (0 if report.passed else 1)
+    finally:
+        distributed.close(ranks)
+    return code
+
+
+def _print_verdict(args, report, report_dir: str | None) -> int:
+    """The report on stdout (and in --report DIR); the exit status of its verdict."""
     command = rerun_command("verify", args, *_rerun_flags(args))
     if report_dir:
         written = report.write(report_dir, command=command)
@@ -153,4 +202,6 @@ def _rerun_flags(args) -> list[str]:
         extra += ["--dtype", args.dtype]
     if args.device != "cpu":
         extra += ["--device", args.device]
+    if args.shard:
+        extra.append("--shard")
     return extra

@@ -42,6 +42,7 @@ from torch.overrides import TorchFunctionMode
 from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..generation.convention import Convention, convention
+from .sharding import class_name, local, on_every_rank
 
 # Causal and prefix interventions run at most this long by default (batched cuts cost
 # (cuts + 1) * T tokens; GPT-2 small at T=1024 would take minutes on a laptop CPU).
@@ -286,7 +287,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
                                                                           spec_facts["reason"])
     readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
     return ModelFacts(
-        model=type(model).__name__, vocab_size=values["vocab_size"],
+        model=class_name(model), vocab_size=values["vocab_size"],
         input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
         max_seq_len=values["max_seq_len"],
         intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
@@ -474,11 +475,12 @@ def _readout_facts(model: nn.Module, vocab_size: int, declared: bool | None
         return {"readout": head[0], "tie": None, "declared_tie": declared}
     if w_out is w_in:
         tie = "one Parameter"
-    elif w_out.device.type != "meta" and w_out.data_ptr() == w_in.data_ptr() and \
-            w_out.shape == w_in.shape:
+    elif w_out.device.type != "meta" and local(w_out).data_ptr() == local(w_in).data_ptr() \
+            and w_out.shape == w_in.shape:
         tie = "shared storage"
     elif w_out.shape == w_in.shape and w_out.device == w_in.device and \
-            w_out.device.type != "meta" and bool(torch.equal(w_out.detach(), w_in.detach())):
+            w_out.device.type != "meta" and on_every_rank(
+                bool(torch.equal(local(w_out).detach(), local(w_in).detach())), w_out):
         tie = "equal copies"
     else:
         tie = "separate"

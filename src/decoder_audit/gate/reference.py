@@ -24,6 +24,7 @@ from . import tolerances
 from .measure import batch_not_equal, largest, scaled_excess
 from .result import CheckResult
 from .spec import check_spec_oracle
+from .sharding import whole
 from .subject import Subject, own_weight
 
 GRAD_SHARE = 0.25
@@ -121,7 +122,7 @@ def _chunks(s: Subject, named: dict[str, nn.Parameter],
     """Group the stages, in the oracle's backward order, so each pass's new parameters (those
     whose first stage is in it) stay within GRAD_SHARE of the model. A weight read by a later
     stage too (a tied embedding) gets its gradient in the pass of its first stage."""
-    budget = GRAD_SHARE * sum(p.numel() for p in s.parameters())
+    budget = s.gradient_share(GRAD_SHARE) * sum(p.numel() for p in s.parameters())
     chunks, seen = [_Chunk()], set()
     for stage, names in stages:
         new = []
@@ -239,7 +240,10 @@ def _rows(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 
 def _dense(grad: torch.Tensor | None, param: nn.Parameter) -> torch.Tensor:
-    return torch.zeros_like(param) if grad is None else grad
+    """The whole gradient of `param` (zeros when it got none)."""
+    if grad is None:
+        return torch.zeros(param.shape, dtype=param.dtype, device=param.device)
+    return whole(grad)
 
 
 def _compare_grads(s: Subject, named: dict[str, nn.Parameter], oracle: StreamedOracle,
@@ -266,7 +270,10 @@ def _compare_grads(s: Subject, named: dict[str, nn.Parameter], oracle: StreamedO
         for number, chunk in enumerate(chunks, start=1):
             s.progress(f"gradients: pass {number}/{len(chunks)}")
             if objective is not None and chunk.params:
-                objective.backward(inputs=chunk.params, retain_graph=True)
+                # Sharded: one pass into every weight (gradient_share), which FSDP2 takes
+                # only as a plain backward (with `inputs` it refuses its gathered weights).
+                objective.backward(inputs=None if s.sharded else chunk.params,
+                                   retain_graph=True)
             for stage in chunk.stages:
                 yielded, pieces = next(by_stage)
                 assert yielded == stage, (yielded, stage)

@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..config import DecoderConfig
@@ -97,9 +98,13 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
         subject.notes.append(f"checks ran in {str(subject.dtype).removeprefix('torch.')}: effects "
                              "smaller than its rounding (a few parts in 10^3 of the logit scale) "
                              "are out of reach; audit in float32 to see them")
+    if subject.sharded:
+        subject.notes.append(f"sharded with FSDP2 over {dist.get_world_size()} ranks: every rank "
+                             "ran these checks on the same probes; a whole weight or gradient "
+                             "was gathered only where a check reads it")
     started = time.perf_counter()
     results = _run_checks(subject, wanted, progress, seed)
-    return _report(type(model).__name__, subject, results, time.perf_counter() - started)
+    return _report(facts.model, subject, results, time.perf_counter() - started)
 
 
 def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:

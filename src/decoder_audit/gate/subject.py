@@ -34,6 +34,7 @@ from . import tolerances
 from .facts import ModelFacts, input_embedding
 from .measure import all_finite, value_scale
 from .probes import ProbeIds
+from .sharding import is_sharded, whole
 
 # Cost normaliser of the report when no length is known (report.forward_equivalents).
 DEFAULT_PROBE_LEN = 16
@@ -74,6 +75,9 @@ class Subject:
         self._clean: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, logits): clean_logits
         self._saved_modes: list[tuple[nn.Module, bool]] | None = None
         self._saved_params: list[tuple[nn.Parameter, bool, torch.Tensor | None]] | None = None
+        # Sharded with FSDP2 (`verify --shard`): each rank holds 1/N of every weight as a
+        # DTensor and gathers a block's weights as it runs; see `whole` and `gradient_share`.
+        self.sharded = first is not None and is_sharded(first)
 
     # ---- the facts, as the checks read them --------------------------------------------------
     @property
@@ -140,6 +144,14 @@ class Subject:
     def parameters(self) -> list[nn.Parameter]:
         """The model's parameters, each once (a tied weight is one)."""
         return list(self.work.parameters())
+
+    def gradient_share(self, share: float) -> float:
+        """The share of the parameters a check may take gradients for in one backward pass:
+        `share`, or all of them on a sharded model. There each rank holds only 1/N of every
+        gradient already, and FSDP2 reshards a block's gathered weights once its backward is
+        over, so a retained graph cannot be walked a second time for the next share (tried:
+        every gradient of the second pass is None)."""
+        return 1.0 if self.sharded else share
 
     @contextmanager
     def gradients_for(self, params: Iterable[nn.Parameter]) -> Iterator[None]:
@@ -350,9 +362,11 @@ def _restore_params(saved: list[tuple[nn.Parameter, bool, torch.Tensor | None]])
 
 
 def own_weight(named: dict[str, nn.Parameter], name: str) -> torch.Tensor | None:
-    """The model's own weight, detached (no copy): the oracle converts what it reads."""
+    """The model's own weight, detached (no copy; gathered whole on a sharded model): the
+    oracle converts what it reads, one stage at a time."""
     param = named.get(name)
-    return None if param is None else param.detach()
+    return None if param is None else whole(param.detach())
+
 
 
 def get_attr(module: nn.Module, dotted: str):

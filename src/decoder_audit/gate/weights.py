@@ -18,6 +18,7 @@ from . import tolerances
 from .measure import batch_not_equal, largest
 from .result import CheckResult
 from .spec import check_spec_params
+from .sharding import whole
 from .subject import Subject
 
 
@@ -136,6 +137,7 @@ def _compare_path_sums(emb: torch.Tensor, ids: torch.Tensor, seen: dict[str, tor
     d_lookup = seen["lookup_grads"][0].reshape(-1, dim).double()  # (B*T, D)
     d_logits = seen["readout_grads"][0].reshape(-1, vocab_size).double()  # (B*T, V)
     h = seen["readout_in"].reshape(-1, dim).double()  # (B*T, D)
+    grad = None if emb.grad is None else whole(emb.grad)  # (V, D)
     rows, where = torch.unique(flat_ids, return_inverse=True)
     lookup = torch.zeros(len(rows), dim, dtype=torch.float64,
                          device=d_lookup.device).index_add_(0, where, d_lookup)  # (U, D)
@@ -149,8 +151,8 @@ def _compare_path_sums(emb: torch.Tensor, ids: torch.Tensor, seen: dict[str, tor
         out["readout_max"] = max(out["readout_max"], largest(readout))
         out["expected_max"] = max(out["expected_max"], largest(readout),
                                   largest(readout[here] + looked))
-        diff = (torch.zeros_like(readout) if emb.grad is None
-                else emb.grad[start:stop].to(torch.float64, copy=True))
+        diff = (torch.zeros_like(readout) if grad is None
+                else grad[start:stop].to(torch.float64, copy=True))
         diff -= readout  # grad - readout
         diff[here] -= looked  # grad - readout - lookup
         out["error"] = max(out["error"], largest(diff))
@@ -193,7 +195,7 @@ def _vjp_path_sums(emb: torch.Tensor, emb_module, head_module,
 
     lookup = through(emb_module, seen["lookup_calls"])
     readout = through(head_module, seen["readout_calls"])
-    total = torch.zeros_like(lookup) if emb.grad is None else emb.grad.double()
+    total = torch.zeros_like(lookup) if emb.grad is None else whole(emb.grad).double()
     return {"error": largest(total - lookup - readout), "shared_minus_lookup":
             largest(total - lookup), "lookup_max": largest(lookup), "readout_max":
             largest(readout), "expected_max": largest(lookup + readout)}
@@ -268,11 +270,13 @@ def check_dead_parameters(s: Subject) -> CheckResult:
         logits = logits_of(s.work(ids))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
         del logits
-        for chunk in _shares(trainable, DEAD_SHARE):
+        for chunk in _shares(trainable, s.gradient_share(DEAD_SHARE)):
             if loss.requires_grad:
-                loss.backward(inputs=chunk, retain_graph=True)
+                # sharded: one plain backward into every weight (see gradient_share)
+                loss.backward(inputs=None if s.sharded else chunk, retain_graph=True)
             for param in chunk:
-                largest_grad[names[id(param)]] = 0.0 if param.grad is None else largest(param.grad)
+                largest_grad[names[id(param)]] = (0.0 if param.grad is None
+                                                  else largest(whole(param.grad)))
                 param.grad = None
         del loss
     # No gradient is exactly none: a parameter the loss reads gets some, however small (a

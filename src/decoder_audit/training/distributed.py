@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..model.decoder import Decoder
 
@@ -195,12 +196,16 @@ def refuse_unshardable(model: nn.Module) -> None:
                           "one: train it without --shard (under torchrun: DDP)")
 
 
-def shard_model(model: nn.Module, ranks: RankInfo, device: str) -> nn.Module:
+def shard_model(model: nn.Module, ranks: RankInfo, device: str, *,
+                reshard_root: bool = False) -> nn.Module:
     """FSDP2 in place: fully_shard on each block, then on the root over a 1-D mesh of all the
     ranks. A tied readout must still be the embedding's Parameter afterwards (now one DTensor),
-    else RuntimeError: two copies would drift apart."""
+    else RuntimeError: two copies would drift apart. FSDP2 keeps the root's weights gathered
+    from a forward to its backward (training's next step needs them at once); `reshard_root`
+    shards them again after every forward, so that between calls every module holds its
+    sharded Parameter, the one the gate's checks find and ask gradients for."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     refuse_unshardable(model)
     mesh = init_device_mesh(torch.device(device).type, (ranks.world_size,))
@@ -209,11 +214,57 @@ def shard_model(model: nn.Module, ranks: RankInfo, device: str) -> nn.Module:
         _MESH_GROUPS.append(group)  # the mesh made a group of its own: close() ends it
     for block in model.layers:
         fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True if reshard_root else None)
+    # The gate's traced pass enters through run_with_trace, not forward: FSDP2 must gather the
+    # root's weights (embeddings, final norm, readout) around it as it does around forward.
+    register_fsdp_forward_method(model, "run_with_trace")
     if model.config.tie_embeddings and model.lm_head.weight is not model.token_embeddings.weight:
         raise RuntimeError("weight tying broken by fully_shard: lm_head.weight is no longer the "
                            "token_embeddings.weight Parameter")
     return model
+
+
+def build_sharded(cfg: DecoderConfig, ranks: RankInfo, device: str, *, seed: int,
+                  dtype: torch.dtype | None = None, reshard_root: bool = False) -> Decoder:
+    """A Decoder of `cfg` sharded with FSDP2 as it is built: it is laid out on the meta device,
+    sharded, and only then allocated, so each rank holds 1/N of the weights, plus one whole
+    weight at a time while they are drawn. The weights equal those of
+    `torch.manual_seed(seed); Decoder(cfg, dtype=dtype)`, bit for bit, on every rank count."""
+    model = Decoder(cfg, device="meta", dtype=dtype)
+    shard_model(model, ranks, device, reshard_root=reshard_root)
+    model.to_empty(device=device)
+    _draw_shards(model, seed)
+    return model
+
+
+@torch.no_grad()
+def _draw_shards(model: Decoder, seed: int) -> None:
+    """Decoder.reset_parameters on a sharded model: the same modules, in the same order, each
+    drawing its whole weights from the same generator (a module's own reset_parameters, run on
+    whole stand-ins for its sharded Parameters), of which each rank keeps its own rows. A weight
+    two modules share (the tied readout) is its first module's draw, as in Decoder."""
+    from torch.distributed.tensor import distribute_tensor
+
+    torch.manual_seed(seed)
+    drawn: set[int] = set()
+    for module in model.modules():
+        if module is model or not hasattr(module, "reset_parameters"):
+            continue
+        sharded = dict(module.named_parameters(recurse=False))
+        stand_ins = {name: torch.empty(p.shape, dtype=p.dtype, device=p.to_local().device)
+                     for name, p in sharded.items()}
+        module._parameters.update(stand_ins)  # plain tensors for the length of one draw
+        try:
+            module.reset_parameters()
+        finally:
+            module._parameters.update(sharded)
+        for name, param in sharded.items():
+            if id(param) not in drawn:
+                drawn.add(id(param))
+                # each rank keeps its own rows: no communication (src_data_rank=None)
+                mine = distribute_tensor(stand_ins[name], param.device_mesh, param.placements,
+                                         src_data_rank=None)
+                param.to_local().copy_(mine.to_local())
 
 
 def describe_shards(ranks: RankInfo, batch_size: int, tied: bool) -> str:
