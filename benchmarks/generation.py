@@ -1,13 +1,14 @@
 """The "generation" family: greedy generation, `da.generate` on our Decoder (static KV cache)
 against Hugging Face `generate` on `da.to_hf` of the same weights (its default DynamicCache,
-sdpa attention), at GPT-2 small shapes.
+sdpa attention), at GPT-2 small shapes, in float32 or with both models cast to bfloat16
+(`.to(torch.bfloat16)`, weights and cache in bf16: what a user does for inference).
 
 Rows: prompts of 16 and 128 tokens, 256 new tokens, batch 1 and batch 8 (8 prompts of different
 lengths, left-padded with an attention mask, as both sides batch them). Per row:
   - the outputs are compared first (one untimed full run of each side, which is also the
     warm-up); a difference refuses the row (BenchmarkError) unless it starts at a near-tie of the
-    two largest logits (under NEAR_TIE of the logit scale: fp32 rounding may pick either), which
-    is reported with the step and the gap;
+    two largest logits (under NEAR_TIE of the logit scale for the dtype: its rounding may pick
+    either), which is reported with the step and the gap;
   - total time for max_new_tokens, timed interleaved (`pair.time_interleaved`); tokens/s =
     B * new tokens / median time;
   - time to first token: the same call with max_new_tokens=1 (prefill + one sampling step),
@@ -31,8 +32,11 @@ from .pair import hf_fast_attention, time_interleaved
 from .rows import SMOKE_CONFIGS
 
 # Two rows' greedy outputs may part at a step whose two largest logits are this close (relative
-# to the logit scale): float32 rounding of two implementations can pick either token there.
-NEAR_TIE = 1e-4
+# to the logit scale): the rounding of two implementations can pick either token there. bf16
+# keeps 8 significant bits (a relative step of 2^-8 to 2^-7) and two implementations' logits
+# drift apart by a few such steps over the layers, so its ties are wider.
+NEAR_TIE = {"float32": 1e-4, "bfloat16": 3e-2}
+DTYPES = tuple(NEAR_TIE)
 
 
 @dataclass(frozen=True)
@@ -42,11 +46,13 @@ class GenRow:
     batch: int
     prompt_len: int  # the longest prompt; batch rows get shorter ones (left-padded)
     new_tokens: int
+    dtype: str = "float32"  # both models' weights (and so their caches)
 
     @property
     def label(self) -> str:
+        precision = "" if self.dtype == "float32" else f" {self.dtype}"
         return (f"{self.config_name} B={self.batch} prompt {self.prompt_len} "
-                f"+{self.new_tokens} greedy")
+                f"+{self.new_tokens} greedy{precision}")
 
     def prompts(self) -> list[list[int]]:
         """Seeded prompts; with B > 1 their lengths fall from prompt_len to about half of it."""
@@ -57,13 +63,14 @@ class GenRow:
                 for n in lengths]
 
 
-def plan_rows(plan: Plan) -> list[GenRow]:
+def plan_rows(plan: Plan, dtype: str = "float32", prompts: tuple[int, ...] = (16, 128),
+              batches: tuple[int, ...] = (1, 8)) -> list[GenRow]:
     if plan.smoke:
         cfg = SMOKE_CONFIGS["gpt2-tiny"]
-        return [GenRow("gpt2-tiny", cfg, 1, 4, 6), GenRow("gpt2-tiny", cfg, 3, 8, 6)]
+        return [GenRow("gpt2-tiny", cfg, 1, 4, 6, dtype), GenRow("gpt2-tiny", cfg, 3, 8, 6, dtype)]
     gpt2 = da.preset("gpt2-small")
-    rows = [GenRow("gpt2-small", gpt2, b, t, 256) for t in (16, 128) for b in (1, 8)]
-    return rows[:2] if plan.quick else rows
+    rows = [GenRow("gpt2-small", gpt2, b, t, 256, dtype) for t in prompts for b in batches]
+    return rows[:len(batches)] if plan.quick else rows
 
 
 class _Sides:
@@ -73,7 +80,9 @@ class _Sides:
         torch.manual_seed(SEED)
         self.row = row
         self.ours = da.Decoder(row.cfg).eval()
-        self.hf = da.to_hf(self.ours).eval()
+        self.hf = da.to_hf(self.ours).eval()  # converted in float32, then both cast alike
+        dtype = getattr(torch, row.dtype)
+        self.ours, self.hf = self.ours.to(dtype), self.hf.to(dtype)
         self.attention = hf_fast_attention(self.hf)
         self.hf.generation_config.eos_token_id = None  # both run every new token
         self.hf.generation_config.pad_token_id = 0
@@ -105,7 +114,7 @@ class _Sides:
         gap = float(top[0] - top[1]) / float(logits.abs().max())
         record = {"outputs": f"row {i} parts at new token {step}", "row": i, "step": step,
                   "relative_top2_gap": gap}
-        if not gap < NEAR_TIE:
+        if not gap < NEAR_TIE[self.row.dtype]:
             raise BenchmarkError(f"{self.row.label}: greedy outputs part at row {i}, token {step} "
                                  f"where the top two logits differ by {gap:.2e} of the scale "
                                  "(not a rounding tie): refusing to time unequal generations")
@@ -113,7 +122,7 @@ class _Sides:
 
 
 def measure_row(row: GenRow, repeats: int) -> dict[str, Any]:
-    sides = _Sides(row)
+    sides = _Sides(row)  # freed when this returns: the closures below hold it until then
     check = sides.compare(sides.ours_new(row.new_tokens), sides.hf_new(row.new_tokens))
     total_ours, total_hf = time_interleaved(lambda: sides.ours_new(row.new_tokens),
                                             lambda: sides.hf_new(row.new_tokens), 0, repeats)
@@ -128,7 +137,7 @@ def measure_row(row: GenRow, repeats: int) -> dict[str, Any]:
 
     ours, hf = figures(total_ours, first_ours), figures(total_hf, first_hf)
     result = {
-        "label": row.label, "config": row.config_name, "batch": row.batch,
+        "label": row.label, "config": row.config_name, "batch": row.batch, "dtype": row.dtype,
         "prompt_lengths": [len(p) for p in sides.prompts], "new_tokens": row.new_tokens,
         "hf_attention": sides.attention, "hf_cache": "DynamicCache (generate's default)",
         "equality": check, "ours": ours, "hf": hf,
@@ -136,18 +145,20 @@ def measure_row(row: GenRow, repeats: int) -> dict[str, Any]:
         "hf_over_ours_paired": stats([h / o for o, h in zip(total_ours, total_hf)]),
         "hf_over_ours_best": hf["seconds"]["min"] / ours["seconds"]["min"],
     }
-    del sides
-    gc.collect()
     return result
 
 
-def measure(plan: Plan) -> list[dict[str, Any]]:
+def measure(plan: Plan, dtype: str = "float32", prompts: tuple[int, ...] = (16, 128),
+            batches: tuple[int, ...] = (1, 8), repeats: int | None = None
+            ) -> list[dict[str, Any]]:
     """Every generation row of the run (--quick: batch 1 and 8 at prompt 16 only; the total
-    time is timed min(repeats, 2) times per side: a row runs for tens of seconds)."""
+    time is timed `repeats` times per side, by default min(plan.repeats, 2): a row runs for tens
+    of seconds)."""
     results = []
-    for row in plan_rows(plan):
-        r = measure_row(row, min(plan.repeats, 2))
+    for row in plan_rows(plan, dtype, prompts, batches):
+        r = measure_row(row, min(plan.repeats, 2) if repeats is None else repeats)
         results.append(r)
+        gc.collect()
         plan.say(f"{row.label}: ours {r['ours']['tokens_per_s']:.1f} tok/s, HF "
                  f"{r['hf']['tokens_per_s']:.1f} tok/s, HF/ours {r['hf_over_ours']:.2f}")
     return results
@@ -171,6 +182,44 @@ def section(rows: list[dict[str, Any]]) -> list[str]:
             f"{h['first_token_seconds']['median'] * 1e3:.0f} | {o['per_token_ms']:.1f} / "
             f"{h['per_token_ms']:.1f} | {r['equality']['outputs']} |")
     return lines + [
-        "", f"Both sides greedy, eval mode, same weights; HF `{rows[0]['hf_attention']}` "
+        "", f"Both sides greedy, eval mode, same weights in "
+        f"{', '.join(dict.fromkeys(r.get('dtype', 'float32') for r in rows))}; HF "
+        f"`{rows[0]['hf_attention']}` "
         f"attention and {rows[0]['hf_cache']}; first token = the max_new_tokens=1 call (prefill "
         "+ one step); per token = (total - first) / (new tokens - 1).", ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """This family alone: `python -m benchmarks.generation --dtype bfloat16 --prompts 16
+    --batches 1 8 --repeats 4` (from the repository root); prints its section of benchmark.md
+    and writes the rows, the machine and its fp32 and bf16 matmul ceilings to --out (.json, and
+    its section beside it in .md)."""
+    import argparse
+    import os
+    import time
+    from pathlib import Path
+
+    from .machine import machine_info, write_family
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="both models' weights (and caches), cast alike")
+    parser.add_argument("--prompts", nargs="+", type=int, default=[16, 128],
+                        help="the longest prompt of each row (batch rows get shorter ones)")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=2, help="timed full runs per side")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/generation.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    machine = machine_info(args.threads)
+    plan = Plan(smoke=False, quick=False, threads=args.threads, repeats=args.repeats, warmup=1,
+                profile=False, skip=frozenset(), ceiling=0.0, started=time.perf_counter())
+    rows = measure(plan, args.dtype, tuple(args.prompts), tuple(args.batches), args.repeats)
+    write_family(args.out, machine, rows, section(rows))
+    print("\n".join(section(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

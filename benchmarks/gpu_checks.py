@@ -11,6 +11,8 @@ exits 0 (the test suite's CUDA tests skip the same way).
 3. `decoder-audit verify --device cuda --dtype bfloat16` end to end (exit 0).
 4. A few zoo mutants moved to the GPU in bfloat16 are caught by their check.
 5. The model comes back untouched: values, requires_grad, .grad, device and dtype.
+6. `torchrun --nproc_per_node <GPUs> decoder-audit verify --shard --device cuda --dtype bfloat16`
+   (FSDP2 over nccl, one GPU per rank): the same verdicts as check 3's unsharded audit.
 
 Writes benchmarks/results/gpu_checks.json (or --out DIR); exit 1 when a check fails.
 """
@@ -127,6 +129,40 @@ def model_untouched(preset: str) -> dict[str, Any]:
     return {"check": "the model comes back untouched", "passed": same}
 
 
+def sharded_on_gpus(preset: str) -> dict[str, Any]:
+    """Check 6: the sharded audit over every GPU of the machine (nccl), against the unsharded
+    one on the first GPU: the same verdict for every check."""
+    import contextlib
+    import io
+    import os
+    import subprocess
+
+    from decoder_audit.cli import main
+
+    flags = ["verify", "--preset", preset, "--device", "cuda", "--dtype", "bfloat16", "--json"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(flags)
+    alone = json.loads(out.getvalue())
+    gpus = torch.cuda.device_count()
+    cli = Path(sys.executable).with_name("decoder-audit")
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                           str(gpus), "--no-python", str(cli), *flags, "--shard"],
+                          capture_output=True, text=True, env={**os.environ})
+    seconds = time.perf_counter() - started
+    if not proc.stdout.strip():
+        return {"check": f"verify --shard over {gpus} GPU(s)", "passed": False,
+                "exit": proc.returncode, "error": proc.stderr[-2000:]}
+    sharded = json.loads(proc.stdout)
+    verdicts = [(c["name"], c["status"]) for c in sharded["checks"]]
+    return {"check": f"torchrun --nproc_per_node {gpus} decoder-audit verify --preset {preset} "
+                     "--device cuda --dtype bfloat16 --shard",
+            "passed": proc.returncode == 0 and verdicts == [(c["name"], c["status"])
+                                                            for c in alone["checks"]],
+            "exit": proc.returncode, "seconds": seconds}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="gpt2-small")
@@ -145,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"check": f"SDPA {backend.name} only", "passed": False,
                             "error": str(exc)[:500]})
     for check in (lambda: cli_on_gpu(args.preset), zoo_on_gpu,
-                  lambda: model_untouched(args.preset)):
+                  lambda: model_untouched(args.preset), lambda: sharded_on_gpus(args.preset)):
         results.append(check())
     summary = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "checks": results, "passed": all(r["passed"] for r in results)}

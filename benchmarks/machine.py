@@ -1,11 +1,15 @@
 """The machine a run measured: what it is (CPU, versions, load, code version) and its ceiling,
-the dense fp32 matmul GFLOP/s that MFU is measured against."""
+the dense fp32 matmul GFLOP/s that MFU is measured against (and the same in bf16, which says
+whether the CPU multiplies bf16 in hardware: `lscpu` lists avx512_bf16 or amx_bf16 where it does);
+and the record a family's own command line writes."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -58,14 +62,16 @@ def machine_info(threads: int) -> dict[str, Any]:
     }
 
 
-def matmul_ceiling(shapes: list[tuple[int, int, int]], repeats: int) -> dict[str, Any]:
-    """fp32 torch.mm GFLOP/s for (m x n)(n x p), 2mnp FLOPs each; the first shape is the ceiling."""
+def matmul_ceiling(shapes: list[tuple[int, int, int]], repeats: int,
+                   dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """torch.mm GFLOP/s in `dtype` for (m x n)(n x p), 2mnp FLOPs each; the first shape is the
+    ceiling."""
     gen = torch.Generator().manual_seed(SEED)
     results = []
     for m, n, p in shapes:
-        a = torch.randn(m, n, generator=gen)
-        b = torch.randn(n, p, generator=gen)
-        out = torch.empty(m, p)
+        a = torch.randn(m, n, generator=gen).to(dtype)
+        b = torch.randn(n, p, generator=gen).to(dtype)
+        out = torch.empty(m, p, dtype=dtype)
         torch.mm(a, b, out=out)  # warm-up: first call pays for packing buffers and threads
         gflops = []
         for _ in range(repeats):
@@ -83,3 +89,27 @@ def ceiling(smoke: bool, quick: bool) -> dict[str, Any]:
     size = 64 if smoke else 1024 if quick else 2048
     shapes = [(size, size, size)] + ([] if smoke else [(256, 768, 3072), (1024, 512, 1376)])
     return matmul_ceiling(shapes, 3 if smoke else 7)
+
+
+def write_family(out: Path, machine: dict[str, Any], rows: list[dict[str, Any]],
+                 section: list[str]) -> None:
+    """What a family's own command line (`python -m benchmarks.<family> ...`) leaves: `out`
+    (.json: the command, `machine` as `machine_info` gave it at the start, the fp32 and bf16
+    1024^3 matmul ceilings, the load average at the end, the rows) and the same name in .md (the
+    command, one machine line, the family's section)."""
+    command = f"python -m benchmarks.{Path(sys.argv[0]).stem} " + " ".join(sys.argv[1:])
+    ceilings = {name: matmul_ceiling([(1024, 1024, 1024)], 5, dtype)["ceiling_gflops"]
+                for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+    record = {"command": command.strip(), "machine": machine, "ceiling_1024_gflops": ceilings,
+              "load_average_at_end": list(os.getloadavg()), "rows": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    start = ", ".join(f"{x:.2f}" for x in machine["load_average_at_start"])
+    end = ", ".join(f"{x:.2f}" for x in record["load_average_at_end"])
+    out.with_suffix(".md").write_text("\n".join([
+        f"Command: `{record['command']}`  ",
+        f"Machine: {machine['cpu_model']}, {machine['logical_cpus']} logical CPUs, "
+        f"{machine['threads_used']} threads; torch {machine['torch']}, transformers "
+        f"{machine['transformers']}; code at {machine['git']}; 1024^3 matmul "
+        f"{ceilings['float32']:.0f} GFLOP/s fp32, {ceilings['bfloat16']:.0f} bf16; load average "
+        f"{start} at the start, {end} at the end.", "", *section]) + "\n")

@@ -1,25 +1,29 @@
 """The "training_step" family: one training step, forward + cross-entropy + backward + AdamW
-step, on our Decoder against Hugging Face's GPT2LMHeadModel holding the same weights
-(`da.to_hf`, sdpa attention), at GPT-2 small shapes, in fp32 and under bfloat16 autocast.
+step, on our Decoder against the Hugging Face model holding the same weights (`da.to_hf`: a
+GPT2LMHeadModel or a LlamaForCausalLM, sdpa attention), in fp32 and under bfloat16 autocast.
 
-Shape: GPT-2 small (124M parameters, V = 50257) at B = 4, T = 256 (--quick: the same; --smoke: a
-tiny GPT-2 at B = 2, T = 8). On a 2-core CPU one step takes seconds, so larger batches would only
-lengthen the run; on a GPU the shapes are the same so the rows compare.
+Configs: GPT-2 small (124M parameters, V = 50257) and the Llama GQA shape of rows.py (D=512, L=8,
+H=8, Hkv=4, F=1376, V=32000, RMSNorm, SwiGLU, RoPE, untied), at B = 4, T = 256 (--quick: the
+same; --smoke: their tiny stand-ins at B = 2, T = 8). On a 2-core CPU one step takes seconds, so
+larger batches would only lengthen the run; on a GPU the shapes are the same so the rows compare.
 
 Per row:
   - the pair is built and its logits checked equal before anything is timed (`pair.build_pair`);
   - each side gets its own `torch.optim.AdamW` with the same settings (lr 3e-4, betas
-    (0.9, 0.95), weight decay 0.1 on every parameter, torch's default implementation), over
-    its unique Parameters (the tied embedding once on both sides);
+    (0.9, 0.95), weight decay 0.1 on every parameter, torch's default implementation, or its
+    fused one with --adamw fused), over its unique Parameters (the tied embedding once on both
+    sides);
   - a step is zero_grad(set_to_none), the forward (under torch.autocast(bfloat16) in the bf16
     rows, the weights staying float32), the cross-entropy over float32 logits, backward and
     optimizer.step(), as `decoder_audit.training.step` runs it;
   - the two sides are timed interleaved (`pair.time_interleaved`); tokens/s = B * T / median.
-HF/ours > 1 means ours is faster. The fp32 row also times our step with the model under
+HF/ours > 1 means ours is faster. Each bf16 row also times our fp32 step against our bf16 step
+on the same model (each precision its own AdamW over the same Parameters), interleaved: fp32 /
+bf16 is what autocast buys on the machine. The fp32 rows also time our step with the model under
 torch.compile against our eager step (interleaved, after the compiling step, whose seconds are
 reported apart); where compiling fails on the machine the row says why instead. The weights drift
-apart as both take steps from the same
-start (each its own gradient), which changes no step's cost.
+apart as the sides take steps from the same start (each its own gradient), which changes no
+step's cost.
 """
 
 from __future__ import annotations
@@ -38,9 +42,14 @@ from decoder_audit.training.settings import PRECISIONS
 
 from .common import SEED, Plan, stats
 from .pair import build_pair, time_interleaved
-from .rows import SMOKE_CONFIGS
+from .rows import LLAMA_GQA, SMOKE_CONFIGS
 
 ADAMW = {"lr": 3e-4, "betas": (0.9, 0.95), "weight_decay": 0.1}
+# torch's default AdamW (what `decoder-audit train` runs) walks the parameters one at a time in
+# several float32 passes each; its fused kernel does one pass. On a CPU the default's step costs
+# as much as a bf16 forward + backward, so it bounds what autocast can buy (--adamw fused shows
+# how much); each side always gets the same implementation.
+ADAMW_IMPLEMENTATIONS = {"default": {}, "fused": {"fused": True}}
 
 
 @dataclass(frozen=True)
@@ -50,20 +59,33 @@ class StepRow:
     batch: int
     seq_len: int
     precision: str  # "fp32" or "bf16" (autocast)
+    adamw: str = "default"  # a key of ADAMW_IMPLEMENTATIONS, the same on both sides
 
     @property
     def label(self) -> str:
-        return f"{self.config_name} B={self.batch} T={self.seq_len} {self.precision}"
+        optimizer = "" if self.adamw == "default" else f" {self.adamw} AdamW"
+        return f"{self.config_name} B={self.batch} T={self.seq_len} {self.precision}{optimizer}"
+
+    def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """The row's AdamW over the model's unique Parameters (a tied weight once)."""
+        return torch.optim.AdamW(list(dict.fromkeys(model.parameters())), **ADAMW,
+                                 **ADAMW_IMPLEMENTATIONS[self.adamw])
 
 
 FULL_SHAPE = (4, 256)  # (B, T) of the full run
+CONFIGS = {"gpt2-small": da.preset("gpt2-small"), "llama-gqa": LLAMA_GQA}
+SMOKE_STAND_INS = {"gpt2-small": "gpt2-tiny", "llama-gqa": "llama-gqa-tiny"}
 
 
 def plan_rows(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
-              precisions: tuple[str, ...] = PRECISIONS) -> list[StepRow]:
+              precisions: tuple[str, ...] = PRECISIONS,
+              configs: tuple[str, ...] = tuple(CONFIGS), adamw: str = "default"
+              ) -> list[StepRow]:
+    """One row per config and precision, config by config (GPT-2 first)."""
     if plan.smoke:
-        return [StepRow("gpt2-tiny", SMOKE_CONFIGS["gpt2-tiny"], 2, 8, p) for p in PRECISIONS]
-    return [StepRow("gpt2-small", da.preset("gpt2-small"), *shape, p) for p in precisions]
+        return [StepRow(SMOKE_STAND_INS[c], SMOKE_CONFIGS[SMOKE_STAND_INS[c]], 2, 8, p, adamw)
+                for c in configs for p in precisions]
+    return [StepRow(c, CONFIGS[c], *shape, p, adamw) for c in configs for p in precisions]
 
 
 def training_step(model: torch.nn.Module, is_hf: bool, optimizer: torch.optim.Optimizer,
@@ -97,13 +119,13 @@ def measure_row(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
     theirs.train()
     sides = {}
     for name, model, is_hf in (("ours", ours, False), ("hf", theirs, True)):
-        optimizer = torch.optim.AdamW(list(dict.fromkeys(model.parameters())), **ADAMW)
-        sides[name] = training_step(model, is_hf, optimizer, ids, targets, row.precision)
+        sides[name] = training_step(model, is_hf, row.optimizer(model), ids, targets,
+                                    row.precision)
     times_ours, times_hf = time_interleaved(sides["ours"], sides["hf"], max(warmup, 1), repeats)
     n = row.batch * row.seq_len
     ours_s, hf_s = stats(times_ours), stats(times_hf)
     result = {
-        "label": row.label, "config": row.config_name, "batch": row.batch,
+        "label": row.label, "config": row.config_name, "batch": row.batch, "adamw": row.adamw,
         "seq_len": row.seq_len, "precision": row.precision, "equality": check,
         "ours": {"seconds": ours_s, "tokens_per_s": n / ours_s["median"]},
         "hf": {"seconds": hf_s, "tokens_per_s": n / hf_s["median"]},
@@ -116,6 +138,27 @@ def measure_row(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
     return result
 
 
+def measure_speedup(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
+    """Our fp32 step against our bf16 (autocast) step on the same model, interleaved: fp32 / bf16
+    (> 1: autocast is faster), from medians, per pair and best-of."""
+    ids, targets = _batch(row)  # (B, T) each
+    torch.manual_seed(SEED)
+    model = da.Decoder(row.cfg).train()
+    steps = {}
+    for precision in ("fp32", "bf16"):  # an AdamW each, so neither reads the other's moments
+        steps[precision] = training_step(model, False, row.optimizer(model), ids, targets,
+                                         precision)
+    times_fp32, times_bf16 = time_interleaved(steps["fp32"], steps["bf16"], max(warmup, 1),
+                                              repeats)
+    fp32, bf16 = stats(times_fp32), stats(times_bf16)
+    n = row.batch * row.seq_len
+    return {"fp32": fp32, "bf16": bf16, "fp32_tokens_per_s": n / fp32["median"],
+            "bf16_tokens_per_s": n / bf16["median"],
+            "fp32_over_bf16": fp32["median"] / bf16["median"],
+            "fp32_over_bf16_paired": stats([f / b for f, b in zip(times_fp32, times_bf16)]),
+            "fp32_over_bf16_best": fp32["min"] / bf16["min"]}
+
+
 def measure_compiled(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
     """Our eager step against our step with torch.compile(model): tokens/s each, eager/compiled
     (> 1: compiling helps), and the seconds of the first compiled step (the compilation)."""
@@ -124,8 +167,8 @@ def measure_compiled(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
     eager = da.Decoder(row.cfg).train()
     steps = {}
     for name, model in (("eager", eager), ("compiled", torch.compile(eager))):
-        optimizer = torch.optim.AdamW(list(dict.fromkeys(eager.parameters())), **ADAMW)
-        steps[name] = training_step(model, False, optimizer, ids, targets, row.precision)
+        steps[name] = training_step(model, False, row.optimizer(eager), ids, targets,
+                                    row.precision)
     start = time.perf_counter()
     try:
         steps["compiled"]()
@@ -143,17 +186,26 @@ def measure_compiled(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
 
 
 def measure(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
-            precisions: tuple[str, ...] = PRECISIONS) -> list[dict[str, Any]]:
-    """Every training-step row of the run (fp32 and bf16), each timed `plan.repeats` times per
-    side after at least one untimed step (AdamW allocates its state on the first)."""
+            precisions: tuple[str, ...] = PRECISIONS,
+            configs: tuple[str, ...] = tuple(CONFIGS), adamw: str = "default"
+            ) -> list[dict[str, Any]]:
+    """Every training-step row of the run (per config, fp32 and bf16), each timed `plan.repeats`
+    times per side after at least one untimed step (AdamW allocates its state on the first);
+    each bf16 row then our fp32 / bf16 ("speedup" in plan.skip: not)."""
     results = []
-    for row in plan_rows(plan, shape, precisions):
+    rows = plan_rows(plan, shape, precisions, configs, adamw)
+    for row in rows:
         r = measure_row(row, plan.repeats, plan.warmup)
         results.append(r)
         plan.say(f"{row.label} training step: ours {r['ours']['tokens_per_s']:.3g} tok/s, HF "
                  f"{r['hf']['tokens_per_s']:.3g} tok/s, HF/ours {r['hf_over_ours']:.2f}")
-    # compiling takes minutes on a CPU: after both rows
-    for row, r in zip(plan_rows(plan, shape, precisions), results):
+        if row.precision == "bf16" and "speedup" not in plan.skip:
+            r["speedup"] = u = measure_speedup(row, plan.repeats, plan.warmup)
+            plan.say(f"{row.label} ours fp32 / ours bf16 {u['fp32_over_bf16']:.2f} (paired "
+                     f"{u['fp32_over_bf16_paired']['min']:.2f}-"
+                     f"{u['fp32_over_bf16_paired']['max']:.2f})")
+    # compiling takes minutes on a CPU: after every other row
+    for row, r in zip(rows, results):
         if row.precision == "fp32" and "compile" not in plan.skip:
             r["compile"] = c = measure_compiled(row, plan.repeats, plan.warmup)
             plan.say(f"{row.label} torch.compile: " + (c.get("error") or (
@@ -166,7 +218,7 @@ def measure(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
 def section(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
-    lines = ["## Training step: forward + backward + AdamW, ours vs Hugging Face GPT2LMHeadModel",
+    lines = ["## Training step: forward + backward + AdamW, ours vs Hugging Face",
              "", "| row | ours tok/s | HF tok/s | HF/ours medians (paired min-max) | "
              "HF/ours best | ours / HF median s |", "|---|---|---|---|---|---|"]
     for r in rows:
@@ -176,13 +228,25 @@ def section(rows: list[dict[str, Any]]) -> list[str]:
             f"{r['hf_over_ours']:.2f} ({p['min']:.2f}-{p['max']:.2f}) | "
             f"{r['hf_over_ours_best']:.2f} | {o['seconds']['median']:.3f} / "
             f"{h['seconds']['median']:.3f} |")
+    speedups = [r for r in rows if "speedup" in r]
+    if speedups:
+        lines += ["", "| ours, same model | fp32 tok/s | bf16 tok/s | fp32/bf16 medians (paired "
+                  "min-max) | fp32/bf16 best |", "|---|---|---|---|---|"]
+        for r in speedups:
+            u, p = r["speedup"], r["speedup"]["fp32_over_bf16_paired"]
+            lines.append(f"| {r['label'].replace(' bf16', '')} | "
+                         f"{u['fp32_tokens_per_s']:.3g} | {u['bf16_tokens_per_s']:.3g} | "
+                         f"{u['fp32_over_bf16']:.2f} ({p['min']:.2f}-{p['max']:.2f}) | "
+                         f"{u['fp32_over_bf16_best']:.2f} |")
     lines += [_compile_line(r) for r in rows if "compile" in r]
+    worst = max(r["equality"]["max_abs_logit_diff"] for r in rows)
+    classes = ", ".join(dict.fromkeys(r["equality"]["hf_class"] for r in rows))
     return lines + [
-        "", f"Same weights (`da.to_hf`, logits checked equal to "
-        f"{rows[0]['equality']['max_abs_logit_diff']:.1e} first), HF "
-        f"`{rows[0]['equality']['hf_attention']}` attention, one torch AdamW each (lr 3e-4, "
-        "weight decay 0.1); bf16 = torch.autocast(bfloat16) around the forward, float32 "
-        "weights and loss. HF/ours > 1: ours is faster.", ""]
+        "", f"Same weights (`da.to_hf`: {classes}; logits checked equal to {worst:.1e} first), "
+        f"HF `{rows[0]['equality']['hf_attention']}` attention, one torch AdamW each (lr 3e-4, "
+        f"weight decay 0.1; {rows[0].get('adamw', 'default')} implementation); bf16 = "
+        "torch.autocast(bfloat16) around the forward, float32 "
+        "weights and loss. HF/ours > 1: ours is faster; fp32/bf16 > 1: autocast is faster.", ""]
 
 
 def _compile_line(r: dict[str, Any]) -> str:
@@ -197,12 +261,14 @@ def _compile_line(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """This family alone, at any shape: `python -m benchmarks.training_step --batch 2
-    --seq-len 128 --repeats 2` (from the repository root); prints its section of benchmark.md
-    and writes the rows as JSON to --out."""
+    --seq-len 128 --repeats 2 [--configs llama-gqa]` (from the repository root); prints its
+    section of benchmark.md and writes the rows, the machine and its fp32 and bf16 matmul
+    ceilings to --out (.json, and its section beside it in .md)."""
     import argparse
-    import json
     import os
     from pathlib import Path
+
+    from .machine import machine_info, write_family
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--batch", type=int, default=FULL_SHAPE[0])
@@ -210,16 +276,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--adamw", choices=list(ADAMW_IMPLEMENTATIONS), default="default",
+                        help="torch's AdamW implementation, the same on both sides")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
+    parser.add_argument("--no-speedup", action="store_true",
+                        help="skip our fp32 / bf16 step on the same model")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/training_step.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    machine = machine_info(args.threads)
+    skip = {"compile"} if args.no_compile else set()
     plan = Plan(smoke=False, quick=False, threads=args.threads, repeats=args.repeats, warmup=1,
-                profile=False, skip=frozenset({"compile"} if args.no_compile else ()),
+                profile=False, skip=frozenset(skip | ({"speedup"} if args.no_speedup else set())),
                 ceiling=0.0, started=time.perf_counter())
-    rows = measure(plan, (args.batch, args.seq_len), tuple(args.precisions))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    rows = measure(plan, (args.batch, args.seq_len), tuple(args.precisions), tuple(args.configs),
+                   args.adamw)
+    write_family(args.out, machine, rows, section(rows))
     print("\n".join(section(rows)))
     return 0
 

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -48,3 +55,25 @@ def snapshot(root):
 def tiny_decoder(seed: int = 0) -> da.Decoder:
     torch.manual_seed(seed)
     return da.Decoder(da.preset("tiny-368"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(*command: str, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node nproc COMMAND` on this machine's loopback (gloo on the CPU),
+    one thread per process as torchrun sets by default."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *command],
+        capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def cli_path() -> str:
+    """The installed `decoder-audit` script beside this interpreter."""
+    cli = Path(sys.executable).parent / "decoder-audit"
+    return str(cli if cli.exists() else shutil.which("decoder-audit") or "decoder-audit")

@@ -11,16 +11,11 @@ grow to ~0.2 in the weights, exactly as they do between 1- and 2-thread single-p
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import cli_path, torchrun
 
 from decoder_audit.storage.checkpoint import load_checkpoint
 from decoder_audit.training import train
@@ -29,24 +24,11 @@ TOLERANCE = 1e-5
 RUN = ["--steps", "40", "--batch-size", "16", "--warmup", "4", "--seed", "3"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
 def test_two_process_ddp_equals_single_process(tmp_path):
-    cli = Path(sys.executable).parent / "decoder-audit"
-    if not cli.exists():
-        cli = Path(shutil.which("decoder-audit") or "decoder-audit")
     out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "--no-python",
-         str(cli), "train", "--out", str(out), "--no-progress", *RUN],
-        capture_output=True, text=True, env=env, timeout=240)
+    proc = torchrun("--no-python", cli_path(), "train", "--out", str(out), "--no-progress", *RUN,
+                    timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # Rank 0 alone printed (one gate summary, every check passed) and wrote.
     summaries = re.findall(r"gate: (\d+)/(\d+) checks passed", proc.stdout)

@@ -25,15 +25,13 @@ import json
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 import zoo
+from helpers import cli_path, torchrun
 
 from decoder_audit import Decoder, preset
 from decoder_audit.errors import ConfigError
@@ -63,25 +61,6 @@ SCRIPT = textwrap.dedent("""
     train("tiny-368", out=out, save_every={stop}, shard=True, progress=False, callback=keep,
           **{run})
 """).format(stop=STOP, run=RUN)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _torchrun(*command: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *command],
-        capture_output=True, text=True, env=env, timeout=300)
-
-
-def _cli() -> str:
-    cli = Path(sys.executable).parent / "decoder-audit"
-    return str(cli if cli.exists() else shutil.which("decoder-audit") or "decoder-audit")
 
 
 def _keep(out: Path, copy: Path) -> None:
@@ -125,7 +104,7 @@ def sharded(tmp_path_factory):
     script = root / "sharded_run.py"
     script.write_text(SCRIPT)
     out, copy = root / "run", root / "at_stop"
-    proc = _torchrun(str(script), str(out), str(copy))
+    proc = torchrun(str(script), str(out), str(copy))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, out, copy
 
@@ -226,7 +205,7 @@ def test_unsharded_checkpoint_resumes_sharded(single, tmp_path):
     expected, single_out, at_stop = single
     run = tmp_path / "run"
     shutil.copytree(at_stop, run)
-    proc = _torchrun("--no-python", _cli(), "train", "--resume", str(run), "--shard",
+    proc = torchrun("--no-python", cli_path(), "train", "--resume", str(run), "--shard",
                      "--no-progress")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"at step {STOP}/{RUN['steps']}" in " ".join(proc.stdout.split())  # lines wrap

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import sys
 
+import torch
 from rich.table import Table
 
 from ..accounting import account
+from ..accounting.gate_memory import GatePeak, gate_peak
 from ..accounting.plot import plot_context_sweep
 from ..accounting.results import BYTES_PER_ELEMENT, FLOP_CONVENTIONS
 from ..console import console, literal
@@ -32,10 +34,21 @@ def register(subparsers) -> None:
                              "position embeddings grow with it); --seq defaults to it")
     parser.add_argument("--no-measure", action="store_true",
                         help="skip the FlopCounterMode cross-check (analytic numbers only)")
+    parser.add_argument("--dtype", nargs="+", default=["float32"], choices=sorted(GATE_DTYPES),
+                        metavar="DTYPE", help="dtype(s) of the gate's predicted peak memory, as "
+                                              "`verify --dtype` would run it (default float32; "
+                                              f"{', '.join(GATE_DTYPES)})")
+    parser.add_argument("--world-size", type=int, default=1, metavar="N",
+                        help="the gate's peak per rank with the weights sharded by FSDP2 over N "
+                             "ranks (default 1: one process holds them all)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="write a log-log plot of each group's FLOPs as the context doubles")
     parser.set_defaults(func=run)
+
+
+GATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+               "float64": torch.float64}
 
 
 def _sizes(n_bytes: int) -> tuple[str, str, str]:
@@ -59,10 +72,20 @@ def run(args) -> int:
         return 2
     if args.max_seq_len is not None:
         cfg = cfg.replace(max_seq_len=args.max_seq_len)
+    if args.world_size < 1:
+        print(f"decoder-audit account: error: --world-size={args.world_size} must be >= 1",
+              file=sys.stderr)
+        return 2
     acct = account(cfg, batch_size=args.batch, seq_len=args.seq, measure=not args.no_measure)
+    peaks = {name: gate_peak(cfg, GATE_DTYPES[name], world_size=args.world_size)
+             for name in dict.fromkeys(args.dtype)}
     extra = [f"--batch={args.batch}", f"--seq={acct.seq_len}"]
     if args.max_seq_len is not None:
         extra.append(f"--max-seq-len={args.max_seq_len}")
+    if args.dtype != ["float32"]:
+        extra += ["--dtype", *peaks]
+    if args.world_size != 1:
+        extra.append(f"--world-size={args.world_size}")
     if args.plot:
         title = f"{_source_name(args)}: forward matmul FLOPs vs context (B={args.batch})"
         plot_context_sweep(cfg, args.plot, args.batch, seq_len=acct.seq_len, title=title)
@@ -70,14 +93,15 @@ def run(args) -> int:
         out = acct.to_dict()
         out["command"] = rerun_command("account", args, *extra)
         out["plot"] = args.plot
+        out["gate_peak"] = {name: peak.to_dict() for name, peak in peaks.items()}
         print(json.dumps(out, indent=2))
     else:
-        _print(acct, args, extra)
+        _print(acct, args, extra, peaks)
     matched = acct.measured is None or acct.measured.matches_analytic
     return 0 if matched else 1
 
 
-def _print(acct, args, extra) -> None:
+def _print(acct, args, extra, peaks: dict[str, GatePeak]) -> None:
     cfg, out = acct.config, console()
     B, T = acct.batch_size, acct.seq_len
     out.print(f"[bold]{literal(_source_name(args))}[/bold], accounted at B={B}, T={T}")
@@ -87,6 +111,8 @@ def _print(acct, args, extra) -> None:
     for section in (_print_parameters, _print_memory, _print_matmuls, _print_groups,
                     _print_measured):
         section(acct, out)
+    for peak in peaks.values():
+        _print_gate_peak(peak, out)
     out.print("conventions:")
     for line in FLOP_CONVENTIONS:
         out.print(f"  - {line}")
@@ -139,6 +165,25 @@ def _print_memory(acct, out) -> None:
     out.print("activation estimate assumes:")
     for line in m.activation_assumptions:
         out.print(f"  - {line}")
+
+
+def _print_gate_peak(peak: GatePeak, out) -> None:
+    """The predicted peak resident memory of `decoder-audit verify`, term by term."""
+    rank = f", per rank of {peak.world_size} (FSDP2)" if peak.world_size > 1 else ""
+    table = Table(title=f"gate peak (verify) in {peak.dtype}{rank}: set by {peak.check}")
+    table.add_column("term")
+    table.add_column("bytes", justify="right")
+    table.add_column("GB", justify="right")
+    table.add_column("GiB", justify="right")
+    table.add_column("formula", overflow="fold")
+    for row in peak.rows:
+        table.add_row(row.name, *_sizes(row.bytes), row.formula)
+    table.add_row(f"predicted peak ({peak.check})", *_sizes(peak.total), "", style="bold")
+    out.print(table)
+    others = ", ".join(f"{name} {n_bytes / 1e9:,.2f} GB" for name, n_bytes in peak.checks)
+    out.print(f"  each check's peak: {others}")
+    out.print("  an upper bound on a verify process's peak RSS (benchmarks/gate_peak.py); "
+              "verify refuses a model whose figure exceeds the memory available")
 
 
 def _print_matmuls(acct, out) -> None:

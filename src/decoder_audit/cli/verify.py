@@ -13,10 +13,12 @@ import sys
 
 import torch
 
+from ..accounting.gate_memory import check_gate_fits
 from ..config import DecoderConfig
 from ..console import console, literal
 from ..errors import ConfigError
 from ..gate import audit, print_report, to_json
+from ..gate.measure import allocate_large_blocks_apart
 from ..sources import load_weights_map
 from .common import (
     absolute,
@@ -120,6 +122,8 @@ def run(args) -> int:
         getattr(args, name) if getattr(args, name) is not None else declared.get(name)
         for name in ("vocab_size", "max_seq_len", "intervention_len"))
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
+    if source.built_fresh:  # our Decoder in the dtype asked: sized before it is built
+        check_gate_fits(source.config(), DTYPES.get(args.dtype) or torch.float32, device=device)
     with user_output_to_stderr():  # a --model's prints, in its factory or its forward
         weights_map = load_weights_map(args.weights_map) if args.weights_map else None
         model = source.build(seed=args.seed, dtype=DTYPES.get(args.dtype))
@@ -149,7 +153,13 @@ def _run_sharded(args, report_dir: str | None) -> int:
     dtype = DTYPES.get(args.dtype)
     source = source_from_args(args)
     ranks = distributed.init_distributed(device, shard=True)
+    allocate_large_blocks_apart()  # the blocks gathered and freed at every call: see there
     try:
+        if source.built_fresh:  # the ranks on one host's CPU share its memory
+            check_gate_fits(source.config(), dtype or torch.float32, device=device,
+                            world_size=ranks.world_size,
+                            local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+                            if torch.device(device).type == "cpu" else 1)
         with user_output_to_stderr():
             if source.built_fresh:
                 model = distributed.build_sharded(source.config(), ranks, device, seed=args.seed,

@@ -23,8 +23,8 @@ from ..references.oracle import StreamedOracle
 from . import tolerances
 from .measure import batch_not_equal, largest, scaled_excess
 from .result import CheckResult
-from .spec import check_spec_oracle
 from .sharding import whole
+from .spec import check_spec_oracle
 from .subject import Subject, own_weight
 
 GRAD_SHARE = 0.25

@@ -17,8 +17,8 @@ from ..objective import logits_of
 from . import tolerances
 from .measure import batch_not_equal, largest
 from .result import CheckResult
-from .spec import check_spec_params
 from .sharding import whole
+from .spec import check_spec_params
 from .subject import Subject
 
 

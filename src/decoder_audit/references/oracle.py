@@ -339,12 +339,17 @@ def check_oracle_inputs(weights, cfg: DecoderConfig, ids: torch.Tensor) -> None:
         bad = low if low < 0 else high
         raise TokenIdError(f"token id {bad} is outside [0, vocab_size={cfg.vocab_size})")
     get = weights.get if isinstance(weights, Mapping) else weights
-    found = {name: get(name) for name in _required_weights(cfg)}
-    missing = sorted(name for name, tensor in found.items() if tensor is None)
+    missing, on_meta = [], []
+    for name in _required_weights(cfg):  # one at a time: a getter may gather or load each
+        tensor = get(name)
+        if tensor is None:
+            missing.append(name)
+        elif tensor.device.type == "meta":
+            on_meta.append(name)
+    missing, on_meta = sorted(missing), sorted(on_meta)
     if missing:
         raise CheckpointError(f"the weights lack {missing}, which the config needs (norm="
                               f"{cfg.norm!r}, pos={cfg.pos!r}, mlp={cfg.mlp!r})")
-    on_meta = sorted(name for name, tensor in found.items() if tensor.device.type == "meta")
     if on_meta:
         raise CheckpointError(f"weights {on_meta[:3]}{' ...' if len(on_meta) > 3 else ''} are on "
                               "the meta device: they hold no values")
