@@ -81,7 +81,7 @@ PACKAGES = {
         ("src/decoder_audit/gate/*.py",),
         tuple(f"tests/gate/test_{name}.py" for name in (
             "zoo", "checks", "generation", "dtypes", "render", "inputs", "invariance",
-            "attention", "weights", "reference", "alignment", "tolerances", "spec"))
+            "attention", "weights", "reference", "alignment", "tolerances", "spec", "shard"))
         # the two foreign-family tests that judge the output_attentions path against `causal`
         + ("tests/gate/test_foreign.py::test_falcons_output_attentions_path_leak_is_named",
            "tests/gate/test_foreign.py::test_bidirectional_defaults_fail_causal_and_prefix"),

@@ -44,6 +44,7 @@ BUILD = textwrap.dedent("""
     import json, sys
     import torch
     import decoder_audit as da
+    from decoder_audit.gate.sharding import on_every_rank
     from decoder_audit.training import distributed
 
     ranks = distributed.init_distributed("cpu", shard=True)
@@ -59,6 +60,8 @@ BUILD = textwrap.dedent("""
             "unequal": [n for n, p in ref.named_parameters() if not torch.equal(p, whole[n])],
             "local": local, "rows": {n: p.shape[0] for n, p in ref.named_parameters()},
             "tied": model.lm_head.weight is model.token_embeddings.weight}
+    weight = model.token_embeddings.weight  # sharded: the vote is taken over every rank
+    found["votes"] = [on_every_rank(ranks.rank != 1, weight), on_every_rank(True, weight)]
     if ranks.is_main:
         open(sys.argv[2], "w").write(json.dumps(found))
     distributed.close(ranks)
@@ -103,11 +106,13 @@ def _assert_same_audit(one: dict, sharded: dict) -> None:
     assert (sharded["passed"], sharded["first_failure"]) == (one["passed"], one["first_failure"])
     verdicts = [(c["name"], c["status"]) for c in one["checks"]]
     assert [(c["name"], c["status"]) for c in sharded["checks"]] == verdicts
-    for mine, theirs in zip(one["checks"], sharded["checks"]):
+    for mine, theirs in zip(one["checks"], sharded["checks"]):  # every figure of the evidence
         assert _without(theirs, SHARDING_ONLY) == _without(mine, SHARDING_ONLY), mine["name"]
     assert [n for n in sharded["notes"] if "FSDP2" not in n] == one["notes"]
     assert any("FSDP2 over 2 ranks" in note for note in sharded["notes"])
     assert sharded["model"] == one["model"] == "Decoder"
+    assert sharded["command"].startswith("torchrun --nproc_per_node 2 --no-python decoder-audit")
+    assert sharded["command"].endswith("--shard") and "--shard" not in one["command"]
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +159,7 @@ def test_a_sharded_build_draws_the_unsharded_seeds_weights(tmp_path):
     tiny, gqa = found["tiny"], found["gqa"]
     assert tiny["unequal"] == [] and gqa["unequal"] == []
     assert tiny["tied"] and not gqa["tied"]
+    assert found["votes"] == [False, True]  # a fact rank 1 does not find is no one's
     for case in (tiny, gqa):  # rank 0 holds the first ceil(rows / 3) rows of every weight
         assert case["local"] == {n: -(-rows // 3) for n, rows in case["rows"].items()}
 

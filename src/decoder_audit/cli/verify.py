@@ -175,16 +175,19 @@ def _run_sharded(args, report_dir: str | None) -> int:
                            vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
                            input_vocab_size=args.input_vocab_size,
                            intervention_len=args.intervention_len)
-        code = _print_verdict(args, report, report_dir) if ranks.is_main else \
+        launcher = (f"torchrun --nproc_per_node {ranks.world_size} --no-python "
+                    if ranks.distributed else "")
+        code = _print_verdict(args, report, report_dir, launcher) if ranks.is_main else \
             (0 if report.passed else 1)
     finally:
         distributed.close(ranks)
     return code
 
 
-def _print_verdict(args, report, report_dir: str | None) -> int:
-    """The report on stdout (and in --report DIR); the exit status of its verdict."""
-    command = rerun_command("verify", args, *_rerun_flags(args))
+def _print_verdict(args, report, report_dir: str | None, launcher: str = "") -> int:
+    """The report on stdout (and in --report DIR), with the command that reruns it (`launcher`
+    before it: torchrun for a sharded run); the exit status of its verdict."""
+    command = launcher + rerun_command("verify", args, *_rerun_flags(args))
     if report_dir:
         written = report.write(report_dir, command=command)
     if args.json:
