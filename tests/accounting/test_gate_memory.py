@@ -81,9 +81,11 @@ def test_world_size_divides_the_weights_and_gradients_and_adds_the_gathered_bloc
     assert rows(four)["weights"] == -(-P // 4) * 4
     root = 2 * V * D + D  # embeddings, head and final norm, gathered together: < one layer
     assert rows(four)["gathered unit"] == 4 * max(LAYER, root)
-    # sharded, the gate takes every gradient in one pass: a rank's quarter of them, and the
-    # gathered block's whole until it is reduce-scattered
-    assert rows(four)["fast gradients of one pass"] == -(-P // 4) * 4 + 4 * LAYER
+    # sharded, the gate takes the gradients in the same passes: a rank's quarter of one
+    # pass's, and the gathered block's whole until it is reduce-scattered
+    one_pass = rows(one)["fast gradients of one pass"] // 4  # weights in the largest pass
+    assert one_pass < P
+    assert rows(four)["fast gradients of one pass"] == -(-one_pass // 4) * 4 + 4 * LAYER
     # the stage the oracle reads, and the gradient compared, gathered whole (D x F is largest)
     assert rows(four)["one layer's weights and the largest gradient, gathered whole to be read"] \
         == 4 * (LAYER + D * F)

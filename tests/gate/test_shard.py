@@ -4,8 +4,8 @@ gloo processes on the CPU, against the same audit in one process.
 The expectation is the unsharded audit of the same model, run in this process on one thread
 (torchrun gives each rank one): the sharded ranks gather the same weights and compute the same
 products in the same order, so every verdict and every figure of the evidence must be equal,
-bit for bit. What may differ is named: the seconds, the report's note that the model was
-sharded, and the oracle's count of backward passes (one on a sharded model: gradient_share).
+bit for bit. What may differ is named: the seconds and the report's note that the model was
+sharded.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch.distributed missing")
 
 # Figures a sharded audit reports differently by design (see the module docstring).
-SHARDING_ONLY = {"seconds", "grad_passes"}
+SHARDING_ONLY = {"seconds"}
 
 LEAKY = textwrap.dedent("""
     import sys
@@ -131,7 +131,7 @@ def test_sharded_audit_of_an_untied_gqa_config_equals_the_unsharded_one(capsys, 
     assert (code, one_code) == (0, 0)
     _assert_same_audit(one, sharded)
     oracle = next(c for c in sharded["checks"] if c["name"] == "oracle")
-    assert oracle["evidence"]["grad_passes"] == 1  # every weight in one backward
+    assert oracle["evidence"]["grad_passes"] > 1  # a share of the gradients at a time
 
 
 def test_a_leak_is_caught_sharded_as_it_is_unsharded(capsys, tmp_path):

@@ -34,7 +34,7 @@ check's terms: the process baseline (measured), an allocator slack of SLACK_SHAR
 buffers the first real-sized products leave resident (measured, capped).
 
 Sharded (`world_size` N > 1, FSDP2, `verify --shard`): each rank holds 1/N of the weights and of
-the gradients, which the checks then take all in one pass (Subject.gradient_share), plus the
+the gradients, taken in the same shares as one process (Subject.gradients_by_share), plus the
 largest unit gathered whole at a time (one block, or the root group: embeddings, final norm and
 readout) with its gradient, and what a check gathers whole to read (gate/sharding.whole: a
 stage's weights, a weight's gradient); every rank runs the same probes, so the activations,
@@ -315,15 +315,13 @@ def _oracle(s: _Shape) -> list[GateTerm]:
                                     else ORACLE_EMBEDDING_EXTRA_COPIES)
         return None
 
-    # sharded, the check takes every gradient in one pass (Subject.gradient_share)
-    share = GRAD_SHARE if s.world_size == 1 else 1.0
     passes = []
-    for numel, stages in _oracle_chunks(s, share):
+    for numel, stages in _oracle_chunks(s, GRAD_SHARE):
         extras = [t for t in map(stage_extra, stages) if t is not None]
         extra = max(extras, key=lambda t: t.bytes, default=None)
         grads = GateTerm(f"fast gradients of one pass ({numel:,} weights: {stages[0]}"
                          + (f" .. {stages[-1]}" if len(stages) > 1 else "")
-                         + f"; a share of {share:g})",
+                         + f"; a share of {GRAD_SHARE:g})",
                          s.sharded(numel) * e + _gathered_grad(s),
                          f"max(GRAD_SHARE x P, one stage) x {e}" + _per_rank(s))
         passes.append([grads] + ([extra] if extra is not None else []))
@@ -341,13 +339,10 @@ def _dead_parameters(s: _Shape) -> list[GateTerm]:
     cfg, e = s.cfg, s.e
     # gate/weights.py's _shares: consecutive weights, at most DEAD_SHARE of P (a bigger one
     # alone); the first share holds the embedding (registered first), with its extra copies.
-    # Sharded, every gradient in one pass (Subject.gradient_share).
-    share = max(int(DEAD_SHARE * s.P), s.largest_weight) if s.world_size == 1 else s.P
-    return [GateTerm("gradients of one share of the weights (DEAD_SHARE="
-                     f"{DEAD_SHARE if s.world_size == 1 else 1:g})",
+    share = max(int(DEAD_SHARE * s.P), s.largest_weight)
+    return [GateTerm(f"gradients of one share of the weights (DEAD_SHARE={DEAD_SHARE:g})",
                      s.sharded(share) * e + _gathered_grad(s),
-                     (f"max(DEAD_SHARE x P, V x D, D x F) x {e}" if s.world_size == 1
-                      else f"P x {e}") + _per_rank(s)),
+                     f"max(DEAD_SHARE x P, V x D, D x F) x {e}" + _per_rank(s)),
             _embedding_extra(s, TIED_EXTRA_COPIES if cfg.tie_embeddings else 1),
             *_gathered_whole(s, s.largest_weight, "the largest gradient"),
             _graph(s, DEAD_BATCH, DEAD_LEN)]

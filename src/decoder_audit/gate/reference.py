@@ -122,7 +122,7 @@ def _chunks(s: Subject, named: dict[str, nn.Parameter],
     """Group the stages, in the oracle's backward order, so each pass's new parameters (those
     whose first stage is in it) stay within GRAD_SHARE of the model. A weight read by a later
     stage too (a tied embedding) gets its gradient in the pass of its first stage."""
-    budget = s.gradient_share(GRAD_SHARE) * sum(p.numel() for p in s.parameters())
+    budget = GRAD_SHARE * sum(p.numel() for p in s.parameters())
     chunks, seen = [_Chunk()], set()
     for stage, names in stages:
         new = []
@@ -257,35 +257,24 @@ def _compare_grads(s: Subject, named: dict[str, nn.Parameter], oracle: StreamedO
     index_of = {stage: index for index, (stage, _) in enumerate(stages)}
     by_stage = itertools.groupby(oracle.backward(projection), key=lambda piece: piece[0])
     device_ids, device_projection = ids.to(s.device), projection.to(s.device)
-    with s.gradients_for(s.parameters()):
-        # One fast forward for every pass: its graph at (2, 6) holds activations of a dozen
-        # rows (weights are referenced, not copied), so keeping it costs little, and each pass
-        # is a backward into its own chunk's weights alone (a short call of a big model costs
-        # about a fifteenth of a full-length forward: GPT-2 XL, 2 s a pass saved).
+    def objective() -> torch.Tensor | None:
         fast = logits_of(s.work(device_ids))
         s.count(ids)
         # No weight reaches the logits when fast does not require grad: every gradient is 0.
-        objective = (fast.double() * device_projection).sum() if fast.requires_grad else None
-        del fast
-        for number, chunk in enumerate(chunks, start=1):
-            s.progress(f"gradients: pass {number}/{len(chunks)}")
-            if objective is not None and chunk.params:
-                # Sharded: one pass into every weight (gradient_share), which FSDP2 takes
-                # only as a plain backward (with `inputs` it refuses its gathered weights).
-                objective.backward(inputs=None if s.sharded else chunk.params,
-                                   retain_graph=True)
-            for stage in chunk.stages:
-                yielded, pieces = next(by_stage)
-                assert yielded == stage, (yielded, stage)
-                index = index_of[stage]
-                for _, name, rows, grad in pieces:
-                    ledger.piece(index, named[name], rows, grad)
-                for param in {id(named[n]): named[n] for n in stages[index][1]
-                              if n in named}.values():
-                    ledger.end_stage(index, param)
-            for param in chunk.params:
-                param.grad = None  # read: freed before the next pass's gradients
-        del objective
+        return (fast.double() * device_projection).sum() if fast.requires_grad else None
+
+    passes = s.gradients_by_share([chunk.params for chunk in chunks], objective)
+    for number, (chunk, _) in enumerate(zip(chunks, passes), start=1):
+        s.progress(f"gradients: pass {number}/{len(chunks)}")
+        for stage in chunk.stages:
+            yielded, pieces = next(by_stage)
+            assert yielded == stage, (yielded, stage)
+            index = index_of[stage]
+            for _, name, rows, grad in pieces:
+                ledger.piece(index, named[name], rows, grad)
+            for param in {id(named[n]): named[n] for n in stages[index][1]
+                          if n in named}.values():
+                ledger.end_stage(index, param)
     allowed = tolerances.oracle_grad(s.dtype, s.rounding_floor()) * ledger.scale
     worst_name, worst = max(ledger.errors.items(), key=lambda item: item[1],
                             default=(None, 0.0))

@@ -9,16 +9,19 @@ check concludes is then the same on every rank, and rank 0 reports it.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
-    """A DTensor: a weight (or gradient) of a model sharded with FSDP2, 1/N of it on this rank."""
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(tensor, DTensor)
+    """A DTensor: a weight (or gradient) of a model sharded with FSDP2, 1/N of it on this rank.
+    Asked of sys.modules: where torch.distributed.tensor was never imported no tensor is one,
+    and importing it would bring sympy into every audit (about a second)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -46,7 +49,9 @@ def on_every_rank(flag: bool, like: torch.Tensor) -> bool:
 def class_name(model: nn.Module) -> str:
     """The model's own class name: FSDP2's fully_shard makes a module an instance of a class it
     derives on the fly (FSDPDecoder), which names the wrapping, not the model."""
-    from torch.distributed.fsdp import FSDPModule
-
-    own = next((c for c in type(model).__mro__ if not issubclass(c, FSDPModule)), type(model))
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # never imported: nothing was sharded
+    if fsdp is None:
+        return type(model).__name__
+    own = next((c for c in type(model).__mro__ if not issubclass(c, fsdp.FSDPModule)),
+               type(model))
     return own.__name__

@@ -19,6 +19,7 @@ item is the logits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -76,7 +77,7 @@ class Subject:
         self._saved_modes: list[tuple[nn.Module, bool]] | None = None
         self._saved_params: list[tuple[nn.Parameter, bool, torch.Tensor | None]] | None = None
         # Sharded with FSDP2 (`verify --shard`): each rank holds 1/N of every weight as a
-        # DTensor and gathers a block's weights as it runs; see `whole` and `gradient_share`.
+        # DTensor and gathers a block's weights as it runs; see `whole` and `gradients_by_share`.
         self.sharded = first is not None and is_sharded(first)
 
     # ---- the facts, as the checks read them --------------------------------------------------
@@ -145,13 +146,31 @@ class Subject:
         """The model's parameters, each once (a tied weight is one)."""
         return list(self.work.parameters())
 
-    def gradient_share(self, share: float) -> float:
-        """The share of the parameters a check may take gradients for in one backward pass:
-        `share`, or all of them on a sharded model. There each rank holds only 1/N of every
-        gradient already, and FSDP2 reshards a block's gathered weights once its backward is
-        over, so a retained graph cannot be walked a second time for the next share (tried:
-        every gradient of the second pass is None)."""
-        return 1.0 if self.sharded else share
+    def gradients_by_share(self, shares: list[list[nn.Parameter]],
+                           objective: Callable[[], torch.Tensor | None]
+                           ) -> Iterator[list[nn.Parameter]]:
+        """Each share of the parameters in turn, its gradients of `objective()` (a scalar, or
+        None when no weight reaches it) in .grad while the caller reads them, cleared after: so
+        no more than one share of gradients exists beside the weights. One process runs the
+        objective once and walks its retained graph into one share at a time (at the gate's
+        short probes the graph holds a dozen rows of activations, and a short call of a big
+        model costs a fifteenth of a full-length forward: GPT-2 XL, 2 s a pass saved). A
+        sharded model runs it again for every share with only that share requiring grad:
+        FSDP2 reshards a block once its backward is over, so a graph is walked once (tried:
+        every gradient of a second backward(inputs=..., retain_graph=True) is None); the
+        gradients, and so every figure a check draws from them, are the same."""
+        with self.gradients_for([param for share in shares for param in share]):
+            shared = None if self.sharded else objective()
+            for share in shares:
+                with self.gradients_for(share) if self.sharded else contextlib.nullcontext():
+                    value = objective() if self.sharded else shared
+                    if value is not None and share:
+                        value.backward(inputs=None if self.sharded else share,
+                                       retain_graph=not self.sharded)
+                    del value
+                    yield share
+                for param in share:
+                    param.grad = None  # read: freed before the next share's gradients
 
     @contextmanager
     def gradients_for(self, params: Iterable[nn.Parameter]) -> Iterator[None]:

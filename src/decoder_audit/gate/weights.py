@@ -265,20 +265,16 @@ def check_dead_parameters(s: Subject) -> CheckResult:
     ids = s.random_ids(3, seq_len, gen).to(s.device)
     targets = s.random_ids(3, seq_len, gen).to(s.device)
     largest_grad: dict[str, float] = {}
-    with s.gradients_for(trainable):
+    def loss() -> torch.Tensor | None:
         s.count(ids)
         logits = logits_of(s.work(ids))
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
-        del logits
-        for chunk in _shares(trainable, s.gradient_share(DEAD_SHARE)):
-            if loss.requires_grad:
-                # sharded: one plain backward into every weight (see gradient_share)
-                loss.backward(inputs=None if s.sharded else chunk, retain_graph=True)
-            for param in chunk:
-                largest_grad[names[id(param)]] = (0.0 if param.grad is None
-                                                  else largest(whole(param.grad)))
-                param.grad = None
-        del loss
+        value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        return value if value.requires_grad else None  # no weight reaches it: every grad is 0
+
+    for share in s.gradients_by_share(_shares(trainable, DEAD_SHARE), loss):
+        for param in share:
+            largest_grad[names[id(param)]] = (0.0 if param.grad is None
+                                              else largest(whole(param.grad)))
     # No gradient is exactly none: a parameter the loss reads gets some, however small (a
     # fresh model's query weights: 1e-6 of the largest). A parameter inert by the mathematics
     # (INERT) gets exactly 0 or the rounding of terms that cancel (1e-12 of the largest here):
