@@ -1,4 +1,4 @@
-"""The gate's predicted peak memory (`accounting.gate_memory.gate_peak`, what `decoder-audit
+"""The gate's predicted peak memory (`gate.peak.gate_peak`, what `decoder-audit
 account` prints) against the measured one: peak RSS (VmHWM) of `decoder-audit verify ... --json`,
 each case in a fresh process through the CLI's own main(), one at a time.
 
@@ -81,7 +81,7 @@ def _config(name: str):
 def predict(case: str) -> dict[str, Any]:
     import torch
 
-    from decoder_audit.accounting.gate_memory import gate_peak
+    from decoder_audit.gate.peak import gate_peak
 
     name, dtype = _split(case)
     peak = gate_peak(_config(name), getattr(torch, dtype))
@@ -184,7 +184,7 @@ def section(result: dict[str, Any]) -> list[str]:
     return [f"## The gate's peak memory, predicted and measured ({result['date']})", "",
             "Measured: VmHWM of a fresh `decoder-audit verify ... --json` process (2 cores, "
             "24 GiB, shared); predicted: `gate_peak(cfg, dtype)` (decoder_audit/accounting/"
-            f"gate_memory.py), an upper bound within {BOUND:g}x.", "", *table(result), ""]
+            f"gate/peak.py), an upper bound within {BOUND:g}x.", "", *table(result), ""]
 
 
 def main(argv: list[str] | None = None) -> int:

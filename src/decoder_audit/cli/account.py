@@ -10,10 +10,10 @@ import torch
 from rich.table import Table
 
 from ..accounting import account
-from ..accounting.gate_memory import GatePeak, gate_peak
 from ..accounting.plot import plot_context_sweep
 from ..accounting.results import BYTES_PER_ELEMENT, FLOP_CONVENTIONS
 from ..console import console, literal
+from ..gate import GatePeak, gate_peak
 from ..sources import DEFAULT_PRESET
 from .common import add_model_source, rerun_command, source_from_args
 

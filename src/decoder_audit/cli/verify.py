@@ -13,12 +13,10 @@ import sys
 
 import torch
 
-from ..accounting.gate_memory import check_gate_fits
 from ..config import DecoderConfig
 from ..console import console, literal
 from ..errors import ConfigError
-from ..gate import audit, print_report, to_json
-from ..gate.measure import allocate_large_blocks_apart
+from ..gate import allocate_large_blocks_apart, audit, check_gate_fits, print_report, to_json
 from ..sources import load_weights_map
 from .common import (
     absolute,

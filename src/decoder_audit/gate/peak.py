@@ -58,17 +58,23 @@ from types import SimpleNamespace
 
 import torch
 
+from ..accounting.analytic import _activation_rows
+from ..accounting.ledger import BLOCK_PARTS, parameter_ledger
+from ..accounting.memory import _gb, available_bytes
 from ..config import DecoderConfig
 from ..errors import ConfigError
-from .analytic import _activation_rows
-from .ledger import BLOCK_PARTS, parameter_ledger
-from .memory import _gb, available_bytes
+from .facts import DEFAULT_INTERVENTION_LEN
+from .inputs import _plan
+from .measure import batch_not_equal
+from .reference import GRAD_SHARE
+from .weights import DEAD_SHARE
 
 # VmHWM of `decoder-audit verify --preset tiny-368 --json` (368 weights: the interpreter, torch,
-# decoder-audit and its CLI imports, a gate of tiny tensors): 291.8 MiB, measured on this machine
-# (Linux, torch 2.13 CPU) on 2026-12-01. Every verify process holds it before its model; torch's
-# import alone is 219 MiB of it.
-PROCESS_BASELINE = 300 * 2**20  # rounded up from 291.8 MiB: the run-to-run spread
+# decoder-audit and its CLI imports, a gate of tiny tensors): 251.7 MiB in three runs, measured on
+# this machine (Linux, torch 2.13 CPU) on 2026-12-01, after the gate stopped importing sympy
+# (gate/sharding.is_sharded; 291.8 MiB before). Every verify process holds it before its model;
+# torch's import alone is 219 MiB of it.
+PROCESS_BASELINE = 260 * 2**20  # rounded up from 251.7 MiB: the run-to-run spread
 # What the allocator keeps resident beside the tensors alive at the peak: freed pieces under
 # glibc's 32 MiB mmap threshold stay in its heap (a check frees and allocates many), and pages
 # a tensor no longer uses are returned only between checks. Counted as this share of the
@@ -248,7 +254,6 @@ def _build(s: _Shape) -> list[GateTerm]:
 
 
 def _inputs(s: _Shape) -> list[GateTerm]:
-    from ..gate.inputs import _plan
 
     cfg, e = s.cfg, s.e
     # the plan of check_inputs for a Decoder (max_seq_len declared: probed up to it)
@@ -263,8 +268,6 @@ def _inputs(s: _Shape) -> list[GateTerm]:
 
 
 def _invariance(s: _Shape) -> list[GateTerm]:
-    from ..gate.facts import DEFAULT_INTERVENTION_LEN
-    from ..gate.measure import batch_not_equal
 
     cfg, e = s.cfg, s.e
     T = min(cfg.max_seq_len, DEFAULT_INTERVENTION_LEN)  # within the hard limit
@@ -299,7 +302,6 @@ def _tying_grad(s: _Shape) -> list[GateTerm]:
 
 
 def _oracle(s: _Shape) -> list[GateTerm]:
-    from ..gate.reference import GRAD_SHARE
 
     cfg, e = s.cfg, s.e
     f64 = GateTerm("float64 oracle stage: a layer's weights and gradients, matrix copies",
@@ -334,7 +336,6 @@ def _oracle(s: _Shape) -> list[GateTerm]:
 
 
 def _dead_parameters(s: _Shape) -> list[GateTerm]:
-    from ..gate.weights import DEAD_SHARE
 
     cfg, e = s.cfg, s.e
     # gate/weights.py's _shares: consecutive weights, at most DEAD_SHARE of P (a bigger one

@@ -1,4 +1,4 @@
-"""The gate's predicted peak memory (accounting/gate_memory.py): its terms against hand formulas,
+"""The gate's predicted peak memory (gate/peak.py): its terms against hand formulas,
 against a measured peak, the refusal that names it, and its per-rank figure under sharding."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import decoder_audit as da
-from decoder_audit.accounting.gate_memory import PROCESS_BASELINE, check_gate_fits, gate_peak
 from decoder_audit.cli import main
+from decoder_audit.gate.peak import PROCESS_BASELINE, check_gate_fits, gate_peak
 
 # Layers dominate and V is small, so the float64 oracle stage sets the peak: V=64, D=64, L=4,
 # H=4 (Dh=16), F=256, T=8, untied, no biases.
@@ -176,7 +176,7 @@ def test_verify_refuses_a_gate_that_cannot_fit_before_building_it(capsys, monkey
     """verify sizes a preset's gate first: with less memory than the lowest peak the
     prediction allows it exits 2, naming the figure and the check, and builds nothing; with
     the prediction's floor available it runs (a refusal must be sure, PREDICTION_MARGIN)."""
-    import decoder_audit.accounting.gate_memory as gate_memory
+    import decoder_audit.gate.peak as gate_memory
     from decoder_audit.model import decoder
 
     peak = gate_peak(da.preset("tiny-368"), torch.float32)
