@@ -80,8 +80,8 @@ def allocate_large_blocks_apart(threshold: int = 128 * 2**10) -> None:
     OS as soon as it is freed, for the rest of the process. A sharded model gathers each
     block's weights before it runs and frees them after, dozens of times in one check: under
     glibc's sliding threshold those buffers land in the heap, whose fragments hold the peak up
-    between two trims (GPT-2 small over 2 ranks: the `inputs` check's peak 1,611 MB with the
-    sliding threshold, 973 MB pinned at 128 KiB). A no-op without glibc's mallopt."""
+    between two trims (GPT-2 small over 2 ranks: the `inputs` check's peak 1,611 MiB with the
+    sliding threshold, 973 MiB pinned at 128 KiB). A no-op without glibc's mallopt."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
