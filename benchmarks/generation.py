@@ -64,12 +64,12 @@ class GenRow:
 
 
 def plan_rows(plan: Plan, dtype: str = "float32", prompts: tuple[int, ...] = (16, 128),
-              batches: tuple[int, ...] = (1, 8)) -> list[GenRow]:
+              batches: tuple[int, ...] = (1, 8), new_tokens: int = 256) -> list[GenRow]:
     if plan.smoke:
         cfg = SMOKE_CONFIGS["gpt2-tiny"]
         return [GenRow("gpt2-tiny", cfg, 1, 4, 6, dtype), GenRow("gpt2-tiny", cfg, 3, 8, 6, dtype)]
     gpt2 = da.preset("gpt2-small")
-    rows = [GenRow("gpt2-small", gpt2, b, t, 256, dtype) for t in prompts for b in batches]
+    rows = [GenRow("gpt2-small", gpt2, b, t, new_tokens, dtype) for t in prompts for b in batches]
     return rows[:len(batches)] if plan.quick else rows
 
 
@@ -149,13 +149,14 @@ def measure_row(row: GenRow, repeats: int) -> dict[str, Any]:
 
 
 def measure(plan: Plan, dtype: str = "float32", prompts: tuple[int, ...] = (16, 128),
-            batches: tuple[int, ...] = (1, 8), repeats: int | None = None
+            batches: tuple[int, ...] = (1, 8), repeats: int | None = None,
+            new_tokens: int = 256
             ) -> list[dict[str, Any]]:
     """Every generation row of the run (--quick: batch 1 and 8 at prompt 16 only; the total
     time is timed `repeats` times per side, by default min(plan.repeats, 2): a row runs for tens
     of seconds)."""
     results = []
-    for row in plan_rows(plan, dtype, prompts, batches):
+    for row in plan_rows(plan, dtype, prompts, batches, new_tokens):
         r = measure_row(row, min(plan.repeats, 2) if repeats is None else repeats)
         results.append(r)
         gc.collect()
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", nargs="+", type=int, default=[16, 128],
                         help="the longest prompt of each row (batch rows get shorter ones)")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--new-tokens", type=int, default=256, help="greedy tokens per row")
     parser.add_argument("--repeats", type=int, default=2, help="timed full runs per side")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/generation.json"))
@@ -215,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info(args.threads)
     plan = Plan(smoke=False, quick=False, threads=args.threads, repeats=args.repeats, warmup=1,
                 profile=False, skip=frozenset(), ceiling=0.0, started=time.perf_counter())
-    rows = measure(plan, args.dtype, tuple(args.prompts), tuple(args.batches), args.repeats)
+    rows = measure(plan, args.dtype, tuple(args.prompts), tuple(args.batches), args.repeats,
+                   args.new_tokens)
     write_family(args.out, machine, rows, section(rows))
     print("\n".join(section(rows)))
     return 0

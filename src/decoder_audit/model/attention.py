@@ -18,7 +18,7 @@ from torch import nn
 
 from ..config import DecoderConfig
 from .cache import KVCache, bottom_right_causal
-from .layers import INIT_STD, Linear, RMSNorm, autocast_projections
+from .layers import INIT_STD, Linear, RMSNorm
 from .trace import Trace
 
 
@@ -190,14 +190,12 @@ class CausalSelfAttention(nn.Module):
     def _project(self, x: torch.Tensor, rope: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, seq_len, _ = x.shape
-        # (B, T, H*Dh), (B, T, Hkv*Dh) twice: one product under autocast (layers.py)
-        q, k, v = (autocast_projections(x, (self.q_proj, self.k_proj, self.v_proj))
-                   or (self.q_proj(x), self.k_proj(x), self.v_proj(x)))
+        q, k = self.q_proj(x), self.k_proj(x)  # (B, T, H*Dh), (B, T, Hkv*Dh)
         if self.q_norm is not None and self.norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
         if self.q_norm is not None and not self.norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)

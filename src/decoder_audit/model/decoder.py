@@ -39,7 +39,7 @@ from ..config import DecoderConfig
 from ..errors import ContextLengthError, InputShapeError, TokenIdError
 from .attention import CausalSelfAttention, rope_rotations
 from .cache import KVCache, attention_allowed, check_mask, windowed_allowed
-from .layers import INIT_STD, Embedding, Linear, autocast_projections, make_norm
+from .layers import INIT_STD, Embedding, Linear, make_norm
 from .trace import Trace
 
 _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -130,9 +130,7 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor, trace: Trace | None = None,
                 prefix: str = "") -> torch.Tensor:
         if self.w3 is not None:
-            # (B, T, F) each: one product under autocast (layers.py)
-            gate, up = autocast_projections(x, (self.w1, self.w3)) or (self.w1(x), self.w3(x))
-            hidden = self.activation(gate) * up  # (B, T, F)
+            hidden = self.activation(self.w1(x)) * self.w3(x)  # (B, T, F)
         else:
             hidden = self.activation(self.w1(x))  # (B, T, F)
         _record(trace, f"{prefix}.hidden", hidden)

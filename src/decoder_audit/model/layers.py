@@ -42,46 +42,6 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def _global_module_hooks() -> bool:
-    """Whether hooks registered for every module (nn.modules.module.register_module_forward_hook
-    and its pre-hook) are set: they too must see each projection's own call."""
-    from torch.nn.modules import module
-
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
-
-
-def autocast_projections(x: torch.Tensor, layers: tuple[Linear, ...]
-                         ) -> tuple[torch.Tensor, ...] | None:
-    """The projections of one input by several Linears of the same input width, as one product
-    under autocast: x (..., in) -> one (..., out_i) view each, in order. None outside autocast,
-    and where a projection is not a plain hook-free `Linear` (a forward hook, such as the gate's
-    score scaling under autocast, or a replaced module must see its own call): the caller then
-    runs each module itself, so float32 and float64 results are those of the separate products,
-    bit for bit.
-
-    Why: autocast casts a product's float32 input on every call and casts each of the input's
-    gradients back in backward, so three projections of one input (q, k, v) pay three casts
-    forward, three backward and two float32 gradient additions; one product over the stacked
-    (low-precision) weights pays one of each, and its input gradient is one matmul accumulated
-    in float32 instead of three rounded to bf16 and summed. The weights are cast as autocast casts
-    them (float32 operands only, once per forward each) and stay separate Parameters."""
-    device = x.device.type  # meta (accounting's FLOP count) has no autocast to ask
-    if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)) or any(
-            type(layer) is not Linear or layer._forward_hooks or layer._forward_pre_hooks
-            for layer in layers) or _global_module_hooks():
-        return None
-    dtype = torch.get_autocast_dtype(device)
-
-    def cast(t: torch.Tensor) -> torch.Tensor:  # autocast's rule: only float32 is lowered
-        return t.to(dtype) if t.dtype == torch.float32 else t
-
-    weight = torch.cat([cast(layer.weight) for layer in layers])  # (sum of out, in)
-    bias = (None if layers[0].bias is None
-            else torch.cat([cast(layer.bias) for layer in layers]))  # (sum of out,)
-    joint = F.linear(cast(x), weight, bias)  # (..., sum of out)
-    return joint.split([layer.weight.shape[0] for layer in layers], dim=-1)
-
-
 class Embedding(nn.Module):
     """Row lookup E[ids]; E is (num_embeddings, D), initialised ~ N(0, init_std)."""
 
