@@ -387,7 +387,6 @@ def own_weight(named: dict[str, nn.Parameter], name: str) -> torch.Tensor | None
     return None if param is None else whole(param.detach())
 
 
-
 def get_attr(module: nn.Module, dotted: str):
     """module.<dotted> or None (e.g. "lm_head.weight")."""
     obj = module

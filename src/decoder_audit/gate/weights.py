@@ -265,6 +265,7 @@ def check_dead_parameters(s: Subject) -> CheckResult:
     ids = s.random_ids(3, seq_len, gen).to(s.device)
     targets = s.random_ids(3, seq_len, gen).to(s.device)
     largest_grad: dict[str, float] = {}
+
     def loss() -> torch.Tensor | None:
         s.count(ids)
         logits = logits_of(s.work(ids))
