@@ -33,6 +33,14 @@ class Plan:
     ceiling: float  # dense fp32 matmul GFLOP/s, the denominator of MFU
     started: float  # time.perf_counter() at the start of the run
 
+    @classmethod
+    def standalone(cls, threads: int, repeats: int, skip: frozenset[str] = frozenset()
+                   ) -> "Plan":
+        """The plan of one family run alone from its own command line (`python -m
+        benchmarks.<family>`): full shapes, one warm-up step, no profile, no ceiling."""
+        return cls(smoke=False, quick=False, threads=threads, repeats=repeats, warmup=1,
+                   profile=False, skip=skip, ceiling=0.0, started=time.perf_counter())
+
     def say(self, msg: str) -> None:
         """A progress line stamped with the seconds since the run started."""
         print(f"[{time.perf_counter() - self.started:6.1f}s] {msg}", flush=True)

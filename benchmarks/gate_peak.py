@@ -28,6 +28,8 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if __package__ in (None, "") and _ROOT not in sys.path:  # run as a file
     sys.path.insert(0, _ROOT)
 
+from benchmarks.memory import run_cli_child  # noqa: E402
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # A Llama-style decoder with grouped-query attention (4 query heads per KV head), 156M
 # parameters, untied: no preset has this shape between llama-debug (4M) and llama2-7b.
@@ -51,21 +53,6 @@ KNOWN = (
 )
 GATE_SCALE = ("gpt2-medium", "gpt2-large", "gpt2-xl")
 BOUND = 1.25  # the prediction may exceed the measurement by this factor at most
-
-# The child runs the CLI's own main() and reports its peak RSS (VmHWM, see memory.status_mb) on
-# stderr, even when main() fails (a failing gate exits 1 and is still measured).
-_VERIFY_CHILD = """
-import sys
-from pathlib import Path
-from decoder_audit.cli import main
-try:
-    rc = main(sys.argv[1:])
-finally:
-    hwm = [l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM:")]
-    print("BENCH-VmHWM-KiB", hwm[0].split()[1], file=sys.stderr)
-sys.exit(rc)
-"""
-
 
 def _split(case: str) -> tuple[str, str]:
     name, _, dtype = case.partition(":")
@@ -99,18 +86,15 @@ def measure_case(case: str, folder: Path, timeout: float) -> dict[str, Any]:
         source = ["--preset", name]
     flags = [*source, "--json"] + ([] if dtype == "float32" else ["--dtype", dtype])
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _VERIFY_CHILD, "verify", *flags], cwd=_ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=timeout, check=False)
-    marks = [line.split()[1] for line in done.stderr.splitlines()
-             if line.startswith("BENCH-VmHWM-KiB")]
+    done, peak = run_cli_child(["verify", *flags], cwd=_ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=timeout)
     row = {"case": case, "command": "decoder-audit verify " + " ".join(
                f"{name}.json" if part.endswith(f"{name}.json") else part for part in flags),
            "exit": done.returncode, "seconds": time.perf_counter() - started,
            "source": f"measured {date.today().isoformat()}"}
-    if not marks:
+    if peak is None:
         return {**row, "error": done.stderr[-2000:]}
-    row["peak_rss_bytes"] = int(marks[-1]) * 1024
+    row["peak_rss_bytes"] = peak
     try:
         row["passed"] = json.loads(done.stdout)["passed"]
     except (ValueError, KeyError):

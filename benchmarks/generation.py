@@ -197,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     its section beside it in .md)."""
     import argparse
     import os
-    import time
     from pathlib import Path
 
     from .machine import machine_info, write_family
@@ -215,8 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     machine = machine_info(args.threads)
-    plan = Plan(smoke=False, quick=False, threads=args.threads, repeats=args.repeats, warmup=1,
-                profile=False, skip=frozenset(), ceiling=0.0, started=time.perf_counter())
+    plan = Plan.standalone(args.threads, args.repeats)
     rows = measure(plan, args.dtype, tuple(args.prompts), tuple(args.batches), args.repeats,
                    args.new_tokens)
     write_family(args.out, machine, rows, section(rows))

@@ -37,6 +37,31 @@ def status_mb(field: str) -> float:
     raise BenchmarkError(f"/proc/self/status has no {field} (peak memory needs Linux)")
 
 
+# A fresh process that runs the CLI's own main() and reports its peak RSS (VmHWM, see
+# status_mb) on stderr, even when main() fails (a failing gate exits 1 and is still measured).
+_CLI_CHILD = """
+import sys
+from pathlib import Path
+from decoder_audit.cli import main
+try:
+    rc = main(sys.argv[1:])
+finally:
+    hwm = [l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM:")]
+    print("BENCH-VmHWM-KiB", hwm[0].split()[1], file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def run_cli_child(argv: list[str], **run) -> tuple[subprocess.CompletedProcess, int | None]:
+    """`decoder-audit ARGV` in a fresh process (`run`: subprocess.run's options), and its peak
+    RSS in bytes (None when the child died before it could say)."""
+    done = subprocess.run([sys.executable, "-c", _CLI_CHILD, *argv], text=True, check=False,
+                          **run)
+    marks = [line.split()[1] for line in (done.stderr or "").splitlines()
+             if line.startswith("BENCH-VmHWM-KiB")]
+    return done, int(marks[-1]) * 1024 if marks else None
+
+
 def memory_child(side: str, cfg_json: str, batch: int, seq_len: int, threads: int,
                  steps: int) -> dict[str, Any]:
     """Runs in the child: build one side (random weights: memory does not depend on values), take

@@ -287,9 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     machine = machine_info(args.threads)
     skip = {"compile"} if args.no_compile else set()
-    plan = Plan(smoke=False, quick=False, threads=args.threads, repeats=args.repeats, warmup=1,
-                profile=False, skip=frozenset(skip | ({"speedup"} if args.no_speedup else set())),
-                ceiling=0.0, started=time.perf_counter())
+    plan = Plan.standalone(args.threads, args.repeats,
+                           frozenset(skip | ({"speedup"} if args.no_speedup else set())))
     rows = measure(plan, (args.batch, args.seq_len), tuple(args.precisions), tuple(args.configs),
                    args.adamw)
     write_family(args.out, machine, rows, section(rows))
