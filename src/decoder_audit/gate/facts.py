@@ -97,7 +97,8 @@ class ModelFacts:
     reference: str | None
     """How the oracle reads the weights: "decoder", "spec", or None."""
     reference_reason: str = ""
-    """Why there is no reference (empty when there is one)."""
+    """Why there is no reference, or why a declared spec's weights could not be placed (empty
+    when the oracle can read them)."""
     readout: str | None = None
     """The name of the module that turns the last hidden state into logits (the output head:
     get_output_embeddings(), a module named lm_head / head / output, or the last Linear with
@@ -144,7 +145,8 @@ class ModelFacts:
     ledger, the tie and the oracle are checked against it (spec.py)."""
     placement: Any = None
     """Where the module's weights lie on the spec's canonical names (references.layouts
-    Placement), None without a spec or when no layout was found (`reference_reason` says)."""
+    Placement), None without a spec or when no layout was found (`reference_reason` says why;
+    params and oracle then fail)."""
     origin: dict[str, str] = field(default_factory=dict)
     """fact name -> "config" | "spec" | "hugging face" | "argument" | "default"."""
     notes: tuple[str, ...] = ()
@@ -157,8 +159,9 @@ class ModelFacts:
 
     @property
     def has_ledger(self) -> bool:
-        """A DecoderConfig of our layout, or a declared spec whose layout was found."""
-        return self.config is not None or self.placement is not None
+        """A DecoderConfig of our layout, or a declared spec (whose weights params places, or
+        fails to)."""
+        return self.config is not None or self.spec is not None
 
     @property
     def tied(self) -> bool:
@@ -283,8 +286,9 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
             "(and max_seq_len=T to check that longer inputs are rejected)")
     spec = spec_facts.get("spec")
     if spec is not None:
-        reference, reason = ("spec", "") if spec_facts["placement"] else (None,
-                                                                          spec_facts["reason"])
+        # A declared spec is checked even where its weights cannot be placed: params and oracle
+        # then fail naming what was not found (reference_reason), never skip to a pass.
+        reference, reason = "spec", "" if spec_facts["placement"] else spec_facts["reason"]
     readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
     return ModelFacts(
         model=class_name(model), vocab_size=values["vocab_size"],

@@ -31,11 +31,8 @@ from .subject import Subject
 # Why a check is skipped when the model's facts lack what it needs (a fact of facts.py each).
 NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "whitebox": lambda f: "black-box: needs a DecoderConfig and the Decoder's weight names",
-    "has_ledger": lambda f: (
-        f"the declared spec's weights were not found in the module: {f.reference_reason}"
-        if f.spec is not None else
-        "black-box: needs a DecoderConfig and the Decoder's weight names, or the architecture "
-        "declared with spec= (verify --spec cfg.json)"),
+    "has_ledger": lambda f: ("black-box: needs a DecoderConfig and the Decoder's weight names, "
+                             "or the architecture declared with spec= (verify --spec cfg.json)"),
     "tied": lambda f: "untied: no shared weight",
     "own_module": lambda f: "a Hugging Face class carries parameters for inputs and losses a "
                             "text-only next-token call does not give (cross-attention, vision "
