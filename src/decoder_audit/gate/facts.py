@@ -128,6 +128,9 @@ class ModelFacts:
     """Why the model's cache cannot be stepped, found by calling it (empty when it can)."""
     input_gradient_reason: str = ""
     """Why d loss / d input cannot be taken, found by one small backward (empty when it can)."""
+    loss_reason: str = ""
+    """Why the model's own loss cannot be taken although its forward takes labels= (the call does
+    not fit its signature, or it returns no loss), found by one call (empty when it can)."""
     train_mode_reason: str = ""
     """Why the model cannot be run in train mode at the probes' length, found by one call, when
     no training path says what length training uses (empty when it runs)."""
@@ -218,6 +221,10 @@ class ModelFacts:
     @property
     def has_attention(self) -> bool:
         return self.attention is not None
+
+    @property
+    def loss_callable(self) -> bool:
+        return not self.loss_reason
 
     @property
     def has_input_gradient(self) -> bool:

@@ -24,7 +24,6 @@ release), and the user's RNG streams are untouched (the runner forks them for th
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -452,96 +451,3 @@ def _packing_verdict(s: Subject, records, other, grad, evidence, tol) -> CheckRe
                        " equal each document alone; changing one leaves the others unchanged"
                        + ("; no gradient crosses a document" if grad is not None else "")
                        + finding, evidence, tol)
-
-
-def check_model_loss(s: Subject) -> CheckResult:
-    """The model's own loss (`labels=`, Hugging Face's convention: the labels are the inputs and
-    the model shifts them) equals cross entropy of its own logits against the labels shifted
-    once, with ignore_index -100 honoured; and, where the forward takes num_items_in_batch, two
-    micro-batches of unequal token counts add up to the whole batch's loss (the gradient
-    accumulation fix, transformers#34191)."""
-    seq_len = s.short_len(8)
-    if seq_len < 3:
-        return CheckResult("model_loss", True, f"T={seq_len}: no room for a shifted label", {})
-    gen = s.generator(45)
-    ids = s.random_ids(2, seq_len, gen).to(s.device)  # (2, T)
-    labels = ids.clone()
-    labels[0, 1:seq_len // 2] = -100  # row 0 reads fewer labels than row 1
-    labels[1, -1] = -100
-    with torch.no_grad():
-        s.count(ids)
-        out = s.work(input_ids=ids, labels=labels)
-        logits, loss = logits_of(out).double(), getattr(out, "loss", None)
-    if not isinstance(loss, torch.Tensor):
-        return CheckResult("model_loss", False, f"given labels=, {type(s.work).__name__} returned no "
-                           ".loss", {})
-    expected = torch.nn.functional.cross_entropy(  # shifted once: logit t scores label t + 1
-        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-        ignore_index=-100)
-    tol = max(s.shape_tolerance(), tolerances.eps(s.dtype) * 64)
-    worst = abs(float(loss) - float(expected))
-    evidence = {"loss": float(loss), "shifted_once": float(expected), "allowed": tol * float(
-        expected), "labels_read": int((labels[:, 1:] != -100).sum())}
-    evidence.update(_shift_alternatives(logits, labels, ids))
-    if not worst <= tol * float(expected):
-        return CheckResult("model_loss", False, f"the model's loss {float(loss):.6g} is not cross "
-                           f"entropy against the labels shifted once ({float(expected):.6g}); "
-                           f"{_which_loss(evidence, float(loss), tol)}", evidence, tol)
-    accumulated = _accumulated(s, ids, labels, float(loss), tol, evidence)
-    if accumulated:
-        return CheckResult("model_loss", False, accumulated, evidence, tol)
-    how = ("; two micro-batches with num_items_in_batch add up to the whole batch's"
-           if "micro_batch_sum" in evidence else "")
-    return CheckResult("model_loss", True, f"the model's loss = cross entropy of its logits against "
-                       f"the labels shifted once, -100 ignored ({float(loss):.4g}){how}",
-                       evidence, tol)
-
-
-def _shift_alternatives(logits, labels, ids) -> dict:
-    """What the loss would be under the usual mistakes, for the message."""
-    flat = lambda x: x.reshape(-1, x.shape[-1])  # noqa: E731
-    twice = torch.nn.functional.cross_entropy(flat(logits[:, :-2]), labels[:, 2:].reshape(-1),
-                                              ignore_index=-100)
-    unshifted = torch.nn.functional.cross_entropy(flat(logits), labels.reshape(-1),
-                                                  ignore_index=-100)
-    every = torch.nn.functional.cross_entropy(flat(logits[:, :-1]), ids[:, 1:].reshape(-1))
-    return {"shifted_twice": float(twice), "not_shifted": float(unshifted),
-            "ignoring_nothing": float(every)}
-
-
-def _which_loss(evidence: dict, loss: float, tol: float) -> str:
-    for key, said in (("shifted_twice", "it is the loss of labels shifted twice (t predicts "
-                       "t + 2)"), ("not_shifted", "it is the loss of unshifted labels (t "
-                       "predicts itself)"), ("ignoring_nothing", "it reads the ignored (-100) "
-                       "labels too")):
-        if abs(loss - evidence[key]) <= tol * abs(evidence[key]):
-            return said
-    return "it is none of the shifted-twice, unshifted or every-label losses either"
-
-
-def _accumulated(s: Subject, ids, labels, whole: float, tol: float, evidence: dict) -> str:
-    """Row 0 and row 1 as two micro-batches given num_items_in_batch = the whole batch's
-    count: their losses must add up to the whole batch's (each divides its sum by the count,
-    not by its own). "" when they do, or the forward does not take num_items_in_batch."""
-    try:
-        params = inspect.signature(s.work.forward).parameters
-    except (TypeError, ValueError):
-        return ""
-    if "num_items_in_batch" not in params and not any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        evidence["num_items_in_batch"] = "not taken by the forward"
-        return ""
-    count = int((labels[:, 1:] != -100).sum())
-    parts = []
-    with torch.no_grad():
-        for row in range(2):
-            s.count(ids[row:row + 1])
-            out = s.work(input_ids=ids[row:row + 1], labels=labels[row:row + 1],
-                         num_items_in_batch=torch.tensor(count, device=ids.device))
-            parts.append(float(out.loss))
-    evidence["micro_batch_sum"] = sum(parts)
-    if abs(sum(parts) - whole) <= tol * whole:
-        return ""
-    return (f"two micro-batches given num_items_in_batch={count} add up to {sum(parts):.6g}, "
-            f"not the whole batch's {whole:.6g}: each is normalised by its own token count, so "
-            "gradient accumulation over unequal micro-batches weights their tokens unequally")
