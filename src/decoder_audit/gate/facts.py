@@ -44,6 +44,9 @@ from ..errors import ConfigError
 from ..generation.convention import Convention, convention
 from .sharding import class_name, local, on_every_rank
 
+# The forms a packed row is sent in (gate/packing.py says what each sends).
+PACK_FORMS = ("document_ids", "4d_mask", "position_ids", "flash_kwargs")
+
 # Causal and prefix interventions run at most this long by default (batched cuts cost
 # (cuts + 1) * T tokens; GPT-2 small at T=1024 would take minutes on a laptop CPU).
 DEFAULT_INTERVENTION_LEN = 64
@@ -64,6 +67,10 @@ class TrainingPath:
     """Activation checkpointing on (`gradient_checkpointing_enable()`)."""
     pack: bool = False
     """Several documents packed into each row (through the model's packing interface)."""
+    pack_form: str | None = None
+    """The one form the trainer sends packed rows in (gate.packing.FORMS: "document_ids",
+    "4d_mask", "position_ids", "flash_kwargs"), or None: every form the model takes is checked.
+    A module of its own declares a position_ids interface this way."""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len"):
@@ -72,6 +79,12 @@ class TrainingPath:
                 raise ConfigError(f"training {name}={value!r} must be a positive integer")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"training precision={self.precision!r} is not 'fp32' or 'bf16'")
+        if self.pack_form is not None:
+            if self.pack_form not in PACK_FORMS:
+                raise ConfigError(f"training pack_form={self.pack_form!r} is not one of "
+                                  f"{list(PACK_FORMS)}")
+            if not self.pack:
+                raise ConfigError(f"training pack_form={self.pack_form!r} needs pack=True")
 
 
 @dataclass(frozen=True)
@@ -115,9 +128,16 @@ class ModelFacts:
     computes_loss: bool = False
     """The forward takes labels= and returns its own .loss (Hugging Face's convention)."""
     packing: str | None = None
-    """How documents are packed into one row: "document_ids" (our Decoder), "position_ids" (a
-    Hugging Face model: restarting position_ids and a 4-D block-diagonal attention mask), or None
-    (no packing interface)."""
+    """How decoder-audit's train packs documents into one row for this model: "document_ids"
+    (our Decoder, or a forward that names them), "4d_mask" (a Hugging Face model: restarting
+    position_ids and a 4-D block-diagonal attention mask), or None (no packing interface)."""
+    packing_forms: tuple[str, ...] = ()
+    """Every form of a packed row (PACK_FORMS) the model's forward takes: its interface, and
+    for a Hugging Face model the padding-free forms its trainers send too (position_ids alone;
+    flash attention's cu_seq_lens where it takes them). The packing check sends them all, or
+    the one the training path names (`checked_packing_forms`)."""
+    takes_use_cache: bool = False
+    """The forward takes use_cache= (packed forms are tried with it on by default and off)."""
     has_input_embedding: bool = False
     """An input embedding was found (get_input_embeddings, token_embeddings, an nn.Embedding)."""
     attention: str | None = None
@@ -212,7 +232,14 @@ class ModelFacts:
 
     @property
     def packs(self) -> bool:
-        return self.packing is not None
+        return bool(self.packing_forms)
+
+    @property
+    def checked_packing_forms(self) -> tuple[str, ...]:
+        """The forms the packing check sends: the training path's pack_form, or every one the
+        model takes."""
+        wanted = None if self.training is None else self.training.pack_form
+        return self.packing_forms if wanted is None else (wanted,)
 
     @property
     def trains_packed(self) -> bool:
@@ -243,7 +270,9 @@ class ModelFacts:
                 "training": None if self.training is None else {
                     "batch_size": self.training.batch_size, "seq_len": self.training.seq_len,
                     "precision": self.training.precision,
-                    "checkpointing": self.training.checkpointing, "pack": self.training.pack},
+                    "checkpointing": self.training.checkpointing, "pack": self.training.pack,
+                    "pack_form": self.training.pack_form},
+                "packing_forms": list(self.packing_forms),
                 "origin": dict(self.origin)}
 
 
@@ -304,6 +333,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
         pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
         reference=reference, reference_reason=reason, packing=packing_interface(model),
+        packing_forms=_declared_packing(model, training), takes_use_cache=_takes(model, "use_cache"),
         computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
         **readout, has_input_embedding=input_embedding(model) is not None, training=training,
         spec=spec, placement=spec_facts.get("placement"), origin=origin,
@@ -506,16 +536,44 @@ def _takes(model: nn.Module, name: str) -> bool:
 
 
 def packing_interface(model: nn.Module) -> str | None:
-    """How `model` takes several documents in one row, read from its forward's parameters."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return None
-    if "document_ids" in params:
+    """How decoder-audit's train packs documents into one row of `model` (ModelFacts.packing),
+    read from its forward's parameters."""
+    if _takes(model, "document_ids"):
         return "document_ids"
-    if _is_hugging_face(model) and "position_ids" in params and "attention_mask" in params:
-        return "position_ids"
+    if _is_hugging_face(model) and _takes(model, "position_ids") and \
+            _takes(model, "attention_mask"):
+        return "4d_mask"
     return None
+
+
+def _declared_packing(model: nn.Module, training: TrainingPath | None) -> tuple[str, ...]:
+    """packing_forms, after a ConfigError for a training path whose pack_form the model's
+    forward cannot take."""
+    forms = packing_forms(model)
+    wanted = None if training is None else training.pack_form
+    if wanted is not None and wanted not in forms:
+        raise ConfigError(f"training pack_form={wanted!r}: {type(model).__name__}'s forward takes "
+                          f"only {list(forms) or 'no packed form'} (of {list(PACK_FORMS)})")
+    return forms
+
+
+def packing_forms(model: nn.Module) -> tuple[str, ...]:
+    """The forms of a packed row `model`'s forward takes (ModelFacts.packing_forms): its
+    document_ids; a Hugging Face model's 4-D mask and position_ids alone (what padding-free
+    collators send); a module of its own's position_ids; flash attention's cu_seq_lens where the
+    forward names them or a Hugging Face model runs a flash attention implementation."""
+    interface = packing_interface(model)
+    if interface == "document_ids":
+        return ("document_ids",)
+    if interface == "4d_mask":
+        config = getattr(model, "config", None)
+        flash = "flash" in str(getattr(config, "_attn_implementation", "") or "")
+        return ("4d_mask", "position_ids") + (
+            ("flash_kwargs",) if flash or _takes(model, "cu_seq_lens_q") else ())
+    # a module of its own: the one padding-free form its forward names
+    if _takes(model, "cu_seq_lens_q"):
+        return ("flash_kwargs",)
+    return ("position_ids",) if _takes(model, "position_ids") else ()
 
 
 def input_embedding(model: nn.Module) -> nn.Module | None:

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import (alignment, attention, generation, inputs, invariance, model_loss, reference,
-               training, weights)
+from . import (alignment, attention, generation, inputs, invariance, model_loss, packing,
+               reference, training, weights)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -67,7 +67,8 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "trains_packed": lambda f: "training is not declared to pack documents into rows (train "
                                "--pack runs it)",
     "packs": lambda f: "no packing interface: the forward takes neither document_ids (ours) nor "
-                       "position_ids with an attention_mask (Hugging Face)",
+                       "position_ids with an attention_mask (Hugging Face); a module of its own "
+                       "names the form it takes with TrainingPath(pack_form=...)",
     "trains_with_checkpointing": lambda f: "training is not declared to use activation "
                                            "checkpointing (train --checkpointing runs it)",
     "trains_in_bf16": lambda f: "training is not declared to run under bfloat16 autocast (train "
@@ -138,7 +139,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("train_mode", "train mode (dropout on): causal, batch-independent", "training",
           training.check_train_mode, needs=("runs_in_train_mode",), paths=("training",)),
     Check("packing", "packed documents = each document alone; none reads another", "training",
-          training.check_packing, needs=("trains_packed", "packs"), paths=("training",)),
+          packing.check_packing, needs=("trains_packed", "packs"), paths=("training",)),
     Check("checkpointing", "checkpointed logits and gradients = plain ones", "training",
           training.check_checkpointing, needs=("trains_with_checkpointing",),
           paths=("training",)),
