@@ -299,6 +299,35 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
     spec_facts = _spec_facts(model, spec, weights_map, declared, origin,
                              whitebox=config is not None,
                              hf_readable=reference == "hugging face")
+    values = _resolved(given, declared, origin)
+    if values["vocab_size"] is None:
+        raise ConfigError(
+            f"{type(model).__name__} has no DecoderConfig, so audit() needs vocab_size=V "
+            "(and max_seq_len=T to check that longer inputs are rejected)")
+    spec = spec_facts.get("spec")
+    if spec is not None:
+        # A declared spec is checked even where its weights cannot be placed: params and oracle
+        # then fail naming what was not found (reference_reason), never skip to a pass.
+        reference, reason = "spec", "" if spec_facts["placement"] else spec_facts["reason"]
+    readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
+    return ModelFacts(
+        model=class_name(model), vocab_size=values["vocab_size"],
+        input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
+        max_seq_len=values["max_seq_len"],
+        intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
+        pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
+        reference=reference, reference_reason=reason, **_path_facts(model, training),
+        computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
+        **readout, has_input_embedding=input_embedding(model) is not None, training=training,
+        spec=spec, placement=spec_facts.get("placement"), origin=origin,
+        notes=tuple(notes))
+
+
+def _resolved(given: dict[str, Any], declared: dict[str, Any], origin: dict[str, str]
+              ) -> dict[str, Any]:
+    """Each fact's value: the argument, else what the model declares, else None; `origin` says
+    which. An argument that contradicts the model's own config (V, the input vocabulary, a
+    DecoderConfig's max_seq_len) is a ConfigError naming both."""
     for name in ("vocab_size", "input_vocab_size") + (
             ("max_seq_len",) if origin.get("max_seq_len") == "config" else ()):
         if given[name] is not None and name in declared and given[name] != declared[name]:
@@ -316,28 +345,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         else:
             values[name] = None
             origin[name] = "default"
-    if values["vocab_size"] is None:
-        raise ConfigError(
-            f"{type(model).__name__} has no DecoderConfig, so audit() needs vocab_size=V "
-            "(and max_seq_len=T to check that longer inputs are rejected)")
-    spec = spec_facts.get("spec")
-    if spec is not None:
-        # A declared spec is checked even where its weights cannot be placed: params and oracle
-        # then fail naming what was not found (reference_reason), never skip to a pass.
-        reference, reason = "spec", "" if spec_facts["placement"] else spec_facts["reason"]
-    readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
-    return ModelFacts(
-        model=class_name(model), vocab_size=values["vocab_size"],
-        input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
-        max_seq_len=values["max_seq_len"],
-        intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
-        pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
-        reference=reference, reference_reason=reason, packing=packing_interface(model),
-        packing_forms=_declared_packing(model, training), takes_use_cache=_takes(model, "use_cache"),
-        computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
-        **readout, has_input_embedding=input_embedding(model) is not None, training=training,
-        spec=spec, placement=spec_facts.get("placement"), origin=origin,
-        notes=tuple(notes))
+    return values
 
 
 def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
@@ -546,15 +554,17 @@ def packing_interface(model: nn.Module) -> str | None:
     return None
 
 
-def _declared_packing(model: nn.Module, training: TrainingPath | None) -> tuple[str, ...]:
-    """packing_forms, after a ConfigError for a training path whose pack_form the model's
-    forward cannot take."""
+def _path_facts(model: nn.Module, training: TrainingPath | None) -> dict[str, Any]:
+    """The facts of the paths a model takes beside its plain forward, read from its forward's
+    parameters: packing (after a ConfigError for a training path whose pack_form the forward
+    cannot take) and use_cache."""
     forms = packing_forms(model)
     wanted = None if training is None else training.pack_form
     if wanted is not None and wanted not in forms:
         raise ConfigError(f"training pack_form={wanted!r}: {type(model).__name__}'s forward takes "
                           f"only {list(forms) or 'no packed form'} (of {list(PACK_FORMS)})")
-    return forms
+    return {"packing": packing_interface(model), "packing_forms": forms,
+            "takes_use_cache": _takes(model, "use_cache")}
 
 
 def packing_forms(model: nn.Module) -> tuple[str, ...]:
