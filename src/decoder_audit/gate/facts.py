@@ -138,6 +138,13 @@ class ModelFacts:
     the one the training path names (`checked_packing_forms`)."""
     takes_use_cache: bool = False
     """The forward takes use_cache= (packed forms are tried with it on by default and off)."""
+    windows: tuple[int | None, ...] | None = None
+    """The sliding window each layer declares (None: full attention), from the model's
+    DecoderConfig, its declared spec or its Hugging Face config (`references.hf_windows`); None
+    when no layer declares one."""
+    attention_layers: tuple[str, ...] = ()
+    """The names of the per-layer attention modules, in layer order, found from the module
+    classes (`attention_layers`); empty when they cannot be told apart."""
     has_input_embedding: bool = False
     """An input embedding was found (get_input_embeddings, token_embeddings, an nn.Embedding)."""
     attention: str | None = None
@@ -250,6 +257,26 @@ class ModelFacts:
         return self.attention is not None
 
     @property
+    def length_bound(self) -> int | None:
+        """The longest input the model takes: its hard limit, declared or found; None: none."""
+        return self.max_seq_len or self.length_limit
+
+    @property
+    def declares_window(self) -> bool:
+        return self.windows is not None
+
+    @property
+    def window_binds(self) -> bool:
+        """The smallest declared window excludes a token within the inputs the model takes."""
+        smallest = min((w for w in self.windows or () if w is not None), default=None)
+        return smallest is not None and (self.length_bound is None or
+                                         smallest + 1 <= self.length_bound)
+
+    @property
+    def has_attention_layers(self) -> bool:
+        return bool(self.attention_layers)
+
+    @property
     def loss_callable(self) -> bool:
         return not self.loss_reason
 
@@ -310,6 +337,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         # then fail naming what was not found (reference_reason), never skip to a pass.
         reference, reason = "spec", "" if spec_facts["placement"] else spec_facts["reason"]
     readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
+    windows = _declared_windows(model, config or spec)
     return ModelFacts(
         model=class_name(model), vocab_size=values["vocab_size"],
         input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
@@ -319,7 +347,8 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         reference=reference, reference_reason=reason, **_path_facts(model, training),
         computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
         **readout, has_input_embedding=input_embedding(model) is not None, training=training,
-        spec=spec, placement=spec_facts.get("placement"), origin=origin,
+        spec=spec, placement=spec_facts.get("placement"), origin=origin, windows=windows,
+        attention_layers=attention_layers(model, len(windows)) if windows else (),
         notes=tuple(notes))
 
 
@@ -552,6 +581,34 @@ def packing_interface(model: nn.Module) -> str | None:
             _takes(model, "attention_mask"):
         return "4d_mask"
     return None
+
+
+def _declared_windows(model: nn.Module, cfg: DecoderConfig | None
+                      ) -> tuple[int | None, ...] | None:
+    """The window each layer declares: by the DecoderConfig that is the model's architecture
+    (its own, a declared spec, a Hugging Face class's config read as one), else by a Hugging Face
+    config of any family."""
+    if cfg is not None:
+        found = tuple(cfg.window(layer) for layer in range(cfg.n_layers))
+    elif _is_hugging_face(model):
+        from ..references.hf_windows import declared_windows
+
+        found = declared_windows(model.config)
+    else:
+        return None
+    return found if found and any(w is not None for w in found) else None
+
+
+def attention_layers(model: nn.Module, layers: int) -> tuple[str, ...]:
+    """The names of the per-layer attention modules, in order: the outermost modules whose class
+    is named like attention (LlamaAttention, CausalSelfAttention, GPT2Attention, ...), when there
+    are exactly `layers` of them; () otherwise."""
+    found = [name for name, module in model.named_modules()
+             if name and "attention" in type(module).__name__.lower()
+             and any(True for _ in module.parameters())]
+    outermost = [name for name in found
+                 if not any(name.startswith(other + ".") for other in found)]
+    return tuple(outermost) if len(outermost) == layers else ()
 
 
 def _path_facts(model: nn.Module, training: TrainingPath | None) -> dict[str, Any]:
