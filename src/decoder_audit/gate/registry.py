@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import (alignment, attention, generation, inputs, invariance, model_loss, packing,
-               reference, training, weights, window)
+from . import (alignment, attention, generation, inputs, invariance, kv_cache, model_loss,
+               packing, reference, training, weights, window)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -145,7 +145,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           "weights", weights.check_dead_parameters, needs=("own_module",),
           paths=("training",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
-          generation.check_kv_cache, needs=("has_cache",), paths=("generation",)),
+          kv_cache.check_kv_cache, needs=("has_cache",), paths=("generation",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",
           generation.check_padding, needs=("takes_mask",), paths=("generation",)),
     Check("train_mode", "train mode (dropout on): causal, batch-independent", "training",
