@@ -138,6 +138,10 @@ class ModelFacts:
     the one the training path names (`checked_packing_forms`)."""
     takes_use_cache: bool = False
     """The forward takes use_cache= (packed forms are tried with it on by default and off)."""
+    checkpointing_enabled: bool = False
+    """Activation checkpointing is switched on in the model as it came to the audit (Hugging
+    Face's `is_gradient_checkpointing`, or a `gradient_checkpointing` flag that is True): the
+    path its training takes, audited without a declaration."""
     windows: tuple[int | None, ...] | None = None
     """The sliding window each layer declares (None: full attention), from the model's
     DecoderConfig, its declared spec or its Hugging Face config (`references.hf_windows`); None
@@ -231,7 +235,8 @@ class ModelFacts:
 
     @property
     def trains_with_checkpointing(self) -> bool:
-        return self.training is not None and self.training.checkpointing
+        return self.checkpointing_enabled or (self.training is not None and
+                                              self.training.checkpointing)
 
     @property
     def runs_in_train_mode(self) -> bool:
@@ -300,6 +305,7 @@ class ModelFacts:
                     "checkpointing": self.training.checkpointing, "pack": self.training.pack,
                     "pack_form": self.training.pack_form},
                 "packing_forms": list(self.packing_forms),
+                "checkpointing_enabled": self.checkpointing_enabled,
                 "origin": dict(self.origin)}
 
 
@@ -621,7 +627,18 @@ def _path_facts(model: nn.Module, training: TrainingPath | None) -> dict[str, An
         raise ConfigError(f"training pack_form={wanted!r}: {type(model).__name__}'s forward takes "
                           f"only {list(forms) or 'no packed form'} (of {list(PACK_FORMS)})")
     return {"packing": packing_interface(model), "packing_forms": forms,
-            "takes_use_cache": _takes(model, "use_cache")}
+            "takes_use_cache": _takes(model, "use_cache"),
+            "checkpointing_enabled": checkpointing_enabled(model)}
+
+
+def checkpointing_enabled(model: nn.Module) -> bool:
+    """Activation checkpointing is on in `model` (ModelFacts.checkpointing_enabled)."""
+    try:
+        flag = getattr(model, "is_gradient_checkpointing",
+                       getattr(model, "gradient_checkpointing", False))
+    except Exception:  # noqa: BLE001 - a property that raises: nothing said about it
+        return False
+    return flag is True
 
 
 def packing_forms(model: nn.Module) -> tuple[str, ...]:

@@ -78,8 +78,9 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "packs": lambda f: "no packing interface: the forward takes neither document_ids (ours) nor "
                        "position_ids with an attention_mask (Hugging Face); a module of its own "
                        "names the form it takes with TrainingPath(pack_form=...)",
-    "trains_with_checkpointing": lambda f: "training is not declared to use activation "
-                                           "checkpointing (train --checkpointing runs it)",
+    "trains_with_checkpointing": lambda f: "activation checkpointing is neither on in the model "
+                                           "(gradient_checkpointing_enable()) nor declared for "
+                                           "training (train --checkpointing runs it)",
     "trains_in_bf16": lambda f: "training is not declared to run under bfloat16 autocast (train "
                                 "--precision bf16 runs it; from Python: audit(model, training="
                                 "TrainingPath(batch_size, seq_len, precision='bf16')))",
