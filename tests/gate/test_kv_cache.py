@@ -99,3 +99,21 @@ def test_a_reused_cache_that_keeps_the_old_prompt_fails_kv_cache_naming_it():
     assert not check.passed
     bad = [r["schedule"] for r in check.evidence["schedules"] if r["positions_differing"]]
     assert bad and all("reset and reused" in label for label in bad)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_windowed_layers_decode_through_the_caller_caches(family):
+    """A sliding window of 6 in a 16-token probe: the caches a caller builds from the config
+    keep only the window on the windowed layers (transformers 5: their sliding layers; 4.x:
+    SlidingWindowCache and HybridCache) and still decode as the full forward."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=37, hidden_size=24, intermediate_size=20, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                  sliding_window=6)
+    if family == "mistral":
+        model = tf.MistralForCausalLM(tf.MistralConfig(**common))
+    else:
+        model = tf.Gemma2ForCausalLM(tf.Gemma2Config(**common, head_dim=6, pad_token_id=0))
+    check = _check(randomise(model, seed=2, std=0.3))
+    assert check.passed, check.detail
+    assert len(check.evidence["caller_caches"]) >= 2
