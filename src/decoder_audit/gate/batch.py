@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -50,8 +50,19 @@ from ..errors import InputShapeError
 from .result import CheckResult, Verdicts, skipped
 
 IGNORE_INDEX = -100
-CHECKS = ("tensors", "values", "rows_read", "shift", "pads_ignored", "last_token", "bos",
-          "packed")
+# Every check, in the order it runs, and what it holds (the command's --help and docs list these).
+CHECK_TITLES = {
+    "tensors": "each entry one integer (B, T) tensor: not empty, not ragged, no float ids or "
+               "labels, a 0/1 attention_mask",
+    "values": "ids are token ids; labels are ids or the ignore index (-1 used for it is named)",
+    "rows_read": "no row, nor the whole batch, with every label ignored",
+    "shift": "the labels read are the inputs under the declared convention (not shifted twice)",
+    "pads_ignored": "no padded position's label is read (no mask: trailing pad ids)",
+    "last_token": "the last real token keeps its label; with pad = eos, the real eos keeps its",
+    "bos": "no row opens with the begin token twice",
+    "packed": "with position_ids, no label across a document boundary is read",
+}
+CHECKS = tuple(CHECK_TITLES)
 ENTRIES = ("input_ids", "labels", "attention_mask", "position_ids")
 # A run of one id at the end of rows, at least this long, read as padding when no mask or pad id
 # says what padding is: one repeat at the end of a row is too common in text to mean padding.
@@ -68,6 +79,7 @@ class BatchReport(Verdicts):
     pair: list[str] = field(default_factory=list)
     shape: tuple[int, int] | None = None
     entries: list[str] = field(default_factory=list)  # the batch's keys that were read
+    CHECK_TITLES: ClassVar[dict[str, str]] = CHECK_TITLES
 
     def to_dict(self, command: str | None = None) -> dict[str, Any]:
         first = self.first_failure
@@ -86,7 +98,9 @@ class BatchReport(Verdicts):
                   for i, c in enumerate(self.checks, start=1)]
         lines += self.pair
         first = self.first_failure
-        lines.append("PASSED: every check holds." if first is None else
+        skips = [c.name for c in self.checks if c.skipped]
+        lines.append((f"PASSED: every check holds ({len(skips)} skipped: {', '.join(skips)})."
+                      if skips else "PASSED: every check holds.") if first is None else
                      f"FAILED: first broken contract is '{first.name}': {first.detail}")
         return lines + ([f"rerun: {command}"] if command else [])
 
@@ -114,10 +128,11 @@ def _is_batch_report(folder: Path) -> bool:
 
 
 def audit_batch(batch: Any, tokenizer: Any = None, *, labels_shifted: bool = False,
-                ignore_index: int = IGNORE_INDEX, pad_id: int | None = None) -> BatchReport:
+                ignore_index: int = IGNORE_INDEX, pad_id: int | None = None,
+                bos_id: int | None = None) -> BatchReport:
     """Check a collator's batch (a mapping with input_ids and labels, and optionally
-    attention_mask and position_ids, each (B, T)); `pad_id` says the pad id where the
-    tokenizer does not. See the module docstring."""
+    attention_mask and position_ids, each (B, T)); `pad_id` and `bos_id` say those ids where
+    the tokenizer does not (and win over its). See the module docstring."""
     entries = _entries(batch)
     tensors, form = _read_tensors(entries)
     if not form.passed:
@@ -126,7 +141,7 @@ def audit_batch(batch: Any, tokenizer: Any = None, *, labels_shifted: bool = Fal
                            entries=list(entries))
     ids, labels = tensors["input_ids"], tensors["labels"]
     positions = tensors.get("position_ids")
-    special = _special_ids(tokenizer, pad_id)
+    special = _special_ids(tokenizer, pad=pad_id, bos=bos_id)
     read = labels != ignore_index  # (B, T): labels a loss reads
     mask, padding = _padding(ids, tensors.get("attention_mask"), special)
     checks = [
@@ -135,7 +150,7 @@ def audit_batch(batch: Any, tokenizer: Any = None, *, labels_shifted: bool = Fal
         _check_rows_read(read, ignore_index),
         _check_shift(ids, labels, read, labels_shifted),
         _check_pads(mask, read, padding),
-        _check_last_token(ids, mask, read, special),
+        _check_last_token(ids, mask, _targets_read(read, labels_shifted), special),
         _check_bos(ids, mask, special),
         _check_packed(positions, read, labels_shifted),
     ]
@@ -237,16 +252,14 @@ def _mask_problem(mask: torch.Tensor) -> str | None:
             f"{', '.join(shown)}): it marks each position real (1) or padding (0)")
 
 
-def _special_ids(tokenizer: Any, pad_id: int | None) -> dict[str, int | None]:
+def _special_ids(tokenizer: Any, **declared: int | None) -> dict[str, int | None]:
     def get(name: str) -> int | None:
         value = getattr(tokenizer, f"{name}_token_id", None)
         if value is None:
             value = getattr(tokenizer, f"{name}_id", None)
         return value if isinstance(value, int) else None
     special = {name: get(name) for name in ("eos", "bos", "pad")}
-    if pad_id is not None:
-        special["pad"] = pad_id
-    return special
+    return {**special, **{name: v for name, v in declared.items() if v is not None}}
 
 
 def _vocab_size(tokenizer: Any) -> int | None:
@@ -279,7 +292,7 @@ def _check_values(ids, labels, ignore_index: int, vocab: int | None) -> CheckRes
         hint = "" if negative is None else (
             f": if {negative} marks ignored labels, the loss ignores {ignore_index} only "
             f"(cross_entropy raises on {negative}); use {ignore_index}, or declare "
-            f"ignore_index={negative}")
+            f"{negative} the ignore index (ignore_index={negative}, --ignore-index {negative})")
         problems.append(f"{int(bad_labels.sum())} labels (values {strays}) are neither token "
                         f"ids nor the ignore index {ignore_index} (first at (row, position) "
                         f"({b}, {t})){hint}")
@@ -361,7 +374,7 @@ def _check_rows_read(read, ignore_index: int) -> CheckResult:
         return CheckResult("rows_read", False, f"rows {empty[:8]} have every label ignored: "
                            "they add nothing to the loss (a response template never found?)",
                            evidence)
-    return CheckResult("rows_read", True, f"every one of {read.shape[0]} rows has labels read",
+    return CheckResult("rows_read", True, f"each of the {read.shape[0]} rows has labels read",
                        evidence)
 
 
@@ -375,7 +388,8 @@ def _check_pads(mask, read, padding: dict[str, Any]) -> CheckResult:
                            "which stands nowhere else: right padding by its look, and its "
                            f"{len(bad)} labels are read, so the loss trains the model to predict "
                            "pads; give the attention_mask, set the pads' labels to the ignore "
-                           "index, or declare the pad id (the tokenizer, pad_id=)", evidence)
+                           "index, or declare the pad id (a tokenizer that has one, pad_id=, "
+                           "--pad-id)", evidence)
     if bad:
         where = ("attention_mask 0" if padding["from"] == "attention_mask" else
                  f"trailing pad id {padding['pad_id']}, no attention_mask")
@@ -385,9 +399,19 @@ def _check_pads(mask, read, padding: dict[str, Any]) -> CheckResult:
                        f"padding: {padding['from']})", evidence)
 
 
+def _targets_read(read, shifted: bool) -> torch.Tensor:
+    """(B, T): whether the label that has the input at t as its target is read: the label at t,
+    or with labels shifted by the collator the one at t - 1 (none for t = 0)."""
+    if not shifted:
+        return read
+    targets = torch.zeros_like(read)
+    targets[:, 1:] = read[:, :-1]
+    return targets
+
+
 def _check_last_token(ids, mask, read, special) -> CheckResult:
     """Right-padded rows keep their last real token's label; with pad = eos, real eos tokens
-    keep theirs."""
+    keep theirs. `read` says, per input position, whether the label targeting it is read."""
     dropped = []
     for b in range(ids.shape[0]):
         real = mask[b].nonzero().flatten()
@@ -417,23 +441,24 @@ def _check_last_token(ids, mask, read, special) -> CheckResult:
 
 def _check_bos(ids, mask, special) -> CheckResult:
     bos = special["bos"]
+    if bos is None:
+        return skipped("bos", "no begin token id: the tokenizer (if any) declares none")
     doubled = []
-    if bos is not None:
-        for b in range(ids.shape[0]):
-            real = ids[b][mask[b] == 1]
-            if len(real) >= 2 and int(real[0]) == bos and int(real[1]) == bos:
-                doubled.append(b)
+    for b in range(ids.shape[0]):
+        real = ids[b][mask[b] == 1]
+        if len(real) >= 2 and int(real[0]) == bos and int(real[1]) == bos:
+            doubled.append(b)
     evidence = {"bos_id": bos, "rows_with_two_bos": doubled}
     if doubled:
         return CheckResult("bos", False, f"rows {doubled[:8]} open with the begin token (id {bos}) "
                            "twice: the template added one and the tokenizer another", evidence)
-    return CheckResult("bos", True, "no row opens with the begin token twice"
-                       if bos is not None else "no begin token declared", evidence)
+    return CheckResult("bos", True, f"no row opens with the begin token (id {bos}) twice",
+                       evidence)
 
 
 def _check_packed(positions, read, shifted: bool) -> CheckResult:
     if positions is None:
-        return CheckResult("packed", True, "no position_ids: not packed", {"packed": False})
+        return skipped("packed", "no position_ids: the batch declares no packed documents")
     starts = (positions == 0)
     starts[:, 0] = False  # a row's first token begins its first document anyway
     crossing = starts & read if not shifted else torch.zeros_like(read)
