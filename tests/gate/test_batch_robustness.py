@@ -138,3 +138,25 @@ def test_chunked_random_text_without_a_mask_passes():
     for _ in range(20):
         ids = torch.randint(0, 50, (8, 32), generator=gen)
         assert da.audit_batch({"input_ids": ids, "labels": ids.clone()}).passed
+
+
+def test_labels_shifted_by_the_collator_keep_the_label_that_targets_the_last_token():
+    """Shifted labels: label t targets input t + 1, so the last real input has no label of its
+    own (not a loss mask off by one), and the label at t - 1 is the one that must be read."""
+    ids = [[5, 6, 7, 0, 0], [1, 2, 3, 4, 8]]
+    mask = [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    shifted = [[6, 7, -100, -100, -100], [2, 3, 4, 8, -100]]
+    report = da.audit_batch({"input_ids": ids, "attention_mask": mask, "labels": shifted},
+                            labels_shifted=True)
+    assert report.passed, report.first_failure
+    dropped = [[6, -100, -100, -100, -100], [2, 3, 4, 8, -100]]  # 7 is never a target
+    first, _ = _first({"input_ids": ids, "attention_mask": mask, "labels": dropped},
+                      labels_shifted=True)
+    assert first.name == "last_token" and first.evidence["last_real_label_ignored"] == [[0, 2]]
+
+
+def test_checks_with_nothing_to_read_are_skipped_not_passed():
+    report = da.audit_batch({"input_ids": [[1, 2]], "labels": [[1, 2]]})
+    assert report["bos"].skipped and report["packed"].skipped
+    assert not da.audit_batch({"input_ids": [[1, 1, 2]], "labels": [[1, 1, 2]]},
+                              bos_id=1)["bos"].passed
