@@ -137,14 +137,15 @@ def measure_row(row: Row, warmup: int, repeats: int, ceiling: float, profile: bo
 
 
 def measure_rows(plan: Plan) -> list[dict[str, Any]]:
-    """The "rows" family: every row of the run, in order; profiled are all rows in --smoke, else
-    those in PROFILED."""
+    """The "rows" family: every row of the run, in order, while the budget lasts; profiled are
+    all rows in --smoke, else those in PROFILED."""
     results = []
-    for row in plan_rows(plan):
+    for row in plan.within_budget("rows", plan_rows(plan)):
         profile = plan.profile and (
             plan.smoke or (row.config_name, row.batch, row.seq_len, row.backward) in PROFILED)
         r = measure_row(row, plan.warmup, plan.repeats, plan.ceiling, profile)
         results.append(r)
+        plan.done("rows", r)
         plan.say(f"{row.label}: ours {r['ours']['seconds']['median'] * 1e3:.0f} ms, HF "
                  f"{r['hf']['seconds']['median'] * 1e3:.0f} ms, HF/ours {r['hf_over_ours']:.2f}")
     return results
