@@ -8,7 +8,8 @@ each case in a fresh process through the CLI's own main(), one at a time.
 
 Writes gate_peak.json and gate_peak.md into out/benchmarks/ (gitignored) or --out DIR
 (benchmarks/results/ holds the tracked figures) after every case, a case measured replacing its
-row and the other rows kept (benchmarks/store.py), and the table alone to --table. The prediction must bound the measurement from above, by at most 25%: the exit status
+row and the other rows kept (benchmarks/store.py), and the table alone to --table. The
+prediction must bound the measurement from above, by at most 25%: the exit status
 is 1 when a case falls outside. Two figures too large for this machine's 24 GiB beside other
 work are quoted from their own measurements (KNOWN), predicted afresh.
 """

@@ -4,8 +4,9 @@ GPT2LMHeadModel or a LlamaForCausalLM, sdpa attention), in fp32 and under bfloat
 
 Configs: GPT-2 small (124M parameters, V = 50257) and the Llama GQA shape of rows.py (D=512, L=8,
 H=8, Hkv=4, F=1376, V=32000, RMSNorm, SwiGLU, RoPE, untied), at B = 4, T = 256 (--quick: B = 2,
-T = 64 and no torch.compile; --smoke: their tiny stand-ins at B = 2, T = 8). On a 2-core CPU one step takes seconds, so
-larger batches would only lengthen the run; on a GPU the shapes are the same so the rows compare.
+T = 64 and no torch.compile; --smoke: their tiny stand-ins at B = 2, T = 8). On a 2-core CPU
+one step takes seconds, so larger batches would only lengthen the run; on a GPU the shapes are
+the same so the rows compare.
 
 Per row:
   - the pair is built and its logits checked equal before anything is timed (`pair.build_pair`);

@@ -7,8 +7,8 @@ exactly as a user would run it. Regenerates the figures and the table of docs/be
 
 Run as the first line shows, it writes nothing in the repository: the table goes to stdout and
 the folders and reports (with their pictures) under --out. `--docs DIR` copies the pictures
-into DIR too (the page's own are in docs/bert-contrast/, tracked). --out is emptied first only when it holds
-nothing but what this script writes there; any other file in it makes the script refuse.
+into DIR too (the page's own are in docs/bert-contrast/, tracked). --out is emptied first only
+when it holds nothing but what this script writes there; any other file makes it refuse.
 
 Same sizes on both sides: V = 64, D = 32, L = 2 layers, H = 4 heads, F = 64, 16 learned
 positions (a hard limit on both). Every weight matrix is drawn from N(0, 0.3) with seed 0 (the

@@ -132,9 +132,10 @@ def _read_torch(path: Path) -> Any:
     except pickle.UnpicklingError as exc:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
         if found:
-            raise ConfigError(f"{str(path)!r} holds a {found.group(1)} object, and nothing but tensors, lists, "
-                              "dicts and numbers is unpickled here (weights_only=True): save a "
-                              "plain dict, torch.save(dict(batch), FILE)") from None
+            raise ConfigError(f"{str(path)!r} holds a {found.group(1)} object, and nothing but "
+                              "tensors, lists, dicts and numbers is unpickled here "
+                              "(weights_only=True): save a plain dict, "
+                              "torch.save(dict(batch), FILE)") from None
         raise ConfigError(f"{str(path)!r} is neither a torch.save file nor safetensors "
                           f"({_last_line(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - weights_only runs no code: any failure is the file's
