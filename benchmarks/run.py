@@ -89,6 +89,9 @@ class Family:
     runs: Callable[[Plan], bool] = lambda plan: True  # whether this run wants it, besides --skip
     skipped: Any = None  # stored under key when the family does not run (None: key left out)
     single: bool = False  # one figure, not rows walked through plan.within_budget
+    # A family whose result holds its rows under "rows" (gate_scale): what results[key] is
+    # before its first row, so that each row is written inside it as it finishes.
+    start: Callable[[Plan], dict[str, Any]] | None = None
 
 
 FAMILIES = (
@@ -100,7 +103,8 @@ FAMILIES = (
     Family("generation", generation.measure, generation.section, skipped=[]),
     Family("training_step", training_step.measure, training_step.section, skipped=[]),
     # Opt-in (--gate-scale): the gate on tiny-368 and GPT-2 small to XL, a fresh process each.
-    Family("gate_scale", gate_scale.measure, gate_scale.section),
+    Family("gate_scale", gate_scale.measure, gate_scale.section,
+           start=lambda plan: gate_scale.record("float32", plan.threads) | {"rows": []}),
 )
 
 
@@ -171,6 +175,8 @@ def run_families(plan: Plan, results: dict[str, Any], flush: Callable[[], None])
         if family.single and plan.over_budget():
             plan.skip_row(family.key, "its one figure")
             continue
+        if family.start is not None:
+            results[family.key] = family.start(plan)
         measured = family.measure(plan)
         if isinstance(measured, dict):
             measured["run"] = results["run"]
@@ -190,6 +196,7 @@ class Results:
     def on_row(self, key: str, row: dict[str, Any]) -> None:
         row["run"] = self.results["run"]
         rows = self.results.setdefault(key, [])
+        rows = rows["rows"] if isinstance(rows, dict) else rows  # a family's start(): its rows
         if not any(row is mine for mine in rows):  # a row completed later is written again
             rows.append(row)
         self.flush()
@@ -200,6 +207,9 @@ class Results:
             old, new = self.before.get(family.key), self.results.get(family.key)
             if isinstance(old, list) or isinstance(new, list):
                 merged[family.key] = store.merge_rows(old or [], new or [])
+            elif isinstance(old, dict) and isinstance(new, dict) and "rows" in new:
+                merged[family.key] = {**old, **new, "rows": store.merge_rows(
+                    old.get("rows", []), new["rows"])}
             elif not new and old:
                 merged[family.key] = old
         used = {self.results["run"]} | {
@@ -217,7 +227,10 @@ class Results:
 
 
 def _rows_of(value: Any) -> list[dict[str, Any]]:
-    return value if isinstance(value, list) else [value] if isinstance(value, dict) else []
+    """The rows of a family's result: a list of rows, a result holding "rows", or one figure."""
+    if isinstance(value, dict):
+        return value["rows"] if "rows" in value else [value]
+    return value if isinstance(value, list) else []
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
