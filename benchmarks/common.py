@@ -32,7 +32,7 @@ class Plan:
     the row to `on_row` (the entry point writes the results files then)."""
 
     smoke: bool  # tiny configs, one repeat: the test suite's end-to-end check
-    quick: bool  # the short run (fewer repeats, shorter rows, no gate)
+    quick: bool  # the short run (fewer and shorter rows, no gate, a budget)
     threads: int  # torch.set_num_threads for both sides
     repeats: int  # timed repeats per side
     warmup: int  # untimed warm-up steps per side

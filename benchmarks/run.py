@@ -118,7 +118,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="untimed warm-up steps per side "
                    "(default 1)")
     p.add_argument("--quick", action="store_true", help="a short run: 4 repeats, a 1024^3 "
-                   "ceiling, no gpt2-small B=4 T=256 row, memory of one config, "
+                   "ceiling, no gpt2-small B=4 T=256 row and the others at half B and half T "
+                   "(not profiled), memory of one config, "
                    f"{generation.QUICK_NEW_TOKENS}-token generation rows at one prompt length, "
                    f"training steps at B, T = {training_step.QUICK_SHAPE} without torch.compile, "
                    f"no gate; and a budget of {QUICK_BUDGET:g} s")

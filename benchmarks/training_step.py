@@ -84,7 +84,9 @@ def plan_rows(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
               precisions: tuple[str, ...] = PRECISIONS,
               configs: tuple[str, ...] = tuple(CONFIGS), adamw: str = "default"
               ) -> list[StepRow]:
-    """One row per config and precision, config by config (GPT-2 first)."""
+    """One row per config and precision, config by config (GPT-2 first), at `shape` (--quick:
+    QUICK_SHAPE)."""
+    shape = QUICK_SHAPE if plan.quick else shape
     if plan.smoke:
         return [StepRow(SMOKE_STAND_INS[c], SMOKE_CONFIGS[SMOKE_STAND_INS[c]], 2, 8, p, adamw)
                 for c in configs for p in precisions]
@@ -198,7 +200,7 @@ def measure(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
     then each fp32 row's torch.compile, minutes each on a CPU ("compile" in plan.skip, or
     --quick: not). --quick runs QUICK_SHAPE."""
     measured = []
-    rows = plan_rows(plan, QUICK_SHAPE if plan.quick else shape, precisions, configs, adamw)
+    rows = plan_rows(plan, shape, precisions, configs, adamw)
     for row in plan.within_budget("training_step", rows):
         r = measure_row(row, plan.repeats, plan.warmup)
         measured.append((row, r))

@@ -375,3 +375,24 @@ def test_conformance_write_docs_of_a_few_families_merges_them_into_the_full_swee
     assert [(r.family, r.params) for r in rows] == [("llama", 2), ("gpt2", 1), ("mistral", 1)]
     assert [r["params"] for r in json.loads(cache.read_text())] == [2, 1, 1]
     assert _git_status() == before
+
+
+def _plan(quick: bool):
+    return _bench("common").Plan(smoke=False, quick=quick, threads=1, repeats=1, warmup=0,
+                                 profile=False, skip=frozenset(), ceiling=1.0, started=0.0)
+
+
+def test_quick_rows_are_shorter_than_the_full_runs():
+    """--quick ran the full run's 256-token generation rows (issue 35): every quick row of each
+    family does less work than the full row of its config and mode."""
+    for module, work in (("rows", lambda r: (r.config_name, r.backward, r.batch * r.seq_len)),
+                         ("generation", lambda r: (r.config_name, r.batch,
+                                                   r.prompt_len + r.new_tokens)),
+                         ("training_step", lambda r: (r.config_name, r.precision,
+                                                      r.batch * r.seq_len))):
+        full = {}
+        for name, mode, size in map(work, _bench(module).plan_rows(_plan(False))):
+            full[(name, mode)] = min(size, full.get((name, mode), size))
+        quick = [work(r) for r in _bench(module).plan_rows(_plan(True))]
+        assert quick and all(size < full[(name, mode)] for name, mode, size in quick), module
+    assert all(r.new_tokens < 256 for r in _bench("generation").plan_rows(_plan(True)))
