@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..console import console, literal
 from ..errors import ConfigError
+from . import helptext
 from .common import absolute, add_model_source, source_from_args
 
 DEFAULT_OUT = "runs/train"
@@ -19,9 +20,14 @@ DEFAULT_OUT = "runs/train"
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "train", help="audit, then train (refuses any model that fails a check)",
-        description="Run the full gate on the model; if any check fails, name the first failed "
-                    "check and exit 1 without training or writing anything. Otherwise train it: "
+        "train", help="audit, then train (refuses a model that fails a check of the training "
+                      "path)",
+        description="Run the full gate on the model; if a check of the path training takes "
+                    "fails, name the first and exit 1 without training or writing anything. "
+                    "Every check is on that path but "
+                    f"{', '.join(helptext.generation_only())}, which check generation's path "
+                    "alone: their failure is reported and does not refuse training "
+                    "(`decoder-audit verify` still fails on it). Otherwise train it: "
                     "by default the tiny model's counting task (<bos> x y z <eos>), or a "
                     "byte-level model on --text FILE (with --tokenizer T: its tokens), or on a "
                     "prepared token dataset (--data DIR). There is no option to train a model "
