@@ -88,25 +88,17 @@ def config_block() -> str:
     return _table(["field", "type", "default", "meaning"], rows)
 
 
-def _subcommands() -> dict[str, argparse.ArgumentParser]:
+def _subcommands() -> argparse._SubParsersAction:
+    """The `decoder-audit` parser's subcommands: `.choices` their parsers, in `--help`'s order,
+    `._choices_actions` their one-line help."""
     from decoder_audit.cli import build_parser
 
-    action = next(a for a in build_parser()._actions
-                  if isinstance(a, argparse._SubParsersAction))
-    return dict(action.choices)
-
-
-def _command_help() -> dict[str, str]:
-    from decoder_audit.cli import build_parser
-
-    action = next(a for a in build_parser()._actions
-                  if isinstance(a, argparse._SubParsersAction))
-    return {choice.dest: choice.help for choice in action._choices_actions}
+    return next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def commands_block() -> str:
-    helps = _command_help()
-    rows = [[f"`decoder-audit {name}`", helps.get(name, "")] for name in _subcommands()]
+    rows = [[f"`decoder-audit {choice.dest}`", choice.help or ""]
+            for choice in _subcommands()._choices_actions]
     return _table(["command", "what it does"], rows)
 
 
@@ -122,7 +114,7 @@ def source_options(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 def sources_block() -> str:
     rows = []
-    for name, parser in _subcommands().items():
+    for name, parser in _subcommands().choices.items():
         taken = source_options(parser)
         if taken:
             rows.append([f"`{name}`", *(taken.get(flag, "-") for flag in SOURCE_FLAGS)])

@@ -114,6 +114,15 @@ def test_verify_help_names_every_layout_a_spec_is_found_in(capsys, monkeypatch):
     assert [row[0] for row in _table("gate.md", "layouts")] == [l.name for l in LAYOUTS]
 
 
+def test_convert_help_names_every_family_the_converter_reads(capsys, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    from decoder_audit.references.hf_config import spec_classes
+
+    text = _help(["convert", "--help"], capsys, monkeypatch)
+    named = re.search(r"model types ([\w, ]+?), and classes", text)[1]
+    assert set(named.replace(" and ", ", ").split(", ")) == set(spec_classes(transformers))
+
+
 def test_the_checks_table_is_the_registry_in_diagnosis_order():
     rows = _table("gate.md", "checks")
     assert [row[1].strip("`") for row in rows] == list(CHECKS)
@@ -143,6 +152,14 @@ def test_every_repository_path_and_test_a_page_names_exists():
             elif test and not re.search(rf"^def {test}\(", target.read_text(), re.M):
                 missing.append(f"{page.name}: {path}::{test}")
     assert missing == []
+
+
+def test_every_install_command_a_page_shows_goes_through_the_constraints():
+    unpinned = [f"{page.name}: {line.strip()}"
+                for page in [*PAGES, ROOT / "benchmarks" / "README.md"]
+                for line in page.read_text().splitlines()
+                if re.search(r"pip install (?!.*-c constraints\.txt)", line)]
+    assert unpinned == []
 
 
 def _anchors(page: Path) -> set[str]:
