@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 # The model-source flags, as `decoder-audit COMMAND --help` names them.
 SOURCE_FLAGS = ("--preset", "--config", "--checkpoint", "--hf", "--model")
-BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)",
-                   re.S)
+BLOCK = re.compile(
+    r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
 
 
 def _cell(text: str) -> str:

@@ -123,6 +123,27 @@ def test_convert_help_names_every_family_the_converter_reads(capsys, monkeypatch
     assert set(named.replace(" and ", ", ").split(", ")) == set(spec_classes(transformers))
 
 
+# The names the pages give the Hugging Face families whose config is their spec (the model type
+# each is, as `spec_classes` keys them).
+FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2": "qwen2",
+                "Qwen3": "qwen3", "Gemma": "gemma", "Gemma 2": "gemma2",
+                "Gemma 3 (text)": "gemma3_text", "StableLM": "stablelm", "Phi-3": "phi3",
+                "GPT-NeoX": "gpt_neox", "OLMo": "olmo", "OLMo 2": "olmo2"}
+
+
+def test_every_list_of_the_families_with_a_spec_names_exactly_them():
+    transformers = pytest.importorskip("transformers")
+    from decoder_audit.references.hf_config import spec_classes
+
+    families = set(spec_classes(transformers))
+    lists = [(page.name, found) for page in PAGES for found in
+             re.findall(r"GPT-2, Llama, [^.;:]*?OLMo 2", " ".join(page.read_text().split()))]
+    assert len(lists) >= 3
+    for page, found in lists:
+        names = re.split(r", | or ", found)
+        assert {FAMILY_NAMES.get(name, name) for name in names} == families, page
+
+
 def test_the_checks_table_is_the_registry_in_diagnosis_order():
     rows = _table("gate.md", "checks")
     assert [row[1].strip("`") for row in rows] == list(CHECKS)
