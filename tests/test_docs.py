@@ -237,6 +237,38 @@ def test_the_assert_decoder_example_is_the_message(capsys):
         [line for line in message if line.startswith("- ")]
 
 
+def test_the_accounting_examples_are_what_account_prints(capsys):
+    """Every `$ decoder-audit account ...` block of docs/accounting.md, run analytic only: each
+    line shown is in what it prints (the meta-device measurement's lines aside: the figure it
+    confirms is the analytic one, `tests/accounting/` holds them equal)."""
+    import shlex
+
+    text = (DOCS / "accounting.md").read_text()
+    blocks = re.findall(r"```\n(\$ decoder-audit account.*?)```", text, re.S)
+    assert len(blocks) >= 5
+    for block in blocks:
+        for run in re.split(r"^(?=\$ )", block, flags=re.M)[1:]:
+            command, _, shown = run.partition("\n")
+            assert main([*shlex.split(command)[2:], "--no-measure"]) == 0, command
+            printed = " ".join(capsys.readouterr().out.split())
+            for line in shown.splitlines():
+                line = " ".join(line.split())
+                if line and line != "..." and not line.startswith(("measured", "by op")):
+                    assert line in printed, (command, line)
+
+
+def test_the_tiny_ledger_sentence_is_the_ledgers():
+    found = re.search(r"token embedding (\d+), positions (\d+), two blocks of \(norms (\d+) \+ "
+                      r"attention (\d+) \+ MLP (\d+)\) = (\d+), final norm (\d+), tied readout "
+                      r"(\d+), total (\d+)", " ".join((DOCS / "commands.md").read_text().split()))
+    rows = {row.name: row.count for row in da.parameter_ledger(da.preset("tiny-368")).rows}
+    expected = (rows["token_embeddings"], rows["position_embeddings"], rows["layers.0.norms"],
+                rows["layers.0.attn"], rows["layers.0.ffn"],
+                sum(n for name, n in rows.items() if name.startswith("layers.")),
+                rows["ln_final"], rows["lm_head"], sum(rows.values()))
+    assert tuple(map(int, found.groups())) == expected
+
+
 def test_the_gate_pages_conformance_figures_are_the_conformance_pages():
     conformance = (DOCS / "conformance.md").read_text()
     total, built, passed, failed = map(int, re.search(
