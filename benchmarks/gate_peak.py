@@ -167,7 +167,7 @@ def table(result: dict[str, Any]) -> list[str]:
 def section(result: dict[str, Any]) -> list[str]:
     return [f"## The gate's peak memory, predicted and measured ({result['date']})", "",
             "Measured: VmHWM of a fresh `decoder-audit verify ... --json` process (2 cores, "
-            "24 GiB, shared); predicted: `gate_peak(cfg, dtype)` (decoder_audit/"
+            "24 GiB, shared); predicted: `gate_peak(cfg, dtype)` (decoder_audit/accounting/"
             f"gate/peak.py), an upper bound within {BOUND:g}x.", "", *table(result), ""]
 
 

@@ -37,15 +37,11 @@ CHECK_BATCH = 2
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "convert", help="convert weights to and from Hugging Face folders, proven by logits",
-        description="Convert a Hugging Face folder (config.json + model.safetensors, as "
-                    "save_pretrained writes it) of a family whose config declares its "
-                    "architecture (model types gpt2, llama, mistral, qwen2, qwen3, gemma, "
-                    "gemma2, gemma3_text, stablelm, phi3, gpt_neox, olmo, olmo2, and classes "
-                    "derived from theirs) into a decoder-audit checkpoint, or a checkpoint into "
-                    "such a folder (the first family whose config holds it exactly). The result "
-                    "is read back and its logits compared with the source's before success is "
-                    "reported.")
+        "convert", help="convert weights to and from Hugging Face (GPT-2, Llama)",
+        description="Convert a Hugging Face GPT-2 or Llama folder (config.json + "
+                    "model.safetensors, as save_pretrained writes it) into a decoder-audit "
+                    "checkpoint, or a checkpoint into such a folder. The result is read back and "
+                    "its logits compared with the source's before success is reported.")
     direction = parser.add_mutually_exclusive_group(required=True)
     direction.add_argument("--from-hf", metavar="HF_DIR",
                            help="Hugging Face folder to convert into a checkpoint")
