@@ -10,9 +10,9 @@ import os
 import sys
 from pathlib import Path
 
+from . import helptext  # the checks its description names, from the gate's registry
 from ..console import console, literal
 from ..errors import ConfigError
-from . import helptext
 from .common import absolute, add_model_source, source_from_args
 
 DEFAULT_OUT = "runs/train"
