@@ -85,7 +85,10 @@ def test_the_training_example_is_what_train_and_sample_print(tmp_path, capsys, m
 def test_the_spec_mutant_count_is_the_zoos():
     import zoo_styles
 
+    page = " ".join((DOCS / "gate.md").read_text().split())
     count = sum(len(defects) for defects in zoo_styles.DEFECTS.values())
-    found = re.search(r"(\d+) mutants\), the gate with the spec catches (\d+) of (\d+)",
-                      (DOCS / "gate.md").read_text())
+    found = re.search(r"(\d+) mutants\), the gate with the spec catches (\d+) of (\d+)", page)
     assert found and {int(n) for n in found.groups()} == {count}
+    words = {"four": 4, "five": 5, "six": 6, "seven": 7}
+    styles = re.search(r"written in (\w+) outside styles .*? and the (\w+) correct models", page)
+    assert [words.get(w) for w in styles.groups()] == [len(zoo_styles.DEFECTS)] * 2

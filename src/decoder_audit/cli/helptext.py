@@ -32,9 +32,11 @@ def checks_listing() -> str:
             "\n" + "\n".join(lines))
 
 
-def generation_only() -> list[str]:
-    """The checks whose failure does not refuse training: training takes no path they check."""
-    return [name for name, check in CHECKS.items() if "training" not in check.paths]
+def off_training_path() -> str:
+    """The checks whose failure does not refuse training, each with the paths it affects
+    (training takes none of them), as `train --help` names them."""
+    return ", ".join(f"{name} ({', '.join(check.paths)})" for name, check in CHECKS.items()
+                     if "training" not in check.paths)
 
 
 def layout_names() -> str:

@@ -24,10 +24,9 @@ def register(subparsers) -> None:
                       "path)",
         description="Run the full gate on the model; if a check of the path training takes "
                     "fails, name the first and exit 1 without training or writing anything. "
-                    "Every check is on that path but "
-                    f"{', '.join(helptext.generation_only())}, which check generation's path "
-                    "alone: their failure is reported and does not refuse training "
-                    "(`decoder-audit verify` still fails on it). Otherwise train it: "
+                    f"Every check is on that path but {helptext.off_training_path()}, whose "
+                    "failures affect only the paths named: they are reported and do not refuse "
+                    "training (`decoder-audit verify` still fails on them). Otherwise train it: "
                     "by default the tiny model's counting task (<bos> x y z <eos>), or a "
                     "byte-level model on --text FILE (with --tokenizer T: its tokens), or on a "
                     "prepared token dataset (--data DIR). There is no option to train a model "
