@@ -308,10 +308,11 @@ def _installed_closure(extras: tuple[str, ...]) -> dict[str, str]:
     return found
 
 
-def test_every_distribution_the_test_extra_installs_is_pinned_at_its_version():
+def test_every_distribution_the_extras_install_is_pinned_at_its_version():
+    """The test extra's closure (the dev and docs extras' too, as far as they are installed)."""
     pins = _pins()
     assert next(iter(pins)) == "torch", "torch==... stays the first pin"
-    installed = _installed_closure(("test",))
+    installed = _installed_closure(("test", "dev", "docs"))
     assert {"transformers", "transformer-lens", "pytest"} <= set(installed)
     unpinned = sorted(set(installed) - set(pins))
     assert unpinned == [], "pin them in constraints.txt (a fresh install's pip freeze)"
