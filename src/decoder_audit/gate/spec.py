@@ -407,7 +407,10 @@ def _writer(s: Subject, placement: Placement, weights: Mapping[str, torch.Tensor
     if placement.spots:
         def by_spot(name, tensor, value):
             spot = placement.spots.get(name)
-            if spot is not None and once(spot):
+            # a tied weight is one tensor under two names (wte and lm_head): written once
+            place = spot and (live[spot.source].untyped_storage().data_ptr(), spot.transposed,
+                              spot.rows, spot.groups, spot.heads)
+            if spot is not None and once(place):
                 spot.write(live[spot.source], value)
         return by_spot
     storages = {t.untyped_storage().data_ptr() for t in live.values()}
