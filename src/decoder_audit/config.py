@@ -48,6 +48,8 @@ MLP_MATRICES = ("w1", "w2", "w3")
 # JSON nested deeper than this is refused before it is parsed (Python's parser recurses once per
 # level and would raise RecursionError near 1000; no config is nested more than a few deep).
 MAX_JSON_DEPTH = 100
+# The fields JSON gives back as lists, held as tuples.
+_LISTED = ("window_layers", "attn_bias", "mlp_bias")
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ class DecoderConfig:
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, dict):  # the config's own copy: the caller's may change
             object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
-        for name in ("window_layers", "attn_bias", "mlp_bias"):
+        for name in _LISTED:
             if isinstance(getattr(self, name), list):  # as JSON gives it back
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = _validate(self)
@@ -257,14 +259,22 @@ class DecoderConfig:
         )
         if missing:
             problems.append(f"missing required config field(s) {missing}")
+        given = {name: value for name, value in data.items() if name in known}
         if not missing:  # the values of the known fields are judged too
             try:
-                config = cls(**{name: value for name, value in data.items() if name in known})
+                config = cls(**given)
             except ConfigError as exc:
                 problems.append(str(exc))
             else:
                 if not problems:
                     return config
+        else:  # judged without the missing ones, and every relation that needs them
+            unchecked = object.__new__(cls)
+            for f in dataclasses.fields(cls):
+                value = given.get(f.name, f.default)
+                object.__setattr__(unchecked, f.name, tuple(value) if f.name in _LISTED and
+                                   isinstance(value, list) else value)
+            problems += _validate(unchecked, absent=frozenset(missing))
         raise ConfigError("; ".join(problems))
 
     def to_json(self) -> str:
@@ -322,12 +332,13 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _validate(cfg: DecoderConfig) -> list[str]:
+def _validate(cfg: DecoderConfig, absent: frozenset[str] = frozenset()) -> list[str]:
     """Every problem with the config, each naming the field and its value: each field's own,
     then every relation between fields whose values are valid (so a divisibility error is
-    named beside the per-field ones, not after they are fixed)."""
-    found = _field_problems(cfg)
-    bad = {name for name, _ in found}
+    named beside the per-field ones, not after they are fixed). `absent`: fields a config file
+    left out, named elsewhere, whose relations are not judged."""
+    found = [(name, problem) for name, problem in _field_problems(cfg) if name not in absent]
+    bad = {name for name, _ in found} | absent
     valid = lambda *names: not bad.intersection(names)  # noqa: E731
     problems = [problem for _, problem in found]
     sizes = valid("d_model", "n_heads", "head_width")

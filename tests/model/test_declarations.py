@@ -47,6 +47,13 @@ def test_a_config_file_names_unknown_missing_and_invalid_fields_together():
     with pytest.raises(ConfigError) as info:
         DecoderConfig.from_dict({**BASE, "bogus": 1, "d_model": 13})
     assert "['bogus']" in str(info.value) and "d_model=13 is not divisible" in str(info.value)
+    partial = {name: value for name, value in BASE.items() if name != "d_ff"}
+    with pytest.raises(ConfigError) as info:
+        DecoderConfig.from_dict({**partial, "vocab_size": 0, "d_model": 13, "window_layers": [1],
+                                 "sliding_window": 2})
+    said = str(info.value)
+    assert "['d_ff']" in said and "vocab_size=0" in said and "d_model=13 is not divisible" in said
+    assert "window_layers" not in said  # a list from JSON, valid: not named
 
 
 def test_a_spec_nested_100000_deep_is_a_config_error_naming_the_file(tmp_path):
