@@ -25,12 +25,12 @@ from ..config import DecoderConfig
 from ..errors import CheckpointError, ConfigError
 
 INSTALL_HINT = "pip install 'decoder-audit[hf]'"
+ATTN_IMPLEMENTATION = "eager"
 
 
 class InvalidHFConfig(ConfigError):
     """A config whose values no model computes with (not one we merely cannot express): the
     model is refused, never audited as a black box."""
-ATTN_IMPLEMENTATION = "eager"
 
 # HF activation name -> ours. GPT-2's "gelu_new" is the tanh approximation written out; it equals
 # F.gelu(approximate="tanh") up to float rounding. On export we write "gelu_new", GPT-2's own.
