@@ -110,8 +110,10 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     ffn = n_in * D * F + F * D
     ffn_formula = f"{n_in + 1}*D*F = {n_in + 1}*{D}*{F}"
     biased = [name for name in ("w1", "w3", "w2") if cfg.has_bias(name)]
-    if biased:  # F for w1 and w3 (D -> F), D for w2 (F -> D)
-        ffn += sum(D if name == "w2" else F for name in biased)
+    ffn += sum(D if name == "w2" else F for name in biased)  # F for w1, w3 (D -> F); D for w2
+    if len(biased) == n_in + 1:  # every matrix
+        ffn_formula += f" + biases {n_in}*{F}+{D}"
+    elif biased:
         ffn_formula += f" + biases {'+'.join(str(D if n == 'w2' else F) for n in biased)} " \
                        f"({'/'.join(biased)})"
     norms = (2 if cfg.pre_norm else 0) + (2 if cfg.sandwich_norm else 0)  # ln1, ln2, *_post
