@@ -545,10 +545,10 @@ class _Qwen3Block(nn.Module):
         super().__init__()
         d, dh, eps = cfg.d_model, cfg.head_dim, 1e-2 if defect == "eps" else cfg.norm_eps
         self.att = nn.Module()
-        self.att.W_query = nn.Linear(d, cfg.n_heads * dh, bias=False)
-        self.att.W_key = nn.Linear(d, cfg.kv_heads * dh, bias=False)
-        self.att.W_value = nn.Linear(d, cfg.kv_heads * dh, bias=False)
-        self.att.out_proj = nn.Linear(cfg.n_heads * dh, d, bias=False)
+        widths = {"W_query": (d, cfg.n_heads * dh), "W_key": (d, cfg.kv_heads * dh),
+                  "W_value": (d, cfg.kv_heads * dh), "out_proj": (cfg.n_heads * dh, d)}
+        for name, (fan_in, fan_out) in widths.items():
+            setattr(self.att, name, nn.Linear(fan_in, fan_out, bias=False))
         if defect != "no_q_norm":
             self.att.q_norm = ScratchRMSNorm(dh, eps)
         self.att.k_norm = ScratchRMSNorm(dh, eps)
