@@ -281,6 +281,55 @@ SPECIAL: dict[str, da.DecoderConfig] = {
     "ln-nobias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3, d_ff=20,
                                        max_seq_len=5, norm="layernorm", norm_bias=False,
                                        mlp="gelu", tie_embeddings=True),
+    # Routed experts (docs/experts.md). Mixtral / Qwen-MoE routing (softmax, then the top 2 of
+    # 4, renormalised) with one shared expert of its own width after a dense first layer, GQA;
+    # DeepSeek-V3's (sigmoid scores, a selection-only bias, weights times 2.5, two shared
+    # experts); Mistral's reference order (top 2 of 5 logits, then their softmax) on ReLU
+    # experts every second layer, unnormalised scores being the same as normalised there.
+    "moe-softmax-shared": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=3, n_heads=4,
+                                           n_kv_heads=2, d_ff=24, max_seq_len=7, norm="rmsnorm",
+                                           mlp="swiglu", pos="rope", n_experts=4,
+                                           experts_per_token=2, expert_width=10,
+                                           n_shared_experts=1, shared_expert_width=6,
+                                           first_dense_layers=1, tie_embeddings=False),
+    "moe-sigmoid-bias": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2,
+                                         d_ff=24, max_seq_len=6, norm="rmsnorm", mlp="swiglu",
+                                         pos="rope", rope_layout="rotate_half", n_experts=5,
+                                         experts_per_token=2, expert_width=6, n_shared_experts=2,
+                                         router_scoring="sigmoid", router_selection_bias=True,
+                                         routed_scaling=2.5, tie_embeddings=True),
+    "moe-topk-softmax-relu": da.DecoderConfig(vocab_size=11, d_model=12, n_layers=2, n_heads=3,
+                                              d_ff=20, max_seq_len=6, norm="layernorm",
+                                              mlp="relu", pos="learned", n_experts=5,
+                                              experts_per_token=2, expert_width=7,
+                                              router_order="topk_score", normalize_topk=False,
+                                              moe_every=2, tie_embeddings=True),
+    # Qwen-MoE / OLMoE's unnormalised top-k weights (norm_topk_prob false)
+    "moe-unnormalised": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2,
+                                         d_ff=24, max_seq_len=6, norm="rmsnorm", mlp="swiglu",
+                                         pos="rope", qk_norm=True, n_experts=4,
+                                         experts_per_token=3, expert_width=5,
+                                         normalize_topk=False, tie_embeddings=False),
+    # A model that drops tokens over an expert's capacity (Switch Transformer): not causal.
+    "moe-capacity": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=24,
+                                     max_seq_len=8, norm="rmsnorm", mlp="swiglu", pos="rope",
+                                     n_experts=4, experts_per_token=1, expert_width=6,
+                                     capacity_factor=1.0, tie_embeddings=False),
+    # Latent attention (DeepSeek-V2/V3's MLA): queries through their own latent, keys and
+    # values from a latent of 10 with a rotary key of 4 shared by the heads, heads of 6 + 4,
+    # values of 5; DeepSeek-V2-Lite's plain q_proj with routed experts and a dense first layer.
+    "mla-q-latent": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=3, d_ff=24,
+                                     max_seq_len=7, norm="rmsnorm", mlp="swiglu", pos="rope",
+                                     kv_latent_rank=10, q_latent_rank=9, rope_head_width=4,
+                                     nope_head_width=6, value_head_width=5,
+                                     tie_embeddings=False),
+    "mla-moe": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=24,
+                                max_seq_len=6, norm="rmsnorm", mlp="swiglu", pos="rope",
+                                rope_layout="rotate_half", rope_theta=500.0, kv_latent_rank=8,
+                                rope_head_width=2, nope_head_width=4, value_head_width=6,
+                                n_experts=4, experts_per_token=2, expert_width=6,
+                                n_shared_experts=1, first_dense_layers=1, router_scoring="sigmoid",
+                                router_selection_bias=True, tie_embeddings=False),
     # Tiny shapes for Hugging Face conversion: two GPT-2 and two Llama (GQA 6/2 and 6/3).
     "hf-gpt-relu-mlpbias-tied": da.DecoderConfig(**HF, n_layers=2, mlp="relu", attn_bias=False,
                                                  mlp_bias=True),

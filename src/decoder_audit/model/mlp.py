@@ -1,0 +1,171 @@
+"""The block's MLP: one dense `FeedForward`, or `RoutedExperts` (a mixture of experts) where the
+config routes the layer.
+
+    dense:   w2(act(w1 x)), or gated w2(act(w1 x) * w3 x)
+    routed:  router logits r = W_r x (E,); scores s = softmax(r) or sigmoid(r); the k experts
+             of the largest s (+ a selection-only bias) chosen; their weights g = s[chosen],
+             divided by their sum where normalize_topk, times routed_scaling; then
+             out = sum_j g_j * expert_{chosen_j}(x)  +  shared(x)
+
+Each expert is a FeedForward of width Fe (named `experts.{e}.w1` ...); the shared experts run as
+one FeedForward of width n_shared x their width (`shared.w1` ...), which is exactly the sum of
+separate ones (their hidden units side by side). The plain forward loops over the experts, each
+taking the tokens routed to it (clarity first: the loop is the definition). On the meta device
+the routing has no values, so no token can be sent anywhere: the experts' matrices are gathered
+per token instead (`_gathered`), the same products with the same shapes, which is what the FLOP
+count measures. Both compute the same function (tests/model/test_experts.py).
+
+Shape letters: B batch, T sequence, D d_model, F FFN width, E experts, k experts per token,
+N = B*T tokens, Fe an expert's width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import DecoderConfig
+from .layers import INIT_STD, Linear
+from .trace import Trace
+
+_ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "swiglu": F.silu,  # the gate's activation of a gated MLP
+    "geglu": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
+    if trace is not None:
+        trace.record(name, value)
+
+
+class FeedForward(nn.Module):
+    """w2(act(w1 x)), or gated w2(act(w1 x) * w3 x): SwiGLU (SiLU), GeGLU (tanh GELU). The
+    width is final (d_ff, or an expert's): nothing rescales it."""
+
+    def __init__(self, cfg: DecoderConfig, *, residual_std: float, width: int | None = None,
+                 **factory) -> None:
+        super().__init__()
+        self.activation = _ACTIVATIONS[cfg.mlp]
+        D, F_, bias = cfg.d_model, cfg.d_ff if width is None else width, cfg.has_bias
+        self.w1 = Linear(D, F_, bias("w1"), init_std=INIT_STD, **factory)  # per matrix biases
+        # writes into the residual stream
+        self.w2 = Linear(F_, D, bias("w2"), init_std=residual_std, **factory)
+        self.w3 = Linear(D, F_, bias("w3"), init_std=INIT_STD, **factory) if cfg.gated else None
+
+    def forward(self, x: torch.Tensor, trace: Trace | None = None,
+                prefix: str = "") -> torch.Tensor:
+        hidden = self.activation(self.w1(x))  # (B, T, F)
+        if self.w3 is not None:
+            hidden = hidden * self.w3(x)
+        _record(trace, f"{prefix}.hidden", hidden)
+        return self.w2(hidden)
+
+
+class Router(nn.Module):
+    """The router's logits W_r x, (E, D), and DeepSeek-V3's selection-only bias (E,): added to
+    the scores to choose the experts, never to weigh them; it gets no gradient (none flows
+    through a choice), so it is a Parameter that requires none."""
+
+    def __init__(self, cfg: DecoderConfig, **factory) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cfg.n_experts, cfg.d_model, **factory))  # (E, D)
+        self.selection_bias = nn.Parameter(torch.empty(cfg.n_experts, **factory),
+                                           requires_grad=False) \
+            if cfg.router_selection_bias else None
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.weight.normal_(0.0, INIT_STD)
+        if self.selection_bias is not None:
+            self.selection_bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)  # (..., E)
+
+
+class RoutedExperts(nn.Module):
+    """A routed MLP: each token's k experts, weighted by the router, plus the shared experts."""
+
+    def __init__(self, cfg: DecoderConfig, *, residual_std: float, **factory) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.router = Router(cfg, **factory)
+        self.experts = nn.ModuleList(
+            FeedForward(cfg, residual_std=residual_std, width=cfg.expert_dim, **factory)
+            for _ in range(cfg.n_experts))
+        self.shared = (FeedForward(cfg, residual_std=residual_std, width=cfg.shared_dim,
+                                   **factory) if cfg.n_shared_experts else None)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits (N, E), the chosen experts (N, k), their weights (N, k)) for tokens x (N, D),
+        the scores in at least float32; a token over an expert's capacity gets weight 0 there."""
+        cfg = self.cfg
+        logits = self.router(x)  # (N, E)
+        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        score = (lambda r: r.softmax(-1)) if cfg.router_scoring == "softmax" else torch.sigmoid
+        bias = self.router.selection_bias
+        if cfg.router_order == "topk_score":  # the k largest logits, then scored among themselves
+            chosen = (wide if bias is None else wide + bias).topk(cfg.experts_per_token).indices
+            weights = score(wide.gather(-1, chosen))  # (N, k)
+        else:  # every expert scored, then the top k
+            scores = score(wide)  # (N, E)
+            chosen = (scores if bias is None else scores + bias).topk(cfg.experts_per_token).indices
+            weights = scores.gather(-1, chosen)  # (N, k)
+        if cfg.normalize_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights * cfg.routed_scaling
+        capacity = cfg.expert_capacity(x.shape[0])
+        if capacity is not None and x.device.type != "meta":  # meta: no routing to count
+            weights = weights * _within_capacity(chosen, cfg.n_experts, capacity)
+        return logits, chosen, weights
+
+    def forward(self, x: torch.Tensor, trace: Trace | None = None,
+                prefix: str = "") -> torch.Tensor:
+        """x (B, T, D) -> (B, T, D)."""
+        batch, seq_len, d_model = x.shape
+        tokens = x.reshape(-1, d_model)  # (N, D)
+        logits, chosen, weights = self.route(tokens)
+        if trace is not None:
+            gates = torch.zeros_like(logits, dtype=weights.dtype).scatter(-1, chosen, weights)
+            _record(trace, f"{prefix}.router", logits.view(batch, seq_len, -1))
+            _record(trace, f"{prefix}.gates", gates.view(batch, seq_len, -1))  # (B, T, E)
+        weights = weights.to(x.dtype)
+        if x.device.type == "meta":
+            out = self._gathered(tokens, chosen, weights)
+        else:
+            out = torch.zeros_like(tokens)  # (N, D)
+            for e, expert in enumerate(self.experts):
+                token, slot = (chosen == e).nonzero(as_tuple=True)  # the tokens routed to e
+                if token.numel():
+                    out = out.index_add(0, token, expert(tokens[token]) * weights[token, slot, None])
+        if self.shared is not None:
+            out = out + self.shared(tokens)
+        return out.view(batch, seq_len, d_model)
+
+    def _gathered(self, tokens: torch.Tensor, chosen: torch.Tensor,
+                  weights: torch.Tensor) -> torch.Tensor:
+        """The same sum with every token's k experts' matrices gathered, (N, k, Fe, D): shapes
+        that do not depend on the routing (the meta device's path)."""
+        def stacked(name: str) -> torch.Tensor:  # (E, out, in)
+            return torch.stack([getattr(expert, name).weight for expert in self.experts])
+
+        act = self.experts[0].activation
+        x = tokens[:, None, None, :]  # (N, 1, 1, D)
+        hidden = act((x @ stacked("w1")[chosen].transpose(-1, -2)).squeeze(-2))  # (N, k, Fe)
+        if self.experts[0].w3 is not None:
+            hidden = hidden * (x @ stacked("w3")[chosen].transpose(-1, -2)).squeeze(-2)
+        out = (hidden[..., None, :] @ stacked("w2")[chosen].transpose(-1, -2)).squeeze(-2)
+        return (out * weights[..., None]).sum(1)  # (N, k, D) -> (N, D)
+
+
+def _within_capacity(chosen: torch.Tensor, n_experts: int, capacity: int) -> torch.Tensor:
+    """(N, k) 1 where token n's slot j is among the first `capacity` assignments of its expert,
+    counted in token order (batch-major) then slot; 0 where it is dropped."""
+    assigned = F.one_hot(chosen.reshape(-1), n_experts)  # (N*k, E)
+    rank = (assigned.cumsum(0) * assigned).sum(-1) - 1  # (N*k,): earlier assignments to its expert
+    return (rank < capacity).reshape(chosen.shape).to(torch.float32)
