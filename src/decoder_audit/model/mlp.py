@@ -152,6 +152,8 @@ class RoutedExperts(nn.Module):
         """The same sum with every token's k experts' matrices gathered, (N, k, Fe, D): shapes
         that do not depend on the routing (the meta device's path)."""
         def stacked(name: str) -> torch.Tensor:  # (E, out, in)
+            if tokens.device.type == "meta":  # no values to stack: one expert's shape, E times
+                return getattr(self.experts[0], name).weight.expand(len(self.experts), -1, -1)
             return torch.stack([getattr(expert, name).weight for expert in self.experts])
 
         act = self.experts[0].activation
