@@ -173,3 +173,30 @@ def test_latent_attention_rotates_only_the_shared_rotary_key():
     for head in range(1, cfg.n_heads):
         torch.testing.assert_close(rotary[:, head], rotary[:, 0], atol=0, rtol=0)
     assert not torch.equal(k[:, 0, :, :cfg.nope_head_width], k[:, 1, :, :cfg.nope_head_width])
+
+
+@pytest.mark.parametrize("name, field", [("moe-topk-softmax-relu", "n_experts=5"),
+                                         ("mla-q-latent", "kv_latent_rank=10")])
+def test_the_torch_twin_and_the_converter_refuse_them_naming_the_field(name, field):
+    """moe-topk-softmax-relu is GPT-2's block otherwise (LayerNorm, ReLU, learned positions,
+    MHA): without the refusal the converter would write a GPT-2 without its experts."""
+    from decoder_audit.references.hf_config import hf_family
+    from decoder_audit.references.torch_twin import TorchTwin
+
+    cfg = configs.named(name)
+    with pytest.raises(da.ConfigError, match=field):
+        TorchTwin(cfg)
+    with pytest.raises(da.ConfigError, match=field):
+        hf_family(cfg)
+    with pytest.raises(da.ConfigError, match=field):
+        da.to_hf(da.Decoder(cfg))
+
+
+@pytest.mark.parametrize("name", ["moe-softmax-shared", "mla-moe"])
+def test_expected_weights_are_the_decoders_own(name):
+    from decoder_audit.references.layouts import expected_weights
+
+    cfg = configs.named(name)
+    model = da.Decoder(cfg, device="meta")
+    assert expected_weights(cfg) == {n: tuple(p.shape) for n, p in model.named_parameters()
+                                     } | {"lm_head.weight": (cfg.vocab_size, cfg.d_model)}
