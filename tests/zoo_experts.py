@@ -103,6 +103,53 @@ def wrong_latent_rank() -> nn.Module:
     return model
 
 
+def _tiny_experts(layer: int) -> Callable[[da.Decoder], None]:
+    """The layer's experts write 1e-6 of what they wrote: a routing defect there moves the
+    logits less than the invariance checks' tolerance, and is seen in the routing alone."""
+    def plant(model: da.Decoder) -> None:
+        with torch.no_grad():
+            for expert in model.layers[layer].ffn.experts:
+                expert.w2.weight.mul_(1e-6)
+    return plant
+
+
+def _both(*plants: Callable[[da.Decoder], None]) -> Callable[[da.Decoder], None]:
+    def plant(model: da.Decoder) -> None:
+        for one in plants:
+            one(model)
+    return plant
+
+
+def _never_chosen(layer: int, expert: int) -> Callable[[da.Decoder], None]:
+    """A selection-only bias of -10: the router never ranks the expert among a token's top k."""
+    def plant(model: da.Decoder) -> None:
+        with torch.no_grad():
+            model.layers[layer].ffn.router.selection_bias[expert] = -10.0
+    return plant
+
+
+def _detached(path: str) -> Callable[[da.Decoder], None]:
+    """The module's output cut from the graph: its weights get no gradient."""
+    def plant(model: da.Decoder) -> None:
+        model.get_submodule(path).register_forward_hook(lambda module, inputs, out: out.detach())
+    return plant
+
+
+def _quiet(capacity_factor: float | None) -> Callable[[], nn.Module]:
+    """moe-capacity's shape, with or without its capacity, every expert's output 1e-6 of its
+    own: tokens dropped over the capacity move the logits by less than any tolerance."""
+    def build() -> nn.Module:
+        model = decoder(configs.named("moe-capacity").replace(capacity_factor=capacity_factor),
+                        seed=3)
+        _both(_tiny_experts(0), _tiny_experts(1))(model)
+        return model
+    return build
+
+
+# correct models the routing checks must pass beside their mutants
+UNCHOSEN_EXPERT = _mutant("moe-sigmoid-bias", _never_chosen(1, 3))
+QUIET_EXPERTS = _quiet(None)
+
 CORRECT = ("moe-softmax-shared", "moe-sigmoid-bias", "moe-topk-softmax-relu", "moe-unnormalised",
            "mla-q-latent", "mla-moe")
 
@@ -134,4 +181,17 @@ MUTANTS = [
          says="differ from the slow oracle"),
     Case("latent_norm_skipped", _mutant("mla-moe", _skipped("layers.0.attn.kv_a_norm")),
          "oracle", first=False, says="differ from the slow oracle"),
+]
+
+# Defects only the routing checks see (every other check passes them).
+ROUTING_MUTANTS = [
+    # tokens dropped over the declared capacity (the oracle drops them too), the dropped
+    # experts' outputs too small for the logits to show it: a leak all the same
+    Case("capacity_dropping_below_the_logits", _quiet(1.0), "routing_independence",
+         only=True, says="capacity_factor=1.0"),
+    # an expert cut off from the loss that the router never chooses on its own: dead_parameters
+    # names it as not judged, the oracle never sees it used
+    Case("unchosen_expert_cut_off", _mutant("moe-sigmoid-bias", _both(
+        _never_chosen(1, 3), _detached("layers.1.ffn.experts.3"))), "expert_gradients",
+         only=True, says="layers.1.ffn.experts.3"),
 ]

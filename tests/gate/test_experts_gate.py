@@ -13,8 +13,10 @@ import zoo_experts
 
 import decoder_audit as da
 
-# Skipped on a plain audit: no sliding window, the training paths train declares, a tie.
-SKIPPED = {"window", "packing", "checkpointing", "autocast", "model_loss", "tying_grad"}
+# Skipped on a plain audit: no sliding window, the training paths train declares, a tie, and
+# the routing checks of a model without routed experts.
+SKIPPED = {"window", "packing", "checkpointing", "autocast", "model_loss", "tying_grad",
+           "routing_independence", "expert_gradients"}
 
 
 @pytest.mark.parametrize("name", zoo_experts.CORRECT)
@@ -100,3 +102,26 @@ def test_a_module_declaring_the_spec_is_placed_stressed_and_its_defect_caught(na
     case = next(case for case in zoo_experts.MUTANTS if case.name == mutant)
     report = da.audit(_Wrapped(case.build()), **facts)
     assert report["params"].passed and not report["oracle"].passed
+
+
+@pytest.mark.parametrize("case", zoo_experts.ROUTING_MUTANTS, ids=lambda case: case.name)
+def test_each_routing_check_alone_catches_its_mutant(case):
+    report = da.audit(case.build())
+    assert [c.name for c in report.failures] == [case.expect], {
+        c.name: c.detail for c in report.failures}
+    assert case.says in report[case.expect].detail
+
+
+@pytest.mark.parametrize("build", [zoo_experts.UNCHOSEN_EXPERT, zoo_experts.QUIET_EXPERTS],
+                         ids=["expert-never-chosen", "quiet-experts-no-capacity"])
+def test_the_routing_mutants_correct_twins_pass_every_check(build):
+    report = da.audit(build())
+    assert report.passed, {c.name: c.detail for c in report.failures}
+    assert not report["routing_independence"].skipped and not report["expert_gradients"].skipped
+
+
+def test_the_routing_checks_are_skipped_with_their_reason_on_a_dense_or_latent_model():
+    report = da.audit(zoo_experts.correct("mla-q-latent"),
+                      checks=["routing_independence", "expert_gradients"])
+    for name in ("routing_independence", "expert_gradients"):
+        assert report[name].skipped and "n_experts" in report[name].detail
