@@ -10,7 +10,7 @@ import math
 import configs
 import pytest
 import torch
-from helpers import random_decoder
+from helpers import oracle_leaves, random_decoder
 
 import decoder_audit as da
 from decoder_audit.model.mlp import RoutedExperts
@@ -36,10 +36,7 @@ def test_every_gradient_equals_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (3, cfg.max_seq_len))
     weights = torch.randn(3, cfg.max_seq_len, cfg.vocab_size, dtype=torch.float64)
-    (model(ids) * weights).sum().backward()
-    fresh = {id(p): p.detach().clone().requires_grad_() for p in model.parameters()}
-    leaves = {name: fresh[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}
-    (da.oracle_logits(leaves, cfg, ids) * weights).sum().backward()
+    leaves = oracle_leaves(model, ids, weights)
     unreached = []  # outside the experts (which a token may not choose), every weight counts
     for name, param in model.named_parameters():
         fast, slow = param.grad, leaves[name].grad
