@@ -113,10 +113,12 @@ def test_verify_and_sample_take_the_checkpoint_of_a_model_run(module_run, foreig
 
     before = snapshot(module_run)
     capsys.readouterr()
-    assert main(["verify", "--checkpoint", str(module_run), "--json", "--no-progress"]) == 0
+    factory = ["--model", f"{foreign}:build"]  # named: a folder's factory.json is never run
+    assert main(["verify", "--checkpoint", str(module_run), *factory, "--json",
+                 "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and (report["vocab_size"], report["max_seq_len"]) == (8, 4)
-    assert main(["sample", "--checkpoint", str(module_run), "--prompt", "<bos> A",
+    assert main(["sample", "--checkpoint", str(module_run), *factory, "--prompt", "<bos> A",
                  "--json"]) == 0
     sampled = json.loads(capsys.readouterr().out)
     # the trained weights, generated with directly: the same greedy tokens up to the limit

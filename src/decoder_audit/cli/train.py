@@ -61,7 +61,9 @@ def _add_run_options(parser) -> None:
     """Where the run writes and how it is carried out (none of these changes its result)."""
     parser.add_argument("--out", metavar="DIR", help="run folder: metrics.jsonl, loss_curve.png, "
                                                      f"checkpoint/ (default {DEFAULT_OUT})")
-    parser.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="continue the run saved in DIR (a run of a --model: with --model "
+                             "FILE.py:FACTORY again, the factory it was trained from)")
     parser.add_argument("--save-every", type=int, metavar="N",
                         help="checkpoint every N steps too (default: only at the end; a resumed "
                              "run keeps its own)")
@@ -118,13 +120,14 @@ def run(args) -> int:
         raise ConfigError(f"--intervention-len={args.intervention_len} must be >= 1")
     _absolute_paths(args)  # before a --model's code runs: an os.chdir in it moves nothing
     options = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
-    source_given = any(getattr(args, f, None) for f in ("preset", "config", "checkpoint", "model"))
+    source_given = any(getattr(args, f, None) for f in ("preset", "config", "checkpoint"))
     if args.resume:
         if source_given:
             print("decoder-audit train: error: --resume loads the model from its checkpoint; "
-                  "drop --preset/--config/--checkpoint/--model", file=sys.stderr)
+                  "drop --preset/--config/--checkpoint", file=sys.stderr)
             return 2
-        model = None
+        # A --model run's factory is named again, never read off the run folder.
+        model = source_from_args(args) if args.model else None
     else:
         if args.checkpoint:
             _refuse_module_checkpoint(args.checkpoint)
@@ -177,8 +180,8 @@ def _refuse_module_checkpoint(path: str) -> None:
         raise ConfigError(
             f"{str(folder)!r} holds the weights of a module trained with --model (factory.json: "
             f"{factory.get('factory')!r}), not a Decoder checkpoint: continue its run with "
-            f"`decoder-audit train --resume {run}`, or start a new one with --model "
-            "FILE.py:FACTORY")
+            f"`decoder-audit train --resume {run} --model FILE.py:FACTORY` (the factory it was "
+            "trained from), or start a new one with --model FILE.py:FACTORY")
 
 
 def _print_refusal(refusal) -> None:

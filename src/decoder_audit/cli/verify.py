@@ -21,6 +21,7 @@ from ..sources import load_weights_map
 from .common import (
     absolute,
     add_model_source,
+    flag_and_value,
     rerun_command,
     source_from_args,
     user_output_to_stderr,
@@ -202,9 +203,9 @@ def _rerun_flags(args) -> list[str]:
     """The flags besides the model's that reproduce this run."""
     extra = []
     if args.spec:
-        extra += ["--spec", args.spec]
+        extra += flag_and_value("spec", args.spec)
     if args.weights_map:
-        extra += ["--weights-map", args.weights_map]
+        extra += flag_and_value("weights_map", args.weights_map)
     if args.seed:
         extra += ["--seed", str(args.seed)]
     if args.intervention_len is not None:
