@@ -164,7 +164,7 @@ class Source:
             spec = (checkpoint_of(self.value)[1] or {}).get("factory")
             if self.factory is None:
                 return (f"it holds the weights of a module trained with --model {spec!r} "
-                        "(factory.json), whose code is not run unless named")
+                        "(factory.json), and a folder's code is never run")
             return "it holds a module trained with --model, which carries no DecoderConfig"
         return ""
 
