@@ -280,12 +280,13 @@ class HardExit(SystemExit):
 
 
 @contextlib.contextmanager
-def hard_exits_raise() -> Iterator[None]:
+def hard_exits_raise() -> Iterator[Callable[[int], None]]:
     """While the block runs, os._exit(code) in this process raises HardExit(code) instead of
     ending it at once with that status, unflushed and unreported: a user's model that calls it
     would otherwise decide the command's outcome (os._exit(0): "passed", nothing checked). A
     forked child (a DataLoader worker) still exits: os._exit is how it must end. Python's own
-    calls only: a C extension's _exit or a signal is not caught."""
+    calls only: a C extension's _exit or a signal is not caught. Yields the os._exit it
+    replaced, for the caller's own ending."""
     real, pid = os._exit, os.getpid()
 
     def raise_instead(code: int) -> None:
@@ -295,7 +296,7 @@ def hard_exits_raise() -> Iterator[None]:
 
     os._exit = raise_instead
     try:
-        yield
+        yield real
     finally:
         os._exit = real
 
