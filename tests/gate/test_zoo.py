@@ -19,7 +19,8 @@ PLANTED_ELSEWHERE = {
     "kv_cache": "zoo_generation.py", "padding": "zoo_generation.py",
     "grad_causal": "zoo_generation.py",
     "train_mode": "zoo_training.py", "checkpointing": "zoo_training.py",
-    "autocast": "zoo_training.py", "packing": "zoo_training.py", "model_loss": "zoo_training.py",
+    "autocast": "zoo_training.py", "packing": "zoo_training.py, zoo_packing.py",
+    "model_loss": "zoo_training.py, zoo_losses.py",
 }
 # train_mode reruns the causal cuts and batch independence in train mode: a model that leaks in
 # eval mode leaks there too, so an "only" mutant of those checks fails train_mode beside them.

@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import alignment, attention, generation, inputs, invariance, reference, training, weights
+from . import (alignment, attention, generation, inputs, invariance, model_loss, packing,
+               reference, training, weights)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -31,11 +32,8 @@ from .subject import Subject
 # Why a check is skipped when the model's facts lack what it needs (a fact of facts.py each).
 NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "whitebox": lambda f: "black-box: needs a DecoderConfig and the Decoder's weight names",
-    "has_ledger": lambda f: (
-        f"the declared spec's weights were not found in the module: {f.reference_reason}"
-        if f.spec is not None else
-        "black-box: needs a DecoderConfig and the Decoder's weight names, or the architecture "
-        "declared with spec= (verify --spec cfg.json)"),
+    "has_ledger": lambda f: ("black-box: needs a DecoderConfig and the Decoder's weight names, "
+                             "or the architecture declared with spec= (verify --spec cfg.json)"),
     "tied": lambda f: "untied: no shared weight",
     "own_module": lambda f: "a Hugging Face class carries parameters for inputs and losses a "
                             "text-only next-token call does not give (cross-attention, vision "
@@ -65,10 +63,12 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
                                     "length (train declares one) has it checked there",
     "computes_loss": lambda f: "the forward takes no labels=: the loss is the caller's "
                                "(loss_alignment proves the next-token helpers)",
+    "loss_callable": lambda f: f.loss_reason,
     "trains_packed": lambda f: "training is not declared to pack documents into rows (train "
                                "--pack runs it)",
     "packs": lambda f: "no packing interface: the forward takes neither document_ids (ours) nor "
-                       "position_ids with an attention_mask (Hugging Face)",
+                       "position_ids with an attention_mask (Hugging Face); a module of its own "
+                       "names the form it takes with TrainingPath(pack_form=...)",
     "trains_with_checkpointing": lambda f: "training is not declared to use activation "
                                            "checkpointing (train --checkpointing runs it)",
     "trains_in_bf16": lambda f: "training is not declared to run under bfloat16 autocast (train "
@@ -89,7 +89,9 @@ class Check:
     # runner forgets them before any other check, so they hold no memory past that family.
     shares_clean: bool = False
     # The paths a failure affects: the full forward is what both training and generation run;
-    # the cache and the padded batches are generation's alone (a training step runs neither).
+    # the cache and the padded batches are generation's alone (a training step runs neither);
+    # the model's own labels= loss is the path of the trainers that call it (transformers'
+    # Trainer, TRL), never decoder-audit's train, which computes the loss itself.
     paths: tuple[str, ...] = ("training", "generation")
 
     def missing(self, facts: ModelFacts) -> str | None:
@@ -137,14 +139,15 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("train_mode", "train mode (dropout on): causal, batch-independent", "training",
           training.check_train_mode, needs=("runs_in_train_mode",), paths=("training",)),
     Check("packing", "packed documents = each document alone; none reads another", "training",
-          training.check_packing, needs=("trains_packed", "packs"), paths=("training",)),
+          packing.check_packing, needs=("trains_packed", "packs"), paths=("training",)),
     Check("checkpointing", "checkpointed logits and gradients = plain ones", "training",
           training.check_checkpointing, needs=("trains_with_checkpointing",),
           paths=("training",)),
     Check("autocast", "under bf16 autocast: causal, batch-independent, finite", "training",
           training.check_autocast, needs=("trains_in_bf16",), paths=("training",)),
-    Check("model_loss", "its own labels= loss: shifted once, -100 ignored, accumulates",
-          "training", training.check_model_loss, needs=("computes_loss",), paths=("training",)),
+    Check("model_loss", "its own loss: labels shifted once, shift_labels, -100, accumulation",
+          "training", model_loss.check_model_loss, needs=("computes_loss", "loss_callable"),
+          paths=("model loss",)),
     Check("grad_causal", "loss gradient at t is exactly 0 at every later input", "generation",
           generation.check_grad_causal, needs=("has_input_embedding", "has_input_gradient")),
     Check("loss_alignment", "inputs/targets shifted by one, rows aligned", "alignment",

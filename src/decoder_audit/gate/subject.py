@@ -23,13 +23,14 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from ..config import DecoderConfig
-from ..generation.convention import Convention
+from ..generation.convention import Convention, call
 from ..objective import OutputError, logits_of
 from . import tolerances
 from .facts import ModelFacts, input_embedding
@@ -199,11 +200,18 @@ class Subject:
         ids = ids.to(self.device)
         self.count(ids)
         with torch.no_grad():
-            logits = logits_of(self.work(ids))
+            logits = logits_of(self.call(ids))
         if finite and isinstance(logits, torch.Tensor) and logits.is_floating_point() and \
                 not all_finite(logits):
             raise NonFiniteLogits(non_finite_message(logits, self.dtype))
         return logits
+
+    def call(self, ids: torch.Tensor, **kwargs) -> Any:
+        """The model's raw output for ids (B, T) and `kwargs` (labels=, position_ids=, ...), the
+        ids passed the way its call convention takes them (facts.convention): every check calls
+        the model through here or `run`, so one convention holds for all of them. Counts
+        nothing: the caller books its calls (`count`)."""
+        return call(self.work, self.convention, ids, **kwargs)
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         """`run`, then the shape: logits of ids (B, T) must be (B, T, V) before any comparison
