@@ -37,6 +37,7 @@ from ..errors import (
     RunFolderError,
 )
 from ..sources import hard_exits_raise, user_code_ran
+from .terms import in_flags, offered_flags
 
 # What a user can cause and fix: each ends the command with one line naming the problem and its
 # value, and exit status 2. The storage refusals (an out folder holding a user's file, a
@@ -74,18 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    offered = offered_flags(parser, args.command)
     if argv is not None:  # a Python caller: its process, its exit
-        return _dispatch(args)
+        return _dispatch(args, offered)
     threads, handlers = set(threading.enumerate()), _signal_handlers()
     with hard_exits_raise() as real_exit:  # until the very end: a user thread's os._exit too
-        status = _dispatch(args)
+        status = _dispatch(args, offered)
         if user_code_ran():
             _end_process(args, status, threads, handlers, real_exit)
     return status
 
 
-def _dispatch(args) -> int:
+def _dispatch(args, offered: frozenset[str]) -> int:
+    """Run the command; a refusal is one line in the command line's words (`terms.in_flags`)."""
     ran = len(user_code_ran())
     try:
         with hard_exits_raise():
@@ -93,7 +97,8 @@ def _dispatch(args) -> int:
     except USER_ERRORS as exc:
         if args.debug:
             raise
-        print(f"decoder-audit {args.command}: error: {one_line(exc)}", file=sys.stderr)
+        print(f"decoder-audit {args.command}: error: {in_flags(one_line(exc), args, offered)}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"decoder-audit {args.command}: interrupted", file=sys.stderr)

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from ..console import console, literal
 from ..errors import ConfigError
-from .common import absolute, add_model_source, source_from_args
+from .common import (
+    absolute,
+    add_model_source,
+    flag_and_value,
+    rerun_command,
+    source_from_args,
+)
 
 DEFAULT_OUT = "runs/train"
 
@@ -146,7 +152,7 @@ def run(args) -> int:
             threads=args.threads if args.threads is not None else "auto",
             peak_flops=args.peak_flops, checkpointing=args.checkpointing, **options)
     except GateRefusal as refusal:
-        _print_refusal(refusal)
+        _print_refusal(refusal, args)
         return 1
     except (TrainingDiverged, LeakageSuspected) as diverged:
         if int(os.environ.get("RANK", "0")) == 0:
@@ -184,18 +190,28 @@ def _refuse_module_checkpoint(path: str) -> None:
             "trained from), or start a new one with --model FILE.py:FACTORY")
 
 
-def _print_refusal(refusal) -> None:
+def _print_refusal(refusal, args) -> None:
     if int(os.environ.get("RANK", "0")) != 0:
         return
     out = console()
     out.print(f"[bold red]training refused[/bold red]: check [bold]{refusal.check}[/bold] failed")
     out.print(f"  {literal(refusal.detail)}")
-    report = refusal.report
-    failed = [c for c in getattr(report, "checks", []) if not c.passed and not c.skipped]
+    checks = getattr(refusal.report, "checks", [])
+    failed = [c for c in checks if not c.passed and not c.skipped]
     if len(failed) > 1:
         out.print(f"  other failed checks: {', '.join(c.name for c in failed[1:])}")
-    out.print("Nothing was trained and no checkpoint was written. Fix the model and rerun; "
-              "`decoder-audit verify` shows the full evidence.")
+    if any(c.name == refusal.check for c in checks):  # a gate check: verify shows it
+        out.print("Nothing was trained and no checkpoint was written. Fix the model and rerun; "
+                  f"`{literal(rerun_command('verify', args))}` shows the full evidence.")
+        return
+    # train's own check (the loss before training), after a gate that passed: verify passes
+    # this model, and only train, on the same model, seed and task, measures it again.
+    task = [part for name in ("seed", "batch_size", "text", "data", "tokenizer",
+                              "intervention_len") if getattr(args, name, None) is not None
+            for part in flag_and_value(name, getattr(args, name))]
+    out.print("Nothing was trained and no checkpoint was written. The gate passed (`decoder-audit "
+              "verify` passes this model too): this is train's own check, before the first "
+              f"step; `{literal(rerun_command('train', args, *task))}` measures it again.")
 
 
 def _print_interrupted(out: str) -> None:

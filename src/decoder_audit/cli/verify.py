@@ -165,7 +165,7 @@ def _run_sharded(args, report_dir: str | None) -> int:
                                                   dtype=dtype, reshard_root=True)
             else:
                 model = source.build(seed=args.seed, dtype=dtype)
-                distributed.refuse_unshardable(model)
+                _refuse_unshardable(model)
                 model.to(device=device, dtype=dtype)
                 distributed.shard_model(model, ranks, device, reshard_root=True)
             show_progress = ranks.is_main and (sys.stderr.isatty() if args.progress is None
@@ -181,6 +181,18 @@ def _run_sharded(args, report_dir: str | None) -> int:
     finally:
         distributed.close(ranks)
     return code
+
+
+def _refuse_unshardable(model: torch.nn.Module) -> None:
+    """--shard shards a Decoder's blocks (`distributed.shard_model`): any other module is
+    refused in verify's words, naming its class, before the gate is spent on it."""
+    from ..model.decoder import Decoder
+
+    if not isinstance(model, Decoder):
+        cls = type(model)
+        raise ConfigError(f"verify --shard needs a decoder-audit Decoder (FSDP2 shards its "
+                          f"blocks), and the model is a {cls.__module__}.{cls.__qualname__}: "
+                          "run verify without --shard, where any module is audited whole")
 
 
 def _print_verdict(args, report, report_dir: str | None, launcher: str = "") -> int:
