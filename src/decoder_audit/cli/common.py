@@ -94,7 +94,9 @@ def source_from_args(args) -> Source:
         return Source("checkpoint", args.checkpoint, factory=model or None)
     if model:
         return Source("model", model)
-    for kind in ("hf", "config", "preset"):
+    if getattr(args, "config", None):
+        return Source("config", json_file("--config", args.config))
+    for kind in ("hf", "preset"):
         if getattr(args, kind, None):
             return Source(kind, getattr(args, kind))
     return Source("preset", DEFAULT_PRESET)
@@ -145,3 +147,36 @@ def flag_and_value(name: str, value) -> list[str]:
 
 def rerun_command(subcommand: str, args, *extra: str) -> str:
     return shlex.join(["decoder-audit", subcommand, *source_flags(args), *extra])
+
+
+def tokenizer_said(kind: str, name: str) -> str:
+    """A tokenizer as the user named it: the file it was read from, with its kind where the
+    file's name does not say it ("tokenizer.json" once, not its Tokenizer.name
+    "tokenizer.json:tokenizer.json"), or a built-in kind's name."""
+    given = name[len(kind) + 1:] if name.startswith(f"{kind}:") else ""
+    if not given:
+        return kind
+    return given if os.path.basename(given) == kind else f"{given} ({kind})"
+
+
+def json_file(flag: str, path: str) -> str:
+    """`path` when it names a file that is not empty (a DecoderConfig saved as JSON, read by
+    the library, which names a missing one); else ConfigError saying what it is instead:
+    /dev/null is a character device, not a config that "does not exist"."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path  # missing or unreadable: the loader's message names it
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+             (stat.S_ISSOCK, "a socket"))
+    what = next((name for test, name in kinds if test(mode)), None)
+    if what is None and stat.S_ISREG(mode) and os.stat(path).st_size == 0:
+        raise ConfigError(f"{flag} {path!r} is empty (0 bytes): it names a DecoderConfig saved "
+                          "as JSON")
+    if what is not None:
+        raise ConfigError(f"{flag} {path!r} is {what}, not a file: it names a DecoderConfig "
+                          "saved as JSON")
+    return path

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..console import console, literal
 from ..errors import ConfigError
+from .common import tokenizer_said
 
 
 def register(subparsers) -> None:
@@ -54,8 +55,9 @@ def run(args) -> int:
     # paths and the tokenizer's name are the user's: `literal`, so brackets print as they are
     out.print(f"{literal(args.out)}: {header['tokens']:,} tokens ({header['dtype']}), train "
               f"{n_train:,} + held out {n_val:,}")
-    out.print(f"tokenizer {literal(tok['name'])} (vocab_size {tok['vocab_size']}, eos_id "
-              f"{tok['eos_id']}, sha256 {tok['sha256'][:12]})")
+    said = literal(tokenizer_said(tok["kind"], tok["name"]))
+    out.print(f"tokenizer {said} (vocab_size {tok['vocab_size']}, eos_id {tok['eos_id']}, "
+              f"sha256 {tok['sha256'][:12]})")
     for source in header["sources"]:
         note = "" if source["round_trip"] else "  [yellow]decoding does not give the text back[/]"
         out.print(f"  {literal(source['path'])}: {source['bytes']:,} bytes -> "

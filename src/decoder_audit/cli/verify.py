@@ -22,6 +22,7 @@ from .common import (
     absolute,
     add_model_source,
     flag_and_value,
+    json_file,
     rerun_command,
     source_from_args,
     user_output_to_stderr,
@@ -111,7 +112,7 @@ def run(args) -> int:
         return _run_sharded(args, report_dir)
     device = resolve_device(args.device)
     source = source_from_args(args)
-    spec = DecoderConfig.load(args.spec) if args.spec else None
+    spec = DecoderConfig.load(json_file("--spec", args.spec)) if args.spec else None
     if args.weights_map and spec is None:
         raise ConfigError("--weights-map places a module's weights on a spec's names: give "
                           "--spec CONFIG.json too")
