@@ -33,7 +33,12 @@ def finish(setting: Setting, prepared: Prepared, training: Training, found: Evid
     if not math.isfinite(final_loss):
         diverged(setting, training, folder, "final evaluation loss", final_loss, applied=True)
     check_tied(training.model, prepared.facts, "after training")
-    checkpoint = save(setting, prepared, training, folder) or outcome.checkpoint
+    steps = training.step - training.first_step
+    # a finished run resumed trained nothing: its checkpoint stays as it is, byte for byte
+    if steps:
+        checkpoint = save(setting, prepared, training, folder) or outcome.checkpoint
+    else:
+        checkpoint = None if folder is None else folder.checkpoint
     distributed.barrier(ranks)  # the final checkpoint is on disk before any rank returns
     floor = task.entropy_floor()
     if ranks.is_main and folder is not None:
@@ -43,7 +48,6 @@ def finish(setting: Setting, prepared: Prepared, training: Training, found: Evid
         setting.say(f"checkpoint: {literal(folder.checkpoint)}")
     seconds = time.perf_counter() - setting.started
     setting.say(_summary(task, final_loss, floor, outcome.reached))
-    steps = training.step - training.first_step
     speed = throughput(prepared.facts.config, task.seq_len,
                        steps * prepared.tokens_per_step(setting.cfg), outcome.seconds,
                        device=setting.opts.device, precision=setting.cfg.precision,
