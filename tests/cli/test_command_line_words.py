@@ -28,48 +28,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_support import TRAIN, error_line, snapshot
+from cli_support import NO_LIMIT, TRAIN, error_line, snapshot
 
 import decoder_audit as da
 from decoder_audit.cli import build_parser, main
 from decoder_audit.errors import ConfigError
 
-MODULES = '''
-import torch
-from torch import nn
+# cli_support's running mean (no hard length limit, V = 8), and two more factories.
+MODULES = NO_LIMIT + '''
 
-
-class Running(nn.Module):
-    """A causal running mean with no hard length limit, V = 8."""
-
-    def __init__(self, scale=1.0):
-        super().__init__()
-        self.emb = nn.Embedding(8, 8)
-        self.head = nn.Linear(8, 8, bias=False)
-        self.scale = scale
+class Confident(Running):
+    """Correct, but initialised at PyTorch's N(0, 1) and scaled: its loss starts far above ln V."""
 
     def forward(self, ids):
-        if ids.dim() != 2 or ids.dtype != torch.long:
-            raise ValueError(f"ids must be (B, T) int64, got {tuple(ids.shape)} {ids.dtype}")
-        if ids.numel() and (ids.min() < 0 or ids.max() >= 8):
-            raise ValueError("ids outside [0, 8)")
-        x = self.emb(ids)
-        x = torch.cumsum(x, 1) / torch.arange(1, ids.shape[1] + 1).view(1, -1, 1)
-        return self.scale * self.head(x)
-
-
-def build():
-    torch.manual_seed(0)
-    model = Running()
-    with torch.no_grad():
-        model.emb.weight.mul_(0.02)
-    return model
+        return 4.0 * super().forward(ids)
 
 
 def confident():
-    """Correct, but initialised at PyTorch's N(0, 1) and scaled: its loss starts far above ln V."""
     torch.manual_seed(0)
-    return Running(scale=4.0)
+    return Confident()
 
 
 def sequential():
@@ -79,9 +56,8 @@ def sequential():
 
 @pytest.fixture
 def modules(tmp_path) -> Path:
-    path = tmp_path / "modules.py"
-    path.write_text(MODULES)
-    return path
+    (tmp_path / "modules.py").write_text(MODULES)
+    return tmp_path / "modules.py"
 
 
 # ---- refusals in flags ---------------------------------------------------------------------

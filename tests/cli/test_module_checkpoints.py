@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from cli_support import TRAIN, assert_kept, error_line, snapshot
+from cli_support import NO_LIMIT, TRAIN, assert_kept, error_line, snapshot
 
 from decoder_audit import training
 from decoder_audit.cli import COMMANDS, build_parser, main
@@ -50,36 +50,6 @@ def test_train_refuses_an_intervention_len_below_1(foreign, tmp_path, capsys):
                  "--intervention-len", "0", "--out", str(tmp_path / "run")]) == 2
     assert "--intervention-len=0" in error_line(capsys, "train")
     assert not (tmp_path / "run").exists()
-
-
-NO_LIMIT = '''
-import torch
-from torch import nn
-
-
-class Running(nn.Module):
-    """A causal running mean with no position table: it runs at any length, V = 8."""
-
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(8, 8)
-        self.head = nn.Linear(8, 8, bias=False)
-
-    def forward(self, ids):
-        if ids.dim() != 2:
-            raise ValueError(f"ids must be (B, T), got {tuple(ids.shape)}")
-        x = self.emb(ids)
-        x = torch.cumsum(x, 1) / torch.arange(1, ids.shape[1] + 1).view(1, -1, 1)
-        return self.head(x)
-
-
-def build():
-    torch.manual_seed(0)
-    model = Running()
-    with torch.no_grad():
-        model.emb.weight.mul_(0.02)
-    return model
-'''
 
 
 def test_train_a_model_without_a_length_limit_at_its_intervention_len(tmp_path, capsys):

@@ -203,9 +203,9 @@ def _byte_config(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("argv, says", [
     (["--device", "tpu"], "--device 'tpu' is not a device decoder-audit trains on"),
-    (["--threads", "-1"], "threads=-1 must be an integer >= 1"),
-    (["--threads", "0"], "threads=0 must be an integer >= 1"),
-    (["--save-every", "-2"], "save_every=-2 must be an integer >= 0"),
+    (["--threads", "-1"], "--threads=-1 must be an integer >= 1"),  # the flag, not the Python
+    (["--threads", "0"], "--threads=0 must be an integer >= 1"),
+    (["--save-every", "-2"], "--save-every=-2 must be an integer >= 0"),
 ])
 def test_train_options_that_cannot_work_are_refused_before_the_gate(tmp_path, capsys, argv, says):
     out = tmp_path / "run"

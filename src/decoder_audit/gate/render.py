@@ -127,7 +127,7 @@ def print_report(report, console: Console | None = None, command: str | None = N
         out.print(f"  paths affected: {_paths_text(report)}")
     out.print(f"cost: {report.seconds:.1f} s, {report.tokens:,} token positions in {report.calls} "
               f"model calls = {report.forward_equivalents:.1f} forward passes at "
-              f"T={report.cost_len} (the longest input run)")
+              f"T={report.cost_len}")
     slow = sorted((c for c in report.checks if c.seconds >= 0.5), key=lambda c: -c.seconds)
     if slow:
         out.print("  slowest: " + ", ".join(f"{c.name} {c.seconds:.1f} s" for c in slow[:5]))
@@ -255,7 +255,7 @@ def markdown(report, command: str | None = None) -> str:
         parts += ["## Notes", "\n".join(f"- {n}" for n in report.notes)]
     parts.append(f"Cost: {report.seconds:.1f} s, {report.tokens:,} token positions in "
                  f"{report.calls} model calls ({report.forward_equivalents:.1f} forward passes at "
-                 f"T = {report.cost_len}, the longest input run).")
+                 f"T = {report.cost_len}).")
     if command:
         parts += ["## Rerun", f"```\n{command}\n```"]
     return "\n\n".join(parts) + "\n"
