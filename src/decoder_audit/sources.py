@@ -222,7 +222,9 @@ def module_factory(folder: Path, recorded: dict[str, Any], named: str | None
         raise CheckpointError(
             f"{str(folder)!r} holds the weights of a module trained with --model {spec!r} "
             f"({FACTORY_FILE}); decoder-audit never runs code a folder names: name the file you "
-            f"trust to rebuild it, with --model FILE.py:{name} beside the folder")
+            f"trust to rebuild it, with --model FILE.py:{name} beside the folder (from Python: "
+            f"Source('checkpoint', folder, factory='FILE.py:{name}'), or train(module, "
+            "resume=folder) with the module it builds)")
     if named.rpartition(":")[2] != name:
         raise CheckpointError(
             f"--model {named!r} names the factory {named.rpartition(':')[2]!r}, and "

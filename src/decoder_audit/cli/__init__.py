@@ -126,24 +126,28 @@ def _dispatch(args, offered: frozenset[str]) -> int:
 def _end_process(args, status: int, before: set[threading.Thread],
                  handlers: dict[int, object], real_exit) -> None:
     """End the process now with `status`, the verdict's, once user code has run: nothing it
-    left behind (a signal handler, an exit handler, a thread, a __del__) decides the status."""
-    for number, handler in handlers.items():  # a handler user code installed: ignored now
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            if signal.getsignal(number) is not handler:
-                signal.signal(number, signal.SIG_IGN)
-    left = [t for t in threading.enumerate()
-            if t not in before and t.is_alive() and not t.daemon]
-    if left:  # Python would wait for them at exit: one left running would hang the command
-        names = ", ".join(t.name for t in left[:3]) + (
-            f" and {len(left) - 3} more" if len(left) > 3 else "")
-        _note(args, f"user code left {len(left)} thread(s) running ({names}); exiting with "
-                    f"status {status} without waiting for them")
-    for failure in _run_exit_handlers():
-        _note(args, f"an exit handler {failure}; ignored: the status is the verdict's, {status}")
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    real_exit(status)  # sys.exit would run the interpreter's finalisation: more user code
+    left behind (a signal handler, an exit handler, a thread, a __del__, a stream whose flush
+    raises) decides the status; whatever the steps before it raise, the process ends so."""
+    try:
+        for number, handler in handlers.items():  # a handler user code installed: ignored now
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                if signal.getsignal(number) is not handler:
+                    signal.signal(number, signal.SIG_IGN)
+        left = [t for t in threading.enumerate()
+                if t not in before and t.is_alive() and not t.daemon]
+        if left:  # Python would wait for them at exit: one left running would hang the command
+            names = ", ".join(t.name for t in left[:3]) + (
+                f" and {len(left) - 3} more" if len(left) > 3 else "")
+            _note(args, f"user code left {len(left)} thread(s) running ({names}); exiting with "
+                        f"status {status} without waiting for them")
+        for failure in _run_exit_handlers():
+            _note(args, f"an exit handler {failure}; ignored: the status is the verdict's, "
+                        f"{status}")
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            with contextlib.suppress(Exception):
+                stream.flush()
+    finally:
+        real_exit(status)  # sys.exit would run the interpreter's finalisation: more user code
 
 
 def _signal_handlers() -> dict[int, object]:
