@@ -99,3 +99,32 @@ def test_each_own_loss_bug_fails_model_loss_only(defect, says):
 def test_a_model_without_labels_is_skipped_for_model_loss():
     report = da.audit(da.Decoder(da.preset("tiny-368")), checks=["model_loss"])
     assert report["model_loss"].skipped
+
+
+def test_checkpointing_already_on_in_the_model_is_audited_without_a_declaration():
+    """gradient_checkpointing_enable() called on the model: the plain call audits that path (a
+    checkpointed recomputation without the causal mask fails), and leaves it on."""
+    broken = PathLM("checkpointing_forgets_mask")
+    assert da.audit(broken, **FACTS)["checkpointing"].skipped  # off: not a path it takes
+    broken.gradient_checkpointing_enable()
+    report = da.audit(broken, **FACTS)
+    # train mode now takes the checkpointed path too, and it leaks there as well
+    assert [c.name for c in report.failures] == ["train_mode", "checkpointing"], \
+        report.first_failure
+    assert report.facts.checkpointing_enabled and broken.gradient_checkpointing
+    correct = PathLM()
+    correct.gradient_checkpointing_enable()
+    check = da.audit(correct, checks=["checkpointing"], **FACTS)["checkpointing"]
+    assert check.passed and not check.skipped, check.detail
+
+
+def test_hugging_face_checkpointing_enabled_is_read_from_the_model():
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)).eval()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    check = da.audit(model, checks=["checkpointing"])["checkpointing"]
+    assert check.passed and not check.skipped, check.detail
+    assert model.is_gradient_checkpointing

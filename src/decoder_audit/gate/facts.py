@@ -138,6 +138,17 @@ class ModelFacts:
     the one the training path names (`checked_packing_forms`)."""
     takes_use_cache: bool = False
     """The forward takes use_cache= (packed forms are tried with it on by default and off)."""
+    checkpointing_enabled: bool = False
+    """Activation checkpointing is switched on in the model as it came to the audit (Hugging
+    Face's `is_gradient_checkpointing`, or a `gradient_checkpointing` flag that is True): the
+    path its training takes, audited without a declaration."""
+    windows: tuple[int | None, ...] | None = None
+    """The sliding window each layer declares (None: full attention), from the model's
+    DecoderConfig, its declared spec or its Hugging Face config (`references.hf_windows`); None
+    when no layer declares one."""
+    attention_layers: tuple[str, ...] = ()
+    """The names of the per-layer attention modules, in layer order, found from the module
+    classes (`attention_layers`); empty when they cannot be told apart."""
     has_input_embedding: bool = False
     """An input embedding was found (get_input_embeddings, token_embeddings, an nn.Embedding)."""
     attention: str | None = None
@@ -224,7 +235,8 @@ class ModelFacts:
 
     @property
     def trains_with_checkpointing(self) -> bool:
-        return self.training is not None and self.training.checkpointing
+        return self.checkpointing_enabled or (self.training is not None and
+                                              self.training.checkpointing)
 
     @property
     def runs_in_train_mode(self) -> bool:
@@ -250,6 +262,26 @@ class ModelFacts:
         return self.attention is not None
 
     @property
+    def length_bound(self) -> int | None:
+        """The longest input the model takes: its hard limit, declared or found; None: none."""
+        return self.max_seq_len or self.length_limit
+
+    @property
+    def declares_window(self) -> bool:
+        return self.windows is not None
+
+    @property
+    def window_binds(self) -> bool:
+        """The smallest declared window excludes a token within the inputs the model takes."""
+        smallest = min((w for w in self.windows or () if w is not None), default=None)
+        return smallest is not None and (self.length_bound is None or
+                                         smallest + 1 <= self.length_bound)
+
+    @property
+    def has_attention_layers(self) -> bool:
+        return bool(self.attention_layers)
+
+    @property
     def loss_callable(self) -> bool:
         return not self.loss_reason
 
@@ -273,6 +305,7 @@ class ModelFacts:
                     "checkpointing": self.training.checkpointing, "pack": self.training.pack,
                     "pack_form": self.training.pack_form},
                 "packing_forms": list(self.packing_forms),
+                "checkpointing_enabled": self.checkpointing_enabled,
                 "origin": dict(self.origin)}
 
 
@@ -310,6 +343,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         # then fail naming what was not found (reference_reason), never skip to a pass.
         reference, reason = "spec", "" if spec_facts["placement"] else spec_facts["reason"]
     readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
+    windows = _declared_windows(model, config or spec)
     return ModelFacts(
         model=class_name(model), vocab_size=values["vocab_size"],
         input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
@@ -319,7 +353,8 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         reference=reference, reference_reason=reason, **_path_facts(model, training),
         computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
         **readout, has_input_embedding=input_embedding(model) is not None, training=training,
-        spec=spec, placement=spec_facts.get("placement"), origin=origin,
+        spec=spec, placement=spec_facts.get("placement"), origin=origin, windows=windows,
+        attention_layers=attention_layers(model, len(windows)) if windows else (),
         notes=tuple(notes))
 
 
@@ -554,6 +589,34 @@ def packing_interface(model: nn.Module) -> str | None:
     return None
 
 
+def _declared_windows(model: nn.Module, cfg: DecoderConfig | None
+                      ) -> tuple[int | None, ...] | None:
+    """The window each layer declares: by the DecoderConfig that is the model's architecture
+    (its own, a declared spec, a Hugging Face class's config read as one), else by a Hugging Face
+    config of any family."""
+    if cfg is not None:
+        found = tuple(cfg.window(layer) for layer in range(cfg.n_layers))
+    elif _is_hugging_face(model):
+        from ..references.hf_windows import declared_windows
+
+        found = declared_windows(model.config)
+    else:
+        return None
+    return found if found and any(w is not None for w in found) else None
+
+
+def attention_layers(model: nn.Module, layers: int) -> tuple[str, ...]:
+    """The names of the per-layer attention modules, in order: the outermost modules whose class
+    is named like attention (LlamaAttention, CausalSelfAttention, GPT2Attention, ...), when there
+    are exactly `layers` of them; () otherwise."""
+    found = [name for name, module in model.named_modules()
+             if name and "attention" in type(module).__name__.lower()
+             and any(True for _ in module.parameters())]
+    outermost = [name for name in found
+                 if not any(name.startswith(other + ".") for other in found)]
+    return tuple(outermost) if len(outermost) == layers else ()
+
+
 def _path_facts(model: nn.Module, training: TrainingPath | None) -> dict[str, Any]:
     """The facts of the paths a model takes beside its plain forward, read from its forward's
     parameters: packing (after a ConfigError for a training path whose pack_form the forward
@@ -564,7 +627,18 @@ def _path_facts(model: nn.Module, training: TrainingPath | None) -> dict[str, An
         raise ConfigError(f"training pack_form={wanted!r}: {type(model).__name__}'s forward takes "
                           f"only {list(forms) or 'no packed form'} (of {list(PACK_FORMS)})")
     return {"packing": packing_interface(model), "packing_forms": forms,
-            "takes_use_cache": _takes(model, "use_cache")}
+            "takes_use_cache": _takes(model, "use_cache"),
+            "checkpointing_enabled": checkpointing_enabled(model)}
+
+
+def checkpointing_enabled(model: nn.Module) -> bool:
+    """Activation checkpointing is on in `model` (ModelFacts.checkpointing_enabled)."""
+    try:
+        flag = getattr(model, "is_gradient_checkpointing",
+                       getattr(model, "gradient_checkpointing", False))
+    except Exception:  # noqa: BLE001 - a property that raises: nothing said about it
+        return False
+    return flag is True
 
 
 def packing_forms(model: nn.Module) -> tuple[str, ...]:

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import (alignment, attention, generation, inputs, invariance, model_loss, packing,
-               reference, training, weights)
+from . import (alignment, attention, generation, inputs, invariance, kv_cache, model_loss,
+               packing, reference, training, weights, window)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -59,6 +59,15 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "has_input_embedding": lambda f: "no input embedding found (neither get_input_embeddings(), "
                                      "a token_embeddings module nor an nn.Embedding)",
     "has_attention": lambda f: f.attention_reason,
+    "declares_window": lambda f: "no sliding window declared (a DecoderConfig's or spec's "
+                                 "sliding_window, a Hugging Face config's sliding_window or "
+                                 "layer_types)",
+    "window_binds": lambda f: (f"the declared window of {min(w for w in f.windows if w)} "
+                               f"positions is not shorter than the longest input the model "
+                               f"takes ({f.length_bound}): it never excludes a token"),
+    "has_attention_layers": lambda f: (f"the {len(f.windows or ())} layers' attention modules "
+                                       "could not be told apart (no module class named like "
+                                       "attention per layer), so no layer's span can be read"),
     "runs_in_train_mode": lambda f: f"{f.train_mode_reason}; a training path declared with its "
                                     "length (train declares one) has it checked there",
     "computes_loss": lambda f: "the forward takes no labels=: the loss is the caller's "
@@ -69,8 +78,9 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "packs": lambda f: "no packing interface: the forward takes neither document_ids (ours) nor "
                        "position_ids with an attention_mask (Hugging Face); a module of its own "
                        "names the form it takes with TrainingPath(pack_form=...)",
-    "trains_with_checkpointing": lambda f: "training is not declared to use activation "
-                                           "checkpointing (train --checkpointing runs it)",
+    "trains_with_checkpointing": lambda f: "activation checkpointing is neither on in the model "
+                                           "(gradient_checkpointing_enable()) nor declared for "
+                                           "training (train --checkpointing runs it)",
     "trains_in_bf16": lambda f: "training is not declared to run under bfloat16 autocast (train "
                                 "--precision bf16 runs it; from Python: audit(model, training="
                                 "TrainingPath(batch_size, seq_len, precision='bf16')))",
@@ -121,6 +131,9 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           invariance.check_prefix),
     Check("attention_rows", "attention rows sum to 1, zero on future keys", "attention",
           attention.check_attention_rows, needs=("has_attention",)),
+    Check("window", "each layer attends exactly its declared sliding window", "attention",
+          window.check_window, needs=("declares_window", "window_binds",
+                                      "has_attention_layers")),
     Check("params", "measured parameter ledger reconciles with the config", "weights",
           weights.check_params, needs=("has_ledger",)),
     Check("tying", "a tie is one Parameter object, never a copy", "weights",
@@ -133,7 +146,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           "weights", weights.check_dead_parameters, needs=("own_module",),
           paths=("training",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
-          generation.check_kv_cache, needs=("has_cache",), paths=("generation",)),
+          kv_cache.check_kv_cache, needs=("has_cache",), paths=("generation",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",
           generation.check_padding, needs=("takes_mask",), paths=("generation",)),
     Check("train_mode", "train mode (dropout on): causal, batch-independent", "training",

@@ -201,7 +201,7 @@ class Subject:
         ids = ids.to(self.device)
         self.count(ids)
         with torch.no_grad():
-            logits = logits_of(self.call(ids))
+            logits = logits_of(self.work(ids))  # the plain call: ids positionally, nothing else
         if finite and isinstance(logits, torch.Tensor) and logits.is_floating_point() and \
                 not all_finite(logits):
             raise NonFiniteLogits(non_finite_message(logits, self.dtype))
@@ -209,8 +209,9 @@ class Subject:
 
     def call(self, ids: torch.Tensor, **kwargs) -> Any:
         """The model's raw output for ids (B, T) and `kwargs` (labels=, position_ids=, ...), the
-        ids passed the way its call convention takes them (facts.convention): every check calls
-        the model through here or `run`, so one convention holds for all of them. Counts
+        ids passed the way its call convention takes them with keywords (facts.convention: as
+        input_ids= where the forward names them, as generate passes them, else positionally).
+        Every check that passes more than the ids calls the model through here. Counts
         nothing: the caller books its calls (`count`)."""
         return call(self.work, self.convention, ids, **kwargs)
 

@@ -172,12 +172,14 @@ class Stepper:
     kept between calls."""
 
     def __init__(self, model: nn.Module, conv: Convention, batch: int, capacity: int,
-                 use_cache: bool = True) -> None:
+                 use_cache: bool = True, cache: Any = None) -> None:
         self.model, self.conv, self.batch, self.capacity = model, conv, batch, capacity
         self.cached = use_cache and conv.cached
         self.length = 0  # slots fed so far
-        self.cache: Any = (model.new_cache(batch, capacity)
-                           if self.cached and conv.name == "decoder" else None)
+        # `cache`: one the caller built (an empty Hugging Face cache, a pre-sized KVCache);
+        # else ours makes its static cache here and a Hugging Face model its own on the prefill
+        self.cache: Any = cache if cache is not None else (
+            model.new_cache(batch, capacity) if self.cached and conv.name == "decoder" else None)
         self.mask: torch.Tensor | None = None  # Hugging Face: (B, capacity) flags, once padded
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None = None,
