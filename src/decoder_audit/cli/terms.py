@@ -17,16 +17,17 @@ from __future__ import annotations
 import argparse
 import re
 
-# (the Python phrase, the flag it means, what the command line says instead)
+# (the Python phrase, the flag it needs the command to offer (None: any), what the command line
+# says instead)
 _PHRASES = (
     (re.compile(r"\baudit\(\) needs vocab_size=V\b"), "--vocab-size",
      "{command} needs --vocab-size V"),
     (re.compile(r"\bmax_seq_len=T\b"), "--max-seq-len", "--max-seq-len T"),
     (re.compile(r"\bcfg\.replace\(max_seq_len=(\d+)\)"), "--max-seq-len", r"--max-seq-len \1"),
-    (re.compile(r"\(or None\)"), "--help", "(or left out)"),  # a flag left out is None
+    (re.compile(r"\(or None\)"), None, "(or left out)"),  # a flag left out is None
 )
-# name=value, not already a flag (--name=value) or an attribute (cfg.name=value)
-_ASSIGNMENT = re.compile(r"(?<![\w.-])([a-z][a-z0-9_]*)=('[^']*'|[^\s,;:)/]+)")
+# name=value, not already a flag (--name=value), an attribute (cfg.name=value) or in a path
+_ASSIGNMENT = re.compile(r"(?<![\w./-])([a-z][a-z0-9_]*)=('[^']*'|[^\s,;:)/]+)")
 
 
 def offered_flags(parser: argparse.ArgumentParser, command: str) -> frozenset[str]:
@@ -38,7 +39,7 @@ def offered_flags(parser: argparse.ArgumentParser, command: str) -> frozenset[st
 def in_flags(text: str, args: argparse.Namespace, offered: frozenset[str]) -> str:
     """`text` (a refusal's message) in the words of the command line that `args` parsed."""
     for pattern, flag, replacement in _PHRASES:
-        if flag in offered:
+        if flag is None or flag in offered:
             text = pattern.sub(replacement.replace("{command}", args.command), text)
 
     def flag_if_given(match: re.Match) -> str:
