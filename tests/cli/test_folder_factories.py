@@ -1,6 +1,6 @@
 """A run folder is data, never code (issue 35): the factory.json of a --model run names a
 FILE.py:FACTORY, and no command follows it. `verify --checkpoint`, `sample --checkpoint`,
-`account --checkpoint` and `train --resume` refuse such a folder in one line (status 2) naming the
+`account --checkpoint`, `ledger --checkpoint` and `train --resume` refuse such a folder in one line (status 2) naming the
 factory it records, unless the user names the factory with --model; and the one they name must
 be the code the weights were trained under: the same FACTORY in a file with the SHA-256
 factory.json records. An edited or replaced file is refused before a line of it runs, with
@@ -71,6 +71,7 @@ COMMANDS = {
     "verify": lambda run: ["verify", "--checkpoint", str(run), "--no-progress"],
     "sample": lambda run: ["sample", "--checkpoint", str(run), "--prompt", "<bos> A"],
     "account": lambda run: ["account", "--checkpoint", str(run), "--no-measure"],
+    "ledger": lambda run: ["ledger", "--checkpoint", str(run)],
     "train": lambda run: ["train", "--resume", str(run), "--no-progress"],
 }
 
