@@ -47,8 +47,9 @@ from .terms import in_flags, offered_flags
 USER_ERRORS = (ConfigError, DecoderInputError, CheckpointError, RunFolderError,
                NonFiniteLogitsError, OSError, MemoryError)
 
-# Subcommand modules, in the order `--help` lists them.
-COMMANDS = ["verify", "ledger", "account", "train", "sample", "convert", "prepare", "presets"]
+# Subcommands, in the order `--help` lists them; each in the module of its name ("-" as "_").
+COMMANDS = ["verify", "verify-batch", "ledger", "account", "train", "sample", "convert",
+            "prepare", "presets"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="on an error, raise it with its traceback instead of one line")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(subparsers)
+        importlib.import_module(f"{__name__}.{name.replace('-', '_')}").register(subparsers)
     return parser
 
 

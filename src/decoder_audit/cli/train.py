@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import helptext  # the checks its description names, from the gate's registry
 from ..console import console, literal
 from ..errors import ConfigError
 from .common import (
@@ -25,9 +26,13 @@ DEFAULT_OUT = "runs/train"
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "train", help="audit, then train (refuses any model that fails a check)",
-        description="Run the full gate on the model; if any check fails, name the first failed "
-                    "check and exit 1 without training or writing anything. Otherwise train it: "
+        "train", help="audit, then train (refuses a model that fails a check of the training "
+                      "path)",
+        description="Run the full gate on the model; if a check of the path training takes "
+                    "fails, name the first and exit 1 without training or writing anything. "
+                    f"Every check is on that path but {helptext.off_training_path()}, whose "
+                    "failures affect only the paths named: they are reported and do not refuse "
+                    "training (`decoder-audit verify` still fails on them). Otherwise train it: "
                     "by default the tiny model's counting task (<bos> x y z <eos>), or a "
                     "byte-level model on --text FILE (with --tokenizer T: its tokens), or on a "
                     "prepared token dataset (--data DIR). There is no option to train a model "

@@ -18,6 +18,7 @@ from ..console import console, literal
 from ..errors import ConfigError
 from ..gate import allocate_large_blocks_apart, audit, check_gate_fits, print_report, to_json
 from ..sources import load_weights_map
+from . import helptext
 from .common import (
     absolute,
     add_model_source,
@@ -32,10 +33,10 @@ from .common import (
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "verify", help="run the acceptance gate on a model (default tiny-368)",
-        description="Run every check of the acceptance gate (inputs, overlength, shapes, raw "
-                    "logits, determinism, batch independence, causal interventions, prefixes, "
-                    "attention rows, parameter ledger, tying, tying gradient, slow oracle, loss "
-                    "alignment) and print the evidence. Exit 0 only when every check passes.")
+        description="Run every check of the acceptance gate (listed below) and print the "
+                    "evidence. Exit 0 only when every check passes, 1 when one fails, 2 for a "
+                    "usage error.",
+        epilog=helptext.checks_listing(), formatter_class=helptext.ListingFormatter)
     add_model_source(parser, foreign=True, hf=True, intervention=True)
     parser.add_argument("--input-vocab-size", type=int, metavar="V_IN",
                         help="ids the model reads when that differs from V (an extra start "
@@ -45,8 +46,8 @@ def register(subparsers) -> None:
                         help="the architecture a --model (or --hf) module declares, a "
                              "DecoderConfig saved as JSON: its parameter ledger, tie and float64 "
                              "oracle are checked against it, its weights found by their names "
-                             "(our layout, nanoGPT / GPT-2, litgpt, Hugging Face Llama, torchtune, "
-                             "LLMs-from-scratch)")
+                             f"in one of the layouts {helptext.layout_names()} (else give "
+                             "--weights-map)")
     parser.add_argument("--weights-map", metavar="FILE.py:FN",
                         help="with --spec, for a layout not found by its names: FN(state_dict) "
                              "returns {canonical name: tensor} (views of the module's tensors)")
