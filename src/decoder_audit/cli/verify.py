@@ -22,6 +22,8 @@ from . import helptext
 from .common import (
     absolute,
     add_model_source,
+    flag_and_value,
+    json_file,
     rerun_command,
     source_from_args,
     user_output_to_stderr,
@@ -111,7 +113,7 @@ def run(args) -> int:
         return _run_sharded(args, report_dir)
     device = resolve_device(args.device)
     source = source_from_args(args)
-    spec = DecoderConfig.load(args.spec) if args.spec else None
+    spec = DecoderConfig.load(json_file("--spec", args.spec)) if args.spec else None
     if args.weights_map and spec is None:
         raise ConfigError("--weights-map places a module's weights on a spec's names: give "
                           "--spec CONFIG.json too")
@@ -165,7 +167,7 @@ def _run_sharded(args, report_dir: str | None) -> int:
                                                   dtype=dtype, reshard_root=True)
             else:
                 model = source.build(seed=args.seed, dtype=dtype)
-                distributed.refuse_unshardable(model)
+                _refuse_unshardable(model)
                 model.to(device=device, dtype=dtype)
                 distributed.shard_model(model, ranks, device, reshard_root=True)
             show_progress = ranks.is_main and (sys.stderr.isatty() if args.progress is None
@@ -181,6 +183,18 @@ def _run_sharded(args, report_dir: str | None) -> int:
     finally:
         distributed.close(ranks)
     return code
+
+
+def _refuse_unshardable(model: torch.nn.Module) -> None:
+    """--shard shards a Decoder's blocks (`distributed.shard_model`): any other module is
+    refused in verify's words, naming its class, before the gate is spent on it."""
+    from ..model.decoder import Decoder
+
+    if not isinstance(model, Decoder):
+        cls = type(model)
+        raise ConfigError(f"verify --shard needs a decoder-audit Decoder (FSDP2 shards its "
+                          f"blocks), and the model is a {cls.__module__}.{cls.__qualname__}: "
+                          "run verify without --shard, where any module is audited whole")
 
 
 def _print_verdict(args, report, report_dir: str | None, launcher: str = "") -> int:
@@ -203,9 +217,9 @@ def _rerun_flags(args) -> list[str]:
     """The flags besides the model's that reproduce this run."""
     extra = []
     if args.spec:
-        extra += ["--spec", args.spec]
+        extra += flag_and_value("spec", args.spec)
     if args.weights_map:
-        extra += ["--weights-map", args.weights_map]
+        extra += flag_and_value("weights_map", args.weights_map)
     if args.seed:
         extra += ["--seed", str(args.seed)]
     if args.intervention_len is not None:
