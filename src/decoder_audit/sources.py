@@ -312,7 +312,7 @@ def load_factory(spec: str, *, sha256: str | None = None) -> nn.Module:
         return _FACTORY_CACHE[spec]
     factory, where = load_callable(spec, "--model", "factory", sha256=sha256)
     _refuse_required_arguments(factory, where)
-    model = _user_code(f"{where} failed", factory)
+    model = run_user_code(f"{where} failed", factory)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{where} returned {type(model).__name__}, not a torch.nn.Module")
     _refuse_meta(model, where)
@@ -326,7 +326,7 @@ def load_weights_map(spec: str) -> Callable[..., Any]:
     function, _ = load_callable(spec, "--weights-map", "function")
 
     def weights_map(state):
-        return _user_code(f"--weights-map {spec!r} failed", lambda: function(state))
+        return run_user_code(f"--weights-map {spec!r} failed", lambda: function(state))
 
     weights_map.__qualname__ = spec  # the report names the user's function, not this wrapper
     return weights_map
@@ -357,7 +357,7 @@ def load_callable(spec: str, flag: str, kind: str, *, sha256: str | None = None
 
     sys.path.insert(0, str(path.parent.resolve()))  # let the file import its neighbours
     try:
-        _user_code(f"{flag} file {str(path)!r} failed to import", run_file)
+        run_user_code(f"{flag} file {str(path)!r} failed to import", run_file)
     finally:
         sys.path.pop(0)
     found = getattr(module, name, None)
@@ -376,7 +376,7 @@ def _check_pin(spec: str, actual: str | None, pinned: str | None) -> None:
             "train the changed model anew")
 
 
-def _user_code(what: str, call: Callable[[], Any]) -> Any:
+def run_user_code(what: str, call: Callable[[], Any]) -> Any:
     """Run a user's code; whatever it raises (or a sys.exit, which would end the command with
     its status as if it had finished, or a BaseException of its own, which no `except
     Exception` stops) becomes one ConfigError line naming it. Only Ctrl-C passes through: it is
