@@ -42,19 +42,57 @@ def clean_batch(s: Subject) -> torch.Tensor:
 
 
 def check_determinism(s: Subject) -> CheckResult:
+    """The same ids twice in eval mode, the second call meeting whatever state the first left
+    in the model (`as_found=False`: every other check's calls meet the state as found). When
+    the two differ and the first call changed the model's own state, a third call from the
+    state as found tells which it is: equal to the first, the state moved the answers (a
+    position counter that never resets: the model's property, named with what moved); not
+    equal, the model draws noise."""
     ids = clean_batch(s)
     batch, seq_len = ids.shape
-    first, second = s.clean_logits(ids), s.logits(ids)
+    first = s.clean_logits(ids)
+    moved = s.state.changes() if s.state is not None else []
+    try:
+        second = s.logits(ids, as_found=False)
+    except Exception as exc:
+        if not moved:
+            raise  # the model's own failure: the runner records it
+        return CheckResult("determinism", False, f"the model's own state changes its answers: a "
+                           f"call changed {', '.join(moved[:3])}, and the same ids then raised "
+                           f"{type(exc).__name__}: {str(exc)[:160]} (from the state as found "
+                           "they ran): state that never resets between calls",
+                           {"batch": batch, "seq_len": seq_len, "state_moved": moved,
+                            "stateful": True}, tolerances.DETERMINISM)
     diff = (first - second).abs()
     worst = float(diff.max()) if diff.numel() else 0.0
     evidence = {"batch": batch, "seq_len": seq_len, "max_abs_diff": worst,
-                "positions_differing": int((diff.amax(-1) > 0).sum())}
-    if torch.equal(first, second) or (worst == 0.0 and torch.isnan(first).equal(torch.isnan(second))):
+                "positions_differing": int((diff.amax(-1) > 0).sum()), "state_moved": moved}
+    if _identical(first, second):
         return CheckResult("determinism", True, f"two eval-mode runs of ({batch}, {seq_len}) ids "
-                           "are bitwise identical", evidence, tolerances.DETERMINISM)
+                           "are bitwise identical"
+                           + (f" (the first changed the model's own state, {moved[0]}, which "
+                              "does not change its answers)" if moved else ""),
+                           evidence, tolerances.DETERMINISM)
+    evidence["stateful"] = bool(moved) and _identical(first, s.logits(ids))
+    if evidence["stateful"]:
+        return CheckResult("determinism", False, f"the model's own state changes its answers: a "
+                           f"call changed {', '.join(moved[:3])}, and the same ids then gave "
+                           f"logits different by up to {worst:.3g} at "
+                           f"{evidence['positions_differing']} positions (from the state as "
+                           "found they are identical again): state that never resets between "
+                           "calls", evidence, tolerances.DETERMINISM)
     return CheckResult("determinism", False, f"the same ids gave different logits twice in eval "
                        f"mode (max difference {worst:.3g} at {evidence['positions_differing']} "
                        "positions): dropout or noise left on", evidence, tolerances.DETERMINISM)
+
+
+def _identical(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Bitwise equal, NaN where NaN."""
+    if torch.equal(first, second):
+        return True
+    diff = (first - second).abs()
+    return (float(diff.max()) if diff.numel() else 0.0) == 0.0 and \
+        torch.isnan(first).equal(torch.isnan(second))
 
 
 def _index_noise(logits: torch.Tensor) -> float:

@@ -49,6 +49,7 @@ from .measure import return_freed_memory
 from .registry import CHECK_ORDER, CHECKS
 from .report import AuditReport
 from .result import CheckResult, crashed, skipped
+from .state import host_rngs_kept
 from .subject import Subject
 
 # Collect cyclic garbage between checks only for models at least this big: it matters only
@@ -134,6 +135,8 @@ def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
             if need == "has_attention":  # no pattern was read: attention_rows says why
                 changes["attention_reason"] = said
             continue
+        finally:
+            subject.put_back(f"the {need} probe")  # a probe's calls leave the model as found
         changes.update(zip(fields, found if len(fields) > 1 else (found,)))
         subject.facts = replace(subject.facts, **changes)  # a later probe reads the earlier ones
     if changes.get("length_limit"):
@@ -154,7 +157,8 @@ def _run_checks(subject: Subject, wanted: set[str],
     subject.results = results  # checks may cite the verdicts before them
     collect = sum(p.numel() * p.element_size() for p in subject.parameters()) >= GC_MIN_BYTES
     rng_devices = [subject.device] if subject.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=rng_devices):  # the user's RNG streams are left untouched
+    # the user's RNG streams (torch's, Python's, numpy's) are left untouched
+    with torch.random.fork_rng(devices=rng_devices), host_rngs_kept():
         torch.manual_seed(seed)  # for models that draw random numbers themselves
         subject.prepare()
         try:
@@ -168,14 +172,35 @@ def _run_checks(subject: Subject, wanted: set[str],
                     advance(name)
                     if not CHECKS[name].shares_clean:
                         subject.forget_clean()
-                    results[name] = _run_one(name, subject)
+                    torch.manual_seed(seed)  # each check draws as if it ran alone
+                    try:
+                        results[name] = _run_one(name, subject)
+                    finally:
+                        subject.put_back(name)
                     if collect:  # whatever the check allocated goes before the next one
                         gc.collect()
                         return_freed_memory()
                 advance(None)
         finally:
             subject.release()
+            subject.notes += _state_notes(subject)
     return results
+
+
+def _state_notes(subject: Subject) -> list[str]:
+    """What the model's own forward changed in itself during the audit, put back each time, and
+    what could not be put back (a tensor too large to copy, written in place)."""
+    notes = []
+    if subject.state_moved:
+        where = "; ".join(f"{after}: {', '.join(moved[:3])}"
+                          + (f" (+{len(moved) - 3} more)" if len(moved) > 3 else "")
+                          for after, moved in list(subject.state_moved.items())[:4])
+        notes.append(f"the model changes its own state when called ({where}); the gate put it "
+                     "back before every fresh call and after every probe and check, so the model "
+                     "was given back as it was found")
+    if subject.state_lost:
+        notes.append("not put back as found: " + "; ".join(subject.state_lost[:4]))
+    return notes
 
 
 @contextmanager
