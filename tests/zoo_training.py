@@ -156,3 +156,27 @@ class OwnLossLM(nn.Module):
                 count = num_items_in_batch
             loss = total / count
         return SimpleNamespace(logits=logits, loss=loss)
+
+
+# ---- train mode that is nondeterministic by design -------------------------------------------
+
+class ReseedingLM(PathLM):
+    """PathLM that reseeds torch's RNG at every train-mode call (`torch.seed()`, as Reformer's
+    reversible layers do to replay their dropout in backward), so identical train-mode calls
+    draw other dropout masks whatever seed was set before them: nondeterministic, not leaking.
+    leak:       also causal only in eval mode (PathLM's "causal_only_in_eval"): in train mode
+                every row reads the future.
+    functional: its dropout is F.dropout(p, training=self.training), not a module, so no
+                dropout module can be switched off to steady it."""
+
+    def __init__(self, *, leak: bool = False, functional: bool = False,
+                 dropout: float = 0.1) -> None:
+        super().__init__("causal_only_in_eval" if leak else None, dropout=dropout)
+        if functional:
+            del self.drop
+            self.drop = lambda z: F.dropout(z, dropout, training=self.training)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            torch.seed()
+        return super().forward(ids)
