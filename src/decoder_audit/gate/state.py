@@ -83,6 +83,14 @@ class _Table:
     entries: dict
     containers: dict = field(default_factory=dict)  # key -> (container, shallow copy)
 
+    def __post_init__(self) -> None:
+        # the whole table's keys and the identities of its values, for a fast "unchanged" (a
+        # value held here stays alive, so its id is never reused)
+        self.keys, self.ids = tuple(self.table), [*map(id, self.table.values())]
+
+    def unchanged(self) -> bool:
+        return tuple(self.table) == self.keys and [*map(id, self.table.values())] == self.ids
+
 
 class ModelState:
     """The model's state as taken (see the module docstring); `restore()` puts it back and names
@@ -100,6 +108,8 @@ class ModelState:
             for table in _TABLES:
                 if table == "_parameters" and not keep_parameters:
                     continue  # FSDP2 swaps a sharded model's parameters in and out itself
+                if not getattr(module, table):
+                    continue  # a forward that adds a buffer or module adds it to __dict__
                 self._hold(owner, getattr(module, table), dict(getattr(module, table)), seen,
                            deeper=table == "_buffers")
         self.parameters = [_Tensor(p, name, _version(p), None, _pointer(p))
@@ -143,9 +153,10 @@ class ModelState:
             held.copy = held.tensor.detach().clone()
 
     # ---- putting it back -------------------------------------------------------------------
-    def restore(self) -> list[str]:
+    def restore(self, *, weights: bool = True) -> list[str]:
         """Put every table, container and copied tensor back as taken; return what could not be
-        (a tensor too large to copy, or a parameter, written in place)."""
+        (a tensor too large to copy, or, when `weights`, a parameter written in place: a
+        check's calls are many, so the weights are looked at once per check)."""
         for held in self.tables:
             _restore_table(held)
         for generator, state in self.generators:
@@ -162,7 +173,7 @@ class ModelState:
                     continue
                 held.tensor.copy_(held.copy)
                 held.version = _version(held.tensor)
-        for param in self.parameters:
+        for param in self.parameters if weights else ():
             if _version(param.tensor) != param.version or _pointer(param.tensor) != param.pointer:
                 lost.append(f"the weight {param.where} (changed in place by the model's own "
                             "forward: weights are never copied)")
@@ -182,8 +193,7 @@ class ModelState:
 
 def _restore_table(held: _Table) -> None:
     table, entries = held.table, held.entries
-    if len(table) != len(entries) or any(table.get(k, _MISSING) is not v
-                                         for k, v in entries.items()):
+    if not held.unchanged():
         for key in [k for k in table if k not in entries and k not in _TORCH_KEYS]:
             del table[key]
         for key, value in entries.items():

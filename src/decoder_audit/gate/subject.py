@@ -143,18 +143,19 @@ class Subject:
         moved = self.state.changes()
         if moved:
             self.state_moved[after] = moved
-        self._restore_state()
+        self._restore_state(weights=True)
         _restore_modes(self._eval_modes)
 
-    def _restore_state(self) -> None:
+    def _restore_state(self, *, weights: bool = False) -> None:
         if self.state is not None:
-            self.state_lost += [lost for lost in self.state.restore() if lost not in self.state_lost]
+            self.state_lost += [lost for lost in self.state.restore(weights=weights)
+                                if lost not in self.state_lost]
 
     def release(self) -> None:
         """Give the model back as it came: its state (state.py), train/eval flags, requires_grad
         and .grad (the same tensor objects) of every parameter restored."""
         self.forget_clean()
-        self._restore_state()
+        self._restore_state(weights=True)
         self.state = None
         if self._saved_modes is not None:
             _restore_modes(self._saved_modes)
