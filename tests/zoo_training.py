@@ -180,3 +180,37 @@ class ReseedingLM(PathLM):
         if self.training:
             torch.seed()
         return super().forward(ids)
+
+
+# ---- a leak no probe of the gate reaches: only in a training step ---------------------------
+
+class ReadsTargetsWhenTraining(nn.Module):
+    """A byte-level decoder (V=256, max_seq_len `T`): embeddings and fixed positions, one causal
+    attention layer, a readout. `leak`: in train mode with gradients on (what a training step
+    does, and no probe of the gate: its train-mode calls run without gradients) each position
+    also reads the next token, the target it predicts (its embedding, turned by a fixed
+    rotation so the readout can tell it from the token's own)."""
+
+    def __init__(self, leak: bool = True, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.leak = leak
+        self.embed = nn.Embedding(256, D)
+        self.register_buffer("pos", torch.randn(T, D))
+        self.register_buffer("turn", torch.linalg.qr(torch.randn(D, D))[0])  # fixed rotation
+        self.qkv, self.proj, self.head = nn.Linear(D, 3 * D), nn.Linear(D, D), nn.Linear(D, 256)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dim() != 2 or ids.dtype != torch.long:
+            raise ValueError(f"ids must be (B, T) int64, got {tuple(ids.shape)} {ids.dtype}")
+        if ids.shape[1] > T:
+            raise ValueError(f"T={ids.shape[1]} exceeds max_seq_len={T}")
+        batch, seq_len = ids.shape
+        x = self.embed(ids) + self.pos[:seq_len]  # (B, T, D)
+        if self.leak and self.training and torch.is_grad_enabled():
+            ahead = F.pad(self.embed(ids[:, 1:]) @ self.turn, (0, 0, 0, 1))  # (B, T, D): t + 1 at t
+            x = x + ahead
+        q, k, v = (t.view(batch, seq_len, H, D // H).transpose(1, 2)  # (B, H, T, Dh)
+                   for t in self.qkv(x).chunk(3, -1))
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(x + self.proj(z.transpose(1, 2).reshape(batch, seq_len, D)))
