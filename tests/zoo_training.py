@@ -214,3 +214,24 @@ class ReadsTargetsWhenTraining(nn.Module):
                    for t in self.qkv(x).chunk(3, -1))
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.head(x + self.proj(z.transpose(1, 2).reshape(batch, seq_len, D)))
+
+
+class LeaksTrainingAt16(PathLM):
+    """Causal except in train mode at 16 rows or more: `is_causal=not (self.training and B >=
+    16)` (a train-only kernel chosen by batch size). Eval mode at any batch size, and train mode
+    at the gate's own batch sizes, are causal."""
+
+    def _is_causal(self, batch: int) -> bool:
+        return not (self.training and batch >= 16)
+
+
+class DropsDocumentsAt16(da.Decoder):
+    """Our Decoder, but document_ids are dropped at 16 rows or more: a big packed batch is read
+    as one causal row, each document reading the ones before it."""
+
+    def forward(self, ids, attention_mask=None, *, cache=None, last_only=False,
+                document_ids=None):
+        if document_ids is not None and ids.shape[0] >= 16:
+            document_ids = None
+        return super().forward(ids, attention_mask, cache=cache, last_only=last_only,
+                               document_ids=document_ids)

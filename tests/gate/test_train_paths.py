@@ -48,3 +48,35 @@ def test_a_reseeding_model_with_functional_dropout_is_judged_beyond_its_spread_a
 def test_a_model_with_steady_dropout_is_not_called_nondeterministic():
     check = da.audit(PathLM(), checks=["train_mode"], **FACTS)["train_mode"]
     assert check.passed and "nondeterministic" not in check.evidence
+
+
+def test_a_leak_only_in_train_mode_at_the_training_batch_size_is_caught_by_train_mode():
+    """It passed the whole gate (eval mode at every shape, train mode at the gate's own shapes)
+    and trained; the training-shape probe now runs in train mode too."""
+    from zoo_training import LeaksTrainingAt16
+
+    report = da.audit(LeaksTrainingAt16(), training=da.TrainingPath(64, T), **FACTS)
+    assert [c.name for c in report.failures] == ["train_mode"], report.first_failure
+    check = report["train_mode"]
+    assert "B=64" in check.detail and check.evidence["training_shape"]["leaks"]
+    correct = da.audit(PathLM(), checks=["train_mode"], training=da.TrainingPath(64, T), **FACTS)
+    assert correct.passed and correct["train_mode"].evidence["training_shape"]["passed"]
+
+
+def test_packing_is_probed_at_the_training_batch_size():
+    from zoo_training import DropsDocumentsAt16
+
+    path = da.TrainingPath(32, 16, pack=True)
+    torch.manual_seed(0)
+    report = da.audit(DropsDocumentsAt16(da.preset("llama-debug")), training=path)
+    assert [c.name for c in report.failures] == ["packing"], report.first_failure
+    batched = report["packing"].evidence["training_batch"]
+    # every row of the big batch, each document read with the ones before it
+    assert batched["batch"] == 32 and batched["rows_differing"] == list(range(32))
+    assert "B=32" in report["packing"].detail
+    small = da.audit(DropsDocumentsAt16(da.preset("llama-debug")), checks=["packing"],
+                     training=da.TrainingPath(4, 16, pack=True))
+    assert small.passed  # the 2-row probe alone passed it
+    ours = da.audit(da.Decoder(da.preset("llama-debug")), checks=["packing"], training=path)
+    assert ours.passed and ours["packing"].evidence["training_batch"]["max_abs_diff"] <= \
+        ours["packing"].evidence["training_batch"]["allowed"]

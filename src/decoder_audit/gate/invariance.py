@@ -279,14 +279,8 @@ def _causal_verdict(records: list[dict], leaks: list[dict], blind: list[dict], e
         return CheckResult("causal", False, detail, evidence, tol)
     shape = evidence.get("training_shape")
     if shape is not None and not shape["passed"]:
-        where = (f"row {shape['leaks'][0]['row']} moved before its cut c={shape['leaks'][0]['cut']}"
-                 f" by up to {shape['leaks'][0]['max_change']:.3g}: the model reads future tokens"
-                 if shape["leaks"] else
-                 f"row 0 moved by {shape['row0_moved']:.3g} when the other rows changed: rows leak "
-                 "across the batch")
-        return CheckResult("causal", False, f"at the training shape (B={shape['batch']}, "
-                           f"T={shape['seq_len']}), {where} (allowed {shape['allowed']:.1e}); the "
-                           f"audit's own shapes (T={seq_len}) did not show it", evidence, tol)
+        return CheckResult("causal", False, f"{training_shape_said(shape)}; the audit's own "
+                           f"shapes (T={seq_len}) did not show it", evidence, tol)
     if blind:
         first = blind[0]
         detail = (f"cut c={first['cut']}: row {first['cut']} changed by only "
@@ -343,14 +337,10 @@ def check_prefix(s: Subject) -> CheckResult:
                        f"T={seq_len} run", evidence, tol)
 
 
-def training_shape_probe(s: Subject) -> dict | None:
-    """One batch at the training path's (B, T) (`facts.training`), against a batch of copies of
-    its row 0: row b >= 1 is row 0 changed from a cut on, so rows before the cut must not move
-    (causal), and row 0, beside rows that all differ, must not move (batch independence).
-    None without a training path. Judged exactly, up to the noise floor of the copies."""
+def _training_shape_batch(s: Subject) -> tuple[torch.Tensor, torch.Tensor, list[int | None]]:
+    """(copies (B, T) of one row, the intervention batch (B, T), each row's cut) at the training
+    path's (B, T): row b >= 1 is row 0 changed from its cut on."""
     training = s.facts.training
-    if training is None:
-        return None
     batch, seq_len = training.batch_size, min(training.seq_len, s.probe_max)
     gen = s.generator(40)
     base = s.random_ids(1, seq_len, gen)  # (1, T)
@@ -360,10 +350,34 @@ def training_shape_probe(s: Subject) -> dict | None:
     row_cuts = [None] + [cuts[(b - 1) % len(cuts)] for b in range(1, batch)]
     for b in range(1, batch):
         ids[b, row_cuts[b]:] = changed[0, row_cuts[b]:]
+    return base.repeat(batch, 1), ids, row_cuts
+
+
+def training_shape_noise(s: Subject) -> float:
+    """The noise floor of identical rows at the training shape, in eval mode (the floor a
+    train-mode probe of that shape is judged by: there, identical rows at two batch indices
+    get two dropout masks)."""
+    copies, _, _ = _training_shape_batch(s)
+    return _index_noise(s.logits(copies))
+
+
+def training_shape_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                         noise: float | None = None) -> dict | None:
+    """One batch at the training path's (B, T) (`facts.training`), against a batch of copies of
+    its row 0: row b >= 1 is row 0 changed from a cut on, so rows before the cut must not move
+    (causal), and row 0, beside rows that all differ, must not move (batch independence).
+    None without a training path. Judged exactly, up to the noise floor of the copies (or
+    `noise`). `call` runs the model another way (train mode: training.py)."""
+    if s.facts.training is None:
+        return None
+    run = s.logits if call is None else call
+    copies_ids, ids, row_cuts = _training_shape_batch(s)
+    batch, seq_len = ids.shape
     s.progress(f"the training shape: B={batch}, T={seq_len}")
-    copies = s.logits(base.repeat(batch, 1))  # (B, T, V)
-    noise, scale = _index_noise(copies), value_scale(copies[0])
-    moved = s.logits(ids)
+    copies = run(copies_ids)  # (B, T, V)
+    noise = _index_noise(copies) if noise is None else noise
+    scale = value_scale(copies[0])
+    moved = run(ids)
     moved -= copies
     change = moved.abs_().amax(-1)  # (B, T)
     del moved, copies
@@ -373,3 +387,14 @@ def training_shape_probe(s: Subject) -> dict | None:
     row0 = float(change[0].max())
     return {"batch": batch, "seq_len": seq_len, "allowed": allowed, "leaks": leaks,
             "row0_moved": row0, "passed": not leaks and row0 <= allowed}
+
+
+def training_shape_said(shape: dict) -> str:
+    """What a failed training-shape probe found, with its figures."""
+    where = (f"row {shape['leaks'][0]['row']} moved before its cut c={shape['leaks'][0]['cut']}"
+             f" by up to {shape['leaks'][0]['max_change']:.3g}: the model reads future tokens"
+             if shape["leaks"] else
+             f"row 0 moved by {shape['row0_moved']:.3g} when the other rows changed: rows leak "
+             "across the batch")
+    return (f"at the training shape (B={shape['batch']}, T={shape['seq_len']}), {where} "
+            f"(allowed {shape['allowed']:.1e})")

@@ -34,7 +34,15 @@ from torch import nn
 
 from ..objective import logits_of
 from . import tolerances
-from .invariance import _cut_changes, _index_noise, clean_batch, leaks_at
+from .invariance import (
+    _cut_changes,
+    _index_noise,
+    clean_batch,
+    leaks_at,
+    training_shape_noise,
+    training_shape_probe,
+    training_shape_said,
+)
 from .measure import all_finite, sample_positions, value_scale
 from .result import CheckResult
 from .state import host_rngs_kept, seed_host_rngs
@@ -186,13 +194,16 @@ def check_train_mode(s: Subject) -> CheckResult:
     # The kernels' own rounding noise, in eval mode: every comparison below is at one batch
     # index under one dropout mask, so that noise is all a correct model can show.
     noise = _index_noise(s.logits(ids[:1].repeat(len(ids), 1)))
+    shape_noise = training_shape_noise(s) if s.facts.training is not None else 0.0
     with in_train_mode(s):
         call = _seeded(s)
         in_train = call(ids)
         unsteady = _unsteady(s, call, ids, in_train)  # identical calls, compared first
         with _dropout_off(s) if unsteady is not None else contextlib.nullcontext([]) as off:
-            how, noise = _steadied(s, call, ids, unsteady, off, noise, evidence)
-            problems = _path_probe(s, call, how, evidence, noise)
+            how, floor = _steadied(s, call, ids, unsteady, off, noise, evidence)
+            problems = _path_probe(s, call, how, evidence, floor)
+            spread = (unsteady or {}).get("spread_checked", 0.0)  # a bounded check's floor
+            problems += _at_training_shape(s, call, how, max(shape_noise, spread), evidence)
     differs = float((in_train - in_eval).abs().max())
     allowed = s.shape_tolerance() * value_scale(in_eval)
     evidence.update(train_vs_eval_max_abs=differs, train_vs_eval_allowed=allowed)
@@ -213,10 +224,25 @@ def check_train_mode(s: Subject) -> CheckResult:
            else "no dropout: train mode = eval mode")
     bounded = unsteady is not None and "spread_checked" in unsteady
     moved = "move no more than identical calls do" if bounded else "unchanged"
+    shape = evidence["training_shape"]
+    at_shape = (f"; so does one batch at the training shape (B={shape['batch']}, "
+                f"T={shape['seq_len']})" if shape is not None else "")
     return CheckResult("train_mode", True, f"in train mode ({how}): {len(evidence['cuts'])} cuts "
                        f"of T={evidence['seq_len']} leave earlier rows {moved}, and row 0 is "
-                       f"{moved} when the other rows change", evidence,
+                       f"{moved} when the other rows change{at_shape}", evidence,
                        tolerances.same_shape(evidence["index_noise"]))
+
+
+def _at_training_shape(s: Subject, call, how: str, noise: float, evidence: dict) -> list[str]:
+    """The training-shape probe (invariance.training_shape_probe) through the train-mode `call`,
+    when a training path is declared: a leak only `if self.training and B >= 16` is caught
+    here, at the batch size training uses."""
+    shape = training_shape_probe(s, call, noise)
+    evidence["training_shape"] = shape
+    if shape is None or shape["passed"]:
+        return []
+    return [f"{how}: {training_shape_said(shape)}; the eval-mode probe of that shape and the "
+            f"train-mode cuts at T={evidence['seq_len']} did not show it"]
 
 
 def _steadied(s: Subject, call, ids: torch.Tensor, unsteady: dict | None, off: list[str],
@@ -446,7 +472,37 @@ def check_packing(s: Subject) -> CheckResult:
                 "alone": records, "other_document_changed": other, "gradient": grad}
     if s.facts.packing == "position_ids":
         evidence["position_ids_alone"] = _position_ids_alone(s, ids, document_ids, records)
+    evidence["training_batch"] = batched = _packed_at_training_batch(s, ids, document_ids, packed,
+                                                                     tol)
+    if batched is not None and not batched["passed"]:
+        return CheckResult("packing", False, batched["detail"], evidence, tol)
     return _packing_verdict(s, records, other, grad, evidence, tol)
+
+
+def _packed_at_training_batch(s: Subject, ids: torch.Tensor, document_ids: torch.Tensor,
+                              packed: torch.Tensor, tol: float) -> dict | None:
+    """The probe's packed rows (2, T) repeated to the training batch size (B, T) and packed
+    again: each row must equal its packed row at B = 2 (which equals its documents alone), so
+    a model that packs only small batches (document_ids dropped at B >= 16) fails. None when
+    training uses no more than the probe's rows."""
+    batch = s.facts.training.batch_size
+    if batch <= len(ids):
+        return None
+    repeat = -(-batch // len(ids))
+    many_ids, many_docs = ids.repeat(repeat, 1)[:batch], document_ids.repeat(repeat, 1)[:batch]
+    with torch.no_grad():
+        s.count(many_ids)
+        out = logits_of(_packed_call(s, many_docs)(many_ids))  # (B, T, V)
+    moved = (out - packed.repeat(repeat, 1, 1)[:batch]).abs().amax((1, 2))  # (B,)
+    allowed = tol * value_scale(packed)
+    worst = int(moved.argmax())
+    found = {"batch": batch, "max_abs_diff": float(moved.max()), "allowed": allowed,
+             "rows_differing": [int(b) for b in (~(moved <= allowed)).nonzero().flatten()]}
+    found["passed"] = not found["rows_differing"]
+    found["detail"] = (f"at the training batch size B={batch}, packed row {worst} differs from the "
+                       f"same row packed at B={len(ids)} by up to {found['max_abs_diff']:.3g} "
+                       f"(allowed {allowed:.1e}): the packing holds only for small batches")
+    return found
 
 
 def _other_document(s: Subject, ids, rows, call, packed, tol) -> dict:
