@@ -258,3 +258,25 @@ class StatefulGPT(nn.Module):
     def reset_kv_cache(self) -> None:
         self.att.reset_cache()
         self.current_pos = 0
+
+
+class ScratchLM(ToyLM):
+    """ToyLM (correct) that takes a scratch buffer of `scratch` bytes in every forward of
+    `from_len` tokens or more, as a kernel's workspace: never touched, so it costs no memory
+    where the allocator may hand out address space, and fails to allocate under an
+    address-space limit (`ulimit -v`) or when `scratch` is past any machine."""
+
+    def __init__(self, scratch: int = 3 * 2**30, from_len: int = 8, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.scratch, self.from_len = scratch, from_len
+
+    def forward(self, ids: torch.Tensor, output_attentions: bool = False) -> Output:
+        if ids.dim() == 2 and ids.shape[1] >= self.from_len:
+            torch.empty(self.scratch, dtype=torch.uint8)
+        return super().forward(ids, output_attentions)
+
+
+def scratch_lm() -> ScratchLM:
+    """A --model factory (a file holding `from zoo_foreign import scratch_lm`, tests/ on the
+    path): 3 GiB of scratch at T >= 8."""
+    return ScratchLM()

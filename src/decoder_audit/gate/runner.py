@@ -46,11 +46,12 @@ from ..references.layouts import WeightsMap
 from . import attention, generation, inputs, tolerances, training
 from .facts import ModelFacts, TrainingPath, model_facts
 from .measure import return_freed_memory
+from .peak import check_probes_fit
 from .registry import CHECK_ORDER, CHECKS
 from .report import AuditReport
 from .result import CheckResult, crashed, skipped
 from .state import host_rngs_kept
-from .subject import Subject
+from .subject import Exhausted, GateOutOfMemory, Subject, out_of_memory
 
 # Collect cyclic garbage between checks only for models at least this big: it matters only
 # when a leftover cycle could hold weight-sized tensors. The objects that existed before the
@@ -95,6 +96,7 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
         raise ConfigError(f"audit() takes facts= or the facts one by one, not both (also given: "
                           f"{named})")
     subject = Subject(model, facts, seed=seed)
+    _bound_lengths(subject)
     if subject.dtype in tolerances.LOW_PRECISION:
         subject.notes.append(f"checks ran in {str(subject.dtype).removeprefix('torch.')}: effects "
                              "smaller than its rounding (a few parts in 10^3 of the logit scale) "
@@ -106,6 +108,22 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
     started = time.perf_counter()
     results = _run_checks(subject, wanted, progress, seed)
     return _report(facts.model, subject, results, time.perf_counter() - started)
+
+
+def _bound_lengths(subject: Subject) -> None:
+    """ConfigError before any call when the probe length cannot run: an intervention_len given
+    past the model's max_seq_len (no probe may be longer than its limit), or one whose logits
+    alone cannot fit in memory (peak.check_probes_fit)."""
+    facts = subject.facts
+    given = facts.origin.get("intervention_len") == "argument"
+    if given and facts.max_seq_len is not None and facts.intervention_len > facts.max_seq_len:
+        raise ConfigError(f"intervention_len={facts.intervention_len} exceeds max_seq_len="
+                          f"{facts.max_seq_len}: no probe may be longer than the model's hard "
+                          f"limit; give at most {facts.max_seq_len}")
+    length = subject.probe_max
+    what = (f"intervention_len={facts.intervention_len}" if facts.max_seq_len is None
+            else f"max_seq_len={facts.max_seq_len}")
+    check_probes_fit(facts.vocab_size, length, subject.dtype, subject.device, what=what)
 
 
 def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
@@ -129,7 +147,11 @@ def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
             continue
         try:
             found = probe(subject)
+        except Exhausted as exc:
+            raise GateOutOfMemory(f"the {need} probe", exc.cause) from exc.cause
         except Exception as exc:  # noqa: BLE001 - the gate never crashes on a broken model
+            if out_of_memory(exc):
+                raise GateOutOfMemory(f"the {need} probe", exc) from exc
             said = f"probing {need} raised {type(exc).__name__}: {exc}"
             subject.notes.append(said)
             if need == "has_attention":  # no pattern was read: attention_rows says why
@@ -249,7 +271,11 @@ def _run_one(name: str, subject: Subject) -> CheckResult:
     started = time.perf_counter()
     try:
         result = check.run(subject)
+    except Exhausted as exc:  # the machine's limit, not the model's: the audit ends
+        raise GateOutOfMemory(f"the check {name!r}", exc.cause) from exc.cause
     except Exception as exc:  # the model raised inside the check: that is evidence
+        if out_of_memory(exc):
+            raise GateOutOfMemory(f"the check {name!r}", exc) from exc
         result = crashed(name, exc)
     if not isinstance(result, CheckResult) or result.name != name:
         raise AssertionError(f"check {name} returned {result!r}")
