@@ -50,6 +50,7 @@ from .peak import check_probes_fit
 from .registry import CHECK_ORDER, CHECKS
 from .report import AuditReport
 from .result import CheckResult, crashed, skipped
+from .sharding import RankFailed, RanksDisagree, agree_on_failure
 from .state import host_rngs_kept
 from .subject import Exhausted, GateOutOfMemory, Subject, out_of_memory
 
@@ -106,7 +107,10 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
                              "ran these checks on the same probes; a whole weight or gradient "
                              "was gathered only where a check reads it")
     started = time.perf_counter()
-    results = _run_checks(subject, wanted, progress, seed)
+    try:
+        results = _run_checks(subject, wanted, progress, seed)
+    except RankFailed as failed:
+        raise RanksDisagree(str(failed)) from failed.__cause__
     return _report(facts.model, subject, results, time.perf_counter() - started)
 
 
@@ -152,6 +156,8 @@ def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
         except Exception as exc:  # noqa: BLE001 - the gate never crashes on a broken model
             if out_of_memory(exc):
                 raise GateOutOfMemory(f"the {need} probe", exc) from exc
+            if subject.ranks_agree:
+                agree_on_failure(subject.audit_key, f"probe {need}", exc)
             said = f"probing {need} raised {type(exc).__name__}: {exc}"
             subject.notes.append(said)
             if need == "has_attention":  # no pattern was read: attention_rows says why
@@ -195,6 +201,7 @@ def _run_checks(subject: Subject, wanted: set[str],
                     if not CHECKS[name].shares_clean:
                         subject.forget_clean()
                     torch.manual_seed(seed)  # each check draws as if it ran alone
+                    subject.running = f"the check {name!r}"
                     try:
                         results[name] = _run_one(name, subject)
                     finally:
@@ -276,6 +283,8 @@ def _run_one(name: str, subject: Subject) -> CheckResult:
     except Exception as exc:  # the model raised inside the check: that is evidence
         if out_of_memory(exc):
             raise GateOutOfMemory(f"the check {name!r}", exc) from exc
+        if subject.ranks_agree:  # evidence only when every rank raised it
+            agree_on_failure(subject.audit_key, f"check {name}", exc)
         result = crashed(name, exc)
     if not isinstance(result, CheckResult) or result.name != name:
         raise AssertionError(f"check {name} returned {result!r}")

@@ -36,7 +36,7 @@ from . import tolerances
 from .facts import ModelFacts, input_embedding
 from .measure import all_finite, value_scale
 from .probes import ProbeIds
-from .sharding import is_sharded, whole
+from .sharding import agree_on_failure, is_sharded, new_audit_key, several_ranks, whole
 from .state import ModelState
 
 # Cost normaliser of the report when no length is known (report.forward_equivalents).
@@ -87,6 +87,11 @@ class Subject:
         # Sharded with FSDP2 (`verify --shard`): each rank holds 1/N of every weight as a
         # DTensor and gathers a block's weights as it runs; see `whole` and `gradients_by_share`.
         self.sharded = first is not None and is_sharded(first)
+        # Over several ranks a model's exception is evidence only when every rank raised it
+        # (sharding.agree_on_failure): the key names this audit alike on every rank.
+        self.ranks_agree = several_ranks(self.sharded)
+        self.audit_key = new_audit_key() if self.ranks_agree else ""
+        self.running = "the probes"  # the check running now (the runner sets it), for messages
 
     # ---- the facts, as the checks read them --------------------------------------------------
     @property
@@ -237,7 +242,7 @@ class Subject:
         if as_found:
             self._restore_state()
         self.count(ids)
-        with torch.no_grad(), allocation_failures_carried():
+        with torch.no_grad(), model_failures_carried(self):
             logits = logits_of(self.work(ids))
         if finite and isinstance(logits, torch.Tensor) and logits.is_floating_point() and \
                 not all_finite(logits):
@@ -261,7 +266,7 @@ class Subject:
         ids = ids.to(self.device)
         self._restore_state()
         self.count(ids)
-        with torch.no_grad(), allocation_failures_carried():
+        with torch.no_grad(), model_failures_carried(self):
             return self.work.run_with_trace(ids)
 
     @contextmanager
@@ -424,8 +429,10 @@ _ALLOCATION = re.compile(r"can't allocate memory|not enough memory|out of memory
 
 
 @contextmanager
-def allocation_failures_carried() -> Iterator[None]:
-    """Within the block an allocation failure leaves as `Exhausted` (see there)."""
+def model_failures_carried(s: "Subject") -> Iterator[None]:
+    """Within the block (a call of the model) an allocation failure leaves as `Exhausted` (see
+    there), and on a model sharded over several ranks any other exception only once every rank
+    raised it at this call (else RankFailed: sharding.agree_on_failure)."""
     try:
         yield
     except Exhausted:
@@ -433,6 +440,8 @@ def allocation_failures_carried() -> Iterator[None]:
     except Exception as exc:
         if out_of_memory(exc):
             raise Exhausted(exc) from exc
+        if s.ranks_agree:
+            agree_on_failure(s.audit_key, f"{s.running} (model call {s.calls})", exc)
         raise
 
 
