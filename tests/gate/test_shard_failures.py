@@ -60,3 +60,14 @@ def test_a_failure_every_rank_shares_is_said_once_by_rank_0(tmp_path):
     lines = _ours(proc.stderr)
     assert len(lines) == 1, proc.stderr[-3000:]
     assert "Linear" in lines[0] and "--shard" in lines[0] and "rank" not in lines[0]
+
+
+def test_train_says_a_failure_every_rank_shares_once(tmp_path):
+    factory = tmp_path / "models.py"
+    factory.write_text(FAILS_ON_RANK_1)
+    proc = torchrun("--no-python", cli_path(), "train", "--model", f"{factory}:plain",
+                    "--vocab-size", "5", "--max-seq-len", "4", "--shard", "--steps", "1",
+                    "--out", str(tmp_path / "run"), timeout=240)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("decoder-audit train")]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]
+    assert "Linear" in lines[0] and "--shard" in lines[0]

@@ -130,6 +130,12 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
         previous_threads = torch.get_num_threads()
         try:
             return _run(model, cfg, opts, ranks, started)
+        except BaseException as exc:
+            # under torchrun the run's failure is said once (distributed.says_failure), decided
+            # while the process group still stands; the command line stays quiet on the others
+            if ranks.distributed and not isinstance(exc, KeyboardInterrupt):
+                exc.said_by_another_rank = not distributed.says_failure(ranks, exc)
+            raise
         finally:
             torch.set_num_threads(previous_threads)
             distributed.close(ranks)
