@@ -30,7 +30,7 @@ from .report import AuditReport
 from .result import CheckResult
 from .runner import audit
 from .sharding import RanksDisagree, store_reports
-from .subject import GateOutOfMemory
+from .oom import GateOutOfMemory
 from .training import packed_call
 
 __all__ = ["AuditReport", "BatchReport", "GatePeak", "allocate_large_blocks_apart", "check_gate_fits", "gate_peak", "CHECKS", "CHECK_ORDER", "CHECK_TITLES", "Check",

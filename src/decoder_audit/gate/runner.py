@@ -52,7 +52,8 @@ from .report import AuditReport
 from .result import CheckResult, crashed, skipped
 from .sharding import RankFailed, RanksDisagree, agree_on_failure
 from .state import host_rngs_kept
-from .subject import Exhausted, GateOutOfMemory, Subject, out_of_memory
+from .oom import Exhausted, GateOutOfMemory, out_of_memory
+from .subject import Subject
 
 # Collect cyclic garbage between checks only for models at least this big: it matters only
 # when a leftover cycle could hold weight-sized tensors. The objects that existed before the
