@@ -123,7 +123,7 @@ def test_noise_is_not_called_state():
 
 def test_state_restore_puts_back_in_place_writes_and_names_what_it_could_not_copy(monkeypatch):
     """A buffer written in place is copied back (same object); one above the copy budget is
-    named, not copied; a weight written in place is named."""
+    named, not copied; a weight whose storage was swapped is named."""
     import decoder_audit.gate.state as state
 
     model = StatefulGPT()
@@ -133,7 +133,8 @@ def test_state_restore_puts_back_in_place_writes_and_names_what_it_could_not_cop
     held = ModelState(model)
     buffer = model.running_mean
     with torch.no_grad():
-        buffer.add_(1.0), model.big.add_(1.0), model.head.bias.add_(1.0)
+        buffer.add_(1.0), model.big.add_(1.0)
+    model.head.bias.data = torch.zeros(V)
     model.current_pos, model.extra = 7, "added"
     assert "StatefulGPT.current_pos: 0 -> 7" in held.changes()
     lost = held.restore()
@@ -153,3 +154,27 @@ def test_the_llms_from_scratch_kv_cache_gpt2_itself():
     report = da.audit(model, vocab_size=97, max_seq_len=16, intervention_len=16)
     assert report.passed, report.first_failure
     assert model.current_pos == 0
+
+
+class InstallsHooksWhenCalled(StatefulGPT):
+    """Registers a forward hook on its attention at its first call and marks it with a flag, as
+    transformers installs its output-capturing hooks on the first output_attentions call."""
+
+    def forward(self, in_idx, use_cache=False, cache=None):
+        if not getattr(self, "_hooks_installed", False):
+            self.att.register_forward_hook(lambda module, args, out: None)
+            self._hooks_installed = True
+        return super().forward(in_idx, use_cache, cache)
+
+
+def test_hooks_the_model_installs_on_itself_go_with_their_flag():
+    model = InstallsHooksWhenCalled()
+    report = da.audit(model, **FACTS)
+    assert report.passed, report.first_failure
+    assert not hasattr(model, "_hooks_installed") and len(model.att._forward_hooks) == 0
+    held = ModelState(model)
+    model(torch.zeros(1, 3, dtype=torch.long))
+    held.restore(full=False)  # between a check's calls: the flag and its hook stay together
+    assert model._hooks_installed and len(model.att._forward_hooks) == 1
+    held.restore()
+    assert not hasattr(model, "_hooks_installed") and len(model.att._forward_hooks) == 0

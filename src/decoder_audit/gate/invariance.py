@@ -51,7 +51,7 @@ def check_determinism(s: Subject) -> CheckResult:
     ids = clean_batch(s)
     batch, seq_len = ids.shape
     first = s.clean_logits(ids)
-    moved = s.state.changes() if s.state is not None else []
+    moved = s.state.changes(additions=False) if s.state is not None else []
     try:
         second = s.logits(ids, as_found=False)
     except Exception as exc:

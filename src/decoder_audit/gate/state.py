@@ -21,9 +21,12 @@ What is held, per module (and per object one level below a module: a config, a c
     COPY_BUDGET (smallest first: counters, masks, rotary tables, small caches); a bigger one
     written in place is named as not restored (`restore` returns it), never copied;
   - the parameters: never copied (the weights are the audit's subject, the memory bound is
-    1.5x their size); their identity, version and data pointer are held, so a forward that
-    writes its own weights is named too.
-Hooks are not state: the gate's own are removed where they were added.
+    1.5x their size; a check that writes stress weights puts them back bit for bit); their
+    identity and data pointer are held, so a storage swapped under a weight is named;
+  - the hooks registered on each module: what the model registers on itself when called is
+    removed after the probe or check that called it (the gate removes its own).
+Before each of a check's fresh calls what the model changed is put back (Subject.run); what it
+added (a lazily built table, a flag beside hooks it installed) stays until the check ends.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from torch import nn
 # The train flags are not held here: a check sets them for its calls (train mode), and the
 # Subject puts them back after it.
 _TORCH_KEYS = frozenset(vars(nn.Module()))
+_HOOK_KEYS = tuple(sorted(k for k in _TORCH_KEYS if "hooks" in k))
 _TABLES = ("_buffers", "_parameters", "_modules")
 # Tensors copied to be put back: at least this many bytes, or this share of the weights.
 COPY_BUDGET_MIN = 64 * 2**20
@@ -100,6 +104,7 @@ class ModelState:
         self.tables: list[_Table] = []
         self.tensors: dict[int, _Tensor] = {}
         self.generators: list[tuple[torch.Generator, torch.Tensor]] = []
+        self.hooks: list[_Table] = []
         seen: set[int] = set()
         for prefix, module in model.named_modules():
             owner = prefix or type(model).__name__
@@ -112,7 +117,13 @@ class ModelState:
                     continue  # a forward that adds a buffer or module adds it to __dict__
                 self._hold(owner, getattr(module, table), dict(getattr(module, table)), seen,
                            deeper=table == "_buffers")
-        self.parameters = [_Tensor(p, name, _version(p), None, _pointer(p))
+            # hooks the model registers on itself when called (transformers installs its
+            # output-capturing hooks on the first output_attentions call, and marks them with
+            # an attribute): put back with that attribute, after a probe or check only (the
+            # gate's own hooks are in place during a check, and removed by it)
+            self.hooks += [_Table(owner, hooks, dict(hooks)) for key in _HOOK_KEYS
+                           if isinstance(hooks := vars(module).get(key), dict)]
+        self.parameters = [_Tensor(p, name, None, None, _pointer(p))
                            for name, p in model.named_parameters()]
         weights = sum(p.tensor.numel() * p.tensor.element_size() for p in self.parameters)
         self._copy_within(max(COPY_BUDGET_MIN, int(COPY_BUDGET_SHARE * weights)))
@@ -153,12 +164,16 @@ class ModelState:
             held.copy = held.tensor.detach().clone()
 
     # ---- putting it back -------------------------------------------------------------------
-    def restore(self, *, weights: bool = True) -> list[str]:
+    def restore(self, *, full: bool = True) -> list[str]:
         """Put every table, container and copied tensor back as taken; return what could not be
-        (a tensor too large to copy, or, when `weights`, a parameter written in place: a
-        check's calls are many, so the weights are looked at once per check)."""
+        (a tensor too large to copy written in place, a weight whose storage was swapped).
+        `full=False`, before each of a check's calls: what the model changed is put back, but
+        what it added (a lazily built table, a flag) stays and its hooks are not looked at,
+        until the check ends (`full`): within a check the gate's own hooks are in place."""
         for held in self.tables:
-            _restore_table(held)
+            _restore_table(held, full)
+        for held in self.hooks if full else ():
+            _restore_table(held, full)
         for generator, state in self.generators:
             generator.set_state(state)
         lost = []
@@ -173,28 +188,31 @@ class ModelState:
                     continue
                 held.tensor.copy_(held.copy)
                 held.version = _version(held.tensor)
-        for param in self.parameters if weights else ():
-            if _version(param.tensor) != param.version or _pointer(param.tensor) != param.pointer:
-                lost.append(f"the weight {param.where} (changed in place by the model's own "
-                            "forward: weights are never copied)")
-                param.version, param.pointer = _version(param.tensor), _pointer(param.tensor)
+        # the weights' values are the gate's to keep (a check that writes stress weights puts
+        # them back bit for bit): only a swapped storage (`param.data = ...`) is looked for
+        for param in self.parameters if full else ():
+            if _pointer(param.tensor) != param.pointer:
+                lost.append(f"the weight {param.where} (its storage was replaced by the model's "
+                            "own forward: weights are never copied)")
+                param.pointer = _pointer(param.tensor)
         return lost
 
-    def changes(self) -> list[str]:
+    def changes(self, *, additions: bool = True) -> list[str]:
         """What differs from the state as taken, one line each (e.g. "GPTModel.current_pos: 0 ->
-        12"), without putting anything back."""
+        12"), without putting anything back; `additions=False` leaves out entries added since
+        (a lazily built cache, a flag) and the hooks."""
         found = []
-        for held in self.tables:
-            found += _table_changes(held)
+        for held in self.tables + (self.hooks if additions else []):
+            found += _table_changes(held, additions)
         found += [f"{t.where} (written in place)" for t in self.tensors.values()
                   if t.version is not None and _version(t.tensor) != t.version]
         return found
 
 
-def _restore_table(held: _Table) -> None:
+def _restore_table(held: _Table, full: bool) -> None:
     table, entries = held.table, held.entries
     if not held.unchanged():
-        for key in [k for k in table if k not in entries and k not in _TORCH_KEYS]:
+        for key in [k for k in table if full and k not in entries and k not in _TORCH_KEYS]:
             del table[key]
         for key, value in entries.items():
             if table.get(key, _MISSING) is not value:
@@ -204,10 +222,10 @@ def _restore_table(held: _Table) -> None:
             _put_back(container, copy)
 
 
-def _table_changes(held: _Table) -> list[str]:
+def _table_changes(held: _Table, additions: bool) -> list[str]:
     found = []
     table, entries = held.table, held.entries
-    for key in table:
+    for key in table if additions else ():
         if key not in entries and key not in _TORCH_KEYS:
             found.append(f"{held.owner}.{key}: added")
     for key, value in entries.items():

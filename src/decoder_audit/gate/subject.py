@@ -146,22 +146,22 @@ class Subject:
         `state_lost`) and the eval-mode flags every check starts from."""
         if self.state is None:
             return
-        moved = self.state.changes()
+        moved = self.state.changes(additions=False)  # additions: lazily built, not news
         if moved:
             self.state_moved[after] = moved
-        self._restore_state(weights=True)
+        self._restore_state(full=True)
         _restore_modes(self._eval_modes)
 
-    def _restore_state(self, *, weights: bool = False) -> None:
+    def _restore_state(self, *, full: bool = False) -> None:
         if self.state is not None:
-            self.state_lost += [lost for lost in self.state.restore(weights=weights)
+            self.state_lost += [lost for lost in self.state.restore(full=full)
                                 if lost not in self.state_lost]
 
     def release(self) -> None:
         """Give the model back as it came: its state (state.py), train/eval flags, requires_grad
         and .grad (the same tensor objects) of every parameter restored."""
         self.forget_clean()
-        self._restore_state(weights=True)
+        self._restore_state(full=True)
         self.state = None
         if self._saved_modes is not None:
             _restore_modes(self._saved_modes)
