@@ -77,3 +77,30 @@ def test_the_bound_of_a_causal_predictor_holds_on_fresh_batches():
     told = torch.full((32, 8, 4), -30.0).scatter(-1, targets[..., None], 30.0)
     gain, best, _ = bound.gain(told, inputs, targets)
     assert gain == pytest.approx(best, abs=1e-6) and gain > bound.threshold
+
+
+def test_the_bound_of_a_prepared_dataset_counts_every_window_the_sampler_draws(tmp_path):
+    """--data: the tables are counted over the offsets the sampler draws (lo .. hi - T - 1 of
+    the training split); a drawn batch's q* equals the counts taken here from the tokens."""
+    from decoder_audit.text.datasets import TokenDataset, prepare_dataset
+    from decoder_audit.training.leakstop import causal_bound
+
+    source = tmp_path / "letters.txt"
+    source.write_text("".join(random.Random(1).choices(LETTERS[:6], k=3000)))
+    prepare_dataset([source], "bytes", tmp_path / "data", val_fraction=0.1)
+    task = TokenDataset(tmp_path / "data", T)
+    bound, unarmed = causal_bound(task, steps=50)
+    assert bound is not None and unarmed == ""
+    inputs, targets = task.batch(torch.Generator().manual_seed(3), 16)
+    _, best, terms = bound.gain(torch.zeros(16, T, 256), inputs, targets)
+    lo, hi = task.train_range
+    ids = np.asarray(task.tokens[lo:hi]).tolist()
+    starts = hi - lo - T
+    pairs = Counter((ids[s], ids[s + 1]) for s in range(starts))
+    singles = Counter(ids[s] for s in range(starts))
+    triples = Counter(tuple(ids[s:s + 3]) for s in range(starts))
+    expected = 0.0
+    for x, y in zip(inputs.tolist(), targets.tolist()):
+        expected -= math.log(pairs[x[0], y[0]] / singles[x[0]])
+        expected -= math.log(triples[x[0], x[1], y[1]] / pairs[x[0], x[1]])
+    assert terms == 32 and best == pytest.approx(expected)
