@@ -12,7 +12,10 @@ defect plantable at a time (`defect=`), for the declared-architecture checks (sp
                  RoPE, grouped-query attention 4/2, untied;
     LitGPT       litgpt 0.5's GPT with a Llama config: transformer.wte/h/ln_f, q, k and v stacked
                  in one `attn.qkv` (query heads, then key heads, then value heads), RoPE rotating
-                 halves, key/value heads expanded over their group, mlp.fc_1/fc_2/proj.
+                 halves, key/value heads expanded over their group, mlp.fc_1/fc_2/proj;
+    RootLlama    a hand-written Llama with Hugging Face's names at its root (embed_tokens,
+                 layers.{i}.self_attn.q_proj, input_layernorm, mlp.gate_proj, norm, lm_head:
+                 no `model.` wrapper), RoPE rotating halves, grouped-query attention 4/2.
 
 Each is a re-implementation: nanoGPT and LLMs-from-scratch are not packages on the registry;
 torchtune 0.6.1 installs but does not import with the registry's torchao (its modules import
@@ -410,4 +413,80 @@ class LitGPT(nn.Module):
         return self.lm_head(x)
 
 
-STYLES = {"nanogpt": NanoGPT, "scratch": ScratchGPT, "tune": TuneLlama, "litgpt": LitGPT}
+# ---- a hand-written Llama with Hugging Face's names at its root ----------------------------------
+
+class _RootLlamaLayer(nn.Module):
+    """Hugging Face Llama's module names (self_attn.q_proj, input_layernorm, mlp.gate_proj, ...)
+    and arithmetic (RoPE rotating halves, key/value heads repeated over their group), written
+    by hand: no `model.` wrapper around the embedding, the layers and the final norm."""
+
+    def __init__(self, cfg: da.DecoderConfig, defect: str | None) -> None:
+        super().__init__()
+        d, dh, eps = cfg.d_model, cfg.head_dim, 1e-2 if defect == "eps" else cfg.norm_eps
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(d, cfg.n_heads * dh, bias=False)
+        self.self_attn.k_proj = nn.Linear(d, cfg.kv_heads * dh, bias=False)
+        self.self_attn.v_proj = nn.Linear(d, cfg.kv_heads * dh, bias=False)
+        self.self_attn.o_proj = nn.Linear(cfg.n_heads * dh, d, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(d, cfg.d_ff, bias=False)
+        self.mlp.up_proj = nn.Linear(d, cfg.d_ff, bias=False)
+        self.mlp.down_proj = nn.Linear(cfg.d_ff, d, bias=False)
+        self.input_layernorm = StyleRMSNorm(d, eps)
+        self.post_attention_layernorm = StyleRMSNorm(d, eps)
+        self.cfg, self.defect = cfg, defect
+
+    def _attention(self, x):
+        b, t, _ = x.shape
+        cfg, dh, attn = self.cfg, self.cfg.head_dim, self.self_attn
+        q = attn.q_proj(x).view(b, t, cfg.n_heads, dh).transpose(1, 2)  # (B, H, T, Dh)
+        k, v = (p(x).view(b, t, cfg.kv_heads, dh).transpose(1, 2)  # (B, Hkv, T, Dh)
+                for p in (attn.k_proj, attn.v_proj))
+        theta = 1000.0 if self.defect == "theta" else cfg.rope_theta
+        q, k = (_rope(z, theta, interleaved=self.defect == "rope_layout") for z in (q, k))
+        group = cfg.n_heads // cfg.kv_heads
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # (B, H, T, Dh)
+        y = _causal_attention(q, k, v, 1 / dh if self.defect == "scale" else dh ** -0.5)
+        return attn.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+    def _mlp(self, x):
+        act = F.gelu if self.defect == "activation" else F.silu
+        return self.mlp.down_proj(act(self.mlp.gate_proj(x)) * self.mlp.up_proj(x))
+
+    def forward(self, x):
+        post = self.defect == "post_norm"
+        x = _residual(x, self.input_layernorm, self._attention, post)
+        return _residual(x, self.post_attention_layernorm, self._mlp, post)
+
+
+class RootLlama(nn.Module):
+    def __init__(self, defect: str | None = None, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        cfg = SPECS["hf_root"]
+        self.defect = defect
+        self.embed_tokens = nn.Embedding(V, cfg.d_model)
+        self.layers = nn.ModuleList(_RootLlamaLayer(cfg, defect) for _ in range(cfg.n_layers))
+        self.norm = StyleRMSNorm(cfg.d_model, 1e-2 if defect == "eps" else cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, V, bias=False)
+        if defect == "extra_linear":
+            self.unused = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, input_ids):
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        if self.defect != "no_final_norm":
+            x = self.norm(x)
+        return self.lm_head(x)
+
+
+SPECS["hf_root"] = SPECS["litgpt"].replace(d_ff=40, norm_eps=1e-6, rope_theta=10000.0)
+DEFECTS["hf_root"] = {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
+                      "theta": "oracle", "rope_layout": "oracle"}
+
+STYLES = {"nanogpt": NanoGPT, "scratch": ScratchGPT, "tune": TuneLlama, "litgpt": LitGPT,
+          "hf_root": RootLlama}

@@ -107,8 +107,16 @@ def test_a_module_of_no_known_layout_needs_a_weights_map():
     odd.forward = lambda ids: odd.out_head(odd.final_norm(odd.trf_blocks(
         odd.emb(ids) + odd.pos_emb(torch.arange(ids.shape[1])))))
     report = da.audit(odd, spec=spec, checks=["params", "oracle"])
+    # fail closed: a declared spec that could not be checked is never a skip, nor a pass
+    assert not report.passed
     for name in ("params", "oracle"):
-        assert report[name].skipped and "weights_map" in report[name].evidence["reason"]
+        result = report[name]
+        assert not result.passed and not result.skipped
+        assert "weights_map" in result.detail and "token_embeddings.weight" in result.detail
+        assert "tok_emb.weight" in result.detail  # what was looked for
+        assert result.evidence["placed"] is False
+    whole = da.audit(odd, spec=spec)
+    assert not whole.passed and {"params", "oracle"} <= {c.name for c in whole.failures}
 
     def weights_map(state):
         renamed = {("tok_emb" + name[3:] if name.startswith("emb.") else name): t

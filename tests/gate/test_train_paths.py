@@ -70,7 +70,7 @@ def test_packing_is_probed_at_the_training_batch_size():
     torch.manual_seed(0)
     report = da.audit(DropsDocumentsAt16(da.preset("llama-debug")), training=path)
     assert [c.name for c in report.failures] == ["packing"], report.first_failure
-    batched = report["packing"].evidence["training_batch"]
+    (batched,) = [form["training_batch"] for form in report["packing"].evidence["forms"].values()]
     # every row of the big batch, each document read with the ones before it
     assert batched["batch"] == 32 and batched["rows_differing"] == list(range(32))
     assert "B=32" in report["packing"].detail
@@ -78,5 +78,5 @@ def test_packing_is_probed_at_the_training_batch_size():
                      training=da.TrainingPath(4, 16, pack=True))
     assert small.passed  # the 2-row probe alone passed it
     ours = da.audit(da.Decoder(da.preset("llama-debug")), checks=["packing"], training=path)
-    assert ours.passed and ours["packing"].evidence["training_batch"]["max_abs_diff"] <= \
-        ours["packing"].evidence["training_batch"]["allowed"]
+    (checked,) = [form["training_batch"] for form in ours["packing"].evidence["forms"].values()]
+    assert ours.passed and checked["batch"] == 32 and checked["rows_differing"] == []

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from ..console import literal
 from .registry import CHECK_TITLES
-from .result import CheckResult
+from .result import PATHS, CheckResult
 from .subject import DEFAULT_PROBE_LEN
 
 _STYLE = {"pass": "green", "FAIL": "bold red", "skip": "yellow"}
@@ -188,7 +188,7 @@ def _print_sections(report, out: Console) -> None:
 def _paths_text(report) -> str:
     """Which paths the failures affect: training refuses only failures of its own path."""
     parts = []
-    for path in ("training", "generation"):
+    for path in PATHS:
         names = [c.name for c in report.failures_on(path)]
         parts.append(f"{path}: {', '.join(names) if names else 'none'}")
     return "; ".join(parts)

@@ -37,7 +37,7 @@ class AuditReport(Verdicts):
         return [c for c in self.checks if not c.passed]
 
     def failures_on(self, path: str) -> list[CheckResult]:
-        """The failures that affect `path` ("training" or "generation")."""
+        """The failures that affect `path` (a name of result.PATHS)."""
         return [c for c in self.checks if not c.passed and path in c.paths]
 
     @property

@@ -43,7 +43,7 @@ from torch import nn
 from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..references.layouts import WeightsMap
-from . import attention, generation, inputs, tolerances, training
+from . import attention, generation, inputs, model_loss, tolerances, training
 from .facts import ModelFacts, TrainingPath, model_facts
 from .measure import return_freed_memory
 from .peak import check_probes_fit
@@ -140,6 +140,7 @@ def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
     changes: dict = {"probed": True}
     probes = [("length", ("length_limit", "length_error"), inputs.probe_length_limit),
               ("runs_in_train_mode", ("train_mode_reason",), training.probe_train_mode),
+              ("loss_callable", ("loss_reason",), model_loss.probe_loss),
               ("has_attention", ("attention", "attention_reason"), attention.probe_attention),
               ("has_cache", ("convention", "cache_reason"), generation.probe_convention),
               ("has_input_gradient", ("input_gradient_reason",),

@@ -50,9 +50,21 @@ and with stress weights, and the report says the gradients were not."""
 
 # ---- params ---------------------------------------------------------------------------------
 
+def unplaced(s: Subject, name: str) -> CheckResult:
+    """The verdict of params or oracle on a declared spec whose weights no layout placed: a
+    failure (the architecture was declared and could not be checked), naming what was not found
+    and the way to say where the weights are (weights_map=)."""
+    return CheckResult(name, False, f"the declared spec could not be checked: "
+                       f"{s.facts.reference_reason}", {"spec": s.facts.spec.to_dict(),
+                                                       "placed": False,
+                                                       "reason": s.facts.reference_reason})
+
+
 def check_spec_params(s: Subject) -> CheckResult:
     """The module's parameters against the spec's ledger, by row and by name."""
     spec, placement = s.facts.spec, s.facts.placement
+    if placement is None:
+        return unplaced(s, "params")
     analytic = parameter_ledger(spec)
     measured = measured_ledger(s.model, names=_ledger_names(s.model, placement))
     problems = list(placement.problems)
@@ -91,6 +103,8 @@ def _ledger_names(model: nn.Module, placement: Placement) -> dict[str, str]:
 def check_spec_oracle(s: Subject) -> CheckResult:
     """The module against the spec's float64 oracle fed its weights (see the module docstring)."""
     spec, placement = s.facts.spec, s.facts.placement
+    if placement is None:
+        return unplaced(s, "oracle")
     seq_len = min(s.short_len(8), spec.max_seq_len)  # the oracle runs within the spec
     ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(13))
     tol = tolerances.hf_oracle(s.dtype, spec)

@@ -23,13 +23,14 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from ..config import DecoderConfig
-from ..generation.convention import Convention
+from ..generation.convention import Convention, call
 from ..objective import OutputError, logits_of
 from . import tolerances
 from .facts import ModelFacts, input_embedding
@@ -243,11 +244,22 @@ class Subject:
             self._restore_state()
         self.count(ids)
         with torch.no_grad(), model_failures_carried(self):
-            logits = logits_of(self.work(ids))
+            logits = logits_of(self.work(ids))  # the plain call: ids positionally, nothing else
         if finite and isinstance(logits, torch.Tensor) and logits.is_floating_point() and \
                 not all_finite(logits):
             raise NonFiniteLogits(non_finite_message(logits, self.dtype))
         return logits
+
+    def call(self, ids: torch.Tensor, **kwargs) -> Any:
+        """The model's raw output for ids (B, T) and `kwargs` (labels=, position_ids=, ...), the
+        ids passed the way its call convention takes them with keywords (facts.convention: as
+        input_ids= where the forward names them, as generate passes them, else positionally).
+        Every check that passes more than the ids calls the model through here. Counts
+        nothing: the caller books its calls (`count`). Like `run`, it meets the model in the
+        state the audit found it in."""
+        self._restore_state()
+        with model_failures_carried(self):
+            return call(self.work, self.convention, ids, **kwargs)
 
     def logits(self, ids: torch.Tensor, *, as_found: bool = True) -> torch.Tensor:
         """`run`, then the shape: logits of ids (B, T) must be (B, T, V) before any comparison

@@ -88,7 +88,8 @@ def convention(model: nn.Module) -> Convention:
     keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if cache_arg is not None and ("use_cache" in params or keywords):  # use_cache may be a **kwarg
         return Convention("hugging face", True, masked, "position_ids" in params,
-                          "logits_to_keep" if "logits_to_keep" in params else None, cache_arg)
+                          "logits_to_keep" if "logits_to_keep" in params else None, cache_arg,
+                          ids_keyword="input_ids" in params)
     return Convention("plain", False, masked, "position_ids" in params)
 
 
@@ -171,12 +172,14 @@ class Stepper:
     kept between calls."""
 
     def __init__(self, model: nn.Module, conv: Convention, batch: int, capacity: int,
-                 use_cache: bool = True) -> None:
+                 use_cache: bool = True, cache: Any = None) -> None:
         self.model, self.conv, self.batch, self.capacity = model, conv, batch, capacity
         self.cached = use_cache and conv.cached
         self.length = 0  # slots fed so far
-        self.cache: Any = (model.new_cache(batch, capacity)
-                           if self.cached and conv.name == "decoder" else None)
+        # `cache`: one the caller built (an empty Hugging Face cache, a pre-sized KVCache);
+        # else ours makes its static cache here and a Hugging Face model its own on the prefill
+        self.cache: Any = cache if cache is not None else (
+            model.new_cache(batch, capacity) if self.cached and conv.name == "decoder" else None)
         self.mask: torch.Tensor | None = None  # Hugging Face: (B, capacity) flags, once padded
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None = None,
@@ -218,9 +221,16 @@ class Stepper:
             kwargs["position_ids"] = positions
         if last_only and self.conv.last_only is not None:
             kwargs[self.conv.last_only] = True if self.conv.name == "decoder" else 1
-        if self.conv.name == "hugging face" and self.conv.ids_keyword:
-            return self.model(input_ids=ids, **kwargs)
-        return self.model(ids, **kwargs)
+        return call(self.model, self.conv, ids, **kwargs)
+
+
+def call(model: nn.Module, conv: Convention, ids: torch.Tensor, **kwargs: Any) -> Any:
+    """`model` called on ids (B, T) and `kwargs` the way its convention passes ids: as input_ids=
+    where the Hugging Face convention was established with it, else positionally (every model
+    the gate audits takes its ids first)."""
+    if conv.name == "hugging face" and conv.ids_keyword:
+        return model(input_ids=ids, **kwargs)
+    return model(ids, **kwargs)
 
 
 def left_padded(rows: list[list[int]], device: torch.device | str | None = None

@@ -31,7 +31,8 @@ Layouts detected from the parameter names (`detect`):
                         (its GPTModel), and ff.fc1/fc2/fc3 with norm1.weight (its Llama models)
     TransformerLens     embed.W_E, blocks.{i}.attn.W_Q (H, D, Dh), W_O (H, Dh, D), b_Q (H, Dh),
                         mlp.W_in (D, F), unembed.W_U (D, V) and its bias b_U (HookedTransformer)
-each possibly under a wrapper's prefix (`model.`, `net.`). Anything else takes a user function
+each possibly under a wrapper's prefix (`model.`, `net.`), and each also without its root module
+(`embed_tokens`, `layers.{i}.self_attn.q_proj`, `norm`, `lm_head` at the top: `rootless`). Anything else takes a user function
 (`weights_map=`): state dict -> {canonical name: tensor}.
 
 Nothing is guessed: a weight the spec expects that the layout does not find, a weight found
@@ -42,7 +43,7 @@ with another shape, and a parameter of the module no canonical name takes are li
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -272,9 +273,12 @@ def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
         return user_placement(weights_map, detached, spec), ""
     placement = detect(named, spec)
     if placement is None:
-        return None, (f"no known layout in {type(model).__name__}'s parameter names (first: "
-                      f"{list(named)[:3]}): pass weights_map= (--weights-map FILE.py:FN), a "
-                      "function from its state dict to the canonical names")
+        looked = sorted({f"{layout.embedding}.weight" for layout in DETECTED} | {"embed.W_E"})
+        return None, (f"token_embeddings.weight not found: no known layout's embedding is among "
+                      f"{type(model).__name__}'s parameter names (first: {list(named)[:3]}; "
+                      f"looked for {', '.join(looked)}, at the root or under a prefix): pass "
+                      "weights_map= (--weights-map FILE.py:FN), a function from its state dict "
+                      "to the canonical names")
     return placement, ""
 
 
@@ -327,13 +331,34 @@ def _lens_placement(prefix: str, named: Mapping[str, torch.Tensor],
     return _placement("TransformerLens", prefix, spots, named, spec)
 
 
+def rootless(layout: Layout) -> Layout | None:
+    """`layout` without the root module its embedding, blocks and final norm share (Hugging
+    Face's `model.`, nanoGPT's `transformer.`, GPT-NeoX's `gpt_neox.`), the head staying where
+    it is: the same names a hand-written model keeps at its top (`embed_tokens`,
+    `layers.{i}.self_attn.q_proj`, `norm`, `lm_head`). None for a layout without such a root."""
+    inner = [name for name in (layout.embedding, layout.positions, layout.block,
+                               layout.final_norm) if name is not None]
+    root = inner[0].split(".")[0] + "."
+    if "." not in inner[0] or not all(name.startswith(root) for name in inner):
+        return None
+    strip = lambda name: None if name is None else name[len(root):]  # noqa: E731
+    return replace(layout, name=f"{layout.name}, without its {root.rstrip('.')!r} root",
+                   embedding=strip(layout.embedding), positions=strip(layout.positions),
+                   block=strip(layout.block), final_norm=strip(layout.final_norm))
+
+
+# Every layout detect() looks for: as its library names it, and rootless (see `rootless`).
+DETECTED: tuple[Layout, ...] = LAYOUTS + tuple(
+    bare for layout in LAYOUTS if (bare := rootless(layout)) is not None)
+
+
 def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement | None:
     """The layout of a module with these parameters (every name, `named_parameters(
     remove_duplicate=False)`: a tied weight under each of its names), placed on the spec; None
-    when no known layout's embedding is among them. Where several layouts find the embedding,
-    the one that leaves the fewest problems wins (LLMs-from-scratch's GPT and Llama share their
-    names)."""
-    found = [_place(layout, prefix, named, spec) for layout in LAYOUTS
+    when no known layout's embedding is among them, at the root or under any prefix. Where
+    several layouts find the embedding, the one that leaves the fewest problems wins
+    (LLMs-from-scratch's GPT and Llama share their names)."""
+    found = [_place(layout, prefix, named, spec) for layout in DETECTED
              for prefix in _prefixes(named, f"{layout.embedding}.weight")]
     found += [_lens_placement(prefix, named, spec) for prefix in _prefixes(named, "embed.W_E")]
     if not found:

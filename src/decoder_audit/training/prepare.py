@@ -69,8 +69,10 @@ def prepare(setting: Setting, model: Any) -> Prepared:
     # of one rank), the task's length, the precision.
     if cfg.pack:
         _check_packing(facts, task)
-    facts = replace(facts, training=TrainingPath(cfg.batch_size // rows, task.seq_len,
-                                                 cfg.precision, opts.checkpointing, cfg.pack))
+    # train packs through the model's own interface, so the gate checks that form of packing
+    facts = replace(facts, training=TrainingPath(
+        cfg.batch_size // rows, task.seq_len, cfg.precision, opts.checkpointing, cfg.pack,
+        pack_form=facts.packing if cfg.pack else None))
     fresh = opts.expect_fresh and (source.built_fresh or source.kind in ("module", "model"))
     return Prepared(model=built, task=task, facts=facts, fresh=fresh,
                     factory=_factory_of(source, facts.vocab_size, facts.max_seq_len,
