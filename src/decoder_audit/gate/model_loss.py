@@ -114,7 +114,7 @@ def _definitions(logits: torch.Tensor, labels: torch.Tensor, ids: torch.Tensor) 
 
 
 _SAID = {"shifted_once": "labels shifted once (logit t scores label t + 1)",
-         "aligned": "labels as the targets themselves (logit t scores label t)",
+         "aligned": "unshifted labels, the targets themselves (logit t scores label t)",
          "shifted_twice": "labels shifted twice (logit t scores label t + 2)",
          "ignoring_nothing": "every label, the ignored (-100) ones too"}
 
@@ -153,7 +153,8 @@ def check_model_loss(s: Subject) -> CheckResult:
         return CheckResult("model_loss", False, f"the model's loss {float(loss):.6g} is not cross "
                            f"entropy against {_SAID['shifted_once']} ({found['shifted_once']:.6g})"
                            + (f"; it scores {other}" if other else
-                              "; nor against labels shifted twice, unshifted, or every label"),
+                              "; it is none of the shifted-twice, unshifted or every-label "
+                              "losses either"),
                            evidence, tol)
     problems = [problem for problem in (
         _shift_labels(s, ids, labels, logits, convention, tol, evidence),

@@ -264,6 +264,7 @@ def _report(model_name: str, subject: Subject, results: dict[str, CheckResult],
         seconds=seconds,
         tokens=subject.tokens,
         calls=subject.calls,
+        longest=subject.longest,
         notes=subject.notes,
         config=None if cfg is None else cfg.to_dict(),
         input_vocab_size=(None if subject.input_vocab_size == subject.vocab_size

@@ -71,6 +71,7 @@ class Subject:
         self.notes: list[str] = list(facts.notes)
         self.tokens = 0  # token positions pushed through the model, for the cost line
         self.calls = 0
+        self.longest = 0  # the longest input (T) the model ran: the cost line's unit
         self.progress: Callable[[str], None] = lambda what: None  # the runner's progress line
         # Verdicts of the checks run so far, by name (the runner fills it): a check may cite an
         # earlier one (attention_rows says what `causal` found on the plain forward).
@@ -362,6 +363,8 @@ class Subject:
         (for a trace, attention patterns or gradients) book their calls here too."""
         self.calls += 1
         self.tokens += ids.numel()
+        # an overlength probe (T + 1 ids, to be rejected) is no forward pass of the model's
+        self.longest = max(self.longest, min(ids.shape[-1] if ids.dim() else 1, self.probe_max))
 
     def random_ids(self, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
         return self.probe_ids.random(batch, seq_len, generator)

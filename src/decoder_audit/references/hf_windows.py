@@ -9,6 +9,7 @@ has written them (read from the config alone; transformers is never imported her
     max_window_layers       before layer_types (Qwen2 with use_sliding_window): the layers from
                             this index on are windowed;
     Gemma 2                 before layer_types: the even layers are windowed, the odd ones full;
+    attention_layers        GPT-Neo: its "local" layers read `window_size` positions;
     otherwise               `sliding_window` on every layer (Mistral, Phi-3, Starcoder2).
 
 A window of W positions lets the query at position p read the keys at p' with p - p' < W (itself
@@ -34,6 +35,11 @@ def declared_windows(config: Any) -> tuple[int | None, ...] | None:
     declares none (no sliding_window, a window switched off, or no layer windowed)."""
     text = _text_config(config)
     window, layers = getattr(text, "sliding_window", None), getattr(text, "num_hidden_layers", None)
+    kinds = getattr(text, "attention_layers", None)  # GPT-Neo: "local" layers of window_size
+    if window is None and isinstance(kinds, (list, tuple)) and "local" in kinds:
+        size = getattr(text, "window_size", None)
+        return tuple(size if kind == "local" else None for kind in kinds) \
+            if isinstance(size, int) and size >= 1 else None
     if not isinstance(window, int) or isinstance(window, bool) or window < 1 \
             or not isinstance(layers, int) or layers < 1:
         return None

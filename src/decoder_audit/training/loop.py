@@ -200,6 +200,8 @@ def _loop(setting: Setting, prepared: Prepared, training: Training,
           found: Evidence) -> LoopOutcome:
     started = time.perf_counter()
     outcome = LoopOutcome(0.0, None, None)
+    if training.step >= setting.cfg.steps:  # a finished run resumed: no bar of empty figures
+        return outcome
     bar = progress_bar(setting)
     with bar:
         bar_task = bar.add_task("train", total=setting.cfg.steps, completed=training.step,
