@@ -57,10 +57,10 @@ the others. A floor of 0 gives an exact comparison."""
 
 
 TRAIN_REPEATS = 2
-"""Seeded train-mode calls repeated to tell a model whose identical calls differ (it reseeds its
-RNG, or draws from one the gate cannot seed): one repeat shows any difference; two make the
-spread of identical calls, which bounds the leak test of such a model, a maximum over twice the
-samples (every position and logit of the batch, each call)."""
+"""Seeded train-mode calls repeated when identical calls differ (the model reseeds its RNG, or
+draws from one the gate cannot seed; one repeat shows any difference, and a steady model gets
+no more): two make the spread of identical calls, which bounds the leak test of such a model, a
+maximum over twice the samples (every position and logit of the batch, each call)."""
 
 
 def same_shape(noise_floor: float) -> float:

@@ -89,14 +89,14 @@ def _seeded(s: Subject) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _unsteady(s: Subject, call, ids: torch.Tensor, first: torch.Tensor) -> dict | None:
-    """None when TRAIN_REPEATS more seeded calls of `ids` give `first` bitwise; else how far
-    identical calls spread (the largest difference, and relative to the logit scale) and
-    whether the model reseeds the RNG itself."""
-    spread = 0.0
-    for _ in range(tolerances.TRAIN_REPEATS):
-        spread = max(spread, float((call(ids) - first).abs().max()))
-    if spread == 0.0:
+    """None when one more seeded call of `ids` gives `first` bitwise; else how far identical
+    calls spread over TRAIN_REPEATS more (the largest difference, and relative to the logit
+    scale) and whether the model reseeds the RNG itself."""
+    spread = float((call(ids) - first).abs().max())
+    if spread == 0.0:  # one repeat shows any difference; the rest measure its spread
         return None
+    for _ in range(tolerances.TRAIN_REPEATS - 1):
+        spread = max(spread, float((call(ids) - first).abs().max()))
     scale = value_scale(first)
     return {"max_abs_diff": spread, "relative": spread / scale if scale else float("inf"),
             "reseeds": bool(call.reseeded)}
