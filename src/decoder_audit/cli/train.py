@@ -166,6 +166,12 @@ def run(args) -> int:
     except KeyboardInterrupt:
         _print_interrupted(out or args.resume)
         return 130
+    except BaseException as exc:
+        if getattr(exc, "said_by_another_rank", False) and not args.debug:
+            from . import USER_ERRORS  # rank 0 says the failure every rank shares: once
+
+            return 2 if isinstance(exc, USER_ERRORS) else 1
+        raise
     return 0
 
 
