@@ -200,7 +200,12 @@ def load_hf_folder(folder: str | os.PathLike) -> Decoder:
     folder = Path(folder)
     hf_config = read_hf_config(folder)  # never runs the folder's code (trust_remote_code=False)
     cfg = config_from_hf(hf_config)
-    if converter_family(cfg) is None:  # a family the layouts place: through its own class
+    # A family the layouts place goes through its own class, also where its config is one the
+    # converter writes: Phi-3 with full rotary reads as Llama's config, not with Llama's names.
+    tf = _transformers()
+    own_class = (hf_config.model_type in spec_classes(tf)
+                 and hf_config.model_type not in model_classes(tf))
+    if converter_family(cfg) is None or own_class:
         return from_hf(_spec_model_from_folder(hf_config, folder))
     ours = hf_tensors_to_ours(cfg, _read_hf_weights(folder), source=f"weights in {str(folder)!r}")
     return decoder_from_tensors(cfg, ours)
