@@ -125,3 +125,18 @@ def test_the_routing_checks_are_skipped_with_their_reason_on_a_dense_or_latent_m
                       checks=["routing_independence", "expert_gradients"])
     for name in ("routing_independence", "expert_gradients"):
         assert report[name].skipped and "n_experts" in report[name].detail
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_correct_moe_passes_the_exact_batch_comparisons_at_the_training_shape(seed):
+    """8 experts, one per token: a token is often alone in its expert in one batch and shares
+    it in another. Before the experts multiplied row by row, batch_independence, causal at the
+    training shape and train_mode failed on 4e-9 (an ulp): `train` refused a correct model."""
+    from decoder_audit.gate.facts import TrainingPath
+
+    cfg = configs.named("moe-sigmoid-bias").replace(n_experts=8, experts_per_token=1,
+                                                    n_shared_experts=0)
+    torch.manual_seed(seed)
+    report = da.audit(da.Decoder(cfg), training=TrainingPath(2, 4),
+                      checks=["batch_independence", "causal", "prefix", "train_mode"])
+    assert report.passed, {c.name: c.detail for c in report.failures}

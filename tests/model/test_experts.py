@@ -197,3 +197,30 @@ def test_expected_weights_are_the_decoders_own(name):
     model = da.Decoder(cfg, device="meta")
     assert expected_weights(cfg) == {n: tuple(p.shape) for n, p in model.named_parameters()
                                      } | {"lm_head.weight": (cfg.vocab_size, cfg.d_model)}
+
+
+def test_a_tokens_expert_output_does_not_depend_on_how_many_tokens_share_the_expert():
+    """One product of n rows picks its kernel by n (a row alone goes through gemv): a token
+    alone in its expert, or with 15 others, must come out the same to the bit, or a correct
+    routed model fails the gate's exact batch comparisons by an ulp."""
+    cfg = configs.named("moe-softmax-shared").replace(d_model=64, n_heads=4, expert_width=96)
+    expert = random_decoder(cfg, std=0.1).layers[1].ffn.experts[0]
+    rows = torch.randn(16, cfg.d_model)
+    together = expert(rows)
+    for n in (1, 2, 3, 9, 16):
+        assert torch.equal(expert(rows[:n]), together[:n]), n
+
+
+def test_an_expert_no_token_chooses_still_gets_a_zero_gradient_for_ddp():
+    """DistributedDataParallel reduces every parameter's gradient each step: an expert no token
+    was sent to must get zeros, not none (before: `torchrun ... train` raised "Expected to have
+    finished reduction in the prior iteration")."""
+    cfg = configs.named("moe-sigmoid-bias")
+    model = random_decoder(cfg, std=0.1)
+    with torch.no_grad():
+        model.layers[1].ffn.router.selection_bias[3] = -10.0  # never among a token's top 2
+    _, trace = model.run_with_trace(torch.randint(0, cfg.vocab_size, (2, 5)))
+    assert not trace["layers.1.ffn.gates"][..., 3].any()
+    model(torch.randint(0, cfg.vocab_size, (2, 5))).sum().backward()
+    unused = model.layers[1].ffn.experts[3]
+    assert all(p.grad is not None and not p.grad.any() for p in unused.parameters())

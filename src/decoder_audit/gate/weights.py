@@ -309,8 +309,9 @@ def check_dead_parameters(s: Subject) -> CheckResult:
 
 
 class _Called:
-    """The routed expert modules (named `...experts.{e}`) a forward calls, and those it does
-    not: an expert no token is sent to is never called (every routed MLP's loop skips it)."""
+    """The routed expert modules (named `...experts.{e}`) a forward sends tokens to, and those
+    it does not: an expert no token is sent to is called on no rows (ours) or not at all (a
+    loop that skips it)."""
 
     def __init__(self, experts: dict[str, nn.Module]) -> None:
         self.experts, self.seen = experts, set()
@@ -328,7 +329,11 @@ def _experts_called(model: nn.Module) -> Iterator[_Called]:
     """Within the block, which of the model's routed experts its forwards call."""
     called = _Called({name: module for name, module in model.named_modules()
                       if _EXPERT.search(name)})
-    hooks = [module.register_forward_hook(lambda *_, name=name: called.seen.add(name))
+    def seen(name: str, inputs: tuple) -> None:
+        if not inputs or not isinstance(inputs[0], torch.Tensor) or inputs[0].numel():
+            called.seen.add(name)
+
+    hooks = [module.register_forward_hook(lambda _, inputs, __, name=name: seen(name, inputs))
              for name, module in called.experts.items()]
     try:
         yield called

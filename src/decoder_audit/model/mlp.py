@@ -10,7 +10,9 @@ config routes the layer.
 Each expert is a FeedForward of width Fe (named `experts.{e}.w1` ...); the shared experts run as
 one FeedForward of width n_shared x their width (`shared.w1` ...), which is exactly the sum of
 separate ones (their hidden units side by side). The plain forward loops over the experts, each
-taking the tokens routed to it (clarity first: the loop is the definition). On the meta device
+taking the tokens routed to it (clarity first: the loop is the definition), every token's rows
+multiplied on their own, so its result does not depend on how many tokens share its expert
+(`_rowwise`: the gate compares rows of different batches exactly). On the meta device
 the routing has no values, so no token can be sent anywhere: the experts' matrices are gathered
 per token instead (`_gathered`), the same products with the same shapes, which is what the FLOP
 count measures. Both compute the same function (tests/model/test_experts.py).
@@ -45,11 +47,14 @@ def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
 
 class FeedForward(nn.Module):
     """w2(act(w1 x)), or gated w2(act(w1 x) * w3 x): SwiGLU (SiLU), GeGLU (tanh GELU). The
-    width is final (d_ff, or an expert's): nothing rescales it."""
+    width is final (d_ff, or an expert's): nothing rescales it. `rowwise` (a routed expert's):
+    each row of x multiplied on its own (`_rowwise`), so a row's result does not depend on how
+    many rows come with it."""
 
     def __init__(self, cfg: DecoderConfig, *, residual_std: float, width: int | None = None,
-                 **factory) -> None:
+                 rowwise: bool = False, **factory) -> None:
         super().__init__()
+        self.rowwise = rowwise
         self.activation = _ACTIVATIONS[cfg.mlp]
         D, F_, bias = cfg.d_model, cfg.d_ff if width is None else width, cfg.has_bias
         self.w1 = Linear(D, F_, bias("w1"), init_std=INIT_STD, **factory)  # per matrix biases
@@ -59,11 +64,24 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, trace: Trace | None = None,
                 prefix: str = "") -> torch.Tensor:
-        hidden = self.activation(self.w1(x))  # (B, T, F)
+        linear = _rowwise if self.rowwise else (lambda layer, rows: layer(rows))
+        hidden = self.activation(linear(self.w1, x))  # (B, T, F)
         if self.w3 is not None:
-            hidden = hidden * self.w3(x)
+            hidden = hidden * linear(self.w3, x)
         _record(trace, f"{prefix}.hidden", hidden)
-        return self.w2(hidden)
+        return linear(self.w2, hidden)
+
+
+def _rowwise(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    """x W^T (+ b) for x (n, in), each row its own (1 x in)(in x out) product: bmm over the
+    weight expanded n times (a view, no copy). One matrix product of n rows picks its kernel
+    by n (a row alone goes through gemv, and gemm's blocking changes with the row count), so
+    an expert's token would round differently with the number of tokens sharing its expert,
+    and a correct routed model would fail the gate's exact batch_independence and causal
+    comparisons by an ulp; row by row it rounds the same in any batch."""
+    n = x.shape[0]
+    out = torch.bmm(x[:, None, :], layer.weight.t().expand(n, -1, -1)).squeeze(1)  # (n, out)
+    return out if layer.bias is None else out + layer.bias
 
 
 class Router(nn.Module):
@@ -96,8 +114,8 @@ class RoutedExperts(nn.Module):
         self.cfg = cfg
         self.router = Router(cfg, **factory)
         self.experts = nn.ModuleList(
-            FeedForward(cfg, residual_std=residual_std, width=cfg.expert_dim, **factory)
-            for _ in range(cfg.n_experts))
+            FeedForward(cfg, residual_std=residual_std, width=cfg.expert_dim, rowwise=True,
+                        **factory) for _ in range(cfg.n_experts))
         self.shared = (FeedForward(cfg, residual_std=residual_std, width=cfg.shared_dim,
                                    **factory) if cfg.n_shared_experts else None)
 
@@ -140,9 +158,10 @@ class RoutedExperts(nn.Module):
         else:
             out = torch.zeros_like(tokens)  # (N, D)
             for e, expert in enumerate(self.experts):
-                token, slot = (chosen == e).nonzero(as_tuple=True)  # the tokens routed to e
-                if token.numel():
-                    out = out.index_add(0, token, expert(tokens[token]) * weights[token, slot, None])
+                # the tokens routed to e; an expert with none still runs, on (0, D): its weights
+                # get a zero gradient, not none (DistributedDataParallel reduces every one)
+                token, slot = (chosen == e).nonzero(as_tuple=True)
+                out = out.index_add(0, token, expert(tokens[token]) * weights[token, slot, None])
         if self.shared is not None:
             out = out + self.shared(tokens)
         return out.view(batch, seq_len, d_model)
