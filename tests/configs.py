@@ -310,6 +310,20 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                          pos="rope", qk_norm=True, n_experts=4,
                                          experts_per_token=3, expert_width=5,
                                          normalize_topk=False, tie_embeddings=False),
+    # DeepSeek's group-limited routing: 8 experts in 4 groups, a token's 2 from its best 2
+    # groups, ranked by their two best biased sigmoid scores (V3) or their best (V2)
+    "moe-grouped": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=24,
+                                    max_seq_len=6, norm="rmsnorm", mlp="swiglu", pos="rope",
+                                    n_experts=8, experts_per_token=2, expert_width=4,
+                                    expert_groups=4, groups_per_token=2,
+                                    router_scoring="sigmoid", router_selection_bias=True,
+                                    routed_scaling=2.5, n_shared_experts=1,
+                                    tie_embeddings=False),
+    "moe-grouped-max": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=1, n_heads=2,
+                                        d_ff=24, max_seq_len=6, norm="rmsnorm", mlp="swiglu",
+                                        pos="rope", n_experts=6, experts_per_token=3,
+                                        expert_width=4, expert_groups=3, groups_per_token=2,
+                                        group_score="max", tie_embeddings=False),
     # A model that drops tokens over an expert's capacity (Switch Transformer): not causal.
     "moe-capacity": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=24,
                                      max_seq_len=8, norm="rmsnorm", mlp="swiglu", pos="rope",

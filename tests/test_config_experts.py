@@ -45,6 +45,18 @@ def make(**changes):
      "need n_experts"),
     (dict(first_dense_layers=1), "first_dense_layers=1 needs n_experts"),
     (dict(capacity_factor=1.25), "capacity_factor=1.25 needs n_experts"),
+    (dict(MOE, expert_groups=3, groups_per_token=1), "expert_groups=3 does not divide "
+     "n_experts=4"),
+    (dict(MOE, expert_groups=2), "expert_groups=2, groups_per_token=None: give both"),
+    (dict(MOE, expert_groups=2, groups_per_token=3), "groups_per_token=3 exceeds "
+     "expert_groups=2"),
+    (dict(n_experts=8, experts_per_token=5, expert_groups=4, groups_per_token=2),
+     "experts_per_token=5 exceeds the 2 x 2 experts of groups_per_token=2 groups"),
+    (dict(MOE, expert_groups=4, groups_per_token=2), "group_score='top2_sum' needs groups of 2"),
+    (dict(MOE, expert_groups=2, groups_per_token=1, group_score="mean"), "group_score='mean' is "
+     "not one of"),
+    (dict(expert_groups=2, groups_per_token=1), "expert_groups=2, groups_per_token=1 need "
+     "n_experts"),
     (dict(kv_latent_rank=8), "kv_latent_rank=8 needs rope_head_width, nope_head_width, "
      "value_head_width"),
     (dict(MLA, rope_head_width=3), "rope_head_width=3 is odd"),

@@ -151,7 +151,7 @@ UNCHOSEN_EXPERT = _mutant("moe-sigmoid-bias", _never_chosen(1, 3))
 QUIET_EXPERTS = _quiet(None)
 
 CORRECT = ("moe-softmax-shared", "moe-sigmoid-bias", "moe-topk-softmax-relu", "moe-unnormalised",
-           "mla-q-latent", "mla-moe")
+           "mla-q-latent", "mla-moe", "moe-grouped", "moe-grouped-max")
 
 MUTANTS = [
     # Qwen-MoE / OLMoE weigh by the softmax over every expert; taking the top k logits first
@@ -164,6 +164,12 @@ MUTANTS = [
         1, routed_scaling=1.0)), "oracle", first=False, says="differ from the slow oracle"),
     Case("sigmoid_router_scored_by_softmax", _mutant("moe-sigmoid-bias", _routing(
         0, router_scoring="softmax")), "oracle", first=False, says="differ from the slow oracle"),
+    # DeepSeek's group-limited routing dropped: a token's experts chosen from every group
+    Case("expert_groups_ignored", _mutant("moe-grouped", _routing(
+        0, expert_groups=None, groups_per_token=None)), "oracle", first=False,
+         says="differ from the slow oracle"),
+    Case("groups_ranked_by_their_best_not_their_two_best", _mutant("moe-grouped", _routing(
+        1, group_score="max")), "oracle", first=False, says="differ from the slow oracle"),
     Case("selection_bias_weighs_too", _mutant("moe-sigmoid-bias", _class("layers.0.ffn",
                                                                          BiasWeighs)),
          "oracle", first=False, says="differ from the slow oracle"),

@@ -55,6 +55,8 @@ ROUTER_SCORINGS = ("softmax", "sigmoid")
 # Face's Mixtral, Qwen-MoE, OLMoE, DeepSeek), or of the k largest logits only ("topk_score":
 # Mistral's reference Mixtral, a softmax over the k chosen).
 ROUTER_ORDERS = ("score_topk", "topk_score")
+# How an expert group is ranked for group-limited routing (DeepSeek-V3, DeepSeek-V2).
+GROUP_SCORES = ("top2_sum", "max")
 # JSON nested deeper than this is refused before it is parsed (Python's parser recurses once per
 # level and would raise RecursionError near 1000; no config is nested more than a few deep).
 MAX_JSON_DEPTH = 100
@@ -202,6 +204,15 @@ class DecoderConfig:
     """A learned per-expert bias (E,) added to the scores to choose the top k, not to weigh
     them (DeepSeek-V3's e_score_correction_bias, updated by a balancing rule, not by
     gradients): weight ffn.router.selection_bias, a Parameter that requires no grad."""
+    expert_groups: int | None = None
+    """G: the experts split into G equal groups, and a token's k chosen only within its best
+    groups_per_token groups (DeepSeek's n_group, its group-limited routing). None: from all."""
+    groups_per_token: int | None = None
+    """The groups a token's experts come from (DeepSeek's topk_group). With expert_groups."""
+    group_score: str = "top2_sum"
+    """How a group is ranked, by its experts' selection scores (with the selection bias):
+    "top2_sum", its two best summed (DeepSeek-V3's noaux_tc), or "max", its best (DeepSeek-V2's
+    group_limited_greedy). With expert_groups."""
     routed_scaling: float = 1.0
     """The routed experts' weighted sum multiplied by this before the shared experts join it
     (DeepSeek's routed_scaling_factor: 2.5 in V3)."""
@@ -528,11 +539,12 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
     return problems + _expert_field_problems(cfg)
 
 
-# The fields of routed experts and of latent attention, and the values that mean "not used".
-_EXPERT_DEFAULTS = {"experts_per_token": None, "expert_width": None, "n_shared_experts": 0,
+# The fields of routed experts (besides n_experts) and the values they hold without experts.
+UNROUTED = {"experts_per_token": None, "expert_width": None, "n_shared_experts": 0,
                     "shared_expert_width": None, "router_scoring": "softmax",
                     "router_order": "score_topk", "normalize_topk": True,
-                    "router_selection_bias": False, "routed_scaling": 1.0,
+                    "router_selection_bias": False, "expert_groups": None,
+                    "groups_per_token": None, "group_score": "top2_sum", "routed_scaling": 1.0,
                     "first_dense_layers": 0, "moe_every": 1, "capacity_factor": None}
 _LATENT_WIDTHS = ("rope_head_width", "nope_head_width", "value_head_width")
 
@@ -542,7 +554,8 @@ def _expert_field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
     is wrong."""
     problems: list[tuple[str, str]] = []
     for name in ("n_experts", "experts_per_token", "expert_width", "shared_expert_width",
-                 "kv_latent_rank", "q_latent_rank", *_LATENT_WIDTHS):
+                 "expert_groups", "groups_per_token", "kv_latent_rank", "q_latent_rank",
+                 *_LATENT_WIDTHS):
         value = getattr(cfg, name)
         if value is not None and (not _is_int(value) or value <= 0):
             problems.append((name, f"{name}={_shown(value)} must be a positive integer or None"))
@@ -550,7 +563,8 @@ def _expert_field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
         value = getattr(cfg, name)
         if not _is_int(value) or value < least:
             problems.append((name, f"{name}={_shown(value)} must be an integer >= {least}"))
-    for name, allowed in (("router_scoring", ROUTER_SCORINGS), ("router_order", ROUTER_ORDERS)):
+    for name, allowed in (("router_scoring", ROUTER_SCORINGS), ("router_order", ROUTER_ORDERS),
+                          ("group_score", GROUP_SCORES)):
         value = getattr(cfg, name)
         if not isinstance(value, str) or value not in allowed:
             problems.append((name, f"{name}={_shown(value)} is not one of {list(allowed)}"))
@@ -570,7 +584,7 @@ def _expert_problems(cfg: DecoderConfig, valid) -> list[str]:
     """The routing fields against each other and the sizes, each where its fields are valid."""
     if cfg.n_experts is None:
         given = [f"{name}={_shown(getattr(cfg, name))}" for name, unused in
-                 _EXPERT_DEFAULTS.items() if getattr(cfg, name) != unused]
+                 UNROUTED.items() if getattr(cfg, name) != unused]
         return [f"{', '.join(given)} {_need(given)} n_experts (routed experts)"] if given else []
     problems = []
     k, experts = cfg.experts_per_token, cfg.n_experts
@@ -587,9 +601,36 @@ def _expert_problems(cfg: DecoderConfig, valid) -> list[str]:
             cfg.routes(i) for i in range(cfg.n_layers)):
         problems.append(f"first_dense_layers={cfg.first_dense_layers}, moe_every="
                         f"{cfg.moe_every} leave no routed layer among n_layers={cfg.n_layers}")
+    problems += _group_problems(cfg, valid)
     if valid("mlp_bias") and cfg.mlp_bias is not False:
         problems.append(f"mlp_bias={_flag_shown(cfg.mlp_bias)} with n_experts={experts}: routed "
                         "and shared experts have no biases here (mlp_bias=false)")
+    return problems
+
+
+def _group_problems(cfg: DecoderConfig, valid) -> list[str]:
+    """Group-limited routing's fields against each other and the experts."""
+    groups, chosen = cfg.expert_groups, cfg.groups_per_token
+    if not valid("expert_groups", "groups_per_token", "n_experts", "experts_per_token",
+                 "group_score") or (groups is None and chosen is None):
+        return []
+    if groups is None or chosen is None:
+        return [f"expert_groups={_shown(groups)}, groups_per_token={_shown(chosen)}: give both "
+                "or neither"]
+    problems = []
+    if cfg.n_experts % groups:
+        problems.append(f"expert_groups={groups} does not divide n_experts={cfg.n_experts}")
+    elif chosen > groups:
+        problems.append(f"groups_per_token={chosen} exceeds expert_groups={groups}")
+    else:
+        size = cfg.n_experts // groups
+        k = cfg.experts_per_token
+        if k is not None and k > chosen * size:
+            problems.append(f"experts_per_token={k} exceeds the {chosen} x {size} experts of "
+                            f"groups_per_token={chosen} groups")
+        if cfg.group_score == "top2_sum" and size < 2:
+            problems.append(f"group_score='top2_sum' needs groups of 2 experts or more, got "
+                            f"{size} (n_experts={cfg.n_experts} / expert_groups={groups})")
     return problems
 
 

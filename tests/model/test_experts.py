@@ -16,7 +16,7 @@ import decoder_audit as da
 from decoder_audit.model.mlp import RoutedExperts
 
 ROUTED = ("moe-softmax-shared", "moe-sigmoid-bias", "moe-topk-softmax-relu", "moe-unnormalised",
-          "moe-capacity", "mla-moe")
+          "moe-capacity", "mla-moe", "moe-grouped", "moe-grouped-max")
 LATENT = ("mla-q-latent", "mla-moe")
 EVERY = configs.params(configs.entries(*dict.fromkeys(ROUTED + LATENT)))
 
@@ -56,7 +56,8 @@ def _definition(cfg, logits, bias):
     out = []
     for row in logits.tolist():
         if cfg.router_order == "topk_score":
-            keys = [r + (0 if bias is None else b) for r, b in zip(row, bias or [0] * len(row))]
+            keys = _grouped(cfg, [r + (0 if bias is None else b)
+                                  for r, b in zip(row, bias or [0] * len(row))])
             top = sorted(range(len(row)), key=lambda e: keys[e], reverse=True)[:cfg.experts_per_token]
             exps = [math.exp(row[e]) for e in top]
             weights = [x / sum(exps) for x in exps] if cfg.router_scoring == "softmax" else [
@@ -64,7 +65,8 @@ def _definition(cfg, logits, bias):
         else:
             t = torch.tensor(row, dtype=torch.float64)
             scores = (t.softmax(-1) if cfg.router_scoring == "softmax" else t.sigmoid()).tolist()
-            keys = [s + (0 if bias is None else b) for s, b in zip(scores, bias or [0] * len(row))]
+            keys = _grouped(cfg, [s + (0 if bias is None else b)
+                                  for s, b in zip(scores, bias or [0] * len(row))])
             top = sorted(range(len(row)), key=lambda e: keys[e], reverse=True)[:cfg.experts_per_token]
             weights = [scores[e] for e in top]
         if cfg.normalize_topk:
@@ -73,8 +75,21 @@ def _definition(cfg, logits, bias):
     return out
 
 
+def _grouped(cfg, keys):
+    """DeepSeek's group-limited choice: keys outside the best groups_per_token groups (of E / G
+    consecutive experts, ranked by their two best keys summed, or their best) set to -inf."""
+    if cfg.expert_groups is None:
+        return keys
+    size = cfg.n_experts // cfg.expert_groups
+    groups = [keys[g * size:(g + 1) * size] for g in range(cfg.expert_groups)]
+    worth = [sum(sorted(g)[-2:]) if cfg.group_score == "top2_sum" else max(g) for g in groups]
+    best = sorted(range(len(groups)), key=lambda g: worth[g], reverse=True)[:cfg.groups_per_token]
+    return [k if e // size in best else -math.inf for e, k in enumerate(keys)]
+
+
 @pytest.mark.parametrize("cfg", configs.params(configs.entries(
-    "moe-softmax-shared", "moe-sigmoid-bias", "moe-topk-softmax-relu", "moe-unnormalised")))
+    "moe-softmax-shared", "moe-sigmoid-bias", "moe-topk-softmax-relu", "moe-unnormalised",
+    "moe-grouped", "moe-grouped-max")))
 def test_the_traced_gates_are_the_routing_definition(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     _, trace = model.run_with_trace(torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len)))
@@ -200,10 +215,11 @@ def test_expected_weights_are_the_decoders_own(name):
 
 
 def test_a_tokens_expert_output_does_not_depend_on_how_many_tokens_share_the_expert():
-    """One product of n rows picks its kernel by n (a row alone goes through gemv): a token
-    alone in its expert, or with 15 others, must come out the same to the bit, or a correct
-    routed model fails the gate's exact batch comparisons by an ulp."""
-    cfg = configs.named("moe-softmax-shared").replace(d_model=64, n_heads=4, expert_width=96)
+    """One product of n rows picks its kernel by n (a row alone goes through gemv), and SiLU's
+    vectorised kernel leaves a tensor's tail (n x 5 features here) to scalar code that rounds
+    differently: a token alone in its expert, or with 15 others, must come out the same to the
+    bit, or a correct routed model fails the gate's exact batch comparisons by an ulp."""
+    cfg = configs.named("moe-softmax-shared").replace(d_model=64, n_heads=4, expert_width=5)
     expert = random_decoder(cfg, std=0.1).layers[1].ffn.experts[0]
     rows = torch.randn(16, cfg.d_model)
     together = expert(rows)

@@ -3,7 +3,8 @@ config routes the layer.
 
     dense:   w2(act(w1 x)), or gated w2(act(w1 x) * w3 x)
     routed:  router logits r = W_r x (E,); scores s = softmax(r) or sigmoid(r); the k experts
-             of the largest s (+ a selection-only bias) chosen; their weights g = s[chosen],
+             of the largest s (+ a selection-only bias) chosen, from the best groups where the
+             experts are grouped; their weights g = s[chosen],
              divided by their sum where normalize_topk, times routed_scaling; then
              out = sum_j g_j * expert_{chosen_j}(x)  +  shared(x)
 
@@ -65,11 +66,22 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor, trace: Trace | None = None,
                 prefix: str = "") -> torch.Tensor:
         linear = _rowwise if self.rowwise else (lambda layer, rows: layer(rows))
-        hidden = self.activation(linear(self.w1, x))  # (B, T, F)
+        gate = linear(self.w1, x)  # (B, T, F), an expert's (n, Fe)
+        if self.rowwise:  # in float64, rounded once (see the note above _rowwise)
+            hidden = self.activation(gate.double()).to(gate.dtype)
+        else:
+            hidden = self.activation(gate)
         if self.w3 is not None:
             hidden = hidden * linear(self.w3, x)
         _record(trace, f"{prefix}.hidden", hidden)
         return linear(self.w2, hidden)
+
+
+# A routed expert's activation runs in float64 and is rounded once to the model's dtype: the
+# vectorised kernel of SiLU or GELU finishes a tensor's tail with scalar code that rounds
+# differently, and an expert's tensor grows with the tokens sent to it, so in float32 a token's
+# activation would move by an ulp with the other tokens of the batch; in float64 both codes
+# agree far below float32's rounding. (A dense MLP's tensor has the batch's shape: no need.)
 
 
 def _rowwise(layer: Linear, x: torch.Tensor) -> torch.Tensor:
@@ -127,13 +139,13 @@ class RoutedExperts(nn.Module):
         wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
         score = (lambda r: r.softmax(-1)) if cfg.router_scoring == "softmax" else torch.sigmoid
         bias = self.router.selection_bias
-        if cfg.router_order == "topk_score":  # the k largest logits, then scored among themselves
-            chosen = (wide if bias is None else wide + bias).topk(cfg.experts_per_token).indices
-            weights = score(wide.gather(-1, chosen))  # (N, k)
-        else:  # every expert scored, then the top k
-            scores = score(wide)  # (N, E)
-            chosen = (scores if bias is None else scores + bias).topk(cfg.experts_per_token).indices
-            weights = scores.gather(-1, chosen)  # (N, k)
+        # the k largest logits, scored among themselves; or every expert scored, then the top k
+        scores = wide if cfg.router_order == "topk_score" else score(wide)  # (N, E)
+        chosen = self._within_groups(scores if bias is None else scores + bias).topk(
+            cfg.experts_per_token).indices  # (N, k)
+        weights = scores.gather(-1, chosen)  # (N, k)
+        if cfg.router_order == "topk_score":
+            weights = score(weights)
         if cfg.normalize_topk:
             weights = weights / weights.sum(-1, keepdim=True)
         weights = weights * cfg.routed_scaling
@@ -141,6 +153,20 @@ class RoutedExperts(nn.Module):
         if capacity is not None and x.device.type != "meta":  # meta: no routing to count
             weights = weights * _within_capacity(chosen, cfg.n_experts, capacity)
         return logits, chosen, weights
+
+    def _within_groups(self, selection: torch.Tensor) -> torch.Tensor:
+        """selection (N, E) with every expert outside a token's best groups_per_token groups set
+        to -inf (group-limited routing), each group ranked by its two best scores summed or its
+        best; unchanged without expert_groups."""
+        cfg = self.cfg
+        if cfg.expert_groups is None:
+            return selection
+        grouped = selection.unflatten(-1, (cfg.expert_groups, -1))  # (N, G, E/G)
+        ranked = (grouped.topk(2, dim=-1).values.sum(-1) if cfg.group_score == "top2_sum"
+                  else grouped.amax(-1))  # (N, G)
+        best = ranked.topk(cfg.groups_per_token, dim=-1).indices  # (N, groups_per_token)
+        keep = torch.zeros_like(ranked, dtype=torch.bool).scatter(-1, best, True)  # (N, G)
+        return grouped.masked_fill(~keep[..., None], float("-inf")).flatten(-2)  # (N, E)
 
     def forward(self, x: torch.Tensor, trace: Trace | None = None,
                 prefix: str = "") -> torch.Tensor:

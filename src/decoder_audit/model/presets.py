@@ -99,9 +99,8 @@ PRESETS: dict[str, DecoderConfig] = {
     # DeepSeek-V3 (deepseek-ai/DeepSeek-V3, without its multi-token-prediction module): latent
     # attention (q 1536, kv 512, heads of 128 + 64, values of 128), 3 dense layers of 18432,
     # then 256 experts of 2048 (8 per token, sigmoid scores, a selection-only bias, weights
-    # renormalised times 2.5) and one shared; YaRN x40 from 4096, the scores scaled by
-    # (0.1 ln 40 + 1)^2 / sqrt(192) (mscale_all_dim 1). Not expressed: the choice within the
-    # 4 best of 8 expert groups (n_group, topk_group), which changes no count.
+    # renormalised times 2.5, chosen within the 4 best of 8 groups of 32) and one shared;
+    # YaRN x40 from 4096, the scores scaled by (0.1 ln 40 + 1)^2 / sqrt(192) (mscale_all_dim 1).
     "deepseek-v3": DecoderConfig(
         vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, d_ff=18432,
         max_seq_len=163840, norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", pos="rope",
@@ -112,7 +111,7 @@ PRESETS: dict[str, DecoderConfig] = {
         kv_latent_rank=512, q_latent_rank=1536, rope_head_width=64, nope_head_width=128,
         value_head_width=128, n_experts=256, experts_per_token=8, expert_width=2048,
         n_shared_experts=1, router_scoring="sigmoid", router_selection_bias=True,
-        routed_scaling=2.5, first_dense_layers=3,
+        expert_groups=8, groups_per_token=4, routed_scaling=2.5, first_dense_layers=3,
     ),
 }
 

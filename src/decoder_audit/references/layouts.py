@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..config import DecoderConfig
+from ..config import UNROUTED, DecoderConfig
 from ..errors import ConfigError
 
 WeightsMap = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
@@ -604,18 +604,10 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
         every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope")
     names = expected_weights(spec.replace(**every))
     if spec.routed:  # a dense MLP where the spec routes, or the reverse, is found and named
-        names.update(expected_weights(spec.replace(**every, n_experts=None, **{
-            name: value for name, value in _UNROUTED.items()})))
+        names.update(expected_weights(spec.replace(**every, n_experts=None, **UNROUTED)))
         names.update(expected_weights(spec.replace(**every, router_selection_bias=True,
                                                    first_dense_layers=0, moe_every=1)))
     return list(names)
-
-
-# The routing fields of a spec set to "no experts".
-_UNROUTED = dict(experts_per_token=None, expert_width=None, n_shared_experts=0,
-                 shared_expert_width=None, router_scoring="softmax", router_order="score_topk",
-                 normalize_topk=True, router_selection_bias=False, routed_scaling=1.0,
-                 first_dense_layers=0, moe_every=1, capacity_factor=None)
 
 
 def _qkv_rows(spec: DecoderConfig) -> dict[str, tuple[int, int]]:

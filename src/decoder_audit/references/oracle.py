@@ -301,8 +301,9 @@ def _route_token(cfg: DecoderConfig, logits: torch.Tensor, bias: torch.Tensor | 
                  ) -> tuple[list[int], list[torch.Tensor]]:
     """One token's experts, best first, and their weights, from its router logits (E,): the
     scores (a softmax over the experts, or each logit's sigmoid), chosen by score plus the
-    selection bias; or, "topk_score", the k largest logits (plus the bias) scored among
-    themselves. Then divided by their sum (normalize_topk), times routed_scaling."""
+    selection bias (within the best groups where the experts are grouped); or, "topk_score",
+    the k largest logits (plus the bias) scored among themselves. Then divided by their sum
+    (normalize_topk), times routed_scaling."""
     def score(values: torch.Tensor) -> torch.Tensor:
         if cfg.router_scoring == "sigmoid":
             return 1.0 / (1.0 + torch.exp(-values))
@@ -310,8 +311,9 @@ def _route_token(cfg: DecoderConfig, logits: torch.Tensor, bias: torch.Tensor | 
         return exps / exps.sum()
 
     scores = logits if cfg.router_order == "topk_score" else score(logits)
-    ranked = scores if bias is None else scores + bias
-    order = sorted(range(cfg.n_experts), key=lambda e: -float(ranked[e].detach()))
+    ranked = [float(v) for v in (scores if bias is None else scores + bias).detach()]
+    allowed = _best_groups(cfg, ranked)
+    order = sorted(allowed, key=lambda e: -ranked[e])
     chosen = order[:cfg.experts_per_token]
     picked = scores[chosen]  # (k,)
     if cfg.router_order == "topk_score":
@@ -319,6 +321,22 @@ def _route_token(cfg: DecoderConfig, logits: torch.Tensor, bias: torch.Tensor | 
     if cfg.normalize_topk:
         picked = picked / picked.sum()
     return chosen, list(picked * cfg.routed_scaling)
+
+
+def _best_groups(cfg: DecoderConfig, ranked: list[float]) -> list[int]:
+    """The experts a token may choose from: every one, or those of its groups_per_token best
+    groups of E / G consecutive experts, a group worth its two best `ranked` values summed
+    ("top2_sum") or its best ("max")."""
+    if cfg.expert_groups is None:
+        return list(range(cfg.n_experts))
+    size = cfg.n_experts // cfg.expert_groups
+    members = [list(range(g * size, (g + 1) * size)) for g in range(cfg.expert_groups)]
+    worth = []
+    for group in members:
+        best = sorted((ranked[e] for e in group), reverse=True)
+        worth.append(best[0] + best[1] if cfg.group_score == "top2_sum" else best[0])
+    kept = sorted(range(cfg.expert_groups), key=lambda g: -worth[g])[:cfg.groups_per_token]
+    return [e for g in sorted(kept) for e in members[g]]
 
 
 def _latent_qkv(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], p: str, h: torch.Tensor
