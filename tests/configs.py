@@ -310,6 +310,16 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                          pos="rope", qk_norm=True, n_experts=4,
                                          experts_per_token=3, expert_width=5,
                                          normalize_topk=False, tie_embeddings=False),
+    # Qwen2-MoE's block: unnormalised softmax weights of 2 of 4 experts, one shared expert of
+    # its own width whose output a sigmoid gate scales, MoE every second layer
+    "moe-shared-gate": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2,
+                                        n_kv_heads=1, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                        mlp="swiglu", pos="rope", rope_layout="rotate_half",
+                                        attn_bias=True, attn_output_bias=False, n_experts=4,
+                                        experts_per_token=2, expert_width=5, normalize_topk=False,
+                                        n_shared_experts=1, shared_expert_width=7,
+                                        shared_expert_gate=True, moe_every=2,
+                                        tie_embeddings=False),
     # DeepSeek's group-limited routing: 8 experts in 4 groups, a token's 2 from its best 2
     # groups, ranked by their two best biased sigmoid scores (V3) or their best (V2)
     "moe-grouped": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=24,

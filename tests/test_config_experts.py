@@ -28,6 +28,9 @@ def make(**changes):
     (dict(MOE, expert_width=2.5), "expert_width=2.5 must be a positive integer"),
     (dict(MOE, n_shared_experts=-1), "n_shared_experts=-1 must be an integer >= 0"),
     (dict(MOE, shared_expert_width=8), "shared_expert_width=8 needs n_shared_experts >= 1"),
+    (dict(MOE, shared_expert_gate=True), "shared_expert_gate=True needs n_shared_experts >= 1"),
+    (dict(MOE, n_shared_experts=1, shared_expert_gate="yes"), "shared_expert_gate='yes' must be "
+     "true or false"),
     (dict(MOE, router_scoring="relu"), "router_scoring='relu' is not one of"),
     (dict(MOE, router_order="both"), "router_order='both' is not one of"),
     (dict(MOE, normalize_topk=1), "normalize_topk=1 must be true or false"),

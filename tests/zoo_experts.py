@@ -66,6 +66,23 @@ def _skipped(path: str) -> Callable[[da.Decoder], None]:
     return plant
 
 
+def _set_none(path: str) -> Callable[[da.Decoder], None]:
+    """The submodule at `path` removed (its weight with it)."""
+    def plant(model: da.Decoder) -> None:
+        owner, _, name = path.rpartition(".")
+        setattr(model.get_submodule(owner), name, None)
+    return plant
+
+
+def _gate_squared(layer: int) -> Callable[[da.Decoder], None]:
+    """The shared experts' sigmoid gate applied twice (its output squared)."""
+    def plant(model: da.Decoder) -> None:
+        model.layers[layer].ffn.shared.register_forward_hook(
+            lambda module, inputs, out: out * torch.sigmoid(
+                model.layers[layer].ffn.shared_gate(inputs[0])))
+    return plant
+
+
 class BiasWeighs(RoutedExperts):
     """The selection bias added to the scores that weigh the experts too, not only to those
     that choose them (DeepSeek-V3 gathers the unbiased scores)."""
@@ -151,7 +168,7 @@ UNCHOSEN_EXPERT = _mutant("moe-sigmoid-bias", _never_chosen(1, 3))
 QUIET_EXPERTS = _quiet(None)
 
 CORRECT = ("moe-softmax-shared", "moe-sigmoid-bias", "moe-topk-softmax-relu", "moe-unnormalised",
-           "mla-q-latent", "mla-moe", "moe-grouped", "moe-grouped-max")
+           "mla-q-latent", "mla-moe", "moe-grouped", "moe-grouped-max", "moe-shared-gate")
 
 MUTANTS = [
     # Qwen-MoE / OLMoE weigh by the softmax over every expert; taking the top k logits first
@@ -174,6 +191,13 @@ MUTANTS = [
                                                                          BiasWeighs)),
          "oracle", first=False, says="differ from the slow oracle"),
     Case("shared_expert_missing", _mutant("moe-softmax-shared", _silenced("layers.2.ffn.shared")),
+         "oracle", first=False, says="differ from the slow oracle"),
+    # a weight the config declares and the model lacks: no longer white-box by its own config,
+    # so audited against it as a declared spec (as zoo.py's dropped sandwich norm)
+    Case("shared_expert_gate_missing", _mutant("moe-shared-gate", _set_none(
+        "layers.1.ffn.shared_gate")), "params", first=False,
+         says="layers.1.ffn.shared_gate.weight", kwargs={"spec": configs.named("moe-shared-gate")}),
+    Case("shared_expert_gate_applied_twice", _mutant("moe-shared-gate", _gate_squared(1)),
          "oracle", first=False, says="differ from the slow oracle"),
     Case("expert_left_out_of_the_sum", _mutant("moe-softmax-shared", _silenced(
         "layers.1.ffn.experts.2")), "oracle", first=False, says="differ from the slow oracle"),

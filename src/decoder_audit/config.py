@@ -190,6 +190,9 @@ class DecoderConfig:
     shared_expert_width: int | None = None
     """One shared expert's width (Qwen2-MoE's shared_expert_intermediate_size). None: the
     routed experts' width Fe (DeepSeek's)."""
+    shared_expert_gate: bool = False
+    """The shared experts' output multiplied by sigmoid(w_g . x), a learned gate (1, D) per
+    layer (Qwen2-MoE's shared_expert_gate): weight ffn.shared_gate."""
     router_scoring: str = "softmax"
     """How the router turns its logits (ffn.router, E x D) into scores: "softmax" over the
     experts (Mixtral, Qwen-MoE, OLMoE) or "sigmoid" of each (DeepSeek-V3's scoring_func)."""
@@ -541,7 +544,7 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
 
 # The fields of routed experts (besides n_experts) and the values they hold without experts.
 UNROUTED = {"experts_per_token": None, "expert_width": None, "n_shared_experts": 0,
-                    "shared_expert_width": None, "router_scoring": "softmax",
+                    "shared_expert_width": None, "shared_expert_gate": False, "router_scoring": "softmax",
                     "router_order": "score_topk", "normalize_topk": True,
                     "router_selection_bias": False, "expert_groups": None,
                     "groups_per_token": None, "group_score": "top2_sum", "routed_scaling": 1.0,
@@ -568,7 +571,7 @@ def _expert_field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
         value = getattr(cfg, name)
         if not isinstance(value, str) or value not in allowed:
             problems.append((name, f"{name}={_shown(value)} is not one of {list(allowed)}"))
-    for name in ("normalize_topk", "router_selection_bias"):
+    for name in ("normalize_topk", "router_selection_bias", "shared_expert_gate"):
         if not isinstance(getattr(cfg, name), bool):
             problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be true or false"))
     if not _is_positive(cfg.routed_scaling):
@@ -593,10 +596,10 @@ def _expert_problems(cfg: DecoderConfig, valid) -> list[str]:
             problems.append(f"n_experts={experts} needs experts_per_token (k, 1 <= k <= E)")
         elif k > experts:
             problems.append(f"experts_per_token={k} exceeds n_experts={experts}")
-    if valid("n_shared_experts", "shared_expert_width") and cfg.shared_expert_width is not None \
-            and cfg.n_shared_experts == 0:
-        problems.append(f"shared_expert_width={cfg.shared_expert_width} needs n_shared_experts "
-                        ">= 1")
+    for name in ("shared_expert_width", "shared_expert_gate"):
+        if valid("n_shared_experts", name) and getattr(cfg, name) not in (None, False) and \
+                cfg.n_shared_experts == 0:
+            problems.append(f"{name}={_shown(getattr(cfg, name))} needs n_shared_experts >= 1")
     if valid("n_layers", "first_dense_layers", "moe_every") and not any(
             cfg.routes(i) for i in range(cfg.n_layers)):
         problems.append(f"first_dense_layers={cfg.first_dense_layers}, moe_every="

@@ -92,12 +92,14 @@ def _routes(cfg: da.DecoderConfig, layer: int) -> bool:
 
 def _routed_count(cfg: da.DecoderConfig) -> int:
     """A routed MLP: the router (E x D, DeepSeek's correction bias E), E experts of 3 (gated) or
-    2 matrices D x Fe, the shared experts' matrices D x (n_shared x their width)."""
+    2 matrices D x Fe, the shared experts' matrices D x (n_shared x their width) and their
+    gate."""
     D, E = cfg.d_model, cfg.n_experts
     width = cfg.expert_width or cfg.d_ff
     shared = cfg.n_shared_experts * (cfg.shared_expert_width or width)
     matrices = 3 if cfg.mlp in ("swiglu", "geglu") else 2
-    return E * D + (E if cfg.router_selection_bias else 0) + matrices * D * (E * width + shared)
+    return (E * D + (E if cfg.router_selection_bias else 0) + matrices * D * (E * width + shared)
+            + (D if cfg.shared_expert_gate else 0))  # Qwen2-MoE's shared_expert_gate (1, D)
 
 
 def _latent_attention_count(cfg: da.DecoderConfig) -> int:

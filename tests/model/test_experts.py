@@ -16,7 +16,7 @@ import decoder_audit as da
 from decoder_audit.model.mlp import RoutedExperts
 
 ROUTED = ("moe-softmax-shared", "moe-sigmoid-bias", "moe-topk-softmax-relu", "moe-unnormalised",
-          "moe-capacity", "mla-moe", "moe-grouped", "moe-grouped-max")
+          "moe-capacity", "mla-moe", "moe-grouped", "moe-grouped-max", "moe-shared-gate")
 LATENT = ("mla-q-latent", "mla-moe")
 EVERY = configs.params(configs.entries(*dict.fromkeys(ROUTED + LATENT)))
 
@@ -118,7 +118,7 @@ def test_the_gathered_experts_of_the_meta_device_equal_the_loop(cfg):
     _, chosen, weights = ffn.route(tokens)
     gathered = ffn._gathered(tokens, chosen, weights)
     if ffn.shared is not None:
-        gathered = gathered + ffn.shared(tokens)
+        gathered = gathered + ffn.shared_output(tokens)
     torch.testing.assert_close(ffn(x).reshape(-1, cfg.d_model), gathered, atol=1e-12, rtol=0)
 
 
@@ -204,7 +204,8 @@ def test_the_torch_twin_and_the_converter_refuse_them_naming_the_field(name, fie
         da.to_hf(da.Decoder(cfg))
 
 
-@pytest.mark.parametrize("name", ["moe-softmax-shared", "mla-moe"])
+@pytest.mark.parametrize("name", ["moe-softmax-shared", "mla-moe", "moe-shared-gate",
+                                  "moe-sigmoid-bias"])
 def test_expected_weights_are_the_decoders_own(name):
     from decoder_audit.references.layouts import expected_weights
 

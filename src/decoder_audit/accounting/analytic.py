@@ -201,6 +201,8 @@ def _mlp_matmuls(cfg: DecoderConfig, BT: int) -> list[Matmul]:
         out += _mlp("ffn.experts", BT * k, D, Fe, routed, "Lr", "BTk", "Fe", cfg.gated)
         if cfg.n_shared_experts:
             out += _mlp("ffn.shared", BT, D, cfg.shared_dim, routed, "Lr", "BT", "Fs", cfg.gated)
+        if cfg.shared_expert_gate:
+            out.append(Matmul("ffn.shared_gate", "MLP", BT, D, 1, routed, "Lr", "(BT x D)(D x 1)"))
     return out
 
 
@@ -227,7 +229,8 @@ def _group_formulas(cfg: DecoderConfig) -> dict[str, str]:
         core = "L x 2BT^2*H*(Dh + Dv)"
     if cfg.routed:
         m = 3 if cfg.gated else 2
-        shared = f" + {2 * m}BTD*Fs" if cfg.n_shared_experts else ""
+        shared = (f" + {2 * m}BTD*Fs" if cfg.n_shared_experts else "") + (
+            " + 2BTD" if cfg.shared_expert_gate else "")
         routed = f"Lr x (2BTDE + {2 * m}BTk*D*Fe{shared})"
         dense = cfg.n_layers - sum(cfg.routes(i) for i in range(cfg.n_layers))
         mlp = f"Ld x {mlp} + {routed}" if dense else routed

@@ -191,6 +191,9 @@ def _routed_mlp(cfg: DecoderConfig) -> tuple[int, str]:
     if cfg.n_shared_experts:
         count += _dense_mlp(cfg, cfg.shared_dim)[0]
         formula += f"; shared {m}*D*Fs = {m}*{D}*{cfg.shared_dim}"
+    if cfg.shared_expert_gate:
+        count += D
+        formula += f" + its gate D = {D}"
     return count, formula
 
 

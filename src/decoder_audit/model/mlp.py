@@ -6,7 +6,7 @@ config routes the layer.
              of the largest s (+ a selection-only bias) chosen, from the best groups where the
              experts are grouped; their weights g = s[chosen],
              divided by their sum where normalize_topk, times routed_scaling; then
-             out = sum_j g_j * expert_{chosen_j}(x)  +  shared(x)
+             out = sum_j g_j * expert_{chosen_j}(x)  +  shared(x)  (x sigmoid(w_g . x), gated)
 
 Each expert is a FeedForward of width Fe (named `experts.{e}.w1` ...); the shared experts run as
 one FeedForward of width n_shared x their width (`shared.w1` ...), which is exactly the sum of
@@ -130,6 +130,9 @@ class RoutedExperts(nn.Module):
                         **factory) for _ in range(cfg.n_experts))
         self.shared = (FeedForward(cfg, residual_std=residual_std, width=cfg.shared_dim,
                                    **factory) if cfg.n_shared_experts else None)
+        # Qwen2-MoE: the shared experts' output scaled by sigmoid(w_g . x), (1, D)
+        self.shared_gate = (Linear(cfg.d_model, 1, False, init_std=INIT_STD, **factory)
+                            if cfg.shared_expert_gate else None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(logits (N, E), the chosen experts (N, k), their weights (N, k)) for tokens x (N, D),
@@ -189,8 +192,15 @@ class RoutedExperts(nn.Module):
                 token, slot = (chosen == e).nonzero(as_tuple=True)
                 out = out.index_add(0, token, expert(tokens[token]) * weights[token, slot, None])
         if self.shared is not None:
-            out = out + self.shared(tokens)
+            out = out + self.shared_output(tokens)
         return out.view(batch, seq_len, d_model)
+
+    def shared_output(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The shared experts on tokens (N, D), scaled by their gate where they have one."""
+        shared = self.shared(tokens)  # (N, D)
+        if self.shared_gate is not None:
+            shared = shared * torch.sigmoid(self.shared_gate(tokens))  # (N, 1) gate
+        return shared
 
     def _gathered(self, tokens: torch.Tensor, chosen: torch.Tensor,
                   weights: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,8 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{p}.ffn.router.weight"] = (spec.n_experts, d)
             if spec.router_selection_bias:
                 shapes[f"{p}.ffn.router.selection_bias"] = (spec.n_experts,)
+            if spec.shared_expert_gate:
+                shapes[f"{p}.ffn.shared_gate.weight"] = (1, d)
         if spec.qk_norm:
             whole = spec.qk_norm_scope == "projection"  # OLMo 2: over the whole projection
             shapes[f"{p}.attn.q_norm.weight"] = (d_q if whole else spec.head_dim,)
@@ -180,9 +182,9 @@ _OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn.q_p
                                  "attn.output_proj", "attn.q_norm", "attn.k_norm", "ffn.w1",
                                  "ffn.w2", "ffn.w3",
                                  # routed experts (expert {e}) and latent attention
-                                 "ffn.router", "ffn.experts.{e}.w1", "ffn.experts.{e}.w2",
-                                 "ffn.experts.{e}.w3", "ffn.shared.w1", "ffn.shared.w2",
-                                 "ffn.shared.w3", "attn.q_a_proj", "attn.q_a_norm",
+                                 "ffn.router", "ffn.shared_gate", "ffn.experts.{e}.w1",
+                                 "ffn.experts.{e}.w2", "ffn.experts.{e}.w3", "ffn.shared.w1",
+                                 "ffn.shared.w2", "ffn.shared.w3", "attn.q_a_proj", "attn.q_a_norm",
                                  "attn.q_b_proj", "attn.kv_a_proj", "attn.kv_a_norm",
                                  "attn.kv_b_proj")}
 _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
@@ -606,7 +608,9 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
     if spec.routed:  # a dense MLP where the spec routes, or the reverse, is found and named
         names.update(expected_weights(spec.replace(**every, n_experts=None, **UNROUTED)))
         names.update(expected_weights(spec.replace(**every, router_selection_bias=True,
-                                                   first_dense_layers=0, moe_every=1)))
+                                                   first_dense_layers=0, moe_every=1,
+                                                   n_shared_experts=max(1, spec.n_shared_experts),
+                                                   shared_expert_gate=True)))
     return list(names)
 
 

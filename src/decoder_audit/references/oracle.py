@@ -202,7 +202,8 @@ def layer_weight_names(cfg: DecoderConfig, layer: int) -> list[str]:
     norms = ("ln1", "ln2", "ln1_post", "ln2_post")
     extra = [f"{p}.attn.{n}.weight" for n in ("q_norm", "k_norm", "q_a_norm", "kv_a_norm")]
     if cfg.routes(layer):
-        extra += [f"{p}.ffn.router.weight", f"{p}.ffn.router.selection_bias"]
+        extra += [f"{p}.ffn.router.weight", f"{p}.ffn.router.selection_bias",
+                  f"{p}.ffn.shared_gate.weight"]
     return ([f"{p}.{n}.{part}" for n in norms for part in ("weight", "bias")]
             + [f"{name}.{part}" for name in linears for part in ("weight", "bias")] + extra)
 
@@ -292,7 +293,10 @@ def _routed(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
             if capacity is None or taken[expert] <= capacity:
                 out = out + weight * _mlp(cfg, w, f"{name}.experts.{expert}", x)
         if cfg.n_shared_experts:
-            out = out + _mlp(cfg, w, f"{name}.shared", x)
+            shared = _mlp(cfg, w, f"{name}.shared", x)
+            if cfg.shared_expert_gate:  # Qwen2-MoE: times sigmoid(w_g . x)
+                shared = shared / (1.0 + torch.exp(-(w[f"{name}.shared_gate.weight"][0] @ x)))
+            out = out + shared
         rows.append(out)
     return torch.stack(rows).reshape(batch, seq_len, d_model)
 
@@ -503,6 +507,8 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
             names.append(f"{p}.ffn.router.weight")
             if cfg.router_selection_bias:
                 names.append(f"{p}.ffn.router.selection_bias")
+            if cfg.shared_expert_gate:
+                names.append(f"{p}.ffn.shared_gate.weight")
         names += [f"{mlp}.{n}.weight" for mlp in mlps for n in matrices]
     return names + [f"ln_final.{part}" for part in norm_parts]
 
