@@ -85,15 +85,33 @@ class FeedForward(nn.Module):
 
 
 def _rowwise(layer: Linear, x: torch.Tensor) -> torch.Tensor:
-    """x W^T (+ b) for x (n, in), each row its own (1 x in)(in x out) product: bmm over the
-    weight expanded n times (a view, no copy). One matrix product of n rows picks its kernel
-    by n (a row alone goes through gemv, and gemm's blocking changes with the row count), so
-    an expert's token would round differently with the number of tokens sharing its expert,
-    and a correct routed model would fail the gate's exact batch_independence and causal
-    comparisons by an ulp; row by row it rounds the same in any batch."""
-    n = x.shape[0]
-    out = torch.bmm(x[:, None, :], layer.weight.t().expand(n, -1, -1)).squeeze(1)  # (n, out)
+    """x W^T (+ b) for x (n, in), each row its own (1 x in)(in x out) product (`_RowProducts`).
+    One matrix product of n rows picks its kernel by n (a row alone goes through gemv, and
+    gemm's blocking changes with the row count), so an expert's token would round differently
+    with the number of tokens sharing its expert, and a correct routed model would fail the
+    gate's exact batch_independence and causal comparisons by an ulp; row by row it rounds the
+    same in any batch."""
+    out = _RowProducts.apply(x, layer.weight)  # (n, out)
     return out if layer.bias is None else out + layer.bias
+
+
+class _RowProducts(torch.autograd.Function):
+    """Forward: bmm of each row (1 x in) with the weight expanded n times (a view, no copy).
+    Backward: two ordinary products, grad_x = grad W and grad_W = grad^T x (autograd through
+    the expanded view would build an (n, in, out) gradient and sum it: 90x slower). The
+    gradients need no row-by-row rounding: the gate compares them within tolerance, and a
+    zero row of grad gives an exactly zero row of grad_x either way (grad_causal)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        n = x.shape[0]
+        return torch.bmm(x[:, None, :], weight.t().expand(n, -1, -1)).squeeze(1)  # (n, out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        return grad @ weight, grad.t() @ x  # (n, in), (out, in)
 
 
 class Router(nn.Module):
