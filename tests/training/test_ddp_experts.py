@@ -1,5 +1,5 @@
 """A routed-expert Decoder trains under DistributedDataParallel: 2 CPU processes (gloo, on
-127.0.0.1 only), 8 experts of which a step's tokens reach only some on each rank. Before every
+127.0.0.1 only), 8 experts of which a step's 2 x 4 tokens per rank reach only some. Before every
 expert ran on its tokens, even none, DDP stopped at the second step ("Expected to have
 finished reduction in the prior iteration"): an expert no token reached had no gradient."""
 
@@ -15,7 +15,8 @@ import decoder_audit as da
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
 def test_two_process_ddp_trains_a_routed_decoder(tmp_path):
-    cfg = configs.named("moe-sigmoid-bias").replace(n_experts=8, experts_per_token=1,
+    # 2 per token: with one, renormalised, every weight is 1 and the router gets no gradient
+    cfg = configs.named("moe-sigmoid-bias").replace(n_experts=8, experts_per_token=2,
                                                     n_shared_experts=0)
     cfg.save(tmp_path / "moe.json")
     out = tmp_path / "run"
