@@ -140,3 +140,18 @@ def test_a_correct_moe_passes_the_exact_batch_comparisons_at_the_training_shape(
     report = da.audit(da.Decoder(cfg), training=TrainingPath(2, 4),
                       checks=["batch_independence", "causal", "prefix", "train_mode"])
     assert report.passed, {c.name: c.detail for c in report.failures}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_expert_gradients_probe_reaches_every_expert_of_a_sharp_grouped_router(seed):
+    """Router logits 100x those of a fresh model (a trained router's are large): raising the
+    target 1 above the largest left another group's two best ahead of the target's group, so
+    an expert was never chosen and named as cut off (before the probe pushed the others down)."""
+    cfg = configs.named("moe-grouped")
+    torch.manual_seed(seed)
+    model = da.Decoder(cfg)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.ffn.router.weight.mul_(100.0)
+    check = da.audit(model, checks=["expert_gradients"])["expert_gradients"]
+    assert check.passed and check.evidence["not_reached"] == [], check.detail

@@ -9,9 +9,9 @@ some layers: its trace records each token's expert weights, `layers.{i}.ffn.gate
   declared capacity. It sees the leak in the routing itself, however small the dropped
   expert's contribution to the logits (which batch_independence and causal judge).
 - `expert_gradients`: every routed expert gets a gradient from the next-token loss of a probe
-  that routes a token to each of them: the router's logits are raised (by a forward hook) so
-  that token n's largest is expert n mod E, and a selection-only bias is held at 0 for the
-  probe, then restored bit for bit. An expert cut off from the loss (a detached output, a weight
+  that routes a token to each of them: the router's logits are moved (by a forward hook) so
+  that token n's largest, by far, is expert n mod E, and a selection-only bias is held at 0 for
+  the probe, then restored bit for bit. An expert cut off from the loss (a detached output, a weight
   never applied) is named, even one the router never chooses on its own, which
   dead_parameters' random probe cannot reach (it names such experts as not judged).
 
@@ -30,6 +30,12 @@ from ..objective import logits_of
 from . import tolerances
 from .result import CheckResult
 from .subject import Subject
+
+
+PUSH_DOWN = 30.0
+"""How far the probe of expert_gradients lowers the router logits of a token's other experts:
+their sigmoid scores fall below 1e-13 and their softmax share below e^-30, so the target is
+chosen, and weighs about 1, whatever the scoring, the groups and the other logits."""
 
 
 def _routed_layers(s: Subject) -> list[int]:
@@ -105,7 +111,10 @@ def _routed_to_each(s: Subject, tokens: int):
     def raise_target(module, inputs, logits):  # logits (N, E)
         want = F.one_hot(target.to(logits.device), experts).to(logits.dtype)
         gap = (logits.max(-1, keepdim=True).values - (logits * want).sum(-1, keepdim=True))
-        return logits + want * (gap.detach() + 1.0)
+        # the target 1 above the largest, the others PUSH_DOWN lower still: constants, so the
+        # router's own gradient is untouched; a sigmoid score saturates, and with the others
+        # near 0 the target's group ranks first too (group-limited routing)
+        return logits + (want * (gap + 1.0) - (1 - want) * PUSH_DOWN).detach()
 
     try:
         for i in _routed_layers(s):
@@ -147,19 +156,31 @@ def check_expert_gradients(s: Subject) -> CheckResult:
         value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
         return value if value.requires_grad else None
 
-    with _routed_to_each(s, batch * seq_len):
-        for share in s.gradients_by_share([params], loss):
-            for name, module in experts.items():
-                reached[name] = max((float(p.grad.abs().max()) for p in module.parameters()
-                                     if p.grad is not None), default=0.0)
-            del share
-    dead = [name for name, size in reached.items() if size == 0.0]
-    evidence = {"batch": batch, "seq_len": seq_len, "experts": len(experts), "dead": dead}
+    given_rows: set[str] = set()  # the experts the probe's forward sent rows to
+    hooks = [module.register_forward_hook(
+        lambda _, inputs, __, name=name: given_rows.add(name) if inputs[0].numel() else None)
+        for name, module in experts.items()]
+    try:
+        with _routed_to_each(s, batch * seq_len):
+            for share in s.gradients_by_share([params], loss):
+                for name, module in experts.items():
+                    reached[name] = max((float(p.grad.abs().max()) for p in module.parameters()
+                                         if p.grad is not None), default=0.0)
+                del share
+    finally:
+        for hook in hooks:
+            hook.remove()
+    dead = [name for name, size in reached.items() if size == 0.0 and name in given_rows]
+    missed = sorted(set(experts) - given_rows)  # not reached even so: not judged, named
+    evidence = {"batch": batch, "seq_len": seq_len, "experts": len(experts), "dead": dead,
+                "not_reached": missed}
     if dead:
         return CheckResult("expert_gradients", False, f"{len(dead)} of {len(experts)} routed "
                            f"experts get no gradient from the loss though tokens are routed to "
                            f"them: {', '.join(dead[:4])}" + (" ..." if len(dead) > 4 else "")
                            + " (cut off from the loss, or their output never added)", evidence)
-    return CheckResult("expert_gradients", True, f"all {len(experts)} routed experts get a "
-                       f"gradient from the loss of a probe routed to each ({batch} x {seq_len} "
-                       "tokens)", evidence)
+    said = (f"; {len(missed)} not reached by the probe, so not judged ({', '.join(missed[:3])})"
+            if missed else "")
+    return CheckResult("expert_gradients", True, f"all {len(experts) - len(missed)} routed "
+                       f"experts the probe reached get a gradient from the loss of a probe routed "
+                       f"to each ({batch} x {seq_len} tokens){said}", evidence)
