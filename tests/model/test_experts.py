@@ -241,3 +241,13 @@ def test_an_expert_no_token_chooses_still_gets_a_zero_gradient_for_ddp():
     model(torch.randint(0, cfg.vocab_size, (2, 5))).sum().backward()
     unused = model.layers[1].ffn.experts[3]
     assert all(p.grad is not None and not p.grad.any() for p in unused.parameters())
+
+
+def test_an_odd_non_rotary_part_still_rotates_interleaved_pairs():
+    """Heads of 3 + 4 (interleaved RoPE): the rotary slice starts at an odd offset, which
+    view_as_complex refused ("stride divisible by 2") before it was made contiguous."""
+    cfg = configs.named("mla-q-latent").replace(nope_head_width=3)
+    model = random_decoder(cfg, dtype=torch.float64)
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
+    torch.testing.assert_close(model(ids), da.oracle_logits(model.state_dict(), cfg, ids),
+                               atol=1e-10, rtol=0)

@@ -285,9 +285,9 @@ class LatentAttention(CausalSelfAttention):
         k_pass, v = kv.split([Dn, self.value], dim=-1)  # (B, H, T, Dn), (B, H, T, Dv)
         k_rot = k_rot.view(batch, 1, seq_len, R)  # one rotary key for every head
         q_pass, q_rot = q.split([Dn, R], dim=-1)
-        if rope is not None:
-            q_rot = apply_rope(q_rot, rope, self.rope_layout)
-            k_rot = apply_rope(k_rot, rope, self.rope_layout)
+        if rope is not None:  # contiguous: an interleaved pair is a complex number in memory
+            q_rot = apply_rope(q_rot.contiguous(), rope, self.rope_layout)
+            k_rot = apply_rope(k_rot.contiguous(), rope, self.rope_layout)
         q = torch.cat((q_pass, q_rot), dim=-1)  # (B, H, T, Dh)
         k = torch.cat((k_pass, k_rot.expand(batch, H, seq_len, R)), dim=-1)  # (B, H, T, Dh)
         return q, k, v
