@@ -1,0 +1,429 @@
+"""One training run's gate, whoever runs the loop: what the callbacks of transformers' Trainer,
+TRL and Lightning share.
+
+A callback reads from its trainer how the run will call the model (a `RunPlan`: the
+`TrainingPath`, the gate's paths the trainer takes, the global batch) and the first batches its
+dataloader yields, and hands them to `RunGate`:
+
+  before_training  the full gate on the model on that path (`training.gatekeeper.run_gate`, the
+                   one `decoder-audit train` runs: rank 0 audits, every rank learns the
+                   verdict), `audit_batch` on each first batch, the model's own loss on them
+                   where the trainer takes it (`batch_loss`), and the loss before any step
+                   (`first_loss`: not near zero, not below a declared floor). The evidence is
+                   written once, by rank 0, into `<output_dir>/decoder-audit/`; any failure of
+                   a path the trainer takes raises `GateRefusal` naming every failing check,
+                   before the first optimizer step.
+  after_step       each step's loss against the declared floor, and in the first
+                   `watch_steps` steps against near zero: `LeakageSuspected` with the figures.
+
+Every process runs the gate once: the model audit on rank 0 (its verdict shared), the batches on
+each rank (each has its own), and every rank learns every rank's batch failures, so all of them
+refuse together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import LeakageSuspected
+from ..gate import AuditReport, BatchReport, CheckResult, TrainingPath, audit_batch, model_facts
+from ..objective import logits_of
+from ..storage.folder import write_folder_atomically
+from ..training.distributed import RankInfo
+from ..training.gatekeeper import GateRefusal, run_gate
+from ..training.run import refuse_below_floor
+
+IGNORE_INDEX = -100
+REPORT_FOLDER = "decoder-audit"
+"""The folder of the run's output directory the gate's evidence goes into (nothing else there
+is written)."""
+
+NEAR_ZERO = 0.01
+"""A loss below this fraction of ln V in the first steps is near zero: the model puts about
+(1/V)^0.01 of its probability, over 90% for V = 32000, on tokens it has not learnt to predict
+yet. No model reaches it in a few steps on text unless it reads its targets (the seeds: "loss
+near zero before training: target leakage or incorrect shift")."""
+WATCH_STEPS = 10
+"""The first steps whose loss is held against NEAR_ZERO."""
+BATCH_LOSS_TOLERANCE = 1e-4
+"""Relative: the model's loss and the definition reduce the same logits, the model in float32
+(a pairwise sum errs by about log2(N) ulps, 1e-6 for a million tokens), the definition in
+float64. A loss that reads its labels otherwise (shifted twice, normalised by another count, the
+ignored labels read) differs by far more on any batch whose labels are not all alike."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How a trainer will call the model, read from the trainer (see the callbacks)."""
+
+    path: TrainingPath
+    """Rows and length of one forward (the first batch's (B, T)), precision, checkpointing and
+    the packed form the collator sends."""
+    paths: tuple[str, ...]
+    """The gate's paths (gate.result.PATHS) the trainer takes: "training", and "model loss"
+    when it calls the model's own labels= loss."""
+    global_batch: int
+    """Rows per optimizer step: per device x accumulation x world size."""
+    accumulation: int = 1
+    world_size: int = 1
+    trainer: str = ""
+    """The trainer's class name."""
+    notes: tuple[str, ...] = ()
+    """What the plan could not audit, said in the report (fp16 autocast, say)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.path
+        return {"trainer": self.trainer, "paths": list(self.paths),
+                "global_batch": self.global_batch, "accumulation": self.accumulation,
+                "world_size": self.world_size, "notes": list(self.notes),
+                "training": {"batch_size": p.batch_size, "seq_len": p.seq_len,
+                             "precision": p.precision, "checkpointing": p.checkpointing,
+                             "pack": p.pack, "pack_form": p.pack_form}}
+
+
+@dataclass
+class Verdict:
+    """What the gate found before training (rank 0's model report; this rank's batches)."""
+
+    plan: RunPlan
+    report: AuditReport | None
+    batches: list[BatchReport]
+    checks: list[CheckResult]
+    """The run's own checks: batch_loss, first_loss."""
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    """(check, detail) of every failure on a path the trainer takes, in order."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "trainer gate", "passed": not self.refused,
+                "refused": [name for name, _ in self.refused], "plan": self.plan.to_dict(),
+                "model": None if self.report is None else {"passed": self.report.passed,
+                                                           "summary": self.report.summary()},
+                "checks": [c.to_dict() for c in self.checks],
+                "batches": [b.to_dict() for b in self.batches]}
+
+
+def ranks_of(rank: int, world_size: int) -> RankInfo:
+    """This process's place, as the trainer says it (the process group is the trainer's)."""
+    return RankInfo(rank=rank, world_size=world_size)
+
+
+def batch_size_and_length(batch: Mapping[str, Any]) -> tuple[int, int]:
+    """(B, T) of a collator's batch: its input_ids' shape."""
+    ids = batch["input_ids"]
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise TypeError(f"the trainer's first batch holds input_ids of "
+                        f"{getattr(ids, 'shape', type(ids).__name__)}, not a (B, T) tensor")
+    return int(ids.shape[0]), int(ids.shape[1])
+
+
+LossCall = Callable[[Mapping[str, Any]], tuple[Any, float | None]]
+"""Calls the model's own loss on one batch as the trainer does: (its output, with .loss and
+.logits; the num_items_in_batch it was given, or None)."""
+Forward = Callable[[Mapping[str, Any]], Any]
+"""Calls the model on one batch for its logits (no labels), as the trainer feeds it."""
+
+
+class RunGate:
+    """The gate of one training run (see the module docstring). `loss_floor`: a loss no model
+    can go below on this data (its entropy), held against every step; `near_zero`: the fraction
+    of ln V a loss of the first `watch_steps` steps must stay above (None: not watched);
+    `audit_options`: facts for `model_facts` (vocab_size=, max_seq_len=, spec=, ...)."""
+
+    def __init__(self, *, loss_floor: float | None = None, near_zero: float | None = NEAR_ZERO,
+                 watch_steps: int = WATCH_STEPS, seed: int = 0,
+                 audit_options: Mapping[str, Any] | None = None,
+                 tokenizer: Any = None, labels_shifted: bool = False,
+                 say: Callable[..., None] = lambda *a, **k: None) -> None:
+        if loss_floor is not None and not (math.isfinite(loss_floor) and loss_floor > 0):
+            raise ValueError(f"loss_floor={loss_floor!r} must be a positive finite loss")
+        if near_zero is not None and not 0 < near_zero < 1:
+            raise ValueError(f"near_zero={near_zero!r} is a fraction of ln V, in (0, 1)")
+        if watch_steps < 0:
+            raise ValueError(f"watch_steps={watch_steps!r} must be >= 0")
+        self.loss_floor, self.near_zero, self.watch_steps = loss_floor, near_zero, watch_steps
+        self.seed, self.audit_options = seed, dict(audit_options or {})
+        self.tokenizer, self.labels_shifted, self.say = tokenizer, labels_shifted, say
+        self.vocab_size: int | None = None
+        self.verdict: Verdict | None = None
+
+    # ---- before the first step ---------------------------------------------------------------
+    def before_training(self, model: nn.Module, plan: RunPlan, batches: Sequence[Mapping],
+                        ranks: RankInfo, out_dir: str | Path | None, *,
+                        loss_call: LossCall | None = None,
+                        forward: Forward | None = None) -> Verdict:
+        """The gate before any step (module docstring). `loss_call` calls the model's own loss
+        as the trainer will (None: the trainer does not take it); `forward` calls the model for
+        logits (default: model(**batch) without its labels, as a Hugging Face model is fed)."""
+        facts = model_facts(model, training=plan.path, **self.audit_options)
+        self.vocab_size = facts.vocab_size
+        refused: list[tuple[str, str]] = []
+        report = None
+        try:
+            report = run_gate(model, ranks, facts, seed=self.seed, say=self.say,
+                              paths=plan.paths)
+        except GateRefusal as refusal:
+            report = refusal.report
+            failed = refusal.failed
+            refused += [(c.name, c.detail) for c in report.checks if c.name in failed] \
+                if report is not None else [(refusal.check, refusal.detail)]
+        audited = [audit_batch(b, self.tokenizer, labels_shifted=self.labels_shifted)
+                   for b in batches]
+        forward = forward or (lambda batch: model(**_model_inputs(batch, model)))
+        checks = self._loss_checks(model, batches, loss_call, forward, facts.vocab_size)
+        mine = [(c.name, f"batch {i} of the trainer's dataloader: {c.detail}")
+                for i, b in enumerate(audited) for c in b.checks if not c.passed]
+        mine += [(c.name, c.detail) for c in checks if not c.passed]
+        refused += _agreed(ranks, mine)
+        self.verdict = Verdict(plan, report, audited, checks, refused)
+        written = self._write(out_dir) if ranks.is_main else None
+        if refused:
+            where = f"; the evidence is in {written}" if written else ""
+            name, detail = refused[0]
+            raise GateRefusal(name, detail + where, report,
+                              failed=tuple(dict.fromkeys(n for n, _ in refused)))
+        self.say(f"gate: the run passed before its first step ({len(batches)} batches audited)"
+                 + (f"; evidence in {written}" if written else ""))
+        return self.verdict
+
+    def _loss_checks(self, model: nn.Module, batches: Sequence[Mapping],
+                     loss_call: LossCall | None, forward: Forward, vocab_size: int
+                     ) -> list[CheckResult]:
+        """batch_loss (the model's own loss on the first batches, where the trainer takes it)
+        and first_loss (their mean token loss before any step)."""
+        was_training = model.training
+        results, losses = [], []
+        try:
+            with torch.no_grad():
+                for batch in batches:
+                    losses.append(_summed_loss(batch, logits_of(forward(batch)),
+                                               self.labels_shifted))
+                if loss_call is not None:
+                    results.append(check_batch_loss(batches, loss_call))
+        finally:
+            model.train(was_training)
+        results.append(self._check_first_loss(losses, vocab_size))
+        return results
+
+    def _check_first_loss(self, losses: list[tuple[float, int]], vocab_size: int
+                          ) -> CheckResult:
+        scored = sum(n for _, n in losses)
+        if scored == 0:
+            return CheckResult("first_loss", True, "skipped: the first batches score no label",
+                               {}, skipped=True)
+        mean = sum(total for total, _ in losses) / scored
+        evidence = {"loss": mean, "tokens": scored, "ln_V": math.log(vocab_size),
+                    "near_zero": self.near_zero, "loss_floor": self.loss_floor}
+        problem = self._low_loss(mean, step=0, what="loss before training")
+        return CheckResult("first_loss", problem is None, problem or (
+            f"the loss on the first batches before any step is {mean:.4g} over {scored} "
+            f"tokens (ln V = {math.log(vocab_size):.4g})"), evidence)
+
+    def _low_loss(self, loss: float, *, step: int, what: str) -> str | None:
+        """Why `loss` at `step` stops the run (below the declared floor; near zero within the
+        first steps), or None."""
+        try:
+            refuse_below_floor(loss, self.loss_floor, step, "training loss")
+        except LeakageSuspected as below:
+            return str(below)
+        if self.near_zero is None or self.vocab_size is None or step > self.watch_steps:
+            return None
+        limit = self.near_zero * math.log(self.vocab_size)
+        if loss < limit:
+            return (f"the {what} at step {step} is {loss:.4g}, near zero: below "
+                    f"{self.near_zero:g} x ln V = {limit:.4g} within the first "
+                    f"{self.watch_steps} steps, which no model reaches without reading its "
+                    "targets (target leakage or an incorrect shift)")
+        return None
+
+    # ---- while training ----------------------------------------------------------------------
+    def after_step(self, step: int, loss: float) -> None:
+        """LeakageSuspected with the figures when this step's loss is below the declared floor
+        or, within the first watch_steps, near zero."""
+        problem = self._low_loss(loss, step=step, what="training loss")
+        if problem is not None:
+            floor = self.loss_floor if self.loss_floor is not None else (
+                (self.near_zero or 0.0) * math.log(self.vocab_size or 1))
+            raise LeakageSuspected(problem + "; the run stopped", step=step, loss=loss,
+                                   floor=floor)
+
+    def watching(self, step: int) -> bool:
+        """Whether a step's loss is still held against anything."""
+        return self.loss_floor is not None or (self.near_zero is not None and
+                                               step <= self.watch_steps)
+
+    # ---- the evidence ------------------------------------------------------------------------
+    def _write(self, out_dir: str | Path | None) -> Path | None:
+        """The report (the one `decoder-audit verify --report` writes), the batches and the
+        run's verdict into <out_dir>/decoder-audit, swapped in whole; None without out_dir."""
+        if out_dir is None or self.verdict is None:
+            return None
+        verdict = self.verdict
+
+        def write(folder: Path) -> None:
+            if verdict.report is not None:
+                verdict.report.write(folder)
+            (folder / "gate.json").write_text(json.dumps(verdict.to_dict(), indent=2,
+                                                         default=str) + "\n")
+            (folder / "batches.md").write_text("\n\n".join(
+                f"## batch {i}\n\n```\n" + "\n".join(b.lines()) + "\n```"
+                for i, b in enumerate(verdict.batches)) + "\n")
+
+        return write_folder_atomically(Path(out_dir) / REPORT_FOLDER, write,
+                                       same_kind=_is_gate_folder, what="trainer gate report")
+
+
+def _is_gate_folder(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "gate.json").read_text()).get("kind") == "trainer gate"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _agreed(ranks: RankInfo, failures: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Every rank's failures (each audits its own batches), on every rank."""
+    if not ranks.distributed or not dist.is_initialized():
+        return failures
+    gathered: list[Any] = [None] * ranks.world_size
+    dist.all_gather_object(gathered, failures)
+    return [(name, f"rank {rank}: {detail}" if rank else detail)
+            for rank, found in enumerate(gathered) for name, detail in found]
+
+
+# ---- the loss on the first batches --------------------------------------------------------------
+
+def _targets(batch: Mapping[str, Any], logits: torch.Tensor, labels_shifted: bool
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, targets) as a causal LM scores them: shift_labels (or labels the collator
+    shifted already, `labels_shifted`) against every logit, else the labels shifted once (logit
+    t against label t + 1). logits (B, T, V), targets (B, T')."""
+    shifted = batch.get("shift_labels")
+    if isinstance(shifted, torch.Tensor):
+        return logits, shifted.to(logits.device)
+    labels = batch["labels"].to(logits.device)
+    return (logits, labels) if labels_shifted else (logits[:, :-1], labels[:, 1:])
+
+
+def _summed_loss(batch: Mapping[str, Any], logits: torch.Tensor, labels_shifted: bool = False
+                 ) -> tuple[float, int]:
+    """(summed cross entropy in float64, labels scored) of logits (B, T, V) on the batch."""
+    scored, targets = _targets(batch, logits, labels_shifted)
+    total = F.cross_entropy(scored.double().reshape(-1, scored.shape[-1]), targets.reshape(-1),
+                            ignore_index=IGNORE_INDEX, reduction="sum")
+    return float(total), int((targets != IGNORE_INDEX).sum())
+
+
+def _model_inputs(batch: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
+    """The batch's entries a forward takes for logits, on the model's device (no labels: the
+    model's loss is not asked for)."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
+            if k not in ("labels", "shift_labels")}
+
+
+def check_batch_loss(batches: Sequence[Mapping], loss_call: LossCall) -> CheckResult:
+    """The model's own loss on each first batch, called as the trainer calls it (`loss_call`,
+    with the trainer's num_items_in_batch where it passes one), equals the cross entropy of
+    the logits it returned against the labels shifted once (or the shift_labels), summed and
+    divided by num_items_in_batch, or by the labels it scores when none is passed."""
+    rows = []
+    for i, batch in enumerate(batches):
+        out, items = loss_call(batch)
+        loss = getattr(out, "loss", None)
+        if not isinstance(loss, torch.Tensor):
+            return CheckResult("batch_loss", False, f"batch {i}: given labels=, the model "
+                               "returned no loss", {"batch": i})
+        total, scored = _summed_loss(batch, logits_of(out))
+        divisor = scored if items is None else float(items)
+        expected = total / divisor if divisor else 0.0
+        rows.append({"batch": i, "loss": float(loss), "expected": expected,
+                     "num_items_in_batch": None if items is None else float(items),
+                     "labels_scored": scored})
+        if abs(float(loss) - expected) > BATCH_LOSS_TOLERANCE * max(abs(expected), 1e-12):
+            said = "num_items_in_batch" if items is None else f"num_items_in_batch={items:g}"
+            return CheckResult(
+                "batch_loss", False, f"batch {i}: the model's own loss is {float(loss):.6g}, "
+                f"not the cross entropy of its logits against the labels shifted once, summed "
+                f"and divided by {said if items is not None else f'the {scored} labels read'} "
+                f"({expected:.6g}): the loss the trainer steps on is not the one its labels "
+                "define", {"rows": rows}, BATCH_LOSS_TOLERANCE)
+    return CheckResult("batch_loss", True, f"the model's own loss on {len(rows)} first batches "
+                       "= cross entropy of its logits against the labels shifted once, over "
+                       "the trainer's item count", {"rows": rows}, BATCH_LOSS_TOLERANCE)
+
+
+# ---- the first batches, without moving the run --------------------------------------------------
+
+def first_batches(dataloader: Any, count: int) -> list[Mapping]:
+    """The first `count` batches `dataloader` yields (fewer when it has fewer). accelerate's
+    DataLoaderShard is told its iteration ended, as when it runs out, so its gradient state
+    holds no iteration of ours."""
+    batches: list[Mapping] = []
+    iterator = iter(dataloader)
+    try:
+        for _ in range(count):
+            batches.append(next(iterator))
+    except StopIteration:
+        pass
+    finally:
+        close = getattr(iterator, "close", None)
+        if callable(close):
+            close()
+        end = getattr(dataloader, "end", None)
+        if callable(end):
+            end()
+    return batches
+
+
+@contextmanager
+def preserved_random_state(dataloader: Any = None) -> Iterator[None]:
+    """Every random state the run draws from, put back on leaving: torch's (CPU and each GPU),
+    Python's, NumPy's, and the generators of the dataloader's samplers. The gate draws (the
+    dropout of its train-mode probes, the sampler's shuffle when it looks at the first batches),
+    and the run must train on the same batches with the same dropout as without it."""
+    generators = _sampler_generators(dataloader)
+    saved = [g.get_state() for g in generators]
+    cpu, python, numpy_state = torch.get_rng_state(), random.getstate(), numpy.random.get_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        random.setstate(python)
+        numpy.random.set_state(numpy_state)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        for generator, state in zip(generators, saved):
+            generator.set_state(state)
+
+
+def _sampler_generators(dataloader: Any) -> list[torch.Generator]:
+    """The torch.Generators a dataloader's samplers draw from (accelerate keeps the sampler
+    under batch_sampler.batch_sampler)."""
+    found: list[torch.Generator] = []
+    for holder in (dataloader, getattr(dataloader, "base_dataloader", None)):
+        for name in ("sampler", "batch_sampler"):
+            part = getattr(holder, name, None)
+            for sampler in (part, getattr(part, "sampler", None),
+                            getattr(part, "batch_sampler", None),
+                            getattr(getattr(part, "batch_sampler", None), "sampler", None)):
+                generator = getattr(sampler, "generator", None)
+                if isinstance(generator, torch.Generator) and all(generator is not g
+                                                                  for g in found):
+                    found.append(generator)
+    synced = getattr(dataloader, "synchronized_generator", None)
+    if isinstance(synced, torch.Generator) and all(synced is not g for g in found):
+        found.append(synced)
+    return found
