@@ -52,28 +52,30 @@ def weights(model) -> dict[str, torch.Tensor]:
 
 def test_a_tiny_llama_trains_gated_and_the_gate_changes_nothing_of_the_run(tmp_path):
     """The path is read from the trainer (4 rows x 2 micro-batches x 1 process = 8 rows a step;
-    the flattening collator's rows: 4 documents of 12 tokens in one row, (1, 48); checkpointing;
-    position_ids packing); every check passes; the report is written; and the run's weights
-    after 2 steps are bit for bit those of the same run without the gate (it puts back every
-    random state)."""
+    the flattening collator's rows: 4 documents of 12 tokens in one row, (1, 48); bf16;
+    checkpointing; position_ids packing); every check passes, the float32 ones on the forward
+    without accelerate's autocast wrapper; the report is written; and the run's weights after 2
+    steps are bit for bit those of the same run without the gate (it puts back every random
+    state)."""
     data = documents(lengths=(12, 12))
-    trainer, gate = gated(tiny_llama(), tmp_path / "gated", data=data,
+    trainer, gate = gated(tiny_llama(), tmp_path / "gated", data=data, bf16=True,
                           gradient_accumulation_steps=2, gradient_checkpointing=True)
     trainer.train()
     plan = gate.verdict.plan
     assert plan.global_batch == 4 * 2 * 1 and plan.accumulation == 2
     assert (plan.path.batch_size, plan.path.seq_len) == (1, 4 * 12)
     assert plan.path.checkpointing and plan.path.pack and plan.path.pack_form == "position_ids"
-    assert plan.paths == ("training", "model loss")
+    assert plan.path.precision == "bf16" and plan.paths == ("training", "model loss")
     assert gate.verdict.report.passed and not gate.verdict.refused
-    for name in ("packing", "checkpointing", "model_loss"):
+    assert gate.verdict.report.dtype == "float32"
+    for name in ("packing", "checkpointing", "autocast", "model_loss"):
         assert not gate.verdict.report[name].skipped, name  # the paths it takes were audited
     assert [c.name for c in gate.verdict.checks if c.passed] == ["batch_loss", "first_loss"]
     folder = tmp_path / "gated" / "decoder-audit"
     assert {"report.md", "report.json", "gate.json", "batches.md"} <= {
         p.name for p in folder.iterdir()}
     assert json.loads((folder / "gate.json").read_text())["passed"] is True
-    plain = Trainer(model=tiny_llama(), args=arguments(tmp_path / "plain",
+    plain = Trainer(model=tiny_llama(), args=arguments(tmp_path / "plain", bf16=True,
                                                        gradient_accumulation_steps=2,
                                                        gradient_checkpointing=True),
                     train_dataset=data, data_collator=DataCollatorWithFlattening())

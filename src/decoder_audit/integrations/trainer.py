@@ -19,7 +19,8 @@ micro-batches' losses, what the trainer logs) is held against the floor and near
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -68,7 +69,7 @@ class TrainerGate(TrainerCallback):
                        **kwargs):
         trainer = self.trainer
         model = model if model is not None else trainer.model
-        with preserved_random_state(train_dataloader):
+        with preserved_random_state(train_dataloader), without_mixed_precision(model):
             batches = first_batches(train_dataloader, self.batches or
                                     args.gradient_accumulation_steps)
             plan = plan_of(trainer, model, batches)
@@ -108,6 +109,27 @@ class TrainerGate(TrainerCallback):
         if self._restore is not None:
             self.trainer.training_step = self._restore
             self._restore = None
+
+
+@contextmanager
+def without_mixed_precision(model: nn.Module) -> Iterator[None]:
+    """The model's forward without the autocast accelerate wraps it in for bf16 or fp16
+    (`Accelerator.prepare_model` keeps the plain one as `_original_forward`): the gate's checks
+    run in the model's dtype, with its tolerances, and its autocast check audits the forward
+    under bf16 autocast, the path the run takes. Put back on leaving."""
+    plain = model.__dict__.get("_original_forward")
+    if plain is None:
+        yield
+        return
+    wrapped = model.__dict__.get("forward")
+    model.forward = plain
+    try:
+        yield
+    finally:
+        if wrapped is None:
+            del model.forward
+        else:
+            model.forward = wrapped
 
 
 # ---- what the trainer will do -------------------------------------------------------------------
