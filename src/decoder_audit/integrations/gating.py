@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import json
 import math
-import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LeakageSuspected
@@ -45,8 +43,8 @@ from ..storage.folder import write_folder_atomically
 from ..training.distributed import RankInfo
 from ..training.gatekeeper import GateRefusal, run_gate
 from ..training.run import refuse_below_floor
+from .losses import LossCall, check_batch_loss, model_inputs, summed_loss
 
-IGNORE_INDEX = -100
 REPORT_FOLDER = "decoder-audit"
 """The folder of the run's output directory the gate's evidence goes into (nothing else there
 is written)."""
@@ -58,11 +56,6 @@ yet. No model reaches it in a few steps on text unless it reads its targets (the
 near zero before training: target leakage or incorrect shift")."""
 WATCH_STEPS = 10
 """The first steps whose loss is held against NEAR_ZERO."""
-BATCH_LOSS_TOLERANCE = 1e-4
-"""Relative: the model's loss and the definition reduce the same logits, the model in float32
-(a pairwise sum errs by about log2(N) ulps, 1e-6 for a million tokens), the definition in
-float64. A loss that reads its labels otherwise (shifted twice, normalised by another count, the
-ignored labels read) differs by far more on any batch whose labels are not all alike."""
 
 
 @dataclass(frozen=True)
@@ -129,9 +122,6 @@ def batch_size_and_length(batch: Mapping[str, Any]) -> tuple[int, int]:
     return int(ids.shape[0]), int(ids.shape[1])
 
 
-LossCall = Callable[[Mapping[str, Any]], tuple[Any, float | None]]
-"""Calls the model's own loss on one batch as the trainer does: (its output, with .loss and
-.logits; the num_items_in_batch it was given, or None)."""
 Forward = Callable[[Mapping[str, Any]], Any]
 """Calls the model on one batch for its logits (no labels), as the trainer feeds it."""
 
@@ -167,13 +157,17 @@ class RunGate:
         """The gate before any step (module docstring). `loss_call` calls the model's own loss
         as the trainer will (None: the trainer does not take it); `forward` calls the model for
         logits (default: model(**batch) without its labels, as a Hugging Face model is fed)."""
-        facts = model_facts(model, training=plan.path, **self.audit_options)
+        facts = facts_of(model, training=plan.path, **self.audit_options)
+        adapters = adapters_of(model)
         self.vocab_size = facts.vocab_size
         refused: list[tuple[str, str]] = []
         report = None
         try:
-            report = run_gate(model, ranks, facts, seed=self.seed, say=self.say,
-                              paths=plan.paths)
+            # a PEFT model is audited with its zero adapter factors drawn (peft.py): a fresh
+            # adapter adds nothing to check, and its other factor would get no gradient
+            with nullcontext() if adapters is None else adapters.drawn_adapters(model, self.seed):
+                report = run_gate(model, ranks, facts, seed=self.seed, say=self.say,
+                                  paths=plan.paths)
         except GateRefusal as refusal:
             report = refusal.report
             failed = refusal.failed
@@ -181,7 +175,7 @@ class RunGate:
                 if report is not None else [(refusal.check, refusal.detail)]
         audited = [audit_batch(b, self.tokenizer, labels_shifted=self.labels_shifted)
                    for b in batches]
-        forward = forward or (lambda batch: model(**_model_inputs(batch, model)))
+        forward = forward or (lambda batch: model(**model_inputs(batch, model)))
         checks = self._loss_checks(model, batches, loss_call, forward, facts.vocab_size)
         mine = [(c.name, f"batch {i} of the trainer's dataloader: {c.detail}")
                 for i, b in enumerate(audited) for c in b.checks if not c.passed]
@@ -208,7 +202,7 @@ class RunGate:
         try:
             with torch.no_grad():
                 for batch in batches:
-                    losses.append(_summed_loss(batch, logits_of(forward(batch)),
+                    losses.append(summed_loss(batch, logits_of(forward(batch)),
                                                self.labels_shifted))
                 if loss_call is not None:
                     results.append(check_batch_loss(batches, loss_call))
@@ -285,6 +279,23 @@ class RunGate:
                                        same_kind=_is_gate_folder, what="trainer gate report")
 
 
+def adapters_of(model: nn.Module) -> Any:
+    """integrations.peft when `model` is a PEFT model (peft imported already, since the model is
+    one), else None."""
+    if "peft" not in sys.modules:
+        return None
+    from . import peft
+
+    return peft if peft.is_adapted(model) else None
+
+
+def facts_of(model: nn.Module, **options: Any) -> Any:
+    """The gate's facts of the model a trainer trains (`model_facts`; a PEFT model's read
+    through its base model: peft.adapted_facts)."""
+    adapters = adapters_of(model)
+    return (model_facts if adapters is None else adapters.adapted_facts)(model, **options)
+
+
 def _is_gate_folder(folder: Path) -> bool:
     try:
         return json.loads((folder / "gate.json").read_text()).get("kind") == "trainer gate"
@@ -300,130 +311,3 @@ def _agreed(ranks: RankInfo, failures: list[tuple[str, str]]) -> list[tuple[str,
     dist.all_gather_object(gathered, failures)
     return [(name, f"rank {rank}: {detail}" if rank else detail)
             for rank, found in enumerate(gathered) for name, detail in found]
-
-
-# ---- the loss on the first batches --------------------------------------------------------------
-
-def _targets(batch: Mapping[str, Any], logits: torch.Tensor, labels_shifted: bool
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, targets) as a causal LM scores them: shift_labels (or labels the collator
-    shifted already, `labels_shifted`) against every logit, else the labels shifted once (logit
-    t against label t + 1). logits (B, T, V), targets (B, T')."""
-    shifted = batch.get("shift_labels")
-    if isinstance(shifted, torch.Tensor):
-        return logits, shifted.to(logits.device)
-    labels = batch["labels"].to(logits.device)
-    return (logits, labels) if labels_shifted else (logits[:, :-1], labels[:, 1:])
-
-
-def _summed_loss(batch: Mapping[str, Any], logits: torch.Tensor, labels_shifted: bool = False
-                 ) -> tuple[float, int]:
-    """(summed cross entropy in float64, labels scored) of logits (B, T, V) on the batch."""
-    scored, targets = _targets(batch, logits, labels_shifted)
-    total = F.cross_entropy(scored.double().reshape(-1, scored.shape[-1]), targets.reshape(-1),
-                            ignore_index=IGNORE_INDEX, reduction="sum")
-    return float(total), int((targets != IGNORE_INDEX).sum())
-
-
-def _model_inputs(batch: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
-    """The batch's entries a forward takes for logits, on the model's device (no labels: the
-    model's loss is not asked for)."""
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
-            if k not in ("labels", "shift_labels")}
-
-
-def check_batch_loss(batches: Sequence[Mapping], loss_call: LossCall) -> CheckResult:
-    """The model's own loss on each first batch, called as the trainer calls it (`loss_call`,
-    with the trainer's num_items_in_batch where it passes one), equals the cross entropy of
-    the logits it returned against the labels shifted once (or the shift_labels), summed and
-    divided by num_items_in_batch, or by the labels it scores when none is passed."""
-    rows = []
-    for i, batch in enumerate(batches):
-        out, items = loss_call(batch)
-        loss = getattr(out, "loss", None)
-        if not isinstance(loss, torch.Tensor):
-            return CheckResult("batch_loss", False, f"batch {i}: given labels=, the model "
-                               "returned no loss", {"batch": i})
-        total, scored = _summed_loss(batch, logits_of(out))
-        divisor = scored if items is None else float(items)
-        expected = total / divisor if divisor else 0.0
-        rows.append({"batch": i, "loss": float(loss), "expected": expected,
-                     "num_items_in_batch": None if items is None else float(items),
-                     "labels_scored": scored})
-        if abs(float(loss) - expected) > BATCH_LOSS_TOLERANCE * max(abs(expected), 1e-12):
-            said = "num_items_in_batch" if items is None else f"num_items_in_batch={items:g}"
-            return CheckResult(
-                "batch_loss", False, f"batch {i}: the model's own loss is {float(loss):.6g}, "
-                f"not the cross entropy of its logits against the labels shifted once, summed "
-                f"and divided by {said if items is not None else f'the {scored} labels read'} "
-                f"({expected:.6g}): the loss the trainer steps on is not the one its labels "
-                "define", {"rows": rows}, BATCH_LOSS_TOLERANCE)
-    return CheckResult("batch_loss", True, f"the model's own loss on {len(rows)} first batches "
-                       "= cross entropy of its logits against the labels shifted once, over "
-                       "the trainer's item count", {"rows": rows}, BATCH_LOSS_TOLERANCE)
-
-
-# ---- the first batches, without moving the run --------------------------------------------------
-
-def first_batches(dataloader: Any, count: int) -> list[Mapping]:
-    """The first `count` batches `dataloader` yields (fewer when it has fewer). accelerate's
-    DataLoaderShard is told its iteration ended, as when it runs out, so its gradient state
-    holds no iteration of ours."""
-    batches: list[Mapping] = []
-    iterator = iter(dataloader)
-    try:
-        for _ in range(count):
-            batches.append(next(iterator))
-    except StopIteration:
-        pass
-    finally:
-        close = getattr(iterator, "close", None)
-        if callable(close):
-            close()
-        end = getattr(dataloader, "end", None)
-        if callable(end):
-            end()
-    return batches
-
-
-@contextmanager
-def preserved_random_state(dataloader: Any = None) -> Iterator[None]:
-    """Every random state the run draws from, put back on leaving: torch's (CPU and each GPU),
-    Python's, NumPy's, and the generators of the dataloader's samplers. The gate draws (the
-    dropout of its train-mode probes, the sampler's shuffle when it looks at the first batches),
-    and the run must train on the same batches with the same dropout as without it."""
-    generators = _sampler_generators(dataloader)
-    saved = [g.get_state() for g in generators]
-    cpu, python, numpy_state = torch.get_rng_state(), random.getstate(), numpy.random.get_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    try:
-        yield
-    finally:
-        torch.set_rng_state(cpu)
-        random.setstate(python)
-        numpy.random.set_state(numpy_state)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        for generator, state in zip(generators, saved):
-            generator.set_state(state)
-
-
-def _sampler_generators(dataloader: Any) -> list[torch.Generator]:
-    """The torch.Generators a dataloader's samplers draw from (accelerate keeps the sampler
-    under batch_sampler.batch_sampler)."""
-    found: list[torch.Generator] = []
-    for holder in (dataloader, getattr(dataloader, "base_dataloader", None)):
-        for name in ("sampler", "batch_sampler"):
-            part = getattr(holder, name, None)
-            for sampler in (part, getattr(part, "sampler", None),
-                            getattr(part, "batch_sampler", None),
-                            getattr(getattr(part, "batch_sampler", None), "sampler", None)):
-                generator = getattr(sampler, "generator", None)
-                if isinstance(generator, torch.Generator) and all(generator is not g
-                                                                  for g in found):
-                    found.append(generator)
-    synced = getattr(dataloader, "synchronized_generator", None)
-    if isinstance(synced, torch.Generator) and all(synced is not g for g in found):
-        found.append(synced)
-    return found

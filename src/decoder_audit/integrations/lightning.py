@@ -29,8 +29,8 @@ from torch import nn
 from ..errors import ConfigError
 from ..gate import TrainingPath
 from ..objective import logits_of
-from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length,
-                     first_batches, preserved_random_state, ranks_of)
+from .gating import NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, ranks_of
+from .peek import first_batches, preserved_random_state
 
 # Lightning's precision names -> the gate's ("fp16" is said, not audited)
 PRECISIONS = {"bf16-mixed": "bf16", "16-mixed": "fp16", "32-true": "fp32", "32": "fp32",

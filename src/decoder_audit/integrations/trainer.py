@@ -28,9 +28,10 @@ from torch import nn
 from transformers import DataCollatorWithFlattening, Trainer, TrainerCallback
 
 from ..errors import ConfigError
-from ..gate import TrainingPath, model_facts
-from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length,
-                     first_batches, preserved_random_state, ranks_of)
+from ..gate import TrainingPath
+from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, facts_of,
+                     ranks_of)
+from .peek import first_batches, preserved_random_state
 
 
 def gate_trainer(trainer: Trainer, **options: Any) -> TrainerGate:
@@ -172,7 +173,7 @@ def _pack_form(collator: Any, model: nn.Module, batch: Mapping) -> tuple[str | N
         return None, []
     if "cu_seq_lens_q" not in batch:
         return "position_ids", []
-    if "flash_kwargs" in model_facts(model, **_vocab(model)).packing_forms:
+    if "flash_kwargs" in facts_of(model, **_vocab(model)).packing_forms:
         return "flash_kwargs", []
     return "position_ids", [f"the collator ({type(collator).__name__}) sends cu_seq_lens too; "
                             f"{type(model).__name__} does not run a flash attention "
@@ -181,7 +182,10 @@ def _pack_form(collator: Any, model: nn.Module, batch: Mapping) -> tuple[str | N
 
 
 def _vocab(model: nn.Module) -> dict[str, Any]:
-    return {} if hasattr(getattr(model, "config", None), "vocab_size") else {"vocab_size": 1}
+    """A V for facts read only for the packed forms, where the model's config has none."""
+    config = getattr(model, "config", None)
+    return {} if hasattr(config, "vocab_size") or hasattr(model, "get_base_model") \
+        else {"vocab_size": 1}
 
 
 def takes_model_loss(trainer: Trainer, batch: Mapping) -> tuple[bool, str]:
