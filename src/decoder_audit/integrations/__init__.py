@@ -23,7 +23,7 @@ from .gating import NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, Verdict
 
 # public name -> the module of this package that defines it (imported on first use)
 _LAZY = {"TrainerGate": "trainer", "gate_trainer": "trainer", "LightningGate": "lightning",
-         "audit_adapters": "peft", "torchtitan_forward": "titan"}
+         "audit_adapters": "peft", "TitanCall": "titan", "spec_of": "titan"}
 
 __all__ = ["NEAR_ZERO", "WATCH_STEPS", "RunGate", "RunPlan", "Verdict", *_LAZY]
 
