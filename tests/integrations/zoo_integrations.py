@@ -122,3 +122,21 @@ def shifted_twice_collator(features: list[dict]) -> dict:
         mask[row, :n] = 1
         labels[row, :n - 1] = ids[row, 1:n]
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+class LabelReadingLlama(tf.LlamaForCausalLM):
+    """Given labels, its logits read the label it is scored against (target leakage through
+    the labels): causal on ids alone and its loss the cross entropy of the logits it returns,
+    so the model audit passes; on the trainer's call, the loss is near zero before any step."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None,
+                num_items_in_batch=None, **kwargs):
+        shift_labels = kwargs.pop("shift_labels", None)
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids, **kwargs)
+        if labels is not None:
+            target = torch.roll(labels, -1, dims=1).clamp(min=0)  # (B, T): label t + 1
+            out.logits = out.logits + 30.0 * torch.nn.functional.one_hot(target, V)
+            out.loss = self.loss_function(out.logits, labels, V, shift_labels=shift_labels,
+                                          num_items_in_batch=num_items_in_batch)
+        return out

@@ -176,7 +176,7 @@ class RunGate:
         audited = [audit_batch(b, self.tokenizer, labels_shifted=self.labels_shifted)
                    for b in batches]
         forward = forward or (lambda batch: model(**model_inputs(batch, model)))
-        checks = self._loss_checks(model, batches, loss_call, forward, facts.vocab_size)
+        checks = self._loss_checks(batches, loss_call, forward, facts.vocab_size)
         mine = [(c.name, f"batch {i} of the trainer's dataloader: {c.detail}")
                 for i, b in enumerate(audited) for c in b.checks if not c.passed]
         mine += [(c.name, c.detail) for c in checks if not c.passed]
@@ -192,24 +192,22 @@ class RunGate:
                  + (f"; evidence in {written}" if written else ""))
         return self.verdict
 
-    def _loss_checks(self, model: nn.Module, batches: Sequence[Mapping],
-                     loss_call: LossCall | None, forward: Forward, vocab_size: int
-                     ) -> list[CheckResult]:
+    def _loss_checks(self, batches: Sequence[Mapping], loss_call: LossCall | None,
+                     forward: Forward, vocab_size: int) -> list[CheckResult]:
         """batch_loss (the model's own loss on the first batches, where the trainer takes it)
-        and first_loss (their mean token loss before any step)."""
-        was_training = model.training
-        results, losses = [], []
-        try:
-            with torch.no_grad():
-                for batch in batches:
-                    losses.append(summed_loss(batch, logits_of(forward(batch)),
-                                               self.labels_shifted))
-                if loss_call is not None:
-                    results.append(check_batch_loss(batches, loss_call))
-        finally:
-            model.train(was_training)
-        results.append(self._check_first_loss(losses, vocab_size))
-        return results
+        and first_loss (their mean token loss before any step, from the logits of the call the
+        trainer makes: with the labels where it steps on the model's own loss, so a model that
+        reads them shows it here)."""
+        with torch.no_grad():
+            if loss_call is None:
+                results, logits = [], [logits_of(forward(batch)) for batch in batches]
+            else:
+                outputs = [loss_call(batch) for batch in batches]
+                results = [check_batch_loss(batches, outputs)]
+                logits = [logits_of(out) for out, _ in outputs]
+            losses = [summed_loss(batch, found, self.labels_shifted)
+                      for batch, found in zip(batches, logits)]
+        return results + [self._check_first_loss(losses, vocab_size)]
 
     def _check_first_loss(self, losses: list[tuple[float, int]], vocab_size: int
                           ) -> CheckResult:

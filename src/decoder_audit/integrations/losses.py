@@ -54,14 +54,15 @@ def model_inputs(batch: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
             if k not in ("labels", "shift_labels")}
 
 
-def check_batch_loss(batches: Sequence[Mapping], loss_call: LossCall) -> CheckResult:
-    """The model's own loss on each first batch, called as the trainer calls it (`loss_call`,
-    with the trainer's num_items_in_batch where it passes one), equals the cross entropy of
-    the logits it returned against the labels shifted once (or the shift_labels), summed and
-    divided by num_items_in_batch, or by the labels it scores when none is passed."""
+def check_batch_loss(batches: Sequence[Mapping], outputs: Sequence[tuple[Any, float | None]]
+                     ) -> CheckResult:
+    """The model's own loss on each first batch, called as the trainer calls it (`outputs`: what
+    a LossCall returned for each, with the trainer's num_items_in_batch where it passes one),
+    equals the cross entropy of the logits it returned against the labels shifted once (or the
+    shift_labels), summed and divided by num_items_in_batch, or by the labels it scores when
+    none is passed."""
     rows = []
-    for i, batch in enumerate(batches):
-        out, items = loss_call(batch)
+    for i, (batch, (out, items)) in enumerate(zip(batches, outputs)):
         loss = getattr(out, "loss", None)
         if not isinstance(loss, torch.Tensor):
             return CheckResult("batch_loss", False, f"batch {i}: given labels=, the model "
