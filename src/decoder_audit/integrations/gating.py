@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..console import console, literal
 from ..errors import LeakageSuspected
 from ..gate import AuditReport, BatchReport, CheckResult, TrainingPath, audit_batch, model_facts
 from ..objective import logits_of
@@ -108,6 +109,10 @@ class Verdict:
                 "batches": [b.to_dict() for b in self.batches]}
 
 
+def _silent(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 def ranks_of(rank: int, world_size: int) -> RankInfo:
     """This process's place, as the trainer says it (the process group is the trainer's)."""
     return RankInfo(rank=rank, world_size=world_size)
@@ -136,7 +141,7 @@ class RunGate:
                  watch_steps: int = WATCH_STEPS, seed: int = 0,
                  audit_options: Mapping[str, Any] | None = None,
                  tokenizer: Any = None, labels_shifted: bool = False,
-                 say: Callable[..., None] = lambda *a, **k: None) -> None:
+                 say: Callable[..., None] | None = None) -> None:
         if loss_floor is not None and not (math.isfinite(loss_floor) and loss_floor > 0):
             raise ValueError(f"loss_floor={loss_floor!r} must be a positive finite loss")
         if near_zero is not None and not 0 < near_zero < 1:
@@ -145,7 +150,8 @@ class RunGate:
             raise ValueError(f"watch_steps={watch_steps!r} must be >= 0")
         self.loss_floor, self.near_zero, self.watch_steps = loss_floor, near_zero, watch_steps
         self.seed, self.audit_options = seed, dict(audit_options or {})
-        self.tokenizer, self.labels_shifted, self.say = tokenizer, labels_shifted, say
+        self.tokenizer, self.labels_shifted = tokenizer, labels_shifted
+        self._say = say
         self.vocab_size: int | None = None
         self.verdict: Verdict | None = None
 
@@ -154,9 +160,11 @@ class RunGate:
                         ranks: RankInfo, out_dir: str | Path | None, *,
                         loss_call: LossCall | None = None,
                         forward: Forward | None = None) -> Verdict:
-        """The gate before any step (module docstring). `loss_call` calls the model's own loss
+        """The gate before any step (module docstring), said on rank 0 (through `say`, or the
+        console) and silent elsewhere. `loss_call` calls the model's own loss
         as the trainer will (None: the trainer does not take it); `forward` calls the model for
         logits (default: model(**batch) without its labels, as a Hugging Face model is fed)."""
+        self.say = (self._say or console(stderr=True).print) if ranks.is_main else _silent
         facts = facts_of(model, training=plan.path, **self.audit_options)
         adapters = adapters_of(model)
         self.vocab_size = facts.vocab_size
@@ -189,7 +197,7 @@ class RunGate:
             raise GateRefusal(name, detail + where, report,
                               failed=tuple(dict.fromkeys(n for n, _ in refused)))
         self.say(f"gate: the run passed before its first step ({len(batches)} batches audited)"
-                 + (f"; evidence in {written}" if written else ""))
+                 + (f"; evidence in {literal(written)}" if written else ""))
         return self.verdict
 
     def _loss_checks(self, batches: Sequence[Mapping], loss_call: LossCall | None,

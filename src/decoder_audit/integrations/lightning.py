@@ -56,7 +56,7 @@ class LightningGate(lightning.Callback):
         self.model_loss = model_loss
         self.gate = RunGate(loss_floor=loss_floor, near_zero=near_zero, watch_steps=watch_steps,
                             seed=seed, audit_options=audit_options, tokenizer=tokenizer,
-                            labels_shifted=labels_shifted, say=say or (lambda *a, **k: None))
+                            labels_shifted=labels_shifted, say=say)
         self._seen = 0
 
     @property
