@@ -7,7 +7,7 @@ decoder-audit's own `train` (`training.gatekeeper.run_gate`), so there is one wa
     lightning.py Lightning: LightningGate, a Callback for a LightningModule holding a decoder
     peft.py      PEFT adapters: audit_adapters (the base model's spec, the trainable adapters,
                  merge and unmerge)
-    titan.py     torchtitan's decoders: called as their trainer calls them, for the gate
+    titan.py     torchtitan's decoders: TitanCall (called as their trainer calls them), spec_of
 
 Each module imports its trainer's package only when it is used, so none of them is needed to
 import this one: `from decoder_audit.integrations import TrainerGate` needs transformers,

@@ -154,6 +154,7 @@ class RunGate:
         self._say = say
         self.vocab_size: int | None = None
         self.verdict: Verdict | None = None
+        self.ranks = RankInfo()
 
     # ---- before the first step ---------------------------------------------------------------
     def before_training(self, model: nn.Module, plan: RunPlan, batches: Sequence[Mapping],
@@ -164,6 +165,7 @@ class RunGate:
         console) and silent elsewhere. `loss_call` calls the model's own loss
         as the trainer will (None: the trainer does not take it); `forward` calls the model for
         logits (default: model(**batch) without its labels, as a Hugging Face model is fed)."""
+        self.ranks = ranks
         self.say = (self._say or console(stderr=True).print) if ranks.is_main else _silent
         facts = facts_of(model, training=plan.path, **self.audit_options)
         adapters = adapters_of(model)
@@ -226,18 +228,18 @@ class RunGate:
         mean = sum(total for total, _ in losses) / scored
         evidence = {"loss": mean, "tokens": scored, "ln_V": math.log(vocab_size),
                     "near_zero": self.near_zero, "loss_floor": self.loss_floor}
-        problem = self._low_loss(mean, step=0, what="loss before training")
-        return CheckResult("first_loss", problem is None, problem or (
+        low = self._low_loss(mean, step=0, what="loss before training")
+        return CheckResult("first_loss", low is None, low[0] if low else (
             f"the loss on the first batches before any step is {mean:.4g} over {scored} "
             f"tokens (ln V = {math.log(vocab_size):.4g})"), evidence)
 
-    def _low_loss(self, loss: float, *, step: int, what: str) -> str | None:
-        """Why `loss` at `step` stops the run (below the declared floor; near zero within the
-        first steps), or None."""
+    def _low_loss(self, loss: float, *, step: int, what: str) -> tuple[str, float] | None:
+        """(why `loss` at `step` stops the run, the limit it fell below): below the declared
+        floor, or near zero within the first steps; None when it does not."""
         try:
             refuse_below_floor(loss, self.loss_floor, step, "training loss")
         except LeakageSuspected as below:
-            return str(below)
+            return str(below), below.floor
         if self.near_zero is None or self.vocab_size is None or step > self.watch_steps:
             return None
         limit = self.near_zero * math.log(self.vocab_size)
@@ -245,19 +247,19 @@ class RunGate:
             return (f"the {what} at step {step} is {loss:.4g}, near zero: below "
                     f"{self.near_zero:g} x ln V = {limit:.4g} within the first "
                     f"{self.watch_steps} steps, which no model reaches without reading its "
-                    "targets (target leakage or an incorrect shift)")
+                    "targets (target leakage or an incorrect shift)"), limit
         return None
 
     # ---- while training ----------------------------------------------------------------------
     def after_step(self, step: int, loss: float) -> None:
-        """LeakageSuspected with the figures when this step's loss is below the declared floor
-        or, within the first watch_steps, near zero."""
-        problem = self._low_loss(loss, step=step, what="training loss")
-        if problem is not None:
-            floor = self.loss_floor if self.loss_floor is not None else (
-                (self.near_zero or 0.0) * math.log(self.vocab_size or 1))
-            raise LeakageSuspected(problem + "; the run stopped", step=step, loss=loss,
-                                   floor=floor)
+        """LeakageSuspected with the figures when this step's loss (averaged over the ranks,
+        so every rank stops together) is below the declared floor or, within the first
+        watch_steps, near zero."""
+        loss = _mean_over_ranks(self.ranks, loss)
+        low = self._low_loss(loss, step=step, what="training loss")
+        if low is not None:
+            raise LeakageSuspected(low[0] + "; the run stopped", step=step, loss=loss,
+                                   floor=low[1])
 
     def watching(self, step: int) -> bool:
         """Whether a step's loss is still held against anything."""
@@ -307,6 +309,17 @@ def _is_gate_folder(folder: Path) -> bool:
         return json.loads((folder / "gate.json").read_text()).get("kind") == "trainer gate"
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def _mean_over_ranks(ranks: RankInfo, value: float) -> float:
+    """`value` averaged over every rank (one scalar all_reduce; on this rank's GPU under NCCL)."""
+    if not ranks.distributed or not dist.is_initialized():
+        return value
+    device = torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend() == "nccl" else torch.device("cpu")
+    total = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return float(total) / ranks.world_size
 
 
 def _agreed(ranks: RankInfo, failures: list[tuple[str, str]]) -> list[tuple[str, str]]:
