@@ -116,3 +116,16 @@ def test_a_loss_that_collapses_stops_lightning_with_the_figures(tmp_path):
     assert stop.value.step == 3 == module.steps
     assert stop.value.loss < stop.value.floor == pytest.approx(0.01 * torch.log(
         torch.tensor(37.0)).item())
+
+
+def test_a_module_holding_two_decoders_must_name_the_one_to_audit():
+    from decoder_audit.integrations.lightning import find_decoder
+
+    module = Module(tiny_llama())
+    module.draft = tiny_llama()
+    with pytest.raises(da.ConfigError, match="draft") as unclear:
+        find_decoder(module, None)
+    assert "model" in str(unclear.value)
+    assert find_decoder(module, "draft") is module.draft
+    with pytest.raises(da.ConfigError, match="steps"):
+        find_decoder(module, "steps")  # an int, not a module

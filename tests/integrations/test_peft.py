@@ -94,3 +94,8 @@ def test_a_lora_model_trained_by_the_trainer_runs_gated(tmp_path):
     assert report.passed and not report["dead_parameters"].skipped
     assert not report["packing"].skipped  # the base model's packed form, through the adapters
     assert trainer.state.global_step == 2
+
+
+def test_a_model_without_adapters_is_refused_naming_its_class():
+    with pytest.raises(TypeError, match="LlamaForCausalLM"):
+        audit_adapters(tiny_llama())

@@ -163,3 +163,26 @@ def test_a_declared_floor_stops_a_loss_below_it(tmp_path):
     with pytest.raises(da.LeakageSuspected) as stop:
         trainer.train()
     assert stop.value.step == 3 and stop.value.floor == floor and stop.value.loss < floor / 2
+
+
+def test_a_trainer_that_computes_the_loss_itself_does_not_take_the_model_loss_path(tmp_path):
+    """With a compute_loss_func the trainer never steps on the model's labels= loss: a defect
+    there (OwnCountLlama ignores num_items_in_batch) is reported, not refused."""
+    def mean_cross_entropy(outputs, labels, num_items_in_batch=None):
+        logits = outputs.logits[:, :-1].flatten(0, 1)
+        return torch.nn.functional.cross_entropy(logits, labels[:, 1:].flatten())
+
+    trainer = Trainer(model=tiny_llama(OwnCountLlama), train_dataset=documents(),
+                      args=arguments(tmp_path), data_collator=DataCollatorWithFlattening(),
+                      compute_loss_func=mean_cross_entropy)
+    gate = gate_trainer(trainer)
+    trainer.train()
+    assert gate.verdict.plan.paths == ("training",) and trainer.state.global_step == 2
+    assert not gate.verdict.report["model_loss"].passed
+    assert [c.name for c in gate.verdict.checks] == ["first_loss"]
+
+
+def test_a_count_of_batches_that_is_not_positive_is_refused():
+    trainer = Trainer(model=tiny_llama(), args=arguments("unused"), train_dataset=documents())
+    with pytest.raises(ValueError, match="batches=0"):
+        gate_trainer(trainer, batches=0)
