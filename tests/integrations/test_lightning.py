@@ -129,3 +129,49 @@ def test_a_module_holding_two_decoders_must_name_the_one_to_audit():
     assert find_decoder(module, "draft") is module.draft
     with pytest.raises(da.ConfigError, match="steps"):
         find_decoder(module, "steps")  # an int, not a module
+
+
+class OwnLoop(lightning.LightningModule):
+    """decoder-audit's own Decoder fed nanoGPT's (x, y) pairs: target t is input t + 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decoder = da.Decoder(da.preset("tiny-368"))
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        logits = self.decoder(inputs)  # (B, T, V)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def _pairs(shift: int) -> torch.utils.data.DataLoader:
+    cfg = da.preset("tiny-368")
+    ids = torch.randint(0, cfg.vocab_size, (32, cfg.max_seq_len + 1),
+                        generator=torch.Generator().manual_seed(0))
+    targets = ids[:, shift:shift + cfg.max_seq_len]
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(ids[:, :cfg.max_seq_len], targets), batch_size=8)
+
+
+@pytest.mark.parametrize("shift", [1, 0], ids=["targets-shifted-once", "targets-not-shifted"])
+def test_our_decoder_fed_input_target_pairs_is_gated_and_an_unshifted_target_refused(
+        tmp_path, shift):
+    """The pairs are read in the labels convention, the decoder found as the module's one child:
+    target t = input t + 1 trains, white-box; targets equal to the inputs (a loop that forgot
+    the shift) are refused naming shift."""
+    gate = LightningGate()
+    trainer = lightning.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, default_root_dir=str(tmp_path),
+                                callbacks=[gate])
+    if shift:
+        trainer.fit(OwnLoop(), _pairs(shift))
+        assert gate.verdict.report.mode == "white-box" and gate.verdict.report.passed
+        assert trainer.global_step == 2
+        return
+    with pytest.raises(da.GateRefusal) as refusal:
+        trainer.fit(OwnLoop(), _pairs(shift))
+    assert refusal.value.check == "shift" and trainer.global_step == 0

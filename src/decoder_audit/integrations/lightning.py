@@ -9,8 +9,8 @@ one child module that is a decoder: it maps ids to logits), reads the path from 
 size; "bf16-mixed" is bf16 autocast; packing from the batch: restarting position_ids, or our
 Decoder's document_ids; checkpointing from the decoder itself), takes the first batches of the
 train dataloader (every random state put back after) and hands them to `RunGate` (gating.py).
-The batches are collators' mappings (input_ids, labels, ...), or a `to_batch` function makes
-them one from what the dataloader yields. A training_step that steps on the decoder's own
+The batches are collators' mappings (input_ids, labels, ...), (inputs, targets) pairs whose
+target t is scored by logit t, or a `to_batch` function makes them a mapping. A training_step that steps on the decoder's own
 labels= loss takes the "model loss" path too: say so with `model_loss=True`. Each training
 batch's loss (what training_step returns) is held against the floor and, in the first
 `watch_steps` batches, against near zero.
@@ -145,11 +145,20 @@ def _pack_form(batch: Mapping) -> str | None:
 
 
 def _as_batch(item: Any) -> Mapping:
-    """A collator's mapping as it is; an (input_ids, labels) pair as one."""
+    """A collator's mapping as it is; an (inputs, targets) pair of (B, T) tensors whose targets
+    are scored by the logits beside them (nanoGPT's x, y: target t is input t + 1) as the
+    mapping of the same batch in the labels convention (label t + 1 is target t; label 0, which
+    no logit scores, ignored). The last target has no input beside it to compare with, and is
+    left out of the batch checks."""
     if isinstance(item, Mapping):
         return item
-    if isinstance(item, (tuple, list)) and len(item) == 2:
-        return {"input_ids": item[0], "labels": item[1]}
+    if isinstance(item, (tuple, list)) and len(item) == 2 and all(
+            isinstance(t, torch.Tensor) and t.dim() == 2 for t in item) and \
+            item[0].shape == item[1].shape:
+        inputs, targets = item
+        labels = torch.full_like(targets, -100)  # (B, T)
+        labels[:, 1:] = targets[:, :-1]
+        return {"input_ids": inputs, "labels": labels}
     raise ConfigError(f"the train dataloader yields {type(item).__name__}: pass "
                       "LightningGate(to_batch=fn) mapping it to input_ids and labels")
 
