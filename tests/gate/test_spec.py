@@ -271,16 +271,20 @@ def test_above_the_gradient_limit_only_the_logits_are_compared(monkeypatch):
     assert not report.passed
 
 
-def test_a_weights_map_that_copies_is_compared_as_initialised_only():
+def test_a_weights_map_that_copies_is_stressed_through_its_copies():
+    """A map returning clones: the stress weights reach the module by where the map's probe
+    says each value comes from, and every gradient is compared (spec_weights_map tests more)."""
     spec = zoo_styles.SPECS["scratch"]
 
     def copies(state):
         return {name: t.clone() for name, t in layouts.detect(state, spec).canonical(state).items()}
 
-    report = da.audit(zoo_styles.ScratchGPT(), spec=spec, weights_map=copies,
-                      checks=["params", "oracle"])
+    model = zoo_styles.ScratchGPT()
+    report = da.audit(model, spec=spec, weights_map=copies, checks=["params", "oracle"])
     assert report.passed, report.first_failure
-    assert not report["oracle"].evidence["stressed"]
+    evidence = report["oracle"].evidence
+    assert evidence["stressed"] and evidence["gradients"]["compared"] == len(
+        list(model.parameters()))
     # what each canonical weight is made of is followed through the copy
     assert not report["params"].evidence["leftover"]
     report = da.audit(zoo_styles.ScratchGPT("eps"), spec=spec, weights_map=copies,

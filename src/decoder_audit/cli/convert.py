@@ -31,6 +31,7 @@ import torch
 
 from ..console import console, literal
 from ..errors import ConfigError
+from .common import tokenizer_said
 
 CHECK_BATCH = 2
 
@@ -209,9 +210,10 @@ def _report(args, done: _Converted, check: _LogitCheck) -> None:
     out.print(f"{done.direction}: {literal(args.from_hf or args.checkpoint)} -> "
               f"{literal(done.written)}")
     if tokenizer is not None:
-        out.print(f"tokenizer {literal(tokenizer)} kept with the checkpoint" if args.from_hf else
-                  f"tokenizer {literal(tokenizer)} written for Hugging Face (AutoTokenizer reads "
-                  "the probe text as ours)")
+        said = literal(tokenizer_said(done.tokenizer.kind, tokenizer))
+        out.print(f"tokenizer {said} kept with the checkpoint" if args.from_hf else
+                  f"tokenizer {said} written for Hugging Face (AutoTokenizer reads the probe "
+                  "text as ours)")
     out.print(f"{type(hf_model).__name__}, {ours.num_parameters():,} parameters, "
               f"tie_embeddings={cfg.tie_embeddings}")
     for change in done.changes:

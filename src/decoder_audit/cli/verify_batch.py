@@ -90,10 +90,10 @@ def load_batch(spec: str) -> Any:
     """The batch FILE names: FILE.py:FN called, or a torch.save / safetensors file read."""
     path_text, sep, name = spec.rpartition(":")
     if sep and path_text.endswith(".py"):
-        from ..sources import _user_code, load_callable
+        from ..sources import run_user_code, load_callable
 
         function, where = load_callable(spec, "verify-batch", "FN")
-        return _user_code(f"{where} failed", function)
+        return run_user_code(f"{where} failed", function)
     path = Path(spec)
     if path.suffix == ".py":
         raise ConfigError(f"verify-batch {spec!r} is a Python file: name the function that "

@@ -30,7 +30,9 @@ from .render import print_report, to_json
 from .report import AuditReport
 from .result import CheckResult
 from .runner import audit
+from .oom import GateOutOfMemory
+from .sharding import RanksDisagree, store_reports
 
 __all__ = ["AuditReport", "BatchReport", "GatePeak", "allocate_large_blocks_apart", "check_gate_fits", "gate_peak", "CHECKS", "CHECK_ORDER", "CHECK_TITLES", "Check",
-           "CheckResult", "ModelFacts", "TrainingPath", "audit", "audit_batch", "input_embedding",
+           "CheckResult", "GateOutOfMemory", "ModelFacts", "RanksDisagree", "store_reports", "TrainingPath", "audit", "audit_batch", "input_embedding",
            "model_facts", "packed_call", "print_report", "to_json"]

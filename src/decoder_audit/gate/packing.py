@@ -121,9 +121,11 @@ def check_packing(s: Subject) -> CheckResult:
         packed = packed_call(s.work, form, document_ids, dtype=s.dtype, use_cache=use_cache,
                              convention=s.convention)
         found[label] = _one_form(s, ids, rows, alone, packed, tol)
+        found[label]["training_batch"] = _at_training_batch(s, form, use_cache, ids,
+                                                            document_ids, rows, alone, tol)
     evidence = {"seq_len": seq_len, "documents": rows, "forms": found}
     for label, result in found.items():
-        problem = _problem(result)
+        problem = _problem(result) or _training_batch_problem(result)
         if problem:
             return CheckResult("packing", False, f"packed as {label}: {problem}", evidence, tol)
     crossed = all(r["gradient"] is not None for r in found.values())
@@ -209,3 +211,52 @@ def _packed_gradient(s: Subject, ids, rows, packed) -> dict | None:
     return {"position": last, "max_grad_on_earlier_documents":
             float(grad[0, :first + second].abs().max()),
             "grad_at_own_document": float(grad[0, first + second:].abs().max())}
+
+
+def _at_training_batch(s: Subject, form: str, use_cache: bool | None, ids: torch.Tensor,
+                       document_ids: torch.Tensor, rows: list[list[int]], alone: list,
+                       tol: float) -> dict | None:
+    """The probe's two packed rows repeated to the training batch size (B, T) and packed as
+    `form`: every row's documents must still equal each document alone, so a model that packs
+    only small batches (document_ids dropped at B >= 16) fails. None when training uses no more
+    rows than the probe, or the form raised at two rows already (that is its verdict)."""
+    training = s.facts.training
+    if training is None or training.batch_size <= len(ids):
+        return None
+    batch, repeat = training.batch_size, -(-training.batch_size // len(ids))
+    many_ids = ids.repeat(repeat, 1)[:batch]  # (B, T)
+    packed = packed_call(s.work, form, document_ids.repeat(repeat, 1)[:batch], dtype=s.dtype,
+                         use_cache=use_cache, convention=s.convention)
+    try:
+        with torch.no_grad():
+            s.count(many_ids)
+            out = logits_of(packed(many_ids))  # (B, T, V)
+    except Exception as exc:  # noqa: BLE001 - the model's refusal at this batch size is evidence
+        return {"batch": batch, "raised": f"{type(exc).__name__}: {exc}"[:300]}
+    worst, allowed, differing = 0.0, 0.0, []
+    for b in range(batch):
+        lengths = rows[b % len(rows)]
+        for d, (start, length) in enumerate(_spans(lengths)):
+            expected = alone[b % len(rows)][d]
+            moved = float((out[b, start:start + length] - expected).abs().max())
+            limit = tol * value_scale(expected)
+            worst, allowed = max(worst, moved), max(allowed, limit)
+            if not moved <= limit and b not in differing:
+                differing.append(b)
+    return {"batch": batch, "max_abs_diff": worst, "allowed": allowed,
+            "rows_differing": differing}
+
+
+def _training_batch_problem(result: dict) -> str:
+    """What packing at the training batch size shows wrong, "" when nothing."""
+    found = result.get("training_batch")
+    if not found:
+        return ""
+    if "raised" in found:
+        return f"at the training batch size B={found['batch']} the model raised {found['raised']}"
+    if not found["rows_differing"]:
+        return ""
+    return (f"at the training batch size B={found['batch']}, packed rows "
+            f"{found['rows_differing'][:8]} differ from their documents alone by up to "
+            f"{found['max_abs_diff']:.3g} (allowed {found['allowed']:.1e}), though two packed "
+            "rows did not: the packing holds only for small batches")

@@ -28,7 +28,10 @@ Layouts detected from the parameter names (`detect`):
                         before transformers 5)
     torchtune           tok_embeddings, layers.{i}.attn.q_proj, sa_norm.scale, mlp.w1, output
     LLMs-from-scratch   tok_emb, trf_blocks.{i}.att.W_query, norm1.scale/shift, ff.layers.0
-                        (its GPTModel), and ff.fc1/fc2/fc3 with norm1.weight (its Llama models)
+                        (its GPTModel), ff.fc1/fc2/fc3 with norm1.weight (its Llama models), and
+                        with norm1.scale and att.q_norm/k_norm.scale (its Qwen3Model)
+    Hugging Face        Llama's names with a plain MLP (mlp.up_proj, mlp.down_proj)
+      Nemotron
     torchtitan Llama 3  tok_embeddings, layers.{i}.attention.qkv_linear.wq/wk/wv or the fused
                         wqkv (rows KV group by KV group), attention.wo, attention_norm,
                         feed_forward.w1/w2/w3, ffn_norm, norm, lm_head (torchtitan 0.3)
@@ -45,7 +48,9 @@ with another shape, and a parameter of the module no canonical name takes are li
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -72,14 +77,13 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
                 "attn.output_proj": (d, d_q), "ffn.w1": (f, d), "ffn.w2": (d, f)}
     if spec.gated:
         matrices["ffn.w3"] = (f, d)
-    biased = {"attn.output_proj": spec.output_bias}
     for i in range(spec.n_layers):
         p = f"layers.{i}"
         for name in block_norms(spec):
             shapes.update({f"{p}.{name}.{part}": (d,) for part in norm})
         for name, shape in matrices.items():
             shapes[f"{p}.{name}.weight"] = shape
-            if biased.get(name, spec.attn_bias if name.startswith("attn.") else spec.mlp_bias):
+            if spec.has_bias(name.split(".")[1]):  # each projection's own (attn_bias, mlp_bias)
                 shapes[f"{p}.{name}.bias"] = shape[:1]
         if spec.qk_norm:
             whole = spec.qk_norm_scope == "projection"  # OLMo 2: over the whole projection
@@ -194,6 +198,17 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout("LLMs-from-scratch Llama", "tok_emb", None, "trf_blocks.{i}", "final_norm",
            "out_head", {**_FROM_SCRATCH_ATTN, "ffn.w1": "ff.fc1", "ffn.w3": "ff.fc2",
                         "ffn.w2": "ff.fc3"}, norm_params=("weight", None)),
+    # its Qwen3Model: the Llama names, with its own RMSNorm (scale, and a shift it may have) and
+    # the per-head q/k norms att.q_norm, att.k_norm
+    Layout("LLMs-from-scratch Qwen3", "tok_emb", None, "trf_blocks.{i}", "final_norm",
+           "out_head", {**_FROM_SCRATCH_ATTN, "attn.q_norm": "att.q_norm",
+                        "attn.k_norm": "att.k_norm", "ffn.w1": "ff.fc1", "ffn.w3": "ff.fc2",
+                        "ffn.w2": "ff.fc3"}, norm_params=("scale", "shift")),
+    # Nemotron: Llama's names with a plain MLP, up_proj -> down_proj (no gate), and LayerNorm1P
+    # norms (gain 1 + w: norm_offset 1)
+    Layout("Hugging Face Nemotron", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**{k: v for k, v in _HF_LLAMA.items() if k != "ffn.w3"},
+                       "ffn.w1": "mlp.up_proj"}),
     # torchtitan 0.3's Llama 3 (models/common/decoder.py): q/k/v in attention.qkv_linear, three
     # Linears (wq, wk, wv) or one fused wqkv whose rows go KV group by KV group (the group's
     # query heads, its key head, its value head); the head is lm_head (`output` before 0.3)
@@ -267,12 +282,97 @@ class Placement:
     sources: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """canonical name -> the module parameters it is made of (one, or several that a
     weights_map concatenates)."""
+    map_error: str = ""
+    """What the weights_map did instead of mapping (raised, exited, edited its input, returned
+    no dict of tensors), naming it; the params and oracle checks fail with it."""
 
     def canonical(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """{canonical name: tensor} from the module's state dict (its names), as views."""
+        """{canonical name: tensor} from the module's state dict (its names), as views (a
+        weights_map's tensors are what it returns). WeightsMapError when the map misbehaves."""
         if self.user_map is not None:
-            return dict(self.user_map(state))
+            return run_weights_map(self.user_map, state)
         return {name: spot.view(state[spot.source]) for name, spot in self.spots.items()}
+
+
+class WeightsMapError(ConfigError):
+    """A weights_map that raised, exited, edited the module's parameters in place, or returned
+    something other than {canonical name: tensor}; the message names the map and what it did."""
+
+
+class _Exited(BaseException):
+    """os._exit called inside a weights_map (a BaseException: the map's own `except Exception`
+    does not swallow it)."""
+
+
+def map_label(weights_map: WeightsMap) -> str:
+    """The map as a report names it: its function's name, or a callable object's class."""
+    return getattr(weights_map, "__qualname__", type(weights_map).__name__)
+
+
+def run_weights_map(weights_map: WeightsMap, state: Mapping[str, torch.Tensor],
+                    where: str = "") -> dict[str, torch.Tensor]:
+    """The map's {canonical name: tensor} for `state`, or WeightsMapError naming the map and
+    what it did instead (`where` says what it was given). The map is user code: an exception,
+    sys.exit or os._exit inside it, or an in-place edit of the tensors it was given (the
+    module's own parameters), is its failure, reported; none of them ends the process or
+    decides its exit status."""
+    label = f"weights_map {map_label(weights_map)}"
+    versions = {name: t._version for name, t in state.items()}
+    try:
+        with _exit_refused():
+            mapped = weights_map(state)
+    except _Exited as exc:
+        raise WeightsMapError(f"{label} called os._exit({exc.args[0]}){where}: a map returns "
+                              "{canonical name: tensor}; the exit was refused, and the gate's "
+                              "verdict decides the exit status") from None
+    except SystemExit as exc:
+        raise WeightsMapError(f"{label} called sys.exit({exc.code!r}){where}: a map returns "
+                              "{canonical name: tensor}; the exit was refused, and the gate's "
+                              "verdict decides the exit status") from None
+    except Exception as exc:  # noqa: BLE001 - the map's failure is its evidence
+        raise WeightsMapError(f"{label} raised {type(exc).__name__}{where}: {exc}") from None
+    edited = [name for name, t in state.items() if t._version != versions[name]]
+    if edited:
+        raise WeightsMapError(f"{label} changed {len(edited)} of the module's parameters in "
+                              f"place (first {edited[0]}){where}: a map reads the state dict and "
+                              "returns tensors made from it, never writing into it")
+    return _tensors_of(label, mapped)
+
+
+def _tensors_of(label: str, mapped) -> dict[str, torch.Tensor]:
+    """A map's output as {canonical name: tensor}, or WeightsMapError naming what it is."""
+    if not isinstance(mapped, Mapping):
+        what = "None (no return statement?)" if mapped is None else \
+            f"a {type(mapped).__name__}"
+        raise WeightsMapError(f"{label} returned {what}, not a dict {{canonical name: tensor}}")
+    keys = [key for key in mapped if not isinstance(key, str)]
+    if keys:
+        raise WeightsMapError(f"{label} returned keys that are not names: {keys[:3]!r}")
+    bad = [(key, value) for key, value in mapped.items() if not isinstance(value, torch.Tensor)]
+    if bad:
+        key, value = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise WeightsMapError(f"{label} returned a {type(value).__name__} for {key!r}{more}: "
+                              "each value must be a torch.Tensor computed from the state dict's "
+                              "tensors (a list or a numpy array has left torch: the gate can "
+                              "neither follow it to the module's parameters nor write through it)")
+    return dict(mapped)
+
+
+@contextmanager
+def _exit_refused() -> Iterator[None]:
+    """Within the block, os._exit raises _Exited instead of ending the process at once (it
+    cannot be caught otherwise); restored after."""
+    real = os._exit
+
+    def refused(status: int = 0) -> None:
+        raise _Exited(status)
+
+    os._exit = refused
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
@@ -389,7 +489,14 @@ def user_placement(weights_map: WeightsMap, named: Mapping[str, torch.Tensor],
     leaves = {id(t): torch.empty(t.shape, dtype=t.dtype, device="meta").requires_grad_()
               for t in named.values()}  # a tied weight: one stand-in under each of its names
     stand_ins = {name: leaves[id(t)] for name, t in named.items()}
-    mapped = dict(weights_map(stand_ins))
+    label = f"weights_map {map_label(weights_map)}"
+    try:
+        mapped = run_weights_map(weights_map, stand_ins, where=(
+            " on shape-only (meta) stand-ins of the module's parameters, which it is first run "
+            "on to follow what each canonical weight is made of (a map computes with tensor "
+            "operations; it reads no values)"))
+    except WeightsMapError as exc:
+        return Placement(label, user_map=weights_map, problems=(str(exc),), map_error=str(exc))
     first_name = {}
     for name, tensor in named.items():
         first_name.setdefault(id(leaves[id(tensor)]), name)
@@ -401,8 +508,7 @@ def user_placement(weights_map: WeightsMap, named: Mapping[str, torch.Tensor],
         sources[canonical] = tuple(first_name[id(leaf)] for leaf, g in zip(inputs, grads)
                                    if g is not None)
     used = {name for names in sources.values() for name in names}
-    label = getattr(weights_map, "__qualname__", type(weights_map).__name__)
-    return Placement(f"weights_map {label}", user_map=weights_map,
+    return Placement(label, user_map=weights_map,
                      problems=tuple(_misfits({n: tuple(t.shape) for n, t in mapped.items()},
                                              spec)),
                      leftover=_unused(named, used.__contains__), sources=sources)
@@ -529,16 +635,17 @@ def _misfits(found: Mapping[str, tuple[int, ...]], spec: DecoderConfig) -> list[
 
 
 def _why_not(name: str, spec: DecoderConfig) -> str:
-    if name.endswith(".bias") and ".attn.output_proj" in name:
+    if name.endswith(".bias") and ".attn.output_proj" in name and \
+            not isinstance(spec.attn_bias, tuple):
         return f"attn_output_bias={spec.attn_output_bias}, attn_bias={spec.attn_bias}"
     if name.endswith(".bias") and ".attn." in name:
-        return f"attn_bias={spec.attn_bias}"
+        return f"attn_bias={_flag(spec.attn_bias)}"
     if "_norm." in name:
         return f"qk_norm={spec.qk_norm}"
     if "_post." in name:
         return f"sandwich_norm={spec.sandwich_norm}"
     if name.endswith(".bias") and ".ffn." in name:
-        return f"mlp_bias={spec.mlp_bias}"
+        return f"mlp_bias={_flag(spec.mlp_bias)}"
     if name.split(".")[-2].startswith("ln") and not spec.norm_affine:
         return "norm_affine=False"
     if name.split(".")[-2] in ("ln1", "ln2") and not spec.pre_norm:
@@ -552,3 +659,8 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
     if name.startswith("position_embeddings"):
         return f"pos={spec.pos!r}"
     return "its architecture"
+
+
+def _flag(value: bool | tuple[str, ...]) -> str:
+    """A bias field as a spec file spells it: False, or ['q_proj', 'v_proj']."""
+    return str(list(value)) if isinstance(value, tuple) else str(value)
