@@ -1,0 +1,68 @@
+"""The museum's models: each builder makes one tiny random-init model in the release it runs
+under (the buggy one or its first fixed one: the same code builds both), seeded, on CPU.
+
+A builder returns the model and its vocabulary V. It runs inside a release's environment, so it
+imports only that release's library and torch, and writes code that reads the same on both
+releases of its entry (the fields a config takes are given by name, never by position).
+
+Sizes: hidden 32, 4 heads (2 key/value heads where the family has GQA), 2 layers unless the
+symptom needs one (a window is read from a single layer), V = 96.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+V = 96
+HIDDEN = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64,
+              max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def _seeded(make) -> nn.Module:
+    torch.manual_seed(0)
+    return make()
+
+
+def _hf(family: str, *, layers: int = 2, attn: str | None = None, **fields) -> nn.Module:
+    """transformers' `{family}ForCausalLM` over `{family}Config(**HIDDEN, **fields)`, built with
+    the attention implementation `attn` (None: the release's default, what a user gets)."""
+    import transformers
+
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=V, num_hidden_layers=layers, **{**HIDDEN, **fields})
+    if attn is not None:
+        config._attn_implementation = attn
+    return _seeded(lambda: getattr(transformers, f"{family}ForCausalLM")(config))
+
+
+# --- transformers: BERT-style encoders used as causal decoders (is_decoder=True) --------------
+
+def roformer_decoder():
+    return _hf("RoFormer", is_decoder=True, embedding_size=32), V
+
+
+def megatron_bert_decoder():
+    return _hf("MegatronBert", is_decoder=True), V
+
+
+def bigbird_decoder():
+    return _hf("BigBird", is_decoder=True, attention_type="original_full"), V
+
+
+def rembert_decoder():
+    return _hf("RemBert", is_decoder=True, input_embedding_size=16, output_embedding_size=16), V
+
+
+# --- x-transformers ---------------------------------------------------------------------------
+
+def x_transformers_qk_norm_dim_scale():
+    """A decoder with qk-norm and its learned per-dimension scales (attn_qk_norm_dim_scale)."""
+    import x_transformers as xt
+
+    def make():
+        layers = xt.Decoder(dim=32, depth=2, heads=4, rotary_pos_emb=True, attn_qk_norm=True,
+                            attn_qk_norm_dim_scale=True)
+        return xt.TransformerWrapper(num_tokens=V, max_seq_len=64, attn_layers=layers,
+                                     use_abs_pos_emb=False)
+    return _seeded(make), V

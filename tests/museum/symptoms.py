@@ -1,0 +1,145 @@
+"""The symptoms of the museum's bugs, measured directly on the model, independently of the gate.
+
+Each function takes a model and returns one figure: how far the model is from its definition
+(0 for a correct model, up to float32 rounding). It runs inside a release's environment, so it
+uses torch alone and calls the model the way that release's users do (`model(input_ids=...)`,
+`.logits`, `.loss`); nothing here imports decoder_audit.
+
+Shapes: B rows, T positions, V the vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SEED = 1  # the probe ids; the weights are seeded by the builders
+
+
+def _ids(V: int, B: int, T: int, low: int = 3) -> torch.Tensor:
+    """Ids drawn away from the special ids (0, 1, 2: pad, bos, eos in the builders' configs)."""
+    g = torch.Generator().manual_seed(SEED)
+    return torch.randint(low, V, (B, T), generator=g)  # (B, T)
+
+
+def _logits(model: nn.Module, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    out = model(input_ids=ids, **kwargs) if _takes_input_ids(model) else model(ids, **kwargs)
+    return out if isinstance(out, torch.Tensor) else out.logits  # (B, T, V)
+
+
+def _takes_input_ids(model: nn.Module) -> bool:
+    import inspect
+
+    return "input_ids" in inspect.signature(model.forward).parameters
+
+
+@torch.no_grad()
+def future_leak(model: nn.Module, V: int, T: int = 12, cut: int = 6) -> float:
+    """How far the logits at positions < cut move when every token from `cut` on changes: a
+    causal model's earlier logits cannot move at all."""
+    model.eval()
+    ids = _ids(V, 2, T)
+    changed = ids.clone()
+    changed[:, cut:] = (ids[:, cut:] + 7 - 3) % (V - 3) + 3
+    before, after = _logits(model, ids), _logits(model, changed)
+    return (before[:, :cut] - after[:, :cut]).abs().max().item()
+
+
+@torch.no_grad()
+def window_read(model: nn.Module, V: int, window: int, T: int = 16) -> float:
+    """How far the last logit moves when token 0 changes, in a one-layer model whose declared
+    window (`window` keys, the query's own included) ends far before position 0: a windowed
+    layer cannot read it."""
+    model.eval()
+    assert T - 1 >= window, "token 0 must lie outside the last position's window"
+    ids = _ids(V, 1, T)
+    changed = ids.clone()
+    changed[0, 0] = (ids[0, 0] + 5 - 3) % (V - 3) + 3
+    return (_logits(model, ids)[0, -1] - _logits(model, changed)[0, -1]).abs().max().item()
+
+
+@torch.no_grad()
+def cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 10,
+                   cache: object | None = None) -> float:
+    """The largest difference between the logits of a prefill followed by one-token cached steps
+    and the full forward at the same positions. `cache` is a cache the caller built (as generate
+    does); None lets the model make its own."""
+    model.eval()
+    ids = _ids(V, 1, T)
+    full = _logits(model, ids)  # (1, T, V)
+    kwargs = {"use_cache": True} if cache is None else {"use_cache": True, "past_key_values": cache}
+    out = model(input_ids=ids[:, :prefill], **kwargs)
+    worst = (out.logits - full[:, :prefill]).abs().max().item()
+    past = out.past_key_values
+    for t in range(prefill, T):
+        out = model(input_ids=ids[:, t:t + 1], past_key_values=past, use_cache=True,
+                    cache_position=torch.tensor([t]))
+        past = out.past_key_values
+        worst = max(worst, (out.logits[:, -1] - full[:, t]).abs().max().item())
+    return worst
+
+
+def next_token_ce(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
+                  ) -> torch.Tensor:
+    """Cross entropy of the next token, written from its definition: the logits at t predict
+    labels[t + 1]; labels of -100 are left out."""
+    V = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1),
+                           ignore_index=-100, reduction=reduction)
+
+
+@torch.no_grad()
+def loss_with_items(model: nn.Module, V: int, T: int = 12, items: int = 7) -> float:
+    """|loss - sum of token losses / num_items_in_batch| for a labels= call given
+    `num_items_in_batch`, as the Trainer passes it under gradient accumulation."""
+    model.eval()
+    ids = _ids(V, 2, T)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    total = next_token_ce(_logits(model, ids), labels, reduction="sum")
+    loss = model(input_ids=ids, labels=labels, num_items_in_batch=items).loss
+    return abs(loss.item() - total.item() / items)
+
+
+@torch.no_grad()
+def loss_with_shift_labels(model: nn.Module, V: int, T: int = 12) -> float:
+    """|loss - cross entropy against shift_labels| for a call given pre-shifted targets
+    (shift_labels[t] is the target of position t, as sequence-parallel training sends them)."""
+    model.eval()
+    ids = _ids(V, 2, T)
+    shifted = torch.full_like(ids, -100)
+    shifted[:, :-1] = torch.flip(ids, [1])[:, :-1]  # targets unlike ids[t + 1]
+    logits = _logits(model, ids)
+    expected = F.cross_entropy(logits.reshape(-1, V).float(), shifted.reshape(-1),
+                               ignore_index=-100)
+    loss = model(input_ids=ids, labels=ids, shift_labels=shifted).loss
+    return abs(loss.item() - expected.item())
+
+
+@torch.no_grad()
+def loss_with_labels(model: nn.Module, V: int, T: int = 12) -> float:
+    """|loss - next-token cross entropy| for a plain labels= call with some labels ignored."""
+    model.eval()
+    ids = _ids(V, 2, T)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    loss = model(input_ids=ids, labels=labels).loss
+    return abs(loss.item() - next_token_ce(_logits(model, ids), labels).item())
+
+
+def dead_gradients(model: nn.Module, V: int, T: int = 12) -> float:
+    """How many trainable parameters get no gradient (None or all zeros) from the next-token
+    loss on random ids."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    ids = _ids(V, 2, T)
+    next_token_ce(_logits(model, ids), ids).backward()
+    dead = [n for n, p in model.named_parameters()
+            if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]
+    model.zero_grad(set_to_none=True)
+    return float(len(dead))
+
+
+SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, cached_vs_full, loss_with_items,
+                                    loss_with_shift_labels, loss_with_labels, dead_gradients)}
