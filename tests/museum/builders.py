@@ -54,6 +54,66 @@ def rembert_decoder():
     return _hf("RemBert", is_decoder=True, input_embedding_size=16, output_embedding_size=16), V
 
 
+# --- transformers: windowed attention (one layer: its window is read directly) -------------
+WINDOW = 4  # keys a windowed query reads, its own included
+
+
+def phi3_windowed():
+    return _hf("Phi3", layers=1, num_key_value_heads=2, sliding_window=WINDOW), V
+
+
+def qwen2_windowed():
+    """Qwen2 with its window switched on for every layer (max_window_layers=0 full layers)."""
+    return _hf("Qwen2", layers=1, num_key_value_heads=2, sliding_window=WINDOW,
+               use_sliding_window=True, max_window_layers=0), V
+
+
+def starcoder2_windowed():
+    return _hf("Starcoder2", layers=1, num_key_value_heads=2, sliding_window=WINDOW), V
+
+
+def gemma2_windowed():
+    """Gemma 2's alternation: layer 0 windowed, layer 1 full."""
+    return _hf("Gemma2", num_key_value_heads=2, head_dim=8, sliding_window=WINDOW), V
+
+
+# --- transformers: the loss a model computes from labels= -----------------------------------
+
+def bloom_lm():
+    return _hf("Bloom"), V
+
+
+def xglm_lm():
+    return _hf("XGLM", d_model=32, ffn_dim=64, attention_heads=4, num_layers=2), V
+
+
+def gpt_neox_lm():
+    return _hf("GPTNeoX"), V
+
+
+def mamba_lm():
+    return _hf("Mamba", state_size=4, expand=2), V
+
+
+def llama_lm():
+    return _hf("Llama", num_key_value_heads=2), V
+
+
+# --- litgpt -----------------------------------------------------------------------------------
+
+def litgpt_gemma_windowed():
+    """A Gemma-style litgpt GPT whose layer 0 is windowed (sliding_window_indices [1, 0])."""
+    from litgpt.config import Config
+    from litgpt.model import GPT
+
+    config = Config(name="museum-tiny", block_size=64, vocab_size=V, padded_vocab_size=V,
+                    n_layer=2, n_head=4, n_query_groups=2, n_embd=32, head_size=8,
+                    intermediate_size=64, mlp_class_name="GemmaMLP", norm_class_name="RMSNorm",
+                    bias=False, parallel_residual=False, rotary_percentage=1.0,
+                    sliding_window_size=WINDOW, sliding_window_indices=[1, 0])
+    return _seeded(lambda: GPT(config)), V
+
+
 # --- x-transformers ---------------------------------------------------------------------------
 
 def x_transformers_qk_norm_dim_scale():

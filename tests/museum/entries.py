@@ -90,18 +90,122 @@ PENDING_RANGE = "the gate on transformers < 4.51 (issue 32, part 2: branch range
 ROFORMER_FAMILY = ("the BERT-style classes built as decoders (is_decoder=True) drop the causal "
                    "mask when the attention-mask code moved to masking_utils")
 
+W4 = {"window": 4}
+WINDOW_445 = ("the 4.45 mask builder (_prepare_4d_causal_attention_mask_with_cache_position) "
+              "drops config.sliding_window on the eager and SDPA paths: every layer attends its "
+              "whole causal past")
+LOSS_517 = ("its labels= loss is written by hand or called without the caller's loss keywords, "
+            "until #48493 passed them through (5.17.0)")
+
+
+def _t(version: str) -> tuple[str, ...]:
+    return (f"transformers=={version}",)
+
+
 ENTRIES: tuple[Entry, ...] = (
-    Entry("roformer-future", "transformers", ("transformers==5.17.0",), ("transformers==5.18.0",),
-          ref="huggingface/transformers#48745", fix="5.18.0 (fix of #48745)",
+    # --- causal masking ---------------------------------------------------------------------
+    Entry("roformer-future", "transformers", _t("5.17.0"), _t("5.18.0"),
+          ref="huggingface/transformers#48745", fix="5.18.0",
           summary=f"RoFormerForCausalLM attends to future tokens: {ROFORMER_FAMILY}",
           builder="roformer_decoder", symptom="future_leak", check="causal", today="caught"),
-    Entry("megatron-bert-future", "transformers", ("transformers==5.9.0",),
-          ("transformers==5.18.0",),
-          ref="huggingface/transformers#48745", fix="5.18.0 (fix of #48745)",
-          summary=f"MegatronBertForCausalLM attends to future tokens (the first release with "
-                  f"the bug): {ROFORMER_FAMILY}",
+    Entry("megatron-bert-future", "transformers", _t("5.9.0"), _t("5.18.0"),
+          ref="huggingface/transformers#48745", fix="5.18.0",
+          summary=f"MegatronBertForCausalLM attends to future tokens (5.9.0, the first release "
+                  f"with the bug): {ROFORMER_FAMILY}",
           builder="megatron_bert_decoder", symptom="future_leak", check="causal",
           today="caught"),
+    # --- sliding windows --------------------------------------------------------------------
+    Entry("phi3-window-dropped", "transformers", _t("4.45.2"), _t("4.46.0"),
+          ref="huggingface/transformers#32945", fix="#33586 (4.46.0)",
+          summary=f"Phi-3's declared sliding window is not applied: {WINDOW_445}",
+          builder="phi3_windowed", symptom="window_read", args=W4, check="window",
+          today="missed", pending=PENDING_WINDOW),
+    Entry("qwen2-window-dropped-445", "transformers", _t("4.45.2"), _t("4.46.0"),
+          ref="huggingface/transformers#32945 (same cause; found by diffing the 4.45.2 and "
+              "4.46.0 wheels)", fix="4.46.0",
+          summary=f"Qwen2 with use_sliding_window=True attends past its window: {WINDOW_445}",
+          builder="qwen2_windowed", symptom="window_read", args=W4, check="window",
+          today="missed", pending=PENDING_WINDOW),
+    Entry("starcoder2-window-dropped", "transformers", _t("4.45.2"), _t("4.46.0"),
+          ref="huggingface/transformers#32945 (same cause; found by diffing the 4.45.2 and "
+              "4.46.0 wheels)", fix="4.46.0",
+          summary=f"Starcoder2's declared sliding window is not applied: {WINDOW_445}",
+          builder="starcoder2_windowed", symptom="window_read", args=W4, check="window",
+          today="missed", pending=PENDING_WINDOW),
+    Entry("qwen2-window-dropped-448", "transformers", _t("4.48.3"), _t("4.49.0"),
+          ref="huggingface/transformers#35924", fix="4.49.0",
+          summary="the 4.48 attention refactor removed the window from Qwen2's mask builder "
+                  "while still handing sliding_window to the attention function, which only "
+                  "flash-attention reads: eager and SDPA attend the whole past again",
+          builder="qwen2_windowed", symptom="window_read", args=W4, check="window",
+          today="missed", pending=PENDING_WINDOW),
+    Entry("gemma2-raises-past-window", "transformers", _t("4.48.1"), _t("4.48.2"),
+          ref="huggingface/transformers#35681", fix="#35681 (4.48.2)",
+          summary="after the 4.48 attention refactor, Gemma2ForCausalLM's plain forward raises "
+                  "IndexError in its HybridCache for any input longer than sliding_window (the "
+                  "window was no longer passed to the cache update)",
+          builder="gemma2_windowed", symptom="forward_raises", check="inputs",
+          today="missed"),
+    # --- caches -----------------------------------------------------------------------------
+    Entry("gemma2-hybrid-cache-past-window", "transformers", _t("4.51.3"), _t("4.52.1"),
+          ref="huggingface/transformers#37574", fix="#38046 (4.52.1)",
+          summary="HybridCache's sliding update rolls the window one step late once the "
+                  "sequence reaches the window (a prompt shorter than the window, then decoding "
+                  "past it): every later token attends a wrong set of keys",
+          builder="gemma2_windowed", symptom="cached_vs_full",
+          args={"prefill": 3, "cache": "hybrid"}, check="kv_cache", today="missed",
+          pending=PENDING_CACHES),
+    Entry("litgpt-window-cache", "litgpt", ("litgpt==0.5.11", "transformers==4.57.6"),
+          ("litgpt==0.5.12", "transformers==4.57.6"),
+          ref="Lightning-AI/litgpt#2145", fix="#2153 (0.5.12)",
+          summary="cached decoding ignores the sliding window: the window bias is built against "
+                  "the step's own row index, not its absolute position, so a windowed layer "
+                  "reads the whole cache (Gemma 2/3 degrade past the window)",
+          builder="litgpt_gemma_windowed", symptom="litgpt_cached_vs_full", check="kv_cache",
+          today="missed", audit={"vocab_size": 96},
+          pending="kv_cache through litgpt's cache convention (set_kv_cache, input_pos)",
+          note="litgpt pins huggingface_hub < 1, which the project's transformers 5 cannot "
+               "import (torchmetrics imports transformers): its environment holds "
+               "transformers 4.57.6 beside it"),
+    # --- packing ----------------------------------------------------------------------------
+    Entry("llama-packed-position-ids", "transformers", _t("4.53.0"), _t("4.53.1"),
+          ref="huggingface/transformers#39194", fix="#39194 (4.53.1)",
+          summary="packed rows sent as position ids only (DataCollatorWithFlattening) leak "
+                  "across documents on SDPA and eager: 4.53.0's new masking_utils built a plain "
+                  "causal mask; 4.53.1 reads document boundaries from the position ids",
+          builder="llama_lm", symptom="packed_leak", args={"use_cache": False},
+          check="packing", today="missed", pending=PENDING_PACKING,
+          note="with the default use_cache the leak remains in every release through 5.24 "
+               "(a cache disables the boundary detection): no fixed release, so not a row"),
+    # --- the model's own loss ---------------------------------------------------------------
+    Entry("xglm-pad-target", "transformers", _t("4.49.0"), _t("4.50.0"),
+          ref="huggingface/transformers#35878", fix="#35878 (4.50.0)",
+          summary="XGLM's labels= loss shifts the labels and appends pad_token_id as the target "
+                  "of the last position, which cross entropy does not ignore: every row is "
+                  "trained to predict padding at its end",
+          builder="xglm_lm", symptom="loss_with_labels", check="model_loss", today="caught"),
+    Entry("gpt-neox-items-dropped", "transformers", _t("4.48.3"), _t("4.49.0"),
+          ref="huggingface/transformers#34191 (the accumulation fix it misses; found by diffing "
+              "the 4.48.3 and 4.49.0 wheels)", fix="4.49.0",
+          summary="GPTNeoXForCausalLM.forward takes **kwargs ('unused for now') and drops "
+                  "num_items_in_batch: the Trainer, seeing loss kwargs accepted, no longer "
+                  "divides by the accumulation steps, and the loss is normalised per micro-batch",
+          builder="gpt_neox_lm", symptom="loss_with_items", check="model_loss", today="caught"),
+    Entry("xglm-items-dropped", "transformers", _t("5.16.1"), _t("5.17.0"),
+          ref="huggingface/transformers#48493", fix="#48493 (5.17.0)",
+          summary=f"XGLMForCausalLM ignores num_items_in_batch: {LOSS_517}",
+          builder="xglm_lm", symptom="loss_with_items", check="model_loss", today="caught"),
+    Entry("mamba-items-dropped", "transformers", _t("5.16.1"), _t("5.17.0"),
+          ref="huggingface/transformers#48493", fix="#48493 (5.17.0)",
+          summary=f"MambaForCausalLM ignores num_items_in_batch and shift_labels: {LOSS_517}",
+          builder="mamba_lm", symptom="loss_with_items", check="model_loss", today="caught"),
+    Entry("bloom-shift-labels-dropped", "transformers", _t("5.16.1"), _t("5.17.0"),
+          ref="huggingface/transformers#48493", fix="#48493 (5.17.0)",
+          summary=f"BloomForCausalLM ignores shift_labels (the targets sequence parallelism "
+                  f"sends): {LOSS_517}",
+          builder="bloom_lm", symptom="loss_with_shift_labels", check="model_loss",
+          today="missed", pending=PENDING_LOSS),
+    # --- parameters -------------------------------------------------------------------------
     Entry("x-transformers-qk-norm-scale", "x-transformers", ("x-transformers==2.25.4",),
           ("x-transformers==2.25.5",),
           ref="lucidrains/x-transformers#352", fix="2.25.5",

@@ -61,14 +61,17 @@ def window_read(model: nn.Module, V: int, window: int, T: int = 16) -> float:
 
 @torch.no_grad()
 def cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 10,
-                   cache: object | None = None) -> float:
+                   cache: str | None = None) -> float:
     """The largest difference between the logits of a prefill followed by one-token cached steps
-    and the full forward at the same positions. `cache` is a cache the caller built (as generate
-    does); None lets the model make its own."""
+    and the full forward at the same positions. `cache` names a cache the caller builds for T
+    positions, as generate does ("hybrid": transformers' HybridCache); None lets the model make
+    its own."""
     model.eval()
     ids = _ids(V, 1, T)
-    full = _logits(model, ids)  # (1, T, V)
-    kwargs = {"use_cache": True} if cache is None else {"use_cache": True, "past_key_values": cache}
+    full = _logits(model, ids, use_cache=False)  # (1, T, V)
+    kwargs = {"use_cache": True, "cache_position": torch.arange(prefill)}
+    if cache is not None:
+        kwargs["past_key_values"] = _caller_cache(model, cache, T)
     out = model(input_ids=ids[:, :prefill], **kwargs)
     worst = (out.logits - full[:, :prefill]).abs().max().item()
     past = out.past_key_values
@@ -78,6 +81,66 @@ def cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 10,
         past = out.past_key_values
         worst = max(worst, (out.logits[:, -1] - full[:, t]).abs().max().item())
     return worst
+
+
+def _caller_cache(model: nn.Module, kind: str, T: int):
+    """The cache `generate` builds for a model whose layers mix windowed and full attention,
+    sized for T positions, under the keyword names of the release that runs (batch_size became
+    max_batch_size)."""
+    import inspect
+
+    import transformers
+
+    if kind != "hybrid":
+        raise ValueError(f"cache={kind!r}: only 'hybrid' is built here")
+    params = inspect.signature(transformers.HybridCache.__init__).parameters
+    batch = "max_batch_size" if "max_batch_size" in params else "batch_size"
+    return transformers.HybridCache(config=model.config, max_cache_len=T, **{batch: 1})
+
+
+@torch.no_grad()
+def forward_raises(model: nn.Module, V: int, T: int = 16) -> float:
+    """1 when the plain forward `model(input_ids=ids)` raises on T tokens (T within the
+    model's declared max_position_embeddings), else 0."""
+    model.eval()
+    try:
+        _logits(model, _ids(V, 1, T))
+    except Exception:  # noqa: BLE001 - raising is the symptom measured
+        return 1.0
+    return 0.0
+
+
+@torch.no_grad()
+def packed_leak(model: nn.Module, V: int, doc: int = 6, use_cache: bool | None = None) -> float:
+    """Two documents packed in one row, told apart by position ids alone (0..doc-1 twice, what
+    DataCollatorWithFlattening sends): how far the second document's logits move when the first
+    one changes. `use_cache` is passed when not None (None: the model's default)."""
+    model.eval()
+    ids = _ids(V, 1, 2 * doc)
+    changed = ids.clone()
+    changed[0, :doc] = (ids[0, :doc] + 7 - 3) % (V - 3) + 3
+    positions = torch.arange(doc).repeat(2)[None]  # (1, 2 doc)
+    kwargs = {"position_ids": positions}
+    if use_cache is not None:
+        kwargs["use_cache"] = use_cache
+    moved = _logits(model, ids, **kwargs) - _logits(model, changed, **kwargs)
+    return moved[0, doc:].abs().max().item()
+
+
+@torch.no_grad()
+def litgpt_cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 3) -> float:
+    """litgpt's cached decoding (set_kv_cache, then forward(idx, input_pos)) against its full
+    forward: the largest logit difference over a prefill and one-token steps."""
+    model.eval()
+    ids = _ids(V, 1, T)
+    full = model(ids)  # (1, T, V)
+    model.set_kv_cache(batch_size=1)
+    worst = (model(ids[:, :prefill], input_pos=torch.arange(prefill)) - full[:, :prefill]).abs().max()
+    for t in range(prefill, T):
+        step = model(ids[:, t:t + 1], input_pos=torch.tensor([t]))
+        worst = max(worst, (step[:, -1] - full[:, t]).abs().max())
+    model.clear_kv_cache()
+    return float(worst)
 
 
 def next_token_ce(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
@@ -141,5 +204,6 @@ def dead_gradients(model: nn.Module, V: int, T: int = 12) -> float:
     return float(len(dead))
 
 
-SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, cached_vs_full, loss_with_items,
+SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, cached_vs_full, forward_raises,
+                                    packed_leak, litgpt_cached_vs_full, loss_with_items,
                                     loss_with_shift_labels, loss_with_labels, dead_gradients)}
