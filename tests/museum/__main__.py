@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from . import docs
 from .entries import BY_ID, ENTRIES
-from .runner import SIDES, problems, run_side
+from .runner import SIDES, environment, problems, requirements, run_side
 
 
 def main(argv: list[str]) -> int:
@@ -18,7 +19,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", nargs="+", metavar="ID", choices=sorted(BY_ID))
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--json", metavar="FILE", help="write every record to FILE")
+    parser.add_argument("--build", action="store_true",
+                        help="only build the release environments the rows need")
     args = parser.parse_args(argv)
+    if args.build:
+        return _build([BY_ID[i] for i in args.only] if args.only else ENTRIES)
     if args.write_docs:
         docs.PAGE.write_text(docs.render())
         print(docs.PAGE)
@@ -39,6 +44,23 @@ def main(argv: list[str]) -> int:
         with open(args.json, "w") as out:
             json.dump(records, out, indent=1)
     return 1 if disagreements else 0
+
+
+def _build(entries) -> int:
+    """Each distinct environment once, timed (pip runs serially: one pip at a time keeps the
+    download cache coherent)."""
+    seen: set[tuple[str, ...]] = set()
+    for entry in entries:
+        for side in SIDES:
+            wanted = requirements(entry, side)
+            if wanted in seen:
+                continue
+            seen.add(wanted)
+            started = time.perf_counter()
+            python = environment(entry, side)
+            print(f"{' '.join(wanted):48s} {time.perf_counter() - started:6.1f}s  {python}",
+                  flush=True)
+    return 0
 
 
 if __name__ == "__main__":

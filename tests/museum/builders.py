@@ -77,6 +77,34 @@ def gemma2_windowed():
     return _hf("Gemma2", num_key_value_heads=2, head_dim=8, sliding_window=WINDOW), V
 
 
+def nemotron_lm():
+    return _hf("Nemotron", num_key_value_heads=2), V
+
+
+# --- transformers: hybrid Mamba-2 / attention decoders ----------------------------------------
+MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
+              mamba_chunk_size=4, mamba_expand=2, mamba_d_conv=4)
+
+
+def granite_moe_hybrid_lm():
+    """Layer 0 a Mamba-2 mixer, layer 1 attention; 4 experts, 2 per token."""
+    return _hf("GraniteMoeHybrid", num_key_value_heads=2, layer_types=["mamba", "attention"],
+               num_local_experts=4, num_experts_per_tok=2, **MAMBA2), V
+
+
+def nemotron_h_lm():
+    """hybrid_override_pattern "M*": a Mamba-2 layer, then an attention layer."""
+    return _hf("NemotronH", num_key_value_heads=2, hybrid_override_pattern="M*",
+               mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=1,
+               chunk_size=4, **MAMBA2), V
+
+
+def zamba2_lm():
+    """A Mamba-2 layer, then a hybrid layer (Mamba-2 with the shared attention block)."""
+    return _hf("Zamba2", num_key_value_heads=2, mamba_headdim=16, n_mamba_heads=4,
+               layers_block_type=["mamba", "hybrid"], **MAMBA2), V
+
+
 # --- transformers: the loss a model computes from labels= -----------------------------------
 
 def bloom_lm():
@@ -112,6 +140,18 @@ def litgpt_gemma_windowed():
                     bias=False, parallel_residual=False, rotary_percentage=1.0,
                     sliding_window_size=WINDOW, sliding_window_indices=[1, 0])
     return _seeded(lambda: GPT(config)), V
+
+
+# --- TransformerLens --------------------------------------------------------------------------
+
+def lens_alibi():
+    """A HookedTransformer with ALiBi positions (the Bloom family's), built from its config."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    config = HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=64, d_head=8, n_heads=4,
+                                     d_mlp=64, d_vocab=V, act_fn="gelu", normalization_type="LN",
+                                     positional_embedding_type="alibi", device="cpu", seed=0)
+    return _seeded(lambda: HookedTransformer(config)), V
 
 
 # --- x-transformers ---------------------------------------------------------------------------

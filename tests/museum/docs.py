@@ -17,6 +17,11 @@ SYMPTOM_WORDS = {
     "loss_with_shift_labels": "the loss ignores shift_labels",
     "loss_with_labels": "the labels= loss differs from next-token cross entropy",
     "dead_gradients": "parameters that never receive a gradient",
+    "forward_raises": "the plain forward raises on an input within the declared length",
+    "packed_leak": "a packed document reads the one before it",
+    "softcap_dropped": "the default attention path differs from the soft-capped one",
+    "litgpt_cached_vs_full": "cached decoding differs from the full forward",
+    "lens_cached_vs_full": "cached decoding differs from the full forward",
 }
 
 INTRO = """# The museum: real released bugs, rebuilt
@@ -34,8 +39,9 @@ CPU, beside its first fixed release as the control. For each row the museum
    the control passes.
 
 *today* is what the plain call does on the buggy release now: **caught** (the check fails),
-**missed** (it passes or is skipped: the pending gate work named below the table turns it into
-a catch) or **crash** (the gate itself raises). Rows whose buggy release is older than the
+**missed** (it passes or is skipped: the pending gate work named in the row turns it into a
+catch), **both** (it fails on the buggy release and on the control alike, so it tells them
+apart by nothing) or **crash** (the gate itself raises). Rows whose buggy release is older than the
 declared floor (transformers 4.45) are marked *below floor*.
 
 Rerun (builds each release's environment once into `.release-envs/`, then runs every row on
@@ -48,6 +54,13 @@ both releases):
 This page is written by `python -m tests.museum --write-docs` from `tests/museum/entries.py`;
 tests/test_museum_table.py holds it to the table.
 """
+
+
+TRIAL_INTRO = """## With the gate's pending range work tried
+
+The rows marked *crash* run transformers releases older than 4.51, where the gate raises today
+(its table of spec classes names classes those releases lack). With branch `range` (issue 32,
+part 2) merged into a local copy, the plain call did this:"""
 
 
 def _row(entry: Entry) -> str:
@@ -67,8 +80,9 @@ def render() -> str:
               "| check | today |\n|---|---|---|---|---|---|---|---|")
     rows = "\n".join(_row(e) for e in ENTRIES)
     notes = "\n".join(f"- `{e.id}`: {e.note}" for e in ENTRIES if e.note)
+    trials = "\n".join(f"- `{e.id}`: {e.trial}" for e in ENTRIES if e.trial)
     refs = len({e.ref for e in ENTRIES})
     missing = "\n".join(f"- {ref}: {why}" for ref, why in NOT_REBUILT)
     return (f"{INTRO}\n## The rows ({len(ENTRIES)} rows, {refs} distinct references)\n\n"
-            f"{header}\n{rows}\n\n## Notes\n\n{notes}\n\n"
+            f"{header}\n{rows}\n\n## Notes\n\n{notes}\n\n{TRIAL_INTRO}\n\n{trials}\n\n"
             f"## Looked at and not rebuilt\n\n{missing}\n")

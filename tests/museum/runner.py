@@ -72,10 +72,13 @@ def problems(entry: Entry, side: str, record: dict) -> list[str]:
     if "crash" in audit:
         return found
     failures = set(audit["failures"])
-    if expected == "caught" and entry.check not in failures:
+    if expected in ("caught", "both") and entry.check not in failures:
         found.append(f"{entry.check} did not fail (failures: {sorted(failures)})")
     if expected == "missed" and entry.check in failures:
         found.append(f"{entry.check} now fails: the entry is caught (flip today to 'caught')")
+    if expected == "fail" and failures <= set(entry.standing):
+        found.append(f"the control passes now (failures: {sorted(failures)}): flip control to "
+                     "'pass'")
     if expected == "pass" and not failures <= set(entry.standing):
         found.append(f"control failed {sorted(failures - set(entry.standing))}: "
                      f"{[audit['details'][n] for n in sorted(failures - set(entry.standing))]}")

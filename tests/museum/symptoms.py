@@ -60,12 +60,12 @@ def window_read(model: nn.Module, V: int, window: int, T: int = 16) -> float:
 
 
 @torch.no_grad()
-def cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 10,
+def cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 10, chunk: int = 1,
                    cache: str | None = None) -> float:
-    """The largest difference between the logits of a prefill followed by one-token cached steps
-    and the full forward at the same positions. `cache` names a cache the caller builds for T
-    positions, as generate does ("hybrid": transformers' HybridCache); None lets the model make
-    its own."""
+    """The largest difference between the logits of a prefill followed by cached steps of
+    `chunk` tokens and the full forward at the same positions. `cache` names a cache the caller
+    builds for T positions, as generate does ("hybrid": transformers' HybridCache); None lets the
+    model make its own."""
     model.eval()
     ids = _ids(V, 1, T)
     full = _logits(model, ids, use_cache=False)  # (1, T, V)
@@ -74,12 +74,11 @@ def cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 10,
         kwargs["past_key_values"] = _caller_cache(model, cache, T)
     out = model(input_ids=ids[:, :prefill], **kwargs)
     worst = (out.logits - full[:, :prefill]).abs().max().item()
-    past = out.past_key_values
-    for t in range(prefill, T):
-        out = model(input_ids=ids[:, t:t + 1], past_key_values=past, use_cache=True,
-                    cache_position=torch.tensor([t]))
-        past = out.past_key_values
-        worst = max(worst, (out.logits[:, -1] - full[:, t]).abs().max().item())
+    for t in range(prefill, T, chunk):
+        span = torch.arange(t, min(t + chunk, T))
+        out = model(input_ids=ids[:, span], past_key_values=out.past_key_values, use_cache=True,
+                    cache_position=span)
+        worst = max(worst, (out.logits - full[:, span]).abs().max().item())
     return worst
 
 
@@ -141,6 +140,46 @@ def litgpt_cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 
         worst = max(worst, (step[:, -1] - full[:, t]).abs().max())
     model.clear_kv_cache()
     return float(worst)
+
+
+@torch.no_grad()
+def lens_cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 6) -> float:
+    """TransformerLens' cached decoding (a HookedTransformerKeyValueCache passed as
+    past_kv_cache) against its full forward: the largest logit difference over a prefill and
+    one-token steps."""
+    from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache
+
+    model.eval()
+    ids = _ids(V, 1, T)
+    full = model(ids)  # (1, T, V)
+    cache = HookedTransformerKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+    # with a cache the model asks its tokenizer for pads unless it is told: a model built from
+    # its config has none, so the (all-real) mask is given
+    first = ids[:, :prefill]
+    worst = (model(first, past_kv_cache=cache, attention_mask=torch.ones_like(first))
+             - full[:, :prefill]).abs().max()
+    for t in range(prefill, T):
+        step = model(ids[:, t:t + 1], past_kv_cache=cache,
+                     attention_mask=torch.ones_like(ids[:, t:t + 1]))
+        worst = max(worst, (step[:, -1] - full[:, t]).abs().max())
+    return float(worst)
+
+
+@torch.no_grad()
+def softcap_dropped(model: nn.Module, V: int, T: int = 12, scale: float = 30.0) -> float:
+    """How far the default attention path's logits are from the eager path's (which applies
+    config.attn_logit_softcapping) once the query and key weights are scaled up so that scores
+    reach the cap: 0 when the default path caps too. Runs on a copy of the model."""
+    import copy
+
+    probe = copy.deepcopy(model).eval()
+    for name, p in probe.named_parameters():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            p.mul_(scale)
+    ids = _ids(V, 1, T)
+    default = _logits(probe, ids, use_cache=False)
+    probe.config._attn_implementation = "eager"
+    return (default - _logits(probe, ids, use_cache=False)).abs().max().item()
 
 
 def next_token_ce(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
@@ -205,5 +244,6 @@ def dead_gradients(model: nn.Module, V: int, T: int = 12) -> float:
 
 
 SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, cached_vs_full, forward_raises,
-                                    packed_leak, litgpt_cached_vs_full, loss_with_items,
+                                    packed_leak, softcap_dropped, litgpt_cached_vs_full, lens_cached_vs_full,
+                                    loss_with_items,
                                     loss_with_shift_labels, loss_with_labels, dead_gradients)}
