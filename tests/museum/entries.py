@@ -284,7 +284,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("mamba-items-dropped", "transformers", _t("5.16.1"), _t("5.17.0"),
           ref="huggingface/transformers#48493", fix="#48493 (5.17.0)",
           summary=f"MambaForCausalLM ignores num_items_in_batch and shift_labels: {LOSS_517}",
-          builder="mamba_lm", symptom="loss_with_items", check="model_loss", today="caught"),
+          builder="mamba_lm", symptom="loss_with_items", check="model_loss", today="caught",
+          via="verify --hf"),
     Entry("bloom-shift-labels-dropped", "transformers", _t("5.16.1"), _t("5.17.0"),
           ref="huggingface/transformers#48493", fix="#48493 (5.17.0)",
           summary=f"BloomForCausalLM ignores shift_labels (the targets sequence parallelism "
