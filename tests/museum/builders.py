@@ -68,6 +68,19 @@ def qwen2_windowed():
                use_sliding_window=True, max_window_layers=0), V
 
 
+def qwen2_full_declared():
+    """Qwen2 with its window switched on but layer 0 below max_window_layers=1: declared full
+    attention (windowed layers are those at index >= max_window_layers)."""
+    return _hf("Qwen2", layers=1, num_key_value_heads=2, sliding_window=WINDOW,
+               use_sliding_window=True, max_window_layers=1), V
+
+
+def qwen3_full_declared():
+    """Qwen3, declared as qwen2_full_declared."""
+    return _hf("Qwen3", layers=1, num_key_value_heads=2, head_dim=8, sliding_window=WINDOW,
+               use_sliding_window=True, max_window_layers=1), V
+
+
 def starcoder2_windowed():
     return _hf("Starcoder2", layers=1, num_key_value_heads=2, sliding_window=WINDOW), V
 

@@ -17,6 +17,7 @@ SYMPTOM_WORDS = {
     "loss_with_shift_labels": "the loss ignores shift_labels",
     "loss_with_labels": "the labels= loss differs from next-token cross entropy",
     "dead_gradients": "parameters that never receive a gradient",
+    "full_layer_windowed": "a layer declared full attention cannot read token 0",
     "forward_raises": "the plain forward raises on an input within the declared length",
     "packed_leak": "a packed document reads the one before it",
     "softcap_dropped": "the default attention path differs from the soft-capped one",

@@ -101,6 +101,10 @@ W4 = {"window": 4}
 WINDOW_445 = ("the 4.45 mask builder (_prepare_4d_causal_attention_mask_with_cache_position) "
               "drops config.sliding_window on the eager and SDPA paths: every layer attends its "
               "whole causal past")
+QWEN_FULL_LAYERS = ("the eager and SDPA mask applies config.sliding_window to every layer, "
+                    "while the flash path (and, from 4.53, layer_types) windows only the layers "
+                    "at index >= max_window_layers: layers declared full attention are windowed "
+                    "in")
 LOSS_517 = ("its labels= loss is written by hand or called without the caller's loss keywords, "
             "until #48493 passed them through (5.17.0)")
 
@@ -151,6 +155,18 @@ ENTRIES: tuple[Entry, ...] = (
           builder="qwen2_windowed", symptom="window_read", args=W4, check="window",
           today="crash", control="crash", pending=f"{PENDING_RANGE}; {PENDING_WINDOW}",
           trial=TRIAL_SPEC_WINDOW),
+    Entry("qwen2-window-on-full-layers", "transformers", _t("4.52.4"), _t("4.53.0"),
+          ref="huggingface/transformers#35896", fix="4.53.0 (layer_types)",
+          summary=f"{QWEN_FULL_LAYERS} Qwen2",
+          builder="qwen2_full_declared", symptom="full_layer_windowed", args=W4,
+          check="window", today="missed", threshold=0.5, tolerance=0.0,
+          pending=PENDING_WINDOW),
+    Entry("qwen3-window-on-full-layers", "transformers", _t("4.52.4"), _t("4.53.0"),
+          ref="huggingface/transformers#35896", fix="4.53.0 (layer_types)",
+          summary=f"{QWEN_FULL_LAYERS} Qwen3",
+          builder="qwen3_full_declared", symptom="full_layer_windowed", args=W4,
+          check="window", today="missed", threshold=0.5, tolerance=0.0,
+          pending=PENDING_WINDOW),
     Entry("gemma2-raises-past-window", "transformers", _t("4.48.1"), _t("4.48.2"),
           ref="huggingface/transformers#35681", fix="#35681 (4.48.2)",
           summary="after the 4.48 attention refactor, Gemma2ForCausalLM's plain forward raises "

@@ -59,6 +59,12 @@ def window_read(model: nn.Module, V: int, window: int, T: int = 16) -> float:
     return (_logits(model, ids)[0, -1] - _logits(model, changed)[0, -1]).abs().max().item()
 
 
+def full_layer_windowed(model: nn.Module, V: int, window: int, T: int = 16) -> float:
+    """1 when a one-layer model whose config declares that layer full attention cannot read
+    token 0 from its last position (a window was applied where none is declared), else 0."""
+    return float(window_read(model, V, window, T) == 0.0)
+
+
 @torch.no_grad()
 def cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 10, chunk: int = 1,
                    cache: str | None = None) -> float:
@@ -243,7 +249,7 @@ def dead_gradients(model: nn.Module, V: int, T: int = 12) -> float:
     return float(len(dead))
 
 
-SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, cached_vs_full, forward_raises,
+SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, full_layer_windowed, cached_vs_full, forward_raises,
                                     packed_leak, softcap_dropped, litgpt_cached_vs_full, lens_cached_vs_full,
                                     loss_with_items,
                                     loss_with_shift_labels, loss_with_labels, dead_gradients)}
