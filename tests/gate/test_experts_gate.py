@@ -155,3 +155,16 @@ def test_the_expert_gradients_probe_reaches_every_expert_of_a_sharp_grouped_rout
             layer.ffn.router.weight.mul_(100.0)
     check = da.audit(model, checks=["expert_gradients"])["expert_gradients"]
     assert check.passed and check.evidence["not_reached"] == [], check.detail
+
+
+def test_the_gates_memory_forecast_counts_a_tokens_k_experts():
+    """verify's pre-flight prices one block's activations at the widest MLP a token passes
+    through: OLMoE's 8 experts of 1024 (8192 wide), not its d_ff of 1024."""
+    from decoder_audit.gate.peak import _inputs, _Shape
+
+    cfg = da.preset("olmoe-1b-7b").replace(n_layers=2, max_seq_len=64)
+    rows = {row.name: row for row in _inputs(_Shape(cfg, torch.float32, 1))}
+    block = rows["activations of one block, no grad"]
+    B_times_T = rows[next(n for n in rows if n.startswith("logits"))].bytes // (4 * cfg.vocab_size)
+    qkv = (16 + 2 * 16) * 128
+    assert block.bytes == B_times_T * (3 * 8 * 1024 + 4 * 2048 + qkv) * 4
