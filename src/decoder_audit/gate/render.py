@@ -116,10 +116,11 @@ def print_report(report, console: Console | None = None, command: str | None = N
     if first is None:
         skipped = [c.name for c in report.skipped]
         extra = f" ({len(skipped)} skipped: {', '.join(skipped)})" if skipped else ""
-        out.print(Text(f"PASSED: every check holds{extra}.", style="bold green"))
+        # the verdict and the rerun line are never folded: people grep and copy them whole
+        out.print(Text(f"PASSED: every check holds{extra}.", style="bold green"), soft_wrap=True)
     else:
         out.print(Text(f"FAILED: first broken contract is '{first.name}' "
-                       f"({CHECK_TITLES[first.name]})", style="bold red"))
+                       f"({CHECK_TITLES[first.name]})", style="bold red"), soft_wrap=True)
         out.print(f"  {literal(first.detail)}")
         others = [c.name for c in report.failures[1:]]
         if others:
@@ -132,7 +133,7 @@ def print_report(report, console: Console | None = None, command: str | None = N
     if slow:
         out.print("  slowest: " + ", ".join(f"{c.name} {c.seconds:.1f} s" for c in slow[:5]))
     if command:
-        out.print(f"rerun: {literal(command)}")
+        out.print(f"rerun: {literal(command)}", soft_wrap=True)
 
 
 def _print_sections(report, out: Console) -> None:
