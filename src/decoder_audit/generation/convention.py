@@ -177,6 +177,10 @@ class Stepper:
         self.length = 0  # slots fed so far
         self.cache: Any = (model.new_cache(batch, capacity)
                            if self.cached and conv.name == "decoder" else None)
+        if self.cached and conv.name == "hugging face":
+            self.cache = generate_cache(model, batch, capacity)
+        # a cache sized before the first call is told where each step's slots lie
+        self.cache_positions = self.cache is not None and conv.name == "hugging face"
         self.mask: torch.Tensor | None = None  # Hugging Face: (B, capacity) flags, once padded
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None = None,
@@ -204,8 +208,10 @@ class Stepper:
         full = None if self.mask is None else self.mask[:, :end]  # (B, end)
         positions = (positions_from_mask(full)[:, start:] + self.conv.position_origin
                      if full is not None and self.conv.position_ids else None)
+        extra = ({"cache_position": torch.arange(start, end, device=ids.device)}
+                 if self.cache_positions else {})
         out = self._call(ids, full, last_only, positions, use_cache=True,
-                         **{self.conv.cache_arg: self.cache})
+                         **{self.conv.cache_arg: self.cache}, **extra)
         self.cache = _returned_cache(out, self.conv.cache_arg)
         return logits_of(out)
 
@@ -221,6 +227,27 @@ class Stepper:
         if self.conv.name == "hugging face" and self.conv.ids_keyword:
             return self.model(input_ids=ids, **kwargs)
         return self.model(ids, **kwargs)
+
+
+def generate_cache(model: nn.Module, batch: int, capacity: int) -> Any:
+    """The cache `generate` builds for a Hugging Face model whose config names a
+    cache_implementation (Gemma 2 and 3 before transformers 4.53: "hybrid"), for `batch` rows
+    and `capacity` slots; None for every other model, whose own cache grows as `generate` uses
+    it. Such a model's own cache holds only its first call's tokens (a HybridCache of the
+    prefill's length), so it cannot be stepped; and it cannot count its own slots (a windowed
+    first layer's rolling buffer), so each step is given its cache_position, as `generate`
+    gives it."""
+    kind = getattr(getattr(model, "config", None), "cache_implementation", None)
+    build = getattr(model, "_get_cache", None)
+    if not isinstance(kind, str) or not callable(build):
+        return None
+    kwargs = {"cache_implementation": kind, "batch_size": batch, "max_cache_len": capacity,
+              "model_kwargs": {}}
+    if "device" in inspect.signature(build).parameters:
+        kwargs["device"] = device_of(model)
+    cache = build(**kwargs)
+    vars(model).pop("_cache", None)  # generate keeps it on the model; each Stepper its own
+    return cache
 
 
 def left_padded(rows: list[list[int]], device: torch.device | str | None = None

@@ -24,8 +24,8 @@ Layouts detected from the parameter names (`detect`):
     Hugging Face Phi-3  the same names, with q/k/v fused in self_attn.qkv_proj and the gate and
                         up projections in mlp.gate_up_proj
     Hugging Face        gpt_neox.embed_in, gpt_neox.layers.{i}.attention.query_key_value (q, k,
-      GPT-NeoX          v fused head by head), mlp.dense_h_to_4h, lm_head (stored as embed_out
-                        before transformers 5)
+      GPT-NeoX          v fused head by head), mlp.dense_h_to_4h, lm_head (embed_out before
+                        transformers 5)
     torchtune           tok_embeddings, layers.{i}.attn.q_proj, sa_norm.scale, mlp.w1, output
     LLMs-from-scratch   tok_emb, trf_blocks.{i}.att.W_query, norm1.scale/shift, ff.layers.0
                         (its GPTModel), and ff.fc1/fc2/fc3 with norm1.weight (its Llama models)
@@ -171,12 +171,13 @@ LAYOUTS: tuple[Layout, ...] = (
            "lm_head", {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
                        "attn.output_proj": "self_attn.o_proj", "ffn.w2": "mlp.down_proj"},
            fused_qkv="self_attn.qkv_proj", fused_gate_up="mlp.gate_up_proj"),
-    Layout("Hugging Face GPT-NeoX", "gpt_neox.embed_in", None, "gpt_neox.layers.{i}",
-           "gpt_neox.final_layer_norm", "lm_head",
-           {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
-            "attn.output_proj": "attention.dense", "ffn.w1": "mlp.dense_h_to_4h",
-            "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="attention.query_key_value",
-           qkv_per_head=True),
+    *(Layout("Hugging Face GPT-NeoX", "gpt_neox.embed_in", None, "gpt_neox.layers.{i}",
+             "gpt_neox.final_layer_norm", head,
+             {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+              "attn.output_proj": "attention.dense", "ffn.w1": "mlp.dense_h_to_4h",
+              "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="attention.query_key_value",
+             qkv_per_head=True)
+      for head in ("lm_head", "embed_out")),  # the head's module before transformers 5
     Layout("torchtune", "tok_embeddings", None, "layers.{i}", "norm", "output",
            {"ln1": "sa_norm", "ln2": "mlp_norm", "attn.q_proj": "attn.q_proj",
             "attn.k_proj": "attn.k_proj", "attn.v_proj": "attn.v_proj",

@@ -1,0 +1,88 @@
+"""What a test needs to build Hugging Face models on every transformers release the project
+supports (docs/transformers-range.md), keyed on what the release's classes have, never on a
+version string:
+
+    cls = hf_class("Qwen3ForCausalLM")            # skips the test where the release lacks it
+    tf.LlamaConfig(**rope_kwargs(tf.LlamaConfig, {"rope_type": "yarn", "factor": 4.0, ...}))
+    tf.Gemma2Config(**layer_kwargs(tf.Gemma2Config, ["sliding_attention", "full_attention"]))
+
+A test writes its RoPE as transformers 5's `rope_parameters` and its windowed layers as
+`layer_types`; on a release whose config class holds them otherwise they are written in that
+release's form (transformers 4's rope_theta beside rope_scaling; a family's own rule for its
+windowed layers), or the test is skipped saying the release cannot express them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from decoder_audit.references.hf_config import holds_rope_parameters, takes
+
+
+def hf_class(name: str) -> type:
+    """transformers.<name>, or the test is skipped naming the class and the release (Qwen3
+    before 4.51, Gemma 3 before 4.50, OLMo 2 before 4.47)."""
+    tf = pytest.importorskip("transformers")
+    cls = getattr(tf, name, None)
+    if not isinstance(cls, type):
+        pytest.skip(f"transformers {tf.__version__} has no {name}")
+    return cls
+
+
+def rope_kwargs(config_class: type, rope_parameters: dict[str, Any], *,
+                legacy_key: str = "rope_type") -> dict[str, Any]:
+    """Config arguments for `rope_parameters` (transformers 5's form; Gemma 3's keyed by layer
+    type) in the form `config_class` takes. transformers 4: flat rope_theta (GPT-NeoX:
+    rotary_emb_base) and partial_rotary_factor (GPT-NeoX: rotary_pct), the scaling in
+    rope_scaling under `legacy_key` ("rope_type", or the older "type"), and Gemma 3's windowed
+    layers' base in rope_local_base_freq."""
+    if holds_rope_parameters(config_class):
+        return {"rope_parameters": rope_parameters}
+    local = None
+    if "full_attention" in rope_parameters:
+        local = rope_parameters["sliding_attention"]["rope_theta"]
+        rope_parameters = rope_parameters["full_attention"]
+    scaling = dict(rope_parameters)
+    theta, partial = scaling.pop("rope_theta"), scaling.pop("partial_rotary_factor", None)
+    kind = scaling.pop("rope_type", "default")
+    neox = takes(config_class, "rotary_pct")
+    out: dict[str, Any] = {"rotary_emb_base" if neox else "rope_theta": theta}
+    if partial is not None:
+        if not takes(config_class, "partial_rotary_factor") and not neox:
+            pytest.skip(f"{config_class.__name__} of this release has no partial_rotary_factor")
+        out["rotary_pct" if neox else "partial_rotary_factor"] = partial
+    if kind != "default":
+        out["rope_scaling"] = {legacy_key: kind, **scaling}
+    if local is not None:
+        out["rope_local_base_freq"] = local
+    return out
+
+
+def layer_kwargs(config_class: type, layer_types: list[str], **legacy: Any) -> dict[str, Any]:
+    """`layer_types` where `config_class` takes it; else `legacy`, the arguments the test says
+    give the same layers by the family's own rule (Gemma 3: sliding_window_pattern=2 windows
+    layer 0 of 2), or nothing (Gemma 2: its rule windows the even layers, which the test's
+    layer_types must then be); a test giving neither is skipped."""
+    if takes(config_class, "layer_types"):
+        return {"layer_types": layer_types}
+    if legacy:
+        return legacy
+    even = ["full_attention" if i % 2 else "sliding_attention" for i in range(len(layer_types))]
+    if "gemma2" in getattr(config_class, "model_type", "") and layer_types == even:
+        return {}
+    pytest.skip(f"{config_class.__name__} of this release takes no layer_types, and its own "
+                f"rule does not give {layer_types}")
+
+
+def release_bugs(model: Any) -> dict[str, str]:
+    """{check: the release's bug} for the checks a correct model of this family fails on its
+    release by transformers' own code, keyed on what the model has. A Gemma 2 or 3 whose config
+    names cache_implementation="hybrid" (before 4.53) is stepped through the HybridCache
+    `generate` builds, which mishandles a chunk of several tokens after the first call (its
+    windowed layers' rolling buffer is sliced for one token) and, before 4.50, left pads."""
+    if getattr(getattr(model, "config", None), "cache_implementation", None) == "hybrid":
+        return {"kv_cache": "HybridCache: a chunk of tokens after the first call",
+                "padding": "HybridCache: left pads through the cache (before 4.50)"}
+    return {}
