@@ -39,6 +39,11 @@ def rope_kwargs(config_class: type, rope_parameters: dict[str, Any], *,
     rope_scaling under `legacy_key` ("rope_type", or the older "type"), and Gemma 3's windowed
     layers' base in rope_local_base_freq."""
     if holds_rope_parameters(config_class):
+        if "partial_rotary_factor" in rope_parameters and getattr(
+                config_class, "model_type", "") == "gpt_neox":
+            # 5.0-5.4 overwrite rope_parameters' factor with rotary_pct (default 0.25)
+            return {"rope_parameters": rope_parameters,
+                    "rotary_pct": rope_parameters["partial_rotary_factor"]}
         return {"rope_parameters": rope_parameters}
     local = None
     if "full_attention" in rope_parameters:
@@ -78,11 +83,49 @@ def layer_kwargs(config_class: type, layer_types: list[str], **legacy: Any) -> d
 
 def release_bugs(model: Any) -> dict[str, str]:
     """{check: the release's bug} for the checks a correct model of this family fails on its
-    release by transformers' own code, keyed on what the model has. A Gemma 2 or 3 whose config
-    names cache_implementation="hybrid" (before 4.53) is stepped through the HybridCache
-    `generate` builds, which mishandles a chunk of several tokens after the first call (its
-    windowed layers' rolling buffer is sliced for one token) and, before 4.50, left pads."""
-    if getattr(getattr(model, "config", None), "cache_implementation", None) == "hybrid":
-        return {"kv_cache": "HybridCache: a chunk of tokens after the first call",
-                "padding": "HybridCache: left pads through the cache (before 4.50)"}
-    return {}
+    release by transformers' own code, each found on the model itself (never from a version):
+    - a Gemma 2 or 3 whose config names cache_implementation="hybrid" (before 4.53) is stepped
+      through the HybridCache `generate` builds, which mishandles a chunk of several tokens
+      after the first call (its windowed layers' rolling buffer is sliced for one token) and,
+      before 4.50, left pads;
+    - a model whose own cache raises on a chunk of two tokens after one (StableLM in 5.0);
+    - a YaRN model whose frequencies follow max_position_embeddings although the config gives
+      its factor and original length (4.51-4.55 replaced the factor by their ratio)."""
+    bugs = {}
+    config = getattr(model, "config", None)
+    if getattr(config, "cache_implementation", None) == "hybrid":
+        bugs["kv_cache"] = "HybridCache: a chunk of tokens after the first call"
+        bugs["padding"] = "HybridCache: left pads through the cache (before 4.50)"
+    elif not _steps_a_chunk(model):
+        bugs["kv_cache"] = "its own cache raises on a chunk of tokens after the first call"
+    if _yarn_factor_replaced(model):
+        bugs["oracle"] = "YaRN's factor replaced by max_position_embeddings / original"
+    return bugs
+
+
+def _steps_a_chunk(model: Any) -> bool:
+    import torch
+
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    try:
+        with torch.no_grad():
+            first = model(ids[:, :1], use_cache=True)
+            model(ids[:, 1:], past_key_values=first.past_key_values, use_cache=True)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _yarn_factor_replaced(model: Any) -> bool:
+    """Whether the release's YaRN frequencies for this config change with max_position_embeddings
+    alone (they must not when factor and original_max_position_embeddings are given)."""
+    import copy
+
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    rope = getattr(model.config, "rope_parameters", None) or getattr(model.config, "rope_scaling",
+                                                                     None) or {}
+    if rotary is None or rope.get("rope_type", rope.get("type")) != "yarn":
+        return False
+    longer = copy.deepcopy(model.config)
+    longer.max_position_embeddings *= 2
+    return not bool((type(rotary)(config=longer).inv_freq == rotary.inv_freq).all())

@@ -196,6 +196,7 @@ def _window_ignored(model):  # the windowed layer reads every earlier token
         layer.is_sliding = False
         return
     layer.self_attn.sliding_window = None
+    layer.attention_type = "full_attention"  # 4.53-5.x: the mask the layer is given
     model.config.layer_types = ["full_attention", "full_attention"]
 
 
@@ -243,6 +244,10 @@ def test_each_planted_defect_fails_its_check(family, defect):
 def test_a_config_the_spec_cannot_express_leaves_the_model_black_box_saying_why():
     """StableLM's per-head q/k LayerNorms (qk_layernorm) are not a DecoderConfig variant: the
     oracle does not run, and the report names the field instead of failing."""
-    report = da.audit(_model("stablelm", qk_layernorm=True), checks=["params", "oracle"])
+    try:
+        model = _model("stablelm", qk_layernorm=True)
+    except AttributeError as exc:  # 4.53-4.57 initialise its bias-free LayerNorms' bias
+        pytest.skip(f"transformers cannot build StableLM with qk_layernorm=True here: {exc}")
+    report = da.audit(model, checks=["params", "oracle"])
     assert report.facts.spec is None
     assert "qk_layernorm" in report["oracle"].detail
