@@ -129,3 +129,33 @@ def _yarn_factor_replaced(model: Any) -> bool:
     longer = copy.deepcopy(model.config)
     longer.max_position_embeddings *= 2
     return not bool((type(rotary)(config=longer).inv_freq == rotary.inv_freq).all())
+
+
+def written_rope(config: Any) -> dict[str, Any]:
+    """A config's RoPE as transformers 5's rope_parameters, read from whichever form its release
+    wrote (4.x: rope_theta beside rope_scaling, whose `type` key is rope_type)."""
+    if holds_rope_parameters(type(config)):
+        return dict(config.rope_parameters)
+    rope = dict(getattr(config, "rope_scaling", None) or {"rope_type": "default"})
+    rope.setdefault("rope_type", rope.pop("type", None))
+    return {**rope, "rope_theta": config.rope_theta}
+
+
+def yarn_bug(config_class: type) -> str | None:
+    """Why this release's YaRN frequencies are not YaRN's of its config, or None: given factor
+    and original_max_position_embeddings, they must not change with max_position_embeddings;
+    4.45-4.50 ignored original_max_position_embeddings (taking max_position_embeddings) and
+    4.51-4.55 replaced the factor by max_position_embeddings / original."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+            "rope_theta": 1e4}
+    frequencies = []
+    for length in (256, 1024):
+        config = config_class(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                              max_position_embeddings=length, **rope_kwargs(config_class, rope))
+        frequencies.append(ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")[0])
+    if bool((frequencies[0] == frequencies[1]).all()):
+        return None
+    return ("this release's YaRN frequencies follow max_position_embeddings although the config "
+            "gives factor and original_max_position_embeddings")

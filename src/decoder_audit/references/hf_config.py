@@ -222,28 +222,29 @@ def _rope_fields(c: Any, family: str, head_dim: int, problems: list[str]) -> dic
     """rope_theta, rotary_dim and rope_scaling from a config's RoPE fields in the form its
     release holds them (`rope_parameters_of`), appending what we cannot express to `problems`."""
     rope = rope_parameters_of(c, family)
+    field = "rope_parameters" if holds_rope_parameters(type(c)) else "rope_scaling"
     window_theta = None
     if "full_attention" in rope:  # per layer type (Gemma 3): the windowed layers' own base
         local = dict(rope.get("sliding_attention") or {})
         if local.get("rope_type", "default") != "default":
-            problems.append(f"rope_parameters.sliding_attention.rope_type="
+            problems.append(f"{field}.sliding_attention.rope_type="
                             f"{local['rope_type']!r} (the windowed layers' RoPE is unscaled here)")
         window_theta = local.get("rope_theta")
         rope = dict(rope["full_attention"])
     theta = rope.get("rope_theta")
     if theta is None:
-        problems.append("rope_parameters.rope_theta is missing")
+        problems.append("rope_theta is missing")
     factor = rope.get("partial_rotary_factor", 1.0)
     rotary_dim = None
     if factor != 1.0:
         rotary_dim = int(head_dim * factor)  # as transformers rounds it
         if family not in _PARTIAL_ROTARY:
-            problems.append(f"rope_parameters.partial_rotary_factor={factor} ({family}'s "
+            problems.append(f"partial_rotary_factor={factor} ({family}'s "
                             "attention rotates every feature)")
         elif rotary_dim % 2 or rotary_dim <= 0:
             problems.append(f"partial_rotary_factor={factor} rotates {rotary_dim} of "
                             f"{head_dim} features; RoPE needs an even number")
-    scaling = _rope_scaling_from_hf(rope, c, problems)
+    scaling = _rope_scaling_from_hf(rope, c, problems, field)
     fields = {"rope_theta": float(theta or 0.0), "rotary_dim": rotary_dim,
               "rope_scaling": scaling}
     if window_theta is not None and getattr(c, "sliding_window", None) is not None:
@@ -285,13 +286,15 @@ def rope_parameters_of(c: Any, family: str) -> dict[str, Any]:
     return rope
 
 
-def _rope_scaling_from_hf(rope: dict, c: Any, problems: list[str]) -> dict | None:
-    """Our rope_scaling for transformers' rope_parameters (None for rope_type "default")."""
+def _rope_scaling_from_hf(rope: dict, c: Any, problems: list[str],
+                          field: str = "rope_parameters") -> dict | None:
+    """Our rope_scaling for transformers' rope_parameters (None for rope_type "default");
+    `field` names where the config holds it in problems."""
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
         return None
     if kind not in ("linear", "dynamic", "llama3", "yarn"):
-        problems.append(f"rope_parameters.rope_type={kind!r} (supported: default, linear, "
+        problems.append(f"{field}.rope_type={kind!r} (supported: default, linear, "
                         "dynamic, llama3, yarn)")
         return None
     original = rope.get("original_max_position_embeddings")
@@ -319,7 +322,7 @@ def _rope_scaling_from_hf(rope: dict, c: Any, problems: list[str]) -> dict | Non
     absent = sorted(key for key, value in scaling.items() if value is None and
                     key != "attention_factor")
     if absent:
-        problems.append(f"rope_parameters of rope_type {kind!r} lack {absent}")
+        problems.append(f"{field} of rope_type {kind!r} lack {absent}")
         return None
     return scaling
 
@@ -391,8 +394,9 @@ def _window_fields(c: Any, family: str, problems: list[str]) -> dict[str, Any]:
     """sliding_window and window_layers from a config's sliding_window and its windowed layers
     (`layer_types`, or the rule of a release before them: `legacy_layer_types`); Qwen2's
     use_sliding_window=False turns its window off."""
-    layer_types = (getattr(c, "layer_types", None) if takes(type(c), "layer_types")
-                   else legacy_layer_types(c, family))
+    layer_types = legacy_layer_types(c, family)
+    if layer_types is None:
+        layer_types = getattr(c, "layer_types", None)
     window = getattr(c, "sliding_window", None)
     if getattr(c, "use_sliding_window", True) is False:
         window = None
@@ -417,8 +421,10 @@ def legacy_layer_types(c: Any, family: str) -> list[str] | None:
     rule its modeling code applied, the one 4.53 wrote into layer_types on loading such a
     config: Gemma 2 windows the even layers (`not layer_idx % 2`); Gemma 3 every layer but each
     sliding_window_pattern-th (`(layer_idx + 1) % pattern`); Qwen2 the layers from
-    max_window_layers on when use_sliding_window is set. None (every layer alike) for the
-    families that window every layer or none."""
+    max_window_layers on when use_sliding_window is set. None for the other families (their
+    `layer_types`, if any, is read) and where the config class takes layer_types."""
+    if takes(type(c), "layer_types"):
+        return None
     layers = range(c.num_hidden_layers)
     if family == "gemma2":
         windowed = [not i % 2 for i in layers]
