@@ -87,8 +87,10 @@ def convention(model: nn.Module) -> Convention:
     cache_arg = next((name for name in ("past_key_values", "cache") if name in params), None)
     keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if cache_arg is not None and ("use_cache" in params or keywords):  # use_cache may be a **kwarg
-        return Convention("hugging face", True, masked, "position_ids" in params,
-                          "logits_to_keep" if "logits_to_keep" in params else None, cache_arg)
+        # the logits of the last positions only: logits_to_keep, num_logits_to_keep before 4.49
+        keep = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in params),
+                    None)
+        return Convention("hugging face", True, masked, "position_ids" in params, keep, cache_arg)
     return Convention("plain", False, masked, "position_ids" in params)
 
 
