@@ -90,7 +90,8 @@ def release_bugs(model: Any) -> dict[str, str]:
       before 4.50, left pads;
     - a model whose own cache raises on a chunk of two tokens after one (StableLM in 5.0);
     - a YaRN model whose frequencies follow max_position_embeddings although the config gives
-      its factor and original length (4.51-4.55 replaced the factor by their ratio)."""
+      its factor and original length (4.51-4.55 replaced the factor by their ratio);
+    - a model whose forward takes num_items_in_batch and ignores it (GPT-NeoX, 4.46-4.48)."""
     bugs = {}
     config = getattr(model, "config", None)
     if getattr(config, "cache_implementation", None) == "hybrid":
@@ -100,7 +101,24 @@ def release_bugs(model: Any) -> dict[str, str]:
         bugs["kv_cache"] = "its own cache raises on a chunk of tokens after the first call"
     if _yarn_factor_replaced(model):
         bugs["oracle"] = "YaRN's factor replaced by max_position_embeddings / original"
+    if _ignores_num_items(model):
+        bugs["model_loss"] = "its forward takes num_items_in_batch and ignores it"
     return bugs
+
+
+def _ignores_num_items(model: Any) -> bool:
+    """Whether the loss is the same given num_items_in_batch = 1 and = 1000 (GPT-NeoX in 4.46-
+    4.48 took it through **kwargs, 'unused for now': the gradient-accumulation bug)."""
+    import torch
+
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    try:
+        with torch.no_grad():
+            losses = [model(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(count)).loss
+                      for count in (1, 1000)]
+    except TypeError:  # not taken at all: model_loss does not ask
+        return False
+    return bool(torch.equal(losses[0], losses[1]))
 
 
 def _steps_a_chunk(model: Any) -> bool:
