@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from hf_compat import hf_class, release_bugs, yarn_bug
+from hf_compat import hf_class, layer_kwargs, release_bugs, yarn_bug
 
 import decoder_audit as da
 from decoder_audit.references.hf import hf_spec
@@ -159,3 +159,13 @@ def test_the_legacy_window_rules_are_read_on_any_release():
     qwen2 = Legacy4xConfig(sliding_window=3, use_sliding_window=True, max_window_layers=3)
     assert config_from_hf(qwen2, "qwen2").window_layers == (3,)
     assert config_from_hf(Legacy4xConfig(sliding_window=3), "mistral").window_layers is None
+
+
+def test_a_gemma3_without_windowed_layers_reads_with_one_base():
+    """sliding_window_pattern=1 (or every layer full_attention) windows no layer: the spec has
+    no window, and no windowed layers' base (it was an invalid DecoderConfig)."""
+    config_class = hf_class("Gemma3TextConfig")
+    config = config_class(num_hidden_layers=2, sliding_window=3, **layer_kwargs(
+        config_class, ["full_attention"] * 2, sliding_window_pattern=1))
+    cfg = config_from_hf(config, "gemma3_text")
+    assert (cfg.sliding_window, cfg.window_rope_theta) == (None, None)

@@ -340,6 +340,8 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     rope = _rope_fields(c, family, head_dim, problems)
     window = _window_fields(c, family, problems)
+    if not window:  # no layer windowed (Gemma 3 with sliding_window_pattern=1): one base
+        rope.pop("window_rope_theta", None)
     if getattr(c, "clip_qkv", None) is not None:  # OLMo's option
         problems.append(f"clip_qkv={c.clip_qkv} (q, k and v clamped: not expressed)")
     for flag in ("qk_layernorm", "use_parallel_residual"):  # StableLM's options
