@@ -546,6 +546,9 @@ def rope_config_fields(cfg: DecoderConfig, config_class: type, family: str = "ll
         params["partial_rotary_factor"] = cfg.rotary_dim / cfg.head_dim
     window_theta = cfg.window_rope_theta or cfg.rope_theta
     if holds_rope_parameters(config_class):
+        if family == "gpt_neox" and cfg.rotary_dim is not None:
+            # 5.0-5.4 overwrite rope_parameters' factor with a rotary_pct argument (0.25 if none)
+            return {"rope_parameters": params, "rotary_pct": params["partial_rotary_factor"]}
         if family == "gemma3_text":
             local = {"rope_type": "default", "rope_theta": window_theta}
             return {"rope_parameters": {"full_attention": params, "sliding_attention": local}}
