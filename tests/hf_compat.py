@@ -91,7 +91,7 @@ def release_bugs(model: Any) -> dict[str, str]:
     - a model whose own cache raises on a chunk of two tokens after one (StableLM in 5.0);
     - a YaRN model whose frequencies follow max_position_embeddings although the config gives
       its factor and original length (4.51-4.55 replaced the factor by their ratio);
-    - a model whose forward takes num_items_in_batch and ignores it (GPT-NeoX, 4.46-4.48)."""
+    - a model whose forward takes num_items_in_batch and ignores it (GPT-NeoX, 4.48)."""
     bugs = {}
     config = getattr(model, "config", None)
     if getattr(config, "cache_implementation", None) == "hybrid":
@@ -107,8 +107,8 @@ def release_bugs(model: Any) -> dict[str, str]:
 
 
 def _ignores_num_items(model: Any) -> bool:
-    """Whether the loss is the same given num_items_in_batch = 1 and = 1000 (GPT-NeoX in 4.46-
-    4.48 took it through **kwargs, 'unused for now': the gradient-accumulation bug)."""
+    """Whether the loss is the same given num_items_in_batch = 1 and = 1000 (GPT-NeoX in 4.48
+    took it through **kwargs, 'unused for now': the gradient-accumulation bug)."""
     import torch
 
     ids = torch.zeros(1, 4, dtype=torch.long)
