@@ -6,8 +6,10 @@ each case in a fresh process through the CLI's own main(), one at a time.
     python -m benchmarks.gate_peak --cases tiny-368 gpt2-small:bfloat16
     python -m benchmarks.gate_peak --table /tmp/gate_peak_table.md
 
-Writes benchmarks/results/gate_peak.json and gate_peak.md (or --out DIR), and the table alone to
---table. The prediction must bound the measurement from above, by at most 25%: the exit status
+Writes gate_peak.json and gate_peak.md into out/benchmarks/ (gitignored) or --out DIR
+(benchmarks/results/ holds the tracked figures) after every case, a case measured replacing its
+row and the other rows kept (benchmarks/store.py), and the table alone to --table. The
+prediction must bound the measurement from above, by at most 25%: the exit status
 is 1 when a case falls outside. Two figures too large for this machine's 24 GiB beside other
 work are quoted from their own measurements (KNOWN), predicted afresh.
 """
@@ -22,15 +24,15 @@ import tempfile
 import time
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if __package__ in (None, "") and _ROOT not in sys.path:  # run as a file
     sys.path.insert(0, _ROOT)
 
 from benchmarks.memory import run_cli_child  # noqa: E402
+from benchmarks.store import DEFAULT_OUT, TRACKED, RowFile, runs_lines  # noqa: E402
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # A Llama-style decoder with grouped-query attention (4 query heads per KV head), 156M
 # parameters, untied: no preset has this shape between llama-debug (4M) and llama2-7b.
 LLAMA_GQA_156M = {
@@ -102,13 +104,16 @@ def measure_case(case: str, folder: Path, timeout: float) -> dict[str, Any]:
     return row
 
 
-def run(cases=CASES, timeout: float = 1800.0, say=print) -> dict[str, Any]:
+def run(cases=CASES, timeout: float = 1800.0, say=print,
+        on_row: Callable[[dict[str, Any]], Any] = lambda row: None) -> dict[str, Any]:
+    """Each case measured in its own process and predicted, handed to `on_row` as it ends."""
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for case in cases:
             say(f"gate_peak: {case} ...")
             row = _judged({**measure_case(case, Path(folder), timeout), **predict(case)})
             rows.append(row)
+            on_row(row)
             say(f"gate_peak: {_line(row)}")
     return _result(date.today().isoformat(), rows)
 
@@ -121,7 +126,7 @@ def _result(day: str, measured: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _gate_scale() -> list[dict[str, Any]]:
     """The GATE_SCALE presets' peaks as benchmarks/results/gate_scale.json recorded them."""
-    path = RESULTS_DIR / "gate_scale.json"
+    path = TRACKED / "gate_scale.json"
     recorded = {row["preset"]: row for row in json.loads(path.read_text())["rows"]}
     return [{"case": name, "peak_rss_bytes": recorded[name]["peak_rss_bytes"],
              "command": f"python -m benchmarks.gate_scale --presets {name}",
@@ -167,27 +172,37 @@ def table(result: dict[str, Any]) -> list[str]:
 def section(result: dict[str, Any]) -> list[str]:
     return [f"## The gate's peak memory, predicted and measured ({result['date']})", "",
             "Measured: VmHWM of a fresh `decoder-audit verify ... --json` process (2 cores, "
-            "24 GiB, shared); predicted: `gate_peak(cfg, dtype)` (decoder_audit/accounting/"
-            f"gate/peak.py), an upper bound within {BOUND:g}x.", "", *table(result), ""]
+            "24 GiB, shared); predicted: `gate_peak(cfg, dtype)` (decoder_audit/gate/peak.py), "
+            f"an upper bound within {BOUND:g}x.", "",
+            *runs_lines(result.get("runs", {}), result["rows"]), *table(result), ""]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES), metavar="NAME[:DTYPE]")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="results folder (default out/benchmarks, which git ignores; "
+                             "benchmarks/results is the tracked one); other cases' rows there "
+                             "are kept")
     parser.add_argument("--table", type=Path, help="also write the table alone here")
     parser.add_argument("--repredict", type=Path, metavar="GATE_PEAK.json",
                         help="measure nothing: predict the measurements of an earlier run again "
                              "(after a change to the cost model)")
     args = parser.parse_args(argv)
-    result = repredict(args.repredict) if args.repredict else run(args.cases, args.timeout)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gate_peak.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "gate_peak.md").write_text("\n".join(section(result)) + "\n")
+    command = "python -m benchmarks.gate_peak " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    results = RowFile(args.out / "gate_peak.json", {"command": command.strip()},
+                      render=lambda merged: "\n".join(section(merged)) + "\n")
+    fields = {"date": date.today().isoformat(), "bound": BOUND}
+    result = repredict(args.repredict) if args.repredict else run(
+        args.cases, args.timeout, on_row=lambda row: results.add(row, fields))
+    for row in result["rows"]:
+        results.add(row, {**fields, "date": result["date"]})
+    merged = results.write({**fields, "date": result["date"]})
     if args.table:
-        args.table.write_text("\n".join(table(result)) + "\n")
-    print("\n".join(section(result)))
+        args.table.write_text("\n".join(table(merged)) + "\n")
+    print("\n".join(section(merged)))
     return 0 if all(row.get("within_bound") for row in result["rows"]) else 1
 
 

@@ -8,9 +8,13 @@ seconds of each check. A plot of peak memory against parameters goes beside the 
 
     python -m benchmarks.gate_scale                          # every preset, float32
     python -m benchmarks.gate_scale --presets tiny-368 gpt2-small --dtype bfloat16
+    python -m benchmarks.gate_scale --presets gpt2-small --out benchmarks/results
     python benchmarks/run.py --gate-scale ...                # as a family of the full benchmark
 
-Writes benchmarks/results/gate_scale.json, gate_scale.md and gate_scale.png (or --out DIR).
+Writes gate_scale.json, gate_scale.md and gate_scale.png (gate_scale_<dtype>.* for another
+dtype) into out/benchmarks/ (gitignored), or --out DIR (benchmarks/results/ holds the tracked
+figures), after every preset: a preset measured replaces its row and the other rows stay
+(benchmarks/store.py). `--budget SECONDS` starts no preset after that many seconds.
 The child builds the model as `decoder-audit verify --preset NAME [--dtype D]` does (seeded
 float32 weights, cast in place) and runs the same `audit()`.
 """
@@ -30,7 +34,9 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if __package__ in (None, "") and _ROOT not in sys.path:  # run as a file
     sys.path.insert(0, _ROOT)
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from benchmarks.common import Plan  # noqa: E402
+from benchmarks.store import DEFAULT_OUT, RowFile, runs_lines, skipped_lines  # noqa: E402
+
 PRESETS = ("tiny-368", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 # Targets of issue 13 on the 2-core, 24 GiB machine.
 TARGETS = {"gpt2-xl_peak_gb": 16.0, "gpt2-xl_seconds": 600.0, "gpt2-small_peak_gb": 1.5,
@@ -114,27 +120,33 @@ def run_child(preset: str, dtype: str, threads: int, timeout: float) -> dict[str
     return row
 
 
-def measure(plan=None, presets=PRESETS, dtype: str = "float32", threads: int | None = None,
+def measure(plan: Plan, presets=PRESETS, dtype: str = "float32", threads: int | None = None,
             timeout: float = 3600.0) -> dict[str, Any]:
-    """One fresh process per preset, one after another (never two big ones at once). `plan`:
-    the full benchmark's (run.py --gate-scale), for its thread count and progress lines."""
-    threads = threads or (plan.threads if plan is not None else os.cpu_count() or 1)
-    say = plan.say if plan is not None else print
+    """One fresh process per preset, one after another (never two big ones at once), while the
+    plan's budget lasts; each row handed to plan.done as it finishes. `plan`: the full
+    benchmark's (run.py --gate-scale) or this module's own command line's."""
+    threads = threads or plan.threads
     rows = []
-    for preset in presets:
-        say(f"gate_scale: {preset} ({dtype}, {threads} threads) ...")
+    for preset in plan.within_budget("gate_scale", presets, label=str):
+        plan.say(f"gate_scale: {preset} ({dtype}, {threads} threads) ...")
         row = run_child(preset, dtype, threads, timeout)
         rows.append(row)
+        plan.done("gate_scale", row)
         if "error" in row:
-            say(f"gate_scale: {preset} failed: {row['error'][-300:]}")
+            plan.say(f"gate_scale: {preset} failed: {row['error'][-300:]}")
         else:
             slow = sorted(row["checks"].items(), key=lambda kv: -kv[1])[:5]
-            say(f"gate_scale: {preset}: {row['gate_seconds']:.0f} s, "
-                f"{row['forward_equivalents']:.1f} forward-equivalents (forward "
-                f"{row['forward_seconds']:.1f} s), peak {row['peak_rss_bytes'] / 1e9:.2f} GB, "
-                f"passed={row['passed']}; " + ", ".join(f"{k} {v:.0f} s" for k, v in slow))
-    return {"dtype": dtype, "threads": threads, "rows": rows, "targets": TARGETS,
-            "before": BEFORE}
+            plan.say(f"gate_scale: {preset}: {row['gate_seconds']:.0f} s, "
+                     f"{row['forward_equivalents']:.1f} forward-equivalents (forward "
+                     f"{row['forward_seconds']:.1f} s), peak {row['peak_rss_bytes'] / 1e9:.2f} "
+                     f"GB, passed={row['passed']}; " + ", ".join(f"{k} {v:.0f} s"
+                                                                 for k, v in slow))
+    return record(dtype, threads) | {"rows": rows}
+
+
+def record(dtype: str, threads: int) -> dict[str, Any]:
+    """A results file's fields besides its rows."""
+    return {"dtype": dtype, "threads": threads, "targets": TARGETS, "before": BEFORE}
 
 
 def section(result: dict[str, Any]) -> list[str]:
@@ -157,7 +169,8 @@ def section(result: dict[str, Any]) -> list[str]:
             f"{row['forward_equivalents']:.1f} | {row['peak_rss_bytes'] / 1e9:.2f} | "
             f"{row['bytes_per_param']:.1f} | {row['gate_extra_over_weights']:.2f} | "
             f"{before_text} |")
-    lines += ["", "Peak RSS is the whole process (interpreter, torch, the model, the gate); "
+    lines += ["", *runs_lines(result.get("runs", {}), result["rows"]),
+              "Peak RSS is the whole process (interpreter, torch, the model, the gate); "
               "'gate extra / weights' is the gate's peak above the resident set it started "
               "from, as a multiple of the weights. Seconds per check:", ""]
     for row in result["rows"]:
@@ -165,7 +178,7 @@ def section(result: dict[str, Any]) -> list[str]:
             slow = sorted(row["checks"].items(), key=lambda kv: -kv[1])[:6]
             lines.append(f"- {row['preset']}: " + ", ".join(f"{k} {v:.0f} s" for k, v in slow)
                          + f" (load average at the end {row['load_average'][0]:.1f})")
-    return lines + [""]
+    return lines + ["", *skipped_lines(result.get("skipped", []))]
 
 
 def _count(params: int) -> str:
@@ -208,14 +221,8 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def write(result: dict[str, Any], out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "gate_scale" if result["dtype"] == "float32" else f"gate_scale_{result['dtype']}"
-    paths = [out / f"{stem}.json", out / f"{stem}.md"]
-    paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    paths[1].write_text("\n".join(section(result)) + "\n")
-    picture = plot(result, out / f"{stem}.png")
-    return paths + ([picture] if picture else [])
+def stem(dtype: str) -> str:
+    return "gate_scale" if dtype == "float32" else f"gate_scale_{dtype}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["float32", "bfloat16", "float16", "float64"])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per preset")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--budget", type=float, metavar="SECONDS",
+                        help="start no preset after this many seconds (those left are listed)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="results folder (default out/benchmarks, which git ignores; "
+                             "benchmarks/results is the tracked one); other presets' rows there "
+                             "are kept")
     parser.add_argument("--child", nargs=3, metavar=("PRESET", "DTYPE", "THREADS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -233,11 +245,23 @@ def main(argv: list[str] | None = None) -> int:
         preset, dtype, threads = args.child
         print(json.dumps(child(preset, dtype, int(threads))))
         return 0
-    result = measure(presets=args.presets, dtype=args.dtype, threads=args.threads,
+    command = "python -m benchmarks.gate_scale " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    path = args.out / f"{stem(args.dtype)}.json"
+    results = RowFile(path, {"command": command.strip()},
+                      render=lambda merged: "\n".join(section(merged)) + "\n")
+    fields = record(args.dtype, args.threads)
+
+    def written(family: str, row: dict[str, Any]) -> None:
+        plot(results.add(row, fields), path.with_suffix(".png"))
+
+    plan = Plan.standalone(args.threads, 1, budget=args.budget, on_row=written)
+    result = measure(plan, presets=args.presets, dtype=args.dtype, threads=args.threads,
                      timeout=args.timeout)
-    for path in write(result, args.out):
-        print(path)
-    return 0 if all(r.get("passed") for r in result["rows"]) else 1
+    results.write({**fields, "skipped": plan.skipped})
+    print("\n".join(str(p) for p in (path, path.with_suffix(".md"), path.with_suffix(".png"))
+                    if p.exists()))
+    return 0 if all(r.get("passed") for r in result["rows"]) and not plan.skipped else 1
 
 
 if __name__ == "__main__":

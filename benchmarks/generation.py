@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +38,8 @@ from .rows import SMOKE_CONFIGS
 # drift apart by a few such steps over the layers, so its ties are wider.
 NEAR_TIE = {"float32": 1e-4, "bfloat16": 3e-2}
 DTYPES = tuple(NEAR_TIE)
+# --quick: new tokens per row (the full run's 256 take minutes a row on 2 cores).
+QUICK_NEW_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,9 @@ def plan_rows(plan: Plan, dtype: str = "float32", prompts: tuple[int, ...] = (16
         cfg = SMOKE_CONFIGS["gpt2-tiny"]
         return [GenRow("gpt2-tiny", cfg, 1, 4, 6, dtype), GenRow("gpt2-tiny", cfg, 3, 8, 6, dtype)]
     gpt2 = da.preset("gpt2-small")
-    rows = [GenRow("gpt2-small", gpt2, b, t, new_tokens, dtype) for t in prompts for b in batches]
-    return rows[:len(batches)] if plan.quick else rows
+    if plan.quick:  # the first prompt length only, and short rows
+        prompts, new_tokens = prompts[:1], min(new_tokens, QUICK_NEW_TOKENS)
+    return [GenRow("gpt2-small", gpt2, b, t, new_tokens, dtype) for t in prompts for b in batches]
 
 
 class _Sides:
@@ -152,13 +156,16 @@ def measure(plan: Plan, dtype: str = "float32", prompts: tuple[int, ...] = (16, 
             batches: tuple[int, ...] = (1, 8), repeats: int | None = None,
             new_tokens: int = 256
             ) -> list[dict[str, Any]]:
-    """Every generation row of the run (--quick: batch 1 and 8 at prompt 16 only; the total
-    time is timed `repeats` times per side, by default min(plan.repeats, 2): a row runs for tens
-    of seconds)."""
+    """Every generation row of the run while the budget lasts (--quick: batch 1 and 8 at the
+    first prompt length only, QUICK_NEW_TOKENS new tokens each; the total time is timed
+    `repeats` times per side, by default min(plan.repeats, 2): a full row runs for tens of
+    seconds)."""
     results = []
-    for row in plan_rows(plan, dtype, prompts, batches, new_tokens):
+    for row in plan.within_budget("generation", plan_rows(plan, dtype, prompts, batches,
+                                                         new_tokens)):
         r = measure_row(row, min(plan.repeats, 2) if repeats is None else repeats)
         results.append(r)
+        plan.done("generation", r)
         gc.collect()
         plan.say(f"{row.label}: ours {r['ours']['tokens_per_s']:.1f} tok/s, HF "
                  f"{r['hf']['tokens_per_s']:.1f} tok/s, HF/ours {r['hf_over_ours']:.2f}")
@@ -194,12 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     """This family alone: `python -m benchmarks.generation --dtype bfloat16 --prompts 16
     --batches 1 8 --repeats 4` (from the repository root); prints its section of benchmark.md
     and writes the rows, the machine and its fp32 and bf16 matmul ceilings to --out (.json, and
-    its section beside it in .md)."""
+    its section beside it in .md) after every row, merged with the rows already there."""
     import argparse
     import os
-    from pathlib import Path
 
-    from .machine import machine_info, write_family
+    from .machine import FamilyFile, machine_info
+    from .store import DEFAULT_OUT
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
@@ -210,15 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=256, help="greedy tokens per row")
     parser.add_argument("--repeats", type=int, default=2, help="timed full runs per side")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/generation.json"))
+    parser.add_argument("--budget", type=float, metavar="SECONDS",
+                        help="start no row after this many seconds (those left are listed)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "generation.json",
+                        help="the results file (default under out/, which git ignores; "
+                             "benchmarks/results/generation.json is the tracked one)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    machine = machine_info(args.threads)
-    plan = Plan.standalone(args.threads, args.repeats)
-    rows = measure(plan, args.dtype, tuple(args.prompts), tuple(args.batches), args.repeats,
-                   args.new_tokens)
-    write_family(args.out, machine, rows, section(rows))
-    print("\n".join(section(rows)))
+    results = FamilyFile(args.out, machine_info(args.threads), section)
+    plan = Plan.standalone(args.threads, args.repeats, budget=args.budget, on_row=results.add)
+    measure(plan, args.dtype, tuple(args.prompts), tuple(args.batches), args.repeats,
+            args.new_tokens)
+    print("\n".join(section(results.finish(plan.skipped)["rows"])))
     return 0
 
 

@@ -14,7 +14,7 @@ exits 0 (the test suite's CUDA tests skip the same way).
 6. `torchrun --nproc_per_node <GPUs> decoder-audit verify --shard --device cuda --dtype bfloat16`
    (FSDP2 over nccl, one GPU per rank): the same verdicts as check 3's unsharded audit.
 
-Writes benchmarks/results/gpu_checks.json (or --out DIR); exit 1 when a check fails.
+Writes gpu_checks.json into out/benchmarks/ (gitignored) or --out DIR; exit 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import torch  # noqa: E402
 
 import decoder_audit as da  # noqa: E402
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from benchmarks.store import DEFAULT_OUT, write_json  # noqa: E402
+
 MUTANTS = ("no_causal_mask", "finite_mask_1e4", "gqa_tiled_not_interleaved", "batch_rows_mixed",
            "normalised_by_length", "false_tying_copy")
 
@@ -166,7 +167,8 @@ def sharded_on_gpus(preset: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="gpt2-small")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="results folder (default out/benchmarks, which git ignores)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print(f"no CUDA device (torch {torch.__version__}): the GPU checks did not run")
@@ -185,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(check())
     summary = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "checks": results, "passed": all(r["passed"] for r in results)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_checks.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(args.out / "gpu_checks.json", summary)
     for r in results:
         print(f"{'PASS' if r['passed'] else 'FAIL'}  {r['check']}"
               + (f"  ({r['seconds']:.1f} s)" if "seconds" in r else ""))

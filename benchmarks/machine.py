@@ -12,11 +12,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .common import SEED, stats
+from .store import RowFile, runs_lines, skipped_lines
 
 
 def cpu_model() -> str:
@@ -91,25 +92,43 @@ def ceiling(smoke: bool, quick: bool) -> dict[str, Any]:
     return matmul_ceiling(shapes, 3 if smoke else 7)
 
 
-def write_family(out: Path, machine: dict[str, Any], rows: list[dict[str, Any]],
-                 section: list[str]) -> None:
-    """What a family's own command line (`python -m benchmarks.<family> ...`) leaves: `out`
+class FamilyFile:
+    """What a family's own command line (`python -m benchmarks.<family> ...`) leaves at `out`
     (.json: the command, `machine` as `machine_info` gave it at the start, the fp32 and bf16
-    1024^3 matmul ceilings, the load average at the end, the rows) and the same name in .md (the
-    command, one machine line, the family's section)."""
-    command = f"python -m benchmarks.{Path(sys.argv[0]).stem} " + " ".join(sys.argv[1:])
-    ceilings = {name: matmul_ceiling([(1024, 1024, 1024)], 5, dtype)["ceiling_gflops"]
-                for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
-    record = {"command": command.strip(), "machine": machine, "ceiling_1024_gflops": ceilings,
-              "load_average_at_end": list(os.getloadavg()), "rows": rows}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    start = ", ".join(f"{x:.2f}" for x in machine["load_average_at_start"])
-    end = ", ".join(f"{x:.2f}" for x in record["load_average_at_end"])
-    out.with_suffix(".md").write_text("\n".join([
-        f"Command: `{record['command']}`  ",
-        f"Machine: {machine['cpu_model']}, {machine['logical_cpus']} logical CPUs, "
-        f"{machine['threads_used']} threads; torch {machine['torch']}, transformers "
-        f"{machine['transformers']}; code at {machine['git']}; 1024^3 matmul "
-        f"{ceilings['float32']:.0f} GFLOP/s fp32, {ceilings['bfloat16']:.0f} bf16; load average "
-        f"{start} at the start, {end} at the end.", "", *section]) + "\n")
+    1024^3 matmul ceilings measured then, the load average at the last write, the rows, merged
+    with those already there (`store.RowFile`), the rows skipped past the budget; and the same
+    name in .md: the command, one machine line, the family's section). Written after every row
+    (`add`, a Plan's on_row) and at the end (`finish`)."""
+
+    def __init__(self, out: Path, machine: dict[str, Any],
+                 section: Callable[[list[dict[str, Any]]], list[str]]) -> None:
+        command = f"python -m benchmarks.{Path(sys.argv[0]).stem} " + " ".join(sys.argv[1:])
+        ceilings = {name: matmul_ceiling([(1024, 1024, 1024)], 5, dtype)["ceiling_gflops"]
+                    for name, dtype in (("float32", torch.float32),
+                                        ("bfloat16", torch.bfloat16))}
+        self.record = {"command": command.strip(), "machine": machine,
+                       "ceiling_1024_gflops": ceilings, "skipped": []}
+        self.section = section
+        self.file = RowFile(out, {"command": self.record["command"]}, render=self.markdown)
+
+    def add(self, family: str, row: dict[str, Any]) -> None:
+        self.record["load_average_at_end"] = list(os.getloadavg())
+        self.file.add(row, self.record)
+
+    def finish(self, skipped: list[dict[str, Any]]) -> dict[str, Any]:
+        self.record.update(load_average_at_end=list(os.getloadavg()), skipped=skipped)
+        return self.file.write(self.record)
+
+    def markdown(self, record: dict[str, Any]) -> str:
+        machine, ceilings = record["machine"], record["ceiling_1024_gflops"]
+        start = ", ".join(f"{x:.2f}" for x in machine["load_average_at_start"])
+        end = ", ".join(f"{x:.2f}" for x in record.get("load_average_at_end", []))
+        return "\n".join([
+            f"Command: `{record['command']}`  ",
+            f"Machine: {machine['cpu_model']}, {machine['logical_cpus']} logical CPUs, "
+            f"{machine['threads_used']} threads; torch {machine['torch']}, transformers "
+            f"{machine['transformers']}; code at {machine['git']}; 1024^3 matmul "
+            f"{ceilings['float32']:.0f} GFLOP/s fp32, {ceilings['bfloat16']:.0f} bf16; load "
+            f"average {start} at the start, {end} at the end.", "",
+            *runs_lines(record["runs"], record["rows"]),
+            *self.section(record["rows"]), *skipped_lines(record.get("skipped", []))]) + "\n"

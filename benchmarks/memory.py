@@ -97,7 +97,8 @@ def memory_child(side: str, cfg_json: str, batch: int, seq_len: int, threads: in
 
 def measure_memory(config_name: str, cfg: da.DecoderConfig, batch: int, seq_len: int,
                    threads: int, steps: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"config": config_name, "batch": batch, "seq_len": seq_len,
+    out: dict[str, Any] = {"label": f"{config_name} B={batch} T={seq_len} forward+backward",
+                           "config": config_name, "batch": batch, "seq_len": seq_len,
                            "mode": "forward+backward", "steps": steps}
     for side in ("ours", "hf"):
         cmd = [sys.executable, str(RUN_PY), "--memory-child", side,
@@ -112,21 +113,23 @@ def measure_memory(config_name: str, cfg: da.DecoderConfig, batch: int, seq_len:
 
 
 def memory_rows(plan: Plan) -> list[Row]:
-    """The first forward + backward row of each architecture; the smoke run checks one only."""
+    """The first forward + backward row of each architecture; --smoke and --quick the first
+    only."""
     seen: dict[str, Row] = {}
     for row in plan_rows(plan):
         if row.backward and row.config_name not in seen:
             seen[row.config_name] = row
-    return list(seen.values())[:1 if plan.smoke else None]
+    return list(seen.values())[:1 if plan.smoke or plan.quick else None]
 
 
 def measure_memory_rows(plan: Plan) -> list[dict[str, Any]]:
     """The "memory" family: peak memory of both sides for each of `memory_rows(plan)`."""
     results = []
-    for row in memory_rows(plan):
+    for row in plan.within_budget("memory", memory_rows(plan)):
         mem = measure_memory(row.config_name, row.cfg, row.batch, row.seq_len, plan.threads,
                              steps=1 if plan.smoke else 2)
         results.append(mem)
+        plan.done("memory", mem)
         plan.say(f"memory {row.config_name}: ours {mem['ours']['peak_rss_mb']:.0f} MiB, "
                  f"HF {mem['hf']['peak_rss_mb']:.0f} MiB")
     return results

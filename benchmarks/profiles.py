@@ -38,7 +38,7 @@ def profiles_markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = ["# Profiles: top ops by self CPU time (three steps after the timed repeats)", "",
              f"torch {m['torch']}, {m['threads_used']} threads.", ""]
-    for r in results["rows"]:
+    for r in results.get("rows", []):
         for side, profile in r.get("profile", {}).items():
             lines += [f"## {r['label']}: {side}", "", "```", profile["table"].rstrip(), "```", ""]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .profiles import profiles_markdown
+from .store import runs_lines, skipped_lines, write_text
 
 Section = Callable[[Any], list[str]]
 
@@ -32,7 +33,14 @@ def header(results: dict[str, Any]) -> list[str]:
         f"Load average at start: {', '.join(f'{x:.2f}' for x in m['load_average_at_start'])} "
         "(a shared machine: absolute numbers are noisy, the interleaved ratios are what count).  ",
         f"Repeats: {results['repeats']} timed after {results['warmup']} warm-up per side, "
-        "interleaved; times are median (min-max) in ms.", "",
+        "interleaved; times are median (min-max) in ms."
+        + (f" Budget: no row started after {results['budget']:g} s."
+           if results.get("budget") is not None else "")
+        + ("" if results.get("finished", True) else
+           " **Still running, or stopped: the rows finished so far.**"), "",
+        *runs_lines(results.get("runs", {}), [row for value in results.values()
+                                              if isinstance(value, list) for row in value
+                                              if isinstance(row, dict) and "label" in row]),
     ]
 
 
@@ -140,15 +148,16 @@ def markdown(results: dict[str, Any], sections: Sequence[tuple[str, Section]]) -
     for key, section in sections:
         if key in results:
             lines += section(results[key])
+    lines += skipped_lines(results.get("skipped", []))
     lines.append(f"Total benchmark wall time: {results['wall_seconds']:.0f} s.")
     return "\n".join(lines) + "\n"
 
 
 def write(out: Path, results: dict[str, Any], sections: Sequence[tuple[str, Section]]) -> str:
-    """Write the three files under `out` (created if missing); returns benchmark.md's text."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "benchmark.json").write_text(json.dumps(results, indent=2) + "\n")
+    """Write the three files under `out` (created if missing; each moved over its name whole,
+    `store.write_text`); returns benchmark.md's text."""
+    write_text(out / "benchmark.json", json.dumps(results, indent=2) + "\n")
     report = markdown(results, sections)
-    (out / "benchmark.md").write_text(report)
-    (out / "profiles.md").write_text(profiles_markdown(results))
+    write_text(out / "benchmark.md", report)
+    write_text(out / "profiles.md", profiles_markdown(results))
     return report

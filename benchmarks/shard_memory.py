@@ -12,7 +12,8 @@ verdict. Reported per process: peak - baseline, against the weights, 1/N of them
 largest weight group FSDP2 gathers at once (one block, or the root: embeddings, final norm and
 readout), with the verdicts of both audits (they must agree).
 
-Writes benchmarks/results/shard_memory.json and prints a markdown table.
+Writes shard_memory.json into out/benchmarks/ (gitignored) or --out DIR (benchmarks/results/
+holds the tracked figure) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if __package__ in (None, "") and _ROOT not in sys.path:  # run as a file
     sys.path.insert(0, _ROOT)
 
 from benchmarks.memory import status_mb  # noqa: E402
+from benchmarks.store import DEFAULT_OUT, write_json  # noqa: E402
 
 GB = 1e9
 
@@ -88,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="a DecoderConfig JSON (instead of --preset)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path(_ROOT, "benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="results folder (default out/benchmarks, which git ignores; "
+                             "benchmarks/results is the tracked one)")
     args = parser.parse_args(argv)
     import decoder_audit as da
 
@@ -101,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = {"model": " ".join(source), "config": cfg.to_dict(), "dtype": args.dtype,
                "nproc": args.nproc, **weight_figures(cfg, args.dtype, args.nproc),
                "unsharded": one, "sharded": sharded}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "shard_memory.json").write_text(json.dumps(figures, indent=1) + "\n")
+    write_json(args.out / "shard_memory.json", figures)
     print(f"| process | exit | peak - baseline GB | / weights ({figures['weights'] / GB:.2f} GB) |")
     print("|---|---|---|---|")
     for label, rows in (("unsharded", one), ("--shard rank", sharded)):

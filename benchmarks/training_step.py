@@ -3,9 +3,10 @@ step, on our Decoder against the Hugging Face model holding the same weights (`d
 GPT2LMHeadModel or a LlamaForCausalLM, sdpa attention), in fp32 and under bfloat16 autocast.
 
 Configs: GPT-2 small (124M parameters, V = 50257) and the Llama GQA shape of rows.py (D=512, L=8,
-H=8, Hkv=4, F=1376, V=32000, RMSNorm, SwiGLU, RoPE, untied), at B = 4, T = 256 (--quick: the
-same; --smoke: their tiny stand-ins at B = 2, T = 8). On a 2-core CPU one step takes seconds, so
-larger batches would only lengthen the run; on a GPU the shapes are the same so the rows compare.
+H=8, Hkv=4, F=1376, V=32000, RMSNorm, SwiGLU, RoPE, untied), at B = 4, T = 256 (--quick: B = 2,
+T = 64 and no torch.compile; --smoke: their tiny stand-ins at B = 2, T = 8). On a 2-core CPU
+one step takes seconds, so larger batches would only lengthen the run; on a GPU the shapes are
+the same so the rows compare.
 
 Per row:
   - the pair is built and its logits checked equal before anything is timed (`pair.build_pair`);
@@ -32,6 +33,7 @@ import contextlib
 import gc
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -73,6 +75,7 @@ class StepRow:
 
 
 FULL_SHAPE = (4, 256)  # (B, T) of the full run
+QUICK_SHAPE = (2, 64)  # --quick: a step in well under a second on 2 cores
 CONFIGS = {"gpt2-small": da.preset("gpt2-small"), "llama-gqa": LLAMA_GQA}
 SMOKE_STAND_INS = {"gpt2-small": "gpt2-tiny", "llama-gqa": "llama-gqa-tiny"}
 
@@ -81,7 +84,9 @@ def plan_rows(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
               precisions: tuple[str, ...] = PRECISIONS,
               configs: tuple[str, ...] = tuple(CONFIGS), adamw: str = "default"
               ) -> list[StepRow]:
-    """One row per config and precision, config by config (GPT-2 first)."""
+    """One row per config and precision, config by config (GPT-2 first), at `shape` (--quick:
+    QUICK_SHAPE)."""
+    shape = QUICK_SHAPE if plan.quick else shape
     if plan.smoke:
         return [StepRow(SMOKE_STAND_INS[c], SMOKE_CONFIGS[SMOKE_STAND_INS[c]], 2, 8, p, adamw)
                 for c in configs for p in precisions]
@@ -189,14 +194,16 @@ def measure(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
             precisions: tuple[str, ...] = PRECISIONS,
             configs: tuple[str, ...] = tuple(CONFIGS), adamw: str = "default"
             ) -> list[dict[str, Any]]:
-    """Every training-step row of the run (per config, fp32 and bf16), each timed `plan.repeats`
-    times per side after at least one untimed step (AdamW allocates its state on the first);
-    each bf16 row then our fp32 / bf16 ("speedup" in plan.skip: not)."""
-    results = []
+    """Every training-step row of the run (per config, fp32 and bf16) while the budget lasts,
+    each timed `plan.repeats` times per side after at least one untimed step (AdamW allocates
+    its state on the first); each bf16 row then our fp32 / bf16 ("speedup" in plan.skip: not);
+    then each fp32 row's torch.compile, minutes each on a CPU ("compile" in plan.skip, or
+    --quick: not). --quick runs QUICK_SHAPE."""
+    measured = []
     rows = plan_rows(plan, shape, precisions, configs, adamw)
-    for row in rows:
+    for row in plan.within_budget("training_step", rows):
         r = measure_row(row, plan.repeats, plan.warmup)
-        results.append(r)
+        measured.append((row, r))
         plan.say(f"{row.label} training step: ours {r['ours']['tokens_per_s']:.3g} tok/s, HF "
                  f"{r['hf']['tokens_per_s']:.3g} tok/s, HF/ours {r['hf_over_ours']:.2f}")
         if row.precision == "bf16" and "speedup" not in plan.skip:
@@ -204,15 +211,18 @@ def measure(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
             plan.say(f"{row.label} ours fp32 / ours bf16 {u['fp32_over_bf16']:.2f} (paired "
                      f"{u['fp32_over_bf16_paired']['min']:.2f}-"
                      f"{u['fp32_over_bf16_paired']['max']:.2f})")
-    # compiling takes minutes on a CPU: after every other row
-    for row, r in zip(rows, results):
-        if row.precision == "fp32" and "compile" not in plan.skip:
-            r["compile"] = c = measure_compiled(row, plan.repeats, plan.warmup)
-            plan.say(f"{row.label} torch.compile: " + (c.get("error") or (
-                f"eager {c['eager_tokens_per_s']:.3g} tok/s, compiled "
-                f"{c['compiled_tokens_per_s']:.3g} tok/s (eager/compiled "
-                f"{c['eager_over_compiled']:.2f}), compiling {c['compile_seconds']:.0f} s")))
-    return results
+        plan.done("training_step", r)
+    compiling = [(row, r) for row, r in measured if row.precision == "fp32"
+                 and "compile" not in plan.skip and not plan.quick]
+    for row, r in plan.within_budget("training_step", compiling,
+                                     label=lambda pair: f"{pair[0].label} torch.compile"):
+        r["compile"] = c = measure_compiled(row, plan.repeats, plan.warmup)
+        plan.done("training_step", r)  # the row again, now with its compile figures
+        plan.say(f"{row.label} torch.compile: " + (c.get("error") or (
+            f"eager {c['eager_tokens_per_s']:.3g} tok/s, compiled "
+            f"{c['compiled_tokens_per_s']:.3g} tok/s (eager/compiled "
+            f"{c['eager_over_compiled']:.2f}), compiling {c['compile_seconds']:.0f} s")))
+    return [r for _, r in measured]
 
 
 def section(rows: list[dict[str, Any]]) -> list[str]:
@@ -263,12 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     """This family alone, at any shape: `python -m benchmarks.training_step --batch 2
     --seq-len 128 --repeats 2 [--configs llama-gqa]` (from the repository root); prints its
     section of benchmark.md and writes the rows, the machine and its fp32 and bf16 matmul
-    ceilings to --out (.json, and its section beside it in .md)."""
+    ceilings to --out (.json, and its section beside it in .md) after every row, merged with the
+    rows already there."""
     import argparse
     import os
-    from pathlib import Path
 
-    from .machine import machine_info, write_family
+    from .machine import FamilyFile, machine_info
+    from .store import DEFAULT_OUT
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--batch", type=int, default=FULL_SHAPE[0])
@@ -282,17 +293,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
     parser.add_argument("--no-speedup", action="store_true",
                         help="skip our fp32 / bf16 step on the same model")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/training_step.json"))
+    parser.add_argument("--budget", type=float, metavar="SECONDS",
+                        help="start no row after this many seconds (those left are listed)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "training_step.json",
+                        help="the results file (default under out/, which git ignores; "
+                             "benchmarks/results/training_step.json is the tracked one)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    machine = machine_info(args.threads)
+    results = FamilyFile(args.out, machine_info(args.threads), section)
     skip = {"compile"} if args.no_compile else set()
     plan = Plan.standalone(args.threads, args.repeats,
-                           frozenset(skip | ({"speedup"} if args.no_speedup else set())))
-    rows = measure(plan, (args.batch, args.seq_len), tuple(args.precisions), tuple(args.configs),
-                   args.adamw)
-    write_family(args.out, machine, rows, section(rows))
-    print("\n".join(section(rows)))
+                           frozenset(skip | ({"speedup"} if args.no_speedup else set())),
+                           budget=args.budget, on_row=results.add)
+    measure(plan, (args.batch, args.seq_len), tuple(args.precisions), tuple(args.configs),
+            args.adamw)
+    print("\n".join(section(results.finish(plan.skipped)["rows"])))
     return 0
 
 

@@ -3,7 +3,12 @@ the same size, both written as Hugging Face folders and audited by `decoder-audi
 exactly as a user would run it. Regenerates the figures and the table of docs/bert-contrast.md:
 
     python docs/bert_contrast.py                 # folders and reports under /tmp/bert-contrast
-    python docs/bert_contrast.py --out DIR --docs docs/bert-contrast
+    python docs/bert_contrast.py --docs docs/bert-contrast   # also the page's pictures
+
+Run as the first line shows, it writes nothing in the repository: the table goes to stdout and
+the folders and reports (with their pictures) under --out. `--docs DIR` copies the pictures
+into DIR too (the page's own are in docs/bert-contrast/, tracked). --out is emptied first only
+when it holds nothing but what this script writes there; any other file makes it refuse.
 
 Same sizes on both sides: V = 64, D = 32, L = 2 layers, H = 4 heads, F = 64, 16 learned
 positions (a hard limit on both). Every weight matrix is drawn from N(0, 0.3) with seed 0 (the
@@ -26,6 +31,9 @@ import torch
 
 SIZES = dict(V=64, D=32, L=2, H=4, F=64, T=16)
 PICTURES = ("dependency_matrix.png", "attention_patterns.png")
+MODELS = ("bert", "gpt2")
+# What this script writes into --out: a folder and a report folder per model.
+WRITTEN = frozenset(name for model in MODELS for name in (model, f"{model}-report"))
 
 
 def build_folders(out: Path) -> dict[str, Path]:
@@ -87,21 +95,27 @@ def table(reports: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="/tmp/bert-contrast", help="folders and reports")
-    parser.add_argument("--docs", default=str(Path(__file__).parent / "bert-contrast"),
-                        help="where the pictures are copied (the docs page links them)")
+    parser.add_argument("--docs", metavar="DIR",
+                        help="also copy the pictures here (docs/bert-contrast for the page; "
+                             "default: only under --out)")
     args = parser.parse_args(argv)
-    out, docs = Path(args.out), Path(args.docs)
+    out = Path(args.out)
     if out.exists():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in WRITTEN)
+        if foreign or not out.is_dir():
+            parser.error(f"--out {str(out)!r} holds {foreign or 'a file'}, which this script "
+                         "did not write: it empties --out first, so choose another folder")
         shutil.rmtree(out)
     folders = build_folders(out)
     reports = {}
     for name, folder in folders.items():
         report_dir = out / f"{name}-report"
         reports[name] = audit_folder(folder, report_dir)
-        docs.mkdir(parents=True, exist_ok=True)
-        for picture in PICTURES:
-            if (report_dir / picture).is_file():
-                shutil.copy(report_dir / picture, docs / f"{name}-{picture}")
+        if args.docs:  # the pictures are in report_dir either way
+            Path(args.docs).mkdir(parents=True, exist_ok=True)
+            for picture in PICTURES:
+                if (report_dir / picture).is_file():
+                    shutil.copy(report_dir / picture, Path(args.docs) / f"{name}-{picture}")
     print(table(reports))
     for name, report in reports.items():
         print(f"{name}: exit {report['exit_status']}, failed: "

@@ -181,3 +181,34 @@ def foreign(tmp_path) -> Path:
     path = tmp_path / "foreign.py"
     path.write_text(FOREIGN)
     return path
+
+
+# A causal running mean with no position table (V = 8): a --model without a hard length limit.
+NO_LIMIT = '''
+import torch
+from torch import nn
+
+
+class Running(nn.Module):
+    """A causal running mean with no position table: it runs at any length, V = 8."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(8, 8)
+        self.head = nn.Linear(8, 8, bias=False)
+
+    def forward(self, ids):
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (B, T), got {tuple(ids.shape)}")
+        x = self.emb(ids)
+        x = torch.cumsum(x, 1) / torch.arange(1, ids.shape[1] + 1).view(1, -1, 1)
+        return self.head(x)
+
+
+def build():
+    torch.manual_seed(0)
+    model = Running()
+    with torch.no_grad():
+        model.emb.weight.mul_(0.02)
+    return model
+'''

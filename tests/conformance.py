@@ -4,6 +4,13 @@ audited by the gate.
     python tests/conformance.py --write-docs        # the full sweep -> docs/conformance.md
     python tests/conformance.py llama gpt2 falcon   # a few families, printed
     python tests/conformance.py --cached --write-docs   # the last full sweep, judged again
+    python tests/conformance.py llama --write-docs  # llama swept again, its row merged in
+
+Only --write-docs writes a tracked file. The rows of the last full sweep are kept in
+build/conformance_rows.json (gitignored); --write-docs with a few families sweeps those, puts
+their rows in place of the cached ones (the other families' rows are kept), writes the page from
+all of them and keeps the merged rows as the cache. Without a cached full sweep there is nothing
+to merge into, and that is refused (the page would lose every other family).
 
 `tests/gate/test_conformance.py` runs a representative subset of the same sweep in the default test
 run (and the whole of it with DA_CONFORMANCE=all).
@@ -304,10 +311,17 @@ EXPECTED: dict[str, Expected] = {
         "users report the same on left-padded fine-tuning (huggingface/transformers#31201)"),
     "jamba": Expected({"kv_cache": ("chunks",)}, _CHUNKED_STATE),
     "moshi": Expected({"kv_cache": ("one token at a time",),
-                       "padding": ("left-padded", "through the cache")},
-                      "with its sliding window shrunk to 8, cached decoding past the window "
-                      "differs from the full forward (its cache keeps other keys than the "
-                      "window mask of the full forward)"),
+                       "padding": ("left-padded", "through the cache"),
+                       "window": ("window of 8",)},
+                      "its config declares a sliding window (8 here) that no attention path "
+                      "applies: the full forward reads every earlier token (the flash path that "
+                      "applied it is gone), while its cache keeps only the window's keys, so "
+                      "cached decoding past the window differs from the full forward"),
+    "gpt_neo": Expected({"kv_cache": ("StaticCache",)},
+                        "its local (windowed) layers decode wrongly through a StaticCache: the "
+                        "prefill's logits differ from the full forward (by 0.08 at this size; "
+                        "generate(cache_implementation='static') scores its first step 0.1 away "
+                        "from the dynamic cache's), while the cache it makes itself is right"),
     "git": Expected({"padding": ("left-padded", "through the cache")},
                     "left padding changes the cached steps (its positions come from the cache "
                     "length, not from the position_ids it is given)"),
@@ -462,10 +476,12 @@ def _oracle_paragraph(built: list[Row], tf) -> str:
             "`da.audit(model, spec=cfg)` where a DecoderConfig expresses its architecture.")
 
 
-def write_docs(rows: list[Row], path: Path = DOCS) -> Path:
-    """docs/conformance.md: every family, its verdict, the checks it ran, skipped and failed."""
+def write_docs(rows: list[Row], path: Path | None = None) -> Path:
+    """docs/conformance.md (or `path`): every family, its verdict, the checks it ran, skipped
+    and failed."""
     import transformers
 
+    path = DOCS if path is None else path
     built = [r for r in rows if r.built]
     passed = [r for r in built if r.verdict == "pass"]
     failed = [r for r in built if r.verdict != "pass"]
@@ -552,26 +568,58 @@ def _cell(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
+def merged_rows(cached: list[Row], fresh: list[Row]) -> list[Row]:
+    """The cached sweep's rows with each freshly swept family's row in its place (a family the
+    cache lacks goes at the end)."""
+    by_family = {row.family: row for row in fresh}
+    kept = [by_family.pop(row.family, row) for row in cached]
+    return kept + [row for row in fresh if row.family in by_family]
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def _read_cache() -> list[Row] | None:
+    return [Row(**row) for row in json.loads(CACHE.read_text())] if CACHE.is_file() else None
+
+
+def _write_cache(rows: list[Row]) -> None:
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
+    CACHE.write_text(json.dumps([dataclasses.asdict(row) for row in rows]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("families", nargs="*", help="model types (default: all)")
-    parser.add_argument("--write-docs", action="store_true", help=f"write {DOCS.relative_to(REPO)}")
+    parser.add_argument("--write-docs", action="store_true",
+                        help=f"write {_shown(DOCS)} (with families: their rows merged into the "
+                             "last full sweep's)")
     parser.add_argument("--cached", action="store_true",
-                        help=f"judge the rows of the last full sweep ({CACHE.relative_to(REPO)}) "
-                             "instead of sweeping again")
+                        help=f"judge the rows of the last full sweep ({_shown(CACHE)}) instead "
+                             "of sweeping again")
     args = parser.parse_args(argv)
     everything = causal_lm_families()
     unknown = [f for f in args.families if f not in everything]
     if unknown:
         parser.error(f"unknown model types {unknown}")
+    cached = _read_cache()
+    if args.write_docs and args.families and not args.cached and cached is None:
+        parser.error(f"--write-docs with families merges their rows into the last full sweep's "
+                     f"({_shown(CACHE)}), which is not there; run the full sweep first (python "
+                     "tests/conformance.py --write-docs)")
+    if args.cached and cached is None:
+        parser.error(f"--cached: no rows of a full sweep at {_shown(CACHE)}")
     chosen = {f: everything[f] for f in args.families} if args.families else everything
     if args.cached:  # the rows of the last sweep, judged again (after EXPECTED changed)
-        rows = [Row(**row) for row in json.loads(CACHE.read_text())]
+        rows = cached
     else:
         rows = sweep(chosen, echo=True)
         if not args.families:
-            CACHE.parent.mkdir(parents=True, exist_ok=True)
-            CACHE.write_text(json.dumps([dataclasses.asdict(row) for row in rows]))
+            _write_cache(rows)
+        elif args.write_docs:  # the families swept again, in place of their cached rows
+            rows = merged_rows(cached, rows)
+            _write_cache(rows)
     if args.write_docs:
         print(f"wrote {write_docs(rows)}")
     unexpected = [r.family for r in rows if r.built and verdict_problems(r)]

@@ -1,5 +1,6 @@
-"""The README's deterministic outputs are what the commands print (a stale figure is a defect):
-the verify example's verdict, counts and rerun line, and the presets table's parameter counts."""
+"""The README's and the docs' example outputs are what the commands print (a stale figure is a
+defect): the verify example's verdict, counts and rerun line, the learner's verdict, the gated
+training run of the counting task and its sample, and the spec zoo's mutant count."""
 
 from __future__ import annotations
 
@@ -8,13 +9,21 @@ from pathlib import Path
 
 from decoder_audit.cli import main
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+
+
+def _block_after(text: str, marker: str) -> str:
+    """The first fenced block after `marker` in `text`, without its fences."""
+    block = text[text.index(marker):]
+    block = block[block.index("```") + 3:]
+    block = block[block.index("\n") + 1:]  # past the fence's language
+    return block[:block.index("```")]
 
 
 def test_the_verify_example_is_what_verify_prints(capsys):
-    block = README[README.index("A passing run ends like this"):]
-    block = block[block.index("```") + 3:]
-    block = block[:block.index("```")]
+    block = _block_after(README, "`decoder-audit verify` (no flags")
     assert main(["verify", "--no-progress"]) == 0
     printed = capsys.readouterr().out
     verdict, cost, rerun = [line for line in block.strip().splitlines()]
@@ -23,17 +32,8 @@ def test_the_verify_example_is_what_verify_prints(capsys):
     assert counts in printed, (counts, [line for line in printed.splitlines() if "cost" in line])
 
 
-def test_the_presets_table_counts_are_the_ledgers(capsys):
-    import decoder_audit as da
-
-    rows = re.findall(r"^\| `([\w-]+)` \|.*\| ([\d,]+) \|$", README, re.M)
-    assert len(rows) == len(da.preset_names())
-    for name, count in rows:
-        assert da.parameter_ledger(da.preset(name)).total == int(count.replace(",", "")), name
-
-
 def test_the_learner_example_is_what_verify_prints(capsys):
-    block = README[README.index("is a hand-written tied GPT and its spec"):]
+    block = README[README.index("is a hand-written tied GPT and"):]
     command = block[block.index("```bash") + 7:]
     command, rest = command[:command.index("```")].strip(), command[command.index("```") + 3:]
     verdict = rest[rest.index("```") + 3:]
@@ -44,9 +44,51 @@ def test_the_learner_example_is_what_verify_prints(capsys):
     assert verdict in printed
 
 
+# The machine's figures in a run's output: seconds, rates, the measured matmul ceiling and the
+# MFU it gives. Everything else a run prints is the same on every machine.
+FIGURES = re.compile(r"\d[\d.,]* s\b|[\d,]+ tokens/s|[\d.]+% of [\d.e+]+ FLOP/s|\d+x\d+ float32")
+
+
+def _pattern(expected: str) -> str:
+    """A regex of printed text, whitespace removed (the terminal wraps long lines anywhere),
+    with the machine's figures left open and every other character as shown."""
+    def literal(text: str) -> str:
+        return re.escape("".join(text.split()))
+
+    def figure(text: str) -> str:
+        pieces = re.split(r"(\d[\d.,e+]*)", text)
+        return "".join(r"[\d.,e+]+" if i % 2 else literal(p) for i, p in enumerate(pieces))
+
+    parts, last = [], 0
+    for match in FIGURES.finditer(expected):
+        parts += [literal(expected[last:match.start()]), figure(match.group(0))]
+        last = match.end()
+    return "".join(parts) + literal(expected[last:])
+
+
+def test_the_training_example_is_what_train_and_sample_print(tmp_path, capsys, monkeypatch):
+    page = (DOCS / "training.md").read_text()
+    block = _block_after(page, "its entropy floor is")
+    train_out, sample_out = block.split("$ decoder-audit sample")
+    train_lines = train_out.strip().splitlines()
+    assert train_lines[0] == "$ cd /tmp && decoder-audit train --out runs/tiny"
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--out", "runs/tiny", "--no-progress"]) == 0
+    printed = "".join(capsys.readouterr().out.split()).replace(str(tmp_path), "/tmp")
+    assert re.search(_pattern("\n".join(train_lines[1:])), printed), printed
+    sample_command, sample_printed = sample_out.strip().split("\n", 1)
+    prompt = re.search(r'--prompt "([^"]+)"', sample_command)[1]
+    assert main(["sample", "--checkpoint", "runs/tiny", "--prompt", prompt]) == 0
+    assert sample_printed.strip() in capsys.readouterr().out
+
+
 def test_the_spec_mutant_count_is_the_zoos():
     import zoo_styles
 
+    page = " ".join((DOCS / "gate.md").read_text().split())
     count = sum(len(defects) for defects in zoo_styles.DEFECTS.values())
-    found = re.search(r"(\d+) mutants\), the gate with the spec catches (\d+) of (\d+)", README)
+    found = re.search(r"(\d+) mutants\), the gate with the spec catches (\d+) of (\d+)", page)
     assert found and {int(n) for n in found.groups()} == {count}
+    words = {"four": 4, "five": 5, "six": 6, "seven": 7}
+    styles = re.search(r"written in (\w+) outside styles .*? and the (\w+) correct models", page)
+    assert [words.get(w) for w in styles.groups()] == [len(zoo_styles.DEFECTS)] * 2

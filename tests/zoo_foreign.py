@@ -6,6 +6,7 @@ sinks, memory keys, a state tensor, a late leak, a wider input vocabulary and a 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 import torch
@@ -173,3 +174,109 @@ class FixedTableLM(nn.Module):
         x = self.embed(ids) + self.pos(torch.arange(ids.shape[1]))  # (B, T, D)
         causal = torch.ones(ids.shape[1], ids.shape[1]).tril()
         return self.head((causal / causal.sum(-1, keepdim=True)) @ x)
+
+
+class _CachedAttention(nn.Module):
+    """One causal attention layer keeping its keys and values in buffers between cached calls,
+    as LLMs-from-scratch's ch04/03_kv-cache MultiHeadAttention does (registered as None,
+    concatenated on every use_cache=True call, emptied by reset_cache)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.register_buffer("cache_k", None, persistent=False)
+        self.register_buffer("cache_v", None, persistent=False)
+
+    def forward(self, x: torch.Tensor, use_cache: bool) -> torch.Tensor:
+        q, k, v = (t.view(*t.shape[:2], H, D // H).transpose(1, 2)  # (B, H, T, Dh)
+                   for t in self.qkv(x).chunk(3, -1))
+        if use_cache:
+            if self.cache_k is not None:
+                k, v = torch.cat([self.cache_k, k], 2), torch.cat([self.cache_v, v], 2)
+            self.cache_k, self.cache_v = k, v
+        new, seen = q.shape[2], k.shape[2]
+        future = torch.ones(seen, seen, dtype=torch.bool).triu(1)[-new:]  # (T_new, T_seen)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(D // H)).masked_fill(future, float("-inf"))
+        z = (scores.softmax(-1) @ v).transpose(1, 2).reshape(*x.shape)
+        return x + self.proj(z)
+
+    def reset_cache(self) -> None:
+        self.cache_k, self.cache_v = None, None
+
+
+class StatefulGPT(nn.Module):
+    """LLMs-from-scratch's kv-cache GPT-2 in small: a learned position table of `rows` rows, a
+    position counter `current_pos` and a cached attention layer; forward(in_idx,
+    use_cache=False, cache=None) reads positions current_pos.. and advances the counter only when use_cache
+    (ch04/03_kv-cache); `reset_kv_cache()` starts over; input longer than `limit` (default
+    `rows`) raises ValueError. Beside it, state a forward may keep: the lengths it saw (a list),
+    its last hidden state (a plain tensor attribute), running statistics written in place in
+    train mode (a buffer), and draws from Python's `random` in train mode (a dropout of its own
+    beside the nn.Dropout before the readout).
+
+    from_counter: positions come from current_pos on every call, cached or not, as the
+                  `llms_from_scratch.kv_cache.gpt2` release 1.0.19 reads them: right from a
+                  reset state, shifted after any cached call until reset_kv_cache().
+    drift:        the counter advances on every call and nothing resets it: the same ids give
+                  other answers on the next call (the model's own state, not noise)."""
+
+    def __init__(self, *, rows: int = 16, limit: int | None = None, from_counter: bool = False,
+                 drift: bool = False, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.rows, self.from_counter, self.drift = rows, from_counter, drift
+        self.limit = rows if limit is None else limit  # longer input is refused
+        self.embed, self.pos = nn.Embedding(V, D), nn.Embedding(rows, D)
+        self.att = _CachedAttention()
+        self.head, self.drop = nn.Linear(D, V), nn.Dropout(0.1)
+        self.register_buffer("running_mean", torch.zeros(D))
+        self.current_pos = 0
+        self.lengths_seen: list[int] = []
+        self.last_hidden: torch.Tensor | None = None
+
+    def forward(self, in_idx: torch.Tensor, use_cache: bool = False, cache=None) -> torch.Tensor:
+        # `cache`: the package's signature (a caller's KVCache); this one keeps its own buffers
+        if in_idx.dim() != 2 or in_idx.is_floating_point():
+            raise ValueError(f"in_idx must be integer (B, T), got {tuple(in_idx.shape)}")
+        seq_len = in_idx.shape[1]
+        if seq_len > self.limit:
+            raise ValueError(f"T={seq_len} exceeds the context length {self.limit}")
+        start = self.current_pos if (use_cache or self.from_counter or self.drift) else 0
+        x = self.embed(in_idx) + self.pos(torch.arange(start, start + seq_len))  # (B, T, D)
+        if use_cache or self.drift:
+            self.current_pos += seq_len
+        x = self.att(x, use_cache)
+        self.lengths_seen.append(seq_len)
+        self.last_hidden = x.detach()
+        if self.training:
+            with torch.no_grad():
+                self.running_mean.mul_(0.9).add_(0.1 * x.mean((0, 1)))
+            keep = torch.tensor([random.random() > 0.1 for _ in range(D)], dtype=x.dtype)
+            x = x * keep / 0.9
+        return self.head(self.drop(x))
+
+    def reset_kv_cache(self) -> None:
+        self.att.reset_cache()
+        self.current_pos = 0
+
+
+class ScratchLM(ToyLM):
+    """ToyLM (correct) that takes a scratch buffer of `scratch` bytes in every forward of
+    `from_len` tokens or more, as a kernel's workspace: never touched, so it costs no memory
+    where the allocator may hand out address space, and fails to allocate under an
+    address-space limit (`ulimit -v`) or when `scratch` is past any machine."""
+
+    def __init__(self, scratch: int = 3 * 2**30, from_len: int = 8, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.scratch, self.from_len = scratch, from_len
+
+    def forward(self, ids: torch.Tensor, output_attentions: bool = False) -> Output:
+        if ids.dim() == 2 and ids.shape[1] >= self.from_len:
+            torch.empty(self.scratch, dtype=torch.uint8)
+        return super().forward(ids, output_attentions)
+
+
+def scratch_lm() -> ScratchLM:
+    """A --model factory (a file holding `from zoo_foreign import scratch_lm`, tests/ on the
+    path): 3 GiB of scratch at T >= 8."""
+    return ScratchLM()

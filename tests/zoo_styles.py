@@ -12,7 +12,10 @@ defect plantable at a time (`defect=`), for the declared-architecture checks (sp
                  RoPE, grouped-query attention 4/2, untied;
     LitGPT       litgpt 0.5's GPT with a Llama config: transformer.wte/h/ln_f, q, k and v stacked
                  in one `attn.qkv` (query heads, then key heads, then value heads), RoPE rotating
-                 halves, key/value heads expanded over their group, mlp.fc_1/fc_2/proj.
+                 halves, key/value heads expanded over their group, mlp.fc_1/fc_2/proj;
+    RootLlama    a hand-written Llama with Hugging Face's names at its root (embed_tokens,
+                 layers.{i}.self_attn.q_proj, input_layernorm, mlp.gate_proj, norm, lm_head:
+                 no `model.` wrapper), RoPE rotating halves, grouped-query attention 4/2.
 
 Each is a re-implementation: nanoGPT and LLMs-from-scratch are not packages on the registry;
 torchtune 0.6.1 installs but does not import with the registry's torchao (its modules import
@@ -410,4 +413,284 @@ class LitGPT(nn.Module):
         return self.lm_head(x)
 
 
-STYLES = {"nanogpt": NanoGPT, "scratch": ScratchGPT, "tune": TuneLlama, "litgpt": LitGPT}
+# ---- a hand-written Llama with Hugging Face's names at its root ----------------------------------
+
+class _RootLlamaLayer(nn.Module):
+    """Hugging Face Llama's module names (self_attn.q_proj, input_layernorm, mlp.gate_proj, ...)
+    and arithmetic (RoPE rotating halves, key/value heads repeated over their group), written
+    by hand: no `model.` wrapper around the embedding, the layers and the final norm."""
+
+    def __init__(self, cfg: da.DecoderConfig, defect: str | None) -> None:
+        super().__init__()
+        d, dh, eps = cfg.d_model, cfg.head_dim, 1e-2 if defect == "eps" else cfg.norm_eps
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(d, cfg.n_heads * dh, bias=False)
+        self.self_attn.k_proj = nn.Linear(d, cfg.kv_heads * dh, bias=False)
+        self.self_attn.v_proj = nn.Linear(d, cfg.kv_heads * dh, bias=False)
+        self.self_attn.o_proj = nn.Linear(cfg.n_heads * dh, d, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(d, cfg.d_ff, bias=False)
+        self.mlp.up_proj = nn.Linear(d, cfg.d_ff, bias=False)
+        self.mlp.down_proj = nn.Linear(cfg.d_ff, d, bias=False)
+        self.input_layernorm = StyleRMSNorm(d, eps)
+        self.post_attention_layernorm = StyleRMSNorm(d, eps)
+        self.cfg, self.defect = cfg, defect
+
+    def _attention(self, x):
+        b, t, _ = x.shape
+        cfg, dh, attn = self.cfg, self.cfg.head_dim, self.self_attn
+        q = attn.q_proj(x).view(b, t, cfg.n_heads, dh).transpose(1, 2)  # (B, H, T, Dh)
+        k, v = (p(x).view(b, t, cfg.kv_heads, dh).transpose(1, 2)  # (B, Hkv, T, Dh)
+                for p in (attn.k_proj, attn.v_proj))
+        theta = 1000.0 if self.defect == "theta" else cfg.rope_theta
+        q, k = (_rope(z, theta, interleaved=self.defect == "rope_layout") for z in (q, k))
+        group = cfg.n_heads // cfg.kv_heads
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # (B, H, T, Dh)
+        y = _causal_attention(q, k, v, 1 / dh if self.defect == "scale" else dh ** -0.5)
+        return attn.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+    def _mlp(self, x):
+        act = F.gelu if self.defect == "activation" else F.silu
+        return self.mlp.down_proj(act(self.mlp.gate_proj(x)) * self.mlp.up_proj(x))
+
+    def forward(self, x):
+        post = self.defect == "post_norm"
+        x = _residual(x, self.input_layernorm, self._attention, post)
+        return _residual(x, self.post_attention_layernorm, self._mlp, post)
+
+
+class RootLlama(nn.Module):
+    def __init__(self, defect: str | None = None, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        cfg = SPECS["hf_root"]
+        self.defect = defect
+        self.embed_tokens = nn.Embedding(V, cfg.d_model)
+        self.layers = nn.ModuleList(_RootLlamaLayer(cfg, defect) for _ in range(cfg.n_layers))
+        self.norm = StyleRMSNorm(cfg.d_model, 1e-2 if defect == "eps" else cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, V, bias=False)
+        if defect == "extra_linear":
+            self.unused = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, input_ids):
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        if self.defect != "no_final_norm":
+            x = self.norm(x)
+        return self.lm_head(x)
+
+
+SPECS["hf_root"] = SPECS["litgpt"].replace(d_ff=40, norm_eps=1e-6, rope_theta=10000.0)
+DEFECTS["hf_root"] = {**{k: v for k, v in COMMON.items() if k != "untied_copy"},
+                      "theta": "oracle", "rope_layout": "oracle"}
+
+STYLES = {"nanogpt": NanoGPT, "scratch": ScratchGPT, "tune": TuneLlama, "litgpt": LitGPT,
+          "hf_root": RootLlama}
+
+
+# ---- the declarations real models need (spec_declarations tests) -----------------------------
+#
+#     ScratchQwen3     LLMs-from-scratch's Qwen3Model (llms_from_scratch.qwen3, 1.0.19): tok_emb,
+#                      trf_blocks.{i}.att.W_query/W_key/W_value/out_proj, per-head RMSNorms
+#                      att.q_norm/k_norm (gain `scale`) before a rotate-half RoPE, ff.fc1/fc2/fc3
+#                      (gate, up, down), norm1/norm2/final_norm with gain `scale`, out_head.
+#                      Re-implemented: the package pins numpy < 2.1 and pulls tensorflow, so it
+#                      is not a test dependency (test_spec_declarations compares this replica
+#                      with the package where it is importable).
+#     Megatron1P       a GPT whose LayerNorms are Megatron's LayerNorm1P (apply_layernorm_1p,
+#                      NeMo, Nemotron): the gain is 1 + w, w stored around 0.
+#     BiasedLlama      TuneLlama with a bias on some projections only (`biases`, canonical
+#                      names: q_proj, v_proj, output_proj, w1, w3 ...).
+#     wrong_backward_llama   TuneLlama whose down projections' hand-written backward is 5% off.
+# Their defects are tabled in tests/gate/test_spec_declarations.py (DEFECTS here is the
+# catalogue docs/defects.md and the README count).
+
+SPECS["qwen3"] = da.DecoderConfig(
+    vocab_size=V, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_width=16, d_ff=40,
+    max_seq_len=T, norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", pos="rope", rope_theta=1e6,
+    rope_layout="rotate_half", qk_norm=True, tie_embeddings=False)
+SPECS["megatron1p"] = SPECS["nanogpt"].replace(norm_offset=1.0, tie_embeddings=False)
+
+
+class ScratchRMSNorm(nn.Module):
+    """LLMs-from-scratch's Qwen3 RMSNorm: normalised in float32, gain `scale` (and a `shift`
+    it may have)."""
+
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.scale = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        wide = x.to(torch.float32)
+        normed = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (normed * self.scale).to(x.dtype)
+
+
+def _rotate_half_table(head_dim: int, theta: float, length: int):
+    """cos, sin (length, Dh): each pair's angle repeated over both halves, as the package
+    tabulates them once for the whole context."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=1)
+    return angles.cos(), angles.sin()
+
+
+class _Qwen3Block(nn.Module):
+    def __init__(self, cfg: da.DecoderConfig, defect: str | None) -> None:
+        super().__init__()
+        d, dh, eps = cfg.d_model, cfg.head_dim, 1e-2 if defect == "eps" else cfg.norm_eps
+        self.att = nn.Module()
+        widths = {"W_query": (d, cfg.n_heads * dh), "W_key": (d, cfg.kv_heads * dh),
+                  "W_value": (d, cfg.kv_heads * dh), "out_proj": (cfg.n_heads * dh, d)}
+        for name, (fan_in, fan_out) in widths.items():
+            setattr(self.att, name, nn.Linear(fan_in, fan_out, bias=False))
+        if defect != "no_q_norm":
+            self.att.q_norm = ScratchRMSNorm(dh, eps)
+        self.att.k_norm = ScratchRMSNorm(dh, eps)
+        self.ff = nn.Module()
+        self.ff.fc1 = nn.Linear(d, cfg.d_ff, bias=False)
+        self.ff.fc2 = nn.Linear(d, cfg.d_ff, bias=False)
+        self.ff.fc3 = nn.Linear(cfg.d_ff, d, bias=False)
+        self.norm1, self.norm2 = ScratchRMSNorm(d, eps), ScratchRMSNorm(d, eps)
+        self.cfg, self.defect = cfg, defect
+
+    def _attention(self, x, cos, sin):
+        b, t, _ = x.shape
+        cfg, dh = self.cfg, self.cfg.head_dim
+        q = self.att.W_query(x).view(b, t, cfg.n_heads, dh).transpose(1, 2)
+        k = self.att.W_key(x).view(b, t, cfg.kv_heads, dh).transpose(1, 2)
+        v = self.att.W_value(x).view(b, t, cfg.kv_heads, dh).transpose(1, 2)
+        if hasattr(self.att, "q_norm"):
+            q = self.att.q_norm(q)
+        k = self.att.k_norm(k)
+        if self.defect == "rope_layout":  # pairs (x[2j], x[2j+1]) where the spec says halves
+            q, k = _rope(q, cfg.rope_theta, True), _rope(k, cfg.rope_theta, True)
+        else:
+            q, k = (z * cos[:t] + torch.cat((-z[..., dh // 2:], z[..., :dh // 2]), -1) * sin[:t]
+                    for z in (q, k))
+        group = cfg.n_heads // cfg.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = _causal_attention(q, k, v, 1 / dh if self.defect == "scale" else dh ** -0.5)
+        return self.att.out_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+    def forward(self, x, cos, sin):
+        x = x + self._attention(self.norm1(x), cos, sin)
+        h = self.norm2(x)
+        return x + self.ff.fc3(F.silu(self.ff.fc1(h)) * self.ff.fc2(h))
+
+
+class ScratchQwen3(nn.Module):
+    def __init__(self, defect: str | None = None, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        cfg = SPECS["qwen3"]
+        self.tok_emb = nn.Embedding(V, cfg.d_model)
+        self.trf_blocks = nn.ModuleList(_Qwen3Block(cfg, defect) for _ in range(cfg.n_layers))
+        self.final_norm = ScratchRMSNorm(cfg.d_model, cfg.norm_eps)
+        self.out_head = nn.Linear(cfg.d_model, V, bias=False)
+        cos, sin = _rotate_half_table(cfg.head_dim, cfg.rope_theta, cfg.max_seq_len)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, in_idx):
+        _check_length(in_idx, self.cos.shape[0])
+        x = self.tok_emb(in_idx)
+        for block in self.trf_blocks:
+            x = block(x, self.cos, self.sin)
+        return self.out_head(self.final_norm(x))
+
+
+class LayerNorm1P(nn.LayerNorm):
+    """Megatron's LayerNorm1P: the gain is 1 + weight, the weight starting at 0 (`plain`: the
+    defect of a port that applies the stored weight alone)."""
+
+    def __init__(self, d: int, eps: float, plain: bool = False) -> None:
+        super().__init__(d, eps=eps)
+        nn.init.zeros_(self.weight)
+        self.plain = plain
+
+    def forward(self, x):
+        gain = self.weight if self.plain else self.weight + 1
+        return F.layer_norm(x, self.normalized_shape, gain, self.bias, self.eps)
+
+
+class Megatron1P(NanoGPT):
+    """nanoGPT's names and block with every LayerNorm a LayerNorm1P, untied (Megatron's GPT
+    unties by default). Defect "plain": the norms apply w alone, as a port that forgot the 1."""
+
+    def __init__(self, defect: str | None = None, seed: int = 0) -> None:
+        super().__init__(None, seed)
+        cfg = SPECS["megatron1p"]
+        gen = torch.Generator().manual_seed(seed)
+        self.lm_head.weight = nn.Parameter(torch.randn(V, cfg.d_model, generator=gen) * 0.02)
+        norm = lambda: LayerNorm1P(cfg.d_model, cfg.norm_eps, plain=defect == "plain")  # noqa: E731
+        for block in self.transformer.h:
+            block.ln_1, block.ln_2 = norm(), norm()
+        self.transformer.ln_f = norm()
+        with torch.no_grad():  # trained norms: w around 0, so a gain 1 + w around 1
+            for name, p in self.named_parameters():
+                if p.dim() == 1 and (".ln_" in name or name.startswith("transformer.ln_f")):
+                    p.normal_(0.0, 0.1, generator=gen)
+
+
+class _BiasedLayer(_TuneLayer):
+    """A torchtune Llama layer whose projections named in `biases` carry a bias."""
+
+    def __init__(self, cfg: da.DecoderConfig, defect: str | None, biases: tuple[str, ...]):
+        super().__init__(cfg, defect)
+        for name in biases:
+            owner = self.mlp if name.startswith("w") else self.attn
+            old = getattr(owner, name)
+            linear = nn.Linear(old.in_features, old.out_features, bias=True)
+            nn.init.normal_(linear.bias, std=0.02)
+            setattr(owner, name, linear)
+
+
+class BiasedLlama(TuneLlama):
+    def __init__(self, biases: tuple[str, ...], defect: str | None = None, seed: int = 0) -> None:
+        super().__init__(defect, seed)
+        cfg = SPECS["tune"]
+        self.layers = nn.ModuleList(_BiasedLayer(cfg, defect, biases)
+                                    for _ in range(cfg.n_layers))
+        for name, p in self.layers.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+
+class _FivePercentLinear(torch.autograd.Function):
+    """y = x W^T whose backward gives W a gradient 5% too large (a hand-written backward's
+    slip): the forward is exact, only the gradient is wrong."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return F.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        return grad @ weight, 1.05 * grad.flatten(0, -2).T @ x.flatten(0, -2)
+
+
+class _WrongBackwardLayer(_TuneLayer):
+    def _mlp(self, x):
+        hidden = F.silu(self.mlp.w1(x)) * self.mlp.w3(x)
+        return _FivePercentLinear.apply(hidden, self.mlp.w2.weight)
+
+
+def wrong_backward_llama(seed: int = 0) -> TuneLlama:
+    """TuneLlama whose down projections run _FivePercentLinear (the layers' class swapped: the
+    same weights, the same forward)."""
+    model = TuneLlama(seed=seed)
+    for layer in model.layers:
+        layer.__class__ = _WrongBackwardLayer
+    return model
+

@@ -156,3 +156,82 @@ class OwnLossLM(nn.Module):
                 count = num_items_in_batch
             loss = total / count
         return SimpleNamespace(logits=logits, loss=loss)
+
+
+# ---- train mode that is nondeterministic by design -------------------------------------------
+
+class ReseedingLM(PathLM):
+    """PathLM that reseeds torch's RNG at every train-mode call (`torch.seed()`, as Reformer's
+    reversible layers do to replay their dropout in backward), so identical train-mode calls
+    draw other dropout masks whatever seed was set before them: nondeterministic, not leaking.
+    leak:       also causal only in eval mode (PathLM's "causal_only_in_eval"): in train mode
+                every row reads the future.
+    functional: its dropout is F.dropout(p, training=self.training), not a module, so no
+                dropout module can be switched off to steady it."""
+
+    def __init__(self, *, leak: bool = False, functional: bool = False,
+                 dropout: float = 0.1) -> None:
+        super().__init__("causal_only_in_eval" if leak else None, dropout=dropout)
+        if functional:
+            del self.drop
+            self.drop = lambda z: F.dropout(z, dropout, training=self.training)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            torch.seed()
+        return super().forward(ids)
+
+
+# ---- a leak no probe of the gate reaches: only in a training step ---------------------------
+
+class ReadsTargetsWhenTraining(nn.Module):
+    """A byte-level decoder (V=256, max_seq_len `T`): embeddings and fixed positions, one causal
+    attention layer, a readout. `leak`: in train mode with gradients on (what a training step
+    does, and no probe of the gate: its train-mode calls run without gradients) each position
+    also reads the next token, the target it predicts (its embedding, turned by a fixed
+    rotation so the readout can tell it from the token's own)."""
+
+    def __init__(self, leak: bool = True, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.leak = leak
+        self.embed = nn.Embedding(256, D)
+        self.register_buffer("pos", torch.randn(T, D))
+        self.register_buffer("turn", torch.linalg.qr(torch.randn(D, D))[0])  # fixed rotation
+        self.qkv, self.proj, self.head = nn.Linear(D, 3 * D), nn.Linear(D, D), nn.Linear(D, 256)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dim() != 2 or ids.dtype != torch.long:
+            raise ValueError(f"ids must be (B, T) int64, got {tuple(ids.shape)} {ids.dtype}")
+        if ids.shape[1] > T:
+            raise ValueError(f"T={ids.shape[1]} exceeds max_seq_len={T}")
+        batch, seq_len = ids.shape
+        x = self.embed(ids) + self.pos[:seq_len]  # (B, T, D)
+        if self.leak and self.training and torch.is_grad_enabled():
+            ahead = F.pad(self.embed(ids[:, 1:]) @ self.turn, (0, 0, 0, 1))  # (B, T, D): t + 1 at t
+            x = x + ahead
+        q, k, v = (t.view(batch, seq_len, H, D // H).transpose(1, 2)  # (B, H, T, Dh)
+                   for t in self.qkv(x).chunk(3, -1))
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(x + self.proj(z.transpose(1, 2).reshape(batch, seq_len, D)))
+
+
+class LeaksTrainingAt16(PathLM):
+    """Causal except in train mode at 16 rows or more: `is_causal=not (self.training and B >=
+    16)` (a train-only kernel chosen by batch size). Eval mode at any batch size, and train mode
+    at the gate's own batch sizes, are causal."""
+
+    def _is_causal(self, batch: int) -> bool:
+        return not (self.training and batch >= 16)
+
+
+class DropsDocumentsAt16(da.Decoder):
+    """Our Decoder, but document_ids are dropped at 16 rows or more: a big packed batch is read
+    as one causal row, each document reading the ones before it."""
+
+    def forward(self, ids, attention_mask=None, *, cache=None, last_only=False,
+                document_ids=None):
+        if document_ids is not None and ids.shape[0] >= 16:
+            document_ids = None
+        return super().forward(ids, attention_mask, cache=cache, last_only=last_only,
+                               document_ids=document_ids)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,15 @@ ROPE_SCALING = {
 # "reject" raises ContextLengthError on T > max_seq_len. No other policy is implemented, so no
 # other policy is accepted: a config cannot promise cropping or sliding that the model won't do.
 CONTEXT_POLICIES = ("reject",)
+# The projections a bias may sit on, by their weight names (DESIGN.md): attn_bias and mlp_bias
+# take true, false, or a list of these (gate w1, down w2, up w3).
+ATTN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "output_proj")
+MLP_MATRICES = ("w1", "w2", "w3")
+# JSON nested deeper than this is refused before it is parsed (Python's parser recurses once per
+# level and would raise RecursionError near 1000; no config is nested more than a few deep).
+MAX_JSON_DEPTH = 100
+# The fields JSON gives back as lists, held as tuples.
+_LISTED = ("window_layers", "attn_bias", "mlp_bias")
 
 
 @dataclass(frozen=True)
@@ -68,8 +78,9 @@ class DecoderConfig:
     norm_eps: float = 1e-5
     """Epsilon added to the variance (LayerNorm) or mean square (RMSNorm)."""
     norm_offset: float = 0.0
-    """Added to every RMSNorm gain: the gain is offset + w (Gemma stores w around 0 and scales by
-    1 + w). A fresh model's w starts at 1 - offset, so its gain starts at 1."""
+    """Added to every norm's gain, RMSNorm or LayerNorm: the gain is offset + w (Gemma's RMSNorm,
+    and the LayerNorm1P of Megatron / NeMo and Nemotron, store w around 0 and scale by 1 + w).
+    A fresh model's w starts at 1 - offset, so its gain starts at 1."""
     embedding_scale: float | None = None
     """The token embedding's output multiplied by this, rounded to the model's dtype first (Gemma:
     sqrt(D)); None multiplies by nothing. The tied readout reads the unscaled weight."""
@@ -127,20 +138,25 @@ class DecoderConfig:
     parallel_residual: bool = False
     """The block adds attention and MLP to the same input: x + Attn(N1(x)) + MLP(N2(x))
     (GPT-NeoX, Pythia), instead of the MLP reading the stream after attention."""
-    attn_bias: bool = False
+    attn_bias: bool | tuple[str, ...] = False
     """Biases on the q/k/v projections, and on the output projection unless attn_output_bias
-    says otherwise."""
+    says otherwise; or the projections that have one, any of ATTN_PROJECTIONS (["q_proj",
+    "v_proj", "output_proj"]: Whisper's decoder, whose k_proj has none). A list is written back
+    as the flags where they say the same: all four is true, none false, q/k/v alone true with
+    attn_output_bias false, output_proj alone false with attn_output_bias true."""
     attn_output_bias: bool | None = None
     """The output projection's bias: None follows attn_bias; False with attn_bias=True is
-    Qwen2's attention (q/k/v biases, none on the output)."""
+    Qwen2's attention (q/k/v biases, none on the output). Left None when attn_bias is a list."""
     qk_norm: bool = False
     """RMSNorm (eps norm_eps) on the queries and keys, before RoPE: weights attn.q_norm and
     attn.k_norm, over each head (qk_norm_scope "head": a gain of Dh shared by the heads, Qwen3,
     Gemma 3) or over the whole projection ("projection": gains of H*Dh and Hkv*Dh, OLMo 2)."""
     qk_norm_scope: str = "head"
     """What one q/k RMSNorm normalises: "head" or "projection" (see qk_norm)."""
-    mlp_bias: bool = False
-    """Biases on the MLP matrices."""
+    mlp_bias: bool | tuple[str, ...] = False
+    """Biases on the MLP matrices; or the matrices that have one, any of MLP_MATRICES (w1 the
+    gate, w3 the up projection: only in a gated MLP; w2 the down projection). A list naming
+    every matrix the MLP has is written back as true, an empty one as false."""
     readout_bias: bool = False
     """A bias on the logits (TransformerLens' unembed.b_U): weight lm_head.bias, its own
     Parameter also when the readout matrix is tied."""
@@ -152,11 +168,14 @@ class DecoderConfig:
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, dict):  # the config's own copy: the caller's may change
             object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
-        if isinstance(self.window_layers, list):  # as JSON gives it back
-            object.__setattr__(self, "window_layers", tuple(self.window_layers))
+        for name in _LISTED:
+            if isinstance(getattr(self, name), list):  # as JSON gives it back
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = _validate(self)
         if problems:
             raise ConfigError("invalid DecoderConfig: " + "; ".join(problems))
+        for name, value in _bias_flags(self).items():  # one spelling per architecture
+            object.__setattr__(self, name, value)
 
     # Derived values: computed here once so no module ever recomputes or rescales them.
     @property
@@ -172,7 +191,23 @@ class DecoderConfig:
     @property
     def output_bias(self) -> bool:
         """Whether the attention output projection has a bias (attn_output_bias resolved)."""
-        return self.attn_bias if self.attn_output_bias is None else self.attn_output_bias
+        return self.has_bias("output_proj")
+
+    def has_bias(self, projection: str) -> bool:
+        """Whether the projection (one of ATTN_PROJECTIONS or MLP_MATRICES) has a bias; w3 only
+        in a gated MLP."""
+        if projection in MLP_MATRICES:
+            present = projection != "w3" or self.gated
+            return present and (self.mlp_bias is True or (isinstance(self.mlp_bias, tuple)
+                                                          and projection in self.mlp_bias))
+        if projection not in ATTN_PROJECTIONS:
+            raise ValueError(f"no projection {projection!r}; they are "
+                             f"{list(ATTN_PROJECTIONS + MLP_MATRICES)}")
+        if isinstance(self.attn_bias, tuple):
+            return projection in self.attn_bias
+        if projection == "output_proj" and self.attn_output_bias is not None:
+            return self.attn_output_bias
+        return self.attn_bias
 
     @property
     def head_dim(self) -> int:
@@ -207,21 +242,40 @@ class DecoderConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DecoderConfig":
+        """A config from its fields; ConfigError naming every unknown, missing and invalid field
+        at once."""
         if not isinstance(data, dict):
             raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        problems = []
+        unknown = sorted(map(str, set(data) - known))
         if unknown:
-            raise ConfigError(
-                f"unknown config field(s) {unknown}; known fields are {sorted(known)}")
+            problems.append(f"unknown config field(s) {unknown}; known fields are "
+                            f"{sorted(known)}")
         missing = sorted(
             f.name
             for f in dataclasses.fields(cls)
             if f.default is dataclasses.MISSING and f.name not in data
         )
         if missing:
-            raise ConfigError(f"missing required config field(s) {missing}")
-        return cls(**data)
+            problems.append(f"missing required config field(s) {missing}")
+        given = {name: value for name, value in data.items() if name in known}
+        if not missing:  # the values of the known fields are judged too
+            try:
+                config = cls(**given)
+            except ConfigError as exc:
+                problems.append(str(exc))
+            else:
+                if not problems:
+                    return config
+        else:  # judged without the missing ones, and every relation that needs them
+            unchecked = object.__new__(cls)
+            for f in dataclasses.fields(cls):
+                value = given.get(f.name, f.default)
+                object.__setattr__(unchecked, f.name, tuple(value) if f.name in _LISTED and
+                                   isinstance(value, list) else value)
+            problems += _validate(unchecked, absent=frozenset(missing))
+        raise ConfigError("; ".join(problems))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -232,6 +286,12 @@ class DecoderConfig:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"config is not valid JSON: {exc}") from exc
+        except RecursionError:
+            data = None  # deeper than the parser can go: refused below, by its depth
+        depth = _json_depth(text) if data is None else _nesting(data)
+        if depth > MAX_JSON_DEPTH:
+            raise ConfigError(f"config JSON is nested {depth:,} levels deep; a config is at most "
+                              f"{MAX_JSON_DEPTH} deep (its deepest field, rope_scaling, is 2)")
         return cls.from_dict(data)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -254,7 +314,10 @@ class DecoderConfig:
             raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte "
                               f"0x{raw[exc.start]:02x} at offset {exc.start}); a config is a "
                               "JSON file") from None
-        return cls.from_json(text)
+        try:
+            return cls.from_json(text)
+        except ConfigError as exc:
+            raise ConfigError(f"config file {str(path)!r}: {exc}") from None
 
     def replace(self, **changes: Any) -> "DecoderConfig":
         """A copy with some fields changed (validated again)."""
@@ -269,87 +332,195 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _validate(cfg: DecoderConfig) -> list[str]:
-    """Every problem with the config, each naming the field and its value."""
-    problems: list[str] = []
+def _validate(cfg: DecoderConfig, absent: frozenset[str] = frozenset()) -> list[str]:
+    """Every problem with the config, each naming the field and its value: each field's own,
+    then every relation between fields whose values are valid (so a divisibility error is
+    named beside the per-field ones, not after they are fixed). `absent`: fields a config file
+    left out, named elsewhere, whose relations are not judged."""
+    found = [(name, problem) for name, problem in _field_problems(cfg) if name not in absent]
+    bad = {name for name, _ in found} | absent
+    valid = lambda *names: not bad.intersection(names)  # noqa: E731
+    problems = [problem for _, problem in found]
+    sizes = valid("d_model", "n_heads", "head_width")
+    if sizes and cfg.head_width is None and cfg.d_model % cfg.n_heads:
+        problems.append(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads} "
+                        "(set head_width for heads narrower or wider than D / H)")
+    if valid("n_heads", "n_kv_heads") and cfg.n_heads % cfg.kv_heads:
+        problems.append(f"n_heads={cfg.n_heads} is not divisible by n_kv_heads={cfg.kv_heads}")
+    # the head width is known when it is given, or when D / H divides
+    widths = sizes and (cfg.head_width is not None or cfg.d_model % cfg.n_heads == 0)
+    if widths and valid("pos") and cfg.pos == "rope" and cfg.head_dim % 2:
+        problems.append(f"head width Dh={cfg.head_dim} is odd; RoPE rotates pairs and needs it "
+                        "even")
+    return problems + _attention_problems(cfg, valid, widths) + _bias_problems(cfg, valid)
+
+
+def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
+    """(field, problem) for every field whose own value is wrong."""
+    problems: list[tuple[str, str]] = []
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
         value = getattr(cfg, name)
         if not _is_int(value) or value <= 0:
-            problems.append(f"{name}={value!r} must be a positive integer")
+            problems.append((name, f"{name}={_shown(value)} must be a positive integer"))
     for name in ("n_kv_heads", "head_width", "rotary_dim", "sliding_window"):
         value = getattr(cfg, name)
         if value is not None and (not _is_int(value) or value <= 0):
-            problems.append(f"{name}={value!r} must be a positive integer or None")
+            problems.append((name, f"{name}={_shown(value)} must be a positive integer or None"))
     for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS),
                           ("rope_layout", ROPE_LAYOUTS), ("qk_norm_scope", QK_NORM_SCOPES),
                           ("context_policy", CONTEXT_POLICIES)):
         value = getattr(cfg, name)
-        if value not in allowed:
-            problems.append(f"{name}={value!r} is not one of {list(allowed)}")
-    if cfg.embedding_scale is not None and (not _is_real(cfg.embedding_scale)
-                                            or not cfg.embedding_scale > 0
-                                            or cfg.embedding_scale == float("inf")):
-        problems.append(f"embedding_scale={cfg.embedding_scale!r} must be a finite number > 0 "
-                        "or null")
+        if not isinstance(value, str) or value not in allowed:
+            problems.append((name, f"{name}={_shown(value)} is not one of {list(allowed)}"))
+    if cfg.embedding_scale is not None and not _is_positive(cfg.embedding_scale):
+        problems.append(("embedding_scale", f"embedding_scale={_shown(cfg.embedding_scale)} must "
+                         "be a finite number > 0 or null"))
     if not _is_real(cfg.norm_offset) or cfg.norm_offset != cfg.norm_offset or \
             abs(cfg.norm_offset) == float("inf"):
-        problems.append(f"norm_offset={cfg.norm_offset!r} must be a finite number")
+        problems.append(("norm_offset", f"norm_offset={_shown(cfg.norm_offset)} must be a "
+                         "finite number"))
     for name in ("norm_eps", "rope_theta"):
         value = getattr(cfg, name)
         if not _is_real(value) or not value >= 0 or value == float("inf"):
-            problems.append(f"{name}={value!r} must be a finite number >= 0")
+            problems.append((name, f"{name}={_shown(value)} must be a finite number >= 0"))
     if _is_real(cfg.rope_theta) and cfg.pos == "rope" and not cfg.rope_theta > 0:
-        problems.append(f"rope_theta={cfg.rope_theta!r} must be > 0 with pos='rope'")
+        problems.append(("rope_theta", f"rope_theta={cfg.rope_theta!r} must be > 0 with "
+                         "pos='rope'"))
     if cfg.attn_output_bias is not None and not isinstance(cfg.attn_output_bias, bool):
-        problems.append(f"attn_output_bias={cfg.attn_output_bias!r} must be true, false or null")
+        problems.append(("attn_output_bias", f"attn_output_bias={_shown(cfg.attn_output_bias)} "
+                         "must be true, false or null"))
     for name in ("attn_scale", "attn_softcap", "logit_softcap", "window_rope_theta"):
         value = getattr(cfg, name)
-        if value is not None and (not _is_real(value) or not 0 < value < float("inf")):
-            problems.append(f"{name}={value!r} must be a finite number > 0 or null")
-    for name in ("attn_bias", "mlp_bias", "tie_embeddings", "qk_norm", "norm_bias",
-                 "parallel_residual", "sandwich_norm", "norm_affine", "pre_norm",
-                 "readout_bias"):
+        if value is not None and not _is_positive(value):
+            problems.append((name, f"{name}={_shown(value)} must be a finite number > 0 or null"))
+    for name, names in (("attn_bias", ATTN_PROJECTIONS), ("mlp_bias", MLP_MATRICES)):
+        value = getattr(cfg, name)
+        if not isinstance(value, bool) and not (isinstance(value, tuple) and all(
+                isinstance(n, str) and n in names for n in value) and len(set(value)) == len(value)):
+            problems.append((name, f"{name}={_shown(value)} must be true, false or a list of "
+                             f"distinct projections from {list(names)}"))
+    for name in ("tie_embeddings", "qk_norm", "norm_bias", "parallel_residual", "sandwich_norm",
+                 "norm_affine", "pre_norm", "readout_bias"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
-            problems.append(f"{name}={value!r} must be true or false")
-    problems += _rope_scaling_problems(cfg.rope_scaling)
-    if problems:  # the divisibility checks below need valid integers
-        return problems
-    if cfg.head_width is None and cfg.d_model % cfg.n_heads:
-        problems.append(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads} "
-                        "(set head_width for heads narrower or wider than D / H)")
-    if cfg.n_heads % cfg.kv_heads:
-        problems.append(f"n_heads={cfg.n_heads} is not divisible by n_kv_heads={cfg.kv_heads}")
-    if cfg.pos == "rope" and (cfg.head_width is not None or cfg.d_model % cfg.n_heads == 0) \
-            and cfg.head_dim % 2:
-        problems.append(f"head width Dh={cfg.head_dim} is odd; RoPE rotates pairs and needs it "
-                        "even")
-    return problems + _attention_problems(cfg)
+            problems.append((name, f"{name}={_shown(value)} must be true or false"))
+    problems += [("rope_scaling", problem) for problem in _rope_scaling_problems(cfg.rope_scaling)]
+    return problems
 
 
-def _attention_problems(cfg: DecoderConfig) -> list[str]:
-    """The window's layers and the rotated width against the sizes (which are valid here)."""
+def _bias_problems(cfg: DecoderConfig, valid) -> list[str]:
+    """A list of biased projections against the fields it would contradict."""
+    problems = []
+    if valid("attn_bias", "attn_output_bias") and isinstance(cfg.attn_bias, tuple) and \
+            cfg.attn_output_bias is not None:
+        problems.append(f"attn_output_bias={cfg.attn_output_bias} with attn_bias="
+                        f"{list(cfg.attn_bias)}: name output_proj in the list or leave it out, "
+                        "and attn_output_bias null")
+    if valid("mlp_bias", "mlp") and isinstance(cfg.mlp_bias, tuple) and "w3" in cfg.mlp_bias \
+            and not cfg.gated:
+        problems.append(f"mlp_bias={list(cfg.mlp_bias)} names w3, but mlp={cfg.mlp!r} has no w3 "
+                        "(only a gated MLP, swiglu or geglu, does)")
+    return problems
+
+
+def _bias_flags(cfg: DecoderConfig) -> dict[str, Any]:
+    """attn_bias, attn_output_bias and mlp_bias spelled as the flags where a list of biased
+    projections says what the flags say (a valid config), so an architecture has one config."""
+    flags: dict[str, Any] = {}
+    if isinstance(cfg.attn_bias, tuple):
+        named = set(cfg.attn_bias)
+        flags["attn_bias"] = tuple(n for n in ATTN_PROJECTIONS if n in named)
+        qkv = named & {"q_proj", "k_proj", "v_proj"}
+        if len(qkv) in (0, 3):  # q, k and v alike: the flags say it
+            flags["attn_bias"] = bool(qkv)
+            output = "output_proj" in named
+            flags["attn_output_bias"] = None if output == bool(qkv) else output
+    if isinstance(cfg.mlp_bias, tuple):
+        present = [n for n in MLP_MATRICES if n != "w3" or cfg.gated]
+        named = [n for n in present if n in cfg.mlp_bias]
+        flags["mlp_bias"] = tuple(named) if 0 < len(named) < len(present) else bool(named)
+    return flags
+
+
+def _is_positive(value: Any) -> bool:
+    """A finite real number > 0 (not a bool, not complex: (-8) ** -0.5 is complex)."""
+    return _is_real(value) and 0 < value < float("inf")
+
+
+def _shown(value: Any) -> str:
+    """A value as a message shows it: its repr, shortened (a list nested hundreds deep, or a
+    million long, is not printed whole)."""
+    return _SHORT.repr(value)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
+
+
+def _nesting(data: Any) -> int:
+    """How deep JSON data nests (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict)
+                                                  else value))
+    return deepest
+
+
+def _json_depth(text: str) -> int:
+    """How deep the brackets of JSON text nest outside its strings (for text too deep to
+    parse)."""
+    deepest = depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:  # a backslash escapes the next character, a quote ends the string
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _attention_problems(cfg: DecoderConfig, valid, widths: bool) -> list[str]:
+    """The window's layers and the rotated width against the sizes, each where the fields it
+    reads are valid (`widths`: the head width is known)."""
     problems = []
     layers = cfg.window_layers
-    if layers is not None and (not isinstance(layers, tuple) or not all(
-            _is_int(i) and 0 <= i < cfg.n_layers for i in layers) or len(set(layers)) != len(layers)):
-        problems.append(f"window_layers={layers!r} must list distinct layers in [0, n_layers="
-                        f"{cfg.n_layers})")
+    if valid("n_layers", "sliding_window") and layers is not None and (
+            not isinstance(layers, tuple) or not all(_is_int(i) and 0 <= i < cfg.n_layers
+                                                     for i in layers)
+            or len(set(layers)) != len(layers)):
+        problems.append(f"window_layers={_shown(layers)} must list distinct layers in [0, "
+                        f"n_layers={cfg.n_layers})")
     elif layers is not None and cfg.sliding_window is None:
-        problems.append(f"window_layers={list(layers)} needs a sliding_window")
+        problems.append(f"window_layers={_shown(list(layers))} needs a sliding_window")
     if cfg.window_rope_theta is not None and (cfg.sliding_window is None or cfg.pos != "rope"):
-        problems.append(f"window_rope_theta={cfg.window_rope_theta} needs pos='rope' and a "
-                        "sliding_window")
-    if not cfg.norm_affine and cfg.norm == "layernorm" and cfg.norm_bias:
+        problems.append(f"window_rope_theta={_shown(cfg.window_rope_theta)} needs pos='rope' and "
+                        "a sliding_window")
+    if cfg.norm_affine is False and cfg.norm == "layernorm" and cfg.norm_bias is True:
         problems.append("norm_affine=False with norm_bias=True: a norm without a gain has no "
                         "shift either (set norm_bias=false)")
-    if cfg.rotary_dim is not None and (cfg.rotary_dim % 2 or cfg.rotary_dim > cfg.head_dim):
+    rotary = valid("rotary_dim") and cfg.rotary_dim is not None
+    if rotary and widths and (cfg.rotary_dim % 2 or cfg.rotary_dim > cfg.head_dim):
         problems.append(f"rotary_dim={cfg.rotary_dim} must be even and at most the head width "
                         f"Dh={cfg.head_dim}")
-    if cfg.pos != "rope" and (cfg.rotary_dim is not None or cfg.rope_scaling is not None):
-        problems.append(f"rotary_dim={cfg.rotary_dim}, rope_scaling={cfg.rope_scaling} need "
-                        f"pos='rope', not {cfg.pos!r}")
-    if cfg.rope_scaling is not None and cfg.rope_dim < 4 and cfg.rope_scaling["type"] == "dynamic":
+    if valid("pos") and cfg.pos != "rope" and (cfg.rotary_dim is not None
+                                               or cfg.rope_scaling is not None):
+        problems.append(f"rotary_dim={_shown(cfg.rotary_dim)}, rope_scaling="
+                        f"{_shown(cfg.rope_scaling)} need pos='rope', not {cfg.pos!r}")
+    if valid("rope_scaling", "rotary_dim") and widths and cfg.rope_scaling is not None and \
+            cfg.rope_dim < 4 and cfg.rope_scaling["type"] == "dynamic":
         problems.append(f"rope_scaling type 'dynamic' needs a rotated width of at least 4, got "
                         f"{cfg.rope_dim} (its base grows as a power dim / (dim - 2))")
     return problems

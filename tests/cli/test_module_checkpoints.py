@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from cli_support import TRAIN, assert_kept, error_line, snapshot
+from cli_support import NO_LIMIT, TRAIN, assert_kept, error_line, snapshot
 
 from decoder_audit import training
 from decoder_audit.cli import COMMANDS, build_parser, main
@@ -52,36 +52,6 @@ def test_train_refuses_an_intervention_len_below_1(foreign, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-NO_LIMIT = '''
-import torch
-from torch import nn
-
-
-class Running(nn.Module):
-    """A causal running mean with no position table: it runs at any length, V = 8."""
-
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(8, 8)
-        self.head = nn.Linear(8, 8, bias=False)
-
-    def forward(self, ids):
-        if ids.dim() != 2:
-            raise ValueError(f"ids must be (B, T), got {tuple(ids.shape)}")
-        x = self.emb(ids)
-        x = torch.cumsum(x, 1) / torch.arange(1, ids.shape[1] + 1).view(1, -1, 1)
-        return self.head(x)
-
-
-def build():
-    torch.manual_seed(0)
-    model = Running()
-    with torch.no_grad():
-        model.emb.weight.mul_(0.02)
-    return model
-'''
-
-
 def test_train_a_model_without_a_length_limit_at_its_intervention_len(tmp_path, capsys):
     path = tmp_path / "running.py"
     path.write_text(NO_LIMIT)
@@ -113,10 +83,12 @@ def test_verify_and_sample_take_the_checkpoint_of_a_model_run(module_run, foreig
 
     before = snapshot(module_run)
     capsys.readouterr()
-    assert main(["verify", "--checkpoint", str(module_run), "--json", "--no-progress"]) == 0
+    factory = ["--model", f"{foreign}:build"]  # named: a folder's factory.json is never run
+    assert main(["verify", "--checkpoint", str(module_run), *factory, "--json",
+                 "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and (report["vocab_size"], report["max_seq_len"]) == (8, 4)
-    assert main(["sample", "--checkpoint", str(module_run), "--prompt", "<bos> A",
+    assert main(["sample", "--checkpoint", str(module_run), *factory, "--prompt", "<bos> A",
                  "--json"]) == 0
     sampled = json.loads(capsys.readouterr().out)
     # the trained weights, generated with directly: the same greedy tokens up to the limit

@@ -76,7 +76,7 @@ def test_sample_command_prints_each_sample_and_refuses_top_k_when_greedy(tiny_ch
     assert captured.err == ""  # no progress bar off a terminal
     assert main(["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A",
                  "--top-k", "2"]) == 2
-    assert "top_k=2" in capsys.readouterr().err
+    assert "--top-k=2" in capsys.readouterr().err  # the flag typed (the library says top_k=2)
 
 
 # ---- issue 26: a temperature whose scores overflow; logits that overflow -------------------------

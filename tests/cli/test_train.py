@@ -5,6 +5,7 @@ existed before is still there, byte for byte."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -116,10 +117,12 @@ def test_train_model_factory_saves_its_weights_and_resumes(foreign, tmp_path, ca
     checkpoint = out / "checkpoint"
     assert json.loads((checkpoint / "factory.json").read_text()) == {
         "factory": f"{foreign.resolve()}:build", "vocab_size": 8, "max_seq_len": 4,
-        "intervention_len": None}  # a hard limit: trained at it, no other length to record
+        "intervention_len": None,  # a hard limit: trained at it, no other length to record
+        "factory_sha256": hashlib.sha256(foreign.read_bytes()).hexdigest()}  # the file pinned
     assert read_trainer_state(checkpoint)[0]["step"] == 2
     capsys.readouterr()
-    assert main(["train", "--resume", str(out), "--no-progress"]) == 0
+    named = ["--model", f"{foreign}:build"]  # the factory, named again: the folder's never runs
+    assert main(["train", "--resume", str(out), *named, "--no-progress"]) == 0
     assert "resumed from" in capsys.readouterr().out
     assert read_trainer_state(checkpoint)[0]["step"] == 6
     # The saved state dict loads into what the factory builds, and differs from the fresh one.
@@ -136,7 +139,7 @@ def test_train_model_factory_saves_its_weights_and_resumes(foreign, tmp_path, ca
     # V and length limit factory.json records, and audits the trained weights; nothing changes.
     before = snapshot(out)
     capsys.readouterr()
-    assert main(["verify", "--checkpoint", str(out), "--json", "--no-progress"]) == 0
+    assert main(["verify", "--checkpoint", str(out), *named, "--json", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["vocab_size"], report["max_seq_len"]) == (8, 4)
     assert_kept(before)
@@ -200,9 +203,9 @@ def _byte_config(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("argv, says", [
     (["--device", "tpu"], "--device 'tpu' is not a device decoder-audit trains on"),
-    (["--threads", "-1"], "threads=-1 must be an integer >= 1"),
-    (["--threads", "0"], "threads=0 must be an integer >= 1"),
-    (["--save-every", "-2"], "save_every=-2 must be an integer >= 0"),
+    (["--threads", "-1"], "--threads=-1 must be an integer >= 1"),  # the flag, not the Python
+    (["--threads", "0"], "--threads=0 must be an integer >= 1"),
+    (["--save-every", "-2"], "--save-every=-2 must be an integer >= 0"),
 ])
 def test_train_options_that_cannot_work_are_refused_before_the_gate(tmp_path, capsys, argv, says):
     out = tmp_path / "run"

@@ -368,7 +368,7 @@ def test_cli_verify_a_users_model_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "first broken contract is 'causal'" in out
     assert main(["verify", "--model", f"{path}:good"]) == 2  # no --vocab-size: usage error
-    assert "vocab_size" in capsys.readouterr().err
+    assert "--vocab-size" in capsys.readouterr().err  # the flag, on the command line
 
 
 def test_cli_usage_errors_exit_2():

@@ -243,14 +243,15 @@ def test_cli_shows_no_progress_when_stderr_is_not_a_terminal(capsys):
 def test_the_scale_benchmark_writes_its_table_and_plot(tmp_path):
     """benchmarks/gate_scale.py end to end on tiny-368 (a fresh process): the numbers of a
     model this small mean nothing, the files and their fields do."""
+    import json
+
     from benchmarks import gate_scale
 
-    result = gate_scale.measure(presets=["tiny-368"], threads=1, timeout=600)
-    row = result["rows"][0]
+    assert gate_scale.main(["--presets", "tiny-368", "--threads", "1", "--timeout", "600",
+                            "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "gate_scale.json").read_text())["rows"][0]
     assert row["passed"] and row["params"] == 368 and row["peak_rss_bytes"] > 0
     assert row["forward_equivalents"] > 0 and set(row["checks"]) >= {"inputs", "oracle"}
-    paths = gate_scale.write(result, tmp_path)
-    assert [p.name for p in paths] == ["gate_scale.json", "gate_scale.md", "gate_scale.png"]
     assert "| tiny-368 | 368 | True |" in (tmp_path / "gate_scale.md").read_text()
     assert (tmp_path / "gate_scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

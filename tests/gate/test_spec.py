@@ -108,8 +108,16 @@ def test_a_module_of_no_known_layout_needs_a_weights_map():
     odd.forward = lambda ids: odd.out_head(odd.final_norm(odd.trf_blocks(
         odd.emb(ids) + odd.pos_emb(torch.arange(ids.shape[1])))))
     report = da.audit(odd, spec=spec, checks=["params", "oracle"])
+    # fail closed: a declared spec that could not be checked is never a skip, nor a pass
+    assert not report.passed
     for name in ("params", "oracle"):
-        assert report[name].skipped and "weights_map" in report[name].evidence["reason"]
+        result = report[name]
+        assert not result.passed and not result.skipped
+        assert "weights_map" in result.detail and "token_embeddings.weight" in result.detail
+        assert "tok_emb.weight" in result.detail  # what was looked for
+        assert result.evidence["placed"] is False
+    whole = da.audit(odd, spec=spec)
+    assert not whole.passed and {"params", "oracle"} <= {c.name for c in whole.failures}
 
     def weights_map(state):
         renamed = {("tok_emb" + name[3:] if name.startswith("emb.") else name): t
@@ -269,16 +277,20 @@ def test_above_the_gradient_limit_only_the_logits_are_compared(monkeypatch):
     assert not report.passed
 
 
-def test_a_weights_map_that_copies_is_compared_as_initialised_only():
+def test_a_weights_map_that_copies_is_stressed_through_its_copies():
+    """A map returning clones: the stress weights reach the module by where the map's probe
+    says each value comes from, and every gradient is compared (spec_weights_map tests more)."""
     spec = zoo_styles.SPECS["scratch"]
 
     def copies(state):
         return {name: t.clone() for name, t in layouts.detect(state, spec).canonical(state).items()}
 
-    report = da.audit(zoo_styles.ScratchGPT(), spec=spec, weights_map=copies,
-                      checks=["params", "oracle"])
+    model = zoo_styles.ScratchGPT()
+    report = da.audit(model, spec=spec, weights_map=copies, checks=["params", "oracle"])
     assert report.passed, report.first_failure
-    assert not report["oracle"].evidence["stressed"]
+    evidence = report["oracle"].evidence
+    assert evidence["stressed"] and evidence["gradients"]["compared"] == len(
+        list(model.parameters()))
     # what each canonical weight is made of is followed through the copy
     assert not report["params"].evidence["leftover"]
     report = da.audit(zoo_styles.ScratchGPT("eps"), spec=spec, weights_map=copies,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zoo_training import DEFECTS, OwnLossLM, PacksAcrossDocuments, PacksWithoutCausal, PathLM, T, V
+from zoo_training import DEFECTS, OwnLossLM, PathLM, T, V
 
 import decoder_audit as da
 
@@ -80,54 +80,6 @@ def test_the_rng_and_the_user_streams_are_untouched():
     assert torch.equal(torch.rand(3), expected)
 
 
-PACKED = da.TrainingPath(4, 16, pack=True)
-
-
-@pytest.mark.parametrize("preset", ["tiny-368", "llama-debug"])
-def test_our_decoder_packs_documents_apart(preset):
-    report = da.audit(da.Decoder(da.preset(preset)), checks=["packing"], training=PACKED)
-    packing = report["packing"]
-    assert packing.passed, packing.detail
-    assert packing.evidence["gradient"]["max_grad_on_earlier_documents"] == 0.0
-    assert packing.evidence["gradient"]["grad_at_own_document"] > 0
-
-
-@pytest.mark.parametrize("broken", [PacksAcrossDocuments, PacksWithoutCausal])
-def test_packing_that_crosses_documents_or_drops_the_triangle_fails_packing_only(broken):
-    torch.manual_seed(0)
-    model = broken(da.preset("llama-debug"))
-    report = da.audit(model, training=PACKED)
-    assert [c.name for c in report.failures] == ["packing"], report.first_failure
-
-
-def test_packing_is_skipped_unless_training_packs():
-    report = da.audit(da.Decoder(da.preset("tiny-368")), checks=["packing"])
-    assert report["packing"].skipped and "--pack" in report["packing"].evidence["reason"]
-
-
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_hugging_face_packs_with_a_4d_mask_and_position_ids_alone_need_the_cache_off(family):
-    """transformers 5.24 keeps packed documents apart given restarting position_ids and a 4-D
-    additive mask; given position_ids alone, only with use_cache=False (with the cache on its
-    packed-sequence detection is off and the second document reads the first)."""
-    tf = pytest.importorskip("transformers")
-    tf.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    if family == "llama":
-        model = tf.LlamaForCausalLM(tf.LlamaConfig(
-            vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, intermediate_size=32, max_position_embeddings=64))
-    else:
-        model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=2,
-                                                 n_positions=64))
-    report = da.audit(model.eval(), checks=["packing"], training=PACKED)
-    packing = report["packing"]
-    assert packing.passed, packing.detail
-    alone = packing.evidence["position_ids_alone"]
-    assert alone["use_cache=False"] < 1e-6 < alone["use_cache=True"]
-    assert "only with use_cache=False" in packing.detail
-
-
 def test_a_correct_own_loss_passes_model_loss_with_accumulation():
     report = da.audit(OwnLossLM(), checks=["model_loss"], **FACTS)
     check = report["model_loss"]
@@ -147,3 +99,32 @@ def test_each_own_loss_bug_fails_model_loss_only(defect, says):
 def test_a_model_without_labels_is_skipped_for_model_loss():
     report = da.audit(da.Decoder(da.preset("tiny-368")), checks=["model_loss"])
     assert report["model_loss"].skipped
+
+
+def test_checkpointing_already_on_in_the_model_is_audited_without_a_declaration():
+    """gradient_checkpointing_enable() called on the model: the plain call audits that path (a
+    checkpointed recomputation without the causal mask fails), and leaves it on."""
+    broken = PathLM("checkpointing_forgets_mask")
+    assert da.audit(broken, **FACTS)["checkpointing"].skipped  # off: not a path it takes
+    broken.gradient_checkpointing_enable()
+    report = da.audit(broken, **FACTS)
+    # train mode now takes the checkpointed path too, and it leaks there as well
+    assert [c.name for c in report.failures] == ["train_mode", "checkpointing"], \
+        report.first_failure
+    assert report.facts.checkpointing_enabled and broken.gradient_checkpointing
+    correct = PathLM()
+    correct.gradient_checkpointing_enable()
+    check = da.audit(correct, checks=["checkpointing"], **FACTS)["checkpointing"]
+    assert check.passed and not check.skipped, check.detail
+
+
+def test_hugging_face_checkpointing_enabled_is_read_from_the_model():
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)).eval()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    check = da.audit(model, checks=["checkpointing"])["checkpointing"]
+    assert check.passed and not check.skipped, check.detail
+    assert model.is_gradient_checkpointing

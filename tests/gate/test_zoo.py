@@ -17,9 +17,10 @@ from decoder_audit.gate import CHECK_ORDER
 PLANTED_ELSEWHERE = {
     "loss_alignment": "gate/test_checks.py: the objective's shift and flattening broken",
     "kv_cache": "zoo_generation.py", "padding": "zoo_generation.py",
-    "grad_causal": "zoo_generation.py",
+    "grad_causal": "zoo_generation.py", "window": "zoo_windows.py",
     "train_mode": "zoo_training.py", "checkpointing": "zoo_training.py",
-    "autocast": "zoo_training.py", "packing": "zoo_training.py", "model_loss": "zoo_training.py",
+    "autocast": "zoo_training.py", "packing": "zoo_training.py, zoo_packing.py",
+    "model_loss": "zoo_training.py, zoo_losses.py",
 }
 # train_mode reruns the causal cuts and batch independence in train mode: a model that leaks in
 # eval mode leaks there too, so an "only" mutant of those checks fails train_mode beside them.
@@ -120,7 +121,8 @@ def _passes(model, **kwargs):
 def test_presets_pass(name):
     report = _passes(zoo.decoder(da.preset(name)))
     assert report.mode == "white-box" and report.dtype == "float32"  # the model's own dtype
-    expected_skips = ([] if da.preset(name).tie_embeddings else ["tying_grad"]) + TRAINING_ONLY
+    expected_skips = (["window"] + ([] if da.preset(name).tie_embeddings else ["tying_grad"])
+                      + TRAINING_ONLY)  # no preset declares a sliding window
     assert [c.name for c in report.skipped] == expected_skips
 
 
@@ -160,8 +162,9 @@ def test_plain_torch_decoder_passes_black_box():
     assert report.mode == "black-box"
     # it takes no attention mask and keeps no cache: those checks say so instead of failing;
     # its readout is found and untied (a fact), so tying runs and tying_grad has nothing to sum
-    assert {c.name for c in report.skipped} == {"attention_rows", "params", "tying_grad",
-                                               "oracle", "kv_cache", "padding", *TRAINING_ONLY}
+    assert {c.name for c in report.skipped} == {"attention_rows", "window", "params",
+                                               "tying_grad", "oracle", "kv_cache", "padding",
+                                               *TRAINING_ONLY}
     assert report["tying"].evidence["structure"] == "separate"
 
 

@@ -166,7 +166,7 @@ def test_the_cli_reports_mfu_against_a_given_peak(corpus, tmp_path, capsys):
     assert mfu == pytest.approx(expected, rel=0.02, abs=1e-4)
     assert main(["train", "--config", str(_config_file(tmp_path)), "--peak-flops", "0",
                  "--out", str(tmp_path / "other"), "--no-progress"]) == 2
-    assert "peak_flops=0.0 must be a positive number" in capsys.readouterr().err
+    assert "--peak-flops=0.0 must be a positive number" in capsys.readouterr().err
 
 
 def _config_file(folder):

@@ -98,12 +98,8 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     norm, norm_formula = _norm_count(cfg)
     attn = D * d_q + 2 * D * d_kv + d_q * D
     attn_formula = f"D*H*Dh + 2*D*Hkv*Dh + H*Dh*D = {D}*{d_q} + 2*{D}*{d_kv} + {d_q}*{D}"
-    if cfg.attn_bias:
-        attn += d_q + 2 * d_kv
-        attn_formula += f" + q/k/v biases {d_q}+2*{d_kv}"
-    if cfg.output_bias:
-        attn += D
-        attn_formula += f" + output bias {D}"
+    bias, bias_formula = _attention_biases(cfg)
+    attn, attn_formula = attn + bias, attn_formula + bias_formula
     if cfg.qk_norm and cfg.qk_norm_scope == "projection":
         attn += d_q + d_kv
         attn_formula += f" + q/k norm gains H*Dh + Hkv*Dh = {d_q}+{d_kv}"
@@ -113,9 +109,13 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     n_in = 2 if cfg.gated else 1  # matrices D -> F (w1, and w3 for SwiGLU / GeGLU)
     ffn = n_in * D * F + F * D
     ffn_formula = f"{n_in + 1}*D*F = {n_in + 1}*{D}*{F}"
-    if cfg.mlp_bias:
-        ffn += n_in * F + D
+    biased = [name for name in ("w1", "w3", "w2") if cfg.has_bias(name)]
+    ffn += sum(D if name == "w2" else F for name in biased)  # F for w1, w3 (D -> F); D for w2
+    if len(biased) == n_in + 1:  # every matrix
         ffn_formula += f" + biases {n_in}*{F}+{D}"
+    elif biased:
+        ffn_formula += f" + biases {'+'.join(str(D if n == 'w2' else F) for n in biased)} " \
+                       f"({'/'.join(biased)})"
     norms = (2 if cfg.pre_norm else 0) + (2 if cfg.sandwich_norm else 0)  # ln1, ln2, *_post
     for i in range(cfg.n_layers):
         rows += [
@@ -131,6 +131,24 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     else:
         rows.append(LedgerRow("lm_head", V * D + bias, f"untied: V*D = {V}*{D}" + bias_formula))
     return Ledger(rows, "analytic")
+
+
+def _attention_biases(cfg: DecoderConfig) -> tuple[int, str]:
+    """The attention projections' biases (count, formula): Hq*Dh for q, Hkv*Dh for k and v,
+    D for the output projection, each where the config gives it one."""
+    d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    widths = {"q_proj": d_q, "k_proj": d_kv, "v_proj": d_kv, "output_proj": cfg.d_model}
+    biased = [name for name in widths if cfg.has_bias(name)]
+    if not biased:
+        return 0, ""
+    if biased[:3] == ["q_proj", "k_proj", "v_proj"]:
+        formula = f" + q/k/v biases {d_q}+2*{d_kv}"
+        rest = biased[3:]
+    else:
+        formula, rest = "", biased
+    formula += "".join(f" + {name.removesuffix('_proj')} bias {widths[name]}"
+                       for name in rest)
+    return sum(widths[name] for name in biased), formula
 
 
 def _component(name: str) -> str:

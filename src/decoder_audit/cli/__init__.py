@@ -7,15 +7,24 @@ installed package's version.
 
 User code (a --model file: its factory, its forward) runs inside the command and must not decide
 its outcome: a sys.exit or os._exit in it ends the command with one line and status 1 (os._exit
-is turned into an exception while the command runs, `sources.hard_exits_raise`), and a thread it
-leaves running (not a daemon) does not keep the process alive after the verdict: the command
-exits with its own status. What it prints is kept off stdout (`common.user_output_to_stderr`)."""
+is turned into an exception while the command runs, `sources.hard_exits_raise`). What it prints
+is kept off stdout (`common.user_output_to_stderr`).
+
+Nor can it decide the exit status after the verdict. Run as the process's command (the console
+script, `python -m`, a torchrun worker) once user code has run, `main` ends the process itself
+(`_end_process`): the signal handlers user code installed are set to ignore, the exit handlers
+(atexit, weakref finalizers) run with os._exit still raising, each one that fails or exits
+noted in one line, and then the process ends with the verdict's status, past any thread user
+code left running and past the interpreter's finalisation (where a __del__ could run more of
+it). A Python caller of `main([...])` keeps its process and ends it as usual."""
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
-import os
+import signal
 import sys
 import threading
 from importlib import metadata
@@ -28,6 +37,7 @@ from ..errors import (
     RunFolderError,
 )
 from ..sources import hard_exits_raise, user_code_ran
+from .terms import in_flags, offered_flags
 
 # What a user can cause and fix: each ends the command with one line naming the problem and its
 # value, and exit status 2. The storage refusals (an out folder holding a user's file, a
@@ -37,8 +47,9 @@ from ..sources import hard_exits_raise, user_code_ran
 USER_ERRORS = (ConfigError, DecoderInputError, CheckpointError, RunFolderError,
                NonFiniteLogitsError, OSError, MemoryError)
 
-# Subcommand modules, in the order `--help` lists them.
-COMMANDS = ["verify", "ledger", "account", "train", "sample", "convert", "prepare", "presets"]
+# Subcommands, in the order `--help` lists them; each in the module of its name ("-" as "_").
+COMMANDS = ["verify", "verify-batch", "ledger", "account", "train", "sample", "convert",
+            "prepare", "presets"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,23 +71,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="on an error, raise it with its traceback instead of one line")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(subparsers)
+        importlib.import_module(f"{__name__}.{name.replace('-', '_')}").register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    threads = set(threading.enumerate())
-    status = _dispatch(args)
-    if argv is None and user_code_ran():
-        # Run as the process's command (the console script): Python would wait for every
-        # non-daemon thread at exit, so one user code left running would hang it after the
-        # verdict. A Python caller of main([...]) keeps its process and its threads.
-        _exit_past_user_threads(args, threads, status)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    offered = offered_flags(parser, args.command)
+    if argv is not None:  # a Python caller: its process, its exit
+        return _dispatch(args, offered)
+    threads, handlers = set(threading.enumerate()), _signal_handlers()
+    with hard_exits_raise() as real_exit:  # until the very end: a user thread's os._exit too
+        status = _dispatch(args, offered)
+        if user_code_ran():
+            _end_process(args, status, threads, handlers, real_exit)
     return status
 
 
-def _dispatch(args) -> int:
+def _dispatch(args, offered: frozenset[str]) -> int:
+    """Run the command; a refusal is one line in the command line's words (`terms.in_flags`)."""
     ran = len(user_code_ran())
     try:
         with hard_exits_raise():
@@ -84,7 +98,8 @@ def _dispatch(args) -> int:
     except USER_ERRORS as exc:
         if args.debug:
             raise
-        print(f"decoder-audit {args.command}: error: {one_line(exc)}", file=sys.stderr)
+        print(f"decoder-audit {args.command}: error: {in_flags(one_line(exc), args, offered)}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"decoder-audit {args.command}: interrupted", file=sys.stderr)
@@ -109,20 +124,70 @@ def _dispatch(args) -> int:
         return 1
 
 
-def _exit_past_user_threads(args, before: set[threading.Thread], status: int) -> None:
-    """End the process now, with `status`, when threads started during the command (by user
-    code: ours are daemons or joined) are still running; say which on stderr first."""
-    left = [t for t in threading.enumerate()
-            if t not in before and t.is_alive() and not t.daemon]
-    if not left:
-        return
-    names = ", ".join(t.name for t in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3
-                                                   else "")
-    print(f"decoder-audit {args.command}: note: user code left {len(left)} thread(s) running "
-          f"({names}); exiting with status {status} without waiting for them", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)  # sys.exit would wait for them: Python joins non-daemon threads at exit
+def _end_process(args, status: int, before: set[threading.Thread],
+                 handlers: dict[int, object], real_exit) -> None:
+    """End the process now with `status`, the verdict's, once user code has run: nothing it
+    left behind (a signal handler, an exit handler, a thread, a __del__, a stream whose flush
+    raises) decides the status; whatever the steps before it raise, the process ends so."""
+    try:
+        for number, handler in handlers.items():  # a handler user code installed: ignored now
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                if signal.getsignal(number) is not handler:
+                    signal.signal(number, signal.SIG_IGN)
+        left = [t for t in threading.enumerate()
+                if t not in before and t.is_alive() and not t.daemon]
+        if left:  # Python would wait for them at exit: one left running would hang the command
+            names = ", ".join(t.name for t in left[:3]) + (
+                f" and {len(left) - 3} more" if len(left) > 3 else "")
+            _note(args, f"user code left {len(left)} thread(s) running ({names}); exiting with "
+                        f"status {status} without waiting for them")
+        for failure in _run_exit_handlers():
+            _note(args, f"an exit handler {failure}; ignored: the status is the verdict's, "
+                        f"{status}")
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            with contextlib.suppress(Exception):
+                stream.flush()
+    finally:
+        real_exit(status)  # sys.exit would run the interpreter's finalisation: more user code
+
+
+def _signal_handlers() -> dict[int, object]:
+    """Every signal's Python-level handler now, before user code can install its own."""
+    handlers = {}
+    for number in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            handlers[number] = signal.getsignal(number)
+    return handlers
+
+
+def _run_exit_handlers() -> list[str]:
+    """Run the atexit handlers now, as the interpreter would at exit (once each; their prints
+    on stderr), and return what those that failed did, one phrase each: an os._exit(0) in one
+    raises here (hard_exits_raise) and is one of them."""
+    from .common import user_output_to_stderr
+
+    failures, hook = [], sys.unraisablehook
+
+    def collect(unraisable) -> None:
+        exc = unraisable.exc_value
+        where = getattr(unraisable.object, "__qualname__", None) or "unnamed"
+        if isinstance(exc, SystemExit):
+            what = f"called {getattr(exc, 'call', 'sys.exit')}({exc.code!r})"
+        else:
+            what = f"raised {unraisable.exc_type.__name__}: {one_line(exc)}"
+        failures.append(f"({where}) {what}")
+
+    sys.unraisablehook = collect
+    try:
+        with user_output_to_stderr():
+            atexit._run_exitfuncs()
+    finally:
+        sys.unraisablehook = hook
+    return failures
+
+
+def _note(args, text: str) -> None:
+    print(f"decoder-audit {args.command}: note: {text}", file=sys.stderr)
 
 
 def version() -> str:

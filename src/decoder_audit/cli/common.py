@@ -5,7 +5,9 @@ A model comes from exactly one of `--preset NAME`, `--config FILE.json`, `--chec
 `--model FILE.py:FACTORY` (a user's own module; `--vocab-size`/`--max-seq-len` describe it when it
 has no `config`: `--max-seq-len` is a hard limit the model must enforce, left out for a model
 without one, which the commands that audit it (verify, train) probe up to `--intervention-len`).
-With none given, the tiny-368 teaching model is used.
+With none given, the tiny-368 teaching model is used. `--checkpoint DIR --model FILE.py:FACTORY`
+names the factory that rebuilds a module trained with --model: a folder's own factory.json is
+never followed (it only pins which factory, and which bytes of its file, the weights fit).
 
 A --model file's code runs inside the command; `user_output_to_stderr` keeps what it prints off
 stdout (which holds only the command's own output, e.g. `verify --json`), and the paths a
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 from torch import nn
 
 from ..config import DecoderConfig
+from ..errors import ConfigError
 from ..model.presets import preset_names
 from ..sources import DEFAULT_PRESET, Source
 
@@ -47,8 +50,13 @@ def add_model_source(parser, *, foreign: bool = True, checkpoint: bool = True,
                            help="a folder written by Hugging Face save_pretrained (any causal or "
                                 "masked LM); V and the length policy come from its config")
     if foreign:
-        group.add_argument("--model", metavar="FILE.py:FACTORY",
-                           help="your own model: FACTORY() in FILE.py returns an nn.Module")
+        # Beside --checkpoint too: the factory of a module checkpoint is named, never read off
+        # the folder; source_from_args refuses it beside the other sources.
+        (parser if checkpoint else group).add_argument(
+            "--model", metavar="FILE.py:FACTORY",
+            help="your own model: FACTORY() in FILE.py returns an nn.Module" + (
+                "; with --checkpoint, the factory a module run was trained from, which "
+                "rebuilds it (a folder's own code is never run)" if checkpoint else ""))
         parser.add_argument("--vocab-size", type=int, metavar="V",
                             help="vocabulary size of a --model without a DecoderConfig")
         no_limit = ("; leave it out for a model without one (RoPE, ALiBi, recurrent) and give "
@@ -64,21 +72,33 @@ def add_model_source(parser, *, foreign: bool = True, checkpoint: bool = True,
                                  "limit is probed up to T")
 
 
-# The source flags, in the order they are looked for (argparse makes them exclusive).
-SOURCE_FLAGS = ("model", "hf", "checkpoint", "config", "preset")
+# The source flags, in the order a rerun command names them (argparse makes all but --model
+# exclusive; --model goes with --checkpoint only).
+SOURCE_FLAGS = ("checkpoint", "model", "hf", "config", "preset")
 
 
 def source_from_args(args) -> Source:
     """The one model source the flags name (tiny-368 when none is given). A --model's file is
     made absolute here, before its code runs: a factory that changes directory would otherwise
     leave the command (and a run's saved factory) pointing at another file."""
-    for kind in SOURCE_FLAGS:
-        value = getattr(args, kind, None)
-        if value and kind == "model":
-            path, sep, factory = str(value).rpartition(":")
-            return Source(kind, f"{absolute(path)}{sep}{factory}" if sep and path else value)
-        if value:
-            return Source(kind, value)
+    model = getattr(args, "model", None)
+    if model:
+        path, sep, factory = str(model).rpartition(":")
+        model = f"{absolute(path)}{sep}{factory}" if sep and path else model
+        other = next((kind for kind in ("hf", "config", "preset") if getattr(args, kind, None)),
+                     None)
+        if other is not None:
+            raise ConfigError(f"--model and --{other} name two models: give one (--model goes "
+                              "with --checkpoint only, naming the factory of a --model run)")
+    if getattr(args, "checkpoint", None):
+        return Source("checkpoint", args.checkpoint, factory=model or None)
+    if model:
+        return Source("model", model)
+    if getattr(args, "config", None):
+        return Source("config", json_file("--config", args.config))
+    for kind in ("hf", "preset"):
+        if getattr(args, kind, None):
+            return Source(kind, getattr(args, kind))
     return Source("preset", DEFAULT_PRESET)
 
 
@@ -108,16 +128,55 @@ def model_from_args(args, *, seed: int = 0) -> nn.Module:
 
 def source_flags(args) -> list[str]:
     """The flags that name this model again, for the "rerun with" line of a report."""
-    for flag in SOURCE_FLAGS:
-        value = getattr(args, flag, None)
-        if value:
-            flags = [f"--{flag}", str(value)]
-            for extra in ("vocab_size", "max_seq_len", "input_vocab_size"):
-                if getattr(args, extra, None) is not None:
-                    flags += [f"--{extra.replace('_', '-')}", str(getattr(args, extra))]
-            return flags
-    return ["--preset", DEFAULT_PRESET]
+    flags = [part for flag in SOURCE_FLAGS if getattr(args, flag, None)
+             for part in flag_and_value(flag, getattr(args, flag))]
+    if not flags:
+        return ["--preset", DEFAULT_PRESET]
+    for extra in ("vocab_size", "max_seq_len", "input_vocab_size"):
+        if getattr(args, extra, None) is not None:
+            flags += flag_and_value(extra, getattr(args, extra))
+    return flags
+
+
+def flag_and_value(name: str, value) -> list[str]:
+    """`--name value` as a command's words; `--name=value` where the value starts with a dash,
+    which argparse would read as a flag of its own (`--weights-map=-map.py:good`)."""
+    flag, text = f"--{name.replace('_', '-')}", str(value)
+    return [f"{flag}={text}"] if text.startswith("-") else [flag, text]
 
 
 def rerun_command(subcommand: str, args, *extra: str) -> str:
     return shlex.join(["decoder-audit", subcommand, *source_flags(args), *extra])
+
+
+def tokenizer_said(kind: str, name: str) -> str:
+    """A tokenizer as the user named it: the file it was read from, with its kind where the
+    file's name does not say it ("tokenizer.json" once, not its Tokenizer.name
+    "tokenizer.json:tokenizer.json"), or a built-in kind's name."""
+    given = name[len(kind) + 1:] if name.startswith(f"{kind}:") else ""
+    if not given:
+        return kind
+    return given if os.path.basename(given) == kind else f"{given} ({kind})"
+
+
+def json_file(flag: str, path: str) -> str:
+    """`path` when it names a file that is not empty (a DecoderConfig saved as JSON, read by
+    the library, which names a missing one); else ConfigError saying what it is instead:
+    /dev/null is a character device, not a config that "does not exist"."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path  # missing or unreadable: the loader's message names it
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+             (stat.S_ISSOCK, "a socket"))
+    what = next((name for test, name in kinds if test(mode)), None)
+    if what is None and stat.S_ISREG(mode) and os.stat(path).st_size == 0:
+        raise ConfigError(f"{flag} {path!r} is empty (0 bytes): it names a DecoderConfig saved "
+                          "as JSON")
+    if what is not None:
+        raise ConfigError(f"{flag} {path!r} is {what}, not a file: it names a DecoderConfig "
+                          "saved as JSON")
+    return path

@@ -31,17 +31,23 @@ import torch
 
 from ..console import console, literal
 from ..errors import ConfigError
+from .common import tokenizer_said
 
 CHECK_BATCH = 2
 
 
 def register(subparsers) -> None:
+    families = hf_families()
+    listed = ", ".join(f"{model_type} ({name})" for model_type, name in families.items())
     parser = subparsers.add_parser(
-        "convert", help="convert weights to and from Hugging Face (GPT-2, Llama)",
-        description="Convert a Hugging Face GPT-2 or Llama folder (config.json + "
-                    "model.safetensors, as save_pretrained writes it) into a decoder-audit "
-                    "checkpoint, or a checkpoint into such a folder. The result is read back and "
-                    "its logits compared with the source's before success is reported.")
+        "convert", help=f"convert weights to and from Hugging Face ({len(families)} families)",
+        description="Convert a Hugging Face folder (config.json + model.safetensors, as "
+                    "save_pretrained writes it) into a decoder-audit checkpoint, or a checkpoint "
+                    "into such a folder. The result is read back and its logits compared with "
+                    f"the source's before success is reported. --from-hf reads {len(families)} "
+                    f"families, by model_type: {listed}. --to-hf writes GPT2LMHeadModel or "
+                    "LlamaForCausalLM where their configs hold the checkpoint's, else the first "
+                    "of these families whose config holds it exactly.")
     direction = parser.add_mutually_exclusive_group(required=True)
     direction.add_argument("--from-hf", metavar="HF_DIR",
                            help="Hugging Face folder to convert into a checkpoint")
@@ -56,6 +62,20 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the check's random ids")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run, _parser=parser)
+
+
+def hf_families() -> dict[str, str]:
+    """model_type -> the Hugging Face class the converter reads it with: the converter's own
+    table (`references.hf_config.spec_classes`), so the help cannot drift from it. Read without
+    importing transformers (seconds, on every --help): the namespace passed for the module
+    answers each class it is asked for with that class's name."""
+    from ..references.hf_config import spec_classes
+
+    class ClassNames:
+        def __getattr__(self, name: str) -> str:
+            return name
+
+    return spec_classes(ClassNames())
 
 
 def run(args) -> int:
@@ -190,9 +210,10 @@ def _report(args, done: _Converted, check: _LogitCheck) -> None:
     out.print(f"{done.direction}: {literal(args.from_hf or args.checkpoint)} -> "
               f"{literal(done.written)}")
     if tokenizer is not None:
-        out.print(f"tokenizer {literal(tokenizer)} kept with the checkpoint" if args.from_hf else
-                  f"tokenizer {literal(tokenizer)} written for Hugging Face (AutoTokenizer reads "
-                  "the probe text as ours)")
+        said = literal(tokenizer_said(done.tokenizer.kind, tokenizer))
+        out.print(f"tokenizer {said} kept with the checkpoint" if args.from_hf else
+                  f"tokenizer {said} written for Hugging Face (AutoTokenizer reads the probe "
+                  "text as ours)")
     out.print(f"{type(hf_model).__name__}, {ours.num_parameters():,} parameters, "
               f"tie_embeddings={cfg.tie_embeddings}")
     for change in done.changes:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from ..console import console, literal
 from ..errors import ConfigError
+from .common import tokenizer_said
 
 
 def register(subparsers) -> None:
@@ -54,8 +56,11 @@ def run(args) -> int:
     # paths and the tokenizer's name are the user's: `literal`, so brackets print as they are
     out.print(f"{literal(args.out)}: {header['tokens']:,} tokens ({header['dtype']}), train "
               f"{n_train:,} + held out {n_val:,}")
-    out.print(f"tokenizer {literal(tok['name'])} (vocab_size {tok['vocab_size']}, eos_id "
-              f"{tok['eos_id']}, sha256 {tok['sha256'][:12]})")
+    # the file the user named (its Tokenizer.name keeps only the file's name, after its kind)
+    named = f"{tok['kind']}:{args.tokenizer}" if os.path.exists(args.tokenizer) else tok["name"]
+    said = literal(tokenizer_said(tok["kind"], named))
+    out.print(f"tokenizer {said} (vocab_size {tok['vocab_size']}, eos_id {tok['eos_id']}, "
+              f"sha256 {tok['sha256'][:12]})")
     for source in header["sources"]:
         note = "" if source["round_trip"] else "  [yellow]decoding does not give the text back[/]"
         out.print(f"  {literal(source['path'])}: {source['bytes']:,} bytes -> "

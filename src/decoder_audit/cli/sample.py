@@ -11,7 +11,7 @@ import sys
 import time
 
 from ..config import DecoderConfig
-from .common import absolute, user_output_to_stderr
+from .common import absolute, source_from_args, user_output_to_stderr
 
 
 def register(subparsers) -> None:
@@ -24,7 +24,10 @@ def register(subparsers) -> None:
                     "('<bos> A'); byte-level models take text.")
     parser.add_argument("--checkpoint", required=True, metavar="DIR",
                         help="a checkpoint folder, or a training run folder holding checkpoint/ "
-                             "(a model trained from FILE.py:FACTORY is rebuilt by its factory)")
+                             "(a model trained from FILE.py:FACTORY needs --model too)")
+    parser.add_argument("--model", metavar="FILE.py:FACTORY",
+                        help="the factory a --model run was trained from, which rebuilds its "
+                             "module (a folder's own code is never run)")
     parser.add_argument("--prompt", required=True, help="e.g. '<bos> A'")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0 (default) is greedy; T > 0 samples from softmax(logits / T)")
@@ -56,7 +59,7 @@ def run(args) -> int:
 
     if args.tokenizer is not None and os.path.exists(args.tokenizer):
         args.tokenizer = absolute(args.tokenizer)  # before a factory's code can change directory
-    folder, model, vocab_size, max_seq_len = _model(args.checkpoint)
+    folder, model, vocab_size, max_seq_len = _model(source_from_args(args))
     declared = None
     if (folder / TRAINER_FILE).is_file():
         declared = json.loads((folder / TRAINER_FILE).read_text()).get("tokenizer")
@@ -117,15 +120,14 @@ def _budget(args, folder, max_seq_len: int | None, prompt_len: int) -> int:
     return max(1, max_seq_len + 1 - prompt_len)
 
 
-def _model(checkpoint: str):
+def _model(source):
     """(the checkpoint folder, its model in eval mode, V, max_seq_len): a Decoder's from its
-    config; a module trained with --model rebuilt by its factory, with the V and length limit
-    its factory.json records (None: no hard limit)."""
+    config; a module trained with --model rebuilt by the factory named with --model, with the
+    V and length limit its factory.json records (None: no hard limit)."""
     from ..errors import CheckpointError
-    from ..sources import Source, checkpoint_of
+    from ..sources import checkpoint_of
 
-    folder, _ = checkpoint_of(checkpoint)
-    source = Source("checkpoint", folder)
+    folder, _ = checkpoint_of(source.value)
     with user_output_to_stderr():  # a factory's prints: stdout holds the samples only
         model = source.build().eval()
     cfg = getattr(model, "config", None)

@@ -10,18 +10,29 @@ import os
 import sys
 from pathlib import Path
 
+from . import helptext  # the checks its description names, from the gate's registry
 from ..console import console, literal
 from ..errors import ConfigError
-from .common import absolute, add_model_source, source_from_args
+from .common import (
+    absolute,
+    add_model_source,
+    flag_and_value,
+    rerun_command,
+    source_from_args,
+)
 
 DEFAULT_OUT = "runs/train"
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "train", help="audit, then train (refuses any model that fails a check)",
-        description="Run the full gate on the model; if any check fails, name the first failed "
-                    "check and exit 1 without training or writing anything. Otherwise train it: "
+        "train", help="audit, then train (refuses a model that fails a check of the training "
+                      "path)",
+        description="Run the full gate on the model; if a check of the path training takes "
+                    "fails, name the first and exit 1 without training or writing anything. "
+                    f"Every check is on that path but {helptext.off_training_path()}, whose "
+                    "failures affect only the paths named: they are reported and do not refuse "
+                    "training (`decoder-audit verify` still fails on them). Otherwise train it: "
                     "by default the tiny model's counting task (<bos> x y z <eos>), or a "
                     "byte-level model on --text FILE (with --tokenizer T: its tokens), or on a "
                     "prepared token dataset (--data DIR). There is no option to train a model "
@@ -61,7 +72,9 @@ def _add_run_options(parser) -> None:
     """Where the run writes and how it is carried out (none of these changes its result)."""
     parser.add_argument("--out", metavar="DIR", help="run folder: metrics.jsonl, loss_curve.png, "
                                                      f"checkpoint/ (default {DEFAULT_OUT})")
-    parser.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="continue the run saved in DIR (a run of a --model: with --model "
+                             "FILE.py:FACTORY again, the factory it was trained from)")
     parser.add_argument("--save-every", type=int, metavar="N",
                         help="checkpoint every N steps too (default: only at the end; a resumed "
                              "run keeps its own)")
@@ -118,13 +131,14 @@ def run(args) -> int:
         raise ConfigError(f"--intervention-len={args.intervention_len} must be >= 1")
     _absolute_paths(args)  # before a --model's code runs: an os.chdir in it moves nothing
     options = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
-    source_given = any(getattr(args, f, None) for f in ("preset", "config", "checkpoint", "model"))
+    source_given = any(getattr(args, f, None) for f in ("preset", "config", "checkpoint"))
     if args.resume:
         if source_given:
             print("decoder-audit train: error: --resume loads the model from its checkpoint; "
-                  "drop --preset/--config/--checkpoint/--model", file=sys.stderr)
+                  "drop --preset/--config/--checkpoint", file=sys.stderr)
             return 2
-        model = None
+        # A --model run's factory is named again, never read off the run folder.
+        model = source_from_args(args) if args.model else None
     else:
         if args.checkpoint:
             _refuse_module_checkpoint(args.checkpoint)
@@ -143,7 +157,7 @@ def run(args) -> int:
             threads=args.threads if args.threads is not None else "auto",
             peak_flops=args.peak_flops, checkpointing=args.checkpointing, **options)
     except GateRefusal as refusal:
-        _print_refusal(refusal)
+        _print_refusal(refusal, args)
         return 1
     except (TrainingDiverged, LeakageSuspected) as diverged:
         if int(os.environ.get("RANK", "0")) == 0:
@@ -152,6 +166,12 @@ def run(args) -> int:
     except KeyboardInterrupt:
         _print_interrupted(out or args.resume)
         return 130
+    except BaseException as exc:
+        if getattr(exc, "said_by_another_rank", False) and not args.debug:
+            from . import USER_ERRORS  # rank 0 says the failure every rank shares: once
+
+            return 2 if isinstance(exc, USER_ERRORS) else 1
+        raise
     return 0
 
 
@@ -177,22 +197,32 @@ def _refuse_module_checkpoint(path: str) -> None:
         raise ConfigError(
             f"{str(folder)!r} holds the weights of a module trained with --model (factory.json: "
             f"{factory.get('factory')!r}), not a Decoder checkpoint: continue its run with "
-            f"`decoder-audit train --resume {run}`, or start a new one with --model "
-            "FILE.py:FACTORY")
+            f"`decoder-audit train --resume {run} --model FILE.py:FACTORY` (the factory it was "
+            "trained from), or start a new one with --model FILE.py:FACTORY")
 
 
-def _print_refusal(refusal) -> None:
+def _print_refusal(refusal, args) -> None:
     if int(os.environ.get("RANK", "0")) != 0:
         return
     out = console()
     out.print(f"[bold red]training refused[/bold red]: check [bold]{refusal.check}[/bold] failed")
     out.print(f"  {literal(refusal.detail)}")
-    report = refusal.report
-    failed = [c for c in getattr(report, "checks", []) if not c.passed and not c.skipped]
+    checks = getattr(refusal.report, "checks", [])
+    failed = [c for c in checks if not c.passed and not c.skipped]
     if len(failed) > 1:
         out.print(f"  other failed checks: {', '.join(c.name for c in failed[1:])}")
-    out.print("Nothing was trained and no checkpoint was written. Fix the model and rerun; "
-              "`decoder-audit verify` shows the full evidence.")
+    if any(c.name == refusal.check for c in checks):  # a gate check: verify shows it
+        out.print("Nothing was trained and no checkpoint was written. Fix the model and rerun; "
+                  f"`{literal(rerun_command('verify', args))}` shows the full evidence.")
+        return
+    # train's own check (the loss before training), after a gate that passed: verify passes
+    # this model, and only train, on the same model, seed and task, measures it again.
+    task = [part for name in ("seed", "batch_size", "text", "data", "tokenizer",
+                              "intervention_len") if getattr(args, name, None) is not None
+            for part in flag_and_value(name, getattr(args, name))]
+    out.print("Nothing was trained and no checkpoint was written. The gate passed (`decoder-audit "
+              "verify` passes this model too): this is train's own check, before the first "
+              f"step; `{literal(rerun_command('train', args, *task))}` measures it again.")
 
 
 def _print_interrupted(out: str) -> None:

@@ -18,9 +18,12 @@ from ..console import console, literal
 from ..errors import ConfigError
 from ..gate import allocate_large_blocks_apart, audit, check_gate_fits, print_report, to_json
 from ..sources import load_weights_map
+from . import helptext
 from .common import (
     absolute,
     add_model_source,
+    flag_and_value,
+    json_file,
     rerun_command,
     source_from_args,
     user_output_to_stderr,
@@ -30,10 +33,10 @@ from .common import (
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "verify", help="run the acceptance gate on a model (default tiny-368)",
-        description="Run every check of the acceptance gate (inputs, overlength, shapes, raw "
-                    "logits, determinism, batch independence, causal interventions, prefixes, "
-                    "attention rows, parameter ledger, tying, tying gradient, slow oracle, loss "
-                    "alignment) and print the evidence. Exit 0 only when every check passes.")
+        description="Run every check of the acceptance gate (listed below) and print the "
+                    "evidence. Exit 0 only when every check passes, 1 when one fails, 2 for a "
+                    "usage error.",
+        epilog=helptext.checks_listing(), formatter_class=helptext.ListingFormatter)
     add_model_source(parser, foreign=True, hf=True, intervention=True)
     parser.add_argument("--input-vocab-size", type=int, metavar="V_IN",
                         help="ids the model reads when that differs from V (an extra start "
@@ -43,8 +46,8 @@ def register(subparsers) -> None:
                         help="the architecture a --model (or --hf) module declares, a "
                              "DecoderConfig saved as JSON: its parameter ledger, tie and float64 "
                              "oracle are checked against it, its weights found by their names "
-                             "(our layout, nanoGPT / GPT-2, litgpt, Hugging Face Llama, torchtune, "
-                             "LLMs-from-scratch)")
+                             f"in one of the layouts {helptext.layout_names()} (else give "
+                             "--weights-map)")
     parser.add_argument("--weights-map", metavar="FILE.py:FN",
                         help="with --spec, for a layout not found by its names: FN(state_dict) "
                              "returns {canonical name: tensor} (views of the module's tensors)")
@@ -110,7 +113,7 @@ def run(args) -> int:
         return _run_sharded(args, report_dir)
     device = resolve_device(args.device)
     source = source_from_args(args)
-    spec = DecoderConfig.load(args.spec) if args.spec else None
+    spec = DecoderConfig.load(json_file("--spec", args.spec)) if args.spec else None
     if args.weights_map and spec is None:
         raise ConfigError("--weights-map places a module's weights on a spec's names: give "
                           "--spec CONFIG.json too")
@@ -140,7 +143,8 @@ def _run_sharded(args, report_dir: str | None) -> int:
     """`verify --shard` (under torchrun): the model sharded with FSDP2 over every rank, the
     gate run on every rank alike (gate/sharding.py), rank 0 printing and writing the report.
     A preset or config is built sharded (`build_sharded`: 1/N of the weights per rank); a
-    checkpoint or a --model's Decoder is loaded whole on each rank, then sharded."""
+    checkpoint or a --model's Decoder is loaded whole on each rank, then sharded. A failure on
+    any rank ends the run with one line (`end_failed_rank`), never a wait on the others."""
     from ..training import distributed
 
     if args.spec or args.weights_map or args.hf:
@@ -148,38 +152,79 @@ def _run_sharded(args, report_dir: str | None) -> int:
                           "--config, --checkpoint, or a --model that returns a Decoder); "
                           "--spec, --weights-map and --hf describe modules of other layouts")
     device = distributed.resolve_device(args.device, distributed.local_rank())
-    dtype = DTYPES.get(args.dtype)
-    source = source_from_args(args)
     ranks = distributed.init_distributed(device, shard=True)
     allocate_large_blocks_apart()  # the blocks gathered and freed at every call: see there
     try:
-        if source.built_fresh:  # the ranks on one host's CPU share its memory
-            check_gate_fits(source.config(), dtype or torch.float32, device=device,
-                            world_size=ranks.world_size,
-                            local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-                            if torch.device(device).type == "cpu" else 1)
-        with user_output_to_stderr():
-            if source.built_fresh:
-                model = distributed.build_sharded(source.config(), ranks, device, seed=args.seed,
-                                                  dtype=dtype, reshard_root=True)
-            else:
-                model = source.build(seed=args.seed, dtype=dtype)
-                distributed.refuse_unshardable(model)
-                model.to(device=device, dtype=dtype)
-                distributed.shard_model(model, ranks, device, reshard_root=True)
-            show_progress = ranks.is_main and (sys.stderr.isatty() if args.progress is None
-                                               else args.progress)
-            report = audit(model, progress=show_progress and not args.json, seed=args.seed,
-                           vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
-                           input_vocab_size=args.input_vocab_size,
-                           intervention_len=args.intervention_len)
+        report = _audit_sharded(args, ranks, device)
         launcher = (f"torchrun --nproc_per_node {ranks.world_size} --no-python "
                     if ranks.distributed else "")
         code = _print_verdict(args, report, report_dir, launcher) if ranks.is_main else \
             (0 if report.passed else 1)
-    finally:
+    except BaseException as exc:
+        if ranks.distributed and not args.debug and not isinstance(exc, KeyboardInterrupt):
+            end_failed_rank("verify", ranks, exc)
         distributed.close(ranks)
+        raise
+    distributed.close(ranks)
     return code
+
+
+def _audit_sharded(args, ranks, device):
+    from ..training import distributed
+
+    dtype = DTYPES.get(args.dtype)
+    source = source_from_args(args)
+    if source.built_fresh:  # the ranks on one host's CPU share its memory
+        check_gate_fits(source.config(), dtype or torch.float32, device=device,
+                        world_size=ranks.world_size,
+                        local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+                        if torch.device(device).type == "cpu" else 1)
+    with user_output_to_stderr():
+        if source.built_fresh:
+            model = distributed.build_sharded(source.config(), ranks, device, seed=args.seed,
+                                              dtype=dtype, reshard_root=True)
+        else:
+            model = source.build(seed=args.seed, dtype=dtype)
+            _refuse_unshardable(model)
+            model.to(device=device, dtype=dtype)
+            distributed.shard_model(model, ranks, device, reshard_root=True)
+        show_progress = ranks.is_main and (sys.stderr.isatty() if args.progress is None
+                                           else args.progress)
+        return audit(model, progress=show_progress and not args.json, seed=args.seed,
+                     vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
+                     input_vocab_size=args.input_vocab_size,
+                     intervention_len=args.intervention_len)
+
+
+def end_failed_rank(command: str, ranks, exc: BaseException) -> None:
+    """A rank of a run under torchrun failed: the run's one line, said by the rank whose it is
+    (`distributed.says_failure`: rank 0 for a failure every rank shares, else the rank that
+    alone failed, naming itself), then this process ends at once (`distributed.abandon`) with
+    the status the failure has in one process (2 for a user's mistake, 1 otherwise)."""
+    from ..gate import RanksDisagree
+    from ..training import distributed
+    from . import USER_ERRORS, one_line
+
+    user = isinstance(exc, USER_ERRORS)
+    if distributed.says_failure(ranks, exc):
+        # a rank other than 0 names itself (RanksDisagree's message does already)
+        who = "" if ranks.is_main or isinstance(exc, RanksDisagree) else f"rank {ranks.rank}: "
+        what = one_line(exc) if user or isinstance(exc, RanksDisagree) else \
+            f"{type(exc).__name__}: {one_line(exc)}"
+        print(f"decoder-audit {command}: error: {who}{what}", file=sys.stderr)
+    distributed.abandon(2 if user else 1)
+
+
+def _refuse_unshardable(model: torch.nn.Module) -> None:
+    """--shard shards a Decoder's blocks (`distributed.shard_model`): any other module is
+    refused in verify's words, naming its class, before the gate is spent on it."""
+    from ..model.decoder import Decoder
+
+    if not isinstance(model, Decoder):
+        cls = type(model)
+        raise ConfigError(f"verify --shard needs a decoder-audit Decoder (FSDP2 shards its "
+                          f"blocks), and the model is a {cls.__module__}.{cls.__qualname__}: "
+                          "run verify without --shard, where any module is audited whole")
 
 
 def _print_verdict(args, report, report_dir: str | None, launcher: str = "") -> int:
@@ -202,9 +247,9 @@ def _rerun_flags(args) -> list[str]:
     """The flags besides the model's that reproduce this run."""
     extra = []
     if args.spec:
-        extra += ["--spec", args.spec]
+        extra += flag_and_value("spec", args.spec)
     if args.weights_map:
-        extra += ["--weights-map", args.weights_map]
+        extra += flag_and_value("weights_map", args.weights_map)
     if args.seed:
         extra += ["--seed", str(args.seed)]
     if args.intervention_len is not None:

@@ -23,14 +23,16 @@ Nothing outside this package imports a module of it other than through these nam
 from .batch import BatchReport, audit_batch
 from .facts import ModelFacts, TrainingPath, input_embedding, model_facts
 from .measure import allocate_large_blocks_apart
+from .packing import packed_call
 from .peak import GatePeak, check_gate_fits, gate_peak
 from .registry import CHECK_ORDER, CHECK_TITLES, CHECKS, Check
 from .render import print_report, to_json
 from .report import AuditReport
 from .result import CheckResult
 from .runner import audit
-from .training import packed_call
+from .oom import GateOutOfMemory
+from .sharding import RanksDisagree, store_reports
 
 __all__ = ["AuditReport", "BatchReport", "GatePeak", "allocate_large_blocks_apart", "check_gate_fits", "gate_peak", "CHECKS", "CHECK_ORDER", "CHECK_TITLES", "Check",
-           "CheckResult", "ModelFacts", "TrainingPath", "audit", "audit_batch", "input_embedding",
+           "CheckResult", "GateOutOfMemory", "ModelFacts", "RanksDisagree", "store_reports", "TrainingPath", "audit", "audit_batch", "input_embedding",
            "model_facts", "packed_call", "print_report", "to_json"]

@@ -316,8 +316,9 @@ def probe_attention(s: Subject) -> tuple[str | None, str]:
     ids, batch, seq_len = _probe_ids(s)
     layers, path, _, _ = _exposed(s, ids, seq_len, batch)
     if layers is None:
+        where = path if path.startswith("the ") else f"its {path}"  # "the model's own", "eager"
         return None, ("the model exposes no attention patterns (neither our trace nor "
-                      f"output_attentions=True on its {path} path)")
+                      f"output_attentions=True on {where} path)")
     if all(layer.pattern is None for layer in layers):
         return None, ("output_attentions=True returned no attention pattern: "
                       + "; ".join(layer.why_not for layer in layers[:3]))

@@ -44,6 +44,9 @@ from ..errors import ConfigError
 from ..generation.convention import Convention, convention
 from .sharding import class_name, local, on_every_rank
 
+# The forms a packed row is sent in (gate/packing.py says what each sends).
+PACK_FORMS = ("document_ids", "4d_mask", "position_ids", "flash_kwargs")
+
 # Causal and prefix interventions run at most this long by default (batched cuts cost
 # (cuts + 1) * T tokens; GPT-2 small at T=1024 would take minutes on a laptop CPU).
 DEFAULT_INTERVENTION_LEN = 64
@@ -64,6 +67,10 @@ class TrainingPath:
     """Activation checkpointing on (`gradient_checkpointing_enable()`)."""
     pack: bool = False
     """Several documents packed into each row (through the model's packing interface)."""
+    pack_form: str | None = None
+    """The one form the trainer sends packed rows in (gate.packing.FORMS: "document_ids",
+    "4d_mask", "position_ids", "flash_kwargs"), or None: every form the model takes is checked.
+    A module of its own declares a position_ids interface this way."""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len"):
@@ -72,6 +79,12 @@ class TrainingPath:
                 raise ConfigError(f"training {name}={value!r} must be a positive integer")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"training precision={self.precision!r} is not 'fp32' or 'bf16'")
+        if self.pack_form is not None:
+            if self.pack_form not in PACK_FORMS:
+                raise ConfigError(f"training pack_form={self.pack_form!r} is not one of "
+                                  f"{list(PACK_FORMS)}")
+            if not self.pack:
+                raise ConfigError(f"training pack_form={self.pack_form!r} needs pack=True")
 
 
 @dataclass(frozen=True)
@@ -97,7 +110,8 @@ class ModelFacts:
     reference: str | None
     """How the oracle reads the weights: "decoder", "spec", or None."""
     reference_reason: str = ""
-    """Why there is no reference (empty when there is one)."""
+    """Why there is no reference, or why a declared spec's weights could not be placed (empty
+    when the oracle can read them)."""
     readout: str | None = None
     """The name of the module that turns the last hidden state into logits (the output head:
     get_output_embeddings(), a module named lm_head / head / output, or the last Linear with
@@ -114,9 +128,27 @@ class ModelFacts:
     computes_loss: bool = False
     """The forward takes labels= and returns its own .loss (Hugging Face's convention)."""
     packing: str | None = None
-    """How documents are packed into one row: "document_ids" (our Decoder), "position_ids" (a
-    Hugging Face model: restarting position_ids and a 4-D block-diagonal attention mask), or None
-    (no packing interface)."""
+    """How decoder-audit's train packs documents into one row for this model: "document_ids"
+    (our Decoder, or a forward that names them), "4d_mask" (a Hugging Face model: restarting
+    position_ids and a 4-D block-diagonal attention mask), or None (no packing interface)."""
+    packing_forms: tuple[str, ...] = ()
+    """Every form of a packed row (PACK_FORMS) the model's forward takes: its interface, and
+    for a Hugging Face model the padding-free forms its trainers send too (position_ids alone;
+    flash attention's cu_seq_lens where it takes them). The packing check sends them all, or
+    the one the training path names (`checked_packing_forms`)."""
+    takes_use_cache: bool = False
+    """The forward takes use_cache= (packed forms are tried with it on by default and off)."""
+    checkpointing_enabled: bool = False
+    """Activation checkpointing is switched on in the model as it came to the audit (Hugging
+    Face's `is_gradient_checkpointing`, or a `gradient_checkpointing` flag that is True): the
+    path its training takes, audited without a declaration."""
+    windows: tuple[int | None, ...] | None = None
+    """The sliding window each layer declares (None: full attention), from the model's
+    DecoderConfig, its declared spec or its Hugging Face config (`references.hf_windows`); None
+    when no layer declares one."""
+    attention_layers: tuple[str, ...] = ()
+    """The names of the per-layer attention modules, in layer order, found from the module
+    classes (`attention_layers`); empty when they cannot be told apart."""
     has_input_embedding: bool = False
     """An input embedding was found (get_input_embeddings, token_embeddings, an nn.Embedding)."""
     attention: str | None = None
@@ -127,6 +159,9 @@ class ModelFacts:
     """Why the model's cache cannot be stepped, found by calling it (empty when it can)."""
     input_gradient_reason: str = ""
     """Why d loss / d input cannot be taken, found by one small backward (empty when it can)."""
+    loss_reason: str = ""
+    """Why the model's own loss cannot be taken although its forward takes labels= (the call does
+    not fit its signature, or it returns no loss), found by one call (empty when it can)."""
     train_mode_reason: str = ""
     """Why the model cannot be run in train mode at the probes' length, found by one call, when
     no training path says what length training uses (empty when it runs)."""
@@ -144,7 +179,8 @@ class ModelFacts:
     ledger, the tie and the oracle are checked against it (spec.py)."""
     placement: Any = None
     """Where the module's weights lie on the spec's canonical names (references.layouts
-    Placement), None without a spec or when no layout was found (`reference_reason` says)."""
+    Placement), None without a spec or when no layout was found (`reference_reason` says why;
+    params and oracle then fail)."""
     origin: dict[str, str] = field(default_factory=dict)
     """fact name -> "config" | "spec" | "hugging face" | "argument" | "default"."""
     notes: tuple[str, ...] = ()
@@ -157,8 +193,9 @@ class ModelFacts:
 
     @property
     def has_ledger(self) -> bool:
-        """A DecoderConfig of our layout, or a declared spec whose layout was found."""
-        return self.config is not None or self.placement is not None
+        """A DecoderConfig of our layout, or a declared spec (whose weights params places, or
+        fails to)."""
+        return self.config is not None or self.spec is not None
 
     @property
     def tied(self) -> bool:
@@ -198,7 +235,8 @@ class ModelFacts:
 
     @property
     def trains_with_checkpointing(self) -> bool:
-        return self.training is not None and self.training.checkpointing
+        return self.checkpointing_enabled or (self.training is not None and
+                                              self.training.checkpointing)
 
     @property
     def runs_in_train_mode(self) -> bool:
@@ -206,7 +244,14 @@ class ModelFacts:
 
     @property
     def packs(self) -> bool:
-        return self.packing is not None
+        return bool(self.packing_forms)
+
+    @property
+    def checked_packing_forms(self) -> tuple[str, ...]:
+        """The forms the packing check sends: the training path's pack_form, or every one the
+        model takes."""
+        wanted = None if self.training is None else self.training.pack_form
+        return self.packing_forms if wanted is None else (wanted,)
 
     @property
     def trains_packed(self) -> bool:
@@ -215,6 +260,30 @@ class ModelFacts:
     @property
     def has_attention(self) -> bool:
         return self.attention is not None
+
+    @property
+    def length_bound(self) -> int | None:
+        """The longest input the model takes: its hard limit, declared or found; None: none."""
+        return self.max_seq_len or self.length_limit
+
+    @property
+    def declares_window(self) -> bool:
+        return self.windows is not None
+
+    @property
+    def window_binds(self) -> bool:
+        """The smallest declared window excludes a token within the inputs the model takes."""
+        smallest = min((w for w in self.windows or () if w is not None), default=None)
+        return smallest is not None and (self.length_bound is None or
+                                         smallest + 1 <= self.length_bound)
+
+    @property
+    def has_attention_layers(self) -> bool:
+        return bool(self.attention_layers)
+
+    @property
+    def loss_callable(self) -> bool:
+        return not self.loss_reason
 
     @property
     def has_input_gradient(self) -> bool:
@@ -233,7 +302,10 @@ class ModelFacts:
                 "training": None if self.training is None else {
                     "batch_size": self.training.batch_size, "seq_len": self.training.seq_len,
                     "precision": self.training.precision,
-                    "checkpointing": self.training.checkpointing, "pack": self.training.pack},
+                    "checkpointing": self.training.checkpointing, "pack": self.training.pack,
+                    "pack_form": self.training.pack_form},
+                "packing_forms": list(self.packing_forms),
+                "checkpointing_enabled": self.checkpointing_enabled,
                 "origin": dict(self.origin)}
 
 
@@ -260,6 +332,37 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
     spec_facts = _spec_facts(model, spec, weights_map, declared, origin,
                              whitebox=config is not None,
                              hf_readable=reference == "hugging face")
+    values = _resolved(given, declared, origin)
+    if values["vocab_size"] is None:
+        raise ConfigError(
+            f"{type(model).__name__} has no DecoderConfig, so audit() needs vocab_size=V "
+            "(and max_seq_len=T to check that longer inputs are rejected)")
+    spec = spec_facts.get("spec")
+    if spec is not None:
+        # A declared spec is checked even where its weights cannot be placed: params and oracle
+        # then fail naming what was not found (reference_reason), never skip to a pass.
+        reference, reason = "spec", "" if spec_facts["placement"] else spec_facts["reason"]
+    readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
+    windows = _declared_windows(model, config or spec)
+    return ModelFacts(
+        model=class_name(model), vocab_size=values["vocab_size"],
+        input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
+        max_seq_len=values["max_seq_len"],
+        intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
+        pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
+        reference=reference, reference_reason=reason, **_path_facts(model, training),
+        computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
+        **readout, has_input_embedding=input_embedding(model) is not None, training=training,
+        spec=spec, placement=spec_facts.get("placement"), origin=origin, windows=windows,
+        attention_layers=attention_layers(model, len(windows)) if windows else (),
+        notes=tuple(notes))
+
+
+def _resolved(given: dict[str, Any], declared: dict[str, Any], origin: dict[str, str]
+              ) -> dict[str, Any]:
+    """Each fact's value: the argument, else what the model declares, else None; `origin` says
+    which. An argument that contradicts the model's own config (V, the input vocabulary, a
+    DecoderConfig's max_seq_len) is a ConfigError naming both."""
     for name in ("vocab_size", "input_vocab_size") + (
             ("max_seq_len",) if origin.get("max_seq_len") == "config" else ()):
         if given[name] is not None and name in declared and given[name] != declared[name]:
@@ -277,26 +380,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         else:
             values[name] = None
             origin[name] = "default"
-    if values["vocab_size"] is None:
-        raise ConfigError(
-            f"{type(model).__name__} has no DecoderConfig, so audit() needs vocab_size=V "
-            "(and max_seq_len=T to check that longer inputs are rejected)")
-    spec = spec_facts.get("spec")
-    if spec is not None:
-        reference, reason = ("spec", "") if spec_facts["placement"] else (None,
-                                                                          spec_facts["reason"])
-    readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
-    return ModelFacts(
-        model=class_name(model), vocab_size=values["vocab_size"],
-        input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
-        max_seq_len=values["max_seq_len"],
-        intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
-        pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
-        reference=reference, reference_reason=reason, packing=packing_interface(model),
-        computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
-        **readout, has_input_embedding=input_embedding(model) is not None, training=training,
-        spec=spec, placement=spec_facts.get("placement"), origin=origin,
-        notes=tuple(notes))
+    return values
 
 
 def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
@@ -495,16 +579,85 @@ def _takes(model: nn.Module, name: str) -> bool:
 
 
 def packing_interface(model: nn.Module) -> str | None:
-    """How `model` takes several documents in one row, read from its forward's parameters."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return None
-    if "document_ids" in params:
+    """How decoder-audit's train packs documents into one row of `model` (ModelFacts.packing),
+    read from its forward's parameters."""
+    if _takes(model, "document_ids"):
         return "document_ids"
-    if _is_hugging_face(model) and "position_ids" in params and "attention_mask" in params:
-        return "position_ids"
+    if _is_hugging_face(model) and _takes(model, "position_ids") and \
+            _takes(model, "attention_mask"):
+        return "4d_mask"
     return None
+
+
+def _declared_windows(model: nn.Module, cfg: DecoderConfig | None
+                      ) -> tuple[int | None, ...] | None:
+    """The window each layer declares: by the DecoderConfig that is the model's architecture
+    (its own, a declared spec, a Hugging Face class's config read as one), else by a Hugging Face
+    config of any family."""
+    if cfg is not None:
+        found = tuple(cfg.window(layer) for layer in range(cfg.n_layers))
+    elif _is_hugging_face(model):
+        from ..references.hf_windows import declared_windows
+
+        found = declared_windows(model.config)
+    else:
+        return None
+    return found if found and any(w is not None for w in found) else None
+
+
+def attention_layers(model: nn.Module, layers: int) -> tuple[str, ...]:
+    """The names of the per-layer attention modules, in order: the outermost modules whose class
+    is named like attention (LlamaAttention, CausalSelfAttention, GPT2Attention, ...), when there
+    are exactly `layers` of them; () otherwise."""
+    found = [name for name, module in model.named_modules()
+             if name and "attention" in type(module).__name__.lower()
+             and any(True for _ in module.parameters())]
+    outermost = [name for name in found
+                 if not any(name.startswith(other + ".") for other in found)]
+    return tuple(outermost) if len(outermost) == layers else ()
+
+
+def _path_facts(model: nn.Module, training: TrainingPath | None) -> dict[str, Any]:
+    """The facts of the paths a model takes beside its plain forward, read from its forward's
+    parameters: packing (after a ConfigError for a training path whose pack_form the forward
+    cannot take) and use_cache."""
+    forms = packing_forms(model)
+    wanted = None if training is None else training.pack_form
+    if wanted is not None and wanted not in forms:
+        raise ConfigError(f"training pack_form={wanted!r}: {type(model).__name__}'s forward takes "
+                          f"only {list(forms) or 'no packed form'} (of {list(PACK_FORMS)})")
+    return {"packing": packing_interface(model), "packing_forms": forms,
+            "takes_use_cache": _takes(model, "use_cache"),
+            "checkpointing_enabled": checkpointing_enabled(model)}
+
+
+def checkpointing_enabled(model: nn.Module) -> bool:
+    """Activation checkpointing is on in `model` (ModelFacts.checkpointing_enabled)."""
+    try:
+        flag = getattr(model, "is_gradient_checkpointing",
+                       getattr(model, "gradient_checkpointing", False))
+    except Exception:  # noqa: BLE001 - a property that raises: nothing said about it
+        return False
+    return flag is True
+
+
+def packing_forms(model: nn.Module) -> tuple[str, ...]:
+    """The forms of a packed row `model`'s forward takes (ModelFacts.packing_forms): its
+    document_ids; a Hugging Face model's 4-D mask and position_ids alone (what padding-free
+    collators send); a module of its own's position_ids; flash attention's cu_seq_lens where the
+    forward names them or a Hugging Face model runs a flash attention implementation."""
+    interface = packing_interface(model)
+    if interface == "document_ids":
+        return ("document_ids",)
+    if interface == "4d_mask":
+        config = getattr(model, "config", None)
+        flash = "flash" in str(getattr(config, "_attn_implementation", "") or "")
+        return ("4d_mask", "position_ids") + (
+            ("flash_kwargs",) if flash or _takes(model, "cu_seq_lens_q") else ())
+    # a module of its own: the one padding-free form its forward names
+    if _takes(model, "cu_seq_lens_q"):
+        return ("flash_kwargs",)
+    return ("position_ids",) if _takes(model, "position_ids") else ()
 
 
 def input_embedding(model: nn.Module) -> nn.Module | None:

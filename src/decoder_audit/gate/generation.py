@@ -30,50 +30,15 @@ import torch.nn.functional as F
 from ..generation.convention import Convention, Stepper, established, numbered
 from ..objective import logits_of
 from . import tolerances
-from .measure import all_finite, batch_not_equal, sample_positions, scaled_excess
+from .measure import all_finite, sample_positions, scaled_excess
 from .result import CheckResult
 from .subject import Subject
 
-# Tokens the cache and padding probes cover (each capped by max_seq_len): a decode step reads
-# every weight, so the cost is in calls, not tokens; 16 positions give every schedule below
-# several steps.
-KV_LEN = 16
+# Tokens the padding probes cover (capped by max_seq_len).
 PAD_LEN = 12
 # Positions t whose loss gradient is taken (rows of one batched backward).
 GRAD_LEN = 12
 GRAD_ROWS = 6
-
-
-# ---- kv_cache ----------------------------------------------------------------------------------
-
-def _schedules(seq_len: int) -> list[tuple[str, list[int]]]:
-    """Chunk sizes that cover 0..T-1: (description, [prefill, step, step, ...])."""
-    if seq_len < 2:
-        return []
-    half = seq_len // 2
-    growing, done, size = [1], 1, 2
-    while done < seq_len:
-        growing.append(min(size, seq_len - done))
-        done, size = done + growing[-1], size + 1
-    candidates = [
-        (f"prefill {half}, then one token at a time", [half] + [1] * (seq_len - half)),
-        ("prefill 1, then chunks of 2, 3, ...", growing),
-        (f"prefill {seq_len - 1}, then the last token", [seq_len - 1, 1]),
-    ]
-    unique, seen = [], set()
-    for name, sizes in candidates:
-        if tuple(sizes) not in seen:
-            seen.add(tuple(sizes))
-            unique.append((name, sizes))
-    return unique
-
-
-def _step_kind(sizes: list[int], call: int) -> str:
-    if call == 0:
-        return f"the prefill of {sizes[0]}"
-    past = sum(sizes[:call])
-    return (f"a one-token step after {past} cached" if sizes[call] == 1
-            else f"a chunk of {sizes[call]} after {past} cached")
 
 
 def probe_convention(s: Subject) -> tuple[Convention, str]:
@@ -86,51 +51,6 @@ def probe_convention(s: Subject) -> tuple[Convention, str]:
     ids = s.random_ids(1, 2, s.generator(20)).to(s.device)
     s.count(ids)
     return established(s.work, conv, ids)
-
-
-def check_kv_cache(s: Subject) -> CheckResult:
-    seq_len = s.short_len(KV_LEN)
-    batch = batch_not_equal(seq_len, (2, 3))
-    ids = s.random_ids(batch, seq_len, s.generator(21)).to(s.device)
-    tol = s.shape_tolerance()
-    schedules = _schedules(seq_len)
-    if not schedules:
-        return CheckResult("kv_cache", True, "max_seq_len is 1: no cached step exists",
-                           {"seq_len": seq_len}, tol)
-    full = s.run(ids)  # (B, T, V)
-    records, failures = [], []
-    for name, sizes in schedules:
-        stepper = Stepper(s.work, s.convention, batch, capacity=seq_len)
-        pieces, start = [], 0
-        with torch.no_grad():
-            for size in sizes:
-                chunk = ids[:, start:start + size]
-                s.count(chunk)
-                pieces.append(stepper(chunk))
-                start += size
-        cached = torch.cat(pieces, 1)  # (B, T, V)
-        worst, allowed = scaled_excess(cached - full, full, tol)
-        moved = (cached - full).abs().amax((0, 2))  # (T,)
-        bad = [int(t) for t in (~(moved <= allowed)).nonzero().flatten()]
-        record = {"schedule": name, "sizes": sizes, "max_abs_diff": worst, "allowed": allowed,
-                  "positions_differing": bad}
-        records.append(record)
-        if bad:
-            call = next(i for i, end in enumerate(torch.tensor(sizes).cumsum(0).tolist())
-                        if bad[0] < end)
-            failures.append(f"{name}: position {bad[0]} ({_step_kind(sizes, call)}) differs from "
-                            f"the full forward by up to {worst:.3g} (allowed {allowed:.1e}); "
-                            f"{len(bad)} of {seq_len} positions differ")
-    evidence = {"seq_len": seq_len, "batch": batch, "dtype": str(s.dtype),
-                "convention": s.convention.name, "schedules": records}
-    if failures:
-        return CheckResult("kv_cache", False, "cached decoding differs from the full forward: "
-                           + failures[0], evidence, tol)
-    worst = max(r["max_abs_diff"] for r in records)
-    return CheckResult("kv_cache", True, f"{len(records)} schedules (prefill lengths "
-                       f"{sorted({r['sizes'][0] for r in records})}, one-token steps and chunks) "
-                       f"equal the full T={seq_len} forward at every position (max {worst:.1e})",
-                       evidence, tol)
 
 
 # ---- padding -----------------------------------------------------------------------------------

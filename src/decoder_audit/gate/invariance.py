@@ -42,19 +42,57 @@ def clean_batch(s: Subject) -> torch.Tensor:
 
 
 def check_determinism(s: Subject) -> CheckResult:
+    """The same ids twice in eval mode, the second call meeting whatever state the first left
+    in the model (`as_found=False`: every other check's calls meet the state as found). When
+    the two differ and the first call changed the model's own state, a third call from the
+    state as found tells which it is: equal to the first, the state moved the answers (a
+    position counter that never resets: the model's property, named with what moved); not
+    equal, the model draws noise."""
     ids = clean_batch(s)
     batch, seq_len = ids.shape
-    first, second = s.clean_logits(ids), s.logits(ids)
+    first = s.clean_logits(ids)
+    moved = s.state.changes(additions=False) if s.state is not None else []
+    try:
+        second = s.logits(ids, as_found=False)
+    except Exception as exc:
+        if not moved:
+            raise  # the model's own failure: the runner records it
+        return CheckResult("determinism", False, f"the model's own state changes its answers: a "
+                           f"call changed {', '.join(moved[:3])}, and the same ids then raised "
+                           f"{type(exc).__name__}: {str(exc)[:160]} (from the state as found "
+                           "they ran): state that never resets between calls",
+                           {"batch": batch, "seq_len": seq_len, "state_moved": moved,
+                            "stateful": True}, tolerances.DETERMINISM)
     diff = (first - second).abs()
     worst = float(diff.max()) if diff.numel() else 0.0
     evidence = {"batch": batch, "seq_len": seq_len, "max_abs_diff": worst,
-                "positions_differing": int((diff.amax(-1) > 0).sum())}
-    if torch.equal(first, second) or (worst == 0.0 and torch.isnan(first).equal(torch.isnan(second))):
+                "positions_differing": int((diff.amax(-1) > 0).sum()), "state_moved": moved}
+    if _identical(first, second):
         return CheckResult("determinism", True, f"two eval-mode runs of ({batch}, {seq_len}) ids "
-                           "are bitwise identical", evidence, tolerances.DETERMINISM)
+                           "are bitwise identical"
+                           + (f" (the first changed the model's own state, {moved[0]}, which "
+                              "does not change its answers)" if moved else ""),
+                           evidence, tolerances.DETERMINISM)
+    evidence["stateful"] = bool(moved) and _identical(first, s.logits(ids))
+    if evidence["stateful"]:
+        return CheckResult("determinism", False, f"the model's own state changes its answers: a "
+                           f"call changed {', '.join(moved[:3])}, and the same ids then gave "
+                           f"logits different by up to {worst:.3g} at "
+                           f"{evidence['positions_differing']} positions (from the state as "
+                           "found they are identical again): state that never resets between "
+                           "calls", evidence, tolerances.DETERMINISM)
     return CheckResult("determinism", False, f"the same ids gave different logits twice in eval "
                        f"mode (max difference {worst:.3g} at {evidence['positions_differing']} "
                        "positions): dropout or noise left on", evidence, tolerances.DETERMINISM)
+
+
+def _identical(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Bitwise equal, NaN where NaN."""
+    if torch.equal(first, second):
+        return True
+    diff = (first - second).abs()
+    return (float(diff.max()) if diff.numel() else 0.0) == 0.0 and \
+        torch.isnan(first).equal(torch.isnan(second))
 
 
 def _index_noise(logits: torch.Tensor) -> float:
@@ -241,14 +279,8 @@ def _causal_verdict(records: list[dict], leaks: list[dict], blind: list[dict], e
         return CheckResult("causal", False, detail, evidence, tol)
     shape = evidence.get("training_shape")
     if shape is not None and not shape["passed"]:
-        where = (f"row {shape['leaks'][0]['row']} moved before its cut c={shape['leaks'][0]['cut']}"
-                 f" by up to {shape['leaks'][0]['max_change']:.3g}: the model reads future tokens"
-                 if shape["leaks"] else
-                 f"row 0 moved by {shape['row0_moved']:.3g} when the other rows changed: rows leak "
-                 "across the batch")
-        return CheckResult("causal", False, f"at the training shape (B={shape['batch']}, "
-                           f"T={shape['seq_len']}), {where} (allowed {shape['allowed']:.1e}); the "
-                           f"audit's own shapes (T={seq_len}) did not show it", evidence, tol)
+        return CheckResult("causal", False, f"{training_shape_said(shape)}; the audit's own "
+                           f"shapes (T={seq_len}) did not show it", evidence, tol)
     if blind:
         first = blind[0]
         detail = (f"cut c={first['cut']}: row {first['cut']} changed by only "
@@ -305,14 +337,10 @@ def check_prefix(s: Subject) -> CheckResult:
                        f"T={seq_len} run", evidence, tol)
 
 
-def training_shape_probe(s: Subject) -> dict | None:
-    """One batch at the training path's (B, T) (`facts.training`), against a batch of copies of
-    its row 0: row b >= 1 is row 0 changed from a cut on, so rows before the cut must not move
-    (causal), and row 0, beside rows that all differ, must not move (batch independence).
-    None without a training path. Judged exactly, up to the noise floor of the copies."""
+def _training_shape_batch(s: Subject) -> tuple[torch.Tensor, torch.Tensor, list[int | None]]:
+    """(copies (B, T) of one row, the intervention batch (B, T), each row's cut) at the training
+    path's (B, T): row b >= 1 is row 0 changed from its cut on."""
     training = s.facts.training
-    if training is None:
-        return None
     batch, seq_len = training.batch_size, min(training.seq_len, s.probe_max)
     gen = s.generator(40)
     base = s.random_ids(1, seq_len, gen)  # (1, T)
@@ -322,10 +350,34 @@ def training_shape_probe(s: Subject) -> dict | None:
     row_cuts = [None] + [cuts[(b - 1) % len(cuts)] for b in range(1, batch)]
     for b in range(1, batch):
         ids[b, row_cuts[b]:] = changed[0, row_cuts[b]:]
+    return base.repeat(batch, 1), ids, row_cuts
+
+
+def training_shape_noise(s: Subject) -> float:
+    """The noise floor of identical rows at the training shape, in eval mode (the floor a
+    train-mode probe of that shape is judged by: there, identical rows at two batch indices
+    get two dropout masks)."""
+    copies, _, _ = _training_shape_batch(s)
+    return _index_noise(s.logits(copies))
+
+
+def training_shape_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                         noise: float | None = None) -> dict | None:
+    """One batch at the training path's (B, T) (`facts.training`), against a batch of copies of
+    its row 0: row b >= 1 is row 0 changed from a cut on, so rows before the cut must not move
+    (causal), and row 0, beside rows that all differ, must not move (batch independence).
+    None without a training path. Judged exactly, up to the noise floor of the copies (or
+    `noise`). `call` runs the model another way (train mode: training.py)."""
+    if s.facts.training is None:
+        return None
+    run = s.logits if call is None else call
+    copies_ids, ids, row_cuts = _training_shape_batch(s)
+    batch, seq_len = ids.shape
     s.progress(f"the training shape: B={batch}, T={seq_len}")
-    copies = s.logits(base.repeat(batch, 1))  # (B, T, V)
-    noise, scale = _index_noise(copies), value_scale(copies[0])
-    moved = s.logits(ids)
+    copies = run(copies_ids)  # (B, T, V)
+    noise = _index_noise(copies) if noise is None else noise
+    scale = value_scale(copies[0])
+    moved = run(ids)
     moved -= copies
     change = moved.abs_().amax(-1)  # (B, T)
     del moved, copies
@@ -335,3 +387,14 @@ def training_shape_probe(s: Subject) -> dict | None:
     row0 = float(change[0].max())
     return {"batch": batch, "seq_len": seq_len, "allowed": allowed, "leaks": leaks,
             "row0_moved": row0, "passed": not leaks and row0 <= allowed}
+
+
+def training_shape_said(shape: dict) -> str:
+    """What a failed training-shape probe found, with its figures."""
+    where = (f"row {shape['leaks'][0]['row']} moved before its cut c={shape['leaks'][0]['cut']}"
+             f" by up to {shape['leaks'][0]['max_change']:.3g}: the model reads future tokens"
+             if shape["leaks"] else
+             f"row 0 moved by {shape['row0_moved']:.3g} when the other rows changed: rows leak "
+             "across the batch")
+    return (f"at the training shape (B={shape['batch']}, T={shape['seq_len']}), {where} "
+            f"(allowed {shape['allowed']:.1e})")

@@ -53,7 +53,10 @@ F FFN width, V vocabulary, L layers, P parameters.
 
 from __future__ import annotations
 
+import re
+import resource
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -171,7 +174,7 @@ def check_gate_fits(cfg: DecoderConfig, dtype: torch.dtype = torch.float32, *,
     Sharded over `world_size` ranks, `local_ranks` of them share this memory (all the ranks of
     `torchrun --nproc-per-node N` on one host's CPU; 1 where each rank has its own GPU)."""
     peak = gate_peak(cfg, dtype, world_size=world_size)
-    have = available_bytes(device) if available is None else available
+    have, where = memory_available(device) if available is None else (available, "")
     need = peak.total * local_ranks
     if have is None or need / PREDICTION_MARGIN <= have:
         return peak
@@ -184,9 +187,57 @@ def check_gate_fits(cfg: DecoderConfig, dtype: torch.dtype = torch.float32, *,
         f"the gate would not fit in memory: verify in {peak.dtype} peaks at about "
         f"{_gb(peak.total)}{per_rank} in its {peak.check} check ({largest}){ranks}, and at "
         f"least {_gb(need / PREDICTION_MARGIN)}, but only "
-        f"{_gb(have)} is available on {torch.device(device).type}; nothing was built "
+        f"{_gb(have)} is available on {torch.device(device).type}{where}; nothing was built "
         f"(vocab_size={cfg.vocab_size}, d_model={cfg.d_model}, n_layers={cfg.n_layers}; "
         f"`decoder-audit account --dtype` shows every term{halve})")
+
+
+def memory_available(device: str | torch.device = "cpu") -> tuple[int | None, str]:
+    """(bytes the gate may still allocate on `device`, "" or where a tighter limit comes from):
+    the memory the machine reports (accounting.memory: MemAvailable, the cgroup, the GPU), and
+    on the CPU also this process's address-space limit (RLIMIT_AS, `ulimit -v`), under which an
+    allocation fails however much memory the machine has free."""
+    have = available_bytes(device)
+    left = address_space_left() if torch.device(device).type == "cpu" else None
+    if left is None or (have is not None and have <= left):
+        return have, ""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return left, (f" under this process's address-space limit (ulimit -v: {_gb(limit)}, of which "
+                  f"{_gb(left - PROCESS_BASELINE)} is not yet mapped)")
+
+
+def address_space_left() -> int | None:
+    """Bytes this process may still map under RLIMIT_AS, plus PROCESS_BASELINE (the prediction
+    counts the process's own baseline, which is mapped already); None without a limit."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    try:
+        status = Path("/proc/self/status").read_text()
+        mapped = int(re.search(r"^VmSize:\s+(\d+) kB", status, re.MULTILINE).group(1)) * 1024
+    except (OSError, AttributeError, ValueError):
+        return None
+    return max(limit - mapped, 0) + PROCESS_BASELINE
+
+
+def check_probes_fit(vocab_size: int, length: int, dtype: torch.dtype,
+                     device: str | torch.device, *, what: str) -> None:
+    """ConfigError when the logits the invariance checks keep at once at probe length `length`
+    (INVARIANCE_COPIES x B x T x V) cannot fit in the memory available, even by the margin of
+    the prediction: `what` names the setting that asked for that length (intervention_len=...).
+    The model's own activations come on top: this refuses only what surely cannot run."""
+    batch = batch_not_equal(length)
+    need = INVARIANCE_COPIES * batch * length * vocab_size * dtype.itemsize
+    have, where = memory_available(device)
+    if have is None or need / PREDICTION_MARGIN <= have:
+        return
+    per_position = INVARIANCE_COPIES * 3 * vocab_size * dtype.itemsize
+    fits = max(1, int(have * PREDICTION_MARGIN // per_position))
+    raise ConfigError(
+        f"{what}: the checks' logits at T={length} alone take {_gb(need)} ({INVARIANCE_COPIES} x "
+        f"B={batch} x T={length} x V={vocab_size} x {dtype.itemsize} bytes), but only "
+        f"{_gb(have)} is available on {torch.device(device).type}{where}; at most about {fits} "
+        "positions fit; nothing was run")
 
 
 class _Shape:
@@ -387,4 +438,5 @@ _CHECKS = {"build": _build, "inputs": _inputs, "invariance": _invariance,
            "tying_grad": _tying_grad, "oracle": _oracle, "dead_parameters": _dead_parameters}
 
 
-__all__ = ["GatePeak", "GateTerm", "PROCESS_BASELINE", "check_gate_fits", "gate_peak"]
+__all__ = ["GatePeak", "GateTerm", "PROCESS_BASELINE", "check_gate_fits", "check_probes_fit",
+           "gate_peak", "memory_available"]

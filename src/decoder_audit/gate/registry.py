@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import alignment, attention, generation, inputs, invariance, reference, training, weights
+from . import (alignment, attention, generation, inputs, invariance, kv_cache, model_loss,
+               packing, reference, training, weights, window)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -31,11 +32,8 @@ from .subject import Subject
 # Why a check is skipped when the model's facts lack what it needs (a fact of facts.py each).
 NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "whitebox": lambda f: "black-box: needs a DecoderConfig and the Decoder's weight names",
-    "has_ledger": lambda f: (
-        f"the declared spec's weights were not found in the module: {f.reference_reason}"
-        if f.spec is not None else
-        "black-box: needs a DecoderConfig and the Decoder's weight names, or the architecture "
-        "declared with spec= (verify --spec cfg.json)"),
+    "has_ledger": lambda f: ("black-box: needs a DecoderConfig and the Decoder's weight names, "
+                             "or the architecture declared with spec= (verify --spec cfg.json)"),
     "tied": lambda f: "untied: no shared weight",
     "own_module": lambda f: "a Hugging Face class carries parameters for inputs and losses a "
                             "text-only next-token call does not give (cross-attention, vision "
@@ -61,16 +59,28 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "has_input_embedding": lambda f: "no input embedding found (neither get_input_embeddings(), "
                                      "a token_embeddings module nor an nn.Embedding)",
     "has_attention": lambda f: f.attention_reason,
+    "declares_window": lambda f: "no sliding window declared (a DecoderConfig's or spec's "
+                                 "sliding_window, a Hugging Face config's sliding_window or "
+                                 "layer_types)",
+    "window_binds": lambda f: (f"the declared window of {min(w for w in f.windows if w)} "
+                               f"positions is not shorter than the longest input the model "
+                               f"takes ({f.length_bound}): it never excludes a token"),
+    "has_attention_layers": lambda f: (f"the {len(f.windows or ())} layers' attention modules "
+                                       "could not be told apart (no module class named like "
+                                       "attention per layer), so no layer's span can be read"),
     "runs_in_train_mode": lambda f: f"{f.train_mode_reason}; a training path declared with its "
                                     "length (train declares one) has it checked there",
     "computes_loss": lambda f: "the forward takes no labels=: the loss is the caller's "
                                "(loss_alignment proves the next-token helpers)",
+    "loss_callable": lambda f: f.loss_reason,
     "trains_packed": lambda f: "training is not declared to pack documents into rows (train "
                                "--pack runs it)",
     "packs": lambda f: "no packing interface: the forward takes neither document_ids (ours) nor "
-                       "position_ids with an attention_mask (Hugging Face)",
-    "trains_with_checkpointing": lambda f: "training is not declared to use activation "
-                                           "checkpointing (train --checkpointing runs it)",
+                       "position_ids with an attention_mask (Hugging Face); a module of its own "
+                       "names the form it takes with TrainingPath(pack_form=...)",
+    "trains_with_checkpointing": lambda f: "activation checkpointing is neither on in the model "
+                                           "(gradient_checkpointing_enable()) nor declared for "
+                                           "training (train --checkpointing runs it)",
     "trains_in_bf16": lambda f: "training is not declared to run under bfloat16 autocast (train "
                                 "--precision bf16 runs it; from Python: audit(model, training="
                                 "TrainingPath(batch_size, seq_len, precision='bf16')))",
@@ -89,7 +99,9 @@ class Check:
     # runner forgets them before any other check, so they hold no memory past that family.
     shares_clean: bool = False
     # The paths a failure affects: the full forward is what both training and generation run;
-    # the cache and the padded batches are generation's alone (a training step runs neither).
+    # the cache and the padded batches are generation's alone (a training step runs neither);
+    # the model's own labels= loss is the path of the trainers that call it (transformers'
+    # Trainer, TRL), never decoder-audit's train, which computes the loss itself.
     paths: tuple[str, ...] = ("training", "generation")
 
     def missing(self, facts: ModelFacts) -> str | None:
@@ -119,6 +131,9 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           invariance.check_prefix),
     Check("attention_rows", "attention rows sum to 1, zero on future keys", "attention",
           attention.check_attention_rows, needs=("has_attention",)),
+    Check("window", "each layer attends exactly its declared sliding window", "attention",
+          window.check_window, needs=("declares_window", "window_binds",
+                                      "has_attention_layers")),
     Check("params", "measured parameter ledger reconciles with the config", "weights",
           weights.check_params, needs=("has_ledger",)),
     Check("tying", "a tie is one Parameter object, never a copy", "weights",
@@ -131,20 +146,21 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           "weights", weights.check_dead_parameters, needs=("own_module",),
           paths=("training",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
-          generation.check_kv_cache, needs=("has_cache",), paths=("generation",)),
+          kv_cache.check_kv_cache, needs=("has_cache",), paths=("generation",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",
           generation.check_padding, needs=("takes_mask",), paths=("generation",)),
     Check("train_mode", "train mode (dropout on): causal, batch-independent", "training",
           training.check_train_mode, needs=("runs_in_train_mode",), paths=("training",)),
     Check("packing", "packed documents = each document alone; none reads another", "training",
-          training.check_packing, needs=("trains_packed", "packs"), paths=("training",)),
+          packing.check_packing, needs=("trains_packed", "packs"), paths=("training",)),
     Check("checkpointing", "checkpointed logits and gradients = plain ones", "training",
           training.check_checkpointing, needs=("trains_with_checkpointing",),
           paths=("training",)),
     Check("autocast", "under bf16 autocast: causal, batch-independent, finite", "training",
           training.check_autocast, needs=("trains_in_bf16",), paths=("training",)),
-    Check("model_loss", "its own labels= loss: shifted once, -100 ignored, accumulates",
-          "training", training.check_model_loss, needs=("computes_loss",), paths=("training",)),
+    Check("model_loss", "its own loss: labels shifted once, shift_labels, -100, accumulation",
+          "training", model_loss.check_model_loss, needs=("computes_loss", "loss_callable"),
+          paths=("model loss",)),
     Check("grad_causal", "loss gradient at t is exactly 0 at every later input", "generation",
           generation.check_grad_causal, needs=("has_input_embedding", "has_input_gradient")),
     Check("loss_alignment", "inputs/targets shifted by one, rows aligned", "alignment",

@@ -16,8 +16,7 @@ from rich.text import Text
 
 from ..console import literal
 from .registry import CHECK_TITLES
-from .result import CheckResult
-from .subject import DEFAULT_PROBE_LEN
+from .result import PATHS, CheckResult
 
 _STYLE = {"pass": "green", "FAIL": "bold red", "skip": "yellow"}
 
@@ -96,9 +95,9 @@ def _rich_table(title: str, header: tuple[str, ...], rows: list[list[str]],
 def print_report(report, console: Console | None = None, command: str | None = None,
                  sections: bool = True) -> None:
     out = console or Console(width=100)
-    out.print(Text(f"decoder-audit gate: {report.model} ({report.mode}), V={report.vocab_size}, "
-                   f"max_seq_len={report.max_seq_len}, checks in {report.dtype} on {report.device}",
-                   style="bold"))
+    out.print(Text(f"decoder-audit gate: {report.model} ({report.mode_label}), "
+                   f"V={report.vocab_size}, max_seq_len={report.max_seq_len}, checks in "
+                   f"{report.dtype} on {report.device}", style="bold"))
     if sections:
         _print_sections(report, out)
     table = Table(title="acceptance gate (diagnosis order)", title_justify="left", expand=False)
@@ -128,7 +127,7 @@ def print_report(report, console: Console | None = None, command: str | None = N
         out.print(f"  paths affected: {_paths_text(report)}")
     out.print(f"cost: {report.seconds:.1f} s, {report.tokens:,} token positions in {report.calls} "
               f"model calls = {report.forward_equivalents:.1f} forward passes at "
-              f"T={report.max_seq_len or DEFAULT_PROBE_LEN}")
+              f"T={report.cost_len}")
     slow = sorted((c for c in report.checks if c.seconds >= 0.5), key=lambda c: -c.seconds)
     if slow:
         out.print("  slowest: " + ", ".join(f"{c.name} {c.seconds:.1f} s" for c in slow[:5]))
@@ -188,7 +187,7 @@ def _print_sections(report, out: Console) -> None:
 def _paths_text(report) -> str:
     """Which paths the failures affect: training refuses only failures of its own path."""
     parts = []
-    for path in ("training", "generation"):
+    for path in PATHS:
         names = [c.name for c in report.failures_on(path)]
         parts.append(f"{path}: {', '.join(names) if names else 'none'}")
     return "; ".join(parts)
@@ -208,8 +207,8 @@ def markdown(report, command: str | None = None) -> str:
                f"{_paths_text(report)}.")
     parts = [
         f"# decoder-audit gate report: {report.model}",
-        f"{report.mode}, V = {report.vocab_size}, max_seq_len = {report.max_seq_len}, checks in "
-        f"{report.dtype} on {report.device}, seed {report.seed}.",
+        f"{report.mode_label}, V = {report.vocab_size}, max_seq_len = {report.max_seq_len}, "
+        f"checks in {report.dtype} on {report.device}, seed {report.seed}.",
         verdict,
         "## Checks (diagnosis order)",
         _md_table(["#", "check", "verdict", "tolerance", "evidence"],
@@ -256,7 +255,7 @@ def markdown(report, command: str | None = None) -> str:
         parts += ["## Notes", "\n".join(f"- {n}" for n in report.notes)]
     parts.append(f"Cost: {report.seconds:.1f} s, {report.tokens:,} token positions in "
                  f"{report.calls} model calls ({report.forward_equivalents:.1f} forward passes at "
-                 f"T = {report.max_seq_len or DEFAULT_PROBE_LEN}).")
+                 f"T = {report.cost_len}).")
     if command:
         parts += ["## Rerun", f"```\n{command}\n```"]
     return "\n\n".join(parts) + "\n"

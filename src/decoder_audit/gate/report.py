@@ -26,6 +26,7 @@ class AuditReport(Verdicts):
     seconds: float = 0.0
     tokens: int = 0  # token positions pushed through the model
     calls: int = 0
+    longest: int = 0  # the longest input (T) the model ran, as measured: the cost's unit
     notes: list[str] = field(default_factory=list)
     config: dict[str, Any] | None = None
     device: str = "cpu"  # where the checks ran (the model's own device)
@@ -37,7 +38,7 @@ class AuditReport(Verdicts):
         return [c for c in self.checks if not c.passed]
 
     def failures_on(self, path: str) -> list[CheckResult]:
-        """The failures that affect `path` ("training" or "generation")."""
+        """The failures that affect `path` (a name of result.PATHS)."""
         return [c for c in self.checks if not c.passed and path in c.paths]
 
     @property
@@ -45,9 +46,26 @@ class AuditReport(Verdicts):
         return [c for c in self.checks if c.skipped]
 
     @property
+    def mode_label(self) -> str:
+        """How the gate saw the model, for people: white-box (our DecoderConfig), its weights
+        placed on a declared spec (a Hugging Face model's own config, or spec=: the ledger and
+        the oracle ran on them, so not black-box), or black-box (behaviour only)."""
+        placement = getattr(self.facts, "placement", None)
+        if self.mode != "black-box" or placement is None:
+            return self.mode
+        return f"declared spec, {placement.layout} layout: ledger and oracle on its weights"
+
+    @property
+    def cost_len(self) -> int:
+        """The T the cost is counted at: the longest input the model ran (measured by the
+        subject as the checks sent them), else the length limit, else the default probe
+        length (a report built by hand)."""
+        return self.longest or self.max_seq_len or DEFAULT_PROBE_LEN
+
+    @property
     def forward_equivalents(self) -> float:
         """Cost in full forward passes of one sequence at the longest length checked."""
-        return self.tokens / (self.max_seq_len or DEFAULT_PROBE_LEN)
+        return self.tokens / self.cost_len
 
     def to_dict(self) -> dict[str, Any]:
         first = self.first_failure
@@ -66,7 +84,7 @@ class AuditReport(Verdicts):
             "checks": [c.to_dict() for c in self.checks],
             "skipped": [c.name for c in self.skipped],
             "cost": {"seconds": round(self.seconds, 3), "tokens": self.tokens,
-                     "model_calls": self.calls,
+                     "model_calls": self.calls, "longest_input": self.cost_len,
                      "forward_equivalents": round(self.forward_equivalents, 2)},
             "notes": self.notes,
             "facts": None if self.facts is None else self.facts.to_dict(),
@@ -127,4 +145,4 @@ class AuditReport(Verdicts):
     def summary(self) -> str:
         first = self.first_failure
         verdict = "PASSED" if first is None else f"FAILED at {first.name}: {first.detail}"
-        return f"{self.model} ({self.mode}): {verdict}"
+        return f"{self.model} ({self.mode_label}): {verdict}"

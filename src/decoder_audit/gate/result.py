@@ -9,6 +9,15 @@ from typing import Any
 from ..objective import OutputError
 
 
+# The paths through a model that a failed check can affect, and what runs on each.
+PATHS: dict[str, str] = {
+    "training": "the full forward and backward a training step takes",
+    "generation": "cached and padded decoding",
+    "model loss": "the model's own labels= loss, which the trainers that call it take "
+                  "(transformers' Trainer, TRL); decoder-audit's train computes its own",
+}
+
+
 @dataclass
 class CheckResult:
     """One check's verdict. `evidence` holds JSON-ready facts (which rows moved, by how much,
@@ -26,10 +35,9 @@ class CheckResult:
     seconds: float = field(default=0.0, compare=False)
     """Wall time the check took (set by the runner)."""
     paths: tuple[str, ...] = ()
-    """The paths a failure of this check affects: "training" (the full forward and backward a
-    training step takes), "generation" (cached and padded decoding), or both. Empty: the
-    registry's paths for the check (the runner fills them in); a check may narrow them to what
-    failed (padding through the cache only: generation)."""
+    """The paths a failure of this check affects (names of PATHS). Empty: the registry's paths
+    for the check (the runner fills them in); a check may narrow them to what failed (padding
+    through the cache only: generation)."""
 
     @property
     def status(self) -> str:

@@ -43,12 +43,16 @@ from torch import nn
 from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..references.layouts import WeightsMap
-from . import attention, generation, inputs, tolerances, training
+from . import attention, generation, inputs, model_loss, tolerances, training
 from .facts import ModelFacts, TrainingPath, model_facts
 from .measure import return_freed_memory
+from .peak import check_probes_fit
 from .registry import CHECK_ORDER, CHECKS
 from .report import AuditReport
 from .result import CheckResult, crashed, skipped
+from .sharding import RankFailed, RanksDisagree, agree_on_failure
+from .state import host_rngs_kept
+from .oom import Exhausted, GateOutOfMemory, out_of_memory
 from .subject import Subject
 
 # Collect cyclic garbage between checks only for models at least this big: it matters only
@@ -94,6 +98,7 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
         raise ConfigError(f"audit() takes facts= or the facts one by one, not both (also given: "
                           f"{named})")
     subject = Subject(model, facts, seed=seed)
+    _bound_lengths(subject)
     if subject.dtype in tolerances.LOW_PRECISION:
         subject.notes.append(f"checks ran in {str(subject.dtype).removeprefix('torch.')}: effects "
                              "smaller than its rounding (a few parts in 10^3 of the logit scale) "
@@ -103,8 +108,27 @@ def audit(model: nn.Module, *, vocab_size: int | None = None, max_seq_len: int |
                              "ran these checks on the same probes; a whole weight or gradient "
                              "was gathered only where a check reads it")
     started = time.perf_counter()
-    results = _run_checks(subject, wanted, progress, seed)
+    try:
+        results = _run_checks(subject, wanted, progress, seed)
+    except RankFailed as failed:
+        raise RanksDisagree(str(failed)) from failed.__cause__
     return _report(facts.model, subject, results, time.perf_counter() - started)
+
+
+def _bound_lengths(subject: Subject) -> None:
+    """ConfigError before any call when the probe length cannot run: an intervention_len given
+    past the model's max_seq_len (no probe may be longer than its limit), or one whose logits
+    alone cannot fit in memory (peak.check_probes_fit)."""
+    facts = subject.facts
+    given = facts.origin.get("intervention_len") == "argument"
+    if given and facts.max_seq_len is not None and facts.intervention_len > facts.max_seq_len:
+        raise ConfigError(f"intervention_len={facts.intervention_len} exceeds max_seq_len="
+                          f"{facts.max_seq_len}: no probe may be longer than the model's hard "
+                          f"limit; give at most {facts.max_seq_len}")
+    length = subject.probe_max
+    what = (f"intervention_len={facts.intervention_len}" if facts.max_seq_len is None
+            else f"max_seq_len={facts.max_seq_len}")
+    check_probes_fit(facts.vocab_size, length, subject.dtype, subject.device, what=what)
 
 
 def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
@@ -116,6 +140,7 @@ def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
     changes: dict = {"probed": True}
     probes = [("length", ("length_limit", "length_error"), inputs.probe_length_limit),
               ("runs_in_train_mode", ("train_mode_reason",), training.probe_train_mode),
+              ("loss_callable", ("loss_reason",), model_loss.probe_loss),
               ("has_attention", ("attention", "attention_reason"), attention.probe_attention),
               ("has_cache", ("convention", "cache_reason"), generation.probe_convention),
               ("has_input_gradient", ("input_gradient_reason",),
@@ -128,12 +153,20 @@ def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
             continue
         try:
             found = probe(subject)
+        except Exhausted as exc:
+            raise GateOutOfMemory(f"the {need} probe", exc.cause) from exc.cause
         except Exception as exc:  # noqa: BLE001 - the gate never crashes on a broken model
+            if out_of_memory(exc):
+                raise GateOutOfMemory(f"the {need} probe", exc) from exc
+            if subject.ranks_agree:
+                agree_on_failure(subject.audit_key, f"probe {need}", exc)
             said = f"probing {need} raised {type(exc).__name__}: {exc}"
             subject.notes.append(said)
             if need == "has_attention":  # no pattern was read: attention_rows says why
                 changes["attention_reason"] = said
             continue
+        finally:
+            subject.put_back(f"the {need} probe")  # a probe's calls leave the model as found
         changes.update(zip(fields, found if len(fields) > 1 else (found,)))
         subject.facts = replace(subject.facts, **changes)  # a later probe reads the earlier ones
     if changes.get("length_limit"):
@@ -154,7 +187,8 @@ def _run_checks(subject: Subject, wanted: set[str],
     subject.results = results  # checks may cite the verdicts before them
     collect = sum(p.numel() * p.element_size() for p in subject.parameters()) >= GC_MIN_BYTES
     rng_devices = [subject.device] if subject.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=rng_devices):  # the user's RNG streams are left untouched
+    # the user's RNG streams (torch's, Python's, numpy's) are left untouched
+    with torch.random.fork_rng(devices=rng_devices), host_rngs_kept():
         torch.manual_seed(seed)  # for models that draw random numbers themselves
         subject.prepare()
         try:
@@ -168,14 +202,36 @@ def _run_checks(subject: Subject, wanted: set[str],
                     advance(name)
                     if not CHECKS[name].shares_clean:
                         subject.forget_clean()
-                    results[name] = _run_one(name, subject)
+                    torch.manual_seed(seed)  # each check draws as if it ran alone
+                    subject.running = f"the check {name!r}"
+                    try:
+                        results[name] = _run_one(name, subject)
+                    finally:
+                        subject.put_back(name)
                     if collect:  # whatever the check allocated goes before the next one
                         gc.collect()
                         return_freed_memory()
                 advance(None)
         finally:
             subject.release()
+            subject.notes += _state_notes(subject)
     return results
+
+
+def _state_notes(subject: Subject) -> list[str]:
+    """What the model's own forward changed in itself during the audit, put back each time, and
+    what could not be put back (a tensor too large to copy, written in place)."""
+    notes = []
+    if subject.state_moved:
+        where = "; ".join(f"{after}: {', '.join(moved[:3])}"
+                          + (f" (+{len(moved) - 3} more)" if len(moved) > 3 else "")
+                          for after, moved in list(subject.state_moved.items())[:4])
+        notes.append(f"the model changes its own state when called ({where}); the gate put it "
+                     "back before every fresh call and after every probe and check, so the model "
+                     "was given back as it was found")
+    if subject.state_lost:
+        notes.append("not put back as found: " + "; ".join(subject.state_lost[:4]))
+    return notes
 
 
 @contextmanager
@@ -208,6 +264,7 @@ def _report(model_name: str, subject: Subject, results: dict[str, CheckResult],
         seconds=seconds,
         tokens=subject.tokens,
         calls=subject.calls,
+        longest=subject.longest,
         notes=subject.notes,
         config=None if cfg is None else cfg.to_dict(),
         input_vocab_size=(None if subject.input_vocab_size == subject.vocab_size
@@ -224,7 +281,13 @@ def _run_one(name: str, subject: Subject) -> CheckResult:
     started = time.perf_counter()
     try:
         result = check.run(subject)
+    except Exhausted as exc:  # the machine's limit, not the model's: the audit ends
+        raise GateOutOfMemory(f"the check {name!r}", exc.cause) from exc.cause
     except Exception as exc:  # the model raised inside the check: that is evidence
+        if out_of_memory(exc):
+            raise GateOutOfMemory(f"the check {name!r}", exc) from exc
+        if subject.ranks_agree:  # evidence only when every rank raised it
+            agree_on_failure(subject.audit_key, f"check {name}", exc)
         result = crashed(name, exc)
     if not isinstance(result, CheckResult) or result.name != name:
         raise AssertionError(f"check {name} returned {result!r}")

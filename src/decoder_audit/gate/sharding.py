@@ -10,6 +10,7 @@ check concludes is then the same on every rank, and rank 0 reports it.
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -55,3 +56,65 @@ def class_name(model: nn.Module) -> str:
     own = next((c for c in type(model).__mro__ if not issubclass(c, fsdp.FSDPModule)),
                type(model))
     return own.__name__
+
+
+# How long a rank whose model call raised waits for every other rank to report the same call
+# raising too. Ranks run the same calls in lockstep (they meet at every gather of a block), so
+# a failure of the model's is reported by all of them within moments; a peer that does not
+# report is inside a collective this rank will never join.
+AGREE_TIMEOUT_S = 10.0
+
+
+class RankFailed(BaseException):
+    """A sharded audit's rank raised where its peers did not (their collectives no longer
+    match, and a peer waits in one for this rank): a BaseException, so no check takes it for
+    the model's evidence; the runner ends the audit with RanksDisagree."""
+
+
+class RanksDisagree(RuntimeError):
+    """A sharded audit stopped: one rank raised where the others did not, so the ranks can no
+    longer run the same collectives; the message names the rank, where, and the exception."""
+
+
+_audits = [0]  # audits begun in this process: the same count on every rank
+
+
+def new_audit_key() -> str:
+    """A key for one audit, the same on every rank (each rank begins the same audits)."""
+    _audits[0] += 1
+    return f"decoder_audit/audit{_audits[0]}"
+
+
+def several_ranks(model_sharded: bool) -> bool:
+    return model_sharded and dist.is_available() and dist.is_initialized() and \
+        dist.get_world_size() > 1
+
+
+def agree_on_failure(key: str, where: str, exc: BaseException) -> None:
+    """On a model sharded over several ranks, after `exc` was raised at `where` (a model call
+    or a check, named alike on every rank): returns when every rank reports raising there too
+    (the model's own failure, the same everywhere: the ranks' collectives still match, and the
+    failure is evidence as it is unsharded); raises RankFailed when some rank does not report
+    within AGREE_TIMEOUT_S. The reports go through the process group's store, not a
+    collective (a peer blocked in one would never answer)."""
+    store = dist.distributed_c10d._get_default_store()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    said = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+    store.set(f"{key}/{where}/{rank}", said)
+    others = [f"{key}/{where}/{r}" for r in range(world) if r != rank]
+    if not store_reports(store, others, AGREE_TIMEOUT_S):  # the peers ran on
+        raise RankFailed(f"rank {rank} raised {said} in {where}, where the other ranks did not "
+                         f"(none reported it within {AGREE_TIMEOUT_S:g} s): a sharded audit "
+                         "cannot go on once its ranks' collectives differ; rerun without "
+                         "--shard to see the model's failure in full") from exc
+
+
+def store_reports(store, keys: list[str], seconds: float) -> bool:
+    """Whether every key appears in `store` within `seconds` (polled: a store's own wait logs a
+    warning of its own when it times out)."""
+    deadline = time.monotonic() + seconds
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

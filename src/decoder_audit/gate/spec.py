@@ -7,15 +7,29 @@ module we did not write: its weights placed on the spec's canonical names
              the spec has no place for (an extra bias), a parameter nothing takes (an extra
              Linear) are each named;
     oracle   the spec's float64 oracle fed the module's own weights equals the module's logits
-             and every weight's gradient, twice: with the weights as they are, and with
+             and every weight's gradient, three times: with the weights as they are, with
              `stress` weights written into the module (through the canonical views, restored
-             bit for bit afterwards). Freshly initialised weights keep every activation small
-             (attention scores ~1e-3: a wrong score scale, RoPE base or layout moves the logits
-             by a few ulps), so the stress weights bring them to order 1: embeddings N(0, 1),
-             matrices N(0, 1/fan_in), norm gains 1 + N(0, 0.2^2), biases and shifts N(0, 0.2^2).
-             A difference is traced to its first stage: the residual stream entering each block
-             and the final norm is compared with the oracle's (forward pre-hooks on the layout's
-             block modules), so the report says "layer 1" or "the final norm or readout".
+             bit for bit afterwards), and with a quiet residual stream. Freshly initialised
+             weights keep every activation small (attention scores ~1e-3: a wrong score scale,
+             RoPE base or layout moves the logits by a few ulps), so the stress weights bring
+             them to order 1: embeddings N(0, 1), matrices N(0, 1/fan_in), norm gains
+             1 + N(0, 0.2^2), biases and shifts N(0, 0.2^2). An order-1 stream hides a norm's
+             eps (1e-5 against a variance of 1), so the quiet weights scale what writes into the
+             stream (embeddings, output projections, post-sublayer norms) to keep its variance
+             at the spec's eps: an eps of another size then moves every norm's output by a
+             fifth. A difference is traced to its first stage: the residual stream entering
+             each block and the final norm is compared with the oracle's (forward pre-hooks on
+             the layout's block modules), so the report says "layer 1" or "the final norm or
+             readout". The gradients are compared with the stress weights (as initialised where
+             none can be written).
+
+A weights_map is user code: it is run guarded (`references.layouts.run_weights_map`), and the
+module's parameters are compared bit for bit before and after its first run on them: an
+exception, an exit, an in-place edit or a result that is not {name: tensor} fails params and
+oracle naming the map. Stress weights reach the module through a map whose tensors are views of
+its own, and through one that copies them (found by probing the map with parameters that hold
+their own indices); a map that computes its tensors gets the gradients compared as initialised,
+and the report says no stress weights were written.
 
 `tying` and `tying_grad` read the spec's tie_embeddings as the model's declaration (facts.py).
 """
@@ -31,7 +45,7 @@ from torch import nn
 from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
 from ..config import DecoderConfig
 from ..objective import logits_of
-from ..references.layouts import Placement, expected_weights
+from ..references.layouts import Placement, WeightsMapError, expected_weights
 from ..references.oracle import StreamedOracle, oracle_logits
 from . import tolerances
 from .measure import batch_not_equal, largest, scaled_excess
@@ -50,9 +64,21 @@ and with stress weights, and the report says the gradients were not."""
 
 # ---- params ---------------------------------------------------------------------------------
 
+def unplaced(s: Subject, name: str) -> CheckResult:
+    """The verdict of params or oracle on a declared spec whose weights no layout placed: a
+    failure (the architecture was declared and could not be checked), naming what was not found
+    and the way to say where the weights are (weights_map=)."""
+    return CheckResult(name, False, f"the declared spec could not be checked: "
+                       f"{s.facts.reference_reason}", {"spec": s.facts.spec.to_dict(),
+                                                       "placed": False,
+                                                       "reason": s.facts.reference_reason})
+
+
 def check_spec_params(s: Subject) -> CheckResult:
     """The module's parameters against the spec's ledger, by row and by name."""
     spec, placement = s.facts.spec, s.facts.placement
+    if placement is None:
+        return unplaced(s, "params")
     analytic = parameter_ledger(spec)
     measured = measured_ledger(s.model, names=_ledger_names(s.model, placement))
     problems = list(placement.problems)
@@ -91,53 +117,149 @@ def _ledger_names(model: nn.Module, placement: Placement) -> dict[str, str]:
 def check_spec_oracle(s: Subject) -> CheckResult:
     """The module against the spec's float64 oracle fed its weights (see the module docstring)."""
     spec, placement = s.facts.spec, s.facts.placement
+    if placement is None:
+        return unplaced(s, "oracle")
     seq_len = min(s.short_len(8), spec.max_seq_len)  # the oracle runs within the spec
     ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(13))
     tol = tolerances.hf_oracle(s.dtype, spec)
-    named = dict(s.work.named_parameters(remove_duplicate=False))
-    live = {n: t.detach() for n, t in named.items()}
-    weights = _canonical(placement, live, spec)  # views of the module's own tensors
-    missing = [name for name, shape in expected_weights(spec).items()
-               if name not in weights or tuple(weights[name].shape) != shape]
     evidence: dict = {"layout": placement.layout, "batch": ids.shape[0], "seq_len": seq_len,
                       "dtype": str(s.dtype), "tolerance": tol}
+    if placement.map_error:
+        return CheckResult("oracle", False, placement.map_error, evidence, tol)
+    # a weights_map is user code run on the module's own tensors: they are kept to be restored
+    saved = _snapshot(s) if placement.user_map is not None else None
+    try:
+        failure = _compare_all(s, ids, tol, evidence, saved)
+    except WeightsMapError as exc:
+        failure = str(exc)
+    finally:
+        if saved is not None:
+            _restore(saved)
+    if failure:
+        return CheckResult("oracle", False, failure, evidence, tol)
+    return CheckResult("oracle", True, f"logits = the spec's float64 oracle fed the module's "
+                       f"weights, as initialised {_coverage(evidence)}; layout "
+                       f"{placement.layout}", evidence, tol)
+
+
+def _compare_all(s: Subject, ids: torch.Tensor, tol: float, evidence: dict,
+                 saved: list | None) -> str:
+    """Every comparison, recorded into `evidence`: the logits as initialised, with stress
+    weights and with a quiet stream, and the gradients (with stress weights where they could be
+    written, else as initialised); the first failure's sentence, or "" when all agree."""
+    spec, placement = s.facts.spec, s.facts.placement
+    named = dict(s.work.named_parameters(remove_duplicate=False))
+    live = {n: t.detach() for n, t in named.items()}
+    weights = _mapped(s, placement, live, saved)  # views of the module's own tensors
+    missing = [name for name, shape in expected_weights(spec).items()
+               if name not in weights or tuple(weights[name].shape) != shape]
     if missing:
         evidence["missing"] = missing
-        return CheckResult("oracle", False, f"{len(missing)} weights the spec's oracle reads are "
-                           f"missing or of another shape, first {missing[0]} (layout "
-                           f"{placement.layout})", evidence, tol)
-    natural = _compare_values(s, placement, weights, ids, tol)
-    evidence["as_initialised"] = natural
-    with _stressed(s, placement, weights, live) as stressed:
+        return (f"{len(missing)} weights the spec's oracle reads are missing or of another "
+                f"shape, first {missing[0]} (layout {placement.layout})")
+    evidence["as_initialised"] = _compare_values(s, placement, weights, ids, tol)
+    small = sum(p.numel() for p in s.parameters()) <= GRADIENT_MAX_PARAMETERS
+    with _stressed(s, placement, weights, live, _stress_values(spec), saved) as stressed:
         evidence["stressed"] = stressed
         if stressed:  # the module now holds the stress weights
-            weights = _canonical(placement, live, spec)
-            evidence["stress"] = _compare_values(s, placement, weights, ids, tol)
-            if sum(p.numel() for p in s.parameters()) <= GRADIENT_MAX_PARAMETERS:
+            stress = _mapped(s, placement, live)
+            evidence["stress"] = _compare_values(s, placement, stress, ids, tol)
+            if small:
                 evidence["gradients"] = _compare_grads(s, placement, named, ids)
-    for label, found in (("as initialised", natural), ("with stress weights",
-                                                       evidence.get("stress"))):
+    if not stressed and small:  # the gradients at least, as the module holds its weights
+        evidence["gradients"] = _compare_grads(s, placement, named, ids)
+    if s.dtype != torch.float16:  # its range: a quiet stream's squares would underflow
+        with _stressed(s, placement, weights, live, _quiet_value(spec), saved) as quieted:
+            if quieted:
+                evidence["quiet"] = _compare_values(s, placement, _mapped(s, placement, live),
+                                                    ids, tol)
+    return _first_failure(evidence, spec, placement)
+
+
+def _first_failure(evidence: dict, spec: DecoderConfig, placement: Placement) -> str:
+    """The sentence of the first comparison that failed, or ""."""
+    for key, label in (("as_initialised", "as initialised"), ("stress", "with stress weights"),
+                       ("quiet", f"with a quiet residual stream (variance "
+                                 f"{_quiet_variance(spec):.0e}, where a norm's eps weighs as "
+                                 "much as the stream)")):
+        found = evidence.get(key)
         if found and not found["max_abs_logit_error"] <= found["allowed"]:
-            return CheckResult("oracle", False, f"logits {label} differ from the spec's oracle by "
-                               f"up to {found['max_abs_logit_error']:.3g} (allowed "
-                               f"{found['allowed']:.1e}); first differing stage: "
-                               f"{found['first_stage']} (layout {placement.layout})", evidence,
-                               tol)
+            hint = (f"; a norm eps other than the spec's norm_eps={spec.norm_eps:g} shows here "
+                    "first" if key == "quiet" else "")
+            return (f"logits {label} differ from the spec's oracle by up to "
+                    f"{found['max_abs_logit_error']:.3g} (allowed {found['allowed']:.1e}); first "
+                    f"differing stage: {found['first_stage']}{hint} (layout {placement.layout})")
     grads = evidence.get("gradients")
     if grads and not grads["max_abs_grad_error"] <= grads["allowed"]:
-        return CheckResult("oracle", False, f"gradient of {grads['worst_parameter']} differs from "
-                           f"the spec's oracle by {grads['max_abs_grad_error']:.3g} (allowed "
-                           f"{grads['allowed']:.1e})", evidence, tol)
-    if grads:
-        how = f"and with stress weights (gradients of {grads['compared']} weights agree)"
-    elif evidence["stressed"]:
-        how = (f"and with stress weights (gradients not compared above "
-               f"{GRADIENT_MAX_PARAMETERS:,} parameters)")
-    else:
-        how = ("(stress weights not written: the weights_map returns tensors that are not views "
-               "of the module's own)")
-    return CheckResult("oracle", True, f"logits = the spec's float64 oracle fed the module's "
-                       f"weights, as initialised {how}; layout {placement.layout}", evidence, tol)
+        return (f"gradient of {grads['worst_parameter']} differs from the spec's oracle by "
+                f"{grads['max_abs_grad_error']:.3g} (allowed {grads['allowed']:.1e})")
+    return ""
+
+
+def _coverage(evidence: dict) -> str:
+    """What the passing comparisons covered beyond the weights as initialised."""
+    grads = evidence.get("gradients")
+    quiet = " and a quiet stream" if "quiet" in evidence else ""
+    if evidence["stressed"] and grads:
+        return (f"and with stress weights{quiet} (gradients of {grads['compared']} weights "
+                "agree)")
+    if evidence["stressed"]:
+        return (f"and with stress weights{quiet} (gradients not compared above "
+                f"{GRADIENT_MAX_PARAMETERS:,} parameters)")
+    said = (f"(gradients of {grads['compared']} weights agree as initialised; " if grads
+            else "(")
+    return (said + "no stress weights: the weights_map's tensors are neither views nor copies "
+            "of the module's own, so the gate cannot write through it)")
+
+
+def _mapped(s: Subject, placement: Placement, live: Mapping[str, torch.Tensor],
+            saved: list | None = None) -> dict[str, torch.Tensor]:
+    """The canonical weights the spec reads, from the module's live tensors. With `saved` (the
+    parameters as they were before any weights_map ran), a map that changed any of them, bit
+    for bit, is refused (WeightsMapError); they are restored by the caller."""
+    weights = _canonical(placement, live, s.facts.spec)
+    if saved is not None:
+        changed = [name for name, (param, before) in zip(_names(s), saved)
+                   if not _same_bits(param, before)]
+        if changed:
+            raise WeightsMapError(f"{placement.layout} changed {len(changed)} of the module's "
+                                  f"parameters in place (first {changed[0]}); the gate restored "
+                                  "them: a map reads the state dict and returns tensors made "
+                                  "from it, never writing into it")
+    return weights
+
+
+def _names(s: Subject) -> list[str]:
+    """A name of each of s.parameters(), in its order."""
+    first = {}
+    for name, param in s.work.named_parameters():
+        first.setdefault(id(param), name)
+    return [first[id(param)] for param in s.parameters()]
+
+
+def _snapshot(s: Subject) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    return [(p, p.detach().clone()) for p in s.parameters()]
+
+
+def _restore(saved: list[tuple[nn.Parameter, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for param, value in saved:
+            param.copy_(value)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit equal (a NaN equals the same NaN, -0.0 differs from 0.0)."""
+    a, b = a.detach(), b.detach()
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if type(a) is not torch.Tensor:  # a sharded DTensor: compared by value
+        return bool(torch.equal(a, b))
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.is_floating_point():
+        as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.contiguous().view(as_int), b.contiguous().view(as_int)
+    return torch.equal(a, b)
 
 
 def _canonical(placement: Placement, named: Mapping[str, torch.Tensor],
@@ -260,50 +382,151 @@ def _dense(param: nn.Parameter) -> torch.Tensor:
 
 @contextmanager
 def _stressed(s: Subject, placement: Placement, weights: Mapping[str, torch.Tensor],
-              live: Mapping[str, torch.Tensor]) -> Iterator[bool]:
-    """Within the block, the module holds the stress weights (see the module docstring), each
-    written into its place: by the layout's spots, or through a weights_map's tensors when they
-    are views of the module's own tensors `live`. Yields False, writing nothing, for a
-    weights_map that copies. Every parameter is restored bit for bit afterwards."""
-    storages = {t.untyped_storage().data_ptr() for t in live.values()}
-    if not placement.spots and not all(t.untyped_storage().data_ptr() in storages
-                                       for t in weights.values()):
+              live: Mapping[str, torch.Tensor], value_of, saved: list | None = None
+              ) -> Iterator[bool]:
+    """Within the block, the module holds the values `value_of(name, shape, generator)` gives
+    each canonical weight (the stress weights, or the quiet ones), each written into its place:
+    by the layout's spots, through a weights_map's tensors when they are views of the module's
+    own tensors `live`, and through a map that copies by where its probe says each value comes
+    from (`_copied_from`). Yields False, writing nothing, for a map whose tensors are computed.
+    Every parameter is restored bit for bit afterwards (from `saved` when given)."""
+    write = _writer(s, placement, weights, live)
+    if write is None:
         yield False
         return
-    saved = [(p, p.detach().clone()) for p in s.parameters()]
+    saved = saved if saved is not None else _snapshot(s)
     gen = s.generator(19)
     s.forget_clean()  # the weights change what the model computes
     try:
         with torch.no_grad():
-            written: set = set()
             for name, tensor in weights.items():
-                value = _stress_value(name, tuple(tensor.shape), gen)
-                spot = placement.spots.get(name)
-                key = spot if spot is not None else (tensor.untyped_storage().data_ptr(),
-                                                     tensor.storage_offset(), tuple(tensor.shape))
-                if key in written:  # a tied weight: written once
-                    continue
-                written.add(key)
-                if spot is not None:
-                    spot.write(live[spot.source], value)
-                else:
-                    tensor.copy_(value)
+                write(name, tensor, value_of(name, tuple(tensor.shape), gen))
+        del write  # a copying map's probe (16 bytes a parameter) goes before the comparisons
         yield True
     finally:
-        with torch.no_grad():
-            for param, value in saved:
-                param.copy_(value)
+        _restore(saved)
         s.forget_clean()
 
 
-def _stress_value(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    """A stress value for the canonical weight `name` (see the module docstring)."""
-    noise = torch.randn(shape, generator=gen, dtype=torch.float64)
-    part = name.rsplit(".", 2)
-    if name.startswith(("token_embeddings", "position_embeddings")):
-        return noise
-    if part[-2].startswith("ln") or part[-2].endswith("_norm"):  # a norm's gain or shift
-        return (1.0 + STRESS_GAIN_STD * noise) if part[-1] == "weight" else STRESS_GAIN_STD * noise
-    if part[-1] == "bias":
-        return STRESS_GAIN_STD * noise
-    return noise / shape[1] ** 0.5  # a matrix (out, in): unit-variance outputs
+def _writer(s: Subject, placement: Placement, weights: Mapping[str, torch.Tensor],
+            live: Mapping[str, torch.Tensor]):
+    """write(name, tensor, value): a canonical weight's value into the module, once per place (a
+    tied weight is written by its first name); None when nothing can be written."""
+    written: set = set()
+
+    def once(key) -> bool:
+        fresh = key not in written
+        written.add(key)
+        return fresh
+
+    if placement.spots:
+        def by_spot(name, tensor, value):
+            spot = placement.spots.get(name)
+            # a tied weight is one tensor under two names (wte and lm_head): written once
+            place = spot and (live[spot.source].untyped_storage().data_ptr(), spot.transposed,
+                              spot.rows, spot.groups, spot.heads)
+            if spot is not None and once(place):
+                spot.write(live[spot.source], value)
+        return by_spot
+    storages = {t.untyped_storage().data_ptr() for t in live.values()}
+    if all(t.untyped_storage().data_ptr() in storages for t in weights.values()):
+        def by_view(name, tensor, value):
+            if once((tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+                     tuple(tensor.shape))):
+                tensor.copy_(value)
+        return by_view
+    sources = _copied_from(s, placement, live) \
+        if sum(p.numel() for p in s.parameters()) <= GRADIENT_MAX_PARAMETERS else None
+    if not sources:
+        return None
+    taken = {id(p): torch.zeros(p.numel(), dtype=torch.bool) for p in s.parameters()}
+
+    def by_probe(name, tensor, value):
+        for param, where, at in sources.get(name, ()):
+            fresh = ~taken[id(param)][where]  # an element two canonical weights copy: once
+            param.detach().view(-1)[where[fresh]] = value.flatten()[at[fresh]].to(param.dtype)
+            taken[id(param)][where[fresh]] = True
+    return by_probe
+
+
+def _copied_from(s: Subject, placement: Placement, live: Mapping[str, torch.Tensor]
+                 ) -> dict[str, list[tuple[nn.Parameter, torch.Tensor, torch.Tensor]]]:
+    """For a weights_map that copies (clone, contiguous, cat, a transpose made contiguous):
+    canonical name -> [(parameter, its flat elements, the canonical tensor's flat elements
+    they fill)], found by running the map on probes whose every element holds its own index
+    (1-based across all parameters, in float64: exact to 2^53). An element of a canonical tensor
+    that is not a parameter's index (computed, or a constant) is left alone; empty when none."""
+    params = [p for p in s.parameters() if p.is_contiguous() and type(p.data) is torch.Tensor]
+    starts, probes, total = {}, {}, 1
+    for param in params:
+        starts[id(param)] = total
+        probes[id(param)] = torch.arange(total, total + param.numel(),
+                                         dtype=torch.float64).view(param.shape)
+        total += param.numel()
+    state = {name: probes.get(id(named), torch.zeros(named.shape, dtype=torch.float64))
+             for name, named in _parameters_by_name(s).items()}
+    mapped = _canonical(placement, state, s.facts.spec)
+    bounds = torch.tensor([starts[id(p)] for p in params] + [total], dtype=torch.float64)
+    out = {}
+    for name, tensor in mapped.items():
+        flat = tensor.detach().to(torch.float64).flatten()
+        exact = (flat == flat.round()) & (flat >= 1) & (flat < total)
+        owner = torch.searchsorted(bounds, flat, right=True) - 1
+        pieces = []
+        for index in owner[exact].unique().tolist():
+            param = params[index]
+            at = torch.nonzero(exact & (owner == index)).flatten()
+            pieces.append((param, (flat[at] - starts[id(param)]).long(), at))
+        if pieces:
+            out[name] = pieces
+    return out
+
+
+def _parameters_by_name(s: Subject) -> dict[str, nn.Parameter]:
+    return dict(s.work.named_parameters(remove_duplicate=False))
+
+
+def _stress_values(spec: DecoderConfig):
+    """The stress value of each canonical weight (see the module docstring): norm gains are
+    1 + N(0, 0.2^2) as the norm applies them (offset + w), so w is that less norm_offset."""
+    def value_of(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+        noise = torch.randn(shape, generator=gen, dtype=torch.float64)
+        part = name.rsplit(".", 2)
+        if name.startswith(("token_embeddings", "position_embeddings")):
+            return noise
+        if part[-2].startswith("ln") or part[-2].endswith("_norm"):  # a norm's gain or shift
+            if part[-1] == "weight":
+                return 1.0 + STRESS_GAIN_STD * noise - spec.norm_offset
+            return STRESS_GAIN_STD * noise
+        if part[-1] == "bias":
+            return STRESS_GAIN_STD * noise
+        return noise / shape[1] ** 0.5  # a matrix (out, in): unit-variance outputs
+    return value_of
+
+
+def _quiet_variance(spec: DecoderConfig) -> float:
+    """The residual stream's variance in the quiet comparison: the spec's norm eps (at least
+    1e-6), so an eps ten times larger or smaller than the spec's moves every norm's output by
+    a fifth or more, where the stress weights' order-1 stream hides it below rounding."""
+    return max(float(spec.norm_eps), 1e-6)
+
+
+def _quiet_value(spec: DecoderConfig):
+    """The stress values, with everything that writes into the residual stream (the
+    embeddings, the output projections, the sandwich norms after the sublayers) scaled so
+    the stream keeps the quiet variance: each norm then reads a stream as small as its eps,
+    and normalises it back to order 1 for the sublayer it feeds."""
+    stress, amplitude = _stress_values(spec), _quiet_variance(spec) ** 0.5
+
+    def value_of(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+        value = stress(name, shape, gen)
+        module = name.rsplit(".", 2)[-2]
+        if name.startswith("token_embeddings"):
+            return value * amplitude / (spec.embedding_scale or 1.0)
+        if name.startswith("position_embeddings") or module in ("output_proj", "w2"):
+            return value * amplitude
+        if module in ("ln1_post", "ln2_post"):  # their gains: offset + w = amplitude * gain
+            offset = spec.norm_offset if name.endswith(".weight") else 0.0
+            return (value + offset) * amplitude - offset
+        return value
+    return value_of

@@ -23,19 +23,22 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from ..config import DecoderConfig
-from ..generation.convention import Convention
+from ..generation.convention import Convention, call
 from ..objective import OutputError, logits_of
 from . import tolerances
 from .facts import ModelFacts, input_embedding
 from .measure import all_finite, value_scale
 from .probes import ProbeIds
-from .sharding import is_sharded, whole
+from .oom import Exhausted, out_of_memory
+from .sharding import agree_on_failure, is_sharded, new_audit_key, several_ranks, whole
+from .state import ModelState
 
 # Cost normaliser of the report when no length is known (report.forward_equivalents).
 DEFAULT_PROBE_LEN = 16
@@ -68,6 +71,7 @@ class Subject:
         self.notes: list[str] = list(facts.notes)
         self.tokens = 0  # token positions pushed through the model, for the cost line
         self.calls = 0
+        self.longest = 0  # the longest input (T) the model ran: the cost line's unit
         self.progress: Callable[[str], None] = lambda what: None  # the runner's progress line
         # Verdicts of the checks run so far, by name (the runner fills it): a check may cite an
         # earlier one (attention_rows says what `causal` found on the plain forward).
@@ -76,9 +80,20 @@ class Subject:
         self._clean: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, logits): clean_logits
         self._saved_modes: list[tuple[nn.Module, bool]] | None = None
         self._saved_params: list[tuple[nn.Parameter, bool, torch.Tensor | None]] | None = None
+        # The model's state as the audit found it (state.py), taken by `prepare`: put back
+        # before every fresh call (`run`, `trace`), after every probe and check, and at `release`.
+        self.state: ModelState | None = None
+        self._eval_modes: list[tuple[nn.Module, bool]] = []
+        self.state_moved: dict[str, list[str]] = {}  # probe or check -> what its calls changed
+        self.state_lost: list[str] = []  # what could not be put back (too large to copy)
         # Sharded with FSDP2 (`verify --shard`): each rank holds 1/N of every weight as a
         # DTensor and gathers a block's weights as it runs; see `whole` and `gradients_by_share`.
         self.sharded = first is not None and is_sharded(first)
+        # Over several ranks a model's exception is evidence only when every rank raised it
+        # (sharding.agree_on_failure): the key names this audit alike on every rank.
+        self.ranks_agree = several_ranks(self.sharded)
+        self.audit_key = new_audit_key() if self.ranks_agree else ""
+        self.running = "the probes"  # the check running now (the runner sets it), for messages
 
     # ---- the facts, as the checks read them --------------------------------------------------
     @property
@@ -124,11 +139,32 @@ class Subject:
         self.model.eval()
         for param in self.parameters():
             param.requires_grad_(False)
+        self._eval_modes = _mode_flags(self.model)
+        self.state = ModelState(self.work, keep_parameters=not self.sharded)
+
+    def put_back(self, after: str) -> None:
+        """The model as the audit found it again after the probe or check named `after`: its
+        state (what changed is kept in `state_moved`, what could not be put back in
+        `state_lost`) and the eval-mode flags every check starts from."""
+        if self.state is None:
+            return
+        moved = self.state.changes(additions=False)  # additions: lazily built, not news
+        if moved:
+            self.state_moved[after] = moved
+        self._restore_state(full=True)
+        _restore_modes(self._eval_modes)
+
+    def _restore_state(self, *, full: bool = False) -> None:
+        if self.state is not None:
+            self.state_lost += [lost for lost in self.state.restore(full=full)
+                                if lost not in self.state_lost]
 
     def release(self) -> None:
-        """Give the model back as it came: train/eval flags, requires_grad and .grad (the same
-        tensor objects) of every parameter restored."""
+        """Give the model back as it came: its state (state.py), train/eval flags, requires_grad
+        and .grad (the same tensor objects) of every parameter restored."""
         self.forget_clean()
+        self._restore_state(full=True)
+        self.state = None
         if self._saved_modes is not None:
             _restore_modes(self._saved_modes)
             self._saved_modes = None
@@ -190,26 +226,47 @@ class Subject:
             _restore_params(saved)
 
     # ---- running the model ----------------------------------------------------------------
-    def run(self, ids: torch.Tensor, *, finite: bool = True) -> torch.Tensor:
+    def run(self, ids: torch.Tensor, *, finite: bool = True, as_found: bool = True
+            ) -> torch.Tensor:
         """Logits of the model for ids (B, T), without gradients. Raises NonFiniteLogits when
         they hold NaN or inf: no comparison of them means anything (a NaN differs from
         everything, itself included), so no check reports a leak or a mismatch it never saw.
         `finite=False` hands them back as they are, for the checks that look at that itself
-        (inputs, raw_logits)."""
+        (inputs, raw_logits).
+
+        Every call meets the model in the state the audit found it in (`as_found`): what an
+        earlier call changed (a position counter, a cache in buffers) is put back first, so the
+        calls a check compares differ only in what the check changed. `determinism` alone calls
+        with `as_found=False`, to see whether the model's own state moves its answers. A gate
+        context that changes the model on purpose (an attention implementation, checkpointing)
+        calls `self.work` directly: here it would be put back."""
         ids = ids.to(self.device)
+        if as_found:
+            self._restore_state()
         self.count(ids)
-        with torch.no_grad():
-            logits = logits_of(self.work(ids))
+        with torch.no_grad(), model_failures_carried(self):
+            logits = logits_of(self.work(ids))  # the plain call: ids positionally, nothing else
         if finite and isinstance(logits, torch.Tensor) and logits.is_floating_point() and \
                 not all_finite(logits):
             raise NonFiniteLogits(non_finite_message(logits, self.dtype))
         return logits
 
-    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+    def call(self, ids: torch.Tensor, **kwargs) -> Any:
+        """The model's raw output for ids (B, T) and `kwargs` (labels=, position_ids=, ...), the
+        ids passed the way its call convention takes them with keywords (facts.convention: as
+        input_ids= where the forward names them, as generate passes them, else positionally).
+        Every check that passes more than the ids calls the model through here. Counts
+        nothing: the caller books its calls (`count`). Like `run`, it meets the model in the
+        state the audit found it in."""
+        self._restore_state()
+        with model_failures_carried(self):
+            return call(self.work, self.convention, ids, **kwargs)
+
+    def logits(self, ids: torch.Tensor, *, as_found: bool = True) -> torch.Tensor:
         """`run`, then the shape: logits of ids (B, T) must be (B, T, V) before any comparison
         reads them (a (B, B, V) answer to (B, 1) ids would otherwise be compared row by row and
         misreported as a leak). Raises WrongShape naming both shapes."""
-        logits = self.run(ids)
+        logits = self.run(ids, as_found=as_found)
         want = (*ids.shape, self.vocab_size)
         if tuple(logits.shape) != want:
             raise WrongShape(f"the model returned logits of shape {tuple(logits.shape)} for ids of "
@@ -220,8 +277,9 @@ class Subject:
     def trace(self, ids: torch.Tensor):
         """(logits, trace) of `run_with_trace` on ids (B, T), without gradients; white-box."""
         ids = ids.to(self.device)
+        self._restore_state()
         self.count(ids)
-        with torch.no_grad():
+        with torch.no_grad(), model_failures_carried(self):
             return self.work.run_with_trace(ids)
 
     @contextmanager
@@ -305,6 +363,8 @@ class Subject:
         (for a trace, attention patterns or gradients) book their calls here too."""
         self.calls += 1
         self.tokens += ids.numel()
+        # an overlength probe (T + 1 ids, to be rejected) is no forward pass of the model's
+        self.longest = max(self.longest, min(ids.shape[-1] if ids.dim() else 1, self.probe_max))
 
     def random_ids(self, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
         return self.probe_ids.random(batch, seq_len, generator)
@@ -334,6 +394,23 @@ class Subject:
 
     def short_len(self, cap: int) -> int:
         return max(1, min(self.probe_max, cap))
+
+
+@contextmanager
+def model_failures_carried(s: "Subject") -> Iterator[None]:
+    """Within the block (a call of the model) an allocation failure leaves as `Exhausted` (see
+    there), and on a model sharded over several ranks any other exception only once every rank
+    raised it at this call (else RankFailed: sharding.agree_on_failure)."""
+    try:
+        yield
+    except Exhausted:
+        raise
+    except Exception as exc:
+        if out_of_memory(exc):
+            raise Exhausted(exc) from exc
+        if s.ranks_agree:
+            agree_on_failure(s.audit_key, f"{s.running} (model call {s.calls})", exc)
+        raise
 
 
 class WrongShape(OutputError):

@@ -56,6 +56,13 @@ above): the floor samples some of the positions where vectorised tails fall, the
 the others. A floor of 0 gives an exact comparison."""
 
 
+TRAIN_REPEATS = 2
+"""Seeded train-mode calls repeated when identical calls differ (the model reseeds its RNG, or
+draws from one the gate cannot seed; one repeat shows any difference, and a steady model gets
+no more): two make the spread of identical calls, which bounds the leak test of such a model, a
+maximum over twice the samples (every position and logit of the batch, each call)."""
+
+
 def same_shape(noise_floor: float) -> float:
     """Relative tolerance of a same-shape comparison at the same batch index, from the noise
     floor measured beside it (relative to the logit scale)."""

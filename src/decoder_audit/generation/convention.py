@@ -90,7 +90,8 @@ def convention(model: nn.Module) -> Convention:
         # the logits of the last positions only: logits_to_keep, num_logits_to_keep before 4.49
         keep = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in params),
                     None)
-        return Convention("hugging face", True, masked, "position_ids" in params, keep, cache_arg)
+        return Convention("hugging face", True, masked, "position_ids" in params, keep, cache_arg,
+                          ids_keyword="input_ids" in params)
     return Convention("plain", False, masked, "position_ids" in params)
 
 
@@ -173,16 +174,20 @@ class Stepper:
     kept between calls."""
 
     def __init__(self, model: nn.Module, conv: Convention, batch: int, capacity: int,
-                 use_cache: bool = True) -> None:
+                 use_cache: bool = True, cache: Any = None) -> None:
         self.model, self.conv, self.batch, self.capacity = model, conv, batch, capacity
         self.cached = use_cache and conv.cached
         self.length = 0  # slots fed so far
-        self.cache: Any = (model.new_cache(batch, capacity)
-                           if self.cached and conv.name == "decoder" else None)
-        if self.cached and conv.name == "hugging face":
-            self.cache = generate_cache(model, batch, capacity)
-        # a cache sized before the first call is told where each step's slots lie
-        self.cache_positions = self.cache is not None and conv.name == "hugging face"
+        # `cache`: one the caller built (an empty Hugging Face cache, a pre-sized KVCache);
+        # else ours makes its static cache here and a Hugging Face model its own on the prefill
+        # (or, where its own cannot be stepped, the one `generate` builds: `generate_cache`)
+        self.cache: Any = cache if cache is not None else (
+            model.new_cache(batch, capacity) if self.cached and conv.name == "decoder" else None)
+        built = None
+        if cache is None and self.cached and conv.name == "hugging face":
+            built = self.cache = generate_cache(model, batch, capacity)
+        # the cache generate builds is told where each step's slots lie, as generate tells it
+        self.cache_positions = built is not None
         self.mask: torch.Tensor | None = None  # Hugging Face: (B, capacity) flags, once padded
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None = None,
@@ -226,9 +231,16 @@ class Stepper:
             kwargs["position_ids"] = positions
         if last_only and self.conv.last_only is not None:
             kwargs[self.conv.last_only] = True if self.conv.name == "decoder" else 1
-        if self.conv.name == "hugging face" and self.conv.ids_keyword:
-            return self.model(input_ids=ids, **kwargs)
-        return self.model(ids, **kwargs)
+        return call(self.model, self.conv, ids, **kwargs)
+
+
+def call(model: nn.Module, conv: Convention, ids: torch.Tensor, **kwargs: Any) -> Any:
+    """`model` called on ids (B, T) and `kwargs` the way its convention passes ids: as input_ids=
+    where the Hugging Face convention was established with it, else positionally (every model
+    the gate audits takes its ids first)."""
+    if conv.name == "hugging face" and conv.ids_keyword:
+        return model(input_ids=ids, **kwargs)
+    return model(ids, **kwargs)
 
 
 def generate_cache(model: nn.Module, batch: int, capacity: int) -> Any:

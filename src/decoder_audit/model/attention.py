@@ -130,12 +130,12 @@ class CausalSelfAttention(nn.Module):
         self.window, self.score_scale, self.score_softcap = (cfg.window(layer), cfg.attn_scale,
                                                            cfg.attn_softcap)
         d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-        bias = cfg.attn_bias
-        self.q_proj = Linear(cfg.d_model, d_q, bias, init_std=INIT_STD, **factory)
-        self.k_proj = Linear(cfg.d_model, d_kv, bias, init_std=INIT_STD, **factory)
-        self.v_proj = Linear(cfg.d_model, d_kv, bias, init_std=INIT_STD, **factory)
+        bias = cfg.has_bias  # per projection: any of q, k, v and the output may have one
+        self.q_proj = Linear(cfg.d_model, d_q, bias("q_proj"), init_std=INIT_STD, **factory)
+        self.k_proj = Linear(cfg.d_model, d_kv, bias("k_proj"), init_std=INIT_STD, **factory)
+        self.v_proj = Linear(cfg.d_model, d_kv, bias("v_proj"), init_std=INIT_STD, **factory)
         # writes into the residual stream
-        self.output_proj = Linear(d_q, cfg.d_model, cfg.output_bias, init_std=residual_std,
+        self.output_proj = Linear(d_q, cfg.d_model, bias("output_proj"), init_std=residual_std,
                                   **factory)
         # RMSNorm of q and k before RoPE: per head (a gain of Dh shared by the heads) or over
         # the whole projection (H*Dh and Hkv*Dh)

@@ -121,11 +121,11 @@ class FeedForward(nn.Module):
         gated = cfg.gated
         self.activation = {"swiglu": F.silu, "geglu": self._ACTIVATIONS["gelu_tanh"]}.get(
             cfg.mlp) or self._ACTIVATIONS[cfg.mlp]
-        D, F_, bias = cfg.d_model, cfg.d_ff, cfg.mlp_bias
-        self.w1 = Linear(D, F_, bias, init_std=INIT_STD, **factory)
+        D, F_, bias = cfg.d_model, cfg.d_ff, cfg.has_bias  # per matrix: any may have a bias
+        self.w1 = Linear(D, F_, bias("w1"), init_std=INIT_STD, **factory)
         # writes into the residual stream
-        self.w2 = Linear(F_, D, bias, init_std=residual_std, **factory)
-        self.w3 = Linear(D, F_, bias, init_std=INIT_STD, **factory) if gated else None
+        self.w2 = Linear(F_, D, bias("w2"), init_std=residual_std, **factory)
+        self.w3 = Linear(D, F_, bias("w3"), init_std=INIT_STD, **factory) if gated else None
 
     def forward(self, x: torch.Tensor, trace: Trace | None = None,
                 prefix: str = "") -> torch.Tensor:

@@ -59,24 +59,26 @@ class Embedding(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """(x - mean) / sqrt(var + eps) * g + b over the last axis (biased variance)."""
+    """(x - mean) / sqrt(var + eps) * (offset + w) + b over the last axis (biased variance);
+    offset 1 is Megatron's LayerNorm1P (Nemotron), its w stored around 0."""
 
     def __init__(self, dim: int, eps: float, bias: bool = True, affine: bool = True,
-                 **factory) -> None:
+                 offset: float = 0.0, **factory) -> None:
         super().__init__()
-        self.eps, self.shape = eps, (dim,)
+        self.eps, self.offset, self.shape = eps, offset, (dim,)
         self.weight = nn.Parameter(torch.empty(dim, **factory)) if affine else None
         self.bias = nn.Parameter(torch.empty(dim, **factory)) if bias and affine else None
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
         if self.weight is not None:
-            self.weight.fill_(1.0)
+            self.weight.fill_(1.0 - self.offset)  # a gain of 1
         if self.bias is not None:
             self.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        gain = self.weight if self.weight is None or not self.offset else self.weight + self.offset
+        return F.layer_norm(x, self.shape, gain, self.bias, self.eps)
 
 
 class RMSNorm(nn.Module):
@@ -106,5 +108,6 @@ class RMSNorm(nn.Module):
 
 def make_norm(cfg: DecoderConfig, **factory) -> nn.Module:
     if cfg.norm == "layernorm":
-        return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine, **factory)
+        return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,
+                         cfg.norm_offset, **factory)
     return RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_offset, cfg.norm_affine, **factory)

@@ -40,6 +40,7 @@ from ..model.decoder import Decoder
 from ..storage.checkpoint import copy_into_parameters, decoder_from_tensors
 from ..storage.folder import write_folder_atomically
 from .hf_config import (
+    InvalidHFConfig,
     _transformers,
     config_from_hf,
     config_to_hf,
@@ -156,7 +157,8 @@ def to_hf(decoder: Decoder) -> Any:
 def hf_reference(model: Any) -> tuple[str | None, str]:
     """Whether `model`'s config is a spec the oracle can check its weights against, decided
     from its class and config alone (no weight is read): ("hugging face", "") when it is, (None,
-    why not) when it is not. Never raises.
+    why not) when it is not. Raises only for a config no model computes with
+    (InvalidHFConfig, a ConfigError: Gemma 2's query_pre_attn_scalar -8).
 
     It is when the model is an instance of `spec_classes` (GPT-2, Llama, Mistral, Qwen2, Qwen3,
     Gemma or a subclass: the class decides, not `config.model_type`) whose config
@@ -184,6 +186,8 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
         return None, f"{name} is not a class whose config is read as a spec ({known}, or a subclass)"
     try:
         config_from_hf(model.config, family)
+    except InvalidHFConfig:
+        raise  # no model computes with it: refused, not audited as a black box
     except ConfigError as exc:
         return None, f"{name}'s config declares what the oracle does not express: {exc}"
     return "hugging face", ""
@@ -196,7 +200,12 @@ def load_hf_folder(folder: str | os.PathLike) -> Decoder:
     folder = Path(folder)
     hf_config = read_hf_config(folder)  # never runs the folder's code (trust_remote_code=False)
     cfg = config_from_hf(hf_config)
-    if converter_family(cfg) is None:  # a family the layouts place: through its own class
+    # A family the layouts place goes through its own class, also where its config is one the
+    # converter writes: Phi-3 with full rotary reads as Llama's config, not with Llama's names.
+    tf = _transformers()
+    own_class = (hf_config.model_type in spec_classes(tf)
+                 and hf_config.model_type not in model_classes(tf))
+    if converter_family(cfg) is None or own_class:
         return from_hf(_spec_model_from_folder(hf_config, folder))
     ours = hf_tensors_to_ours(cfg, _read_hf_weights(folder), source=f"weights in {str(folder)!r}")
     return decoder_from_tensors(cfg, ours)

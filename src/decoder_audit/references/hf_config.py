@@ -28,6 +28,11 @@ from ..errors import CheckpointError, ConfigError
 INSTALL_HINT = "pip install 'decoder-audit[hf]'"
 ATTN_IMPLEMENTATION = "eager"
 
+
+class InvalidHFConfig(ConfigError):
+    """A config whose values no model computes with (not one we merely cannot express): the
+    model is refused, never audited as a black box."""
+
 # HF activation name -> ours. GPT-2's "gelu_new" is the tanh approximation written out; it equals
 # F.gelu(approximate="tanh") up to float rounding. On export we write "gelu_new", GPT-2's own.
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
@@ -441,8 +446,15 @@ def legacy_layer_types(c: Any, family: str) -> list[str] | None:
 
 
 def _gemma2_fields(c: Any) -> dict[str, Any]:
-    """Gemma 2's scores scaled by query_pre_attn_scalar^-0.5, its soft caps, sandwich norms."""
-    return {"attn_scale": float(c.query_pre_attn_scalar) ** -0.5,
+    """Gemma 2's scores scaled by query_pre_attn_scalar^-0.5, its soft caps, sandwich norms. A
+    scalar that is not a finite number > 0 is refused: (-8) ** -0.5 is complex, and the
+    model's softmax, dropping the imaginary part, attends uniformly."""
+    scalar = c.query_pre_attn_scalar
+    if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or \
+            not 0 < scalar < float("inf"):
+        raise InvalidHFConfig(f"query_pre_attn_scalar={scalar!r} must be a finite number > 0 "
+                              "(the scores are scaled by its inverse square root)")
+    return {"attn_scale": float(scalar) ** -0.5,
             "attn_softcap": c.attn_logit_softcapping, "logit_softcap": c.final_logit_softcapping,
             "sandwich_norm": True}
 
@@ -492,6 +504,10 @@ def hf_family(cfg: DecoderConfig) -> str:
                           f"attn_softcap={cfg.attn_softcap}, logit_softcap={cfg.logit_softcap}: "
                           "the converter writes GPT-2 and Llama, whose attention is full causal "
                           "with scores q.k / sqrt(Dh), uncapped")
+    if isinstance(cfg.attn_bias, tuple) or isinstance(cfg.mlp_bias, tuple):
+        raise ConfigError(f"attn_bias={cfg.attn_bias}, mlp_bias={cfg.mlp_bias}: the converter "
+                          "writes GPT-2 and Llama, which bias every attention projection or "
+                          "none, and every MLP matrix or none")
     if cfg.qk_norm or cfg.output_bias != cfg.attn_bias:
         raise ConfigError(f"qk_norm={cfg.qk_norm}, attn_output_bias={cfg.attn_output_bias}: "
                           "the converter writes GPT-2 and Llama, which have no q/k norm and bias "

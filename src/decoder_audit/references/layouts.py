@@ -28,10 +28,14 @@ Layouts detected from the parameter names (`detect`):
                         transformers 5)
     torchtune           tok_embeddings, layers.{i}.attn.q_proj, sa_norm.scale, mlp.w1, output
     LLMs-from-scratch   tok_emb, trf_blocks.{i}.att.W_query, norm1.scale/shift, ff.layers.0
-                        (its GPTModel), and ff.fc1/fc2/fc3 with norm1.weight (its Llama models)
+                        (its GPTModel), ff.fc1/fc2/fc3 with norm1.weight (its Llama models), and
+                        with norm1.scale and att.q_norm/k_norm.scale (its Qwen3Model)
+    Hugging Face        Llama's names with a plain MLP (mlp.up_proj, mlp.down_proj)
+      Nemotron
     TransformerLens     embed.W_E, blocks.{i}.attn.W_Q (H, D, Dh), W_O (H, Dh, D), b_Q (H, Dh),
                         mlp.W_in (D, F), unembed.W_U (D, V) and its bias b_U (HookedTransformer)
-each possibly under a wrapper's prefix (`model.`, `net.`). Anything else takes a user function
+each possibly under a wrapper's prefix (`model.`, `net.`), and each also without its root module
+(`embed_tokens`, `layers.{i}.self_attn.q_proj`, `norm`, `lm_head` at the top: `rootless`). Anything else takes a user function
 (`weights_map=`): state dict -> {canonical name: tensor}.
 
 Nothing is guessed: a weight the spec expects that the layout does not find, a weight found
@@ -41,8 +45,10 @@ with another shape, and a parameter of the module no canonical name takes are li
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -68,14 +74,13 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
                 "attn.output_proj": (d, d_q), "ffn.w1": (f, d), "ffn.w2": (d, f)}
     if spec.gated:
         matrices["ffn.w3"] = (f, d)
-    biased = {"attn.output_proj": spec.output_bias}
     for i in range(spec.n_layers):
         p = f"layers.{i}"
         for name in block_norms(spec):
             shapes.update({f"{p}.{name}.{part}": (d,) for part in norm})
         for name, shape in matrices.items():
             shapes[f"{p}.{name}.weight"] = shape
-            if biased.get(name, spec.attn_bias if name.startswith("attn.") else spec.mlp_bias):
+            if spec.has_bias(name.split(".")[1]):  # each projection's own (attn_bias, mlp_bias)
                 shapes[f"{p}.{name}.bias"] = shape[:1]
         if spec.qk_norm:
             whole = spec.qk_norm_scope == "projection"  # OLMo 2: over the whole projection
@@ -190,6 +195,17 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout("LLMs-from-scratch Llama", "tok_emb", None, "trf_blocks.{i}", "final_norm",
            "out_head", {**_FROM_SCRATCH_ATTN, "ffn.w1": "ff.fc1", "ffn.w3": "ff.fc2",
                         "ffn.w2": "ff.fc3"}, norm_params=("weight", None)),
+    # its Qwen3Model: the Llama names, with its own RMSNorm (scale, and a shift it may have) and
+    # the per-head q/k norms att.q_norm, att.k_norm
+    Layout("LLMs-from-scratch Qwen3", "tok_emb", None, "trf_blocks.{i}", "final_norm",
+           "out_head", {**_FROM_SCRATCH_ATTN, "attn.q_norm": "att.q_norm",
+                        "attn.k_norm": "att.k_norm", "ffn.w1": "ff.fc1", "ffn.w3": "ff.fc2",
+                        "ffn.w2": "ff.fc3"}, norm_params=("scale", "shift")),
+    # Nemotron: Llama's names with a plain MLP, up_proj -> down_proj (no gate), and LayerNorm1P
+    # norms (gain 1 + w: norm_offset 1)
+    Layout("Hugging Face Nemotron", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**{k: v for k, v in _HF_LLAMA.items() if k != "ffn.w3"},
+                       "ffn.w1": "mlp.up_proj"}),
 )
 
 
@@ -253,12 +269,97 @@ class Placement:
     sources: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """canonical name -> the module parameters it is made of (one, or several that a
     weights_map concatenates)."""
+    map_error: str = ""
+    """What the weights_map did instead of mapping (raised, exited, edited its input, returned
+    no dict of tensors), naming it; the params and oracle checks fail with it."""
 
     def canonical(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """{canonical name: tensor} from the module's state dict (its names), as views."""
+        """{canonical name: tensor} from the module's state dict (its names), as views (a
+        weights_map's tensors are what it returns). WeightsMapError when the map misbehaves."""
         if self.user_map is not None:
-            return dict(self.user_map(state))
+            return run_weights_map(self.user_map, state)
         return {name: spot.view(state[spot.source]) for name, spot in self.spots.items()}
+
+
+class WeightsMapError(ConfigError):
+    """A weights_map that raised, exited, edited the module's parameters in place, or returned
+    something other than {canonical name: tensor}; the message names the map and what it did."""
+
+
+class _Exited(BaseException):
+    """os._exit called inside a weights_map (a BaseException: the map's own `except Exception`
+    does not swallow it)."""
+
+
+def map_label(weights_map: WeightsMap) -> str:
+    """The map as a report names it: its function's name, or a callable object's class."""
+    return getattr(weights_map, "__qualname__", type(weights_map).__name__)
+
+
+def run_weights_map(weights_map: WeightsMap, state: Mapping[str, torch.Tensor],
+                    where: str = "") -> dict[str, torch.Tensor]:
+    """The map's {canonical name: tensor} for `state`, or WeightsMapError naming the map and
+    what it did instead (`where` says what it was given). The map is user code: an exception,
+    sys.exit or os._exit inside it, or an in-place edit of the tensors it was given (the
+    module's own parameters), is its failure, reported; none of them ends the process or
+    decides its exit status."""
+    label = f"weights_map {map_label(weights_map)}"
+    versions = {name: t._version for name, t in state.items()}
+    try:
+        with _exit_refused():
+            mapped = weights_map(state)
+    except _Exited as exc:
+        raise WeightsMapError(f"{label} called os._exit({exc.args[0]}){where}: a map returns "
+                              "{canonical name: tensor}; the exit was refused, and the gate's "
+                              "verdict decides the exit status") from None
+    except SystemExit as exc:
+        raise WeightsMapError(f"{label} called sys.exit({exc.code!r}){where}: a map returns "
+                              "{canonical name: tensor}; the exit was refused, and the gate's "
+                              "verdict decides the exit status") from None
+    except Exception as exc:  # noqa: BLE001 - the map's failure is its evidence
+        raise WeightsMapError(f"{label} raised {type(exc).__name__}{where}: {exc}") from None
+    edited = [name for name, t in state.items() if t._version != versions[name]]
+    if edited:
+        raise WeightsMapError(f"{label} changed {len(edited)} of the module's parameters in "
+                              f"place (first {edited[0]}){where}: a map reads the state dict and "
+                              "returns tensors made from it, never writing into it")
+    return _tensors_of(label, mapped)
+
+
+def _tensors_of(label: str, mapped) -> dict[str, torch.Tensor]:
+    """A map's output as {canonical name: tensor}, or WeightsMapError naming what it is."""
+    if not isinstance(mapped, Mapping):
+        what = "None (no return statement?)" if mapped is None else \
+            f"a {type(mapped).__name__}"
+        raise WeightsMapError(f"{label} returned {what}, not a dict {{canonical name: tensor}}")
+    keys = [key for key in mapped if not isinstance(key, str)]
+    if keys:
+        raise WeightsMapError(f"{label} returned keys that are not names: {keys[:3]!r}")
+    bad = [(key, value) for key, value in mapped.items() if not isinstance(value, torch.Tensor)]
+    if bad:
+        key, value = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise WeightsMapError(f"{label} returned a {type(value).__name__} for {key!r}{more}: "
+                              "each value must be a torch.Tensor computed from the state dict's "
+                              "tensors (a list or a numpy array has left torch: the gate can "
+                              "neither follow it to the module's parameters nor write through it)")
+    return dict(mapped)
+
+
+@contextmanager
+def _exit_refused() -> Iterator[None]:
+    """Within the block, os._exit raises _Exited instead of ending the process at once (it
+    cannot be caught otherwise); restored after."""
+    real = os._exit
+
+    def refused(status: int = 0) -> None:
+        raise _Exited(status)
+
+    os._exit = refused
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
@@ -273,9 +374,12 @@ def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
         return user_placement(weights_map, detached, spec), ""
     placement = detect(named, spec)
     if placement is None:
-        return None, (f"no known layout in {type(model).__name__}'s parameter names (first: "
-                      f"{list(named)[:3]}): pass weights_map= (--weights-map FILE.py:FN), a "
-                      "function from its state dict to the canonical names")
+        looked = sorted({f"{layout.embedding}.weight" for layout in DETECTED} | {"embed.W_E"})
+        return None, (f"token_embeddings.weight not found: no known layout's embedding is among "
+                      f"{type(model).__name__}'s parameter names (first: {list(named)[:3]}; "
+                      f"looked for {', '.join(looked)}, at the root or under a prefix): pass "
+                      "weights_map= (--weights-map FILE.py:FN), a function from its state dict "
+                      "to the canonical names")
     return placement, ""
 
 
@@ -328,13 +432,34 @@ def _lens_placement(prefix: str, named: Mapping[str, torch.Tensor],
     return _placement("TransformerLens", prefix, spots, named, spec)
 
 
+def rootless(layout: Layout) -> Layout | None:
+    """`layout` without the root module its embedding, blocks and final norm share (Hugging
+    Face's `model.`, nanoGPT's `transformer.`, GPT-NeoX's `gpt_neox.`), the head staying where
+    it is: the same names a hand-written model keeps at its top (`embed_tokens`,
+    `layers.{i}.self_attn.q_proj`, `norm`, `lm_head`). None for a layout without such a root."""
+    inner = [name for name in (layout.embedding, layout.positions, layout.block,
+                               layout.final_norm) if name is not None]
+    root = inner[0].split(".")[0] + "."
+    if "." not in inner[0] or not all(name.startswith(root) for name in inner):
+        return None
+    strip = lambda name: None if name is None else name[len(root):]  # noqa: E731
+    return replace(layout, name=f"{layout.name}, without its {root.rstrip('.')!r} root",
+                   embedding=strip(layout.embedding), positions=strip(layout.positions),
+                   block=strip(layout.block), final_norm=strip(layout.final_norm))
+
+
+# Every layout detect() looks for: as its library names it, and rootless (see `rootless`).
+DETECTED: tuple[Layout, ...] = LAYOUTS + tuple(
+    bare for layout in LAYOUTS if (bare := rootless(layout)) is not None)
+
+
 def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement | None:
     """The layout of a module with these parameters (every name, `named_parameters(
     remove_duplicate=False)`: a tied weight under each of its names), placed on the spec; None
-    when no known layout's embedding is among them. Where several layouts find the embedding,
-    the one that leaves the fewest problems wins (LLMs-from-scratch's GPT and Llama share their
-    names)."""
-    found = [_place(layout, prefix, named, spec) for layout in LAYOUTS
+    when no known layout's embedding is among them, at the root or under any prefix. Where
+    several layouts find the embedding, the one that leaves the fewest problems wins
+    (LLMs-from-scratch's GPT and Llama share their names)."""
+    found = [_place(layout, prefix, named, spec) for layout in DETECTED
              for prefix in _prefixes(named, f"{layout.embedding}.weight")]
     found += [_lens_placement(prefix, named, spec) for prefix in _prefixes(named, "embed.W_E")]
     if not found:
@@ -351,7 +476,14 @@ def user_placement(weights_map: WeightsMap, named: Mapping[str, torch.Tensor],
     leaves = {id(t): torch.empty(t.shape, dtype=t.dtype, device="meta").requires_grad_()
               for t in named.values()}  # a tied weight: one stand-in under each of its names
     stand_ins = {name: leaves[id(t)] for name, t in named.items()}
-    mapped = dict(weights_map(stand_ins))
+    label = f"weights_map {map_label(weights_map)}"
+    try:
+        mapped = run_weights_map(weights_map, stand_ins, where=(
+            " on shape-only (meta) stand-ins of the module's parameters, which it is first run "
+            "on to follow what each canonical weight is made of (a map computes with tensor "
+            "operations; it reads no values)"))
+    except WeightsMapError as exc:
+        return Placement(label, user_map=weights_map, problems=(str(exc),), map_error=str(exc))
     first_name = {}
     for name, tensor in named.items():
         first_name.setdefault(id(leaves[id(tensor)]), name)
@@ -363,8 +495,7 @@ def user_placement(weights_map: WeightsMap, named: Mapping[str, torch.Tensor],
         sources[canonical] = tuple(first_name[id(leaf)] for leaf, g in zip(inputs, grads)
                                    if g is not None)
     used = {name for names in sources.values() for name in names}
-    label = getattr(weights_map, "__qualname__", type(weights_map).__name__)
-    return Placement(f"weights_map {label}", user_map=weights_map,
+    return Placement(label, user_map=weights_map,
                      problems=tuple(_misfits({n: tuple(t.shape) for n, t in mapped.items()},
                                              spec)),
                      leftover=_unused(named, used.__contains__), sources=sources)
@@ -489,16 +620,17 @@ def _misfits(found: Mapping[str, tuple[int, ...]], spec: DecoderConfig) -> list[
 
 
 def _why_not(name: str, spec: DecoderConfig) -> str:
-    if name.endswith(".bias") and ".attn.output_proj" in name:
+    if name.endswith(".bias") and ".attn.output_proj" in name and \
+            not isinstance(spec.attn_bias, tuple):
         return f"attn_output_bias={spec.attn_output_bias}, attn_bias={spec.attn_bias}"
     if name.endswith(".bias") and ".attn." in name:
-        return f"attn_bias={spec.attn_bias}"
+        return f"attn_bias={_flag(spec.attn_bias)}"
     if "_norm." in name:
         return f"qk_norm={spec.qk_norm}"
     if "_post." in name:
         return f"sandwich_norm={spec.sandwich_norm}"
     if name.endswith(".bias") and ".ffn." in name:
-        return f"mlp_bias={spec.mlp_bias}"
+        return f"mlp_bias={_flag(spec.mlp_bias)}"
     if name.split(".")[-2].startswith("ln") and not spec.norm_affine:
         return "norm_affine=False"
     if name.split(".")[-2] in ("ln1", "ln2") and not spec.pre_norm:
@@ -512,3 +644,8 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
     if name.startswith("position_embeddings"):
         return f"pos={spec.pos!r}"
     return "its architecture"
+
+
+def _flag(value: bool | tuple[str, ...]) -> str:
+    """A bias field as a spec file spells it: False, or ['q_proj', 'v_proj']."""
+    return str(list(value)) if isinstance(value, tuple) else str(value)

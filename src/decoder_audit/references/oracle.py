@@ -43,11 +43,12 @@ doubles, 26 MB, instead of the whole 643 MB matrix)."""
 # ---- the definitions ---------------------------------------------------------------------------
 
 def _layernorm(x: torch.Tensor, gain: torch.Tensor | None, bias: torch.Tensor | None,
-               eps: float) -> torch.Tensor:
+               eps: float, offset: float = 0.0) -> torch.Tensor:
     mean = x.sum(-1, keepdim=True) / x.shape[-1]
     var = ((x - mean) ** 2).sum(-1, keepdim=True) / x.shape[-1]  # biased, as LayerNorm defines
     normed = (x - mean) / torch.sqrt(var + eps)
-    normed = normed if gain is None else normed * gain  # None: a norm that learns nothing
+    # None: a norm that learns nothing; the gain is offset + w (LayerNorm1P: 1 + w)
+    normed = normed if gain is None else normed * (gain + offset)
     return normed if bias is None else normed + bias
 
 
@@ -167,7 +168,7 @@ def _norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
     gain = w[f"{name}.weight"] if cfg.norm_affine else None
     if cfg.norm == "layernorm":  # the shift where the config has one (norm_bias)
         shift = w[f"{name}.bias"] if cfg.norm_bias and cfg.norm_affine else None
-        return _layernorm(x, gain, shift, cfg.norm_eps)
+        return _layernorm(x, gain, shift, cfg.norm_eps, cfg.norm_offset)
     return _rmsnorm(x, gain, cfg.norm_eps, cfg.norm_offset)
 
 

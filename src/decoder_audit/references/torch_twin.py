@@ -82,9 +82,15 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
         problems.append("readout_bias=True: the twin's readout has no bias")
     if cfg.logit_softcap is not None:
         problems.append(f"logit_softcap={cfg.logit_softcap}: the twin's logits are uncapped")
-    if cfg.output_bias != cfg.attn_bias:
-        problems.append(f"attn_output_bias={cfg.attn_output_bias}: nn.MultiheadAttention biases "
-                        "all of q, k, v and the output or none")
+    if isinstance(cfg.attn_bias, tuple) or cfg.output_bias != cfg.attn_bias:
+        problems.append(f"attn_bias={cfg.attn_bias}, attn_output_bias={cfg.attn_output_bias}: "
+                        "nn.MultiheadAttention biases all of q, k, v and the output or none")
+    if isinstance(cfg.mlp_bias, tuple):
+        problems.append(f"mlp_bias={list(cfg.mlp_bias)}: the twin's MLP biases both of its "
+                        "Linears or neither")
+    if cfg.norm_offset:
+        problems.append(f"norm_offset={cfg.norm_offset}: nn.LayerNorm's gain is its weight, "
+                        "with no offset")
     return problems
 
 

@@ -41,6 +41,7 @@ from torch import nn
 
 from ..config import DecoderConfig
 from ..errors import ConfigError
+from ..gate import store_reports
 from ..model.decoder import Decoder
 
 
@@ -163,6 +164,44 @@ def _teardown_barrier() -> None:
             dist.monitored_barrier(timeout=TEARDOWN_BARRIER_TIMEOUT)
         else:
             dist.barrier()
+
+
+# How long a failing rank other than 0 waits for rank 0 to report a failure of its own before
+# it says its failure itself: the same failure on every rank is said once, by rank 0; a failure
+# of this rank alone is said by it (rank 0 is then inside a collective it will never finish, and
+# torchrun stops it when this rank exits).
+FAILURE_WAIT_S = 5.0
+
+
+def says_failure(ranks: RankInfo, exc: BaseException) -> bool:
+    """Whether this rank is the one to say `exc`, the error its run ended with (one line for
+    the whole run): always in one process; under torchrun rank 0 says its own, and another
+    rank its own only when rank 0 reports none within FAILURE_WAIT_S, or when it raised where
+    the others did not (RanksDisagree: rank 0 is stuck in a collective). Every failing rank
+    records its failure in the process group's store first."""
+    if not ranks.distributed or not (dist.is_available() and dist.is_initialized()):
+        return True
+    from ..gate import RanksDisagree
+
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"decoder_audit/failed/{ranks.rank}", type(exc).__name__)
+        if ranks.is_main or isinstance(exc, RanksDisagree):
+            return True
+        return not store_reports(store, ["decoder_audit/failed/0"], FAILURE_WAIT_S)
+    except Exception:  # noqa: BLE001 - no store: this rank says it
+        return True
+
+
+def abandon(code: int) -> None:
+    """End this failed rank's process now, without waiting for its peers (a peer may be inside
+    a collective that will never complete: the process group's teardown and the interpreter's
+    exit would wait on it); torchrun then stops the other ranks. Output is flushed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the interpreter's own _exit: os._exit is turned into an exception while a command runs
+    # (sources.hard_exits_raise: user code must not end the command), and this is not user code
+    (sys.modules.get("posix") or sys.modules["nt"])._exit(code)
 
 
 def share_from_main(ranks: RankInfo, values: list[Any]) -> list[Any]:

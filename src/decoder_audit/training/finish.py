@@ -21,7 +21,7 @@ from .run import (
     shared_evaluation,
 )
 from .settings import TrainResult
-from .state import whole_model
+from .state import read_metrics, whole_model
 from .throughput import throughput
 
 
@@ -33,7 +33,12 @@ def finish(setting: Setting, prepared: Prepared, training: Training, found: Evid
     if not math.isfinite(final_loss):
         diverged(setting, training, folder, "final evaluation loss", final_loss, applied=True)
     check_tied(training.model, prepared.facts, "after training")
-    checkpoint = save(setting, prepared, training, folder) or outcome.checkpoint
+    steps = training.step - training.first_step
+    # a finished run resumed trained nothing: its checkpoint stays as it is, byte for byte
+    if steps:
+        checkpoint = save(setting, prepared, training, folder) or outcome.checkpoint
+    else:
+        checkpoint = None if folder is None else folder.checkpoint
     distributed.barrier(ranks)  # the final checkpoint is on disk before any rank returns
     floor = task.entropy_floor()
     if ranks.is_main and folder is not None:
@@ -43,19 +48,33 @@ def finish(setting: Setting, prepared: Prepared, training: Training, found: Evid
         setting.say(f"checkpoint: {literal(folder.checkpoint)}")
     seconds = time.perf_counter() - setting.started
     setting.say(_summary(task, final_loss, floor, outcome.reached))
-    steps = training.step - training.first_step
     speed = throughput(prepared.facts.config, task.seq_len,
                        steps * prepared.tokens_per_step(setting.cfg), outcome.seconds,
                        device=setting.opts.device, precision=setting.cfg.precision,
                        peak_flops=setting.opts.peak_flops)
-    setting.say(f"{steps} steps, {speed.describe()}; {seconds:.1f} s in all, gate and "
-                "checkpoints included")
+    if steps:
+        setting.say(f"{steps} steps, {speed.describe()}; {seconds:.1f} s in all, gate and "
+                    "checkpoints included")
+    else:  # a finished run resumed: no step ran now, so no speed of its own to report
+        setting.say(_already_finished(training.step, folder))
     model = whole_model(training.model)  # sharded: gathered into one Decoder on rank 0
     return TrainResult(model=model, config=setting.cfg, step=training.step,
                        final_loss=final_loss, initial_loss=found.initial_loss,
                        entropy_floor=floor, seconds=seconds, tokens_per_s=speed.tokens_per_s,
                        out=setting.opts.out, checkpoint=checkpoint, report=report,
                        throughput=speed)
+
+
+def _already_finished(step: int, folder: Any) -> str:
+    """What a resumed run that had already reached its last step says instead of a speed: the
+    figures of its last step, as metrics.jsonl recorded them."""
+    rows = read_metrics(folder.metrics) if folder is not None and folder.metrics.is_file() else []
+    last = next((row for row in reversed(rows) if row.get("step") == step), None)
+    said = f"the run had already finished at step {step}: nothing was trained now"
+    if last is not None and isinstance(last.get("loss"), (int, float)):
+        said += (f"; its last step's figures (metrics.jsonl): loss {last['loss']:.4f}, "
+                 f"{last.get('tokens_per_s') or 0:,.0f} tokens/s")
+    return said
 
 
 def _summary(task: Any, final_loss: float, floor: float | None,

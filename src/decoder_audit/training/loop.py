@@ -127,12 +127,24 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
             verbose=verbose, expect_fresh=expect_fresh, vocab_size=vocab_size,
             max_seq_len=max_seq_len, intervention_len=intervention_len, callback=callback,
             peak_flops=peak_flops, checkpointing=checkpointing)
-        previous_threads = torch.get_num_threads()
-        try:
-            return _run(model, cfg, opts, ranks, started)
-        finally:
-            torch.set_num_threads(previous_threads)
-            distributed.close(ranks)
+        return _run_closing(model, cfg, opts, ranks, started)
+
+
+def _run_closing(model: Any, cfg: TrainConfig, opts: Options, ranks: RankInfo,
+                 started: float) -> TrainResult:
+    """The run, then the threads and the process groups as they were, however it ends. Under
+    torchrun a failure is said once (distributed.says_failure), decided while the process group
+    still stands; the command line stays quiet on the other ranks."""
+    previous_threads = torch.get_num_threads()
+    try:
+        return _run(model, cfg, opts, ranks, started)
+    except BaseException as exc:
+        if ranks.distributed and not isinstance(exc, KeyboardInterrupt):
+            exc.said_by_another_rank = not distributed.says_failure(ranks, exc)
+        raise
+    finally:
+        torch.set_num_threads(previous_threads)
+        distributed.close(ranks)
 
 
 def _resolve(cfg: TrainConfig, given: dict[str, Any], *, out: Any, resume: Any,
@@ -188,6 +200,8 @@ def _loop(setting: Setting, prepared: Prepared, training: Training,
           found: Evidence) -> LoopOutcome:
     started = time.perf_counter()
     outcome = LoopOutcome(0.0, None, None)
+    if training.step >= setting.cfg.steps:  # a finished run resumed: no bar of empty figures
+        return outcome
     bar = progress_bar(setting)
     with bar:
         bar_task = bar.add_task("train", total=setting.cfg.steps, completed=training.step,

@@ -17,7 +17,7 @@ from ..config import DecoderConfig
 from ..console import literal
 from ..errors import CheckpointError, ConfigError
 from ..gate import ModelFacts, TrainingPath, model_facts
-from ..sources import Source
+from ..sources import Source, factory_record, module_factory
 from ..storage.checkpoint import FACTORY_FILE, load_module_weights
 from ..text.datasets import TokenDataset, check_tokens
 from ..text.tasks import ByteText, CountingTask, TokenText
@@ -69,8 +69,10 @@ def prepare(setting: Setting, model: Any) -> Prepared:
     # of one rank), the task's length, the precision.
     if cfg.pack:
         _check_packing(facts, task)
-    facts = replace(facts, training=TrainingPath(cfg.batch_size // rows, task.seq_len,
-                                                 cfg.precision, opts.checkpointing, cfg.pack))
+    # train packs through the model's own interface, so the gate checks that form of packing
+    facts = replace(facts, training=TrainingPath(
+        cfg.batch_size // rows, task.seq_len, cfg.precision, opts.checkpointing, cfg.pack,
+        pack_form=facts.packing if cfg.pack else None))
     fresh = opts.expect_fresh and (source.built_fresh or source.kind in ("module", "model"))
     return Prepared(model=built, task=task, facts=facts, fresh=fresh,
                     factory=_factory_of(source, facts.vocab_size, facts.max_seq_len,
@@ -168,15 +170,18 @@ def _source(model: Any, opts: Options) -> tuple[Source, bool]:
     factory = factory or {}
     if isinstance(model, nn.Module):  # the module a Python caller trained, passed again
         return Source("module", model), True
-    if model is not None:
-        raise ConfigError("resume rebuilds the model with its saved factory; do not pass a model "
-                          "too")
+    named = model.value if isinstance(model, Source) and model.kind == "model" else None
+    if model is not None and named is None:
+        raise ConfigError("resume rebuilds the model with the factory it was trained from; pass "
+                          "that factory (--model FILE.py:FACTORY), not another model")
     if not factory.get("factory"):
         raise CheckpointError(
             f"{str(folder)!r} holds the weights of a module passed from Python "
             f"({factory.get('class', 'unknown class')}), which no factory rebuilds: resume it "
             "from Python with train(module, resume=...)")
-    return Source("model", factory["factory"]), True
+    # Only the factory the user named runs, pinned to the one (and the file) the run recorded.
+    spec, sha256 = module_factory(folder, factory, named)
+    return Source("model", spec, sha256=sha256), True
 
 
 def _factory_of(source: Source, vocab_size: int | None, max_seq_len: int | None,
@@ -184,9 +189,8 @@ def _factory_of(source: Source, vocab_size: int | None, max_seq_len: int | None,
     """What rebuilds the model, saved beside its weights when it is not white-box."""
     shape = {"vocab_size": vocab_size, "max_seq_len": max_seq_len,
              "intervention_len": intervention_len}
-    if source.kind == "model":
-        path, _, name = str(source.value).rpartition(":")
-        return {"factory": f"{Path(path).resolve()}:{name}", **shape}
+    if source.kind == "model":  # its absolute FILE.py:FACTORY and the SHA-256 of what ran
+        return {**factory_record(str(source.value)), **shape}
     if source.kind == "module":
         cls = type(source.value)
         return {"factory": None, "class": f"{cls.__module__}.{cls.__qualname__}", **shape}

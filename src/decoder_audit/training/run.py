@@ -103,6 +103,7 @@ class Training:
     first_step: int  # the step this process started from (0, or the resumed one)
     saved_step: int | None = None  # the step of the last checkpoint this run wrote
     packing: tuple[str, int] | None = None  # --pack: (the model's interface, the end id)
+    bound: Any = None  # --text, --data: the leak stop's CausalBound (leakstop.py), or None
 
 
 @dataclass(frozen=True)

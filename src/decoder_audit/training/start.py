@@ -15,6 +15,7 @@ from ..gate import AuditReport
 from ..storage.checkpoint import FACTORY_FILE
 from . import distributed
 from .gatekeeper import GateRefusal, check_initial_loss, check_tied, run_gate, show_alignment
+from .leakstop import causal_bound
 from .optim import make_optimizer
 from .prepare import end_of_document
 from .run import (
@@ -72,9 +73,12 @@ def gate(setting: Setting, prepared: Prepared) -> tuple[AuditReport | None, Trai
     if packing is not None:
         setting.say(f"packing: documents split after id {packing[1]}, each read alone "
                     f"({packing[0]})")
+    bound, unarmed = causal_bound(prepared.task, cfg.steps)
+    if unarmed:
+        setting.say(unarmed)
     return report, Training(model=model, trained=trained, optimizer=optimizer,
                             scheduler=scheduler, generator=generator, step=step,
-                            first_step=step, packing=packing)
+                            first_step=step, packing=packing, bound=bound)
 
 
 def _say_batch_and_precision(setting: Setting) -> None:

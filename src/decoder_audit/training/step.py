@@ -10,11 +10,12 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LeakageSuspected
 from ..gate import packed_call
 from ..objective import logits_of, next_token_loss
 from . import distributed
 from .distributed import shard
+from .leakstop import leak_message
 from .optim import clip_gradients
 from .run import Prepared, Setting, Training, diverged
 from .state import RunFolder
@@ -39,13 +40,14 @@ def train_step(setting: Setting, prepared: Prepared, training: Training, folder:
     inputs = shard(inputs, ranks.rank, ranks.world_size)  # (B / ranks, T)
     targets = shard(targets, ranks.rank, ranks.world_size)
     training.optimizer.zero_grad(set_to_none=True)
-    loss = _accumulate(setting, training, inputs, targets)
+    loss, found = _accumulate(setting, training, inputs, targets)
     # the global batch's mean loss: logged, and a non-finite one stops the run before the
     # gradients it produced are applied
     reported = distributed.global_mean(loss, ranks).item()
     lr_now = training.optimizer.param_groups[0]["lr"]
     if not math.isfinite(reported):
         diverged(setting, training, folder, "training loss", reported, applied=False)
+    _refuse_leak(setting, training, found, reported)
     grad_norm = clip_gradients(training.model, cfg.grad_clip)  # the norm before clipping
     if not math.isfinite(grad_norm):
         diverged(setting, training, folder, "gradient norm", grad_norm, applied=False)
@@ -72,34 +74,61 @@ def _accumulate(setting: Setting, training: Training, inputs: torch.Tensor,
     packing = training.packing
     micro = inputs.shape[0] // setting.cfg.grad_accum  # rows per micro-batch; prepare checked it
     total = targets.numel()  # B / ranks * T tokens
-    mean = None
+    mean, found = None, torch.zeros(3, dtype=torch.float64)  # the leak stop's (gain, best, terms)
     for start in range(0, inputs.shape[0], micro):
         part_in = inputs[start:start + micro].to(device)  # (B / ranks / N, T)
         part_target = targets[start:start + micro].to(device)
         last = start + micro >= inputs.shape[0]
+        seen: list[torch.Tensor] = []  # the micro-batch's logits, for the leak stop
         with _gradient_sync(training.trained, last):
-            loss = _micro_loss(setting, training.trained, part_in, part_target, packing)
+            loss = _micro_loss(setting, training.trained, part_in, part_target, packing, seen)
             loss = loss * (part_target.numel() / total)
             loss.backward()
+        if training.bound is not None and seen:
+            found += torch.tensor(training.bound.gain(seen[-1], part_in, part_target),
+                                  dtype=torch.float64)
+        del seen
         mean = loss.detach() if mean is None else mean + loss.detach()
-    return mean
+    return mean, found
+
+
+def _refuse_leak(setting: Setting, training: Training, found: torch.Tensor, loss: float) -> None:
+    """LeakageSuspected when the step's batch beat every causal predictor of the data beyond
+    what chance allows (leakstop.py); the sums are the global batch's, over every rank."""
+    if training.bound is None:
+        return
+    ranks = setting.ranks
+    if ranks.distributed:  # every rank decides alike, from the sums over all of them
+        found = distributed.global_mean(found.to(setting.opts.device), ranks).cpu() \
+            * ranks.world_size
+    gain, best, terms = (float(v) for v in found)
+    if gain >= training.bound.threshold:
+        raise LeakageSuspected(leak_message(training.step + 1, gain, best, int(terms),
+                                            training.bound, loss, training.bound.vocab),
+                               step=training.step + 1, loss=loss, floor=best / max(terms, 1))
 
 
 def _micro_loss(setting: Setting, trained: Any, inputs: torch.Tensor,
-                targets: torch.Tensor, packing: tuple[str, int] | None = None) -> torch.Tensor:
+                targets: torch.Tensor, packing: tuple[str, int] | None = None,
+                seen: list[torch.Tensor] | None = None) -> torch.Tensor:
     """The mean next-token loss of one micro-batch: the forward under bfloat16 autocast when
     precision is bf16, the cross-entropy always over float32 logits (bf16's 8-bit mantissa
     would round a loss of ~3 nats to 1/64 of a nat). `packing` (interface, end id): the rows'
     documents, split after each end id, each read alone (the gate's `packing` check proved
-    the interface)."""
+    the interface). The logits (B, T, V) are appended to `seen` (the leak stop reads them)."""
     if packing is not None:
         trained = packed_call(trained, packing[0], documents(inputs, packing[1]))
+    seen = [] if seen is None else seen
     compiled = setting.cfg.compile
     if setting.cfg.precision == "fp32":
-        return _compiled_call(compiled, lambda: next_token_loss(trained, inputs, targets))
+        def forward(ids: torch.Tensor) -> torch.Tensor:
+            seen.append(logits_of(trained(ids)))
+            return seen[-1]
+        return _compiled_call(compiled, lambda: next_token_loss(forward, inputs, targets))
     device_type = torch.device(setting.opts.device).type
     with torch.autocast(device_type, dtype=torch.bfloat16):
         logits = _compiled_call(compiled, lambda: logits_of(trained(inputs)))  # (B, T, V) bf16
+    seen.append(logits)
     return next_token_loss(lambda _ids: logits.float(), inputs, targets)
 
 

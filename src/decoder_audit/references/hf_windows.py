@@ -1,0 +1,65 @@
+"""The sliding windows a Hugging Face config declares, layer by layer, in every form transformers
+has written them (read from the config alone; transformers is never imported here):
+
+    layer_types             5.x and 4.53+: "sliding_attention" layers read `sliding_window`
+                            positions, "full_attention" (and any other kind) every earlier one;
+    use_sliding_window      False turns the window off (Qwen2 and its kin), whatever the rest says;
+    sliding_window_pattern  before layer_types (Gemma 3, Cohere 2): every pattern-th layer is
+                            full, the others windowed;
+    max_window_layers       before layer_types (Qwen2 with use_sliding_window): the layers from
+                            this index on are windowed;
+    Gemma 2                 before layer_types: the even layers are windowed, the odd ones full;
+    attention_layers        GPT-Neo: its "local" layers read `window_size` positions;
+    otherwise               `sliding_window` on every layer (Mistral, Phi-3, Starcoder2).
+
+A window of W positions lets the query at position p read the keys at p' with p - p' < W (itself
+and the W - 1 before it), as transformers' masks and decoder-audit's `DecoderConfig.window` count
+it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _text_config(config: Any) -> Any:
+    getter = getattr(config, "get_text_config", None)
+    try:
+        return getter() if callable(getter) else config
+    except Exception:  # noqa: BLE001 - a composite config without a text part: use it whole
+        return config
+
+
+def declared_windows(config: Any) -> tuple[int | None, ...] | None:
+    """The window of each layer (None: full attention) that `config` declares, or None when it
+    declares none (no sliding_window, a window switched off, or no layer windowed)."""
+    text = _text_config(config)
+    window, layers = getattr(text, "sliding_window", None), getattr(text, "num_hidden_layers", None)
+    kinds = getattr(text, "attention_layers", None)  # GPT-Neo: "local" layers of window_size
+    if window is None and isinstance(kinds, (list, tuple)) and "local" in kinds:
+        size = getattr(text, "window_size", None)
+        return tuple(size if kind == "local" else None for kind in kinds) \
+            if isinstance(size, int) and size >= 1 else None
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1 \
+            or not isinstance(layers, int) or layers < 1:
+        return None
+    if getattr(text, "use_sliding_window", True) is False:
+        return None
+    windowed = _windowed_layers(text, layers)
+    found = tuple(window if i in windowed else None for i in range(layers))
+    return found if any(w is not None for w in found) else None
+
+
+def _windowed_layers(text: Any, layers: int) -> set[int]:
+    types = getattr(text, "layer_types", None)
+    if types:
+        return {i for i, kind in enumerate(types) if kind == "sliding_attention"}
+    pattern = getattr(text, "sliding_window_pattern", None)
+    if isinstance(pattern, int) and pattern > 0:
+        return {i for i in range(layers) if (i + 1) % pattern}
+    first = getattr(text, "max_window_layers", None)
+    if isinstance(first, int) and getattr(text, "use_sliding_window", None) is True:
+        return set(range(first, layers))
+    if getattr(text, "model_type", None) == "gemma2":
+        return set(range(0, layers, 2))
+    return set(range(layers))

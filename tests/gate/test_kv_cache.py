@@ -1,0 +1,119 @@
+"""kv_cache through the caches a caller builds, as generate does: ours pre-sized past the prompt;
+a Hugging Face model's DynamicCache and StaticCache (pre-sized), each then reset and reused for a
+second prompt; and row 0 decoded beside other rows. The expectation is the model's own full
+forward on the same ids."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from helpers import randomise
+
+import decoder_audit as da
+
+tf = pytest.importorskip("transformers")
+
+
+def _llama(cls=None):
+    config = tf.LlamaConfig(vocab_size=37, hidden_size=24, intermediate_size=20,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=16)
+    return randomise((cls or tf.LlamaForCausalLM)(config), seed=2, std=0.3)
+
+
+def _gpt2(cls):
+    """GPT-2's learned positions (a table of 64 for an audit of 16): a position shifted by a
+    constant moves its logits, where RoPE's relative positions would not."""
+    config = tf.GPT2Config(vocab_size=37, n_positions=64, n_embd=24, n_layer=2, n_head=4)
+    return randomise(cls(config), seed=2, std=0.3)
+
+
+def _check(model):
+    return da.audit(model, vocab_size=37, max_seq_len=16, checks=["kv_cache"])["kv_cache"]
+
+
+def test_our_decoder_decodes_through_a_pre_sized_cache():
+    check = da.audit(da.Decoder(da.preset("llama-debug")), checks=["kv_cache"])["kv_cache"]
+    assert check.passed, check.detail
+    assert check.evidence["caller_caches"] == ["a KVCache pre-sized to 32 slots"]
+
+
+def test_hugging_face_decodes_through_the_caches_a_caller_builds():
+    check = _check(_llama())
+    assert check.passed, check.detail
+    assert check.evidence["caller_caches"] == ["DynamicCache", "StaticCache of 32 positions"]
+    labels = [r["schedule"] for r in check.evidence["schedules"]]
+    assert "StaticCache of 32 positions, reset and reused for a second prompt" in labels
+    assert "row 0 beside other rows, cached" in labels
+
+
+class StaticPositionsRestart(tf.LlamaForCausalLM):
+    """Given a StaticCache and no positions, numbers each call's tokens from 0 (it reads the
+    filled length only from a DynamicCache): every cache the model makes itself decodes right."""
+
+    def forward(self, *args, position_ids=None, **kwargs):
+        ids, cache = _ids_and_cache(args, kwargs)
+        if isinstance(cache, tf.StaticCache) and position_ids is None:
+            position_ids = torch.arange(ids.shape[1])[None]
+        return super().forward(*args, position_ids=position_ids, **kwargs)
+
+
+class OffsetPerCacheObject(tf.GPT2LMHeadModel):
+    """Keeps its own count of the tokens each cache object has seen (a module-side position
+    counter keyed by the cache, started from its length when first seen): a cache reset and
+    reused for a second prompt continues from the first prompt's positions."""
+
+    def forward(self, *args, position_ids=None, **kwargs):
+        ids, cache = _ids_and_cache(args, kwargs)
+        if cache is not None and position_ids is None:
+            seen = self.__dict__.setdefault("_seen", {})
+            start = seen.get(id(cache), cache.get_seq_length())  # first seen: its length
+            position_ids = torch.arange(start, start + ids.shape[1])[None]
+            seen[id(cache)] = start + ids.shape[1]
+        return super().forward(*args, position_ids=position_ids, **kwargs)
+
+
+def _ids_and_cache(args, kwargs):
+    """The ids and the cache a call hands the model (the cache argument under either name
+    transformers has given it)."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    return kwargs.get("input_ids", args[0] if args else None), cache
+
+
+# the parameter names the convention reads
+StaticPositionsRestart.forward.__signature__ = inspect.signature(tf.LlamaForCausalLM.forward)
+OffsetPerCacheObject.forward.__signature__ = inspect.signature(tf.GPT2LMHeadModel.forward)
+
+
+def test_a_static_cache_that_restarts_the_positions_fails_kv_cache_naming_it():
+    check = _check(_llama(StaticPositionsRestart))
+    assert not check.passed
+    bad = [r["schedule"] for r in check.evidence["schedules"] if r["positions_differing"]]
+    assert bad and all(label.startswith("StaticCache") for label in bad)
+
+
+def test_a_reused_cache_that_keeps_the_old_prompt_fails_kv_cache_naming_it():
+    check = _check(_gpt2(OffsetPerCacheObject))
+    assert not check.passed
+    bad = [r["schedule"] for r in check.evidence["schedules"] if r["positions_differing"]]
+    assert bad and all("reset and reused" in label for label in bad)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_windowed_layers_decode_through_the_caller_caches(family):
+    """A sliding window of 6 in a 16-token probe: the caches a caller builds from the config
+    keep only the window on the windowed layers (transformers 5: their sliding layers; 4.x:
+    SlidingWindowCache and HybridCache) and still decode as the full forward."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=37, hidden_size=24, intermediate_size=20, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                  sliding_window=6)
+    if family == "mistral":
+        model = tf.MistralForCausalLM(tf.MistralConfig(**common))
+    else:
+        model = tf.Gemma2ForCausalLM(tf.Gemma2Config(**common, head_dim=6, pad_token_id=0))
+    check = _check(randomise(model, seed=2, std=0.3))
+    assert check.passed, check.detail
+    assert len(check.evidence["caller_caches"]) >= 2

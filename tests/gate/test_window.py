@@ -1,0 +1,121 @@
+"""window: a declared sliding window is attended exactly, read at each layer's attention module,
+whatever its size. The expectation is the declaration itself: a windowed layer of W reads token 0
+from positions 1..W-1 and not from W on; a full layer reads it everywhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import zoo_windows
+from zoo_windows import SPEC, WINDOWED, WindowLlama
+
+import decoder_audit as da
+
+
+def _reach(report):
+    return {r["layer"]: (r["declared"], r["farthest_read"])
+            for r in report["window"].evidence["layers"]}
+
+
+def test_our_windowed_decoder_reads_exactly_its_windows():
+    report = da.audit(da.Decoder(WINDOWED), checks=["window"])
+    window = report["window"]
+    assert window.passed, window.detail
+    seq_len = window.evidence["seq_len"]
+    assert seq_len == 16 + 2
+    # layers 0 and 2 are windowed to 16 (token 0 read from 15 positions back at most), 1 and 3 full
+    assert _reach(report) == {0: (16, 15), 1: (None, seq_len - 1), 2: (16, 15),
+                              3: (None, seq_len - 1)}
+
+
+@pytest.mark.parametrize("mutant, layer", [(zoo_windows.dropped_window, 0),
+                                           (zoo_windows.window_on_full_layer, 1),
+                                           (zoo_windows.window_one_too_wide, 0)])
+def test_a_window_dropped_added_or_widened_fails_window_only(mutant, layer):
+    report = da.audit(mutant())
+    assert [c.name for c in report.failures] == ["window"], report.first_failure
+    first = next(r for r in report["window"].evidence["layers"]
+                 if r["read_outside"] or r["unread_inside"])
+    assert first["layer"] == layer
+
+
+def test_a_real_window_size_is_held_against_the_module():
+    """A window of 4096 positions, read at T = 4098 (a tiny width keeps it fast)."""
+    cfg = da.DecoderConfig(vocab_size=11, d_model=8, n_layers=2, n_heads=2, d_ff=16,
+                           max_seq_len=4200, norm="rmsnorm", mlp="swiglu", pos="rope",
+                           sliding_window=4096, window_layers=(1,))
+    correct = da.audit(da.Decoder(cfg), checks=["window"])["window"]
+    assert correct.passed and correct.evidence["seq_len"] == 4098, correct.detail
+    assert _reach_of(correct) == {0: 4097, 1: 4095}
+    dropped = da.audit(zoo_windows.dropped_window(cfg.replace(window_layers=(0, 1))),
+                       checks=["window"])["window"]
+    assert not dropped.passed and dropped.evidence["layers"][0]["read_outside"][0] == 4096
+
+
+def _reach_of(check):
+    return {r["layer"]: r["farthest_read"] for r in check.evidence["layers"]}
+
+
+def test_a_window_that_never_binds_is_skipped_with_the_reason():
+    cfg = WINDOWED.replace(sliding_window=48)  # as long as max_seq_len: it excludes nothing
+    check = da.audit(da.Decoder(cfg), checks=["window"])["window"]
+    assert check.skipped and "48" in check.evidence["reason"]
+
+
+def test_a_spec_declared_window_is_held_against_a_module_of_its_own():
+    """A spec declaring a window of 16 on a module that attends every earlier token: the oracle
+    (T <= 12) cannot see it, the window check does."""
+    correct = da.audit(WindowLlama(16), spec=SPEC)
+    assert correct.passed, correct.first_failure
+    assert not correct["window"].skipped
+    full = da.audit(WindowLlama(None), spec=SPEC)
+    assert [c.name for c in full.failures] == ["window"], full.first_failure
+
+
+def _gemma2(tf, window):
+    torch.manual_seed(0)
+    config = tf.Gemma2Config(vocab_size=37, hidden_size=16, intermediate_size=24,
+                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                             head_dim=8, max_position_embeddings=64, pad_token_id=0,
+                             sliding_window=window,
+                             layer_types=["sliding_attention", "full_attention"])
+    return tf.Gemma2ForCausalLM(config).eval()
+
+
+def test_hugging_face_windows_are_read_from_the_config_and_held_against_the_layers():
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    mistral = tf.MistralForCausalLM(tf.MistralConfig(
+        vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, sliding_window=6)).eval()
+    check = da.audit(mistral, checks=["window"])["window"]
+    assert check.passed, check.detail
+    assert _reach_of(check) == {0: 5, 1: 5}
+    gemma = _gemma2(tf, 16)
+    check = da.audit(gemma, checks=["window"])["window"]
+    assert check.passed, check.detail
+    assert _reach_of(check) == {0: 15, 1: 17}
+
+
+def test_a_gemma2_layer_that_ignores_its_window_of_16_fails_window_not_the_oracle():
+    tf = pytest.importorskip("transformers")
+    model = _gemma2(tf, 16)
+    model.model.layers[0].self_attn.register_forward_pre_hook(_full_mask, with_kwargs=True)
+    report = da.audit(model, checks=["window", "oracle", "params"])
+    assert report["oracle"].passed and report["params"].passed
+    assert not report["window"].passed
+    assert report["window"].evidence["layers"][0]["read_outside"][0] == 16
+
+
+def _full_mask(_module, args, kwargs):
+    """The attention path drops the sliding mask it is handed and attends the full causal
+    square (the config still declares the window)."""
+    mask = kwargs.get("attention_mask")
+    if mask is None:
+        return None
+    seq_len = mask.shape[-2]
+    causal = torch.ones(seq_len, mask.shape[-1], dtype=torch.bool).tril()
+    full = causal if mask.dtype == torch.bool else torch.zeros(causal.shape, dtype=mask.dtype
+                                                               ).masked_fill(
+        ~causal, torch.finfo(mask.dtype).min)
+    return args, {**kwargs, "attention_mask": full.expand(mask.shape)}
