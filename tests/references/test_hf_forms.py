@@ -186,3 +186,54 @@ def test_a_gemma3_without_windowed_layers_reads_with_one_base():
         config_class, ["full_attention"] * 2, sliding_window_pattern=1))
     cfg = config_from_hf(config, "gemma3_text")
     assert (cfg.sliding_window, cfg.window_rope_theta) == (None, None)
+
+
+# ---- the caches a caller builds, as each release's classes behave -----------------------------
+
+def _labels(model) -> list[str]:
+    from decoder_audit.references.hf_caches import caller_caches
+
+    return [label.split(" of ")[0] for label, _ in caller_caches(model, 2, 8)[0]]
+
+
+def test_a_window_switched_off_takes_no_windowed_cache():
+    """Qwen2 in 4.50-4.52 keeps sliding_window=4096 beside use_sliding_window=False: no layer
+    is windowed, and a HybridCache (its even layers windowed) would be a false alarm."""
+    model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**COMMON, num_hidden_layers=2,
+                                               max_position_embeddings=12))
+    model.config.use_sliding_window, model.config.sliding_window = False, 4096
+    assert not {"SlidingWindowCache", "HybridCache"} & set(_labels(model))
+
+
+def test_alternating_windows_take_no_cache_that_windows_every_layer():
+    """SlidingWindowCache windows every layer: Gemma 2's full odd layers would lose their keys."""
+    model = tf.Gemma2ForCausalLM(tf.Gemma2Config(**{**COMMON, "pad_token_id": 0},
+                                                 num_hidden_layers=2, head_dim=8,
+                                                 max_position_embeddings=12, sliding_window=3))
+    assert "SlidingWindowCache" not in _labels(model)
+
+
+def test_slots_kept_after_reset_is_what_the_next_prefill_appends_after():
+    """A reset cache that still holds slots (4.56-5.2x's DynamicCache zeroes its tensors and
+    keeps them) is seen by `slots_kept`: the next prefill's cache then holds more than its own
+    tokens; one that empties says 0 and holds exactly them."""
+    from decoder_audit.references.hf_caches import caller_caches, slots_kept
+
+    model = tf.MistralForCausalLM(tf.MistralConfig(**COMMON, num_hidden_layers=2,
+                                                   max_position_embeddings=12)).eval()
+    ids = torch.zeros(1, 5, dtype=torch.long)
+    for label, build in caller_caches(model, 1, 8)[0]:
+        cache = build()
+        if label != "DynamicCache" or not callable(getattr(cache, "reset", None)):
+            continue  # the pre-sized caches hold their slots by design
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+        cache.reset()
+        kept = slots_kept(cache)
+        try:
+            with torch.no_grad():
+                model(input_ids=ids, past_key_values=cache, use_cache=True)
+            held = cache.layers[0].keys.shape[-2]
+        except RuntimeError:  # the slots kept break the prefill itself (its mask is too short)
+            held = None
+        assert (kept == 0) == (held == ids.shape[1]), (label, kept, held)

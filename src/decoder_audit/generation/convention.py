@@ -183,11 +183,13 @@ class Stepper:
         # (or, where its own cannot be stepped, the one `generate` builds: `generate_cache`)
         self.cache: Any = cache if cache is not None else (
             model.new_cache(batch, capacity) if self.cached and conv.name == "decoder" else None)
-        built = None
         if cache is None and self.cached and conv.name == "hugging face":
-            built = self.cache = generate_cache(model, batch, capacity)
-        # the cache generate builds is told where each step's slots lie, as generate tells it
-        self.cache_positions = built is not None
+            self.cache = generate_cache(model, batch, capacity)
+        # A cache built before the first call (the caller's, or generate's) is told where each
+        # step's slots lie, as generate tells it: a static or hybrid one cannot count them
+        # itself (a windowed first layer holds only its window).
+        self.cache_positions = (self.cache is not None and conv.name == "hugging face"
+                                and _takes(model, "cache_position"))
         self.mask: torch.Tensor | None = None  # Hugging Face: (B, capacity) flags, once padded
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None = None,
@@ -241,6 +243,13 @@ def call(model: nn.Module, conv: Convention, ids: torch.Tensor, **kwargs: Any) -
     if conv.name == "hugging face" and conv.ids_keyword:
         return model(input_ids=ids, **kwargs)
     return model(ids, **kwargs)
+
+
+def _takes(model: nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def generate_cache(model: nn.Module, batch: int, capacity: int) -> Any:
