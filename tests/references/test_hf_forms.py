@@ -214,7 +214,7 @@ def test_alternating_windows_take_no_cache_that_windows_every_layer():
 
 
 def test_slots_kept_after_reset_is_what_the_next_prefill_appends_after():
-    """A reset cache that still holds slots (4.56-5.2x's DynamicCache zeroes its tensors and
+    """A reset cache that still holds slots (4.54-5.2x's DynamicCache zeroes its tensors and
     keeps them) is seen by `slots_kept`: the next prefill's cache then holds more than its own
     tokens; one that empties says 0 and holds exactly them."""
     from decoder_audit.references.hf_caches import caller_caches, slots_kept

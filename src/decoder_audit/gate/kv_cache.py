@@ -145,7 +145,7 @@ def check_kv_cache(s: Subject) -> CheckResult:
             kept = slots_kept(cache)
             if kept:  # the cache class's own defect, not the model's: not reused
                 notes.append(f"{label}: reset() keeps {kept} slots (zeroed, not dropped: "
-                             "transformers 4.56-5.2x's DynamicCache), so it is not reused")
+                             "transformers 4.54-5.2x's DynamicCache), so it is not reused")
                 continue
             found.append(_compare(f"{label}, reset and reused for a second prompt", first,
                                   _decode(s, second, first, cache), s.run(second), tol))

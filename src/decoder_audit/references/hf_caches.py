@@ -26,12 +26,27 @@ import torch
 from .hf_windows import declared_windows
 
 
+def _parameters(cls: type) -> set[str]:
+    """The named parameters of the class's constructor; of its parent's where its own only
+    forwards *args and **kwargs (StaticCache in 4.54-4.55 hands them to Cache.__init__)."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters
+        except (TypeError, ValueError):
+            return set()
+        named = {name for name, p in params.items() if name != "self" and p.kind not in (
+            inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+        if named:
+            return named
+    return set()
+
+
 def _build(cls: type, config: Any, batch: int, length: int, device: torch.device,
            dtype: torch.dtype) -> Any:
-    try:
-        params = inspect.signature(cls.__init__).parameters
-    except (TypeError, ValueError):
-        params = {}
+    params = _parameters(cls)
     offered = {"config": config, "max_cache_len": length, "max_batch_size": batch,
                "batch_size": batch, "device": device, "dtype": dtype}
     return cls(**{name: value for name, value in offered.items() if name in params})
@@ -87,7 +102,7 @@ def caller_caches(model: Any, batch: int, length: int
 
 def slots_kept(cache: Any) -> int:
     """The slots a cache still counts after its reset(): 0 where reset empties it, else the old
-    prompt's length, which a second prompt would be written after: transformers 4.56-5.2x's
+    prompt's length, which a second prompt would be written after: transformers 4.54-5.2x's
     DynamicCache zeroes its layers' tensors and keeps them, and its windowed layers then say 0
     while a second prompt is appended after them. Read from `get_seq_length()`, each layer's
     cumulative_length, and the slots a growing (not pre-sized) layer still holds; 0 for a
