@@ -106,7 +106,9 @@ def slots_kept(cache: Any) -> int:
     DynamicCache zeroes its layers' tensors and keeps them, and its windowed layers then say 0
     while a second prompt is appended after them. Read from `get_seq_length()`, each layer's
     cumulative_length, and the slots a growing (not pre-sized) layer still holds; 0 for a
-    cache that cannot say."""
+    cache that cannot say, and for any cache not of transformers."""
+    if not type(cache).__module__.startswith("transformers"):
+        return 0  # ours (a KVCache holds its pre-sized slots by design) and any other library's
     counts = []
     counted = getattr(cache, "get_seq_length", None)
     try:

@@ -121,6 +121,9 @@ class Layout:
     """The in-block module whose weight stacks the gated MLP's w1 (gate) rows, then w3 (up)."""
     norm_params: tuple[str, str | None] = ("weight", "bias")
     """The layout's names for a norm's gain and shift (None: its norms have no shift)."""
+    head_aliases: tuple[str, ...] = ()
+    """Other names of the head's module, used where the module has no `head` (GPT-NeoX's
+    embed_out before transformers 5)."""
 
     def module_name(self, canonical: str) -> tuple[str, str] | None:
         """(the layout's module name, parameter kind) for a canonical weight name."""
@@ -176,13 +179,12 @@ LAYOUTS: tuple[Layout, ...] = (
            "lm_head", {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
                        "attn.output_proj": "self_attn.o_proj", "ffn.w2": "mlp.down_proj"},
            fused_qkv="self_attn.qkv_proj", fused_gate_up="mlp.gate_up_proj"),
-    *(Layout("Hugging Face GPT-NeoX", "gpt_neox.embed_in", None, "gpt_neox.layers.{i}",
-             "gpt_neox.final_layer_norm", head,
-             {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
-              "attn.output_proj": "attention.dense", "ffn.w1": "mlp.dense_h_to_4h",
-              "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="attention.query_key_value",
-             qkv_per_head=True)
-      for head in ("lm_head", "embed_out")),  # the head's module before transformers 5
+    Layout("Hugging Face GPT-NeoX", "gpt_neox.embed_in", None, "gpt_neox.layers.{i}",
+           "gpt_neox.final_layer_norm", "lm_head",
+           {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+            "attn.output_proj": "attention.dense", "ffn.w1": "mlp.dense_h_to_4h",
+            "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="attention.query_key_value",
+           qkv_per_head=True, head_aliases=("embed_out",)),  # its head before transformers 5
     Layout("torchtune", "tok_embeddings", None, "layers.{i}", "norm", "output",
            {"ln1": "sa_norm", "ln2": "mlp_norm", "attn.q_proj": "attn.q_proj",
             "attn.k_proj": "attn.k_proj", "attn.v_proj": "attn.v_proj",
@@ -518,6 +520,9 @@ def _unused(named: Mapping[str, torch.Tensor], used: Callable[[str], bool]) -> t
 def _place(layout: Layout, prefix: str, named: Mapping[str, torch.Tensor],
            spec: DecoderConfig) -> Placement:
     shapes = {name: tuple(tensor.shape) for name, tensor in named.items()}
+    if f"{prefix}{layout.head}.weight" not in shapes:
+        alias = next((a for a in layout.head_aliases if f"{prefix}{a}.weight" in shapes), None)
+        layout = replace(layout, head=alias) if alias else layout
     conv1d = _conv1d(layout, prefix, shapes, spec)
     spots: dict[str, Spot] = {}
     for canonical in _every_canonical(spec):
