@@ -288,9 +288,11 @@ EXPECTED: dict[str, Expected] = {
                     "(B, T, 1) ids are flattened to (B*T, 1) and run, not rejected"),
     "bert-generation": Expected({"inputs": ("rank-3 ids", "output (2, 3, 3, 99)")},
                                 "(B, T, 1) ids are accepted and give (B, T, T, V) logits"),
-    "dory": Expected({"prefix": ("depend on what follows",), "kv_cache": (), "padding": ()},
+    "dory": Expected({"inputs": ("inside the context",), "prefix": ("depend on what follows",),
+                      "kv_cache": (), "padding": ()},
                      "it raises RuntimeError from T = its sliding window on (8 here, 1024 by "
-                     "default): the gate finds that undeclared limit and audits within it, where "
+                     "default), inside the context its config declares (a defect `inputs` "
+                     "names); the gate audits the rest within that limit, where "
                      "a one-token prefix alone differs from the full run and its cached and "
                      "padded paths raise"),
     # recurrent caches fed chunks, pads through a recurrent state

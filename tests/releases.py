@@ -13,8 +13,8 @@ versions the project's venv lacks; torch is pinned to the installed build, so no
 ever downloaded. pip then warns that packages of the project's venv (transformer-lens, say)
 want another transformers: they are not this environment's to satisfy.
 
-The environments live in `.release-envs/` at the repository's root (ignored by git), one folder
-per requirement set, reused while it exists; a half-built one is never reused (it is built
+The environments live in `.release-envs/` at the repository's root (ignored by git; the
+DA_RELEASE_ENVS variable names another folder), one folder per requirement set, reused while it exists; a half-built one is never reused (it is built
 under a temporary name and renamed into place only when pip succeeded).
 """
 
@@ -29,7 +29,8 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENVS = ROOT / ".release-envs"
+# DA_RELEASE_ENVS puts them elsewhere (a fresh folder measures what a cold CI run costs).
+ENVS = Path(os.environ.get("DA_RELEASE_ENVS") or ROOT / ".release-envs")
 
 
 def _slug(requirements: list[str]) -> str:

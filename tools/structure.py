@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("references",),
     ("gate", "sources"),
     ("training", "testing"),
-    ("cli",),
+    ("cli", "integrations"),
     ("__init__",),
 )
 

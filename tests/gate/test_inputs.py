@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
 import zoo
 from zoo_foreign import FixedTableLM, V
 
@@ -86,3 +88,25 @@ def test_a_model_failing_at_every_length_is_not_given_a_limit():
 
     report = da.audit(Breaks(), vocab_size=V)
     assert report.facts.length_limit is None and not report.passed
+
+
+def test_a_hugging_face_model_that_raises_inside_its_declared_context_fails_inputs():
+    """A rotary model raising at T=6 although its config declares 32 positions (Gemma 2 in
+    transformers 4.48.1 raised past its window): `inputs` names it, and the other checks judge
+    what runs, within T=5."""
+    tf = pytest.importorskip("transformers")
+
+    class RaisesPastFive(tf.LlamaForCausalLM):
+        def forward(self, input_ids=None, **kwargs):
+            if input_ids is not None and input_ids.shape[-1] > 5:
+                raise IndexError("index 5 is out of bounds for dimension 0 with size 5")
+            return super().forward(input_ids=input_ids, **kwargs)
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=37, hidden_size=16, intermediate_size=24,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            max_position_embeddings=32)
+    report = da.audit(RaisesPastFive(config).eval(), checks=["inputs", "causal"])
+    assert report.facts.length_limit == 5
+    assert not report["inputs"].passed and "32" in report["inputs"].detail
+    assert report["causal"].passed and report["causal"].evidence["seq_len"] == 5

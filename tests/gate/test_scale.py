@@ -314,8 +314,8 @@ def test_clean_runs_are_shared_by_the_invariance_checks_and_forgotten_after_them
 
     runs, kept = [], {}
     logits = Subject.logits
-    monkeypatch.setattr(Subject, "logits", lambda self, ids: (runs.append(ids.clone()),
-                                                              logits(self, ids))[1])
+    monkeypatch.setattr(Subject, "logits", lambda self, ids, **how: (
+        runs.append(ids.clone()), logits(self, ids, **how))[1])
     forget = Subject.forget_clean
     monkeypatch.setattr(Subject, "forget_clean",
                         lambda self: (kept.setdefault(len(runs), len(self._clean)), forget(self)))

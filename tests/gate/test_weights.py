@@ -96,3 +96,34 @@ def test_tying_grad_fails_when_the_lookup_bypasses_its_module():
     tying_grad = da.audit(model, checks=["tying_grad"])["tying_grad"]
     assert not tying_grad.passed
     assert "never run" in tying_grad.detail and "lm_head" in tying_grad.detail
+
+
+class _ZeroInitBranch(torch.nn.Module):
+    """Our tiny decoder with a low-rank branch on its readout, initialised as LoRA is: A random,
+    B zero, so A's gradient is exactly 0 until B leaves zero. `dead=True` adds a Linear nothing
+    calls."""
+
+    def __init__(self, dead: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = da.Decoder(da.preset("tiny-368"))
+        self.lora_a = torch.nn.Parameter(torch.randn(2, 4) * 0.1)  # (r, D)
+        self.lora_b = torch.nn.Parameter(torch.zeros(8, 2))  # (V, r)
+        self.unused = torch.nn.Linear(4, 4) if dead else None
+
+    def forward(self, ids):
+        logits, trace = self.inner.run_with_trace(ids)
+        hidden = trace["ln_final"] if "ln_final" in trace else None
+        return logits + (hidden @ self.lora_a.T @ self.lora_b.T if hidden is not None else 0)
+
+
+def test_a_factor_behind_a_zero_initialised_partner_is_reached_not_dead():
+    model = _ZeroInitBranch()
+    check = da.audit(model, vocab_size=8, max_seq_len=4, checks=["dead_parameters"])[
+        "dead_parameters"]
+    assert check.passed, check.detail
+    assert check.evidence["behind_zero_init"] == {"lora_a": ["lora_b"]}
+    assert not model.lora_b.any()  # the zero factor is given back as it was
+    dead = da.audit(_ZeroInitBranch(dead=True), vocab_size=8, max_seq_len=4,
+                    checks=["dead_parameters"])["dead_parameters"]
+    assert not dead.passed and dead.evidence["dead"] == ["unused.weight", "unused.bias"]

@@ -89,6 +89,23 @@ def probe_length_limit(s: Subject) -> tuple[int | None, str]:
     return runs, said
 
 
+def _inside_declared_context(s: Subject) -> str:
+    """Why a length limit the facts found is a defect ("" when it is not): the model's own
+    config declares a longer context (a Hugging Face config's max_position_embeddings), so it
+    fails inside its declared length. The other checks still stay within the limit, so they
+    judge what runs."""
+    limit = s.facts.length_limit
+    if limit is None or not s.facts.hugging_face:
+        return ""
+    from ..references.hf_models import config_length
+
+    declared = config_length(getattr(s.work, "config", None))
+    if declared is None or declared <= limit:
+        return ""
+    return (f"T={limit + 1} raised {s.facts.length_error}, inside the context of {declared} "
+            "positions its config declares (max_position_embeddings)")
+
+
 def check_inputs(s: Subject) -> CheckResult:
     gen = s.generator(1)
     runs, failures = [], []
@@ -113,6 +130,8 @@ def check_inputs(s: Subject) -> CheckResult:
 
     rejections = _rejections(s, gen)
     failures += [f"{r['probe']}: {r['verdict']}" for r in rejections if not r["rejected"]]
+    inside = _inside_declared_context(s)
+    failures += [inside] if inside else []
     lengths = sorted({r["seq_len"] for r in runs})
     batches = sorted({r["batch"] for r in runs})
     evidence = {"lengths": lengths, "batch_sizes": batches, "runs": len(runs),

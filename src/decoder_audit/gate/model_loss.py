@@ -120,7 +120,9 @@ _SAID = {"shifted_once": "labels shifted once (logit t scores label t + 1)",
 
 
 def _close(a: float, b: float, tol: float) -> bool:
-    return abs(a - b) <= tol * max(abs(b), 1e-12)
+    """Within `tol` of b, relative to b or to one nat, whichever is larger: a loss near zero
+    (a model that has learned its probe) is judged on nats, not on a ratio of two tiny numbers."""
+    return abs(a - b) <= tol * max(abs(b), 1.0)
 
 
 def check_model_loss(s: Subject) -> CheckResult:

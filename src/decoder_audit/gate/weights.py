@@ -276,6 +276,7 @@ def check_dead_parameters(s: Subject) -> CheckResult:
         for param in share:
             largest_grad[names[id(param)]] = (0.0 if param.grad is None
                                               else largest(whole(param.grad)))
+    behind_zeros = _behind_zeros(s, trainable, names, largest_grad, loss)
     # No gradient is exactly none: a parameter the loss reads gets some, however small (a
     # fresh model's query weights: 1e-6 of the largest). A parameter inert by the mathematics
     # (INERT) gets exactly 0 or the rounding of terms that cancel (1e-12 of the largest here):
@@ -286,18 +287,54 @@ def check_dead_parameters(s: Subject) -> CheckResult:
         why = next((w for pattern, w in INERT.items() if re.search(pattern, name)), None)
         if why is not None and size <= rounding:
             inert[name] = why
-        elif size == 0.0:
+        elif size == 0.0 and name not in behind_zeros:
             dead.append(name)
     evidence = {"trainable": len(trainable), "batch": 3, "seq_len": seq_len, "dead": dead,
-                "inert": inert}
+                "inert": inert, "behind_zero_init": behind_zeros}
     if dead:
         return CheckResult("dead_parameters", False, f"{len(dead)} of {len(trainable)} trainable "
                            f"parameters get no gradient from the loss: {', '.join(dead[:6])}"
                            + (" ..." if len(dead) > 6 else "") + " (unused, never applied, or "
                            "cut off from the loss)", evidence)
     said = f"; inert by the mathematics: {', '.join(sorted(inert)[:3])}" if inert else ""
+    if behind_zeros:
+        first = next(iter(behind_zeros))
+        said += (f"; {len(behind_zeros)} reached only once a zero-initialised partner leaves zero "
+                 f"(e.g. {first} behind {behind_zeros[first][0]})")
     return CheckResult("dead_parameters", True, f"all {len(trainable) - len(inert)} trainable "
                        f"parameters get a gradient from the loss{said}", evidence)
+
+
+def _behind_zeros(s: Subject, trainable: list[nn.Parameter], names: dict[int, str],
+                  largest_grad: dict[str, float], loss) -> dict[str, list[str]]:
+    """{name: the zero-initialised parameters behind it}: the parameters with no gradient that
+    get one once every trainable matrix that is exactly zero (LoRA's B factor, a projection
+    initialised to zero so a new branch starts as the identity) is given small random values,
+    restored to zero after. Such a parameter is reached from the first step on, not dead."""
+    if s.sharded:  # a shard's rows cannot be drawn here; the zero factors stay as they are
+        return {}
+    # matrices only: a zero bias adds, it starves nothing; a zero factor multiplies
+    zeros = [p for p in trainable if p.is_floating_point() and p.dim() >= 2
+             and not bool(whole(p).any())]
+    starved = [p for p in trainable if largest_grad.get(names[id(p)]) == 0.0
+               and all(p is not z for z in zeros)]
+    if not zeros or not starved:
+        return {}
+    gen = s.generator(47)
+    with torch.no_grad():
+        for param in zeros:
+            param.copy_(1e-2 * torch.randn(param.shape, generator=gen).to(param))
+    try:
+        reached = []
+        for share in s.gradients_by_share([starved], loss):
+            reached = [names[id(p)] for p in share
+                       if p.grad is not None and largest(whole(p.grad)) > 0.0]
+    finally:
+        with torch.no_grad():
+            for param in zeros:
+                param.zero_()
+    partners = [names[id(z)] for z in zeros]
+    return {name: partners for name in reached}
 
 
 def _shares(params: list[nn.Parameter], share: float) -> list[list[nn.Parameter]]:

@@ -32,6 +32,9 @@ Layouts detected from the parameter names (`detect`):
                         with norm1.scale and att.q_norm/k_norm.scale (its Qwen3Model)
     Hugging Face        Llama's names with a plain MLP (mlp.up_proj, mlp.down_proj)
       Nemotron
+    torchtitan Llama 3  tok_embeddings, layers.{i}.attention.qkv_linear.wq/wk/wv or the fused
+                        wqkv (rows KV group by KV group), attention.wo, attention_norm,
+                        feed_forward.w1/w2/w3, ffn_norm, norm, lm_head (torchtitan 0.3)
     TransformerLens     embed.W_E, blocks.{i}.attn.W_Q (H, D, Dh), W_O (H, Dh, D), b_Q (H, Dh),
                         mlp.W_in (D, F), unembed.W_U (D, V) and its bias b_U (HookedTransformer)
 each possibly under a wrapper's prefix (`model.`, `net.`), and each also without its root module
@@ -115,8 +118,9 @@ class Layout:
     fused_qkv: str | None = None
     """The in-block module whose weight stacks q, k and v rows (in that order)."""
     qkv_per_head: bool = False
-    """The fused q/k/v rows are grouped by head, each head's q, k and v rows together
-    (GPT-NeoX: (H, 3, Dh) rows), instead of all q rows, then all k rows, then all v rows."""
+    """The fused q/k/v rows are grouped by key/value head, each group's query heads, then its k
+    and v rows ((Hkv, H/Hkv + 2, Dh) rows: GPT-NeoX's (H, 3, Dh) without grouped queries,
+    torchtitan's fused wqkv), instead of all q rows, then all k rows, then all v rows."""
     fused_gate_up: str | None = None
     """The in-block module whose weight stacks the gated MLP's w1 (gate) rows, then w3 (up)."""
     norm_params: tuple[str, str | None] = ("weight", "bias")
@@ -208,6 +212,16 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout("Hugging Face Nemotron", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
            "lm_head", {**{k: v for k, v in _HF_LLAMA.items() if k != "ffn.w3"},
                        "ffn.w1": "mlp.up_proj"}),
+    # torchtitan 0.3's Llama 3 (models/common/decoder.py): q/k/v in attention.qkv_linear, three
+    # Linears (wq, wk, wv) or one fused wqkv whose rows go KV group by KV group (the group's
+    # query heads, its key head, its value head); the head is lm_head (`output` before 0.3)
+    Layout("torchtitan Llama 3", "tok_embeddings", None, "layers.{i}", "norm", "lm_head",
+           {"ln1": "attention_norm", "ln2": "ffn_norm", "attn.q_proj": "attention.qkv_linear.wq",
+            "attn.k_proj": "attention.qkv_linear.wk", "attn.v_proj": "attention.qkv_linear.wv",
+            "attn.output_proj": "attention.wo", "attn.q_norm": "attention.q_norm",
+            "attn.k_norm": "attention.k_norm", "ffn.w1": "feed_forward.w1",
+            "ffn.w2": "feed_forward.w2", "ffn.w3": "feed_forward.w3"},
+           fused_qkv="attention.qkv_linear.wqkv", qkv_per_head=True, norm_params=("weight", None)),
 )
 
 
@@ -598,9 +612,11 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     fused, rows, groups = None, None, 1
     if layout.fused_qkv and part.startswith("attn.") and which in ("q_proj", "k_proj", "v_proj"):
         fused, rows = layout.fused_qkv, _qkv_rows(spec)[which]
-        if layout.qkv_per_head:  # each head's q, k, v rows together (no GQA in such layouts)
-            index, width = ("q_proj", "k_proj", "v_proj").index(which), spec.head_dim
-            rows, groups = (index * width, (index + 1) * width), spec.n_heads
+        if layout.qkv_per_head:  # each KV group's q heads, k and v rows together
+            per, width = spec.n_heads // spec.kv_heads, spec.head_dim
+            start = {"q_proj": 0, "k_proj": per, "v_proj": per + 1}[which]
+            stop = start + (per if which == "q_proj" else 1)
+            rows, groups = (start * width, stop * width), spec.kv_heads
     elif layout.fused_gate_up and part in ("ffn.w1", "ffn.w3"):
         fused = layout.fused_gate_up
         rows = (0, spec.d_ff) if part == "ffn.w1" else (spec.d_ff, 2 * spec.d_ff)

@@ -7,6 +7,10 @@ file is written. There is no switch to skip it. A check that failed on generatio
 neither, and `decoder-audit verify` still fails on it. Under torchrun rank 0 audits and every rank learns the
 verdict from it.
 
+The callbacks that gate the trainers people use (`decoder_audit.integrations`: transformers'
+Trainer and TRL, Lightning) run the same `run_gate`, naming the paths their trainer takes (the
+model's own labels= loss, "model loss", besides "training"): one way to gate a training run.
+
 Which model this is, white-box or not, its V and max_seq_len and whether it is tied, are decided
 once, by the gate's `model_facts` (in `prepare`), and handed to the gate as they are.
 
@@ -37,19 +41,35 @@ Say = Callable[..., None]
 
 
 class GateRefusal(RuntimeError):
-    """Training refused: a gate check (or the initial-loss check) failed. Nothing was trained."""
+    """Training refused: a gate check (or the initial-loss check) failed. Nothing was trained.
+    `check` and `detail` are the first failure's; `failed` names every failing check."""
 
-    def __init__(self, check: str, detail: str, report: Any = None) -> None:
-        super().__init__(f"training refused: check {check!r} failed: {detail}")
+    def __init__(self, check: str, detail: str, report: Any = None, *,
+                 failed: tuple[str, ...] = ()) -> None:
+        self.failed = tuple(failed) or (check,)
+        also = [name for name in self.failed if name != check]
+        super().__init__(f"training refused: check {check!r} failed: {detail}"
+                         + (f" (also failed: {', '.join(also)})" if also else ""))
         self.check, self.detail, self.report = check, detail, report
 
 
+# The paths of the gate (gate.result.PATHS) decoder-audit's train takes: it computes the loss
+# itself, so never the model's own ("model loss").
+TRAIN_PATHS: tuple[str, ...] = ("training",)
+
+
+def failures_on(report: AuditReport, paths: tuple[str, ...]) -> list[Any]:
+    """The report's failed checks that affect any of `paths`, in diagnosis order."""
+    return [c for c in report.failures if any(path in c.paths for path in paths)]
+
+
 def run_gate(model: nn.Module, ranks: RankInfo, facts: ModelFacts, *, seed: int,
-             say: Say) -> AuditReport | None:
+             say: Say, paths: tuple[str, ...] = TRAIN_PATHS) -> AuditReport | None:
     """Rank 0 audits the model with its facts (every rank decided the same facts before, from
-    the same model: `prepare`); every rank learns the verdict; a failure raises GateRefusal
-    everywhere. The report is rank 0's (None elsewhere)."""
-    report, verdict = None, [True, "", ""]
+    the same model: `prepare`); every rank learns the verdict; a failure of a check on one of
+    `paths` (the ones the trainer takes) raises GateRefusal everywhere. The report is rank 0's
+    (None elsewhere)."""
+    report, verdict, failed = None, [True, "", ""], ()
     if ranks.is_main:
         say("[bold]gate[/bold]: running the full audit before any training ...")
         start = time.perf_counter()
@@ -60,18 +80,21 @@ def run_gate(model: nn.Module, ranks: RankInfo, facts: ModelFacts, *, seed: int,
                 raise
             verdict = [False, "gate", f"the gate itself raised {exc!r}"]
     if report is not None:
-        # Training refuses a failure of the path it takes; a failure of generation's alone (the
+        # Training refuses a failure of a path it takes; a failure of generation's alone (the
         # KV cache, left padding) is said, and `decoder-audit verify` still fails on it.
-        failure = next(iter(report.failures_on("training")), None)
+        failures = failures_on(report, paths)
+        failure = next(iter(failures), None)
+        failed = tuple(c.name for c in failures)
         verdict = [failure is None, getattr(failure, "name", ""), getattr(failure, "detail", "")]
-        _say_summary(report, time.perf_counter() - start, say)
+        _say_summary(report, time.perf_counter() - start, say, paths)
     passed, check, detail = share_from_main(ranks, verdict)
     if not passed:
-        raise GateRefusal(check, detail, report)
+        raise GateRefusal(check, detail, report, failed=failed)
     return report
 
 
-def _say_summary(report: AuditReport, seconds: float, say: Say) -> None:
+def _say_summary(report: AuditReport, seconds: float, say: Say,
+                 paths: tuple[str, ...] = TRAIN_PATHS) -> None:
     ran = [c for c in report.checks if not c.skipped]
     passed = sum(1 for c in ran if c.passed)
     skipped = len(report.checks) - len(ran)
@@ -80,7 +103,7 @@ def _say_summary(report: AuditReport, seconds: float, say: Say) -> None:
         + f" in {seconds:.2f} s")
     say("  " + ", ".join(c.name + ("" if c.passed else " [red]FAILED[/red]") for c in ran))
     for check in report.failures:
-        if "training" not in check.paths:
+        if not any(path in check.paths for path in paths):
             say(f"  note: {check.name} failed on the {'/'.join(check.paths)} path only, which "
                 f"training does not take: {escape(check.detail)}")
 

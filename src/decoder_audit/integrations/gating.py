@@ -1,0 +1,332 @@
+"""One training run's gate, whoever runs the loop: what the callbacks of transformers' Trainer,
+TRL and Lightning share.
+
+A callback reads from its trainer how the run will call the model (a `RunPlan`: the
+`TrainingPath`, the gate's paths the trainer takes, the global batch) and the first batches its
+dataloader yields, and hands them to `RunGate`:
+
+  before_training  the full gate on the model on that path (`training.gatekeeper.run_gate`, the
+                   one `decoder-audit train` runs: rank 0 audits, every rank learns the
+                   verdict), `audit_batch` on each first batch, the model's own loss on them
+                   where the trainer takes it (`batch_loss`), and the loss before any step
+                   (`first_loss`: not near zero, not below a declared floor). The evidence is
+                   written once, by rank 0, into `<output_dir>/decoder-audit/`; any failure of
+                   a path the trainer takes raises `GateRefusal` naming every failing check,
+                   before the first optimizer step.
+  after_step       each step's loss against the declared floor, and in the first
+                   `watch_steps` steps against near zero: `LeakageSuspected` with the figures.
+
+Every process runs the gate once: the model audit on rank 0 (its verdict shared), the batches on
+each rank (each has its own), and every rank learns every rank's batch failures, so all of them
+refuse together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..console import console, literal
+from ..errors import LeakageSuspected
+from ..gate import AuditReport, BatchReport, CheckResult, TrainingPath, audit_batch, model_facts
+from ..objective import logits_of
+from ..storage.folder import write_folder_atomically
+from ..training.distributed import RankInfo
+from ..training.gatekeeper import GateRefusal, run_gate
+from ..training.run import refuse_below_floor
+from .losses import LossCall, check_batch_loss, model_inputs, summed_loss
+
+REPORT_FOLDER = "decoder-audit"
+"""The folder of the run's output directory the gate's evidence goes into (nothing else there
+is written)."""
+
+NEAR_ZERO = 0.01
+"""A loss below this fraction of ln V in the first steps is near zero: the model puts about
+(1/V)^0.01 of its probability, over 90% for V = 32000, on tokens it has not learnt to predict
+yet. No model reaches it in a few steps on text unless it reads its targets (the seeds: "loss
+near zero before training: target leakage or incorrect shift")."""
+WATCH_STEPS = 10
+"""The first steps whose loss is held against NEAR_ZERO."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How a trainer will call the model, read from the trainer (see the callbacks)."""
+
+    path: TrainingPath
+    """Rows and length of one forward (the first batch's (B, T)), precision, checkpointing and
+    the packed form the collator sends."""
+    paths: tuple[str, ...]
+    """The gate's paths (gate.result.PATHS) the trainer takes: "training", and "model loss"
+    when it calls the model's own labels= loss."""
+    global_batch: int
+    """Rows per optimizer step: per device x accumulation x world size."""
+    accumulation: int = 1
+    world_size: int = 1
+    trainer: str = ""
+    """The trainer's class name."""
+    notes: tuple[str, ...] = ()
+    """What the plan could not audit, said in the report (fp16 autocast, say)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.path
+        return {"trainer": self.trainer, "paths": list(self.paths),
+                "global_batch": self.global_batch, "accumulation": self.accumulation,
+                "world_size": self.world_size, "notes": list(self.notes),
+                "training": {"batch_size": p.batch_size, "seq_len": p.seq_len,
+                             "precision": p.precision, "checkpointing": p.checkpointing,
+                             "pack": p.pack, "pack_form": p.pack_form}}
+
+
+@dataclass
+class Verdict:
+    """What the gate found before training (rank 0's model report; this rank's batches)."""
+
+    plan: RunPlan
+    report: AuditReport | None
+    batches: list[BatchReport]
+    checks: list[CheckResult]
+    """The run's own checks: batch_loss, first_loss."""
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    """(check, detail) of every failure on a path the trainer takes, in order."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "trainer gate", "passed": not self.refused,
+                "refused": [name for name, _ in self.refused], "plan": self.plan.to_dict(),
+                "model": None if self.report is None else {"passed": self.report.passed,
+                                                           "summary": self.report.summary()},
+                "checks": [c.to_dict() for c in self.checks],
+                "batches": [b.to_dict() for b in self.batches]}
+
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def ranks_of(rank: int, world_size: int) -> RankInfo:
+    """This process's place, as the trainer says it (the process group is the trainer's)."""
+    return RankInfo(rank=rank, world_size=world_size)
+
+
+def batch_size_and_length(batch: Mapping[str, Any]) -> tuple[int, int]:
+    """(B, T) of a collator's batch: its input_ids' shape."""
+    ids = batch["input_ids"]
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise TypeError(f"the trainer's first batch holds input_ids of "
+                        f"{getattr(ids, 'shape', type(ids).__name__)}, not a (B, T) tensor")
+    return int(ids.shape[0]), int(ids.shape[1])
+
+
+Forward = Callable[[Mapping[str, Any]], Any]
+"""Calls the model on one batch for its logits (no labels), as the trainer feeds it."""
+
+
+class RunGate:
+    """The gate of one training run (see the module docstring). `loss_floor`: a loss no model
+    can go below on this data (its entropy), held against every step; `near_zero`: the fraction
+    of ln V a loss of the first `watch_steps` steps must stay above (None: not watched);
+    `audit_options`: facts for `model_facts` (vocab_size=, max_seq_len=, spec=, ...)."""
+
+    def __init__(self, *, loss_floor: float | None = None, near_zero: float | None = NEAR_ZERO,
+                 watch_steps: int = WATCH_STEPS, seed: int = 0,
+                 audit_options: Mapping[str, Any] | None = None,
+                 tokenizer: Any = None, labels_shifted: bool = False,
+                 say: Callable[..., None] | None = None) -> None:
+        if loss_floor is not None and not (math.isfinite(loss_floor) and loss_floor > 0):
+            raise ValueError(f"loss_floor={loss_floor!r} must be a positive finite loss")
+        if near_zero is not None and not 0 < near_zero < 1:
+            raise ValueError(f"near_zero={near_zero!r} is a fraction of ln V, in (0, 1)")
+        if watch_steps < 0:
+            raise ValueError(f"watch_steps={watch_steps!r} must be >= 0")
+        self.loss_floor, self.near_zero, self.watch_steps = loss_floor, near_zero, watch_steps
+        self.seed, self.audit_options = seed, dict(audit_options or {})
+        self.tokenizer, self.labels_shifted = tokenizer, labels_shifted
+        self._say = say
+        self.vocab_size: int | None = None
+        self.verdict: Verdict | None = None
+        self.ranks = RankInfo()
+
+    # ---- before the first step ---------------------------------------------------------------
+    def before_training(self, model: nn.Module, plan: RunPlan, batches: Sequence[Mapping],
+                        ranks: RankInfo, out_dir: str | Path | None, *,
+                        loss_call: LossCall | None = None,
+                        forward: Forward | None = None) -> Verdict:
+        """The gate before any step (module docstring), said on rank 0 (through `say`, or the
+        console) and silent elsewhere. `loss_call` calls the model's own loss
+        as the trainer will (None: the trainer does not take it); `forward` calls the model for
+        logits (default: model(**batch) without its labels, as a Hugging Face model is fed)."""
+        self.ranks = ranks
+        self.say = (self._say or console(stderr=True).print) if ranks.is_main else _silent
+        facts = facts_of(model, training=plan.path, **self.audit_options)
+        adapters = adapters_of(model)
+        self.vocab_size = facts.vocab_size
+        refused: list[tuple[str, str]] = []
+        report = None
+        try:
+            # a PEFT model is audited with its zero adapter factors drawn (peft.py): a fresh
+            # adapter adds nothing to check, and its other factor would get no gradient
+            with nullcontext() if adapters is None else adapters.drawn_adapters(model, self.seed):
+                report = run_gate(model, ranks, facts, seed=self.seed, say=self.say,
+                                  paths=plan.paths)
+        except GateRefusal as refusal:
+            report = refusal.report
+            failed = refusal.failed
+            refused += [(c.name, c.detail) for c in report.checks if c.name in failed] \
+                if report is not None else [(refusal.check, refusal.detail)]
+        audited = [audit_batch(b, self.tokenizer, labels_shifted=self.labels_shifted)
+                   for b in batches]
+        forward = forward or (lambda batch: model(**model_inputs(batch, model)))
+        checks = self._loss_checks(batches, loss_call, forward, facts.vocab_size)
+        mine = [(c.name, f"batch {i} of the trainer's dataloader: {c.detail}")
+                for i, b in enumerate(audited) for c in b.checks if not c.passed]
+        mine += [(c.name, c.detail) for c in checks if not c.passed]
+        refused += _agreed(ranks, mine)
+        self.verdict = Verdict(plan, report, audited, checks, refused)
+        written = self._write(out_dir) if ranks.is_main else None
+        if refused:
+            where = f"; the evidence is in {written}" if written else ""
+            name, detail = refused[0]
+            raise GateRefusal(name, detail + where, report,
+                              failed=tuple(dict.fromkeys(n for n, _ in refused)))
+        self.say(f"gate: the run passed before its first step ({len(batches)} batches audited)"
+                 + (f"; evidence in {literal(written)}" if written else ""))
+        return self.verdict
+
+    def _loss_checks(self, batches: Sequence[Mapping], loss_call: LossCall | None,
+                     forward: Forward, vocab_size: int) -> list[CheckResult]:
+        """batch_loss (the model's own loss on the first batches, where the trainer takes it)
+        and first_loss (their mean token loss before any step, from the logits of the call the
+        trainer makes: with the labels where it steps on the model's own loss, so a model that
+        reads them shows it here)."""
+        with torch.no_grad():
+            if loss_call is None:
+                results, logits = [], [logits_of(forward(batch)) for batch in batches]
+            else:
+                outputs = [loss_call(batch) for batch in batches]
+                results = [check_batch_loss(batches, outputs)]
+                logits = [logits_of(out) for out, _ in outputs]
+            losses = [summed_loss(batch, found, self.labels_shifted)
+                      for batch, found in zip(batches, logits)]
+        return results + [self._check_first_loss(losses, vocab_size)]
+
+    def _check_first_loss(self, losses: list[tuple[float, int]], vocab_size: int
+                          ) -> CheckResult:
+        scored = sum(n for _, n in losses)
+        if scored == 0:
+            return CheckResult("first_loss", True, "skipped: the first batches score no label",
+                               {}, skipped=True)
+        mean = sum(total for total, _ in losses) / scored
+        evidence = {"loss": mean, "tokens": scored, "ln_V": math.log(vocab_size),
+                    "near_zero": self.near_zero, "loss_floor": self.loss_floor}
+        low = self._low_loss(mean, step=0, what="loss before training")
+        return CheckResult("first_loss", low is None, low[0] if low else (
+            f"the loss on the first batches before any step is {mean:.4g} over {scored} "
+            f"tokens (ln V = {math.log(vocab_size):.4g})"), evidence)
+
+    def _low_loss(self, loss: float, *, step: int, what: str) -> tuple[str, float] | None:
+        """(why `loss` at `step` stops the run, the limit it fell below): below the declared
+        floor, or near zero within the first steps; None when it does not."""
+        try:
+            refuse_below_floor(loss, self.loss_floor, step, "training loss")
+        except LeakageSuspected as below:
+            return str(below), below.floor
+        if self.near_zero is None or self.vocab_size is None or step > self.watch_steps:
+            return None
+        limit = self.near_zero * math.log(self.vocab_size)
+        if loss < limit:
+            return (f"the {what} at step {step} is {loss:.4g}, near zero: below "
+                    f"{self.near_zero:g} x ln V = {limit:.4g} within the first "
+                    f"{self.watch_steps} steps, which no model reaches without reading its "
+                    "targets (target leakage or an incorrect shift)"), limit
+        return None
+
+    # ---- while training ----------------------------------------------------------------------
+    def after_step(self, step: int, loss: float) -> None:
+        """LeakageSuspected with the figures when this step's loss (averaged over the ranks,
+        so every rank stops together) is below the declared floor or, within the first
+        watch_steps, near zero."""
+        loss = _mean_over_ranks(self.ranks, loss)
+        low = self._low_loss(loss, step=step, what="training loss")
+        if low is not None:
+            raise LeakageSuspected(low[0] + "; the run stopped", step=step, loss=loss,
+                                   floor=low[1])
+
+    def watching(self, step: int) -> bool:
+        """Whether a step's loss is still held against anything."""
+        return self.loss_floor is not None or (self.near_zero is not None and
+                                               step <= self.watch_steps)
+
+    # ---- the evidence ------------------------------------------------------------------------
+    def _write(self, out_dir: str | Path | None) -> Path | None:
+        """The report (the one `decoder-audit verify --report` writes), the batches and the
+        run's verdict into <out_dir>/decoder-audit, swapped in whole; None without out_dir."""
+        if out_dir is None or self.verdict is None:
+            return None
+        verdict = self.verdict
+
+        def write(folder: Path) -> None:
+            if verdict.report is not None:
+                verdict.report.write(folder)
+            (folder / "gate.json").write_text(json.dumps(verdict.to_dict(), indent=2,
+                                                         default=str) + "\n")
+            (folder / "batches.md").write_text("\n\n".join(
+                f"## batch {i}\n\n```\n" + "\n".join(b.lines()) + "\n```"
+                for i, b in enumerate(verdict.batches)) + "\n")
+
+        return write_folder_atomically(Path(out_dir) / REPORT_FOLDER, write,
+                                       same_kind=_is_gate_folder, what="trainer gate report")
+
+
+def adapters_of(model: nn.Module) -> Any:
+    """integrations.peft when `model` is a PEFT model (peft imported already, since the model is
+    one), else None."""
+    if "peft" not in sys.modules:
+        return None
+    from . import peft
+
+    return peft if peft.is_adapted(model) else None
+
+
+def facts_of(model: nn.Module, **options: Any) -> Any:
+    """The gate's facts of the model a trainer trains (`model_facts`; a PEFT model's read
+    through its base model: peft.adapted_facts)."""
+    adapters = adapters_of(model)
+    return (model_facts if adapters is None else adapters.adapted_facts)(model, **options)
+
+
+def _is_gate_folder(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "gate.json").read_text()).get("kind") == "trainer gate"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _mean_over_ranks(ranks: RankInfo, value: float) -> float:
+    """`value` averaged over every rank (one scalar all_reduce; on this rank's GPU under NCCL)."""
+    if not ranks.distributed or not dist.is_initialized():
+        return value
+    device = torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend() == "nccl" else torch.device("cpu")
+    total = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return float(total) / ranks.world_size
+
+
+def _agreed(ranks: RankInfo, failures: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Every rank's failures (each audits its own batches), on every rank."""
+    if not ranks.distributed or not dist.is_initialized():
+        return failures
+    gathered: list[Any] = [None] * ranks.world_size
+    dist.all_gather_object(gathered, failures)
+    return [(name, f"rank {rank}: {detail}" if rank else detail)
+            for rank, found in enumerate(gathered) for name, detail in found]

@@ -1,0 +1,142 @@
+"""Tiny Llamas, a tokenizer and data for the gate inside the trainers (tests/integrations), with
+the defects each trainer's gate must stop before the first optimizer step, planted:
+
+  LeakyLlama(after=0)       its logits read the target (the next input id) from the start: the
+                            gate's `causal` fails
+  LeakyLlama(after=k)       the same leak, switched on after k forwards the trainer takes (train
+                            mode, gradients, labels): the gate passes and the loss collapses to
+                            near zero within the first steps
+  ReentrantLlama            activation checkpointing through torch.utils.checkpoint with
+                            use_reentrant=True and no enable_input_require_grads: with the input
+                            embeddings frozen, no gradient reaches a layer's weights (the bug of
+                            transformers#26221, rebuilt): the gate's `checkpointing` fails
+  OwnCountLlama             its loss ignores the trainer's num_items_in_batch and divides by its
+                            own label count: accumulated micro-batches weigh their tokens unequally
+                            (transformers#34191): `model_loss` and `batch_loss` fail
+  shifted_twice_collator    labels the collator shifted already, which the model shifts again
+                            (transformers#47395): audit_batch's `shift` fails
+A tokenizer whose pad is its eos with transformers' own DataCollatorForLanguageModeling masks
+every eos label (transformers#23530): audit_batch's `last_token` fails.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import transformers as tf
+from torch.utils.checkpoint import checkpoint
+
+V, EOS = 37, 36
+WORDS = [f"w{i}" for i in range(V - 1)] + ["</s>"]
+
+
+def config(**overrides) -> tf.LlamaConfig:
+    return tf.LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=24,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=64, eos_token_id=EOS, bos_token_id=None,
+                          pad_token_id=None, **overrides)
+
+
+def tiny_llama(cls=None, **kwargs) -> tf.LlamaForCausalLM:
+    torch.manual_seed(0)
+    return (cls or tf.LlamaForCausalLM)(config(), **kwargs)
+
+
+def documents(count: int = 16, *, seed: int = 0, lengths=(6, 12)) -> list[dict]:
+    """`count` documents of random ids (never eos), each ended by eos, of lengths in the range."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(count):
+        n = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=gen))
+        rows.append({"input_ids": torch.randint(0, EOS, (n - 1,), generator=gen).tolist()
+                     + [EOS]})
+    return rows
+
+
+def tokenizer(*, pad_is_eos: bool = True) -> tf.PreTrainedTokenizerFast:
+    """A word-level tokenizer of the V words (w0 .. w35, </s>); its pad is its eos, as people
+    set it for a Llama that has no pad token."""
+    import tokenizers
+
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+        {w: i for i, w in enumerate(WORDS)}, unk_token="</s>"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>")
+    if pad_is_eos:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+class LeakyLlama(tf.LlamaForCausalLM):
+    """Logits that read the next input id (the target), from the start (after=0) or after
+    `after` training forwards (see the module docstring)."""
+
+    def __init__(self, config, after: int = 0) -> None:
+        super().__init__(config)
+        self.after, self.trained_calls = after, 0
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None,
+                num_items_in_batch=None, **kwargs):
+        if self.training and torch.is_grad_enabled() and labels is not None:
+            self.trained_calls += 1
+        shift_labels = kwargs.pop("shift_labels", None)
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids, **kwargs)
+        leaking = self.after == 0 or self.trained_calls > self.after
+        if input_ids is not None and leaking:
+            ahead = torch.roll(input_ids, -1, dims=1)  # (B, T): the target of each position
+            out.logits = out.logits + 30.0 * torch.nn.functional.one_hot(ahead, V)
+        if labels is not None:
+            out.loss = self.loss_function(out.logits, labels, V, shift_labels=shift_labels,
+                                          num_items_in_batch=num_items_in_batch)
+        return out
+
+
+class ReentrantLlama(tf.LlamaForCausalLM):
+    """Checkpointing switched on as transformers did before #26221 was mended."""
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
+        self._set_gradient_checkpointing(True, functools.partial(checkpoint, use_reentrant=True))
+
+
+class OwnCountLlama(tf.LlamaForCausalLM):
+    """Takes num_items_in_batch and ignores it (its loss is the mean over its own labels)."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None,
+                num_items_in_batch=None, **kwargs):
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, labels=labels, **kwargs)
+
+
+def shifted_twice_collator(features: list[dict]) -> dict:
+    """Right-padded ids with labels shifted by the collator (label t = id t + 1), which the model
+    shifts once more."""
+    longest = max(len(f["input_ids"]) for f in features)
+    ids = torch.full((len(features), longest), EOS)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for row, f in enumerate(features):
+        n = len(f["input_ids"])
+        ids[row, :n] = torch.tensor(f["input_ids"])
+        mask[row, :n] = 1
+        labels[row, :n - 1] = ids[row, 1:n]
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+class LabelReadingLlama(tf.LlamaForCausalLM):
+    """Given labels, its logits read the label it is scored against (target leakage through
+    the labels): causal on ids alone and its loss the cross entropy of the logits it returns,
+    so the model audit passes; on the trainer's call, the loss is near zero before any step."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None,
+                num_items_in_batch=None, **kwargs):
+        shift_labels = kwargs.pop("shift_labels", None)
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids, **kwargs)
+        if labels is not None:
+            target = torch.roll(labels, -1, dims=1).clamp(min=0)  # (B, T): label t + 1
+            out.logits = out.logits + 30.0 * torch.nn.functional.one_hot(target, V)
+            out.loss = self.loss_function(out.logits, labels, V, shift_labels=shift_labels,
+                                          num_items_in_batch=num_items_in_batch)
+        return out

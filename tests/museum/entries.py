@@ -1,0 +1,369 @@
+"""The museum's table: real bugs of decoder code that shipped in a release on the package
+registry, each rebuilt in that release's own wheel beside its first fixed release (the control).
+
+One row per bug (a bug that shipped in several model classes may have a row per class it is
+rebuilt in; `ref` says when rows share one). Every row names:
+- `buggy`, `fixed`: the requirements of the two environments (pinned, name==X), built by
+  tests/releases.py over the project's venv;
+- `ref`: the public issue or pull request that reports it, `fix`: what fixed it;
+- `builder`: the function of builders.py that makes the tiny model, in either release;
+- `symptom`, `args`: the function of symptoms.py that measures the bug without the gate, and its
+  arguments; the buggy release must measure more than `threshold`, the fixed one at most
+  `tolerance` (float32 rounding);
+- `check`: the gate's check that should catch it through the plain call (`da.audit(model)`,
+  or `decoder-audit verify --hf DIR` when `via` says so);
+- `today`: what that call does on the buggy release now: "caught" (the check fails), "missed"
+  (the check passes or is skipped), "both" (the check fails on the buggy release and on the
+  control alike, so it tells them apart by nothing) or "crash" (the gate raises); `pending`
+  names the gate work that turns it into a catch, so the row is flipped when it lands; `trial`
+  says what the call did with that work tried locally (branch range merged), where it was;
+- `control`: what the call does on the fixed release: "pass"; "fail" where the gate raises a
+  false alarm on that release, or "crash" where the gate itself raises there (both name the
+  pending work in `pending`); `standing` lists checks the control fails for a reason that is not
+  this bug and is the same in both releases (said in `note`).
+
+Nothing here imports torch or a release's library: the table is read by the runner, the docs
+and the default test suite alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TODAY = ("caught", "missed", "both", "crash")
+CONTROL = ("pass", "fail", "crash")
+VIA = ("audit", "verify --hf")
+FLOOR = (4, 45)  # pyproject's transformers>=4.45
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    library: str
+    buggy: tuple[str, ...]
+    fixed: tuple[str, ...]
+    ref: str
+    fix: str
+    summary: str
+    builder: str
+    symptom: str
+    check: str
+    today: str
+    args: dict = field(default_factory=dict)
+    threshold: float = 1e-4
+    tolerance: float = 1e-5
+    pending: str = ""
+    control: str = "pass"
+    standing: tuple[str, ...] = ()
+    audit: dict = field(default_factory=dict)
+    via: str = "audit"
+    note: str = ""
+    trial: str = ""
+
+    @property
+    def buggy_version(self) -> str:
+        return _version_of(self.buggy, self.library)
+
+    @property
+    def fixed_version(self) -> str:
+        return _version_of(self.fixed, self.library)
+
+    @property
+    def below_floor(self) -> bool:
+        """A transformers release older than the project's declared floor."""
+        if self.library != "transformers":
+            return False
+        return tuple(int(p) for p in self.buggy_version.split(".")[:2]) < FLOOR
+
+
+def _version_of(requirements: tuple[str, ...], library: str) -> str:
+    for requirement in requirements:
+        name, _, version = requirement.partition("==")
+        if name == library:
+            return version
+    raise ValueError(f"{requirements!r} pins no release of {library}")
+
+
+PENDING_WINDOW = "window liveness (issue 32, part 3)"
+PENDING_LOSS = "model_loss through shift_labels and num_items_in_batch (issue 32, part 3)"
+PENDING_PACKING = "packing on position-ids-only rows (issue 32, part 3)"
+PENDING_CACHES = "kv_cache through caches the caller builds (issue 32, part 3)"
+PENDING_PATHS = "the paths a model is already on: checkpointing, dtype (issue 32, part 3)"
+PENDING_RANGE = "the gate on transformers < 4.51 (issue 32, part 2: branch range)"
+
+TRIAL_SPEC_WINDOW = ("caught by oracle (a spec family: the float64 oracle at T=8 holds the "
+                     "window of 4); the control passes")
+
+ROFORMER_FAMILY = ("the BERT-style classes built as decoders (is_decoder=True) drop the causal "
+                   "mask when the attention-mask code moved to masking_utils")
+
+W4 = {"window": 4}
+WINDOW_445 = ("the 4.45 mask builder (_prepare_4d_causal_attention_mask_with_cache_position) "
+              "drops config.sliding_window on the eager and SDPA paths: every layer attends its "
+              "whole causal past")
+QWEN_FULL_LAYERS = ("the eager and SDPA mask applies config.sliding_window to every layer, "
+                    "while the flash path (and, from 4.53, layer_types) windows only the layers "
+                    "at index >= max_window_layers: layers declared full attention are windowed "
+                    "in")
+LOSS_517 = ("its labels= loss is written by hand or called without the caller's loss keywords, "
+            "until #48493 passed them through (5.17.0)")
+
+
+def _t(version: str) -> tuple[str, ...]:
+    return (f"transformers=={version}",)
+
+
+ENTRIES: tuple[Entry, ...] = (
+    # --- causal masking ---------------------------------------------------------------------
+    Entry("roformer-future", "transformers", _t("5.17.0"), _t("5.18.0"),
+          ref="huggingface/transformers#48745", fix="5.18.0",
+          summary=f"RoFormerForCausalLM attends to future tokens: {ROFORMER_FAMILY}",
+          builder="roformer_decoder", symptom="future_leak", check="causal", today="caught"),
+    Entry("megatron-bert-future", "transformers", _t("5.9.0"), _t("5.18.0"),
+          ref="huggingface/transformers#48745", fix="5.18.0",
+          summary=f"MegatronBertForCausalLM attends to future tokens (5.9.0, the first release "
+                  f"with the bug): {ROFORMER_FAMILY}",
+          builder="megatron_bert_decoder", symptom="future_leak", check="causal",
+          today="caught"),
+    # --- sliding windows --------------------------------------------------------------------
+    Entry("phi3-window-dropped", "transformers", _t("4.45.2"), _t("4.46.0"),
+          ref="huggingface/transformers#32945", fix="#33586 (4.46.0)",
+          summary=f"Phi-3's declared sliding window is not applied: {WINDOW_445}",
+          builder="phi3_windowed", symptom="window_read", args=W4, check="window",
+          today="crash", control="crash", pending=f"{PENDING_RANGE}; {PENDING_WINDOW}",
+          trial=TRIAL_SPEC_WINDOW),
+    Entry("qwen2-window-dropped-445", "transformers", _t("4.45.2"), _t("4.46.0"),
+          ref="huggingface/transformers#32945 (same cause; found by diffing the 4.45.2 and "
+              "4.46.0 wheels)", fix="4.46.0",
+          summary=f"Qwen2 with use_sliding_window=True attends past its window: {WINDOW_445}",
+          builder="qwen2_windowed", symptom="window_read", args=W4, check="window",
+          today="crash", control="crash", pending=f"{PENDING_RANGE}; {PENDING_WINDOW}",
+          trial=TRIAL_SPEC_WINDOW),
+    Entry("starcoder2-window-dropped", "transformers", _t("4.45.2"), _t("4.46.0"),
+          ref="huggingface/transformers#32945 (same cause; found by diffing the 4.45.2 and "
+              "4.46.0 wheels)", fix="4.46.0",
+          summary=f"Starcoder2's declared sliding window is not applied: {WINDOW_445}",
+          builder="starcoder2_windowed", symptom="window_read", args=W4, check="window",
+          today="crash", control="crash", pending=f"{PENDING_RANGE}; {PENDING_WINDOW}",
+          trial="missed (no spec for Starcoder2: only window liveness can see it); the "
+                "control passes"),
+    Entry("qwen2-window-dropped-448", "transformers", _t("4.48.3"), _t("4.49.0"),
+          ref="huggingface/transformers#35924", fix="4.49.0",
+          summary="the 4.48 attention refactor removed the window from Qwen2's mask builder "
+                  "while still handing sliding_window to the attention function, which only "
+                  "flash-attention reads: eager and SDPA attend the whole past again",
+          builder="qwen2_windowed", symptom="window_read", args=W4, check="window",
+          today="crash", control="crash", pending=f"{PENDING_RANGE}; {PENDING_WINDOW}",
+          trial=TRIAL_SPEC_WINDOW),
+    Entry("qwen2-window-on-full-layers", "transformers", _t("4.52.4"), _t("4.53.0"),
+          ref="huggingface/transformers#35896", fix="4.53.0 (layer_types)",
+          summary=f"{QWEN_FULL_LAYERS} Qwen2",
+          builder="qwen2_full_declared", symptom="full_layer_windowed", args=W4,
+          check="window", today="missed", threshold=0.5, tolerance=0.0,
+          pending=PENDING_WINDOW),
+    Entry("qwen3-window-on-full-layers", "transformers", _t("4.52.4"), _t("4.53.0"),
+          ref="huggingface/transformers#35896", fix="4.53.0 (layer_types)",
+          summary=f"{QWEN_FULL_LAYERS} Qwen3",
+          builder="qwen3_full_declared", symptom="full_layer_windowed", args=W4,
+          check="window", today="missed", threshold=0.5, tolerance=0.0,
+          pending=PENDING_WINDOW),
+    Entry("gemma2-raises-past-window", "transformers", _t("4.48.1"), _t("4.48.2"),
+          ref="huggingface/transformers#35681", fix="#35681 (4.48.2)",
+          summary="after the 4.48 attention refactor, Gemma2ForCausalLM's plain forward raises "
+                  "IndexError in its HybridCache for any input longer than sliding_window (the "
+                  "window was no longer passed to the cache update)",
+          builder="gemma2_windowed", symptom="forward_raises", check="inputs",
+          today="crash", control="crash",
+          pending=f"{PENDING_RANGE}; inputs running the lengths the config declares "
+                  "(max_position_embeddings) instead of reading a raise at T=5 as a length limit",
+          trial="missed by inputs (the raise at T=5 is read as an undeclared length limit); "
+                "oracle fails on both releases for the soft-cap bug of "
+                "gemma2-sdpa-drops-softcap, and kv_cache fails on the control for the chunk bug "
+                "of gemma2-hybrid-cache-chunk, both still in 4.48.2"),
+    Entry("gemma2-sdpa-drops-softcap", "transformers", _t("5.20.2"), _t("5.21.0"),
+          ref="huggingface/transformers#31887 (SDPA cannot soft-cap, said there; found by "
+              "diffing the 5.20.2 and 5.21.0 wheels)", fix="5.21.0",
+          summary="Gemma 2's default attention path (SDPA) silently drops "
+                  "attn_logit_softcapping (50): scores beyond the cap are not squashed; 5.21.0 "
+                  "makes eager the default and SDPA refuses a soft-cap",
+          builder="gemma2_windowed", symptom="softcap_dropped", check="oracle",
+          today="caught"),
+    # --- caches -----------------------------------------------------------------------------
+    Entry("gemma2-hybrid-cache-past-window", "transformers", _t("4.51.3"), _t("4.52.1"),
+          ref="huggingface/transformers#37574", fix="#38046 (4.52.1)",
+          summary="HybridCache's sliding update rolls the window one step late once the "
+                  "sequence reaches the window (a prompt shorter than the window, then decoding "
+                  "past it): every later token attends a wrong set of keys",
+          builder="gemma2_windowed", symptom="cached_vs_full",
+          args={"prefill": 3, "cache": "hybrid"}, check="kv_cache", today="both",
+          control="fail", standing=("oracle",),
+          pending=f"{PENDING_CACHES}; the gate stepping the HybridCache a model builds for "
+                  "itself before 4.53 (its kv_cache raises IndexError and padding fails on "
+                  "both releases: branch range)",
+          note="oracle fails on both releases for the soft-cap bug of gemma2-sdpa-drops-softcap",
+          trial="kv_cache fails on both releases, now for the chunk bug of "
+                "gemma2-hybrid-cache-chunk (still in 4.52.1), not for this one"),
+    Entry("litgpt-window-cache", "litgpt", ("litgpt==0.5.11", "transformers==4.57.6"),
+          ("litgpt==0.5.12", "transformers==4.57.6"),
+          ref="Lightning-AI/litgpt#2145", fix="#2153 (0.5.12)",
+          summary="cached decoding ignores the sliding window: the window bias is built against "
+                  "the step's own row index, not its absolute position, so a windowed layer "
+                  "reads the whole cache (Gemma 2/3 degrade past the window)",
+          builder="litgpt_gemma_windowed", symptom="litgpt_cached_vs_full", check="kv_cache",
+          today="missed", audit={"vocab_size": 96},
+          pending="kv_cache through litgpt's cache convention (set_kv_cache, input_pos)",
+          note="litgpt pins huggingface_hub < 1, which the project's transformers 5 cannot "
+               "import (torchmetrics imports transformers): its environment holds "
+               "transformers 4.57.6 beside it"),
+    Entry("gemma2-hybrid-cache-chunk", "transformers", _t("4.55.4"), _t("4.57.0"),
+          ref="huggingface/transformers#40893", fix="#40893 (4.57.0)",
+          summary="HybridCache's static sliding layer takes one new token at a time: a chunk of "
+                  "several tokens after the prefill (chunked prefill, a chat continued on its "
+                  "cache) overwrites the window wrongly (4.56 raises IndexError instead)",
+          builder="gemma2_windowed", symptom="cached_vs_full",
+          args={"prefill": 3, "chunk": 3, "cache": "hybrid"}, check="kv_cache",
+          today="missed", pending=PENDING_CACHES, standing=("oracle",),
+          note="oracle fails on both releases for the soft-cap bug of "
+               "gemma2-sdpa-drops-softcap (until 5.21.0); kv_cache steps the DynamicCache the "
+               "model makes itself, which chunks correctly"),
+    Entry("nemotron-prefill-no-cache", "transformers", _t("4.46.3"), _t("4.47.0"),
+          ref="huggingface/transformers#34739", fix="#34742 (4.47.0)",
+          summary="NemotronModel never creates a cache when called with use_cache=True and no "
+                  "past_key_values, and numbers a continuation's positions from 0: a prefill "
+                  "followed by cached steps decodes each step as if it were the first token",
+          builder="nemotron_lm", symptom="cached_vs_full", check="kv_cache", today="crash",
+          control="crash",
+          pending=f"{PENDING_RANGE}; kv_cache failing a Hugging Face class that returns no "
+                  "cache under use_cache=True (or stepping a DynamicCache it builds, as generate "
+                  "does) instead of skipping",
+          trial="missed: kv_cache is skipped because the model returned no cache although "
+                "use_cache=True was passed, which is this bug; the control passes"),
+    Entry("granite-moe-hybrid-chunked-prefill", "transformers", _t("5.12.1"), _t("5.13.0"),
+          ref="huggingface/transformers#46741", fix="#46741 (5.13.0)",
+          summary="the Mamba-2 mixer of the hybrid models ignores the cached SSM state for a "
+                  "chunk of several tokens after the prefill (chunked prefill, speculative "
+                  "decoding): every chunk restarts its state",
+          builder="granite_moe_hybrid_lm", symptom="cached_vs_full",
+          args={"prefill": 6, "chunk": 3, "T": 12}, check="kv_cache", today="caught"),
+    Entry("zamba2-chunked-prefill", "transformers", _t("5.12.1"), _t("5.13.0"),
+          ref="huggingface/transformers#46741", fix="#46741 (5.13.0)",
+          summary="Zamba2 (Mamba-2 + shared attention): the same chunked-prefill state bug as "
+                  "GraniteMoeHybrid, in its own copy of the mixer",
+          builder="zamba2_lm", symptom="cached_vs_full",
+          args={"prefill": 6, "chunk": 3, "T": 12}, check="kv_cache", today="caught"),
+    Entry("lens-alibi-cache", "transformer-lens",
+          ("transformer-lens==2.8.1", "transformers==4.57.6"),
+          ("transformer-lens==2.9.0", "transformers==4.57.6"),
+          ref="TransformerLensOrg/TransformerLens#776", fix="#777 (2.9.0)",
+          summary="with a key/value cache, the ALiBi bias added to a step's scores is the first "
+                  "query rows' (rows 0..q) instead of the last ones' (the Bloom family decodes "
+                  "wrongly with use_past_kv_cache=True)",
+          builder="lens_alibi", symptom="lens_cached_vs_full", check="kv_cache",
+          today="missed", audit={"vocab_size": 96}, standing=("inputs", "dead_parameters"),
+          pending="kv_cache through TransformerLens' cache convention (past_kv_cache=)",
+          note="TransformerLens 2.x needs a transformers 4 (its environment holds 4.57.6); "
+               "both releases accept negative ids (inputs) and keep a learned W_pos that ALiBi "
+               "never reads (dead_parameters), standing findings of that library"),
+    # --- packing ----------------------------------------------------------------------------
+    Entry("llama-packed-position-ids", "transformers", _t("4.53.0"), _t("4.53.1"),
+          ref="huggingface/transformers#39194", fix="#39194 (4.53.1)",
+          summary="packed rows sent as position ids only (DataCollatorWithFlattening) leak "
+                  "across documents on SDPA and eager: 4.53.0's new masking_utils built a plain "
+                  "causal mask; 4.53.1 reads document boundaries from the position ids",
+          builder="llama_lm", symptom="packed_leak", args={"use_cache": False},
+          check="packing", today="missed", pending=PENDING_PACKING,
+          note="with the default use_cache the leak remains in every release through 5.24 "
+               "(a cache disables the boundary detection): no fixed release, so not a row"),
+    # --- the model's own loss ---------------------------------------------------------------
+    Entry("xglm-pad-target", "transformers", _t("4.49.0"), _t("4.50.0"),
+          ref="huggingface/transformers#35878", fix="#35878 (4.50.0)",
+          summary="XGLM's labels= loss shifts the labels and appends pad_token_id as the target "
+                  "of the last position, which cross entropy does not ignore: every row is "
+                  "trained to predict padding at its end",
+          builder="xglm_lm", symptom="loss_with_labels", check="model_loss", today="crash",
+          control="crash", pending=PENDING_RANGE,
+          trial="caught by model_loss; inputs fails on both releases (XGLM accepts rank-3 ids "
+                "and flattens them, a standing finding); the control passes otherwise"),
+    Entry("gpt-neox-items-dropped", "transformers", _t("4.48.3"), _t("4.49.0"),
+          ref="huggingface/transformers#34191 (the accumulation fix it misses; found by diffing "
+              "the 4.48.3 and 4.49.0 wheels)", fix="4.49.0",
+          summary="GPTNeoXForCausalLM.forward takes **kwargs ('unused for now') and drops "
+                  "num_items_in_batch: the Trainer, seeing loss kwargs accepted, no longer "
+                  "divides by the accumulation steps, and the loss is normalised per micro-batch",
+          builder="gpt_neox_lm", symptom="loss_with_items", check="model_loss", today="crash",
+          control="crash", pending=PENDING_RANGE,
+          trial="caught by model_loss; the control passes"),
+    Entry("xglm-items-dropped", "transformers", _t("5.16.1"), _t("5.17.0"),
+          ref="huggingface/transformers#48493", fix="#48493 (5.17.0)",
+          summary=f"XGLMForCausalLM ignores num_items_in_batch: {LOSS_517}",
+          builder="xglm_lm", symptom="loss_with_items", check="model_loss", today="caught"),
+    Entry("mamba-items-dropped", "transformers", _t("5.16.1"), _t("5.17.0"),
+          ref="huggingface/transformers#48493", fix="#48493 (5.17.0)",
+          summary=f"MambaForCausalLM ignores num_items_in_batch and shift_labels: {LOSS_517}",
+          builder="mamba_lm", symptom="loss_with_items", check="model_loss", today="caught",
+          via="verify --hf"),
+    Entry("bloom-shift-labels-dropped", "transformers", _t("5.16.1"), _t("5.17.0"),
+          ref="huggingface/transformers#48493", fix="#48493 (5.17.0)",
+          summary=f"BloomForCausalLM ignores shift_labels (the targets sequence parallelism "
+                  f"sends): {LOSS_517}",
+          builder="bloom_lm", symptom="loss_with_shift_labels", check="model_loss",
+          today="missed", pending=PENDING_LOSS),
+    # --- parameters -------------------------------------------------------------------------
+    Entry("x-transformers-qk-norm-scale", "x-transformers", ("x-transformers==2.25.4",),
+          ("x-transformers==2.25.5",),
+          ref="lucidrains/x-transformers#352", fix="2.25.5",
+          summary="attn_qk_norm_dim_scale=True creates the per-head, per-dimension q/k scales "
+                  "but the forward never multiplies by them (2.17.1 to 2.25.4): they never "
+                  "receive a gradient",
+          builder="x_transformers_qk_norm_dim_scale", symptom="dead_gradients",
+          check="dead_parameters", today="caught", threshold=0.5, tolerance=0.0,
+          audit={"vocab_size": 96}, standing=("inputs",),
+          note="every x-transformers release accepts float ids and runs them (inputs), a "
+               "standing finding of tests/gate/test_outside_libraries.py"),
+)
+
+BY_ID: dict[str, Entry] = {entry.id: entry for entry in ENTRIES}
+
+# Bugs looked at and not rebuilt: (ref, why).
+NOT_REBUILT: tuple[tuple[str, str], ...] = (
+    ("huggingface/transformers#28980 (fix #30127, 4.40.0)",
+     "Mistral's SDPA path without its window: rebuilt and shown (4.39.3 reads token 0 past the "
+     "window), but below the declared floor, where the gate does not run even with branch "
+     "range (its floor is 4.45), so not a row"),
+    ("huggingface/transformers#32330, #29402, #21381, #26221",
+     "llama3 RoPE frequencies (4.43), Gemma's exact GELU (4.38), reentrant checkpointing with "
+     "frozen inputs (4.2x-4.35): all fixed below the declared floor"),
+    ("huggingface/transformers#34191, #35438, #37766",
+     "the Trainer's normalisation under gradient accumulation: the Trainer's code, not the "
+     "model's; the model's half is rebuilt (gpt-neox-items-dropped, xglm-items-dropped, "
+     "mamba-items-dropped)"),
+    ("huggingface/transformers#23530, huggingface/trl#3067, #1230, #2834",
+     "labels built by a collator, packing done by TRL's trainer: data and trainer code, which "
+     "audit_batch and the packing check see, not a decoder release"),
+    ("huggingface/transformers#46634",
+     "a 2-D all-ones attention_mask disables packed-sequence detection: the PR was closed "
+     "unmerged and the leak is in every release through 5.24, so there is no fixed release to "
+     "be the control"),
+    ("position ids only, default use_cache (found here)",
+     "Llama with packed rows told apart by position ids and the default use_cache leaks across "
+     "documents in every release through 5.24 (the cache turns the boundary detection off): no "
+     "fixed release; the use_cache=False form is the row llama-packed-position-ids"),
+    ("modelscope/ms-swift#9618",
+     "Qwen3.5 / Qwen3-Next gated-delta-net layers leak across packed documents: measured here "
+     "on the CPU torch path in 5.8.1 through 5.24 (0.023 with use_cache=False), no fixed release"),
+    ("huggingface/transformers#42801, #31887 (flash-attention soft-cap)",
+     "flash-attention kernels (packed position ids, soft-capping): GPU-only kernels, not "
+     "installable here"),
+    ("sgl-project/sglang#33915, #33558, #22711; vllm-project/vllm#41236, #43770, #16976",
+     "inference servers and their GPU kernels (YaRN mscale, dynamic NTK, partial rotary, a "
+     "doubled BOS): not a decoder a user audits with da.audit, and not runnable on CPU"),
+    ("lucidrains/x-transformers#311",
+     "cached decoding of a cross-attending decoder: an encoder-decoder, outside the gate's "
+     "decoder-only contract"),
+    ("TransformerLensOrg/TransformerLens#1681",
+     "Gemma-2 windowed on the wrong half of its layers, T5's unmasked decoder: in the "
+     "conversion of a hub checkpoint's config (from_pretrained), which needs the checkpoint"),
+    ("huggingface/transformers#36150",
+     "cited in DEFECTS.md as a config field ignored by a backend; not reproduced in the time "
+     "given"),
+)

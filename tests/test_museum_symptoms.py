@@ -1,0 +1,85 @@
+"""The museum's symptom measures (tests/museum/symptoms.py) read 0 on correct models and more than
+a row's threshold on a planted copy of each row's defect, in the project's own transformers:
+the figures the museum reports mean what they say. Fast (tiny models, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from museum import builders, symptoms
+
+transformers = pytest.importorskip("transformers")
+V = builders.V
+ROUNDING = 1e-5  # float32 rounding of logits near 1
+
+
+def _llama(**fields):
+    return builders._hf("Llama", num_key_value_heads=2, **fields)
+
+
+def _mistral(window):
+    return builders._hf("Mistral", layers=1, num_key_value_heads=2, sliding_window=window)
+
+
+class _Bidirectional(nn.Module):
+    """Each position's logits read the mean of all positions' embeddings: a leak by design."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(V, 16), nn.Linear(16, V)
+
+    def forward(self, input_ids):
+        h = self.embed(input_ids)  # (B, T, 16)
+        return self.head(h + h.mean(dim=1, keepdim=True))
+
+
+class _PerBatchMeanLoss(nn.Module):
+    """A Llama whose labels= loss is the micro-batch mean, whatever num_items_in_batch says."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = _llama()
+
+    def forward(self, input_ids, labels=None, **kwargs):
+        out = self.inner(input_ids=input_ids)
+        if labels is not None:
+            out.loss = symptoms.next_token_ce(out.logits, labels)
+        return out
+
+
+def test_future_leak_reads_zero_on_a_causal_model_and_the_leak_of_a_bidirectional_one():
+    assert symptoms.future_leak(_llama(), V) == 0.0
+    torch.manual_seed(0)
+    assert symptoms.future_leak(_Bidirectional(), V) > 1e-3
+
+
+def test_window_read_reads_zero_inside_a_held_window_and_the_read_of_a_dropped_one():
+    assert symptoms.window_read(_mistral(builders.WINDOW), V, window=builders.WINDOW) == 0.0
+    assert symptoms.window_read(_mistral(None), V, window=builders.WINDOW) > 1e-3
+
+
+def test_cached_decoding_of_a_correct_model_matches_its_full_forward():
+    model = _llama()
+    assert symptoms.cached_vs_full(model, V) < ROUNDING
+    assert symptoms.cached_vs_full(model, V, prefill=6, chunk=3) < ROUNDING
+
+
+def test_the_loss_measures_hold_a_correct_loss_and_catch_one_that_ignores_the_item_count():
+    model = _llama()
+    for measure in (symptoms.loss_with_labels, symptoms.loss_with_items,
+                    symptoms.loss_with_shift_labels):
+        assert measure(model, V) < ROUNDING, measure.__name__
+    assert symptoms.loss_with_items(_PerBatchMeanLoss(), V) > 1.0
+
+
+def test_dead_gradients_counts_a_parameter_the_forward_never_reads():
+    model = _llama()
+    assert symptoms.dead_gradients(model, V) == 0
+    model.register_parameter("unused_scale", nn.Parameter(torch.ones(4)))
+    assert symptoms.dead_gradients(model, V) == 1
+
+
+def test_packed_leak_reads_zero_where_position_ids_mark_the_documents():
+    assert symptoms.packed_leak(_llama(), V, use_cache=False) == 0.0
