@@ -113,7 +113,7 @@ def present_classes(tf: Any, names: dict[str, str]) -> dict[str, type]:
     found = {}
     for family, name in names.items():
         cls = getattr(tf, name, None)  # transformers' lazy module: AttributeError -> None
-        if isinstance(cls, type):
+        if cls is not None:  # (cli.convert reads the names through a namespace of strings)
             found[family] = cls
     return found
 
