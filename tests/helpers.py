@@ -30,6 +30,18 @@ def random_decoder(cfg: da.DecoderConfig, seed: int = 0, dtype: torch.dtype | No
     return randomise(da.Decoder(cfg, dtype=dtype), seed, std)
 
 
+def oracle_leaves(model: da.Decoder, ids: torch.Tensor, weights: torch.Tensor
+                  ) -> dict[str, torch.Tensor]:
+    """The gradients of sum(logits * weights) through the model (into each .grad) and through
+    the float64 oracle fed the same values: the oracle's leaves, one per Parameter object (a
+    tied weight is one leaf under its two names), their .grad its gradients."""
+    (model(ids) * weights).sum().backward()
+    fresh = {id(p): p.detach().clone().requires_grad_() for p in model.parameters()}
+    leaves = {name: fresh[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}
+    (da.oracle_logits(leaves, model.config, ids) * weights).sum().backward()
+    return leaves
+
+
 BPE_CORPUS = ["the cat sat on the mat", "the dog ate the log"] * 20
 
 

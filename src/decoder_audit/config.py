@@ -2,7 +2,9 @@
 
 Shape letters used throughout the package:
     B batch, T sequence length, D d_model, H query heads, Hkv key/value heads,
-    Dh head width (D / H unless head_width says), F FFN width, V vocabulary, L layers.
+    Dh head width (D / H unless head_width says), F FFN width, V vocabulary, L layers;
+    E routed experts, k experts per token, Fe an expert's width; in latent attention Dv the
+    value head width.
 
 The config validates itself on construction, before a single weight exists, and raises
 `ConfigError` listing every offending field with its value. Modules receive final integers
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import reprlib
 from dataclasses import dataclass
@@ -45,6 +48,15 @@ CONTEXT_POLICIES = ("reject",)
 # take true, false, or a list of these (gate w1, down w2, up w3).
 ATTN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "output_proj")
 MLP_MATRICES = ("w1", "w2", "w3")
+# How a router scores the experts: a softmax over their logits (Mixtral, Qwen-MoE, OLMoE) or
+# each logit's sigmoid (DeepSeek-V3's scoring_func).
+ROUTER_SCORINGS = ("softmax", "sigmoid")
+# When the scores are taken: of every expert, then the top k picked ("score_topk": Hugging
+# Face's Mixtral, Qwen-MoE, OLMoE, DeepSeek), or of the k largest logits only ("topk_score":
+# Mistral's reference Mixtral, a softmax over the k chosen).
+ROUTER_ORDERS = ("score_topk", "topk_score")
+# How an expert group is ranked for group-limited routing (DeepSeek-V3, DeepSeek-V2).
+GROUP_SCORES = ("top2_sum", "max")
 # JSON nested deeper than this is refused before it is parsed (Python's parser recurses once per
 # level and would raise RecursionError near 1000; no config is nested more than a few deep).
 MAX_JSON_DEPTH = 100
@@ -160,6 +172,80 @@ class DecoderConfig:
     readout_bias: bool = False
     """A bias on the logits (TransformerLens' unembed.b_U): weight lm_head.bias, its own
     Parameter also when the readout matrix is tied."""
+    # ---- routed experts (mixture of experts) ----
+    n_experts: int | None = None
+    """E: routed experts in each MoE layer, every one a MLP of the config's kind (mlp) and
+    width expert_width (Mixtral's num_local_experts, Qwen-MoE's and OLMoE's num_experts,
+    DeepSeek's n_routed_experts). None: every layer has one dense MLP of width d_ff."""
+    experts_per_token: int | None = None
+    """k: the experts each token is sent to, 1 <= k <= E (num_experts_per_tok in all four
+    families). Required with n_experts."""
+    expert_width: int | None = None
+    """Fe: each routed expert's hidden width (Qwen-MoE's and DeepSeek's moe_intermediate_size;
+    Mixtral's experts are intermediate_size wide). None: d_ff. The dense layers keep d_ff."""
+    n_shared_experts: int = 0
+    """Experts every token passes through besides its k routed ones, unweighted (DeepSeek's
+    n_shared_experts; Qwen2-MoE has one). They run as one MLP of width n_shared_experts x
+    shared_expert_width (the sum of separate ones, exactly): weights ffn.shared.*."""
+    shared_expert_width: int | None = None
+    """One shared expert's width (Qwen2-MoE's shared_expert_intermediate_size). None: the
+    routed experts' width Fe (DeepSeek's)."""
+    shared_expert_gate: bool = False
+    """The shared experts' output multiplied by sigmoid(w_g . x), a learned gate (1, D) per
+    layer (Qwen2-MoE's shared_expert_gate): weight ffn.shared_gate."""
+    router_scoring: str = "softmax"
+    """How the router turns its logits (ffn.router, E x D) into scores: "softmax" over the
+    experts (Mixtral, Qwen-MoE, OLMoE) or "sigmoid" of each (DeepSeek-V3's scoring_func)."""
+    router_order: str = "score_topk"
+    """"score_topk": every expert scored, then the top k taken (Hugging Face's Mixtral,
+    Qwen-MoE, OLMoE, DeepSeek); "topk_score": the k largest logits taken, then scored (Mistral's
+    reference Mixtral: a softmax over the k, which renormalises by itself)."""
+    normalize_topk: bool = True
+    """The k chosen scores divided by their sum, so a token's expert weights sum to 1 (Mixtral
+    always; norm_topk_prob in Qwen-MoE, OLMoE (false in both published models) and DeepSeek)."""
+    router_selection_bias: bool = False
+    """A learned per-expert bias (E,) added to the scores to choose the top k, not to weigh
+    them (DeepSeek-V3's e_score_correction_bias, updated by a balancing rule, not by
+    gradients): weight ffn.router.selection_bias, a Parameter that requires no grad."""
+    expert_groups: int | None = None
+    """G: the experts split into G equal groups, and a token's k chosen only within its best
+    groups_per_token groups (DeepSeek's n_group, its group-limited routing). None: from all."""
+    groups_per_token: int | None = None
+    """The groups a token's experts come from (DeepSeek's topk_group). With expert_groups."""
+    group_score: str = "top2_sum"
+    """How a group is ranked, by its experts' selection scores (with the selection bias):
+    "top2_sum", its two best summed (DeepSeek-V3's noaux_tc), or "max", its best (DeepSeek-V2's
+    group_limited_greedy). With expert_groups."""
+    routed_scaling: float = 1.0
+    """The routed experts' weighted sum multiplied by this before the shared experts join it
+    (DeepSeek's routed_scaling_factor: 2.5 in V3)."""
+    first_dense_layers: int = 0
+    """The first layers keep a dense MLP of width d_ff (DeepSeek's first_k_dense_replace)."""
+    moe_every: int = 1
+    """After them, layer i (from 0) routes when (i + 1) is a multiple of this (Qwen-MoE's
+    decoder_sparse_step); the others are dense. 1: every layer past the dense ones routes."""
+    capacity_factor: float | None = None
+    """Where the model drops tokens: each expert takes at most ceil(capacity_factor x B x T x
+    k / E) tokens of a forward, in batch-major order, and drops the rest (Switch Transformer,
+    GShard). Such a model reads the other rows and later tokens: the gate reports it. None
+    (the default, and every decoder named above at inference): no token is ever dropped."""
+    # ---- multi-head latent attention (DeepSeek-V2/V3) ----
+    kv_latent_rank: int | None = None
+    """The width keys and values are compressed to (DeepSeek's kv_lora_rank): kv_a_proj maps D
+    to this latent plus one rotary key shared by the heads, kv_a_norm normalises the latent,
+    kv_b_proj expands it to every head's non-rotary key and value. None: q/k/v projections."""
+    q_latent_rank: int | None = None
+    """The queries' latent width (q_lora_rank): q_a_proj, q_a_norm, q_b_proj. None: one q_proj
+    (DeepSeek-V2-Lite). Latent attention only."""
+    rope_head_width: int | None = None
+    """Each query and key head's rotary part, its last features (qk_rope_head_dim); RoPE turns
+    its pair j by pos * theta^(-2j/this). Latent attention only."""
+    nope_head_width: int | None = None
+    """Each query and key head's non-rotary part, its first features (qk_nope_head_dim): the
+    head width Dh is nope_head_width + rope_head_width. Latent attention only."""
+    value_head_width: int | None = None
+    """Dv: each value head's width (v_head_dim); output_proj reads H x Dv. Latent attention
+    only."""
     tie_embeddings: bool = True
     """Readout uses the token-embedding Parameter itself (one object, one gradient)."""
     context_policy: str = "reject"
@@ -211,13 +297,57 @@ class DecoderConfig:
 
     @property
     def head_dim(self) -> int:
-        """Dh: head_width, or D / H."""
+        """Dh: a query and key head's width: head_width, or D / H; in latent attention its
+        non-rotary and rotary parts together."""
+        if self.latent_attention:
+            return self.nope_head_width + self.rope_head_width
         return self.d_model // self.n_heads if self.head_width is None else self.head_width
 
     @property
+    def value_dim(self) -> int:
+        """Dv: a value head's width: value_head_width in latent attention, else Dh."""
+        return self.value_head_width if self.latent_attention else self.head_dim
+
+    @property
     def rope_dim(self) -> int:
-        """R: the features of a head RoPE rotates (rotary_dim, or all Dh)."""
+        """R: the features of a head RoPE rotates (rotary_dim, or all Dh; in latent attention
+        the rotary part, rope_head_width)."""
+        if self.latent_attention:
+            return self.rope_head_width
         return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    @property
+    def latent_attention(self) -> bool:
+        """Multi-head latent attention (kv_latent_rank set)."""
+        return self.kv_latent_rank is not None
+
+    @property
+    def routed(self) -> bool:
+        """Some layers route tokens to experts (n_experts set)."""
+        return self.n_experts is not None
+
+    def routes(self, layer: int) -> bool:
+        """Whether this layer's MLP is routed experts (else dense, of width d_ff)."""
+        return (self.routed and layer >= self.first_dense_layers
+                and (layer + 1) % self.moe_every == 0)
+
+    @property
+    def expert_dim(self) -> int:
+        """Fe: a routed expert's width (expert_width, or d_ff)."""
+        return self.d_ff if self.expert_width is None else self.expert_width
+
+    @property
+    def shared_dim(self) -> int:
+        """The width of the one MLP the shared experts run as (0 without them)."""
+        one = self.expert_dim if self.shared_expert_width is None else self.shared_expert_width
+        return self.n_shared_experts * one
+
+    def expert_capacity(self, tokens: int) -> int | None:
+        """The most tokens one expert takes from a forward of `tokens` tokens (B x T), or
+        None when nothing is dropped (no capacity_factor)."""
+        if self.capacity_factor is None:
+            return None
+        return math.ceil(self.capacity_factor * tokens * self.experts_per_token / self.n_experts)
 
     def window(self, layer: int) -> int | None:
         """W for this layer, or None where it reads every earlier token."""
@@ -341,18 +471,22 @@ def _validate(cfg: DecoderConfig, absent: frozenset[str] = frozenset()) -> list[
     bad = {name for name, _ in found} | absent
     valid = lambda *names: not bad.intersection(names)  # noqa: E731
     problems = [problem for _, problem in found]
+    latent = cfg.kv_latent_rank is not None  # the head width is then its two parts'
     sizes = valid("d_model", "n_heads", "head_width")
-    if sizes and cfg.head_width is None and cfg.d_model % cfg.n_heads:
+    if sizes and not latent and cfg.head_width is None and cfg.d_model % cfg.n_heads:
         problems.append(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads} "
                         "(set head_width for heads narrower or wider than D / H)")
     if valid("n_heads", "n_kv_heads") and cfg.n_heads % cfg.kv_heads:
         problems.append(f"n_heads={cfg.n_heads} is not divisible by n_kv_heads={cfg.kv_heads}")
-    # the head width is known when it is given, or when D / H divides
-    widths = sizes and (cfg.head_width is not None or cfg.d_model % cfg.n_heads == 0)
-    if widths and valid("pos") and cfg.pos == "rope" and cfg.head_dim % 2:
+    # the head width is known when it is given, or when D / H divides, or from its latent parts
+    widths = (valid("nope_head_width", "rope_head_width") and None not in (
+        cfg.nope_head_width, cfg.rope_head_width)) if latent else sizes and (
+        cfg.head_width is not None or cfg.d_model % cfg.n_heads == 0)
+    if widths and not latent and valid("pos") and cfg.pos == "rope" and cfg.head_dim % 2:
         problems.append(f"head width Dh={cfg.head_dim} is odd; RoPE rotates pairs and needs it "
                         "even")
-    return problems + _attention_problems(cfg, valid, widths) + _bias_problems(cfg, valid)
+    return (problems + _attention_problems(cfg, valid, widths) + _bias_problems(cfg, valid)
+            + _expert_problems(cfg, valid) + _latent_problems(cfg, valid))
 
 
 def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
@@ -405,7 +539,138 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
         if not isinstance(value, bool):
             problems.append((name, f"{name}={_shown(value)} must be true or false"))
     problems += [("rope_scaling", problem) for problem in _rope_scaling_problems(cfg.rope_scaling)]
+    return problems + _expert_field_problems(cfg)
+
+
+# The fields of routed experts (besides n_experts) and the values they hold without experts.
+UNROUTED = {"experts_per_token": None, "expert_width": None, "n_shared_experts": 0,
+                    "shared_expert_width": None, "shared_expert_gate": False, "router_scoring": "softmax",
+                    "router_order": "score_topk", "normalize_topk": True,
+                    "router_selection_bias": False, "expert_groups": None,
+                    "groups_per_token": None, "group_score": "top2_sum", "routed_scaling": 1.0,
+                    "first_dense_layers": 0, "moe_every": 1, "capacity_factor": None}
+_LATENT_WIDTHS = ("rope_head_width", "nope_head_width", "value_head_width")
+
+
+def _expert_field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
+    """(field, problem) for each field of routed experts and latent attention whose own value
+    is wrong."""
+    problems: list[tuple[str, str]] = []
+    for name in ("n_experts", "experts_per_token", "expert_width", "shared_expert_width",
+                 "expert_groups", "groups_per_token", "kv_latent_rank", "q_latent_rank",
+                 *_LATENT_WIDTHS):
+        value = getattr(cfg, name)
+        if value is not None and (not _is_int(value) or value <= 0):
+            problems.append((name, f"{name}={_shown(value)} must be a positive integer or None"))
+    for name, least in (("n_shared_experts", 0), ("first_dense_layers", 0), ("moe_every", 1)):
+        value = getattr(cfg, name)
+        if not _is_int(value) or value < least:
+            problems.append((name, f"{name}={_shown(value)} must be an integer >= {least}"))
+    for name, allowed in (("router_scoring", ROUTER_SCORINGS), ("router_order", ROUTER_ORDERS),
+                          ("group_score", GROUP_SCORES)):
+        value = getattr(cfg, name)
+        if not isinstance(value, str) or value not in allowed:
+            problems.append((name, f"{name}={_shown(value)} is not one of {list(allowed)}"))
+    for name in ("normalize_topk", "router_selection_bias", "shared_expert_gate"):
+        if not isinstance(getattr(cfg, name), bool):
+            problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be true or false"))
+    if not _is_positive(cfg.routed_scaling):
+        problems.append(("routed_scaling", f"routed_scaling={_shown(cfg.routed_scaling)} must "
+                         "be a finite number > 0"))
+    if cfg.capacity_factor is not None and not _is_positive(cfg.capacity_factor):
+        problems.append(("capacity_factor", f"capacity_factor={_shown(cfg.capacity_factor)} "
+                         "must be a finite number > 0 or null"))
     return problems
+
+
+def _expert_problems(cfg: DecoderConfig, valid) -> list[str]:
+    """The routing fields against each other and the sizes, each where its fields are valid."""
+    if cfg.n_experts is None:
+        given = [f"{name}={_shown(getattr(cfg, name))}" for name, unused in
+                 UNROUTED.items() if getattr(cfg, name) != unused]
+        return [f"{', '.join(given)} {_need(given)} n_experts (routed experts)"] if given else []
+    problems = []
+    k, experts = cfg.experts_per_token, cfg.n_experts
+    if valid("n_experts", "experts_per_token"):
+        if k is None:
+            problems.append(f"n_experts={experts} needs experts_per_token (k, 1 <= k <= E)")
+        elif k > experts:
+            problems.append(f"experts_per_token={k} exceeds n_experts={experts}")
+    for name in ("shared_expert_width", "shared_expert_gate"):
+        if valid("n_shared_experts", name) and getattr(cfg, name) not in (None, False) and \
+                cfg.n_shared_experts == 0:
+            problems.append(f"{name}={_shown(getattr(cfg, name))} needs n_shared_experts >= 1")
+    if valid("n_layers", "first_dense_layers", "moe_every") and not any(
+            cfg.routes(i) for i in range(cfg.n_layers)):
+        problems.append(f"first_dense_layers={cfg.first_dense_layers}, moe_every="
+                        f"{cfg.moe_every} leave no routed layer among n_layers={cfg.n_layers}")
+    problems += _group_problems(cfg, valid)
+    if valid("mlp_bias") and cfg.mlp_bias is not False:
+        problems.append(f"mlp_bias={_flag_shown(cfg.mlp_bias)} with n_experts={experts}: routed "
+                        "and shared experts have no biases here (mlp_bias=false)")
+    return problems
+
+
+def _group_problems(cfg: DecoderConfig, valid) -> list[str]:
+    """Group-limited routing's fields against each other and the experts."""
+    groups, chosen = cfg.expert_groups, cfg.groups_per_token
+    if not valid("expert_groups", "groups_per_token", "n_experts", "experts_per_token",
+                 "group_score") or (groups is None and chosen is None):
+        return []
+    if groups is None or chosen is None:
+        return [f"expert_groups={_shown(groups)}, groups_per_token={_shown(chosen)}: give both "
+                "or neither"]
+    problems = []
+    if cfg.n_experts % groups:
+        problems.append(f"expert_groups={groups} does not divide n_experts={cfg.n_experts}")
+    elif chosen > groups:
+        problems.append(f"groups_per_token={chosen} exceeds expert_groups={groups}")
+    else:
+        size = cfg.n_experts // groups
+        k = cfg.experts_per_token
+        if k is not None and k > chosen * size:
+            problems.append(f"experts_per_token={k} exceeds the {chosen} x {size} experts of "
+                            f"groups_per_token={chosen} groups")
+        if cfg.group_score == "top2_sum" and size < 2:
+            problems.append(f"group_score='top2_sum' needs groups of 2 experts or more, got "
+                            f"{size} (n_experts={cfg.n_experts} / expert_groups={groups})")
+    return problems
+
+
+def _latent_problems(cfg: DecoderConfig, valid) -> list[str]:
+    """Latent attention's fields against each other and the attention they replace."""
+    latent = ["q_latent_rank", *_LATENT_WIDTHS]
+    if cfg.kv_latent_rank is None:
+        given = [f"{name}={_shown(getattr(cfg, name))}" for name in latent
+                 if getattr(cfg, name) is not None]
+        return [f"{', '.join(given)} {_need(given)} kv_latent_rank (latent attention)"
+                ] if given else []
+    problems = []
+    where = f"kv_latent_rank={_shown(cfg.kv_latent_rank)}"
+    missing = [name for name in _LATENT_WIDTHS if getattr(cfg, name) is None]
+    if missing:
+        problems.append(f"{where} needs {', '.join(missing)}")
+    if valid("rope_head_width") and cfg.rope_head_width is not None and cfg.rope_head_width % 2:
+        problems.append(f"rope_head_width={cfg.rope_head_width} is odd; RoPE rotates pairs")
+    clashes = [f"{name}={_shown(getattr(cfg, name))}" for name, plain in
+               (("pos", "rope"), ("head_width", None), ("rotary_dim", None),
+                ("attn_bias", False), ("attn_output_bias", None), ("qk_norm", False))
+               if getattr(cfg, name) != plain]
+    if cfg.n_kv_heads not in (None, cfg.n_heads):
+        clashes.append(f"n_kv_heads={_shown(cfg.n_kv_heads)}")
+    if clashes:
+        problems.append(f"{where} (latent attention) takes pos='rope' with the rotary part given "
+                        "by rope_head_width, every head its own key and value, no biases and no "
+                        f"q/k norm; got {', '.join(clashes)}")
+    return problems
+
+
+def _need(given: list[str]) -> str:
+    return "needs" if len(given) == 1 else "need"
+
+
+def _flag_shown(value: Any) -> str:
+    return str(list(value)) if isinstance(value, tuple) else _shown(value)
 
 
 def _bias_problems(cfg: DecoderConfig, valid) -> list[str]:

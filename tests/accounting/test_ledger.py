@@ -72,19 +72,54 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
     qk = (q + kv if cfg.qk_norm_scope == "projection" else 2 * dh) if cfg.qk_norm else 0
     attn = (2 * D * q + 2 * D * kv + (q + 2 * kv if cfg.attn_bias else 0)
             + (D if cfg.output_bias else 0) + qk)
+    if cfg.kv_latent_rank is not None:  # DeepSeek's MLA, as its modeling file builds it
+        attn = _latent_attention_count(cfg)
     n_mat = 3 if cfg.mlp in ("swiglu", "geglu") else 2  # gated: w1, w3 in and w2 out
     mlp = n_mat * D * F + ((n_mat - 1) * F + D if cfg.mlp_bias else 0)
     # before each sublayer unless OLMo 2's, after it too in Gemma 2's and OLMo 2's
     norms = (2 if cfg.pre_norm else 0) + (2 if cfg.sandwich_norm else 0)
-    return (V * D + (T * D if cfg.pos == "learned" else 0) + L * (norms * norm + attn + mlp) + norm
+    blocks = sum(norms * norm + attn + (_routed_count(cfg) if _routes(cfg, i) else mlp)
+                 for i in range(L))
+    return (V * D + (T * D if cfg.pos == "learned" else 0) + blocks + norm
             + (0 if cfg.tie_embeddings else V * D) + (V if cfg.readout_bias else 0))
+
+
+def _routes(cfg: da.DecoderConfig, layer: int) -> bool:
+    """DeepSeek's first_k_dense_replace, then Qwen2-MoE's (layer + 1) % decoder_sparse_step."""
+    return (cfg.n_experts is not None and layer >= cfg.first_dense_layers
+            and (layer + 1) % cfg.moe_every == 0)
+
+
+def _routed_count(cfg: da.DecoderConfig) -> int:
+    """A routed MLP: the router (E x D, DeepSeek's correction bias E), E experts of 3 (gated) or
+    2 matrices D x Fe, the shared experts' matrices D x (n_shared x their width) and their
+    gate."""
+    D, E = cfg.d_model, cfg.n_experts
+    width = cfg.expert_width or cfg.d_ff
+    shared = cfg.n_shared_experts * (cfg.shared_expert_width or width)
+    matrices = 3 if cfg.mlp in ("swiglu", "geglu") else 2
+    return (E * D + (E if cfg.router_selection_bias else 0) + matrices * D * (E * width + shared)
+            + (D if cfg.shared_expert_gate else 0))  # Qwen2-MoE's shared_expert_gate (1, D)
+
+
+def _latent_attention_count(cfg: da.DecoderConfig) -> int:
+    """q_a_proj D x q_lora_rank, its RMSNorm, q_b_proj to H heads of nope + rope (or one
+    q_proj); kv_a_proj_with_mqa D x (kv_lora_rank + rope), its RMSNorm, kv_b_proj to H heads
+    of nope + v; o_proj H*v x D."""
+    D, H = cfg.d_model, cfg.n_heads
+    head = cfg.nope_head_width + cfg.rope_head_width
+    rank = cfg.q_latent_rank
+    query = D * H * head if rank is None else D * rank + rank + rank * H * head
+    latent = cfg.kv_latent_rank
+    kv = D * (latent + cfg.rope_head_width) + latent + latent * H * (
+        cfg.nope_head_width + cfg.value_head_width)
+    return query + kv + H * cfg.value_head_width * D
 
 
 @pytest.mark.parametrize("name", da.preset_names())
 def test_every_preset_reconciles_on_the_meta_device(name):
     cfg = da.preset(name)
-    with torch.device("meta"):
-        model = da.Decoder(cfg)
+    model = da.Decoder(cfg, device="meta")
     assert all(p.device.type == "meta" for p in model.parameters())
     expected = _independent_count(cfg)
     assert da.measured_ledger(model).total == da.parameter_ledger(cfg).total == expected

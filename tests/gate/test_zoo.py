@@ -21,6 +21,7 @@ PLANTED_ELSEWHERE = {
     "train_mode": "zoo_training.py", "checkpointing": "zoo_training.py",
     "autocast": "zoo_training.py", "packing": "zoo_training.py, zoo_packing.py",
     "model_loss": "zoo_training.py, zoo_losses.py",
+    "routing_independence": "zoo_experts.py", "expert_gradients": "zoo_experts.py",
 }
 # train_mode reruns the causal cuts and batch independence in train mode: a model that leaks in
 # eval mode leaks there too, so an "only" mutant of those checks fails train_mode beside them.
@@ -121,8 +122,10 @@ def _passes(model, **kwargs):
 def test_presets_pass(name):
     report = _passes(zoo.decoder(da.preset(name)))
     assert report.mode == "white-box" and report.dtype == "float32"  # the model's own dtype
-    expected_skips = (["window"] + ([] if da.preset(name).tie_embeddings else ["tying_grad"])
-                      + TRAINING_ONLY)  # no preset declares a sliding window
+    # no preset here declares a sliding window or routes experts
+    expected_skips = (["routing_independence", "window"]
+                      + ([] if da.preset(name).tie_embeddings else ["tying_grad"])
+                      + ["expert_gradients"] + TRAINING_ONLY)
     assert [c.name for c in report.skipped] == expected_skips
 
 
@@ -164,6 +167,7 @@ def test_plain_torch_decoder_passes_black_box():
     # its readout is found and untied (a fact), so tying runs and tying_grad has nothing to sum
     assert {c.name for c in report.skipped} == {"attention_rows", "window", "params",
                                                "tying_grad", "oracle", "kv_cache", "padding",
+                                               "routing_independence", "expert_gradients",
                                                *TRAINING_ONLY}
     assert report["tying"].evidence["structure"] == "separate"
 

@@ -6,7 +6,7 @@ import configs
 import numpy as np
 import pytest
 import torch
-from helpers import random_decoder
+from helpers import oracle_leaves, random_decoder
 
 import decoder_audit as da
 from decoder_audit import ContextLengthError, InputShapeError, TokenIdError
@@ -54,11 +54,8 @@ def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
     weights = torch.randn(2, cfg.max_seq_len, cfg.vocab_size, dtype=torch.float64)
-    (model(ids) * weights).sum().backward()
     # the oracle gets its own leaf per Parameter object: a tied weight is one leaf under two names
-    fresh = {id(p): p.detach().clone().requires_grad_() for p in model.parameters()}
-    leaves = {name: fresh[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}
-    (da.oracle_logits(leaves, cfg, ids) * weights).sum().backward()
+    leaves = oracle_leaves(model, ids, weights)
     for pname, param in model.named_parameters():
         torch.testing.assert_close(param.grad, leaves[pname].grad, atol=1e-10, rtol=0)
 

@@ -9,7 +9,7 @@ L layers).
 from __future__ import annotations
 
 from ..config import DecoderConfig
-from .ledger import parameter_ledger
+from .ledger import active_parameters, expert_parameters, parameter_ledger
 from .results import (
     BYTES_PER_ELEMENT,
     GROUP_SCALING,
@@ -61,6 +61,9 @@ def parameter_counts(cfg: DecoderConfig) -> ParameterCounts:
         tied=cfg.tie_embeddings,
         total_if_tied=parameter_ledger(cfg.replace(tie_embeddings=True)).total,
         total_if_untied=parameter_ledger(cfg.replace(tie_embeddings=False)).total,
+        routed_experts=expert_parameters(cfg) * (cfg.n_experts or 0) * sum(
+            cfg.routes(i) for i in range(L)),
+        active=active_parameters(cfg),
     )
 
 
@@ -84,14 +87,27 @@ def _activation_rows(cfg: DecoderConfig, B: int, T: int) -> list[MemoryRow]:
                               cfg.vocab_size, cfg.n_layers)
     n_mlp = 3 if cfg.gated else 2  # w1 out, (w3 out,) activation out
     mlp_what = "w1, w3 outputs, gated product" if cfg.gated else "w1 output, activation"
+    qkv = ("q, k, v", B * T * (H + 2 * Hkv) * Dh, "BT(H+2Hkv)Dh")
+    if cfg.latent_attention:  # the decompressed heads, and the latents they come from
+        latents = cfg.kv_latent_rank + cfg.rope_head_width + (cfg.q_latent_rank or 0)
+        qkv = ("q, k, v and their latents", B * T * (H * (2 * Dh + cfg.value_dim) + latents),
+               "BT(H(2Dh+Dv) + C+R" + ("+Cq)" if cfg.q_latent_rank else ")"))
     per_layer = [  # (what, elements, formula)
         ("ln1, ln2 inputs + outputs", 4 * B * T * D, "4BTD"),
-        ("q, k, v", B * T * (H + 2 * Hkv) * Dh, "BT(H+2Hkv)Dh"),
+        qkv,
         ("softmax pattern", B * H * T * T, "BHT^2"),
-        ("weighted sum z", B * T * H * Dh, "BTH*Dh"),
-        (mlp_what, n_mlp * B * T * F, f"{n_mlp}BTF"),
+        ("weighted sum z", B * T * H * cfg.value_dim, "BTH*Dv"),
     ]
     rows = [MemoryRow(what, 4 * L * n, f"4 x L x {formula}") for what, n, formula in per_layer]
+    routed = sum(cfg.routes(i) for i in range(L))
+    if L - routed:
+        rows.append(MemoryRow(mlp_what, 4 * (L - routed) * n_mlp * B * T * F,
+                              f"4 x {'Ld' if routed else 'L'} x {n_mlp}BTF"))
+    if routed:  # each token's k experts and the shared ones, and the router's logits
+        width = cfg.experts_per_token * cfg.expert_dim + cfg.shared_dim
+        rows.append(MemoryRow(f"router logits; {mlp_what} of the k experts and shared",
+                              4 * routed * B * T * (cfg.n_experts + n_mlp * width),
+                              f"4 x Lr x BT(E + {n_mlp}(k*Fe + Fs))"))
     rows += [
         MemoryRow("ln_final input + output", 4 * 2 * B * T * D, "4 x 2BTD"),
         MemoryRow("logits + log-softmax", 4 * 2 * B * T * V, "4 x 2BTV"),
@@ -128,29 +144,77 @@ def forward_matmuls(cfg: DecoderConfig, batch_size: int, seq_len: int) -> list[M
 
     F.linear flattens (B, T, in) to (BT x in) and multiplies by W^T (in x out), once per layer.
     Attention multiplies per (batch row, query head): scores (T x Dh)(Dh x T) and weighted sum
-    (T x T)(T x Dh), B*H times per layer; with GQA the K/V heads are shared, not the products.
-    Valid for any T >= 1 (no max_seq_len check here, so the plot can extrapolate)."""
+    (T x T)(T x Dv), B*H times per layer; with GQA the K/V heads are shared, not the products.
+    A routed layer multiplies each token by its k experts only: BTk rows through an expert's
+    matrices in all (however they are spread over the E experts), plus the router and the
+    shared experts. Valid for any T >= 1 (no max_seq_len check here, so the plot can
+    extrapolate)."""
     B, T = batch_size, seq_len
-    D, H, Hkv, Dh, F, V, L = (cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff,
-                              cfg.vocab_size, cfg.n_layers)
+    H, Dh, Dv, V, L = cfg.n_heads, cfg.head_dim, cfg.value_dim, cfg.vocab_size, cfg.n_layers
     BT = B * T
-    proj, core = "attention projections", "attention scores + weighted sum"
-    out = [
-        Matmul("attn.q_proj", proj, BT, D, H * Dh, L, "L", "(BT x D)(D x H*Dh)"),
-        Matmul("attn.k_proj", proj, BT, D, Hkv * Dh, L, "L", "(BT x D)(D x Hkv*Dh)"),
-        Matmul("attn.v_proj", proj, BT, D, Hkv * Dh, L, "L", "(BT x D)(D x Hkv*Dh)"),
+    core = "attention scores + weighted sum"
+    out = _projections(cfg, BT)
+    out[-1:-1] = [  # the core sits before the output projection
         Matmul("attn.scores", core, T, Dh, T, B * H * L, "B*H*L", "(T x Dh)(Dh x T)"),
-        Matmul("attn.weighted_sum", core, T, T, Dh, B * H * L, "B*H*L", "(T x T)(T x Dh)"),
-        Matmul("attn.output_proj", proj, BT, H * Dh, D, L, "L", "(BT x H*Dh)(H*Dh x D)"),
-        Matmul("ffn.w1", "MLP", BT, D, F, L, "L", "(BT x D)(D x F)"),
+        Matmul("attn.weighted_sum", core, T, T, Dv, B * H * L, "B*H*L",
+               "(T x T)(T x Dv)" if cfg.latent_attention else "(T x T)(T x Dh)"),
     ]
-    if cfg.gated:
-        out.append(Matmul("ffn.w3", "MLP", BT, D, F, L, "L", "(BT x D)(D x F)"))
-    out += [
-        Matmul("ffn.w2", "MLP", BT, F, D, L, "L", "(BT x F)(F x D)"),
-        Matmul("lm_head (tied)" if cfg.tie_embeddings else "lm_head", "readout",
-               BT, D, V, 1, "1", "(BT x D)(D x V)"),
-    ]
+    out += _mlp_matmuls(cfg, BT)
+    out.append(Matmul("lm_head (tied)" if cfg.tie_embeddings else "lm_head", "readout",
+                      BT, cfg.d_model, V, 1, "1", "(BT x D)(D x V)"))
+    return out
+
+
+def _projections(cfg: DecoderConfig, BT: int) -> list[Matmul]:
+    """The attention projections of every layer, the output projection last."""
+    D, H, Hkv, Dh, Dv, L = (cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.value_dim,
+                            cfg.n_layers)
+    proj = "attention projections"
+    if not cfg.latent_attention:
+        return [Matmul("attn.q_proj", proj, BT, D, H * Dh, L, "L", "(BT x D)(D x H*Dh)"),
+                Matmul("attn.k_proj", proj, BT, D, Hkv * Dh, L, "L", "(BT x D)(D x Hkv*Dh)"),
+                Matmul("attn.v_proj", proj, BT, D, Hkv * Dh, L, "L", "(BT x D)(D x Hkv*Dh)"),
+                Matmul("attn.output_proj", proj, BT, H * Dh, D, L, "L", "(BT x H*Dh)(H*Dh x D)")]
+    C, R, Dn, Cq = cfg.kv_latent_rank, cfg.rope_head_width, cfg.nope_head_width, cfg.q_latent_rank
+    out = [Matmul("attn.q_proj", proj, BT, D, H * Dh, L, "L", "(BT x D)(D x H*Dh)")] \
+        if Cq is None else [
+        Matmul("attn.q_a_proj", proj, BT, D, Cq, L, "L", "(BT x D)(D x Cq)"),
+        Matmul("attn.q_b_proj", proj, BT, Cq, H * Dh, L, "L", "(BT x Cq)(Cq x H*Dh)")]
+    return out + [
+        Matmul("attn.kv_a_proj", proj, BT, D, C + R, L, "L", "(BT x D)(D x C+R)"),
+        Matmul("attn.kv_b_proj", proj, BT, C, H * (Dn + Dv), L, "L", "(BT x C)(C x H*(Dn+Dv))"),
+        Matmul("attn.output_proj", proj, BT, H * Dv, D, L, "L", "(BT x H*Dv)(H*Dv x D)")]
+
+
+def _mlp_matmuls(cfg: DecoderConfig, BT: int) -> list[Matmul]:
+    """The dense layers' MLPs (width F), then the routed layers' router, the k experts of every
+    token (BTk rows, width Fe) and the shared experts (width Fs)."""
+    D, F = cfg.d_model, cfg.d_ff
+    routed = sum(cfg.routes(i) for i in range(cfg.n_layers))
+    dense = cfg.n_layers - routed
+    out = []
+    if dense:
+        out += _mlp("ffn", BT, D, F, dense, "Ld" if routed else "L", "BT", "F", cfg.gated)
+    if routed:
+        E, k, Fe = cfg.n_experts, cfg.experts_per_token, cfg.expert_dim
+        out.append(Matmul("ffn.router", "MLP", BT, D, E, routed, "Lr", "(BT x D)(D x E)"))
+        out += _mlp("ffn.experts", BT * k, D, Fe, routed, "Lr", "BTk", "Fe", cfg.gated)
+        if cfg.n_shared_experts:
+            out += _mlp("ffn.shared", BT, D, cfg.shared_dim, routed, "Lr", "BT", "Fs", cfg.gated)
+        if cfg.shared_expert_gate:
+            out.append(Matmul("ffn.shared_gate", "MLP", BT, D, 1, routed, "Lr", "(BT x D)(D x 1)"))
+    return out
+
+
+def _mlp(name: str, rows: int, D: int, width: int, count: int, count_formula: str,
+         rows_formula: str, width_letter: str, gated: bool) -> list[Matmul]:
+    """w1 (and w3) D -> width, then w2 back, for `rows` rows, `count` times."""
+    into = f"({rows_formula} x D)(D x {width_letter})"
+    out = [Matmul(f"{name}.w1", "MLP", rows, D, width, count, count_formula, into)]
+    if gated:
+        out.append(Matmul(f"{name}.w3", "MLP", rows, D, width, count, count_formula, into))
+    out.append(Matmul(f"{name}.w2", "MLP", rows, width, D, count, count_formula,
+                      f"({rows_formula} x {width_letter})({width_letter} x D)"))
     return out
 
 
@@ -158,10 +222,24 @@ def _group_formulas(cfg: DecoderConfig) -> dict[str, str]:
     square = cfg.n_heads * cfg.head_dim == cfg.d_model  # H*Dh = D: the usual shapes
     kv = "8BTD^2" if square and cfg.kv_heads == cfg.n_heads else "4BTD(H + Hkv)Dh"
     mlp = "6BTDF" if cfg.gated else "4BTDF"
+    core = "L x 4BT^2D" if square else "L x 4BT^2*H*Dh"
+    if cfg.latent_attention:
+        kv = "2BT(D*Cq + Cq*H*Dh + D*(C+R) + C*H*(Dn+Dv) + H*Dv*D)" if cfg.q_latent_rank \
+            else "2BT(D*H*Dh + D*(C+R) + C*H*(Dn+Dv) + H*Dv*D)"
+        core = "L x 2BT^2*H*(Dh + Dv)"
+    if cfg.routed:
+        m = 3 if cfg.gated else 2
+        shared = (f" + {2 * m}BTD*Fs" if cfg.n_shared_experts else "") + (
+            " + 2BTD" if cfg.shared_expert_gate else "")
+        routed = f"Lr x (2BTDE + {2 * m}BTk*D*Fe{shared})"
+        dense = cfg.n_layers - sum(cfg.routes(i) for i in range(cfg.n_layers))
+        mlp = f"Ld x {mlp} + {routed}" if dense else routed
+    else:
+        mlp = f"L x {mlp}"
     return {
         "attention projections": f"L x {kv}",
-        "attention scores + weighted sum": "L x 4BT^2D" if square else "L x 4BT^2*H*Dh",
-        "MLP": f"L x {mlp}",
+        "attention scores + weighted sum": core,
+        "MLP": mlp,
         "readout": "2BTDV",
     }
 

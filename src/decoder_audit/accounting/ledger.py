@@ -47,7 +47,8 @@ class Ledger:
 
     def grouped(self) -> list[tuple[str, int, str]]:
         """Display rows: the embeddings, one block broken into its parts, L blocks, the rest.
-        Blocks are shown once when all layers agree (the usual case), otherwise per layer."""
+        Blocks are shown once when all layers agree (the usual case), otherwise each run of
+        equal layers once."""
         counts = self.as_dict()
         formulas = {row.name: row.formula for row in self.rows}
         n_layers = len({name.split(".")[1] for name in counts if name.startswith("layers.")})
@@ -61,9 +62,17 @@ class Ledger:
                 out.append((f"  one block: {part}", count, formulas.get(f"layers.0.{part}", "")))
             block = sum(per_layer[0])
             out.append((f"{n_layers} blocks", n_layers * block, f"{n_layers} x {block}"))
-        else:
-            for i, parts in enumerate(per_layer):
-                out.append((f"layers.{i}", sum(parts), " + ".join(map(str, parts))))
+        else:  # runs of equal layers once each (DeepSeek-V3: 3 dense, then 58 routed)
+            start = 0
+            for i in range(1, n_layers + 1):
+                if i < n_layers and per_layer[i] == per_layer[start]:
+                    continue
+                parts, run = per_layer[start], i - start
+                name = f"layers.{start}" if run == 1 else f"layers.{start}-{i - 1}"
+                formula = " + ".join(map(str, parts))
+                out.append((name, run * sum(parts), formula if run == 1 else
+                            f"{run} x ({formula})"))
+                start = i
         for name in ("ln_final", "lm_head"):
             out.append((name, counts.get(name, 0), formulas.get(name, "")))
         extra = [row for row in self.rows if row.name == "other"]
@@ -87,8 +96,7 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     if not isinstance(cfg, DecoderConfig):
         raise TypeError(f"parameter_ledger needs a DecoderConfig (or a dict of its fields), got "
                         f"{type(cfg).__name__}; e.g. da.preset('tiny-368')")
-    V, D, F, T = cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.max_seq_len
-    d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    V, D, T = cfg.vocab_size, cfg.d_model, cfg.max_seq_len
     rows = [LedgerRow("token_embeddings", V * D, f"V*D = {V}*{D}")]
     if cfg.pos == "learned":
         rows.append(LedgerRow("position_embeddings", T * D, f"max_seq_len*D = {T}*{D}"))
@@ -96,32 +104,16 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
         rows.append(LedgerRow("position_embeddings", 0, f"pos={cfg.pos}: nothing learned"))
 
     norm, norm_formula = _norm_count(cfg)
-    attn = D * d_q + 2 * D * d_kv + d_q * D
-    attn_formula = f"D*H*Dh + 2*D*Hkv*Dh + H*Dh*D = {D}*{d_q} + 2*{D}*{d_kv} + {d_q}*{D}"
-    bias, bias_formula = _attention_biases(cfg)
-    attn, attn_formula = attn + bias, attn_formula + bias_formula
-    if cfg.qk_norm and cfg.qk_norm_scope == "projection":
-        attn += d_q + d_kv
-        attn_formula += f" + q/k norm gains H*Dh + Hkv*Dh = {d_q}+{d_kv}"
-    elif cfg.qk_norm:
-        attn += 2 * cfg.head_dim
-        attn_formula += f" + q/k norm gains 2*Dh = 2*{cfg.head_dim}"
-    n_in = 2 if cfg.gated else 1  # matrices D -> F (w1, and w3 for SwiGLU / GeGLU)
-    ffn = n_in * D * F + F * D
-    ffn_formula = f"{n_in + 1}*D*F = {n_in + 1}*{D}*{F}"
-    biased = [name for name in ("w1", "w3", "w2") if cfg.has_bias(name)]
-    ffn += sum(D if name == "w2" else F for name in biased)  # F for w1, w3 (D -> F); D for w2
-    if len(biased) == n_in + 1:  # every matrix
-        ffn_formula += f" + biases {n_in}*{F}+{D}"
-    elif biased:
-        ffn_formula += f" + biases {'+'.join(str(D if n == 'w2' else F) for n in biased)} " \
-                       f"({'/'.join(biased)})"
+    attn, attn_formula = _latent_attention(cfg) if cfg.latent_attention else _attention(cfg)
+    dense, dense_formula = _dense_mlp(cfg)
+    routed, routed_formula = _routed_mlp(cfg) if cfg.routed else (0, "")
     norms = (2 if cfg.pre_norm else 0) + (2 if cfg.sandwich_norm else 0)  # ln1, ln2, *_post
     for i in range(cfg.n_layers):
         rows += [
             LedgerRow(f"layers.{i}.norms", norms * norm, f"{norms} norms x {norm_formula}"),
             LedgerRow(f"layers.{i}.attn", attn, attn_formula),
-            LedgerRow(f"layers.{i}.ffn", ffn, ffn_formula),
+            LedgerRow(f"layers.{i}.ffn", *((routed, routed_formula) if cfg.routes(i)
+                                           else (dense, dense_formula))),
         ]
     rows.append(LedgerRow("ln_final", norm, norm_formula))
     bias, bias_formula = (V, f" + bias V = {V}") if cfg.readout_bias else (0, "")
@@ -131,6 +123,89 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     else:
         rows.append(LedgerRow("lm_head", V * D + bias, f"untied: V*D = {V}*{D}" + bias_formula))
     return Ledger(rows, "analytic")
+
+
+def _attention(cfg: DecoderConfig) -> tuple[int, str]:
+    """One block's attention (count, formula): q, k, v, output, their biases, q/k norms."""
+    D, d_q, d_kv = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    attn = D * d_q + 2 * D * d_kv + d_q * D
+    formula = f"D*H*Dh + 2*D*Hkv*Dh + H*Dh*D = {D}*{d_q} + 2*{D}*{d_kv} + {d_q}*{D}"
+    bias, bias_formula = _attention_biases(cfg)
+    attn, formula = attn + bias, formula + bias_formula
+    if cfg.qk_norm and cfg.qk_norm_scope == "projection":
+        attn += d_q + d_kv
+        formula += f" + q/k norm gains H*Dh + Hkv*Dh = {d_q}+{d_kv}"
+    elif cfg.qk_norm:
+        attn += 2 * cfg.head_dim
+        formula += f" + q/k norm gains 2*Dh = 2*{cfg.head_dim}"
+    return attn, formula
+
+
+def _latent_attention(cfg: DecoderConfig) -> tuple[int, str]:
+    """One block's latent attention (count, formula): the query's latent (or q_proj), the
+    key/value latent with the rotary key, its expansion per head, the output projection."""
+    D, H, Dh, Dv = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.value_dim
+    C, R, Dn, Cq = cfg.kv_latent_rank, cfg.rope_head_width, cfg.nope_head_width, cfg.q_latent_rank
+    if Cq is None:
+        query, q_formula = D * H * Dh, f"q D*H*Dh = {D}*{H}*{Dh}"
+    else:
+        query = D * Cq + Cq + Cq * H * Dh
+        q_formula = f"q D*Cq + Cq + Cq*H*Dh = {D}*{Cq} + {Cq} + {Cq}*{H}*{Dh}"
+    kv = D * (C + R) + C + C * H * (Dn + Dv)
+    kv_formula = f"kv D*(C+R) + C + C*H*(Dn+Dv) = {D}*{C + R} + {C} + {C}*{H}*{Dn + Dv}"
+    return (query + kv + H * Dv * D,
+            f"{q_formula}; {kv_formula}; out H*Dv*D = {H}*{Dv}*{D}")
+
+
+def _dense_mlp(cfg: DecoderConfig, width: int | None = None) -> tuple[int, str]:
+    """One MLP of `width` (default d_ff) with the config's matrices and biases (count,
+    formula)."""
+    D, F = cfg.d_model, cfg.d_ff if width is None else width
+    n_in = 2 if cfg.gated else 1  # matrices D -> F (w1, and w3 for SwiGLU / GeGLU)
+    ffn = n_in * D * F + F * D
+    formula = f"{n_in + 1}*D*F = {n_in + 1}*{D}*{F}"
+    biased = [name for name in ("w1", "w3", "w2") if cfg.has_bias(name)]
+    ffn += sum(D if name == "w2" else F for name in biased)  # F for w1, w3 (D -> F); D for w2
+    if len(biased) == n_in + 1:  # every matrix
+        formula += f" + biases {n_in}*{F}+{D}"
+    elif biased:
+        formula += f" + biases {'+'.join(str(D if n == 'w2' else F) for n in biased)} " \
+                   f"({'/'.join(biased)})"
+    return ffn, formula
+
+
+def expert_parameters(cfg: DecoderConfig) -> int:
+    """One routed expert's parameters: an MLP of width Fe (0 for a config without experts)."""
+    return _dense_mlp(cfg, cfg.expert_dim)[0] if cfg.routed else 0
+
+
+def _routed_mlp(cfg: DecoderConfig) -> tuple[int, str]:
+    """One routed layer's MLP (count, formula): the router (and its selection bias), E experts
+    of width Fe, the shared experts as one MLP of their total width."""
+    D, E, m = cfg.d_model, cfg.n_experts, 3 if cfg.gated else 2
+    router = E * D + (E if cfg.router_selection_bias else 0)
+    formula = f"router E*D = {E}*{D}" + (f" + selection bias {E}" if cfg.router_selection_bias
+                                          else "")
+    formula += f"; {E} experts x {m}*D*Fe = {E} x {m}*{D}*{cfg.expert_dim}"
+    count = router + E * expert_parameters(cfg)
+    if cfg.n_shared_experts:
+        count += _dense_mlp(cfg, cfg.shared_dim)[0]
+        formula += f"; shared {m}*D*Fs = {m}*{D}*{cfg.shared_dim}"
+    if cfg.shared_expert_gate:
+        count += D
+        formula += f" + its gate D = {D}"
+    return count, formula
+
+
+def active_parameters(cfg: DecoderConfig) -> int:
+    """The parameters one token's forward reads: every weight but the routed experts it is not
+    sent to ((E - k) experts in each routed layer); the total for a model without experts.
+    Embeddings, attention, norms, the router and the shared experts all count."""
+    total = parameter_ledger(cfg).total
+    if not cfg.routed:
+        return total
+    idle = (cfg.n_experts - cfg.experts_per_token) * expert_parameters(cfg)
+    return total - idle * sum(cfg.routes(i) for i in range(cfg.n_layers))
 
 
 def _attention_biases(cfg: DecoderConfig) -> tuple[int, str]:

@@ -2,7 +2,9 @@
 
 The model is built on the meta device (shapes only) and run under
 `torch.utils.flop_counter.FlopCounterMode`. The measured path is `run_with_trace`, the eager
-attention path whose q @ k^T and pattern @ v are explicit matmuls the counter sees. (On real CPU
+attention path whose q @ k^T and pattern @ v are explicit matmuls the counter sees. A routed
+layer on meta multiplies every token by its k experts' gathered matrices (model/mlp.py), which
+the counter sees as bmm: those are compared with the analytic experts beside the attention core. (On real CPU
 tensors the fused `F.scaled_dot_product_attention` kernel is invisible to the counter; on meta it
 falls back to the math path and is counted too, which is recorded as a second measurement.)
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..config import DecoderConfig
+from .analytic import forward_matmuls
 from .results import GroupTotal, MeasuredFlops
 
 MEASURED_PATH = ("run_with_trace (eager attention: explicit q @ k^T and pattern @ v matmuls), "
@@ -36,8 +39,7 @@ def measure_forward_flops(cfg: DecoderConfig, batch_size: int,
     pass on meta ids (B, T), traced and plain. Returns {"eager": by_op, "sdpa": by_op}."""
     from ..model.decoder import Decoder
 
-    with torch.device("meta"):  # shapes only: gpt2-xl costs no memory here
-        model = Decoder(cfg)
+    model = Decoder(cfg, device="meta")  # shapes only: gpt2-xl costs no memory here
     ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")  # (B, T)
     eager = _count_flops(lambda: model.run_with_trace(ids))
     sdpa = _count_flops(lambda: model(ids))
@@ -54,15 +56,20 @@ def measured_flops(cfg: DecoderConfig, batch_size: int, seq_len: int, groups: li
     attention = sum(n for op, n in by_op.items() if op in _ATTENTION_OPS)
     measured_total = sum(by_op.values())
     want = {g.name: g.flops for g in groups}
-    want_linear = total - want["attention scores + weighted sum"]
+    # on meta the routed experts' products are batched over (token, choice) pairs: bmm
+    experts = sum(mm.flops for mm in forward_matmuls(cfg, batch_size, seq_len)
+                  if mm.name.startswith("ffn.experts."))
+    want_batched = want["attention scores + weighted sum"] + experts
+    want_linear = total - want_batched
     differences = []
     if measured_total != total:
         differences.append(f"total: analytic {total:,} vs measured {measured_total:,}")
     if linear != want_linear:
-        differences.append(f"mm+addmm {linear:,} vs projections+MLP+readout {want_linear:,}")
-    if attention != want["attention scores + weighted sum"]:
-        differences.append(f"bmm {attention:,} vs scores+weighted sum "
-                           f"{want['attention scores + weighted sum']:,}")
+        differences.append(f"mm+addmm {linear:,} vs projections+MLP+readout {want_linear:,}"
+                           + (" (routed experts apart)" if experts else ""))
+    if attention != want_batched:
+        differences.append(f"bmm {attention:,} vs scores+weighted sum"
+                           + (" + routed experts" if experts else "") + f" {want_batched:,}")
     others = sorted(op for op in by_op if op not in _LINEAR_OPS + _ATTENTION_OPS)
     if others:
         differences.append(f"ops outside the matmul groups: {others}")

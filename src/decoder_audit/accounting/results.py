@@ -87,6 +87,13 @@ class ParameterCounts(_ToDict):
     """The ledger total of the same config with tie_embeddings=True."""
     total_if_untied: int
     """The ledger total of the same config with tie_embeddings=False (+V*D for lm_head)."""
+    routed_experts: int = 0
+    """The routed experts' parameters in all layers (E experts x their MLP per routed layer);
+    0 without experts."""
+    active: int = 0
+    """The parameters one token's forward reads: the total less the routed experts it is not
+    sent to, (E - k) per routed layer. Embeddings, attention, norms, router and shared experts
+    count; the published "active" figures (Mixtral's 12.9B) are this. = total without experts."""
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,12 @@ def _print_parameters(acct, out) -> None:
               f"{p.non_position_embedding:,}")
     out.print(f"  this config is {tie_word}; the same shape tied: {p.total_if_tied:,}, "
               f"untied: {p.total_if_untied:,} (+V*D)")
+    cfg = acct.config
+    if cfg.routed:
+        out.print(f"  active per token: {p.active:,} ({p.active / p.total:.1%}: the "
+                  f"{cfg.experts_per_token} of {cfg.n_experts} routed experts a token is sent to, "
+                  "the router, shared experts, attention, norms, embeddings); routed experts in "
+                  f"all: {p.routed_experts:,}")
 
 
 def _print_memory(acct, out) -> None:

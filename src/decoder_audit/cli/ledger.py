@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-import torch
 from rich.table import Table
 
-from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
+from ..accounting.ledger import active_parameters, measured_ledger, parameter_ledger, reconcile
 from ..console import console, literal
 from .common import add_model_source, source_from_args, user_output_to_stderr
 
@@ -32,8 +31,8 @@ def run(args) -> int:
         else:
             from ..model.decoder import Decoder
 
-            with torch.device("meta"):  # shapes only: gpt2-xl is counted without allocating it
-                model = Decoder(cfg)
+            # shapes only: gpt2-xl is counted without allocating it
+            model = Decoder(cfg, device="meta")
     measured = measured_ledger(model)
     analytic = parameter_ledger(cfg) if cfg is not None else None
     problems = reconcile(analytic, measured) if analytic is not None else []
@@ -43,6 +42,7 @@ def run(args) -> int:
             "analytic_total": analytic.total if analytic else None,
             "measured": measured.as_dict(),
             "measured_total": measured.total,
+            "active_total": active_parameters(cfg) if cfg is not None else None,
             "reconciled": analytic is not None and not problems,
             "differences": problems,
         }, indent=2))
@@ -69,4 +69,7 @@ def run(args) -> int:
         return 1
     out.print(f"measured unique parameters: {measured.total:,} = analytic {analytic.total:,} "
               "[green]reconciled[/green]")
+    if cfg.routed:
+        out.print(f"active per token: {active_parameters(cfg):,} (every weight but the routed "
+                  f"experts a token is not sent to: {cfg.experts_per_token} of {cfg.n_experts})")
     return 0

@@ -192,6 +192,11 @@ class ModelFacts:
         return self.config is not None
 
     @property
+    def routes_experts(self) -> bool:
+        """A white-box DecoderConfig with routed layers (its trace records the expert weights)."""
+        return self.config is not None and self.config.routed
+
+    @property
     def has_ledger(self) -> bool:
         """A DecoderConfig of our layout, or a declared spec (whose weights params places, or
         fails to)."""

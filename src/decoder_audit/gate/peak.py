@@ -310,7 +310,7 @@ def _inputs(s: _Shape) -> list[GateTerm]:
     # the plan of check_inputs for a Decoder (max_seq_len declared: probed up to it)
     B, T = max(((b, t) for t, b in _plan(SimpleNamespace(probe_max=cfg.max_seq_len))),
                key=lambda bt: bt[0] * bt[1])
-    D, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    D, F, V = cfg.d_model, _mlp_width(cfg), cfg.vocab_size
     qkv = (cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_dim
     return [GateTerm(f"logits of the longest probe (B={B}, T={T})", B * T * V * e,
                      f"B x T x V x {e}"),
@@ -398,6 +398,14 @@ def _dead_parameters(s: _Shape) -> list[GateTerm]:
             _embedding_extra(s, TIED_EXTRA_COPIES if cfg.tie_embeddings else 1),
             *_gathered_whole(s, s.largest_weight, "the largest gradient"),
             _graph(s, DEAD_BATCH, DEAD_LEN)]
+
+
+def _mlp_width(cfg: DecoderConfig) -> int:
+    """F of the widest MLP a token passes through: d_ff, or a routed layer's k experts and its
+    shared ones side by side (k x Fe + Fs: OLMoE's 8 x 1024 against its d_ff of 1024)."""
+    routed = cfg.experts_per_token * cfg.expert_dim + cfg.shared_dim if cfg.routed else 0
+    dense = any(not cfg.routes(i) for i in range(cfg.n_layers))
+    return max(routed, cfg.d_ff if dense else 0)
 
 
 def _graph(s: _Shape, batch: int, seq_len: int) -> GateTerm:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import (alignment, attention, generation, inputs, invariance, kv_cache, model_loss,
-               packing, reference, training, weights, window)
+               packing, reference, routing, training, weights, window)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -85,6 +85,8 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
                                 "--precision bf16 runs it; from Python: audit(model, training="
                                 "TrainingPath(batch_size, seq_len, precision='bf16')))",
     "has_input_gradient": lambda f: f.input_gradient_reason,
+    "routes_experts": lambda f: "no routed experts known (a DecoderConfig with n_experts, whose "
+                                "trace records each token's expert weights)",
 }
 
 
@@ -129,6 +131,8 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           invariance.check_causal, shares_clean=True),
     Check("prefix", "a prefix alone equals the same rows of the full run", "invariance",
           invariance.check_prefix),
+    Check("routing_independence", "a token's experts read no other row, no later token",
+          "routing", routing.check_routing_independence, needs=("routes_experts",)),
     Check("attention_rows", "attention rows sum to 1, zero on future keys", "attention",
           attention.check_attention_rows, needs=("has_attention",)),
     Check("window", "each layer attends exactly its declared sliding window", "attention",
@@ -145,6 +149,8 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("dead_parameters", "every trainable parameter gets a gradient from the loss",
           "weights", weights.check_dead_parameters, needs=("own_module",),
           paths=("training",)),
+    Check("expert_gradients", "every routed expert gets a gradient when routed to", "routing",
+          routing.check_expert_gradients, needs=("routes_experts",), paths=("training",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
           kv_cache.check_kv_cache, needs=("has_cache",), paths=("generation",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",

@@ -498,7 +498,7 @@ def _stress_values(spec: DecoderConfig):
             if part[-1] == "weight":
                 return 1.0 + STRESS_GAIN_STD * noise - spec.norm_offset
             return STRESS_GAIN_STD * noise
-        if part[-1] == "bias":
+        if part[-1] == "bias" or len(shape) == 1:  # a bias (a router's selection bias too)
             return STRESS_GAIN_STD * noise
         return noise / shape[1] ** 0.5  # a matrix (out, in): unit-variance outputs
     return value_of

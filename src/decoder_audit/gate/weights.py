@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -272,25 +274,26 @@ def check_dead_parameters(s: Subject) -> CheckResult:
         value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
         return value if value.requires_grad else None  # no weight reaches it: every grad is 0
 
-    for share in s.gradients_by_share(_shares(trainable, DEAD_SHARE), loss):
-        for param in share:
-            largest_grad[names[id(param)]] = (0.0 if param.grad is None
-                                              else largest(whole(param.grad)))
+    with _experts_called(s.work) as called:  # which routed experts the probe's tokens reach
+        for share in s.gradients_by_share(_shares(trainable, DEAD_SHARE), loss):
+            for param in share:
+                largest_grad[names[id(param)]] = (0.0 if param.grad is None
+                                                  else largest(whole(param.grad)))
     behind_zeros = _behind_zeros(s, trainable, names, largest_grad, loss)
     # No gradient is exactly none: a parameter the loss reads gets some, however small (a
     # fresh model's query weights: 1e-6 of the largest). A parameter inert by the mathematics
     # (INERT) gets exactly 0 or the rounding of terms that cancel (1e-12 of the largest here):
     # reported as inert either way, never failed.
     rounding = tolerances.eps(s.dtype) * max(largest_grad.values(), default=0.0)
-    dead, inert = [], {}
+    dead, inert, unrouted = [], {}, sorted(called.missed)
     for name, size in largest_grad.items():
         why = next((w for pattern, w in INERT.items() if re.search(pattern, name)), None)
         if why is not None and size <= rounding:
             inert[name] = why
-        elif size == 0.0 and name not in behind_zeros:
+        elif size == 0.0 and name not in behind_zeros and not _under(name, unrouted):
             dead.append(name)
     evidence = {"trainable": len(trainable), "batch": 3, "seq_len": seq_len, "dead": dead,
-                "inert": inert, "behind_zero_init": behind_zeros}
+                "inert": inert, "behind_zero_init": behind_zeros, "unrouted_experts": unrouted}
     if dead:
         return CheckResult("dead_parameters", False, f"{len(dead)} of {len(trainable)} trainable "
                            f"parameters get no gradient from the loss: {', '.join(dead[:6])}"
@@ -301,8 +304,18 @@ def check_dead_parameters(s: Subject) -> CheckResult:
         first = next(iter(behind_zeros))
         said += (f"; {len(behind_zeros)} reached only once a zero-initialised partner leaves zero "
                  f"(e.g. {first} behind {behind_zeros[first][0]})")
-    return CheckResult("dead_parameters", True, f"all {len(trainable) - len(inert)} trainable "
+    if unrouted:  # no token was sent there: their gradient is 0 by the routing, not the wiring
+        said += (f"; {len(unrouted)} routed experts not chosen for any of the probe's "
+                 f"{3 * seq_len} tokens, so not judged here ({', '.join(unrouted[:3])}"
+                 + (" ..." if len(unrouted) > 3 else "") + ")")
+    judged = sum(not _under(n, unrouted) for n in largest_grad)
+    return CheckResult("dead_parameters", True, f"all {judged - len(inert)} trainable "
                        f"parameters get a gradient from the loss{said}", evidence)
+
+
+def _under(name: str, modules: list[str]) -> bool:
+    """Whether the parameter `name` belongs to one of `modules`."""
+    return any(name.startswith(module + ".") for module in modules)
 
 
 def _behind_zeros(s: Subject, trainable: list[nn.Parameter], names: dict[int, str],
@@ -335,6 +348,40 @@ def _behind_zeros(s: Subject, trainable: list[nn.Parameter], names: dict[int, st
                 param.zero_()
     partners = [names[id(z)] for z in zeros]
     return {name: partners for name in reached}
+
+
+class _Called:
+    """The routed expert modules (named `...experts.{e}`) a forward sends tokens to, and those
+    it does not: an expert no token is sent to is called on no rows (ours) or not at all (a
+    loop that skips it)."""
+
+    def __init__(self, experts: dict[str, nn.Module]) -> None:
+        self.experts, self.seen = experts, set()
+
+    @property
+    def missed(self) -> set[str]:
+        return set(self.experts) - self.seen
+
+
+_EXPERT = re.compile(r"(^|\.)experts\.\d+$")
+
+
+@contextmanager
+def _experts_called(model: nn.Module) -> Iterator[_Called]:
+    """Within the block, which of the model's routed experts its forwards call."""
+    called = _Called({name: module for name, module in model.named_modules()
+                      if _EXPERT.search(name)})
+    def seen(name: str, inputs: tuple) -> None:
+        if not inputs or not isinstance(inputs[0], torch.Tensor) or inputs[0].numel():
+            called.seen.add(name)
+
+    hooks = [module.register_forward_hook(lambda _, inputs, __, name=name: seen(name, inputs))
+             for name, module in called.experts.items()]
+    try:
+        yield called
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _shares(params: list[nn.Parameter], share: float) -> list[list[nn.Parameter]]:

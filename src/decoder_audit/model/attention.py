@@ -5,7 +5,11 @@ Two paths through the same weights compute the same function: the fused one
 KV cache) and the eager one (explicit scores, mask, softmax and pattern: what `run_with_trace`
 records and a person can inspect).
 
-Shape letters: B batch, T sequence, D d_model, H query heads, Hkv KV heads, Dh head width.
+Latent attention (`LatentAttention`, DeepSeek's MLA) makes q, k and v another way and shares
+the rest.
+
+Shape letters: B batch, T sequence, D d_model, H query heads, Hkv KV heads, Dh head width, Dv
+value head width (Dh but in latent attention), C the key/value latent, R the rotary part.
 """
 
 from __future__ import annotations
@@ -124,11 +128,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: DecoderConfig, *, residual_std: float, layer: int = 0,
                  **factory) -> None:
         super().__init__()
-        self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.group, self.rope_layout = cfg.kv_group_size, cfg.rope_layout
-        # W (None: every earlier token), the score multiplier (None: 1/sqrt(Dh)), the soft cap
-        self.window, self.score_scale, self.score_softcap = (cfg.window(layer), cfg.attn_scale,
-                                                           cfg.attn_softcap)
+        self._settings(cfg, layer)
         d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         bias = cfg.has_bias  # per projection: any of q, k, v and the output may have one
         self.q_proj = Linear(cfg.d_model, d_q, bias("q_proj"), init_std=INIT_STD, **factory)
@@ -144,6 +144,14 @@ class CausalSelfAttention(nn.Module):
         widths = (d_q, d_kv) if self.norm_whole else (cfg.head_dim, cfg.head_dim)
         self.q_norm = RMSNorm(widths[0], **norm) if cfg.qk_norm else None
         self.k_norm = RMSNorm(widths[1], **norm) if cfg.qk_norm else None
+
+    def _settings(self, cfg: DecoderConfig, layer: int) -> None:
+        """What the attention core reads, the same for every way of making q, k and v."""
+        self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.group, self.rope_layout = cfg.kv_group_size, cfg.rope_layout
+        # W (None: every earlier token), the score multiplier (None: 1/sqrt(Dh)), the soft cap
+        self.window, self.score_scale, self.score_softcap = (cfg.window(layer), cfg.attn_scale,
+                                                           cfg.attn_softcap)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
                 trace: Trace | None = None, prefix: str = "") -> torch.Tensor:
@@ -226,6 +234,63 @@ class CausalSelfAttention(nn.Module):
                                 ("scores", scores), ("pattern", pattern), ("z", z)):
                 trace.record(f"{prefix}.{name}", value)
         return z
+
+
+class LatentAttention(CausalSelfAttention):
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values are made from a latent of
+    kv_latent_rank features, and each query and key head is a non-rotary part (Dn features, its
+    first) and a rotary part (R, its last); the rotary key is one for all heads.
+
+        q            = q_b_proj(q_a_norm(q_a_proj(x)))   (or q_proj(x))      H x (Dn + R)
+        [c, k_rot]   = kv_a_proj(x)                                          C + R
+        [k_pass, v]  = kv_b_proj(kv_a_norm(c)), per head                     H x (Dn + Dv)
+        k_h          = [k_pass_h, RoPE(k_rot)],  q_h = [q_pass_h, RoPE(q_rot_h)]
+
+    Then the attention core of CausalSelfAttention, every head reading its own k and v (Dv
+    wide). The KV cache holds the decompressed k (B, H, S, Dn + R) and v (B, H, S, Dv): the
+    same cache as every other attention, the memory DeepSeek's latent cache saves given up for
+    one code path (docs/experts.md)."""
+
+    def __init__(self, cfg: DecoderConfig, *, residual_std: float, layer: int = 0,
+                 **factory) -> None:
+        nn.Module.__init__(self)
+        self._settings(cfg, layer)
+        D, H = cfg.d_model, cfg.n_heads
+        self.nope, self.rope, self.value = cfg.nope_head_width, cfg.rope_head_width, cfg.value_dim
+        norm = dict(eps=cfg.norm_eps, offset=cfg.norm_offset, **factory)
+        d_q, rank = H * cfg.head_dim, cfg.q_latent_rank
+        if rank is None:
+            self.q_proj = Linear(D, d_q, False, init_std=INIT_STD, **factory)
+        else:
+            self.q_a_proj = Linear(D, rank, False, init_std=INIT_STD, **factory)
+            self.q_a_norm = RMSNorm(rank, **norm)
+            self.q_b_proj = Linear(rank, d_q, False, init_std=INIT_STD, **factory)
+        latent = cfg.kv_latent_rank
+        self.kv_a_proj = Linear(D, latent + self.rope, False, init_std=INIT_STD, **factory)
+        self.kv_a_norm = RMSNorm(latent, **norm)
+        self.kv_b_proj = Linear(latent, H * (self.nope + self.value), False, init_std=INIT_STD,
+                                **factory)
+        self.output_proj = Linear(H * self.value, D, False, init_std=residual_std, **factory)
+
+    def _project(self, x: torch.Tensor, rope: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, seq_len, _ = x.shape
+        H, Dn, R = self.n_heads, self.nope, self.rope
+        q = (self.q_proj(x) if hasattr(self, "q_proj")
+             else self.q_b_proj(self.q_a_norm(self.q_a_proj(x))))  # (B, T, H*Dh)
+        q = q.view(batch, seq_len, H, Dn + R).transpose(1, 2)  # (B, H, T, Dh)
+        compressed, k_rot = self.kv_a_proj(x).split([self.kv_a_norm.shape[0], R], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_norm(compressed))  # (B, T, H*(Dn+Dv))
+        kv = kv.view(batch, seq_len, H, Dn + self.value).transpose(1, 2)  # (B, H, T, Dn+Dv)
+        k_pass, v = kv.split([Dn, self.value], dim=-1)  # (B, H, T, Dn), (B, H, T, Dv)
+        k_rot = k_rot.view(batch, 1, seq_len, R)  # one rotary key for every head
+        q_pass, q_rot = q.split([Dn, R], dim=-1)
+        if rope is not None:  # contiguous: an interleaved pair is a complex number in memory
+            q_rot = apply_rope(q_rot.contiguous(), rope, self.rope_layout)
+            k_rot = apply_rope(k_rot.contiguous(), rope, self.rope_layout)
+        q = torch.cat((q_pass, q_rot), dim=-1)  # (B, H, T, Dh)
+        k = torch.cat((k_pass, k_rot.expand(batch, H, seq_len, R)), dim=-1)  # (B, H, T, Dh)
+        return q, k, v
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,

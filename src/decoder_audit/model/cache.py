@@ -47,7 +47,8 @@ class KVCache:
         self.batch, self.capacity = batch, capacity
         shape = (cfg.n_layers, batch, cfg.kv_heads, capacity, cfg.head_dim)  # (L, B, Hkv, S, Dh)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        # (L, B, Hkv, S, Dv): values as wide as keys but in latent attention
+        self.values = torch.zeros(shape[:-1] + (cfg.value_dim,), device=device, dtype=dtype)
         # per-layer views (B, Hkv, S, Dh), made once: a step indexes no 5-d tensor
         self._layers = [(self.keys[i], self.values[i]) for i in range(cfg.n_layers)]
         self.length = 0  # slots filled, the same for every row

@@ -29,16 +29,20 @@ BLOCK_SITES: dict[str, Shape] = {  # each under "layers.{i}."
     "ln1": ("B", "T", "D"),
     "attn.q": ("B", "H", "T", "Dh"),  # after RoPE, when pos = rope
     "attn.k": ("B", "Hkv", "T", "Dh"),
-    "attn.v": ("B", "Hkv", "T", "Dh"),
+    "attn.v": ("B", "Hkv", "T", "Dv"),  # Dv = Dh but in latent attention
     "attn.scores": ("B", "H", "T", "T"),  # scaled, before the mask
     "attn.pattern": ("B", "H", "T", "T"),  # softmax rows; zero above the diagonal
-    "attn.z": ("B", "H", "T", "Dh"),  # pattern @ v, per head
+    "attn.z": ("B", "H", "T", "Dv"),  # pattern @ v, per head
     "attn.out": ("B", "T", "D"),  # after output_proj
     "resid_mid": ("B", "T", "D"),
     "ln2": ("B", "T", "D"),
     "ffn.hidden": ("B", "T", "F"),
     "ffn.out": ("B", "T", "D"),
     "resid_post": ("B", "T", "D"),
+}
+ROUTED_SITES: dict[str, Shape] = {  # a routed layer's, under "layers.{i}."
+    "ffn.router": ("B", "T", "E"),  # the router's logits
+    "ffn.gates": ("B", "T", "E"),  # each expert's weight in the token's sum; 0 where not chosen
 }
 OUTPUT_SITES: dict[str, Shape] = {
     "ln_final": ("B", "T", "D"),
@@ -51,7 +55,10 @@ def declared_shapes(cfg: DecoderConfig) -> dict[str, Shape]:
     sites = {name: shape for name, shape in INPUT_SITES.items()
              if name != "positions" or cfg.pos == "learned"}
     for i in range(cfg.n_layers):
-        sites.update({f"layers.{i}.{name}": shape for name, shape in BLOCK_SITES.items()})
+        sites.update({f"layers.{i}.{name}": shape for name, shape in BLOCK_SITES.items()
+                      if name != "ffn.hidden" or not cfg.routes(i)})
+        if cfg.routes(i):  # a routed layer records its router instead of one hidden layer
+            sites.update({f"layers.{i}.{name}": shape for name, shape in ROUTED_SITES.items()})
     sites.update(OUTPUT_SITES)
     return sites
 
@@ -64,7 +71,8 @@ class Trace(dict):
         self.declared = declared_shapes(cfg)
         self.sizes = {
             "B": batch_size, "T": seq_len, "D": cfg.d_model, "H": cfg.n_heads,
-            "Hkv": cfg.kv_heads, "Dh": cfg.head_dim, "F": cfg.d_ff, "V": cfg.vocab_size,
+            "Hkv": cfg.kv_heads, "Dh": cfg.head_dim, "Dv": cfg.value_dim, "F": cfg.d_ff,
+            "V": cfg.vocab_size, "E": cfg.n_experts,
         }
 
     def record(self, name: str, value: torch.Tensor) -> None:

@@ -484,6 +484,10 @@ def _neox_config(c: Any) -> DecoderConfig:
 
 def hf_family(cfg: DecoderConfig) -> str:
     """"gpt2" or "llama": the HF family that expresses cfg, or ConfigError naming the fields."""
+    if cfg.routed or cfg.latent_attention:
+        raise ConfigError(f"n_experts={cfg.n_experts}, kv_latent_rank={cfg.kv_latent_rank}: the "
+                          "converter writes GPT-2 and Llama, which have one dense MLP and plain "
+                          "q/k/v projections (no routed experts, no latent attention)")
     if cfg.mlp == "geglu" or cfg.norm_offset or cfg.embedding_scale is not None:
         raise ConfigError(f"mlp={cfg.mlp!r}, norm_offset={cfg.norm_offset}, embedding_scale="
                           f"{cfg.embedding_scale}: the converter writes GPT-2 and Llama, which "

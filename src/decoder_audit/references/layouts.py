@@ -49,6 +49,7 @@ with another shape, and a parameter of the module no canonical name takes are li
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -56,7 +57,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..config import DecoderConfig
+from ..config import UNROUTED, DecoderConfig
 from ..errors import ConfigError
 
 WeightsMap = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
@@ -74,17 +75,25 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     if spec.pos == "learned":
         shapes["position_embeddings.weight"] = (t, d)
     matrices = {"attn.q_proj": (d_q, d), "attn.k_proj": (d_kv, d), "attn.v_proj": (d_kv, d),
-                "attn.output_proj": (d, d_q), "ffn.w1": (f, d), "ffn.w2": (d, f)}
-    if spec.gated:
-        matrices["ffn.w3"] = (f, d)
+                "attn.output_proj": (d, d_q)}
+    if spec.latent_attention:
+        matrices = {}
     for i in range(spec.n_layers):
         p = f"layers.{i}"
         for name in block_norms(spec):
             shapes.update({f"{p}.{name}.{part}": (d,) for part in norm})
-        for name, shape in matrices.items():
+        for name, shape in {**matrices, **_mlp_matrices(spec, i)}.items():
             shapes[f"{p}.{name}.weight"] = shape
-            if spec.has_bias(name.split(".")[1]):  # each projection's own (attn_bias, mlp_bias)
+            if spec.has_bias(name.split(".")[-1]):  # each projection's own (attn_bias, mlp_bias)
                 shapes[f"{p}.{name}.bias"] = shape[:1]
+        if spec.latent_attention:
+            shapes.update({f"{p}.{name}": shape for name, shape in _latent_weights(spec).items()})
+        if spec.routes(i):
+            shapes[f"{p}.ffn.router.weight"] = (spec.n_experts, d)
+            if spec.router_selection_bias:
+                shapes[f"{p}.ffn.router.selection_bias"] = (spec.n_experts,)
+            if spec.shared_expert_gate:
+                shapes[f"{p}.ffn.shared_gate.weight"] = (1, d)
         if spec.qk_norm:
             whole = spec.qk_norm_scope == "projection"  # OLMo 2: over the whole projection
             shapes[f"{p}.attn.q_norm.weight"] = (d_q if whole else spec.head_dim,)
@@ -94,6 +103,37 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     if spec.readout_bias:
         shapes["lm_head.bias"] = (v,)
     return shapes
+
+
+def _mlp_matrices(spec: DecoderConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    """The MLP matrices of a layer (out, in): one dense MLP of width F, or a routed layer's E
+    experts of width Fe and its shared experts (their total width), each w1, (w3,) w2."""
+    d = spec.d_model
+    if not spec.routes(layer):
+        mlps = {"ffn": spec.d_ff}
+    else:
+        mlps = {f"ffn.experts.{e}": spec.expert_dim for e in range(spec.n_experts)}
+        if spec.n_shared_experts:
+            mlps["ffn.shared"] = spec.shared_dim
+    out = {}
+    for name, width in mlps.items():
+        out.update({f"{name}.w1": (width, d), f"{name}.w2": (d, width)})
+        if spec.gated:
+            out[f"{name}.w3"] = (width, d)
+    return out
+
+
+def _latent_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    """Latent attention's weights (DeepSeek's MLA) by their names under the block."""
+    d, heads, rank, latent = spec.d_model, spec.n_heads, spec.q_latent_rank, spec.kv_latent_rank
+    d_q = heads * spec.head_dim
+    query = {"attn.q_proj.weight": (d_q, d)} if rank is None else {
+        "attn.q_a_proj.weight": (rank, d), "attn.q_a_norm.weight": (rank,),
+        "attn.q_b_proj.weight": (d_q, rank)}
+    return {**query, "attn.kv_a_proj.weight": (latent + spec.rope_head_width, d),
+            "attn.kv_a_norm.weight": (latent,),
+            "attn.kv_b_proj.weight": (heads * (spec.nope_head_width + spec.value_dim), latent),
+            "attn.output_proj.weight": (d, heads * spec.value_dim)}
 
 
 def block_norms(spec: DecoderConfig) -> tuple[str, ...]:
@@ -134,8 +174,10 @@ class Layout:
         module, _, kind = canonical.rpartition(".")
         if module.startswith("layers."):
             _, i, part = module.split(".", 2)
-            inner = self.parts.get(part)
-            return None if inner is None else (f"{self.block.format(i=i)}.{inner}", kind)
+            expert = re.fullmatch(r"ffn\.experts\.(\d+)\.(.+)", part)  # one pattern for all E
+            inner = (self.parts.get(part) if expert is None else
+                     self.parts.get(f"ffn.experts.{{e}}.{expert[2]}", "").format(e=expert[1]))
+            return None if not inner else (f"{self.block.format(i=i)}.{inner}", kind)
         top = {"token_embeddings": self.embedding, "position_embeddings": self.positions,
                "ln_final": self.final_norm, "lm_head": self.head}.get(module)
         if top is None:  # a layout without such a weight (no position table, say)
@@ -145,7 +187,13 @@ class Layout:
 
 _OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn.q_proj", "attn.k_proj", "attn.v_proj",
                                  "attn.output_proj", "attn.q_norm", "attn.k_norm", "ffn.w1",
-                                 "ffn.w2", "ffn.w3")}
+                                 "ffn.w2", "ffn.w3",
+                                 # routed experts (expert {e}) and latent attention
+                                 "ffn.router", "ffn.shared_gate", "ffn.experts.{e}.w1",
+                                 "ffn.experts.{e}.w2", "ffn.experts.{e}.w3", "ffn.shared.w1",
+                                 "ffn.shared.w2", "ffn.shared.w3", "attn.q_a_proj", "attn.q_a_norm",
+                                 "attn.q_b_proj", "attn.kv_a_proj", "attn.kv_a_norm",
+                                 "attn.kv_b_proj")}
 _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
              "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
              "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
@@ -568,11 +616,22 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
     """Every canonical name a module of this family might hold: the spec's, and every bias,
     shift, gate and position table it might have although the spec says not (so an extra one
     is found and named, not left over)."""
-    full = spec.replace(attn_bias=True, attn_output_bias=True, mlp_bias=True, norm="layernorm",
-                        mlp="swiglu", pos="learned", qk_norm=True, rotary_dim=None,
-                        rope_scaling=None, window_rope_theta=None, sandwich_norm=True,
-                        pre_norm=True, norm_affine=True, norm_bias=True, readout_bias=True)
-    return list(expected_weights(full))
+    every = dict(attn_bias=True, attn_output_bias=True, mlp_bias=True, norm="layernorm",
+                 mlp="swiglu", pos="learned", qk_norm=True, rotary_dim=None, rope_scaling=None,
+                 window_rope_theta=None, sandwich_norm=True, pre_norm=True, norm_affine=True,
+                 norm_bias=True, readout_bias=True)
+    if spec.routed:  # experts without biases; every layer's dense MLP and experts alike
+        every.update(mlp_bias=False)
+    if spec.latent_attention:  # latent attention's RoPE, and neither biases nor q/k norms
+        every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope")
+    names = expected_weights(spec.replace(**every))
+    if spec.routed:  # a dense MLP where the spec routes, or the reverse, is found and named
+        names.update(expected_weights(spec.replace(**every, n_experts=None, **UNROUTED)))
+        names.update(expected_weights(spec.replace(**every, router_selection_bias=True,
+                                                   first_dense_layers=0, moe_every=1,
+                                                   n_shared_experts=max(1, spec.n_shared_experts),
+                                                   shared_expert_gate=True)))
+    return list(names)
 
 
 def _qkv_rows(spec: DecoderConfig) -> dict[str, tuple[int, int]]:

@@ -141,14 +141,23 @@ def _rope_row(cfg: DecoderConfig, vec: torch.Tensor, position: int, seq_len: int
                            for j in range(rotated // 2)], dtype=vec.dtype, device=vec.device)
     scale = _rope_attention_factor(cfg, windowed)
     c, s = scale * torch.cos(angles), scale * torch.sin(angles)  # (R/2,)
-    part, rest = vec[:rotated], vec[rotated:]
+    if cfg.latent_attention:  # the rotary part is a latent head's last R features
+        return torch.cat((vec[:-rotated], _turn(cfg, vec[-rotated:], c, s)))
+    return torch.cat((_turn(cfg, vec[:rotated], c, s), vec[rotated:]))
+
+
+def _turn(cfg: DecoderConfig, part: torch.Tensor, c: torch.Tensor, s: torch.Tensor
+          ) -> torch.Tensor:
+    """The R features `part` with pair j turned by the angle whose cosine and sine are c[j],
+    s[j]: pairs (part[2j], part[2j+1]) interleaved, (part[j], part[j + R/2]) rotate_half."""
+    rotated = part.shape[0]
     if cfg.rope_layout == "rotate_half":
         x0, x1 = part[:rotated // 2], part[rotated // 2:]
         turned = torch.cat((c * x0 - s * x1, s * x0 + c * x1))
     else:
         x0, x1 = part[0::2], part[1::2]
         turned = torch.stack((c * x0 - s * x1, s * x0 + c * x1), dim=-1).reshape(rotated)
-    return torch.cat((turned, rest))
+    return turned
 
 
 def _rope_rows(cfg: DecoderConfig, rows: torch.Tensor, windowed: bool) -> torch.Tensor:
@@ -174,16 +183,29 @@ def _norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
 
 # ---- the stages: embedding, one layer, final norm and readout ----------------------------------
 
-def layer_weight_names(layer: int) -> list[str]:
+ROUTED_MLPS = ("experts.{e}", "shared")  # a routed layer's MLPs, under ffn.
+LATENT_LINEARS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj", "output_proj")
+
+
+def layer_weight_names(cfg: DecoderConfig, layer: int) -> list[str]:
     """Every name a layer may read; a bias the model lacks is simply absent (the oracle uses a
-    bias wherever the weights have one, so an extra bias is computed, not ignored)."""
+    bias wherever the weights have one, so an extra bias is computed, not ignored). A routed
+    layer's experts and shared experts, latent attention's projections and norms."""
     p = f"layers.{layer}"
-    linears = [f"{p}.attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "output_proj")]
-    linears += [f"{p}.ffn.{n}" for n in ("w1", "w2", "w3")]
+    attention = LATENT_LINEARS if cfg.latent_attention else (
+        "q_proj", "k_proj", "v_proj", "output_proj")
+    linears = [f"{p}.attn.{n}" for n in attention]
+    mlps = [f"{p}.ffn"]
+    if cfg.routes(layer):
+        mlps = [f"{p}.ffn.experts.{e}" for e in range(cfg.n_experts)] + [f"{p}.ffn.shared"]
+    linears += [f"{mlp}.{n}" for mlp in mlps for n in ("w1", "w2", "w3")]
     norms = ("ln1", "ln2", "ln1_post", "ln2_post")
+    extra = [f"{p}.attn.{n}.weight" for n in ("q_norm", "k_norm", "q_a_norm", "kv_a_norm")]
+    if cfg.routes(layer):
+        extra += [f"{p}.ffn.router.weight", f"{p}.ffn.router.selection_bias",
+                  f"{p}.ffn.shared_gate.weight"]
     return ([f"{p}.{n}.{part}" for n in norms for part in ("weight", "bias")]
-            + [f"{name}.{part}" for name in linears for part in ("weight", "bias")]
-            + [f"{p}.attn.q_norm.weight", f"{p}.attn.k_norm.weight"])
+            + [f"{name}.{part}" for name in linears for part in ("weight", "bias")] + extra)
 
 
 FINAL_NORM_NAMES = ("ln_final.weight", "ln_final.bias")
@@ -210,9 +232,12 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
     positions, runs one sequence, one head and one query row at a time."""
     p = f"layers.{layer}"
     h = _norm(cfg, x, w, f"{p}.ln1") if cfg.pre_norm else x  # OLMo 2 reads the stream itself
-    q = _linear(h, w, f"{p}.attn.q_proj")  # (B, T, H*Dh)
-    k = _linear(h, w, f"{p}.attn.k_proj")  # (B, T, Hkv*Dh)
-    v = _linear(h, w, f"{p}.attn.v_proj")
+    if cfg.latent_attention:
+        q, k, v = _latent_qkv(cfg, w, p, h)
+    else:
+        q = _linear(h, w, f"{p}.attn.q_proj")  # (B, T, H*Dh)
+        k = _linear(h, w, f"{p}.attn.k_proj")  # (B, T, Hkv*Dh)
+        v = _linear(h, w, f"{p}.attn.v_proj")
     if cfg.qk_norm and cfg.qk_norm_scope == "projection":  # over all of q's (k's) features
         q = _rmsnorm(q, w[f"{p}.attn.q_norm.weight"], cfg.norm_eps, cfg.norm_offset)
         k = _rmsnorm(k, w[f"{p}.attn.k_norm.weight"], cfg.norm_eps, cfg.norm_offset)
@@ -228,18 +253,121 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
     h = x if cfg.parallel_residual else after_attention
     h = _norm(cfg, h, w, f"{p}.ln2") if cfg.pre_norm else h
     x = after_attention
-    if cfg.mlp == "swiglu":
-        gate = _linear(h, w, f"{p}.ffn.w1")
-        hidden = gate * torch.sigmoid(gate) * _linear(h, w, f"{p}.ffn.w3")
-    elif cfg.mlp == "geglu":
-        hidden = _activation("gelu_tanh", _linear(h, w, f"{p}.ffn.w1")) * \
-            _linear(h, w, f"{p}.ffn.w3")
-    else:
-        hidden = _activation(cfg.mlp, _linear(h, w, f"{p}.ffn.w1"))
-    out = _linear(hidden, w, f"{p}.ffn.w2")
+    out = _routed(cfg, w, f"{p}.ffn", h) if cfg.routes(layer) else _mlp(cfg, w, f"{p}.ffn", h)
     if cfg.sandwich_norm:
         out = _norm(cfg, out, w, f"{p}.ln2_post")
     return x + out  # (B, T, D)
+
+
+def _mlp(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
+         h: torch.Tensor) -> torch.Tensor:
+    """The MLP `name` (w1, w2 and a gated MLP's w3) on h (..., D) -> (..., D)."""
+    if cfg.mlp == "swiglu":
+        gate = _linear(h, w, f"{name}.w1")
+        hidden = gate * torch.sigmoid(gate) * _linear(h, w, f"{name}.w3")
+    elif cfg.mlp == "geglu":
+        hidden = _activation("gelu_tanh", _linear(h, w, f"{name}.w1")) * _linear(h, w,
+                                                                                 f"{name}.w3")
+    else:
+        hidden = _activation(cfg.mlp, _linear(h, w, f"{name}.w1"))
+    return _linear(hidden, w, f"{name}.w2")
+
+
+def _routed(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
+            h: torch.Tensor) -> torch.Tensor:
+    """A routed MLP on h (B, T, D), one token at a time in batch-major order: the router's
+    choice, then each chosen expert's output times its weight, summed, plus the shared experts.
+    With a capacity, an expert's assignments past it (counted in this order, a token's choices
+    from its first) are dropped."""
+    batch, seq_len, d_model = h.shape
+    tokens = h.reshape(-1, d_model)  # (N, D)
+    capacity = cfg.expert_capacity(tokens.shape[0])
+    taken = [0] * cfg.n_experts
+    rows = []
+    for x in tokens:
+        chosen, weights = _route_token(cfg, w[f"{name}.router.weight"] @ x,
+                                       w.get(f"{name}.router.selection_bias"))
+        out = torch.zeros_like(x)
+        for expert, weight in zip(chosen, weights):
+            taken[expert] += 1
+            if capacity is None or taken[expert] <= capacity:
+                out = out + weight * _mlp(cfg, w, f"{name}.experts.{expert}", x)
+        if cfg.n_shared_experts:
+            shared = _mlp(cfg, w, f"{name}.shared", x)
+            if cfg.shared_expert_gate:  # Qwen2-MoE: times sigmoid(w_g . x)
+                shared = shared / (1.0 + torch.exp(-(w[f"{name}.shared_gate.weight"][0] @ x)))
+            out = out + shared
+        rows.append(out)
+    return torch.stack(rows).reshape(batch, seq_len, d_model)
+
+
+def _route_token(cfg: DecoderConfig, logits: torch.Tensor, bias: torch.Tensor | None
+                 ) -> tuple[list[int], list[torch.Tensor]]:
+    """One token's experts, best first, and their weights, from its router logits (E,): the
+    scores (a softmax over the experts, or each logit's sigmoid), chosen by score plus the
+    selection bias (within the best groups where the experts are grouped); or, "topk_score",
+    the k largest logits (plus the bias) scored among themselves. Then divided by their sum
+    (normalize_topk), times routed_scaling."""
+    def score(values: torch.Tensor) -> torch.Tensor:
+        if cfg.router_scoring == "sigmoid":
+            return 1.0 / (1.0 + torch.exp(-values))
+        exps = torch.exp(values - values.max())
+        return exps / exps.sum()
+
+    scores = logits if cfg.router_order == "topk_score" else score(logits)
+    ranked = [float(v) for v in (scores if bias is None else scores + bias).detach()]
+    allowed = _best_groups(cfg, ranked)
+    order = sorted(allowed, key=lambda e: -ranked[e])
+    chosen = order[:cfg.experts_per_token]
+    picked = scores[chosen]  # (k,)
+    if cfg.router_order == "topk_score":
+        picked = score(picked)
+    if cfg.normalize_topk:
+        picked = picked / picked.sum()
+    return chosen, list(picked * cfg.routed_scaling)
+
+
+def _best_groups(cfg: DecoderConfig, ranked: list[float]) -> list[int]:
+    """The experts a token may choose from: every one, or those of its groups_per_token best
+    groups of E / G consecutive experts, a group worth its two best `ranked` values summed
+    ("top2_sum") or its best ("max")."""
+    if cfg.expert_groups is None:
+        return list(range(cfg.n_experts))
+    size = cfg.n_experts // cfg.expert_groups
+    members = [list(range(g * size, (g + 1) * size)) for g in range(cfg.expert_groups)]
+    worth = []
+    for group in members:
+        best = sorted((ranked[e] for e in group), reverse=True)
+        worth.append(best[0] + best[1] if cfg.group_score == "top2_sum" else best[0])
+    kept = sorted(range(cfg.expert_groups), key=lambda g: -worth[g])[:cfg.groups_per_token]
+    return [e for g in sorted(kept) for e in members[g]]
+
+
+def _latent_qkv(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], p: str, h: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Latent attention's q, k (B, T, H*Dh) and v (B, T, H*Dv) from h (B, T, D): the query
+    through its latent (or one projection), the keys' and values' latent normalised and
+    expanded head by head, each head's key its own non-rotary part then the rotary key every
+    head shares (RoPE turns it, and the query's last R features, in `_attention`)."""
+    attn, eps, offset = f"{p}.attn", cfg.norm_eps, cfg.norm_offset
+    if cfg.q_latent_rank is not None:
+        q_latent = _rmsnorm(_linear(h, w, f"{attn}.q_a_proj"), w[f"{attn}.q_a_norm.weight"], eps,
+                            offset)
+        q = _linear(q_latent, w, f"{attn}.q_b_proj")
+    else:
+        q = _linear(h, w, f"{attn}.q_proj")
+    joint = _linear(h, w, f"{attn}.kv_a_proj")  # (B, T, C + R)
+    rank = cfg.kv_latent_rank
+    latent = _rmsnorm(joint[..., :rank], w[f"{attn}.kv_a_norm.weight"], eps, offset)
+    shared_key = joint[..., rank:]  # (B, T, R)
+    expanded = _linear(latent, w, f"{attn}.kv_b_proj")  # (B, T, H*(Dn + Dv))
+    nope, width = cfg.nope_head_width, cfg.nope_head_width + cfg.value_dim
+    keys, values = [], []
+    for head in range(cfg.n_heads):
+        part = expanded[..., head * width:(head + 1) * width]
+        keys.append(torch.cat((part[..., :nope], shared_key), dim=-1))  # (B, T, Dh)
+        values.append(part[..., nope:])  # (B, T, Dv)
+    return q, torch.cat(keys, dim=-1), torch.cat(values, dim=-1)
 
 
 def _head_norm(cfg: DecoderConfig, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
@@ -254,7 +382,7 @@ def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
     head and query row by query row; query head h reads key/value head h // (H / Hkv). In a
     windowed layer row t reads keys t-W+1..t; scores are q.k times attn_scale (1/sqrt(Dh)
     unless given), soft-capped to c * tanh(score / c) where attn_softcap gives c."""
-    group, head_dim = cfg.kv_group_size, cfg.head_dim
+    group, head_dim, value_dim = cfg.kv_group_size, cfg.head_dim, cfg.value_dim
     window = cfg.window(layer)
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(head_dim)
     head_outputs = []
@@ -262,7 +390,7 @@ def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
         kv = head // group
         q_h = q[:, head * head_dim:(head + 1) * head_dim]  # (T, Dh)
         k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
-        v_h = v[:, kv * head_dim:(kv + 1) * head_dim]
+        v_h = v[:, kv * value_dim:(kv + 1) * value_dim]  # (T, Dv)
         if cfg.pos == "rope":
             windowed = window is not None
             q_h, k_h = _rope_rows(cfg, q_h, windowed), _rope_rows(cfg, k_h, windowed)
@@ -369,11 +497,28 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
         norms = (("ln1", "ln2") if cfg.pre_norm else ()) + (
             ("ln1_post", "ln2_post") if cfg.sandwich_norm else ())
         names += [f"{p}.{norm}.{part}" for norm in norms for part in norm_parts]
-        names += [f"{p}.attn.{n}_proj.weight" for n in ("q", "k", "v", "output")]
+        names += [f"{p}.attn.{n}.weight" for n in _attention_weights(cfg)]
         if cfg.qk_norm:
             names += [f"{p}.attn.q_norm.weight", f"{p}.attn.k_norm.weight"]
-        names += [f"{p}.ffn.{n}.weight" for n in matrices]
+        mlps = [f"{p}.ffn"]
+        if cfg.routes(layer):
+            mlps = [f"{p}.ffn.experts.{e}" for e in range(cfg.n_experts)] + (
+                [f"{p}.ffn.shared"] if cfg.n_shared_experts else [])
+            names.append(f"{p}.ffn.router.weight")
+            if cfg.router_selection_bias:
+                names.append(f"{p}.ffn.router.selection_bias")
+            if cfg.shared_expert_gate:
+                names.append(f"{p}.ffn.shared_gate.weight")
+        names += [f"{mlp}.{n}.weight" for mlp in mlps for n in matrices]
     return names + [f"ln_final.{part}" for part in norm_parts]
+
+
+def _attention_weights(cfg: DecoderConfig) -> tuple[str, ...]:
+    """The attention module's weights (and latent attention's norms' gains) the config needs."""
+    if not cfg.latent_attention:
+        return ("q_proj", "k_proj", "v_proj", "output_proj")
+    query = ("q_proj",) if cfg.q_latent_rank is None else ("q_a_proj", "q_a_norm", "q_b_proj")
+    return query + ("kv_a_proj", "kv_a_norm", "kv_b_proj", "output_proj")
 
 
 def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
@@ -392,7 +537,7 @@ def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
     x = _embed(cfg, ids.cpu(), lambda v: read.wide(table[v]),
                None if positions is None else read.wide(positions[:ids.shape[1]]), table)
     for layer in range(cfg.n_layers):
-        x = _block(cfg, read.load(layer_weight_names(layer)), layer, x)
+        x = _block(cfg, read.load(layer_weight_names(cfg, layer)), layer, x)
     x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
     return _read_out(cfg, x, read, get)
 
@@ -443,7 +588,7 @@ class StreamedOracle:
             for layer in range(cfg.n_layers):
                 self.progress(f"oracle forward: layer {layer + 1}/{cfg.n_layers}")
                 self.inputs.append(x)
-                x = _block(cfg, read.load(layer_weight_names(layer)), layer, x)
+                x = _block(cfg, read.load(layer_weight_names(cfg, layer)), layer, x)
             self.inputs.append(x)
             x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
             self.logits = _read_out(cfg, x, read, self.get)
@@ -460,7 +605,7 @@ class StreamedOracle:
         present = lambda names: {n: None for n in names if self.get(n) is not None}  # noqa: E731
         stages = [("final", {_readout_name(self.get): None,
                              **present(("lm_head.bias",) + FINAL_NORM_NAMES)})]
-        stages += [(f"layers.{i}", present(layer_weight_names(i)))
+        stages += [(f"layers.{i}", present(layer_weight_names(cfg, i)))
                    for i in reversed(range(cfg.n_layers))]
         embed = {"token_embeddings.weight": torch.unique(self.ids)}
         if cfg.pos == "learned":
@@ -483,11 +628,13 @@ class StreamedOracle:
         for layer in reversed(range(cfg.n_layers)):
             self.progress(f"oracle backward: layer {layer + 1}/{cfg.n_layers}")
             x = self.inputs[layer].detach().requires_grad_(True)
-            w = read.load(layer_weight_names(layer))
+            w = read.load(layer_weight_names(cfg, layer))
             with torch.enable_grad():
                 _backward(_block(cfg, w, layer, x), upstream)
             upstream = x.grad
-            grads = {name: leaf.grad for name, leaf in w.items()}
+            # a weight no path reached (an expert no token chose, a selection-only bias): 0
+            grads = {name: torch.zeros_like(leaf) if leaf.grad is None else leaf.grad
+                     for name, leaf in w.items()}
             del w, x  # the float64 weights go before the caller reads the gradients
             for name, grad in grads.items():
                 yield f"layers.{layer}", name, None, grad

@@ -91,6 +91,12 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
     if cfg.norm_offset:
         problems.append(f"norm_offset={cfg.norm_offset}: nn.LayerNorm's gain is its weight, "
                         "with no offset")
+    if cfg.routed:
+        problems.append(f"n_experts={cfg.n_experts}: the twin's MLP is one nn.Sequential, never "
+                        "routed experts")
+    if cfg.latent_attention:
+        problems.append(f"kv_latent_rank={cfg.kv_latent_rank}: nn.MultiheadAttention projects "
+                        "q, k and v directly, never through latents")
     return problems
 
 

@@ -1,0 +1,246 @@
+"""The block's MLP: one dense `FeedForward`, or `RoutedExperts` (a mixture of experts) where the
+config routes the layer.
+
+    dense:   w2(act(w1 x)), or gated w2(act(w1 x) * w3 x)
+    routed:  router logits r = W_r x (E,); scores s = softmax(r) or sigmoid(r); the k experts
+             of the largest s (+ a selection-only bias) chosen, from the best groups where the
+             experts are grouped; their weights g = s[chosen],
+             divided by their sum where normalize_topk, times routed_scaling; then
+             out = sum_j g_j * expert_{chosen_j}(x)  +  shared(x)  (x sigmoid(w_g . x), gated)
+
+Each expert is a FeedForward of width Fe (named `experts.{e}.w1` ...); the shared experts run as
+one FeedForward of width n_shared x their width (`shared.w1` ...), which is exactly the sum of
+separate ones (their hidden units side by side). The plain forward loops over the experts, each
+taking the tokens routed to it (clarity first: the loop is the definition), every token's rows
+multiplied on their own, so its result does not depend on how many tokens share its expert
+(`_rowwise`: the gate compares rows of different batches exactly). On the meta device
+the routing has no values, so no token can be sent anywhere: the experts' matrices are gathered
+per token instead (`_gathered`), the same products with the same shapes, which is what the FLOP
+count measures. Both compute the same function (tests/model/test_experts.py).
+
+Shape letters: B batch, T sequence, D d_model, F FFN width, E experts, k experts per token,
+N = B*T tokens, Fe an expert's width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import DecoderConfig
+from .layers import INIT_STD, Linear
+from .trace import Trace
+
+_ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "swiglu": F.silu,  # the gate's activation of a gated MLP
+    "geglu": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
+    if trace is not None:
+        trace.record(name, value)
+
+
+class FeedForward(nn.Module):
+    """w2(act(w1 x)), or gated w2(act(w1 x) * w3 x): SwiGLU (SiLU), GeGLU (tanh GELU). The
+    width is final (d_ff, or an expert's): nothing rescales it. `rowwise` (a routed expert's):
+    each row of x multiplied on its own (`_rowwise`), so a row's result does not depend on how
+    many rows come with it."""
+
+    def __init__(self, cfg: DecoderConfig, *, residual_std: float, width: int | None = None,
+                 rowwise: bool = False, **factory) -> None:
+        super().__init__()
+        self.rowwise = rowwise
+        self.activation = _ACTIVATIONS[cfg.mlp]
+        D, F_, bias = cfg.d_model, cfg.d_ff if width is None else width, cfg.has_bias
+        self.w1 = Linear(D, F_, bias("w1"), init_std=INIT_STD, **factory)  # per matrix biases
+        # writes into the residual stream
+        self.w2 = Linear(F_, D, bias("w2"), init_std=residual_std, **factory)
+        self.w3 = Linear(D, F_, bias("w3"), init_std=INIT_STD, **factory) if cfg.gated else None
+
+    def forward(self, x: torch.Tensor, trace: Trace | None = None,
+                prefix: str = "") -> torch.Tensor:
+        linear = _rowwise if self.rowwise else (lambda layer, rows: layer(rows))
+        gate = linear(self.w1, x)  # (B, T, F), an expert's (n, Fe)
+        if self.rowwise:  # in float64, rounded once (see the note above _rowwise)
+            hidden = self.activation(gate.double()).to(gate.dtype)
+        else:
+            hidden = self.activation(gate)
+        if self.w3 is not None:
+            hidden = hidden * linear(self.w3, x)
+        _record(trace, f"{prefix}.hidden", hidden)
+        return linear(self.w2, hidden)
+
+
+# A routed expert's activation runs in float64 and is rounded once to the model's dtype: the
+# vectorised kernel of SiLU or GELU finishes a tensor's tail with scalar code that rounds
+# differently, and an expert's tensor grows with the tokens sent to it, so in float32 a token's
+# activation would move by an ulp with the other tokens of the batch; in float64 both codes
+# agree far below float32's rounding. (A dense MLP's tensor has the batch's shape: no need.)
+
+
+def _rowwise(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    """x W^T (+ b) for x (n, in), each row its own (1 x in)(in x out) product (`_RowProducts`).
+    One matrix product of n rows picks its kernel by n (a row alone goes through gemv, and
+    gemm's blocking changes with the row count), so an expert's token would round differently
+    with the number of tokens sharing its expert, and a correct routed model would fail the
+    gate's exact batch_independence and causal comparisons by an ulp; row by row it rounds the
+    same in any batch."""
+    out = _RowProducts.apply(x, layer.weight)  # (n, out)
+    return out if layer.bias is None else out + layer.bias
+
+
+class _RowProducts(torch.autograd.Function):
+    """Forward: bmm of each row (1 x in) with the weight expanded n times (a view, no copy).
+    Backward: two ordinary products, grad_x = grad W and grad_W = grad^T x (autograd through
+    the expanded view would build an (n, in, out) gradient and sum it: 90x slower). The
+    gradients need no row-by-row rounding: the gate compares them within tolerance, and a
+    zero row of grad gives an exactly zero row of grad_x either way (grad_causal)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        n = x.shape[0]
+        return torch.bmm(x[:, None, :], weight.t().expand(n, -1, -1)).squeeze(1)  # (n, out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        return grad @ weight, grad.t() @ x  # (n, in), (out, in)
+
+
+class Router(nn.Module):
+    """The router's logits W_r x, (E, D), and DeepSeek-V3's selection-only bias (E,): added to
+    the scores to choose the experts, never to weigh them; it gets no gradient (none flows
+    through a choice), so it is a Parameter that requires none."""
+
+    def __init__(self, cfg: DecoderConfig, **factory) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cfg.n_experts, cfg.d_model, **factory))  # (E, D)
+        self.selection_bias = nn.Parameter(torch.empty(cfg.n_experts, **factory),
+                                           requires_grad=False) \
+            if cfg.router_selection_bias else None
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.weight.normal_(0.0, INIT_STD)
+        if self.selection_bias is not None:
+            self.selection_bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)  # (..., E)
+
+
+class RoutedExperts(nn.Module):
+    """A routed MLP: each token's k experts, weighted by the router, plus the shared experts."""
+
+    def __init__(self, cfg: DecoderConfig, *, residual_std: float, **factory) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.router = Router(cfg, **factory)
+        self.experts = nn.ModuleList(
+            FeedForward(cfg, residual_std=residual_std, width=cfg.expert_dim, rowwise=True,
+                        **factory) for _ in range(cfg.n_experts))
+        self.shared = (FeedForward(cfg, residual_std=residual_std, width=cfg.shared_dim,
+                                   **factory) if cfg.n_shared_experts else None)
+        # Qwen2-MoE: the shared experts' output scaled by sigmoid(w_g . x), (1, D)
+        self.shared_gate = (Linear(cfg.d_model, 1, False, init_std=INIT_STD, **factory)
+                            if cfg.shared_expert_gate else None)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits (N, E), the chosen experts (N, k), their weights (N, k)) for tokens x (N, D),
+        the scores in at least float32; a token over an expert's capacity gets weight 0 there."""
+        cfg = self.cfg
+        logits = self.router(x)  # (N, E)
+        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        score = (lambda r: r.softmax(-1)) if cfg.router_scoring == "softmax" else torch.sigmoid
+        bias = self.router.selection_bias
+        # the k largest logits, scored among themselves; or every expert scored, then the top k
+        scores = wide if cfg.router_order == "topk_score" else score(wide)  # (N, E)
+        chosen = self._within_groups(scores if bias is None else scores + bias).topk(
+            cfg.experts_per_token).indices  # (N, k)
+        weights = scores.gather(-1, chosen)  # (N, k)
+        if cfg.router_order == "topk_score":
+            weights = score(weights)
+        if cfg.normalize_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights * cfg.routed_scaling
+        capacity = cfg.expert_capacity(x.shape[0])
+        if capacity is not None and x.device.type != "meta":  # meta: no routing to count
+            weights = weights * _within_capacity(chosen, cfg.n_experts, capacity)
+        return logits, chosen, weights
+
+    def _within_groups(self, selection: torch.Tensor) -> torch.Tensor:
+        """selection (N, E) with every expert outside a token's best groups_per_token groups set
+        to -inf (group-limited routing), each group ranked by its two best scores summed or its
+        best; unchanged without expert_groups."""
+        cfg = self.cfg
+        if cfg.expert_groups is None:
+            return selection
+        grouped = selection.unflatten(-1, (cfg.expert_groups, -1))  # (N, G, E/G)
+        ranked = (grouped.topk(2, dim=-1).values.sum(-1) if cfg.group_score == "top2_sum"
+                  else grouped.amax(-1))  # (N, G)
+        best = ranked.topk(cfg.groups_per_token, dim=-1).indices  # (N, groups_per_token)
+        keep = torch.zeros_like(ranked, dtype=torch.bool).scatter(-1, best, True)  # (N, G)
+        return grouped.masked_fill(~keep[..., None], float("-inf")).flatten(-2)  # (N, E)
+
+    def forward(self, x: torch.Tensor, trace: Trace | None = None,
+                prefix: str = "") -> torch.Tensor:
+        """x (B, T, D) -> (B, T, D)."""
+        batch, seq_len, d_model = x.shape
+        tokens = x.reshape(-1, d_model)  # (N, D)
+        logits, chosen, weights = self.route(tokens)
+        if trace is not None:
+            gates = torch.zeros_like(logits, dtype=weights.dtype).scatter(-1, chosen, weights)
+            _record(trace, f"{prefix}.router", logits.view(batch, seq_len, -1))
+            _record(trace, f"{prefix}.gates", gates.view(batch, seq_len, -1))  # (B, T, E)
+        weights = weights.to(x.dtype)
+        if x.device.type == "meta":
+            out = self._gathered(tokens, chosen, weights)
+        else:
+            out = torch.zeros_like(tokens)  # (N, D)
+            for e, expert in enumerate(self.experts):
+                # the tokens routed to e; an expert with none still runs, on (0, D): its weights
+                # get a zero gradient, not none (DistributedDataParallel reduces every one)
+                token, slot = (chosen == e).nonzero(as_tuple=True)
+                out = out.index_add(0, token, expert(tokens[token]) * weights[token, slot, None])
+        if self.shared is not None:
+            out = out + self.shared_output(tokens)
+        return out.view(batch, seq_len, d_model)
+
+    def shared_output(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The shared experts on tokens (N, D), scaled by their gate where they have one."""
+        shared = self.shared(tokens)  # (N, D)
+        if self.shared_gate is not None:
+            shared = shared * torch.sigmoid(self.shared_gate(tokens))  # (N, 1) gate
+        return shared
+
+    def _gathered(self, tokens: torch.Tensor, chosen: torch.Tensor,
+                  weights: torch.Tensor) -> torch.Tensor:
+        """The same sum with every token's k experts' matrices gathered, (N, k, Fe, D): shapes
+        that do not depend on the routing (the meta device's path)."""
+        def stacked(name: str) -> torch.Tensor:  # (E, out, in)
+            if tokens.device.type == "meta":  # no values to stack: one expert's shape, E times
+                return getattr(self.experts[0], name).weight.expand(len(self.experts), -1, -1)
+            return torch.stack([getattr(expert, name).weight for expert in self.experts])
+
+        act = self.experts[0].activation
+        x = tokens[:, None, None, :]  # (N, 1, 1, D)
+        hidden = act((x @ stacked("w1")[chosen].transpose(-1, -2)).squeeze(-2))  # (N, k, Fe)
+        if self.experts[0].w3 is not None:
+            hidden = hidden * (x @ stacked("w3")[chosen].transpose(-1, -2)).squeeze(-2)
+        out = (hidden[..., None, :] @ stacked("w2")[chosen].transpose(-1, -2)).squeeze(-2)
+        return (out * weights[..., None]).sum(1)  # (N, k, D) -> (N, D)
+
+
+def _within_capacity(chosen: torch.Tensor, n_experts: int, capacity: int) -> torch.Tensor:
+    """(N, k) 1 where token n's slot j is among the first `capacity` assignments of its expert,
+    counted in token order (batch-major) then slot; 0 where it is dropped."""
+    assigned = F.one_hot(chosen.reshape(-1), n_experts)  # (N*k, E)
+    rank = (assigned.cumsum(0) * assigned).sum(-1) - 1  # (N*k,): earlier assignments to its expert
+    return (rank < capacity).reshape(chosen.shape).to(torch.float32)
