@@ -145,7 +145,10 @@ import conformance  # noqa: E402 - needs transformers
 
 
 def _hf(model_type: str):
-    model, _ = conformance.build_tiny(model_type, conformance.causal_lm_families()[model_type])
+    families = conformance.causal_lm_families()
+    if model_type not in families:
+        pytest.skip(f"transformers {tf.__version__} has no causal LM of model_type={model_type!r}")
+    model, _ = conformance.build_tiny(model_type, families[model_type])
     return model
 
 
@@ -170,6 +173,8 @@ def test_gpt_oss_sinks_pass_on_the_eager_path():
 def test_sdpa_models_are_checked_on_an_eager_path_and_given_back_unchanged():
     model = _hf("llama")
     assert model.config._attn_implementation == "sdpa"
+    if not callable(getattr(model, "set_attn_implementation", None)):  # from 4.54
+        pytest.skip("this release cannot switch a built model's attention path")
     ids = torch.randint(0, conformance.V, (2, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         before = model(ids).logits
@@ -193,7 +198,13 @@ def test_a_stock_rope_model_given_its_config_length_is_told_how_to_audit_it():
 
 
 def test_falcons_output_attentions_path_leak_is_named():
-    report = _hf_audit(_hf("falcon"))
+    model = _hf("falcon")
+    with torch.no_grad():  # the leak itself, seen without the gate: weight on a future key
+        weights = model(torch.zeros(1, 5, dtype=torch.long), output_attentions=True,
+                        use_cache=False).attentions[0]  # (1, H, T, T)
+    if not bool((weights.triu(diagonal=1).abs() > 0).any()):
+        pytest.skip("this release's Falcon output_attentions path is causal")
+    report = _hf_audit(model)
     assert report["causal"].passed  # the plain (sdpa) forward is causal
     rows = report["attention_rows"]
     assert not rows.passed

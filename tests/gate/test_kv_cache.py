@@ -10,6 +10,7 @@ import inspect
 import pytest
 import torch
 from helpers import randomise
+from hf_compat import release_bugs
 
 import decoder_audit as da
 
@@ -69,9 +70,12 @@ class OffsetPerCacheObject(tf.GPT2LMHeadModel):
         ids, cache = _ids_and_cache(args, kwargs)
         if cache is not None and position_ids is None:
             seen = self.__dict__.setdefault("_seen", {})
-            start = seen.get(id(cache), cache.get_seq_length())  # first seen: its length
+            length = (cache.get_seq_length() if hasattr(cache, "get_seq_length")
+                      else cache[0][0].shape[-2])  # GPT-2's tuples (transformers 4)
+            # first seen: its length; the cache is kept, so its id is never another's
+            start = seen.get(id(cache), (cache, length))[1]
             position_ids = torch.arange(start, start + ids.shape[1])[None]
-            seen[id(cache)] = start + ids.shape[1]
+            seen[id(cache)] = (cache, start + ids.shape[1])
         return super().forward(*args, position_ids=position_ids, **kwargs)
 
 
@@ -96,6 +100,8 @@ def test_a_static_cache_that_restarts_the_positions_fails_kv_cache_naming_it():
 
 def test_a_reused_cache_that_keeps_the_old_prompt_fails_kv_cache_naming_it():
     check = _check(_gpt2(OffsetPerCacheObject))
+    if not any("reset and reused" in r["schedule"] for r in check.evidence.get("schedules", [])):
+        pytest.skip(f"no cache was reset and reused here: {check.evidence.get('notes')}")
     assert not check.passed
     bad = [r["schedule"] for r in check.evidence["schedules"] if r["positions_differing"]]
     assert bad and all("reset and reused" in label for label in bad)
@@ -114,6 +120,9 @@ def test_windowed_layers_decode_through_the_caller_caches(family):
         model = tf.MistralForCausalLM(tf.MistralConfig(**common))
     else:
         model = tf.Gemma2ForCausalLM(tf.Gemma2Config(**common, head_dim=6, pad_token_id=0))
-    check = _check(randomise(model, seed=2, std=0.3))
+    model = randomise(model, seed=2, std=0.3)
+    if "kv_cache" in release_bugs(model):  # the release's own cache (Gemma 2 before 4.53)
+        pytest.skip(release_bugs(model)["kv_cache"])
+    check = _check(model)
     assert check.passed, check.detail
     assert len(check.evidence["caller_caches"]) >= 2

@@ -9,6 +9,7 @@ import configs
 import pytest
 import torch
 import zoo_styles
+from hf_compat import hf_class
 from torch import nn
 
 import decoder_audit as da
@@ -198,7 +199,7 @@ def test_hugging_face_llama_placed_with_rotate_half_equals_the_oracle():
                                                     for n, t in named.items()})
     ids = torch.randint(0, 29, (2, 9))
     with torch.no_grad():
-        want = model.double()(ids).logits
+        want = model.double()(ids).logits.double()  # 4.45 returns float32 logits
     torch.testing.assert_close(da.oracle_logits(mapped, spec, ids), want, atol=1e-5, rtol=0)
 
 
@@ -227,7 +228,12 @@ def _eps(model):
 
 def _scale(model):
     for layer in model.model.layers:
-        layer.self_attn.scaling = 1.0 / layer.self_attn.head_dim
+        attention = layer.self_attn
+        if hasattr(attention, "scaling"):
+            attention.scaling = 1.0 / attention.head_dim
+        else:  # before 4.48 the scale is a literal: the same scores through q scaled
+            factor = attention.head_dim ** -0.5
+            attention.q_proj.register_forward_hook(lambda _m, _i, out: out * factor)
 
 
 def _final_norm_missing(model):
@@ -334,9 +340,8 @@ def test_the_torch_twin_passes_its_own_config_as_spec_through_a_weights_map():
 
 
 def _qwen(family: str, head_dim: int = 4):
-    tf = pytest.importorskip("transformers")
-    config_class, model_class = {"qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
-                                 "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM)}[family]
+    name = {"qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    config_class, model_class = hf_class(f"{name}Config"), hf_class(f"{name}ForCausalLM")
     torch.manual_seed(0)
     config = config_class(vocab_size=37, hidden_size=16, intermediate_size=24,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -495,7 +500,11 @@ def _gemma():
 
 
 def _unscaled_embedding(model):
-    model.model.embed_tokens.embed_scale.fill_(1.0)
+    embedding = model.model.embed_tokens
+    if hasattr(embedding, "embed_scale"):
+        embedding.embed_scale.fill_(1.0)
+    else:  # transformers 4: the model scales the embedding's output by sqrt(D) itself
+        embedding.register_forward_hook(lambda _m, _i, out: out / model.config.hidden_size ** 0.5)
 
 
 def _exact_gelu_gate(model):

@@ -9,6 +9,7 @@ defect planted in transformers' own module fails the check that owns it."""
 
 from __future__ import annotations
 
+import copy
 import types
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 import decoder_audit as da
+from hf_compat import hf_class, layer_kwargs, release_bugs, rope_kwargs
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()
@@ -37,41 +39,46 @@ def _model(family: str, **config):
     torch.manual_seed(0)
     if family.startswith("neox"):
         c = tf.GPTNeoXConfig(**COMMON, use_parallel_residual=family == "neox-parallel",
-                             rope_parameters=PARTIAL, **config)
+                             **rope_kwargs(tf.GPTNeoXConfig, PARTIAL), **config)
         return tf.GPTNeoXForCausalLM(c).eval()
     if family == "stablelm":
         c = tf.StableLmConfig(**COMMON, num_key_value_heads=1, use_qkv_bias=True,
-                              rope_parameters=PARTIAL, **config)
+                              **rope_kwargs(tf.StableLmConfig, PARTIAL), **config)
         return tf.StableLmForCausalLM(c).eval()
     if family == "phi3":
-        c = tf.Phi3Config(**COMMON, num_key_value_heads=1, rope_parameters=PARTIAL, **config)
+        c = tf.Phi3Config(**COMMON, num_key_value_heads=1, **rope_kwargs(tf.Phi3Config, PARTIAL),
+                          **config)
         return tf.Phi3ForCausalLM(c).eval()
     if family == "gemma2":  # heads of 12 scaled by 1/sqrt(8), layer 0 windowed to 3 tokens
         c = tf.Gemma2Config(**{**COMMON, "pad_token_id": 0}, num_key_value_heads=1, head_dim=12,
                             query_pre_attn_scalar=8, attn_logit_softcapping=5.0,
                             final_logit_softcapping=3.0, sliding_window=3,
-                            layer_types=["sliding_attention", "full_attention"], **config)
+                            attn_implementation="eager",  # SDPA drops the score softcap (4.5x)
+                            **layer_kwargs(tf.Gemma2Config, ["sliding_attention", "full_attention"]),
+                            **config)
         return tf.Gemma2ForCausalLM(c).eval()
-    if family == "gemma3":  # layer 1 windowed on base 10, the full layer on 1e6 scaled 8x
-        c = tf.Gemma3TextConfig(**{**COMMON, "pad_token_id": 0}, num_key_value_heads=1,
-                                head_dim=8, query_pre_attn_scalar=16, sliding_window=3,
-                                layer_types=["full_attention", "sliding_attention"],
-                                rope_parameters={
-                                    "full_attention": {"rope_type": "linear", "factor": 8.0,
-                                                       "rope_theta": 1e6},
-                                    "sliding_attention": {"rope_type": "default",
-                                                          "rope_theta": 10.0}}, **config)
-        return tf.Gemma3ForCausalLM(c).eval()
+    if family == "gemma3":  # layer 0 windowed on base 10, the full layer on 1e6 scaled 8x
+        config_class = hf_class("Gemma3TextConfig")
+        rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}
+        # before layer_types, every layer but each sliding_window_pattern-th is windowed
+        layers = layer_kwargs(config_class, ["sliding_attention", "full_attention"],
+                              sliding_window_pattern=2)
+        c = config_class(**{**COMMON, "pad_token_id": 0}, num_key_value_heads=1, head_dim=8,
+                         query_pre_attn_scalar=16, sliding_window=3, **layers,
+                         **rope_kwargs(config_class, rope), **config)
+        return hf_class("Gemma3ForCausalLM")(c).eval()
     if family in ("olmo", "olmo2"):
-        config_class, model_class = {"olmo": (tf.OlmoConfig, tf.OlmoForCausalLM),
-                                     "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM)}[family]
+        name = {"olmo": "Olmo", "olmo2": "Olmo2"}[family]
+        config_class, model_class = hf_class(f"{name}Config"), hf_class(f"{name}ForCausalLM")
         c = config_class(**COMMON, num_key_value_heads=1, **config)
         return model_class(c).eval()
     if family == "mistral-window":
         c = tf.MistralConfig(**COMMON, num_key_value_heads=1, sliding_window=3, **config)
         return tf.MistralForCausalLM(c).eval()
     c = tf.LlamaConfig(**COMMON, num_key_value_heads=1, head_dim=8,
-                       rope_parameters={**SCALINGS[family], "rope_theta": 50.0}, **config)
+                       **rope_kwargs(tf.LlamaConfig, {**SCALINGS[family], "rope_theta": 50.0}),
+                       **config)
     return tf.LlamaForCausalLM(c).eval()
 
 
@@ -87,7 +94,7 @@ EXPECTED = {  # what each family's config declares, read by hand from transforme
                    norm_offset=1.0, embedding_scale=4.0, head_width=12),
     "mistral-window": dict(sliding_window=3, window_layers=None, n_kv_heads=1),
     "gemma3": dict(qk_norm=True, qk_norm_scope="head", window_rope_theta=10.0, rope_theta=1e6,
-                   rope_scaling={"type": "linear", "factor": 8.0}, window_layers=(1,),
+                   rope_scaling={"type": "linear", "factor": 8.0}, window_layers=(0,),
                    attn_scale=0.25, sandwich_norm=True, logit_softcap=None),
     "olmo": dict(norm="layernorm", norm_affine=False, norm_bias=False, norm_eps=1e-5),
     "olmo2": dict(pre_norm=False, sandwich_norm=True, qk_norm=True,
@@ -103,8 +110,10 @@ EXPECTED = {  # what each family's config declares, read by hand from transforme
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
 def test_each_family_is_its_configs_spec_and_passes(family):
-    report = da.audit(_model(family))
-    assert report.passed, report.first_failure
+    model = _model(family)
+    report = da.audit(model)
+    failed = {check.name for check in report.checks if not check.passed}
+    assert failed <= set(release_bugs(model)), report.first_failure
     spec = report.facts.spec
     assert {field: getattr(spec, field) for field in EXPECTED[family]} == EXPECTED[family]
     assert spec.rope_layout == "rotate_half"
@@ -147,7 +156,10 @@ def _attention_factor_dropped(model):
 
 
 def _score_softcap_dropped(model):
-    model.model.layers[0].self_attn.attn_logit_softcapping = None
+    attention = model.model.layers[0].self_attn
+    attention.attn_logit_softcapping = None
+    attention.config = copy.copy(attention.config)  # transformers 4 reads it from the config
+    attention.config.attn_logit_softcapping = None
 
 
 def _score_scale_of_the_head_width(model):  # 1/sqrt(12) where the config says 1/sqrt(8)
@@ -160,7 +172,10 @@ def _sandwich_norm_dropped(model):
 
 def _windowed_layer_on_the_global_base(model):
     rotary = model.model.rotary_emb
-    rotary.sliding_attention_inv_freq.copy_(rotary.full_attention_inv_freq)
+    if hasattr(rotary, "sliding_attention_inv_freq"):  # one rotary module for both kinds
+        rotary.sliding_attention_inv_freq.copy_(rotary.full_attention_inv_freq)
+    else:  # transformers 4: the windowed layers' own rotary module
+        model.model.rotary_emb_local.inv_freq.copy_(rotary.inv_freq)
 
 
 def _learned_layernorm(model):  # OLMo's norms learn nothing; this one has a gain and a shift
@@ -176,7 +191,12 @@ def _post_norm_eps(model):
 
 
 def _window_ignored(model):  # the windowed layer reads every earlier token
-    model.model.layers[0].self_attn.sliding_window = None
+    layer = model.model.layers[0]
+    if hasattr(layer, "is_sliding"):  # before 4.53 the layer masks its own window
+        layer.is_sliding = False
+        return
+    layer.self_attn.sliding_window = None
+    layer.attention_type = "full_attention"  # 4.53-5.x: the mask the layer is given
     model.config.layer_types = ["full_attention", "full_attention"]
 
 
@@ -224,6 +244,10 @@ def test_each_planted_defect_fails_its_check(family, defect):
 def test_a_config_the_spec_cannot_express_leaves_the_model_black_box_saying_why():
     """StableLM's per-head q/k LayerNorms (qk_layernorm) are not a DecoderConfig variant: the
     oracle does not run, and the report names the field instead of failing."""
-    report = da.audit(_model("stablelm", qk_layernorm=True), checks=["params", "oracle"])
+    try:
+        model = _model("stablelm", qk_layernorm=True)
+    except AttributeError as exc:  # 4.53-4.57 initialise its bias-free LayerNorms' bias
+        pytest.skip(f"transformers cannot build StableLM with qk_layernorm=True here: {exc}")
+    report = da.audit(model, checks=["params", "oracle"])
     assert report.facts.spec is None
     assert "qk_layernorm" in report["oracle"].detail

@@ -18,6 +18,7 @@ import configs
 import pytest
 import torch
 from helpers import random_decoder, randomise, tiny_decoder
+from hf_compat import rope_kwargs, written_rope, yarn_bug
 
 import decoder_audit as da
 from decoder_audit.references import hf as hfref
@@ -42,7 +43,8 @@ def _llama(tied: bool, kv_heads: int, seed: int = 0, **extra):
     config = tf.LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=2,
                             num_attention_heads=H, num_key_value_heads=kv_heads,
                             max_position_embeddings=T, rms_norm_eps=3e-4, tie_word_embeddings=tied,
-                            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                            **rope_kwargs(tf.LlamaConfig, {"rope_type": "default",
+                                                           "rope_theta": 500.0}),
                             bos_token_id=None, eos_token_id=None, pad_token_id=None,
                             attn_implementation="eager", **extra)
     return randomise(tf.LlamaForCausalLM(config), seed, std=0.3)
@@ -90,7 +92,8 @@ def test_from_hf_logits_equal_and_round_trip_is_exact(hf_models, name):
     assert ours_wide.token_embeddings.weight.dtype == torch.float64
     tolerance = FLOAT64_TOLERANCE[wide.config.model_type]
     with torch.no_grad():
-        torch.testing.assert_close(ours_wide(ids), wide(ids).logits, rtol=0, atol=tolerance)
+        theirs = wide(ids).logits.double()  # 4.45 returns float32 logits of a float64 model
+        torch.testing.assert_close(ours_wide(ids), theirs, rtol=0, atol=tolerance)
         # Our side of the float64 gap is exact: the slow float64 oracle agrees to 1e-12.
         oracle = da.oracle_logits(ours_wide.state_dict(), ours_wide.config, ids)
         torch.testing.assert_close(ours_wide(ids), oracle.to(torch.float64), rtol=0, atol=1e-12)
@@ -162,9 +165,10 @@ def test_rope_row_permutation_turns_rotate_half_into_interleaved():
     assert hf_weights.rope_permutation(8).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
     perm = hf_weights.rope_permutation(dh)
     llama = tf.LlamaConfig(hidden_size=2 * dh, num_attention_heads=2, max_position_embeddings=seq,
-                           rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+                           **rope_kwargs(tf.LlamaConfig, {"rope_type": "default",
+                                                          "rope_theta": 500.0}))
     x = torch.randn(1, 2, seq, dh, dtype=torch.float64)  # (B, H, T, Dh), HF layout
-    cos, sin = LlamaRotaryEmbedding(llama)(x, torch.arange(seq)[None])
+    cos, sin = LlamaRotaryEmbedding(config=llama)(x, torch.arange(seq)[None])
     theirs, _ = apply_rotary_pos_emb(x, x, cos, sin)
     cfg = configs.rope_only(head_dim=dh, max_seq_len=seq, rope_theta=500.0, n_heads=2)
     ours = apply_rope(x[..., perm], rope_rotations(cfg, seq, x.device, x.dtype))
@@ -177,11 +181,13 @@ def test_rope_row_permutation_turns_rotate_half_into_interleaved():
     (lambda: tf.GPT2Config(reorder_and_upcast_attn=True), "reorder_and_upcast_attn"),
     (lambda: tf.GPT2Config(scale_attn_weights=False), "scale_attn_weights=False"),
     (lambda: tf.LlamaConfig(hidden_act="gelu"), "hidden_act='gelu'"),
-    (lambda: tf.LlamaConfig(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
-                                             "short_factor": [1.0], "long_factor": [1.0]}),
-     "rope_parameters.rope_type='longrope'"),
-    (lambda: tf.LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
-                                             "partial_rotary_factor": 0.5}),
+    (lambda: tf.LlamaConfig(hidden_size=8, num_attention_heads=2, **rope_kwargs(
+        tf.LlamaConfig, {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0],
+                         "long_factor": [1.0], "original_max_position_embeddings": 8})),
+     "rope_type='longrope'"),
+    (lambda: tf.LlamaConfig(**rope_kwargs(tf.LlamaConfig, {"rope_type": "default",
+                                                           "rope_theta": 1e4,
+                                                           "partial_rotary_factor": 0.5})),
      "partial_rotary_factor=0.5"),
     (lambda: tf.StableLmConfig(num_key_value_heads=32, qk_layernorm=True), "qk_layernorm=True"),
     (lambda: tf.GPTNeoXConfig(hidden_act="silu"), "hidden_act='silu'"),
@@ -313,9 +319,12 @@ def test_rope_frequencies_equal_transformers_for_every_scaling(kind, partial):
     from decoder_audit.references import oracle
 
     params = {**ROPE_TYPES[kind], "rope_theta": 500000.0, "partial_rotary_factor": partial}
+    if kind.startswith("yarn") and yarn_bug(tf.StableLmConfig):
+        pytest.skip(yarn_bug(tf.StableLmConfig))
     config = tf.StableLmConfig(hidden_size=512, num_attention_heads=4, num_key_value_heads=4,
                                num_hidden_layers=1, intermediate_size=8, vocab_size=8,
-                               max_position_embeddings=16384, rope_parameters=params)
+                               max_position_embeddings=16384,
+                               **rope_kwargs(tf.StableLmConfig, params))
     seq_len = 3 * config.max_position_embeddings if kind == "dynamic" else None
     init = ROPE_INIT_FUNCTIONS.get(params["rope_type"])
     if init is None:  # "default" has no entry: theta^(-2j/R) in float32
@@ -341,18 +350,20 @@ def test_llama_rope_scaling_round_trips_through_the_converter(kind):
     params = {**ROPE_TYPES[kind], "rope_theta": 50.0}
     if "original_max_position_embeddings" in params:
         params["original_max_position_embeddings"] = 8
+    if kind == "yarn" and yarn_bug(tf.LlamaConfig):
+        pytest.skip(yarn_bug(tf.LlamaConfig))
     torch.manual_seed(0)
     config = tf.LlamaConfig(vocab_size=V, hidden_size=D, num_hidden_layers=2, num_attention_heads=H,
                             num_key_value_heads=2, intermediate_size=F, max_position_embeddings=T,
-                            rope_parameters=params, attn_implementation="eager",
+                            **rope_kwargs(tf.LlamaConfig, params), attn_implementation="eager",
                             bos_token_id=None, eos_token_id=None)
     hf_model = randomise(tf.LlamaForCausalLM(config), 0, std=0.3).double().eval()
     ours = hfref.from_hf(hf_model)
     assert ours.config.rope_scaling["type"] == kind
     ids = torch.randint(0, V, (2, T))
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids), hf_model(ids).logits, rtol=0, atol=2e-6)
+        torch.testing.assert_close(ours(ids), hf_model(ids).logits.double(), rtol=0, atol=2e-6)
     back = hfref.to_hf(ours)
-    written = back.config.rope_parameters
+    written = written_rope(back.config)
     assert {k: written[k] for k in params} == params
     assert hfref.from_hf(back).config == ours.config

@@ -14,9 +14,11 @@ import configs
 import pytest
 import torch
 from helpers import random_decoder
+from hf_compat import hf_class
 
 import decoder_audit as da
 from decoder_audit.references import hf as hfref
+from decoder_audit.references.hf_config import takes
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()
@@ -37,16 +39,25 @@ def _same_architecture(a: da.DecoderConfig, b: da.DecoderConfig) -> bool:
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_each_variant_is_written_as_its_family_and_read_back(name):
+    hf_class(FAMILIES[name])  # a family this release lacks is skipped
     cfg = configs.named(name)
     cfg = cfg.replace(rope_layout="rotate_half") if cfg.pos == "rope" else cfg
     ours = random_decoder(cfg, dtype=torch.float64)
-    hf_model = hfref.to_hf(ours)
+    try:
+        hf_model = hfref.to_hf(ours)
+    except da.ConfigError:
+        config_class = hf_class(FAMILIES[name]).config_class
+        if cfg.window_layers is not None and not takes(config_class, "layer_types"):
+            pytest.skip(f"{config_class.__name__} of this release takes no layer_types, and its "
+                        f"own rule does not window layers {cfg.window_layers} alone")
+        raise
     assert type(hf_model).__name__ == FAMILIES[name]
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
     with torch.no_grad():
         expected = ours(ids)
         scale = float(expected.abs().max())
-        torch.testing.assert_close(hf_model(ids).logits, expected, rtol=0, atol=2e-5 * scale)
+        theirs = hf_model(ids).logits.to(expected.dtype)  # 4.45: float32 logits
+        torch.testing.assert_close(theirs, expected, rtol=0, atol=2e-5 * scale)
     back = hfref.from_hf(hf_model)
     assert _same_architecture(back.config, ours.config)
     theirs = dict(back.named_parameters())
@@ -57,6 +68,11 @@ def test_each_variant_is_written_as_its_family_and_read_back(name):
 
 @pytest.mark.parametrize("name", ["neox-like", "gemma2-like"])
 def test_a_family_folder_saves_and_loads_back(tmp_path, name):
+    if name == "neox-like" and tf.GPTNeoXConfig(rope_parameters={
+            "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+            ).rope_parameters.get("partial_rotary_factor") != 0.5:
+        pytest.skip("this release's GPTNeoXConfig replaces rope_parameters' partial rotary "
+                    "factor by rotary_pct on loading (5.0-5.4), so a saved folder loads another")
     ours = random_decoder(configs.named(name), dtype=torch.float32)
     hfref.save_hf_folder(ours, tmp_path / "model")
     back = hfref.load_hf_folder(tmp_path / "model")
@@ -78,6 +94,7 @@ def test_a_config_no_family_holds_is_refused_naming_why():
 
 
 def test_a_family_model_whose_weights_do_not_fit_its_config_is_refused():
+    hf_class("Olmo2ForCausalLM")
     model = hfref.to_hf(random_decoder(configs.named("olmo2-like")))
     model.model.layers[0].self_attn.q_norm = torch.nn.Identity()
     with pytest.raises(da.ConfigError, match="layers.0.attn.q_norm.weight"):

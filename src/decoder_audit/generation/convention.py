@@ -87,8 +87,10 @@ def convention(model: nn.Module) -> Convention:
     cache_arg = next((name for name in ("past_key_values", "cache") if name in params), None)
     keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if cache_arg is not None and ("use_cache" in params or keywords):  # use_cache may be a **kwarg
-        return Convention("hugging face", True, masked, "position_ids" in params,
-                          "logits_to_keep" if "logits_to_keep" in params else None, cache_arg,
+        # the logits of the last positions only: logits_to_keep, num_logits_to_keep before 4.49
+        keep = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in params),
+                    None)
+        return Convention("hugging face", True, masked, "position_ids" in params, keep, cache_arg,
                           ids_keyword="input_ids" in params)
     return Convention("plain", False, masked, "position_ids" in params)
 
@@ -178,8 +180,16 @@ class Stepper:
         self.length = 0  # slots fed so far
         # `cache`: one the caller built (an empty Hugging Face cache, a pre-sized KVCache);
         # else ours makes its static cache here and a Hugging Face model its own on the prefill
+        # (or, where its own cannot be stepped, the one `generate` builds: `generate_cache`)
         self.cache: Any = cache if cache is not None else (
             model.new_cache(batch, capacity) if self.cached and conv.name == "decoder" else None)
+        if cache is None and self.cached and conv.name == "hugging face":
+            self.cache = generate_cache(model, batch, capacity)
+        # A cache built before the first call (the caller's, or generate's) is told where each
+        # step's slots lie, as generate tells it: a static or hybrid one cannot count them
+        # itself (a windowed first layer holds only its window).
+        self.cache_positions = (self.cache is not None and conv.name == "hugging face"
+                                and _takes(model, "cache_position"))
         self.mask: torch.Tensor | None = None  # Hugging Face: (B, capacity) flags, once padded
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None = None,
@@ -207,8 +217,10 @@ class Stepper:
         full = None if self.mask is None else self.mask[:, :end]  # (B, end)
         positions = (positions_from_mask(full)[:, start:] + self.conv.position_origin
                      if full is not None and self.conv.position_ids else None)
+        extra = ({"cache_position": torch.arange(start, end, device=ids.device)}
+                 if self.cache_positions else {})
         out = self._call(ids, full, last_only, positions, use_cache=True,
-                         **{self.conv.cache_arg: self.cache})
+                         **{self.conv.cache_arg: self.cache}, **extra)
         self.cache = _returned_cache(out, self.conv.cache_arg)
         return logits_of(out)
 
@@ -231,6 +243,34 @@ def call(model: nn.Module, conv: Convention, ids: torch.Tensor, **kwargs: Any) -
     if conv.name == "hugging face" and conv.ids_keyword:
         return model(input_ids=ids, **kwargs)
     return model(ids, **kwargs)
+
+
+def _takes(model: nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def generate_cache(model: nn.Module, batch: int, capacity: int) -> Any:
+    """The cache `generate` builds for a Hugging Face model whose config names a
+    cache_implementation (Gemma 2 and 3 before transformers 4.53: "hybrid"), for `batch` rows
+    and `capacity` slots; None for every other model, whose own cache grows as `generate` uses
+    it. Such a model's own cache holds only its first call's tokens (a HybridCache of the
+    prefill's length), so it cannot be stepped; and it cannot count its own slots (a windowed
+    first layer's rolling buffer), so each step is given its cache_position, as `generate`
+    gives it."""
+    kind = getattr(getattr(model, "config", None), "cache_implementation", None)
+    build = getattr(model, "_get_cache", None)
+    if not isinstance(kind, str) or not callable(build):
+        return None
+    kwargs = {"cache_implementation": kind, "batch_size": batch, "max_cache_len": capacity,
+              "model_kwargs": {}}
+    if "device" in inspect.signature(build).parameters:
+        kwargs["device"] = device_of(model)
+    cache = build(**kwargs)
+    vars(model).pop("_cache", None)  # generate keeps it on the model; each Stepper its own
+    return cache
 
 
 def left_padded(rows: list[list[int]], device: torch.device | str | None = None

@@ -221,10 +221,13 @@ def _spec_model_from_folder(hf_config: Any, folder: Path) -> Any:
         raise ConfigError(f"model_type={hf_config.model_type!r} in {str(folder)!r} is not a "
                           "family the converter reads")
     weight_files(folder)  # pickle weights alone are refused before transformers sees them
+    # the stored dtype: `dtype` from 4.56, `torch_dtype` before (where `dtype` is ignored)
+    dtype = "dtype" if isinstance(getattr(type(hf_config), "torch_dtype", None), property) \
+        else "torch_dtype"
     with quiet(tf):
         model, info = model_class.from_pretrained(
             str(folder), config=hf_config, local_files_only=True, trust_remote_code=False,
-            use_safetensors=True, dtype="auto", output_loading_info=True)
+            use_safetensors=True, output_loading_info=True, **{dtype: "auto"})
     missing, unexpected = info.get("missing_keys") or [], info.get("unexpected_keys") or []
     if missing or unexpected:
         raise CheckpointError(f"weights in {str(folder)!r} do not fit its config: missing "

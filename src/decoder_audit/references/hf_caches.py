@@ -23,16 +23,51 @@ from typing import Any
 
 import torch
 
+from .hf_windows import declared_windows
+
+
+def _parameters(cls: type) -> set[str]:
+    """The named parameters of the class's constructor; of its parent's where its own only
+    forwards *args and **kwargs (StaticCache in 4.54-4.55 hands them to Cache.__init__)."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters
+        except (TypeError, ValueError):
+            return set()
+        named = {name for name, p in params.items() if name != "self" and p.kind not in (
+            inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+        if named:
+            return named
+    return set()
+
 
 def _build(cls: type, config: Any, batch: int, length: int, device: torch.device,
            dtype: torch.dtype) -> Any:
-    try:
-        params = inspect.signature(cls.__init__).parameters
-    except (TypeError, ValueError):
-        params = {}
+    params = _parameters(cls)
     offered = {"config": config, "max_cache_len": length, "max_batch_size": batch,
                "batch_size": batch, "device": device, "dtype": dtype}
     return cls(**{name: value for name, value in offered.items() if name in params})
+
+
+def _window_caches(config: Any) -> list[str]:
+    """The windowed cache classes `generate` could hand this model: SlidingWindowCache windows
+    every layer, so only a config windowing every layer (Mistral) takes it; HybridCache windows
+    the layers its release's rule picks (before 4.53 the non-sliding_window_pattern-th, 2 by
+    default; from 4.53 layer_types'), so only a config whose layers it reads (layer_types, or
+    cache_implementation="hybrid": Gemma 2 and 3 before 4.53) or that windows every layer. A
+    config without a declared window takes neither (Qwen2 in 4.50-4.52 keeps sliding_window=4096
+    beside use_sliding_window=False)."""
+    windows = declared_windows(config)
+    if windows is None:
+        return []
+    every = all(window is not None for window in windows)
+    text = getattr(config, "get_text_config", lambda: config)()
+    hybrid = every or bool(getattr(text, "layer_types", None)) or \
+        getattr(text, "cache_implementation", None) == "hybrid"
+    return (["SlidingWindowCache"] if every else []) + (["HybridCache"] if hybrid else [])
 
 
 def caller_caches(model: Any, batch: int, length: int
@@ -47,10 +82,7 @@ def caller_caches(model: Any, batch: int, length: int
     first = next(iter(model.parameters()), None)
     device = first.device if first is not None else torch.device("cpu")
     dtype = first.dtype if first is not None else torch.float32
-    windowed = getattr(getattr(config, "get_text_config", lambda: config)(), "sliding_window",
-                       None) is not None
-    names = ["DynamicCache", "StaticCache"] + (["SlidingWindowCache", "HybridCache"]
-                                               if windowed else [])
+    names = ["DynamicCache", "StaticCache"] + _window_caches(config)
     built, notes = [], []
     for name in names:
         cls = getattr(tf, name, None)
@@ -66,3 +98,28 @@ def caller_caches(model: Any, batch: int, length: int
         built.append((label, lambda cls=cls, size=size: _build(cls, config, batch, size, device,
                                                                dtype)))
     return built, notes
+
+
+def slots_kept(cache: Any) -> int:
+    """The slots a cache still counts after its reset(): 0 where reset empties it, else the old
+    prompt's length, which a second prompt would be written after: transformers 4.54-5.2x's
+    DynamicCache zeroes its layers' tensors and keeps them, and its windowed layers then say 0
+    while a second prompt is appended after them. Read from `get_seq_length()`, each layer's
+    cumulative_length, and the slots a growing (not pre-sized) layer still holds; 0 for a
+    cache that cannot say, and for any cache not of transformers."""
+    if not type(cache).__module__.startswith("transformers"):
+        return 0  # ours (a KVCache holds its pre-sized slots by design) and any other library's
+    counts = []
+    counted = getattr(cache, "get_seq_length", None)
+    try:
+        counts.append(counted() if callable(counted) else 0)
+    except Exception:  # noqa: BLE001 - a cache that cannot count after a reset: taken as empty
+        pass
+    for layer in getattr(cache, "layers", ()):
+        counts.append(getattr(layer, "cumulative_length", 0))
+        keys = getattr(layer, "keys", None)  # (B, Hkv, S, Dh) where a dynamic layer holds any
+        if not hasattr(layer, "max_cache_len") and isinstance(keys, torch.Tensor) \
+                and keys.dim() >= 2:  # a growing layer: what it holds, it appends to
+            counts.append(keys.shape[-2])
+    return max([int(c.max()) if isinstance(c, torch.Tensor) else int(c) for c in counts
+                if isinstance(c, (int, torch.Tensor))] or [0])

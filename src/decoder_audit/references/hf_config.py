@@ -16,6 +16,7 @@ vocabulary), naming the field as config.json spells it.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,12 +106,32 @@ def refuse_bad_sizes(config: Any, config_path: Path, *,
                         f"integer >= {least}")
 
 
+def present_classes(tf: Any, names: dict[str, str]) -> dict[str, type]:
+    """family -> class for each class name (of `names`, family -> name) that the transformers
+    module `tf` has: a family whose class an older release lacks (Qwen3 before 4.51, Gemma 3
+    before 4.50, OLMo 2 before 4.47) is absent from the table on that release."""
+    found = {}
+    for family, name in names.items():
+        cls = getattr(tf, name, None)  # transformers' lazy module: AttributeError -> None
+        if cls is not None:  # (cli.convert reads the names through a namespace of strings)
+            found[family] = cls
+    return found
+
+
+_CONVERTER_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
+                      "mistral": "MistralForCausalLM"}
+_SPEC_CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "gemma": "GemmaForCausalLM", "stablelm": "StableLmForCausalLM",
+                 "phi3": "Phi3ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                 "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+
+
 def model_classes(tf: Any) -> dict[str, type]:
     """The model class of each family we convert, from the transformers module `tf`. Accessing
     them imports only these modeling files (transformers loads its models lazily). Mistral is
     Llama's architecture under other class names (its sliding window must be off)."""
-    return {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM,
-            "mistral": tf.MistralForCausalLM}
+    return present_classes(tf, _CONVERTER_CLASSES)
 
 
 def spec_classes(tf: Any) -> dict[str, type]:
@@ -123,12 +144,32 @@ def spec_classes(tf: Any) -> dict[str, type]:
     soft-capped scores and logits, every other layer windowed), Gemma 3's text model (per-head
     q/k norms, its windowed layers on their own RoPE base), OLMo (LayerNorms that learn
     nothing) and OLMo 2 (no pre-norms, sandwich norms, q/k norms over the whole projection),
-    whose weights the converter does not write."""
-    return {**model_classes(tf), "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM,
-            "gemma": tf.GemmaForCausalLM, "stablelm": tf.StableLmForCausalLM,
-            "phi3": tf.Phi3ForCausalLM, "gpt_neox": tf.GPTNeoXForCausalLM,
-            "gemma2": tf.Gemma2ForCausalLM, "gemma3_text": tf.Gemma3ForCausalLM,
-            "olmo": tf.OlmoForCausalLM, "olmo2": tf.Olmo2ForCausalLM}
+    whose weights the converter does not write. Only those this release has (`present_classes`)."""
+    return {**model_classes(tf), **present_classes(tf, _SPEC_CLASSES)}
+
+
+# ---- the forms a config field took across the transformers releases this project supports ----
+# (docs/transformers-range.md lists them with the release each changed in.) Each is decided from
+# the config's own class (what its release's modeling code reads), never from a version string.
+
+def holds_rope_parameters(config_class: type) -> bool:
+    """Whether configs of this class hold RoPE in `rope_parameters` (transformers 5: one dict
+    with rope_type, rope_theta, partial_rotary_factor and the scaling's keys; `rope_scaling` is a
+    property aliasing it) rather than flat `rope_theta` (and `partial_rotary_factor`) beside a
+    `rope_scaling` dict keyed `type` or `rope_type` (transformers 4), whose modeling code reads
+    only those and ignores a `rope_parameters` attribute."""
+    return isinstance(getattr(config_class, "rope_scaling", None), property)
+
+
+def takes(config_class: type, field: str) -> bool:
+    """Whether this release's config class takes `field` as an argument of its own: a field it
+    does not take is an attribute its modeling code ignores (Gemma 2's `layer_types` before
+    4.53, whose windowed layers are the even ones whatever the attribute says; Phi-3's
+    `partial_rotary_factor` before 4.49)."""
+    try:
+        return field in inspect.signature(config_class.__init__).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # Families whose attention rotates only the first partial_rotary_factor of each head's features
@@ -183,31 +224,32 @@ def _gpt2_config(c: Any) -> DecoderConfig:
 
 
 def _rope_fields(c: Any, family: str, head_dim: int, problems: list[str]) -> dict[str, Any]:
-    """rope_theta, rotary_dim and rope_scaling from a config's rope_parameters (or its older
-    flat fields), appending what we cannot express to `problems`."""
-    rope = dict(getattr(c, "rope_parameters", None) or {})
+    """rope_theta, rotary_dim and rope_scaling from a config's RoPE fields in the form its
+    release holds them (`rope_parameters_of`), appending what we cannot express to `problems`."""
+    rope = rope_parameters_of(c, family)
+    field = "rope_parameters" if holds_rope_parameters(type(c)) else "rope_scaling"
     window_theta = None
     if "full_attention" in rope:  # per layer type (Gemma 3): the windowed layers' own base
         local = dict(rope.get("sliding_attention") or {})
         if local.get("rope_type", "default") != "default":
-            problems.append(f"rope_parameters.sliding_attention.rope_type="
+            problems.append(f"{field}.sliding_attention.rope_type="
                             f"{local['rope_type']!r} (the windowed layers' RoPE is unscaled here)")
         window_theta = local.get("rope_theta")
         rope = dict(rope["full_attention"])
-    theta = rope.get("rope_theta", getattr(c, "rope_theta", None))
+    theta = rope.get("rope_theta")
     if theta is None:
-        problems.append("rope_parameters.rope_theta is missing")
-    factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
+        problems.append("rope_theta is missing")
+    factor = rope.get("partial_rotary_factor", 1.0)
     rotary_dim = None
     if factor != 1.0:
         rotary_dim = int(head_dim * factor)  # as transformers rounds it
         if family not in _PARTIAL_ROTARY:
-            problems.append(f"rope_parameters.partial_rotary_factor={factor} ({family}'s "
+            problems.append(f"partial_rotary_factor={factor} ({family}'s "
                             "attention rotates every feature)")
         elif rotary_dim % 2 or rotary_dim <= 0:
             problems.append(f"partial_rotary_factor={factor} rotates {rotary_dim} of "
                             f"{head_dim} features; RoPE needs an even number")
-    scaling = _rope_scaling_from_hf(rope, c, problems)
+    scaling = _rope_scaling_from_hf(rope, c, problems, field)
     fields = {"rope_theta": float(theta or 0.0), "rotary_dim": rotary_dim,
               "rope_scaling": scaling}
     if window_theta is not None and getattr(c, "sliding_window", None) is not None:
@@ -215,13 +257,49 @@ def _rope_fields(c: Any, family: str, head_dim: int, problems: list[str]) -> dic
     return fields
 
 
-def _rope_scaling_from_hf(rope: dict, c: Any, problems: list[str]) -> dict | None:
-    """Our rope_scaling for transformers' rope_parameters (None for rope_type "default")."""
+def rope_parameters_of(c: Any, family: str) -> dict[str, Any]:
+    """The config's RoPE as transformers 5's `rope_parameters` spells it (rope_type, rope_theta,
+    partial_rotary_factor and the scaling's keys; Gemma 3 one such dict per layer type), read
+    from the form the config's release holds (`holds_rope_parameters`): transformers 4's flat
+    rope_theta and partial_rotary_factor beside `rope_scaling` (keyed `type` or `rope_type`),
+    GPT-NeoX's rotary_pct and rotary_emb_base, Gemma 3's rope_local_base_freq for its windowed
+    layers. The legacy form is completed as transformers 5 completes it on loading such a
+    config.json: llama3 and YaRN without original_max_position_embeddings take
+    max_position_embeddings."""
+    if holds_rope_parameters(type(c)):
+        rope = dict(getattr(c, "rope_parameters", None) or {})
+        if "full_attention" in rope:
+            return rope
+        rope.setdefault("rope_theta", getattr(c, "rope_theta", None))
+        rope.setdefault("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
+        return rope
+    rope = dict(getattr(c, "rope_scaling", None) or {})
+    rope["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
+    rope.pop("type", None)
+    if family == "gpt_neox":  # its attention rotates int(head_size * rotary_pct) features
+        rope["rope_theta"] = getattr(c, "rotary_emb_base", getattr(c, "rope_theta", None))
+        rope["partial_rotary_factor"] = getattr(c, "rotary_pct", 1.0)
+    else:
+        rope["rope_theta"] = getattr(c, "rope_theta", None)
+        partial = family not in _PARTIAL_ROTARY or takes(type(c), "partial_rotary_factor")
+        rope["partial_rotary_factor"] = getattr(c, "partial_rotary_factor", 1.0) if partial else 1.0
+    if rope["rope_type"] in ("llama3", "yarn") and not rope.get("original_max_position_embeddings"):
+        rope["original_max_position_embeddings"] = c.max_position_embeddings
+    if family == "gemma3_text":  # the windowed layers: unscaled, on their own base
+        local = {"rope_type": "default", "rope_theta": getattr(c, "rope_local_base_freq", None)}
+        return {"full_attention": rope, "sliding_attention": local}
+    return rope
+
+
+def _rope_scaling_from_hf(rope: dict, c: Any, problems: list[str],
+                          field: str = "rope_parameters") -> dict | None:
+    """Our rope_scaling for transformers' rope_parameters (None for rope_type "default");
+    `field` names where the config holds it in problems."""
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
         return None
     if kind not in ("linear", "dynamic", "llama3", "yarn"):
-        problems.append(f"rope_parameters.rope_type={kind!r} (supported: default, linear, "
+        problems.append(f"{field}.rope_type={kind!r} (supported: default, linear, "
                         "dynamic, llama3, yarn)")
         return None
     original = rope.get("original_max_position_embeddings")
@@ -249,7 +327,7 @@ def _rope_scaling_from_hf(rope: dict, c: Any, problems: list[str]) -> dict | Non
     absent = sorted(key for key, value in scaling.items() if value is None and
                     key != "attention_factor")
     if absent:
-        problems.append(f"rope_parameters of rope_type {kind!r} lack {absent}")
+        problems.append(f"{field} of rope_type {kind!r} lack {absent}")
         return None
     return scaling
 
@@ -260,13 +338,15 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
     gemma = family in ("gemma", "gemma2", "gemma3_text")
     gates = {"silu": "swiglu"} if not gemma else {"gelu_pytorch_tanh": "geglu",
                                                   "gelu_new": "geglu"}
-    act = c.hidden_activation if family in ("gemma2", "gemma3_text") else c.hidden_act
+    act = _activation(c, family)
     if act not in gates:
         problems.append(f"hidden_act={act!r} (this family's gate is "
                         f"{' or '.join(sorted(gates))})")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     rope = _rope_fields(c, family, head_dim, problems)
-    window = _window_fields(c, problems)
+    window = _window_fields(c, family, problems)
+    if not window:  # no layer windowed (Gemma 3 with sliding_window_pattern=1): one base
+        rope.pop("window_rope_theta", None)
     if getattr(c, "clip_qkv", None) is not None:  # OLMo's option
         problems.append(f"clip_qkv={c.clip_qkv} (q, k and v clamped: not expressed)")
     for flag in ("qk_layernorm", "use_parallel_residual"):  # StableLM's options
@@ -306,10 +386,24 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
     )
 
 
-def _window_fields(c: Any, problems: list[str]) -> dict[str, Any]:
-    """sliding_window and window_layers from a config's sliding_window and layer_types (Qwen2's
-    use_sliding_window=False turns its window off; max_window_layers is refused)."""
-    layer_types = getattr(c, "layer_types", None)
+def _activation(c: Any, family: str) -> Any:
+    """The activation a config names: Gemma 2 and 3 in hidden_activation; Gemma in
+    hidden_activation where it is set (what 4.45-4.47 read, and what Gemma's published configs
+    mean beside their legacy hidden_act="gelu"), else hidden_act; the others in hidden_act."""
+    if family in ("gemma2", "gemma3_text"):
+        return c.hidden_activation
+    if family == "gemma":
+        return getattr(c, "hidden_activation", None) or c.hidden_act
+    return c.hidden_act
+
+
+def _window_fields(c: Any, family: str, problems: list[str]) -> dict[str, Any]:
+    """sliding_window and window_layers from a config's sliding_window and its windowed layers
+    (`layer_types`, or the rule of a release before them: `legacy_layer_types`); Qwen2's
+    use_sliding_window=False turns its window off."""
+    layer_types = legacy_layer_types(c, family)
+    if layer_types is None:
+        layer_types = getattr(c, "layer_types", None)
     window = getattr(c, "sliding_window", None)
     if getattr(c, "use_sliding_window", True) is False:
         window = None
@@ -327,6 +421,28 @@ def _window_fields(c: Any, problems: list[str]) -> dict[str, Any]:
         return {}
     return {"sliding_window": window,
             "window_layers": None if len(windowed) == len(layer_types) else windowed}
+
+
+def legacy_layer_types(c: Any, family: str) -> list[str] | None:
+    """The layer types of a config whose release has no `layer_types` (before 4.53), by the
+    rule its modeling code applied, the one 4.53 wrote into layer_types on loading such a
+    config: Gemma 2 windows the even layers (`not layer_idx % 2`); Gemma 3 every layer but each
+    sliding_window_pattern-th (`(layer_idx + 1) % pattern`); Qwen2 the layers from
+    max_window_layers on when use_sliding_window is set. None for the other families (their
+    `layer_types`, if any, is read) and where the config class takes layer_types."""
+    if takes(type(c), "layer_types"):
+        return None
+    layers = range(c.num_hidden_layers)
+    if family == "gemma2":
+        windowed = [not i % 2 for i in layers]
+    elif family == "gemma3_text":
+        pattern = getattr(c, "sliding_window_pattern", None) or 6
+        windowed = [bool((i + 1) % pattern) for i in layers]
+    elif family == "qwen2" and getattr(c, "use_sliding_window", False):
+        windowed = [i >= (getattr(c, "max_window_layers", None) or 0) for i in layers]
+    else:
+        return None
+    return ["sliding_attention" if slides else "full_attention" for slides in windowed]
 
 
 def _gemma2_fields(c: Any) -> dict[str, Any]:
@@ -434,10 +550,42 @@ def config_to_hf(cfg: DecoderConfig) -> Any:
         hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim,
         intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.norm_eps, hidden_act="silu",
-        rope_parameters=rope_parameters_for(cfg),
+        rms_norm_eps=cfg.norm_eps, hidden_act="silu", **rope_config_fields(cfg, tf.LlamaConfig),
         attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_bias, attention_dropout=0.0, **common)
 
+
+def rope_config_fields(cfg: DecoderConfig, config_class: type, family: str = "llama"
+                       ) -> dict[str, Any]:
+    """The RoPE fields of a `config_class` config for cfg, in the form that class's release
+    reads (`holds_rope_parameters`; the inverse of `rope_parameters_of`): transformers 5's
+    rope_parameters (Gemma 3's per layer type), or transformers 4's flat rope_theta and
+    partial_rotary_factor beside rope_scaling (None when unscaled; GPT-NeoX's rotary_emb_base
+    and rotary_pct; Gemma 3's windowed layers on rope_local_base_freq)."""
+    params = rope_parameters_for(cfg)
+    if cfg.rotary_dim is not None:
+        params["partial_rotary_factor"] = cfg.rotary_dim / cfg.head_dim
+    window_theta = cfg.window_rope_theta or cfg.rope_theta
+    if holds_rope_parameters(config_class):
+        if family == "gpt_neox" and cfg.rotary_dim is not None:
+            # 5.0-5.4 overwrite rope_parameters' factor with a rotary_pct argument (0.25 if none)
+            return {"rope_parameters": params, "rotary_pct": params["partial_rotary_factor"]}
+        if family == "gemma3_text":
+            local = {"rope_type": "default", "rope_theta": window_theta}
+            return {"rope_parameters": {"full_attention": params, "sliding_attention": local}}
+        return {"rope_parameters": params}
+    theta, partial = params.pop("rope_theta"), params.pop("partial_rotary_factor", None)
+    fields: dict[str, Any] = {"rope_theta": theta}
+    if family == "gpt_neox":
+        fields = {"rotary_emb_base": theta, "rotary_pct": 1.0 if partial is None else partial}
+    elif partial is not None:
+        fields["partial_rotary_factor"] = partial
+    if params["rope_type"] != "default":
+        fields["rope_scaling"] = params
+    if family == "gemma3_text":
+        fields["rope_local_base_freq"] = window_theta
+    # A field the class does not take would be an attribute its modeling code ignores: left
+    # out, the config reads back without it, and `hf_families` tries the next family.
+    return {name: value for name, value in fields.items() if takes(config_class, name)}
 
 
 def rope_parameters_for(cfg: DecoderConfig) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import decoder_from_tensors
-from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, rope_parameters_for, spec_classes
+from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, rope_config_fields, spec_classes, takes
 from .layouts import detect
 
 
@@ -68,7 +68,9 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
     classes = spec_classes(tf)
     tried = []
     for family, write in _WRITERS.items():
-        config = _written(tf, classes[family], write, cfg)
+        if family not in classes:  # a family this release lacks
+            continue
+        config = _written(classes[family], family, write, cfg)
         if config is None:
             tried.append(family)
             continue
@@ -81,12 +83,11 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
                       "reads back as another config)")
 
 
-def _written(tf: Any, model_class: type, write: Callable[[DecoderConfig], dict],
-             cfg: DecoderConfig) -> Any:
+def _written(model_class: type, family: str, write: Writer, cfg: DecoderConfig) -> Any:
     """The family's config for cfg, or None when it does not read back as cfg."""
     config_class = model_class.config_class
     try:
-        config = config_class(**write(cfg), vocab_size=cfg.vocab_size,
+        config = config_class(**write(cfg, config_class, family), vocab_size=cfg.vocab_size,
                               hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
                               num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
                               max_position_embeddings=cfg.max_seq_len,
@@ -123,62 +124,65 @@ def _write_weights(hf_model: Any, cfg: DecoderConfig, decoder: Decoder) -> bool:
 
 # ---- each family's config from ours ------------------------------------------------------------
 
-def _common_rope(cfg: DecoderConfig) -> dict[str, Any]:
-    rope = rope_parameters_for(cfg) if cfg.pos == "rope" else {}
-    if cfg.rotary_dim is not None:
-        rope["partial_rotary_factor"] = cfg.rotary_dim / cfg.head_dim
-    return {"rope_parameters": rope, "num_key_value_heads": cfg.kv_heads,
-            "head_dim": cfg.head_dim}
+def _common(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, Any]:
+    """The fields every family's config writes alike: its RoPE in the form its release reads
+    (`rope_config_fields`), the key/value heads and the head width."""
+    rope = rope_config_fields(cfg, config_class, family) if cfg.pos == "rope" else {}
+    return {**rope, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim}
 
 
-def _layer_types(cfg: DecoderConfig) -> list[str]:
-    return ["sliding_attention" if cfg.window(i) else "full_attention"
-            for i in range(cfg.n_layers)]
+def _windows(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, Any]:
+    """The windowed layers: `layer_types` where the release's config takes it; before it, the
+    family's own rule holds them or not (Gemma 2: the even layers; Gemma 3: all but each
+    sliding_window_pattern-th), which the read-back in `_written` decides."""
+    kinds = ["sliding_attention" if cfg.window(i) else "full_attention"
+             for i in range(cfg.n_layers)]
+    if takes(config_class, "layer_types"):
+        return {"layer_types": kinds}
+    if family == "gemma3_text":  # the pattern p whose rule gives these kinds, if one does
+        full = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
+        return {"sliding_window_pattern": full[0] + 1 if full else cfg.n_layers + 1}
+    return {}
 
 
-def _rms(cfg: DecoderConfig, **more: Any) -> dict[str, Any]:
-    return {**_common_rope(cfg), "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu", **more}
+def _rms(cfg: DecoderConfig, config_class: type, family: str, **more: Any) -> dict[str, Any]:
+    return {**_common(cfg, config_class, family), "rms_norm_eps": cfg.norm_eps,
+            "hidden_act": "silu", **more}
 
 
-def _gemma2(cfg: DecoderConfig) -> dict[str, Any]:
+def _gemma2(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, Any]:
     scalar = (cfg.attn_scale or cfg.head_dim ** -0.5) ** -2  # scores * scalar^-0.5
     if abs(scalar - round(scalar)) < 1e-9 * scalar:
         scalar = round(scalar)  # the config field is an integer
-    return {**_common_rope(cfg), "rms_norm_eps": cfg.norm_eps,
+    return {**_common(cfg, config_class, family), "rms_norm_eps": cfg.norm_eps,
             "hidden_activation": "gelu_pytorch_tanh", "sliding_window": cfg.sliding_window,
-            "layer_types": _layer_types(cfg), "query_pre_attn_scalar": scalar,
+            **_windows(cfg, config_class, family), "query_pre_attn_scalar": scalar,
             "attn_logit_softcapping": cfg.attn_softcap,
             "final_logit_softcapping": cfg.logit_softcap}
 
 
-def _gemma3(cfg: DecoderConfig) -> dict[str, Any]:
-    out = _gemma2(cfg)
-    local = {"rope_type": "default", "rope_theta": cfg.window_rope_theta or cfg.rope_theta}
-    out["rope_parameters"] = {"full_attention": out["rope_parameters"],
-                              "sliding_attention": local}
-    return out
+Writer = Callable[[DecoderConfig, type, str], dict[str, Any]]
 
 
-_WRITERS: dict[str, Callable[[DecoderConfig], dict[str, Any]]] = {
-    "mistral": lambda cfg: _rms(cfg, sliding_window=cfg.sliding_window),
-    "qwen2": lambda cfg: _rms(cfg, use_sliding_window=False),
-    "qwen3": lambda cfg: _rms(cfg, attention_bias=cfg.attn_bias),
-    "phi3": lambda cfg: _rms(cfg, sliding_window=cfg.sliding_window),
-    "olmo2": lambda cfg: _rms(cfg, attention_bias=cfg.attn_bias),
-    "olmo": lambda cfg: {**_common_rope(cfg), "hidden_act": "silu",
-                         "attention_bias": cfg.attn_bias},
-    "stablelm": lambda cfg: {**_common_rope(cfg), "layer_norm_eps": cfg.norm_eps,
-                             "hidden_act": "silu", "use_qkv_bias": cfg.attn_bias},
-    "gemma": lambda cfg: {**_common_rope(cfg), "rms_norm_eps": cfg.norm_eps,
-                          "hidden_act": "gelu_pytorch_tanh"},
+_WRITERS: dict[str, Writer] = {
+    "mistral": lambda cfg, cls, fam: _rms(cfg, cls, fam, sliding_window=cfg.sliding_window),
+    "qwen2": lambda cfg, cls, fam: _rms(cfg, cls, fam, use_sliding_window=False),
+    "qwen3": lambda cfg, cls, fam: _rms(cfg, cls, fam, attention_bias=cfg.attn_bias),
+    "phi3": lambda cfg, cls, fam: _rms(cfg, cls, fam, sliding_window=cfg.sliding_window),
+    "olmo2": lambda cfg, cls, fam: _rms(cfg, cls, fam, attention_bias=cfg.attn_bias),
+    "olmo": lambda cfg, cls, fam: {**_common(cfg, cls, fam), "hidden_act": "silu",
+                                   "attention_bias": cfg.attn_bias},
+    "stablelm": lambda cfg, cls, fam: {**_common(cfg, cls, fam), "layer_norm_eps": cfg.norm_eps,
+                                       "hidden_act": "silu", "use_qkv_bias": cfg.attn_bias},
+    "gemma": lambda cfg, cls, fam: {**_common(cfg, cls, fam), "rms_norm_eps": cfg.norm_eps,
+                                    "hidden_act": "gelu_pytorch_tanh"},
     "gemma2": _gemma2,
-    "gemma3_text": _gemma3,
-    "gpt_neox": lambda cfg: {"rope_parameters": _common_rope(cfg)["rope_parameters"],
-                             "layer_norm_eps": cfg.norm_eps,
-                             "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new",
-                                            "relu": "relu"}.get(cfg.mlp, cfg.mlp),
-                             "use_parallel_residual": cfg.parallel_residual,
-                             "attention_bias": cfg.attn_bias},
+    "gemma3_text": _gemma2,
+    "gpt_neox": lambda cfg, cls, fam: {
+        **rope_config_fields(cfg, cls, fam), "layer_norm_eps": cfg.norm_eps,
+        "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}.get(cfg.mlp,
+                                                                                  cfg.mlp),
+        "use_parallel_residual": cfg.parallel_residual, "attention_bias": cfg.attn_bias},
 }
 """Family -> its config's fields for a DecoderConfig (the sizes every family shares are added
 by `_written`). Order matters only where two families read back the same config: the first

@@ -297,9 +297,11 @@ def _meta_model(cls: type, config: Any, config_path: Path, layers: int | None = 
         config = copy.deepcopy(config)
         _text_config(config).num_hidden_layers = layers
     tf = _transformers()
-    init = getattr(tf, "initialization", None)
     # Skipping the initialisers: on meta they do nothing, slowly (torch's reference normal_).
-    skip = getattr(init, "no_init_weights", contextlib.nullcontext)
+    # transformers 5 has them in `initialization`, 4.x in `modeling_utils`.
+    skip = next((found for module in ("initialization", "modeling_utils")
+                 if callable(found := getattr(getattr(tf, module, None), "no_init_weights",
+                                              None))), contextlib.nullcontext)
     try:
         with quiet(tf), torch.device("meta"), skip():
             model = cls(config)

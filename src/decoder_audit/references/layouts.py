@@ -24,8 +24,8 @@ Layouts detected from the parameter names (`detect`):
     Hugging Face Phi-3  the same names, with q/k/v fused in self_attn.qkv_proj and the gate and
                         up projections in mlp.gate_up_proj
     Hugging Face        gpt_neox.embed_in, gpt_neox.layers.{i}.attention.query_key_value (q, k,
-      GPT-NeoX          v fused head by head), mlp.dense_h_to_4h, lm_head (stored as embed_out
-                        before transformers 5)
+      GPT-NeoX          v fused head by head), mlp.dense_h_to_4h, lm_head (embed_out before
+                        transformers 5)
     torchtune           tok_embeddings, layers.{i}.attn.q_proj, sa_norm.scale, mlp.w1, output
     LLMs-from-scratch   tok_emb, trf_blocks.{i}.att.W_query, norm1.scale/shift, ff.layers.0
                         (its GPTModel), ff.fc1/fc2/fc3 with norm1.weight (its Llama models), and
@@ -165,6 +165,9 @@ class Layout:
     """The in-block module whose weight stacks the gated MLP's w1 (gate) rows, then w3 (up)."""
     norm_params: tuple[str, str | None] = ("weight", "bias")
     """The layout's names for a norm's gain and shift (None: its norms have no shift)."""
+    head_aliases: tuple[str, ...] = ()
+    """Other names of the head's module, used where the module has no `head` (GPT-NeoX's
+    embed_out before transformers 5)."""
 
     def module_name(self, canonical: str) -> tuple[str, str] | None:
         """(the layout's module name, parameter kind) for a canonical weight name."""
@@ -233,7 +236,7 @@ LAYOUTS: tuple[Layout, ...] = (
            {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
             "attn.output_proj": "attention.dense", "ffn.w1": "mlp.dense_h_to_4h",
             "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="attention.query_key_value",
-           qkv_per_head=True),
+           qkv_per_head=True, head_aliases=("embed_out",)),  # its head before transformers 5
     Layout("torchtune", "tok_embeddings", None, "layers.{i}", "norm", "output",
            {"ln1": "sa_norm", "ln2": "mlp_norm", "attn.q_proj": "attn.q_proj",
             "attn.k_proj": "attn.k_proj", "attn.v_proj": "attn.v_proj",
@@ -579,6 +582,9 @@ def _unused(named: Mapping[str, torch.Tensor], used: Callable[[str], bool]) -> t
 def _place(layout: Layout, prefix: str, named: Mapping[str, torch.Tensor],
            spec: DecoderConfig) -> Placement:
     shapes = {name: tuple(tensor.shape) for name, tensor in named.items()}
+    if f"{prefix}{layout.head}.weight" not in shapes:
+        alias = next((a for a in layout.head_aliases if f"{prefix}{a}.weight" in shapes), None)
+        layout = replace(layout, head=alias) if alias else layout
     conv1d = _conv1d(layout, prefix, shapes, spec)
     spots: dict[str, Spot] = {}
     for canonical in _every_canonical(spec):
