@@ -7,7 +7,6 @@ the model is called."""
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import subprocess

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..config import DecoderConfig
 from ..errors import CheckpointError, ConfigError
+from .hf_windows import layer_kinds
 
 INSTALL_HINT = "pip install 'decoder-audit[hf]'"
 ATTN_IMPLEMENTATION = "eager"
@@ -399,11 +400,9 @@ def _activation(c: Any, family: str) -> Any:
 
 def _window_fields(c: Any, family: str, problems: list[str]) -> dict[str, Any]:
     """sliding_window and window_layers from a config's sliding_window and its windowed layers
-    (`layer_types`, or the rule of a release before them: `legacy_layer_types`); Qwen2's
+    (`layer_types`, or the rule of a release before them: `hf_windows.layer_kinds`); Qwen2's
     use_sliding_window=False turns its window off."""
-    layer_types = legacy_layer_types(c, family)
-    if layer_types is None:
-        layer_types = getattr(c, "layer_types", None)
+    layer_types = layer_kinds(c, family)
     window = getattr(c, "sliding_window", None)
     if getattr(c, "use_sliding_window", True) is False:
         window = None
@@ -421,28 +420,6 @@ def _window_fields(c: Any, family: str, problems: list[str]) -> dict[str, Any]:
         return {}
     return {"sliding_window": window,
             "window_layers": None if len(windowed) == len(layer_types) else windowed}
-
-
-def legacy_layer_types(c: Any, family: str) -> list[str] | None:
-    """The layer types of a config whose release has no `layer_types` (before 4.53), by the
-    rule its modeling code applied, the one 4.53 wrote into layer_types on loading such a
-    config: Gemma 2 windows the even layers (`not layer_idx % 2`); Gemma 3 every layer but each
-    sliding_window_pattern-th (`(layer_idx + 1) % pattern`); Qwen2 the layers from
-    max_window_layers on when use_sliding_window is set. None for the other families (their
-    `layer_types`, if any, is read) and where the config class takes layer_types."""
-    if takes(type(c), "layer_types"):
-        return None
-    layers = range(c.num_hidden_layers)
-    if family == "gemma2":
-        windowed = [not i % 2 for i in layers]
-    elif family == "gemma3_text":
-        pattern = getattr(c, "sliding_window_pattern", None) or 6
-        windowed = [bool((i + 1) % pattern) for i in layers]
-    elif family == "qwen2" and getattr(c, "use_sliding_window", False):
-        windowed = [i >= (getattr(c, "max_window_layers", None) or 0) for i in layers]
-    else:
-        return None
-    return ["sliding_attention" if slides else "full_attention" for slides in windowed]
 
 
 def _gemma2_fields(c: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ it.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 
@@ -28,6 +29,44 @@ def _text_config(config: Any) -> Any:
         return getter() if callable(getter) else config
     except Exception:  # noqa: BLE001 - a composite config without a text part: use it whole
         return config
+
+
+def _takes(config_class: type, field: str) -> bool:
+    try:
+        return field in inspect.signature(config_class.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def layer_kinds(config: Any, family: str | None = None) -> list[str] | None:
+    """The attention kind of each layer ("sliding_attention", "full_attention", ...) as the
+    release's modeling code reads them, or None where the config names no kinds (then its
+    `sliding_window`, if any, holds on every layer). `family` (the class's, e.g. "gemma2")
+    defaults to the config's model_type. `layer_types` counts only where the config's class
+    takes it: before 4.53, Gemma 2 windowed its even layers whatever the attribute said."""
+    text = _text_config(config)
+    family = family or getattr(text, "model_type", None)
+    layers = getattr(text, "num_hidden_layers", None)
+    types = getattr(text, "layer_types", None)
+    if types and (_takes(type(text), "layer_types") or family not in _LEGACY):
+        return list(types)
+    if not isinstance(layers, int) or layers < 1:
+        return None
+    pattern = getattr(text, "sliding_window_pattern", None)
+    first = getattr(text, "max_window_layers", None)
+    if family == "gemma2":
+        windowed = [not i % 2 for i in range(layers)]
+    elif family in ("gemma3", "gemma3_text") or isinstance(pattern, int) and pattern > 0:
+        windowed = [bool((i + 1) % (pattern or 6)) for i in range(layers)]
+    elif getattr(text, "use_sliding_window", None) is True and isinstance(first, int):
+        windowed = [i >= first for i in range(layers)]
+    else:
+        return None
+    return ["sliding_attention" if slides else "full_attention" for slides in windowed]
+
+
+# Families whose windowed layers a release before `layer_types` decided by a rule of its own.
+_LEGACY = ("gemma2", "gemma3", "gemma3_text", "qwen2")
 
 
 def declared_windows(config: Any) -> tuple[int | None, ...] | None:
@@ -45,21 +84,6 @@ def declared_windows(config: Any) -> tuple[int | None, ...] | None:
         return None
     if getattr(text, "use_sliding_window", True) is False:
         return None
-    windowed = _windowed_layers(text, layers)
-    found = tuple(window if i in windowed else None for i in range(layers))
+    types = layer_kinds(text) or ["sliding_attention"] * layers
+    found = tuple(window if kind == "sliding_attention" else None for kind in types)
     return found if any(w is not None for w in found) else None
-
-
-def _windowed_layers(text: Any, layers: int) -> set[int]:
-    types = getattr(text, "layer_types", None)
-    if types:
-        return {i for i, kind in enumerate(types) if kind == "sliding_attention"}
-    pattern = getattr(text, "sliding_window_pattern", None)
-    if isinstance(pattern, int) and pattern > 0:
-        return {i for i in range(layers) if (i + 1) % pattern}
-    first = getattr(text, "max_window_layers", None)
-    if isinstance(first, int) and getattr(text, "use_sliding_window", None) is True:
-        return set(range(first, layers))
-    if getattr(text, "model_type", None) == "gemma2":
-        return set(range(0, layers, 2))
-    return set(range(layers))

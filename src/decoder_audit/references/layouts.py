@@ -67,7 +67,7 @@ WeightsMap = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     """Every canonical weight the spec's architecture has, with its shape (out, in for a
     matrix). lm_head.weight is listed tied or not: tied, it must be the embedding's Parameter."""
-    v, d, f, t = spec.vocab_size, spec.d_model, spec.d_ff, spec.max_seq_len
+    v, d, t = spec.vocab_size, spec.d_model, spec.max_seq_len
     d_q, d_kv = spec.n_heads * spec.head_dim, spec.kv_heads * spec.head_dim
     norm = ("weight", "bias") if spec.norm == "layernorm" and spec.norm_bias else ("weight",)
     norm = norm if spec.norm_affine else ()  # OLMo's norms learn nothing
