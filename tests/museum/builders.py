@@ -140,6 +140,12 @@ def llama_lm():
     return _hf("Llama", num_key_value_heads=2), V
 
 
+def llama_padding_free():
+    """A Llama as padding-free trainers run it: no cache (config.use_cache=False), so the
+    documents of a row are told apart by its position ids alone."""
+    return _hf("Llama", num_key_value_heads=2, use_cache=False), V
+
+
 # --- litgpt -----------------------------------------------------------------------------------
 
 def litgpt_gemma_windowed():

@@ -85,5 +85,6 @@ def render() -> str:
     refs = len({e.ref for e in ENTRIES})
     missing = "\n".join(f"- {ref}: {why}" for ref, why in NOT_REBUILT)
     return (f"{INTRO}\n## The rows ({len(ENTRIES)} rows, {refs} distinct references)\n\n"
-            f"{header}\n{rows}\n\n## Notes\n\n{notes}\n\n{TRIAL_INTRO}\n\n{trials}\n\n"
+            f"{header}\n{rows}\n\n## Notes\n\n{notes}\n\n"
+            + (f"{TRIAL_INTRO}\n\n{trials}\n\n" if trials else "") +
             f"## Looked at and not rebuilt\n\n{missing}\n")

@@ -84,16 +84,6 @@ def _version_of(requirements: tuple[str, ...], library: str) -> str:
     raise ValueError(f"{requirements!r} pins no release of {library}")
 
 
-PENDING_WINDOW = "window liveness (issue 32, part 3)"
-PENDING_LOSS = "model_loss through shift_labels and num_items_in_batch (issue 32, part 3)"
-PENDING_PACKING = "packing on position-ids-only rows (issue 32, part 3)"
-PENDING_CACHES = "kv_cache through caches the caller builds (issue 32, part 3)"
-PENDING_PATHS = "the paths a model is already on: checkpointing, dtype (issue 32, part 3)"
-PENDING_RANGE = "the gate on transformers < 4.51 (issue 32, part 2: branch range)"
-
-TRIAL_SPEC_WINDOW = ("caught by oracle (a spec family: the float64 oracle at T=8 holds the "
-                     "window of 4); the control passes")
-
 ROFORMER_FAMILY = ("the BERT-style classes built as decoders (is_decoder=True) drop the causal "
                    "mask when the attention-mask code moved to masking_utils")
 
@@ -130,56 +120,46 @@ ENTRIES: tuple[Entry, ...] = (
           ref="huggingface/transformers#32945", fix="#33586 (4.46.0)",
           summary=f"Phi-3's declared sliding window is not applied: {WINDOW_445}",
           builder="phi3_windowed", symptom="window_read", args=W4, check="window",
-          today="crash", control="crash", pending=f"{PENDING_RANGE}; {PENDING_WINDOW}",
-          trial=TRIAL_SPEC_WINDOW),
+          today="caught"),
     Entry("qwen2-window-dropped-445", "transformers", _t("4.45.2"), _t("4.46.0"),
           ref="huggingface/transformers#32945 (same cause; found by diffing the 4.45.2 and "
               "4.46.0 wheels)", fix="4.46.0",
           summary=f"Qwen2 with use_sliding_window=True attends past its window: {WINDOW_445}",
           builder="qwen2_windowed", symptom="window_read", args=W4, check="window",
-          today="crash", control="crash", pending=f"{PENDING_RANGE}; {PENDING_WINDOW}",
-          trial=TRIAL_SPEC_WINDOW),
+          today="caught"),
     Entry("starcoder2-window-dropped", "transformers", _t("4.45.2"), _t("4.46.0"),
           ref="huggingface/transformers#32945 (same cause; found by diffing the 4.45.2 and "
               "4.46.0 wheels)", fix="4.46.0",
           summary=f"Starcoder2's declared sliding window is not applied: {WINDOW_445}",
           builder="starcoder2_windowed", symptom="window_read", args=W4, check="window",
-          today="crash", control="crash", pending=f"{PENDING_RANGE}; {PENDING_WINDOW}",
-          trial="missed (no spec for Starcoder2: only window liveness can see it); the "
-                "control passes"),
+          today="caught"),
     Entry("qwen2-window-dropped-448", "transformers", _t("4.48.3"), _t("4.49.0"),
           ref="huggingface/transformers#35924", fix="4.49.0",
           summary="the 4.48 attention refactor removed the window from Qwen2's mask builder "
                   "while still handing sliding_window to the attention function, which only "
                   "flash-attention reads: eager and SDPA attend the whole past again",
           builder="qwen2_windowed", symptom="window_read", args=W4, check="window",
-          today="crash", control="crash", pending=f"{PENDING_RANGE}; {PENDING_WINDOW}",
-          trial=TRIAL_SPEC_WINDOW),
+          today="caught"),
     Entry("qwen2-window-on-full-layers", "transformers", _t("4.52.4"), _t("4.53.0"),
           ref="huggingface/transformers#35896", fix="4.53.0 (layer_types)",
           summary=f"{QWEN_FULL_LAYERS} Qwen2",
           builder="qwen2_full_declared", symptom="full_layer_windowed", args=W4,
-          check="window", today="missed", threshold=0.5, tolerance=0.0,
-          pending=PENDING_WINDOW),
+          check="window", today="caught", threshold=0.5, tolerance=0.0),
     Entry("qwen3-window-on-full-layers", "transformers", _t("4.52.4"), _t("4.53.0"),
           ref="huggingface/transformers#35896", fix="4.53.0 (layer_types)",
           summary=f"{QWEN_FULL_LAYERS} Qwen3",
           builder="qwen3_full_declared", symptom="full_layer_windowed", args=W4,
-          check="window", today="missed", threshold=0.5, tolerance=0.0,
-          pending=PENDING_WINDOW),
+          check="window", today="caught", threshold=0.5, tolerance=0.0),
     Entry("gemma2-raises-past-window", "transformers", _t("4.48.1"), _t("4.48.2"),
           ref="huggingface/transformers#35681", fix="#35681 (4.48.2)",
           summary="after the 4.48 attention refactor, Gemma2ForCausalLM's plain forward raises "
                   "IndexError in its HybridCache for any input longer than sliding_window (the "
                   "window was no longer passed to the cache update)",
           builder="gemma2_windowed", symptom="forward_raises", check="inputs",
-          today="crash", control="crash",
-          pending=f"{PENDING_RANGE}; inputs running the lengths the config declares "
-                  "(max_position_embeddings) instead of reading a raise at T=5 as a length limit",
-          trial="missed by inputs (the raise at T=5 is read as an undeclared length limit); "
-                "oracle fails on both releases for the soft-cap bug of "
-                "gemma2-sdpa-drops-softcap, and kv_cache fails on the control for the chunk bug "
-                "of gemma2-hybrid-cache-chunk, both still in 4.48.2"),
+          today="caught", control="fail", standing=(),
+          note="the control fails kv_cache for another genuine bug, not this one: the chunk "
+               "bug of gemma2-hybrid-cache-chunk (a chunk of several tokens into the "
+               "HybridCache), still in 4.48.2"),
     Entry("gemma2-sdpa-drops-softcap", "transformers", _t("5.20.2"), _t("5.21.0"),
           ref="huggingface/transformers#31887 (SDPA cannot soft-cap, said there; found by "
               "diffing the 5.20.2 and 5.21.0 wheels)", fix="5.21.0",
@@ -187,7 +167,9 @@ ENTRIES: tuple[Entry, ...] = (
                   "attn_logit_softcapping (50): scores beyond the cap are not squashed; 5.21.0 "
                   "makes eager the default and SDPA refuses a soft-cap",
           builder="gemma2_windowed", symptom="softcap_dropped", check="oracle",
-          today="caught"),
+          today="missed", pending="soft-cap liveness: the oracle at scores past the declared "
+                                  "cap (random-init scores stay far below 50, where tanh "
+                                  "capping changes a logit by less than the tolerance)"),
     # --- caches -----------------------------------------------------------------------------
     Entry("gemma2-hybrid-cache-past-window", "transformers", _t("4.51.3"), _t("4.52.1"),
           ref="huggingface/transformers#37574", fix="#38046 (4.52.1)",
@@ -196,13 +178,10 @@ ENTRIES: tuple[Entry, ...] = (
                   "past it): every later token attends a wrong set of keys",
           builder="gemma2_windowed", symptom="cached_vs_full",
           args={"prefill": 3, "cache": "hybrid"}, check="kv_cache", today="both",
-          control="fail", standing=("oracle",),
-          pending=f"{PENDING_CACHES}; the gate stepping the HybridCache a model builds for "
-                  "itself before 4.53 (its kv_cache raises IndexError and padding fails on "
-                  "both releases: branch range)",
-          note="oracle fails on both releases for the soft-cap bug of gemma2-sdpa-drops-softcap",
-          trial="kv_cache fails on both releases, now for the chunk bug of "
-                "gemma2-hybrid-cache-chunk (still in 4.52.1), not for this one"),
+          control="fail",
+          note="the control fails kv_cache for another genuine bug, the chunk bug of "
+               "gemma2-hybrid-cache-chunk (still in 4.52.1): the gate tells the two releases "
+               "apart by nothing"),
     Entry("litgpt-window-cache", "litgpt", ("litgpt==0.5.11", "transformers==4.57.6"),
           ("litgpt==0.5.12", "transformers==4.57.6"),
           ref="Lightning-AI/litgpt#2145", fix="#2153 (0.5.12)",
@@ -210,9 +189,11 @@ ENTRIES: tuple[Entry, ...] = (
                   "the step's own row index, not its absolute position, so a windowed layer "
                   "reads the whole cache (Gemma 2/3 degrade past the window)",
           builder="litgpt_gemma_windowed", symptom="litgpt_cached_vs_full", check="kv_cache",
-          today="missed", audit={"vocab_size": 96},
-          pending="kv_cache through litgpt's cache convention (set_kv_cache, input_pos)",
-          note="litgpt pins huggingface_hub < 1, which the project's transformers 5 cannot "
+          today="caught", audit={"vocab_size": 96}, control="fail",
+          note="the control fails kv_cache for a second genuine bug: a cached prefill longer "
+               "than the window (8 > 4) reads wrong keys in 0.5.12 (0.5.13 refuses it with "
+               "ValueError: 'silently violates causality'); the buggy release fails on the "
+               "steps past the window too. litgpt pins huggingface_hub < 1, which the project's transformers 5 cannot "
                "import (torchmetrics imports transformers): its environment holds "
                "transformers 4.57.6 beside it"),
     Entry("gemma2-hybrid-cache-chunk", "transformers", _t("4.55.4"), _t("4.57.0"),
@@ -222,22 +203,13 @@ ENTRIES: tuple[Entry, ...] = (
                   "cache) overwrites the window wrongly (4.56 raises IndexError instead)",
           builder="gemma2_windowed", symptom="cached_vs_full",
           args={"prefill": 3, "chunk": 3, "cache": "hybrid"}, check="kv_cache",
-          today="missed", pending=PENDING_CACHES, standing=("oracle",),
-          note="oracle fails on both releases for the soft-cap bug of "
-               "gemma2-sdpa-drops-softcap (until 5.21.0); kv_cache steps the DynamicCache the "
-               "model makes itself, which chunks correctly"),
+          today="caught"),
     Entry("nemotron-prefill-no-cache", "transformers", _t("4.46.3"), _t("4.47.0"),
           ref="huggingface/transformers#34739", fix="#34742 (4.47.0)",
           summary="NemotronModel never creates a cache when called with use_cache=True and no "
                   "past_key_values, and numbers a continuation's positions from 0: a prefill "
                   "followed by cached steps decodes each step as if it were the first token",
-          builder="nemotron_lm", symptom="cached_vs_full", check="kv_cache", today="crash",
-          control="crash",
-          pending=f"{PENDING_RANGE}; kv_cache failing a Hugging Face class that returns no "
-                  "cache under use_cache=True (or stepping a DynamicCache it builds, as generate "
-                  "does) instead of skipping",
-          trial="missed: kv_cache is skipped because the model returned no cache although "
-                "use_cache=True was passed, which is this bug; the control passes"),
+          builder="nemotron_lm", symptom="cached_vs_full", check="kv_cache", today="caught"),
     Entry("granite-moe-hybrid-chunked-prefill", "transformers", _t("5.12.1"), _t("5.13.0"),
           ref="huggingface/transformers#46741", fix="#46741 (5.13.0)",
           summary="the Mamba-2 mixer of the hybrid models ignores the cached SSM state for a "
@@ -259,8 +231,7 @@ ENTRIES: tuple[Entry, ...] = (
                   "query rows' (rows 0..q) instead of the last ones' (the Bloom family decodes "
                   "wrongly with use_past_kv_cache=True)",
           builder="lens_alibi", symptom="lens_cached_vs_full", check="kv_cache",
-          today="missed", audit={"vocab_size": 96}, standing=("inputs", "dead_parameters"),
-          pending="kv_cache through TransformerLens' cache convention (past_kv_cache=)",
+          today="caught", audit={"vocab_size": 96}, standing=("inputs", "dead_parameters"),
           note="TransformerLens 2.x needs a transformers 4 (its environment holds 4.57.6); "
                "both releases accept negative ids (inputs) and keep a learned W_pos that ALiBi "
                "never reads (dead_parameters), standing findings of that library"),
@@ -270,29 +241,31 @@ ENTRIES: tuple[Entry, ...] = (
           summary="packed rows sent as position ids only (DataCollatorWithFlattening) leak "
                   "across documents on SDPA and eager: 4.53.0's new masking_utils built a plain "
                   "causal mask; 4.53.1 reads document boundaries from the position ids",
-          builder="llama_lm", symptom="packed_leak", args={"use_cache": False},
-          check="packing", today="missed", pending=PENDING_PACKING,
-          note="with the default use_cache the leak remains in every release through 5.24 "
-               "(a cache disables the boundary detection): no fixed release, so not a row"),
+          builder="llama_padding_free", symptom="packed_leak", args={"use_cache": False},
+          check="packing", today="caught", audit={"training": {"pack": True}},
+          note="audited as a padding-free trainer declares it: training packed "
+               "(TrainingPath(pack=True), what TrainerGate reads from DataCollatorWithFlattening) "
+               "and config.use_cache=False; with use_cache on, the leak remains in every release "
+               "through 5.24 (a cache disables the boundary detection), which the packing check "
+               "fails on any release"),
     # --- the model's own loss ---------------------------------------------------------------
     Entry("xglm-pad-target", "transformers", _t("4.49.0"), _t("4.50.0"),
           ref="huggingface/transformers#35878", fix="#35878 (4.50.0)",
           summary="XGLM's labels= loss shifts the labels and appends pad_token_id as the target "
                   "of the last position, which cross entropy does not ignore: every row is "
                   "trained to predict padding at its end",
-          builder="xglm_lm", symptom="loss_with_labels", check="model_loss", today="crash",
-          control="crash", pending=PENDING_RANGE,
-          trial="caught by model_loss; inputs fails on both releases (XGLM accepts rank-3 ids "
-                "and flattens them, a standing finding); the control passes otherwise"),
+          builder="xglm_lm", symptom="loss_with_labels", check="model_loss", today="caught",
+          standing=("inputs",),
+          note="inputs fails on both releases (XGLM accepts rank-3 ids and flattens them), a "
+               "standing finding"),
     Entry("gpt-neox-items-dropped", "transformers", _t("4.48.3"), _t("4.49.0"),
           ref="huggingface/transformers#34191 (the accumulation fix it misses; found by diffing "
               "the 4.48.3 and 4.49.0 wheels)", fix="4.49.0",
           summary="GPTNeoXForCausalLM.forward takes **kwargs ('unused for now') and drops "
                   "num_items_in_batch: the Trainer, seeing loss kwargs accepted, no longer "
                   "divides by the accumulation steps, and the loss is normalised per micro-batch",
-          builder="gpt_neox_lm", symptom="loss_with_items", check="model_loss", today="crash",
-          control="crash", pending=PENDING_RANGE,
-          trial="caught by model_loss; the control passes"),
+          builder="gpt_neox_lm", symptom="loss_with_items", check="model_loss",
+          today="caught"),
     Entry("xglm-items-dropped", "transformers", _t("5.16.1"), _t("5.17.0"),
           ref="huggingface/transformers#48493", fix="#48493 (5.17.0)",
           summary=f"XGLMForCausalLM ignores num_items_in_batch: {LOSS_517}",
@@ -307,7 +280,7 @@ ENTRIES: tuple[Entry, ...] = (
           summary=f"BloomForCausalLM ignores shift_labels (the targets sequence parallelism "
                   f"sends): {LOSS_517}",
           builder="bloom_lm", symptom="loss_with_shift_labels", check="model_loss",
-          today="missed", pending=PENDING_LOSS),
+          today="caught"),
     # --- parameters -------------------------------------------------------------------------
     Entry("x-transformers-qk-norm-scale", "x-transformers", ("x-transformers==2.25.4",),
           ("x-transformers==2.25.5",),

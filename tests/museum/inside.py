@@ -42,7 +42,10 @@ def _audited(entry: Entry, model) -> dict:
         if entry.via == "audit":
             import decoder_audit as da
 
-            return _verdict(da.audit(model, **entry.audit).to_dict())
+            kwargs = dict(entry.audit)
+            if "training" in kwargs:  # the training path a trainer declares, as its fields
+                kwargs["training"] = da.TrainingPath(**kwargs["training"])
+            return _verdict(da.audit(model, **kwargs).to_dict())
         return _verified(model)
     except Exception as exc:  # noqa: BLE001 - the gate raising is what the record reports
         return {"crash": f"{type(exc).__name__}: {exc}",

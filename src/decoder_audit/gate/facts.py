@@ -146,6 +146,9 @@ class ModelFacts:
     """The sliding window each layer declares (None: full attention), from the model's
     DecoderConfig, its declared spec or its Hugging Face config (`references.hf_windows`); None
     when no layer declares one."""
+    window_size: int | None = None
+    """The smallest declared window (or the one declared on no layer), the span the window check
+    reads past; None when no window is declared."""
     attention_layers: tuple[str, ...] = ()
     """The names of the per-layer attention modules, in layer order, found from the module
     classes (`attention_layers`); empty when they cannot be told apart."""
@@ -278,9 +281,8 @@ class ModelFacts:
     @property
     def window_binds(self) -> bool:
         """The smallest declared window excludes a token within the inputs the model takes."""
-        smallest = min((w for w in self.windows or () if w is not None), default=None)
-        return smallest is not None and (self.length_bound is None or
-                                         smallest + 1 <= self.length_bound)
+        return self.window_size is not None and (self.length_bound is None or
+                                                 self.window_size + 1 <= self.length_bound)
 
     @property
     def has_attention_layers(self) -> bool:
@@ -348,7 +350,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         # then fail naming what was not found (reference_reason), never skip to a pass.
         reference, reason = "spec", "" if spec_facts["placement"] else spec_facts["reason"]
     readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
-    windows = _declared_windows(model, config or spec)
+    windows, window_size = _declared_windows(model, config or spec)
     return ModelFacts(
         model=class_name(model), vocab_size=values["vocab_size"],
         input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
@@ -359,6 +361,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
         **readout, has_input_embedding=input_embedding(model) is not None, training=training,
         spec=spec, placement=spec_facts.get("placement"), origin=origin, windows=windows,
+        window_size=window_size,
         attention_layers=attention_layers(model, len(windows)) if windows else (),
         notes=tuple(notes))
 
@@ -595,19 +598,24 @@ def packing_interface(model: nn.Module) -> str | None:
 
 
 def _declared_windows(model: nn.Module, cfg: DecoderConfig | None
-                      ) -> tuple[int | None, ...] | None:
-    """The window each layer declares: by the DecoderConfig that is the model's architecture
-    (its own, a declared spec, a Hugging Face class's config read as one), else by a Hugging Face
-    config of any family."""
-    if cfg is not None:
-        found = tuple(cfg.window(layer) for layer in range(cfg.n_layers))
-    elif _is_hugging_face(model):
+                      ) -> tuple[tuple[int | None, ...] | None, int | None]:
+    """(the window each layer declares, the window's size): by a Hugging Face model's own config
+    in any of its forms (a window it declares on no layer included: every layer is then full),
+    else by the DecoderConfig that is the model's architecture (its own, or a declared spec)."""
+    if _is_hugging_face(model):
         from ..references.hf_windows import declared_windows
 
         found = declared_windows(model.config)
+    elif cfg is not None and cfg.sliding_window is not None:
+        found = tuple(cfg.window(layer) for layer in range(cfg.n_layers))
     else:
-        return None
-    return found if found and any(w is not None for w in found) else None
+        found = None
+    if not found:
+        return None, None
+    sizes = [w for w in found if w is not None]
+    size = min(sizes) if sizes else getattr(getattr(model, "config", None), "sliding_window",
+                                            None)
+    return (found, size) if isinstance(size, int) else (None, None)
 
 
 def attention_layers(model: nn.Module, layers: int) -> tuple[str, ...]:

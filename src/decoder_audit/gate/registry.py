@@ -62,7 +62,7 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "declares_window": lambda f: "no sliding window declared (a DecoderConfig's or spec's "
                                  "sliding_window, a Hugging Face config's sliding_window or "
                                  "layer_types)",
-    "window_binds": lambda f: (f"the declared window of {min(w for w in f.windows if w)} "
+    "window_binds": lambda f: (f"the declared window of {f.window_size} "
                                f"positions is not shorter than the longest input the model "
                                f"takes ({f.length_bound}): it never excludes a token"),
     "has_attention_layers": lambda f: (f"the {len(f.windows or ())} layers' attention modules "

@@ -113,8 +113,7 @@ def _spans(s: Subject, seq_len: int
 
 
 def check_window(s: Subject) -> CheckResult:
-    windows = s.facts.windows
-    smallest = min(w for w in windows if w is not None)
+    windows, smallest = s.facts.windows, s.facts.window_size
     seq_len = min(smallest + 2, s.facts.length_bound or smallest + 2)
     moved, notes = _spans(s, seq_len)
     tol = s.shape_tolerance()
@@ -143,8 +142,8 @@ def check_window(s: Subject) -> CheckResult:
     windowed = sum(w is not None for w in windows)
     return CheckResult("window", True, f"at T={seq_len}, each of {windowed} windowed layers reads "
                        f"token 0 exactly within its window of {smallest} positions and not past "
-                       f"it; the {len(windows) - windowed} full layers read it everywhere",
-                       evidence, tol)
+                       f"it; the {len(windows) - windowed} full layers (the config declares them "
+                       "so) read it everywhere", evidence, tol)
 
 
 def _layer_problems(record: dict, window: int | None) -> list[str]:

@@ -12,6 +12,11 @@ signature, then checked by calling it: `established`):
                   renamed the cache argument and output field `cache`, which is read the same).
                   attention_mask and position_ids are passed once the batch has pads; without
                   pads the model numbers positions from its cache, as its plain forward does;
+  "input_pos"     litgpt's GPT: `set_kv_cache(batch_size=B)` builds the cache in its blocks, then
+                  `model(ids, input_pos=positions)` steps it;
+  "past_kv_cache" TransformerLens' HookedTransformer: `model(ids, past_kv_cache=cache,
+                  attention_mask=mask of the new tokens)`, the cache from the class its forward's
+                  annotation names (`init_cache(cfg, device, B)`);
   "plain"         ids (B, T) -> logits: every step recomputes the whole sequence.
 `use_cache=False` recomputes the whole sequence every step under any convention (the reference
 the cache must equal; greedy output is identical either way).
@@ -63,7 +68,7 @@ PAD_ID = 0
 class Convention:
     """How to call a model for padded batches and cached steps (see the module docstring)."""
 
-    name: str  # "decoder" | "hugging face" | "plain"
+    name: str  # "decoder" | "hugging face" | "input_pos" | "past_kv_cache" | "plain"
     cached: bool  # it keeps a KV cache across calls
     masked: bool  # it takes an attention_mask
     position_ids: bool = False  # it takes position_ids (Hugging Face)
@@ -84,6 +89,10 @@ def convention(model: nn.Module) -> Convention:
     if "cache" in params and callable(getattr(model, "new_cache", None)):
         return Convention("decoder", True, masked,
                           last_only="last_only" if "last_only" in params else None)
+    if "input_pos" in params and callable(getattr(model, "set_kv_cache", None)):
+        return Convention("input_pos", True, masked)  # litgpt: the cache lives in its blocks
+    if "past_kv_cache" in params and _init_cache_class(model) is not None:
+        return Convention("past_kv_cache", True, masked)  # TransformerLens' HookedTransformer
     cache_arg = next((name for name in ("past_key_values", "cache") if name in params), None)
     keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if cache_arg is not None and ("use_cache" in params or keywords):  # use_cache may be a **kwarg
@@ -93,6 +102,22 @@ def convention(model: nn.Module) -> Convention:
         return Convention("hugging face", True, masked, "position_ids" in params, keep, cache_arg,
                           ids_keyword="input_ids" in params)
     return Convention("plain", False, masked, "position_ids" in params)
+
+
+def _init_cache_class(model: nn.Module) -> Any:
+    """The cache class the forward's `past_kv_cache` annotation names, where it has an
+    `init_cache(cfg, device, batch_size)` constructor (TransformerLens' key/value cache), else
+    None."""
+    import typing
+
+    try:
+        hint = typing.get_type_hints(model.forward).get("past_kv_cache")
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve names no class
+        return None
+    for cls in (hint, *typing.get_args(hint)):
+        if isinstance(cls, type) and callable(getattr(cls, "init_cache", None)):
+            return cls
+    return None
 
 
 def is_signature_error(exc: BaseException) -> bool:
@@ -146,6 +171,11 @@ def _cached_steps(model: nn.Module, conv: Convention, ids: torch.Tensor
                 stepper(ids[:, 1:2])
             return trial, ""
         except CacheNotReturned as exc:
+            if type(model).__module__.startswith("transformers."):
+                # a transformers class keeps no cache elsewhere: returning none under
+                # use_cache=True breaks every caller's decoding loop (Nemotron in 4.46), so
+                # its kv_cache check runs and fails with this error
+                return trial, ""
             return replace(trial, cached=False), (
                 f"{exc}: its cache is kept elsewhere (in the module or a caller-owned object), "
                 "so it cannot be stepped")
@@ -185,6 +215,8 @@ class Stepper:
             model.new_cache(batch, capacity) if self.cached and conv.name == "decoder" else None)
         if cache is None and self.cached and conv.name == "hugging face":
             self.cache = generate_cache(model, batch, capacity)
+        if cache is None and self.cached and conv.name in ("input_pos", "past_kv_cache"):
+            self.cache = _module_cache(model, conv, batch, capacity)
         # A cache built before the first call (the caller's, or generate's) is told where each
         # step's slots lie, as generate tells it: a static or hybrid one cannot count them
         # itself (a windowed first layer holds only its window).
@@ -206,6 +238,12 @@ class Stepper:
         self.length = end
         if self.conv.name == "decoder":  # our cache keeps the mask and positions itself
             return logits_of(self._call(ids, mask, last_only, cache=self.cache))
+        if self.conv.name == "input_pos":  # litgpt: the absolute positions of the new tokens
+            return logits_of(self._call(ids, None, last_only,
+                                        input_pos=torch.arange(start, end, device=ids.device)))
+        if self.conv.name == "past_kv_cache":  # TransformerLens: the new tokens' mask
+            real = torch.ones_like(ids) if mask is None else mask.long()
+            return logits_of(self._call(ids, real, last_only, past_kv_cache=self.cache))
         # Hugging Face. Without pads the model numbers positions itself from its cache, as its
         # plain forward does (some families offset them: RoBERTa starts at padding_idx + 1).
         # Once a pad came: the mask of every slot so far and the positions of the new ones.
@@ -271,6 +309,17 @@ def generate_cache(model: nn.Module, batch: int, capacity: int) -> Any:
     cache = build(**kwargs)
     vars(model).pop("_cache", None)  # generate keeps it on the model; each Stepper its own
     return cache
+
+
+def _module_cache(model: nn.Module, conv: Convention, batch: int, capacity: int) -> Any:
+    """The cache of a model that keeps it its own way: litgpt's, set in its blocks by
+    `set_kv_cache` (the model holds it; nothing is returned), or TransformerLens' from its cache
+    class's `init_cache`."""
+    device = device_of(model)
+    if conv.name == "input_pos":
+        model.set_kv_cache(batch_size=batch, device=device)  # its own length: the masks it sizes
+        return None
+    return _init_cache_class(model).init_cache(model.cfg, device, batch)
 
 
 def left_padded(rows: list[list[int]], device: torch.device | str | None = None

@@ -61,7 +61,7 @@ def _window_caches(config: Any) -> list[str]:
     config without a declared window takes neither (Qwen2 in 4.50-4.52 keeps sliding_window=4096
     beside use_sliding_window=False)."""
     windows = declared_windows(config)
-    if windows is None:
+    if windows is None or not any(window is not None for window in windows):
         return []
     every = all(window is not None for window in windows)
     text = getattr(config, "get_text_config", lambda: config)()

@@ -71,7 +71,9 @@ _LEGACY = ("gemma2", "gemma3", "gemma3_text", "qwen2")
 
 def declared_windows(config: Any) -> tuple[int | None, ...] | None:
     """The window of each layer (None: full attention) that `config` declares, or None when it
-    declares none (no sliding_window, a window switched off, or no layer windowed)."""
+    declares no window (no sliding_window, or one switched off). A window switched on and
+    scoped to no layer (`_scoped`) gives every layer None: each is then held to full attention
+    past that window."""
     text = _text_config(config)
     window, layers = getattr(text, "sliding_window", None), getattr(text, "num_hidden_layers", None)
     kinds = getattr(text, "attention_layers", None)  # GPT-Neo: "local" layers of window_size
@@ -86,4 +88,16 @@ def declared_windows(config: Any) -> tuple[int | None, ...] | None:
         return None
     types = layer_kinds(text) or ["sliding_attention"] * layers
     found = tuple(window if kind == "sliding_attention" else None for kind in types)
-    return found if any(w is not None for w in found) else None
+    # A window switched on for no layer holds every layer to full attention only where the
+    # config says per layer where it applies (Qwen2 and Qwen3: use_sliding_window with
+    # max_window_layers). Elsewhere a kind not named "sliding_attention" may still be windowed
+    # by its family (MiniMax windows its "full_attention" layers, DeepSeek-V4 its compressed
+    # ones): nothing is declared then.
+    if any(w is not None for w in found) or _scoped(text):
+        return found
+    return None
+
+
+def _scoped(text: Any) -> bool:
+    return (getattr(text, "use_sliding_window", None) is True
+            and isinstance(getattr(text, "max_window_layers", None), int))
