@@ -256,8 +256,21 @@ def _write_shards(state: dict[str, Any], shards: Path, talk: _Collective) -> Non
     if bad:
         raise CheckpointError(f"refusing to save: tensors {bad} hold NaN or inf (a diverged "
                               "model)")
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(shards), sync_files=True),
-             no_dist=talk.dist is None)
+    try:
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(shards), sync_files=True),
+                 no_dist=talk.dist is None)
+    except dcp.api.CheckpointException as exc:  # raised on every rank, naming the failed ones
+        failures = getattr(exc, "failures", {}) or {}
+        said = "; ".join(f"rank {rank}: {_cause(failure)}"
+                         for rank, failure in sorted(failures.items()))
+        raise CheckpointError(f"the sharded save failed ({said or exc}); the previous "
+                              "checkpoint is kept") from exc
+
+
+def _cause(failure: Any) -> str:
+    """The error a rank raised inside DCP (wrapped with its traceback there)."""
+    error = getattr(failure, "exc", failure)
+    return f"{type(error).__name__}: {error}"
 
 
 def _own_digests(shards: Path, rank: int) -> dict[str, str] | str:
