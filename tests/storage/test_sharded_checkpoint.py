@@ -140,3 +140,18 @@ def test_an_index_naming_another_global_is_refused_unread(runs, tmp_path):
     with pytest.raises(CheckpointError, match=r"pathlib\.Path\.touch|Path\.touch|touch"):
         sharded.stored_shapes(ckpt)
     assert not planted.exists()
+
+
+def test_convert_to_safetensors_exports_a_sharded_checkpoint(runs, tmp_path):
+    """The command line's export: one model.safetensors that loads as the gathered weights; an
+    unsharded checkpoint is refused (exit 2), nothing written."""
+    from decoder_audit.cli import main
+
+    root, full = runs
+    out = tmp_path / "export"
+    assert main(["convert", "--to-safetensors", "--checkpoint", str(root / "full"),
+                 "--out", str(out)]) == 0
+    _assert_same_weights(load_checkpoint(out), full.model)
+    assert main(["convert", "--to-safetensors", "--checkpoint", str(out),
+                 "--out", str(tmp_path / "again")]) == 2
+    assert not (tmp_path / "again").exists()
