@@ -154,6 +154,7 @@ def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
         assert (ckpt / "dcp" / name).read_bytes() == (copy / "checkpoint" / "dcp" / name
                                                       ).read_bytes()
     load_checkpoint(ckpt)  # loadable, its digests hold
-    assert [p for p in out.iterdir() if p.name.startswith(".checkpoint.tmp-")]  # the debris
+    # rank 0 either removed its temporary folder (gloo told it its peer was gone) or was
+    # stopped before it could: a marked folder the next save sweeps
     train(resume=out, progress=False, verbose=False, shard=True)  # and resumable
     assert not [p for p in out.iterdir() if p.name.startswith(".checkpoint.")]  # swept

@@ -134,9 +134,7 @@ def read_checked_file(folder: str | os.PathLike, name: str) -> bytes:
     path = folder / name
     data = path.read_bytes()
     if (folder / SHARDED_MANIFEST).is_file():  # a sharded checkpoint: its manifest holds them
-        from .sharded import read_manifest
-
-        recorded = read_manifest(folder)["files"].get(name)
+        recorded = ((json_object(folder / SHARDED_MANIFEST) or {}).get("files") or {}).get(name)
         if recorded is not None and recorded != sha256(data):
             raise CheckpointError(f"{str(path)!r} ({len(data):,} bytes) is not the file saved "
                                   "with this checkpoint: its SHA-256 differs from the one "
