@@ -58,6 +58,10 @@ CHECKPOINT_DIR = "checkpoint"
 FORMAT_VERSION = "1"
 # A sharded checkpoint's manifest (storage/sharded.py): its weights are in dcp/, not WEIGHTS_FILE.
 SHARDED_MANIFEST = "sharded.json"
+# The readers of other layouts of a checkpoint folder, by the file that marks each: registered
+# by the module that writes the layout (storage/sharded.py, which builds on this one) when the
+# storage package is imported, so that load_checkpoint reads every checkpoint we write.
+LAYOUT_READERS: dict[str, Callable[..., Decoder]] = {}
 DIGEST_PREFIX = "decoder_audit.sha256."
 CONFIG_DIGEST = "decoder_audit.config_sha256"
 FILE_DIGEST_PREFIX = "decoder_audit.file_sha256."
@@ -378,10 +382,9 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     by construction (one Parameter). `dtype=None` keeps the stored dtype, so a round trip gives
     bitwise-equal logits. Raises CheckpointError naming the file on any problem."""
     folder = resolve_checkpoint_dir(path)
-    if (folder / SHARDED_MANIFEST).is_file():  # written by a sharded run: assembled here
-        from .sharded import load_sharded_decoder  # (sharded.py builds on this module)
-
-        return load_sharded_decoder(folder, device=device, dtype=dtype)
+    for marker, read in LAYOUT_READERS.items():  # another layout: a sharded run's, assembled
+        if (folder / marker).is_file():
+            return read(folder, device=device, dtype=dtype)
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     cfg = read_config(folder)  # 1. the config, before anything else
     refuse_pickles(folder, weights_path)  # 2. the weights file: safetensors only, never a pickle

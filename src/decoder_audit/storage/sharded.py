@@ -55,6 +55,7 @@ from .checkpoint import (
     CONFIG_DIGEST,
     CONFIG_FILE,
     DIGEST_PREFIX,
+    LAYOUT_READERS,
     SHARDED_MANIFEST,
     WEIGHTS_FILE,
     checked_extra_files,
@@ -601,3 +602,6 @@ def _header_bytes(header: dict[str, Any], metadata: dict[str, str]) -> bytes:
     text = json.dumps({"__metadata__": metadata, **header}, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text
+
+
+LAYOUT_READERS[MANIFEST_FILE] = load_sharded_decoder  # load_checkpoint reads sharded folders too
