@@ -2,6 +2,11 @@
 
     decoder-audit convert --from-hf HF_DIR --out CKPT_DIR
     decoder-audit convert --to-hf --checkpoint CKPT_DIR --out HF_DIR
+    decoder-audit convert --to-safetensors --checkpoint SHARDED_DIR --out CKPT_DIR
+
+--to-safetensors turns a sharded checkpoint (a `train --shard` run's, storage/sharded.py) into
+an unsharded one (one model.safetensors), streamed one tensor at a time: the whole model is
+never held. --to-hf reads a sharded checkpoint too, whole (the logit check needs the model).
 
 Every conversion is proven before it is put in place: the result is written to a temporary
 folder beside --out, loaded back from disk and its logits compared with the source's on a seeded
@@ -53,7 +58,11 @@ def register(subparsers) -> None:
                            help="Hugging Face folder to convert into a checkpoint")
     direction.add_argument("--to-hf", action="store_true",
                            help="convert --checkpoint DIR into a Hugging Face folder")
-    parser.add_argument("--checkpoint", metavar="DIR", help="decoder-audit checkpoint (with --to-hf)")
+    direction.add_argument("--to-safetensors", action="store_true",
+                           help="export the sharded checkpoint --checkpoint DIR as one "
+                                "model.safetensors, one tensor at a time")
+    parser.add_argument("--checkpoint", metavar="DIR",
+                        help="decoder-audit checkpoint (with --to-hf or --to-safetensors)")
     parser.add_argument("--out", metavar="DIR", required=True,
                         help="folder to write (replaced atomically if it holds an earlier output "
                              "of the same kind and nothing else)")
@@ -80,6 +89,8 @@ def hf_families() -> dict[str, str]:
 
 def run(args) -> int:
     _check_arguments(args)
+    if args.to_safetensors:
+        return _to_safetensors(args)
     from ..references.hf_config import _transformers
     from ..references.hf_tokenizer import TokenizerMismatch
 
@@ -106,8 +117,9 @@ def run(args) -> int:
 
 
 def _check_arguments(args) -> None:
-    if args.to_hf and not args.checkpoint:
-        args._parser.error("--to-hf needs --checkpoint DIR")
+    if (args.to_hf or args.to_safetensors) and not args.checkpoint:
+        args._parser.error(f"--{'to-hf' if args.to_hf else 'to-safetensors'} needs "
+                           "--checkpoint DIR")
     if args.from_hf and args.checkpoint:
         args._parser.error("--checkpoint goes with --to-hf; --from-hf reads HF_DIR")
     if not (math.isfinite(args.tolerance) and args.tolerance > 0):
@@ -191,6 +203,30 @@ def _to_hf(args, tf, check: _LogitCheck) -> _Converted:
         warnings.simplefilter("ignore", UserWarning)
         written = save_hf_folder(ours, args.out, check=reread, extra_files=files)
     return _Converted("decoder-audit checkpoint -> Hugging Face", written, changes, tokenizer)
+
+
+def _to_safetensors(args) -> int:
+    """A sharded checkpoint as one model.safetensors beside its config.json (and tokenizer),
+    streamed; the written file is read back against its digests before it is put in place."""
+    from ..storage.checkpoint import checkpoint_folder, read_config
+    from ..storage.sharded import export_safetensors, is_sharded_checkpoint
+
+    folder = checkpoint_folder(args.checkpoint)
+    if not is_sharded_checkpoint(folder):
+        raise ConfigError(f"--to-safetensors exports a sharded checkpoint; {str(folder)!r} "
+                          "already holds its weights in one model.safetensors")
+    cfg = read_config(folder)
+    tokenizer = _hf_tokenizer(folder, cfg.vocab_size)
+    written = export_safetensors(folder, args.out,
+                                 extra_files=tokenizer.folder_files() if tokenizer else None)
+    if args.json:
+        print(json.dumps({"direction": "sharded checkpoint -> safetensors",
+                          "source": str(args.checkpoint), "out": str(written),
+                          "config": cfg.to_dict(), "passed": True}, indent=2))
+    else:
+        console().print(f"sharded checkpoint -> safetensors: {literal(args.checkpoint)} -> "
+                        f"{literal(written)} (every tensor read back against its SHA-256)")
+    return 0
 
 
 def _report(args, done: _Converted, check: _LogitCheck) -> None:

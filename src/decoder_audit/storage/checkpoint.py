@@ -36,7 +36,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import torch
@@ -56,6 +56,12 @@ FACTORY_FILE = "factory.json"
 # A training run folder keeps its latest checkpoint here (see training/state.py).
 CHECKPOINT_DIR = "checkpoint"
 FORMAT_VERSION = "1"
+# A sharded checkpoint's manifest (storage/sharded.py): its weights are in dcp/, not WEIGHTS_FILE.
+SHARDED_MANIFEST = "sharded.json"
+# The readers of other layouts of a checkpoint folder, by the file that marks each: registered
+# by the module that writes the layout (storage/sharded.py, which builds on this one) when the
+# storage package is imported, so that load_checkpoint reads every checkpoint we write.
+LAYOUT_READERS: dict[str, Callable[..., Decoder]] = {}
 DIGEST_PREFIX = "decoder_audit.sha256."
 CONFIG_DIGEST = "decoder_audit.config_sha256"
 FILE_DIGEST_PREFIX = "decoder_audit.file_sha256."
@@ -112,10 +118,15 @@ def check_digests(weights_path: Path, tensors: Mapping[str, torch.Tensor],
                               "match the digest recorded when it was saved")
 
 
+def non_finite_names(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point tensors holding NaN or inf, sorted."""
+    return sorted(name for name, t in tensors.items()
+                  if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+
+
 def refuse_non_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
     """NaN or inf weights are a diverged model, never a checkpoint worth keeping or sampling."""
-    bad = sorted(name for name, t in tensors.items()
-                 if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+    bad = non_finite_names(tensors)
     if bad:
         raise CheckpointError(f"{what}: tensors {bad} hold NaN or inf (a diverged model)")
 
@@ -126,6 +137,14 @@ def read_checked_file(folder: str | os.PathLike, name: str) -> bytes:
     folder = Path(folder)
     path = folder / name
     data = path.read_bytes()
+    if (folder / SHARDED_MANIFEST).is_file():  # a sharded checkpoint: its manifest holds them
+        recorded = ((json_object(folder / SHARDED_MANIFEST) or {}).get("files") or {}).get(name)
+        if recorded is not None and recorded != sha256(data):
+            raise CheckpointError(f"{str(path)!r} ({len(data):,} bytes) is not the file saved "
+                                  "with this checkpoint: its SHA-256 differs from the one "
+                                  f"recorded in {SHARDED_MANIFEST} (replaced, edited or "
+                                  "truncated)")
+        return data
     try:
         with safe_open(str(folder / WEIGHTS_FILE), framework="pt", device="cpu") as handle:
             recorded = (handle.metadata() or {}).get(FILE_DIGEST_PREFIX + name)
@@ -170,7 +189,8 @@ _EXTRA_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 def save_checkpoint(model: Decoder, path: str | os.PathLike, *,
                     extra_files: Mapping[str, bytes] | None = None,
-                    check: Callable[[Path], None] | None = None) -> Path:
+                    check: Callable[[Path], None] | None = None,
+                    superseded: Collection[str] = ()) -> Path:
     """Write `model` (a Decoder) to the folder `path` atomically and return the folder's Path.
 
     The tied weight is stored once (as `token_embeddings.weight`), so the file loads in plain
@@ -178,12 +198,12 @@ def save_checkpoint(model: Decoder, path: str | os.PathLike, *,
     written beside the weights inside the same atomic swap. `check(folder)`, if given, runs on
     the complete new folder before it replaces anything; if it raises, nothing is replaced and
     nothing is left behind. An existing `path` is replaced only if it is a checkpoint whose every
-    entry is written again (see `write_folder_atomically`)."""
+    entry is written again (see `write_folder_atomically`), or is one of `superseded` (entries
+    of ours another kind of checkpoint holds: a sharded one's shards, which this one replaces)."""
     if not isinstance(model, Decoder):
         raise TypeError(f"save_checkpoint needs a decoder_audit Decoder, got {type(model).__name__}")
-    extra = _checked_extra_files(extra_files, reserved=(WEIGHTS_FILE, CONFIG_FILE, FACTORY_FILE))
+    extra = checked_extra_files(extra_files, reserved=(WEIGHTS_FILE, CONFIG_FILE, FACTORY_FILE))
     tensors, metadata = _tensors_to_store(model)
-    metadata[CONFIG_DIGEST] = config_digest(model.config)
     metadata.update({FILE_DIGEST_PREFIX + name: sha256(data) for name, data in extra.items()})
 
     def write(folder: Path) -> None:
@@ -195,10 +215,11 @@ def save_checkpoint(model: Decoder, path: str | os.PathLike, *,
             check(folder)
 
     return write_folder_atomically(path, write, same_kind=is_checkpoint_folder, what="checkpoint",
-                                   names=(WEIGHTS_FILE, CONFIG_FILE, *extra))
+                                   names=(WEIGHTS_FILE, CONFIG_FILE, *extra),
+                                   superseded=superseded)
 
 
-def _checked_extra_files(extra_files: Mapping[str, bytes] | None, *,
+def checked_extra_files(extra_files: Mapping[str, bytes] | None, *,
                          reserved: tuple[str, ...]) -> dict[str, bytes]:
     extra = dict(extra_files or {})
     for name, data in extra.items():
@@ -225,13 +246,21 @@ def _tensors_to_store(model: Decoder) -> tuple[dict[str, torch.Tensor], dict[str
             continue  # the same Parameter as token_embeddings.weight: stored once
         tensors[name] = tensor.detach().to("cpu").contiguous()
     refuse_non_finite(tensors, "refusing to save")
-    metadata = {
-        "format": "pt",
-        "decoder_audit.format": FORMAT_VERSION,
-        "decoder_audit.tied": "lm_head.weight=token_embeddings.weight" if tied else "",
-    }
+    metadata = weights_metadata(cfg)
     metadata.update({DIGEST_PREFIX + name: digest(t) for name, t in tensors.items()})
     return tensors, metadata
+
+
+def weights_metadata(cfg: DecoderConfig) -> dict[str, str]:
+    """The safetensors metadata of a Decoder checkpoint before its per-tensor digests: the
+    format, how the readout is tied, the config's digest."""
+    return {
+        "format": "pt",
+        "decoder_audit.format": FORMAT_VERSION,
+        "decoder_audit.tied": ("lm_head.weight=token_embeddings.weight" if cfg.tie_embeddings
+                               else ""),
+        CONFIG_DIGEST: config_digest(cfg),
+    }
 
 
 # ---- modules that are not a Decoder ------------------------------------------------------------
@@ -243,7 +272,7 @@ def save_module_weights(module: nn.Module, path: str | os.PathLike, *,
     tensor shared under several names is stored once, the other names recorded as aliases) and
     `factory.json` (`factory`: what rebuilds the module, e.g. {"factory": "/abs/model.py:build"}).
     `load_module_weights(factory_built_module, path)` reads it back."""
-    extra = _checked_extra_files(extra_files, reserved=(WEIGHTS_FILE, CONFIG_FILE, FACTORY_FILE))
+    extra = checked_extra_files(extra_files, reserved=(WEIGHTS_FILE, CONFIG_FILE, FACTORY_FILE))
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple[int, int, tuple[int, ...], torch.dtype], str] = {}
@@ -316,7 +345,8 @@ def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"checkpoint {str(path)!r} is a file; a checkpoint is a folder "
                               f"holding {CONFIG_FILE} and {WEIGHTS_FILE}")
     for copy in stranded_copies(path):
-        if (copy / WEIGHTS_FILE).is_file() and ((copy / CONFIG_FILE).is_file()
+        weights = (copy / WEIGHTS_FILE).is_file() or (copy / SHARDED_MANIFEST).is_file()
+        if weights and ((copy / CONFIG_FILE).is_file()
                                                 or (copy / FACTORY_FILE).is_file()):
             warnings.warn(f"checkpoint {str(path)!r} is missing (a save stopped between its "
                           f"renames); loading the newest complete copy it left, {str(copy)!r}",
@@ -352,8 +382,11 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     by construction (one Parameter). `dtype=None` keeps the stored dtype, so a round trip gives
     bitwise-equal logits. Raises CheckpointError naming the file on any problem."""
     folder = resolve_checkpoint_dir(path)
+    for marker, read in LAYOUT_READERS.items():  # another layout: a sharded run's, assembled
+        if (folder / marker).is_file():
+            return read(folder, device=device, dtype=dtype)
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-    cfg = _read_config(folder)  # 1. the config, before anything else
+    cfg = read_config(folder)  # 1. the config, before anything else
     refuse_pickles(folder, weights_path)  # 2. the weights file: safetensors only, never a pickle
     tensors, metadata = _read_fitting_tensors(cfg, config_path, weights_path)  # 3.
 
@@ -375,7 +408,7 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     return decoder_from_tensors(cfg, tensors, device=device, dtype=dtype)
 
 
-def _read_config(folder: Path) -> DecoderConfig:
+def read_config(folder: Path) -> DecoderConfig:
     """The validated config of the checkpoint in `folder`; a module's weights (factory.json)
     are refused with how to read them instead."""
     config_path = folder / CONFIG_FILE

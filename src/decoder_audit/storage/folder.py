@@ -63,14 +63,17 @@ INCOMPLETE, COMPLETE, PREVIOUS = "incomplete", "complete", "previous"
 
 def write_folder_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
                             same_kind: Callable[[Path], bool], what: str,
-                            names: Collection[str] | None = None) -> Path:
+                            names: Collection[str] | None = None,
+                            superseded: Collection[str] = ()) -> Path:
     """Call `write(tmp_folder)` to fill a fresh folder beside `path`, fsync it, and swap it into
     `path` (see the module docstring for the steps and what a crash leaves behind).
 
     Nothing a user had is lost: an existing non-empty `path` is replaced only if
     `same_kind(path)` (it is an earlier output of this kind, `what`) and every entry in it is
     written again. `names` (the entries `write` will make, when known) lets that be refused
-    before writing; it is checked again on what `write` made. A `path` that is a symlink, or
+    before writing; it is checked again on what `write` made. `superseded` names entries of
+    ours an earlier output of another layout holds that this one may drop (a sharded
+    checkpoint's shards replaced by an unsharded one's weights). A `path` that is a symlink, or
     that another save is writing, is refused. If `write` (or anything before the swap) raises,
     the temporary folder and any parent folders made for it are removed."""
     path = Path(path).absolute()
@@ -78,14 +81,15 @@ def write_folder_atomically(path: str | os.PathLike, write: Callable[[Path], Non
     made = make_folders(path.parent)
     try:
         with _save_lock(path):
-            _refuse_to_replace(path, same_kind, what, names)
+            _refuse_to_replace(path, same_kind, what,
+                               None if names is None else (*names, *superseded))
             _remove_debris(path, keep_complete=True)
             wrapper = _marked_folder(path, "tmp")
             try:
                 (wrapper / INCOMPLETE).mkdir()
                 write(wrapper / INCOMPLETE)
-                refuse_to_lose(path, [c.name for c in (wrapper / INCOMPLETE).iterdir()],
-                               what=what)
+                refuse_to_lose(path, [*(c.name for c in (wrapper / INCOMPLETE).iterdir()),
+                                      *superseded], what=what)
                 _sync_files(wrapper / INCOMPLETE)
             except Exception:
                 _delete_ours(wrapper)

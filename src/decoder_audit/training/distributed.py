@@ -21,8 +21,8 @@ the same arithmetic as DDP up to float32 summation order (tests/test_train_shard
 readout stays the embedding's Parameter: FSDP2 puts one sharded Parameter back into every module
 that held the shared one, which `shard_model` checks. One process may shard too (a one-rank
 group on an in-process store): nothing is split, but the run takes the sharded code path.
-Checkpoints of a sharded run gather the whole state on rank 0 (state.py), so they are the files
-an unsharded run writes, and either kind of run resumes the other's.
+Checkpoints of a sharded run are sharded (storage/sharded.py: each rank writes its own rows with
+torch.distributed.checkpoint), and either kind of run resumes the other's on any world size.
 """
 
 from __future__ import annotations

@@ -102,8 +102,8 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
     callback(step, metrics): called after every step (after its checkpoint, if any).
     shard: FSDP2 (distributed.py): each rank holds 1/N of the weights, gradients and AdamW
         state; under torchrun, or on one process (nothing split). Not a setting of the run:
-        checkpoints are the same files either way, so a sharded run resumes unsharded and
-        the reverse. A sharded run's result holds the whole model, on the CPU, on rank 0.
+        its checkpoints are sharded (torch.distributed.checkpoint, each rank its own rows) and
+        resume on any world size, sharded or not, and an unsharded run's resume sharded. A sharded run's result holds the whole model, on the CPU, on rank 0.
     checkpointing: activation checkpointing (`gradient_checkpointing_enable()`), proven by the
         gate's `checkpointing` check first; like `shard`, not a setting of the run.
     peak_flops: the peak FLOP/s the final report's MFU is a share of (a datasheet figure);

@@ -24,11 +24,22 @@ replaced or truncated file is refused before it is read. metrics.jsonl is strict
 non-finite value is written as null); a torn last line, which only a kill mid-write leaves, is
 dropped when the run resumes.
 
-A sharded run (FSDP2, distributed.py) writes the same files: every rank takes part in gathering
-the whole weights and optimizer state onto rank 0's CPU, which writes them in the unsharded
-layout (the optimizer state numbered as `Optimizer.state_dict()` numbers it, in group order);
-resuming shards them again. So a sharded run resumes unsharded and the reverse, unconverted;
-trainer.json records `sharded` for the record only.
+A sharded run (FSDP2, distributed.py) writes a sharded checkpoint instead (storage/sharded.py):
+every rank writes its own rows of the weights and of AdamW's moments with
+torch.distributed.checkpoint into checkpoint/dcp/, no rank gathering the model, and
+sharded.json replaces model.safetensors as the holder of the files' SHA-256:
+
+    OUT/checkpoint/config.json, trainer.json, train_state.pt, <tokenizer files>   as above, but
+        train_state.pt holds only AdamW's param_groups (its tensors are in dcp/)
+    OUT/checkpoint/sharded.json    the manifest: world size, SHA-256 of the config and each file
+    OUT/checkpoint/dcp/            .metadata and one __R_0.distcp per rank R
+
+It resumes on any number of ranks, sharded or not: the weights are assembled from their chunks
+(`load_checkpoint` reads a sharded folder too) and each rank reads its own rows of AdamW's state
+(`load_sharded_state`); the state put back is bitwise the state saved, so a run resumed on the
+world size that saved it ends bitwise equal to one that never stopped. An unsharded checkpoint
+resumes sharded too (its whole optimizer state sharded again on load). Each kind of save
+replaces the other kind's files in the same folder. trainer.json records `sharded`.
 """
 
 from __future__ import annotations
@@ -39,7 +50,6 @@ import math
 import os
 import pickle
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +71,15 @@ from ..storage.checkpoint import (
     save_module_weights,
 )
 from ..storage.folder import refuse_symlink, refuse_to_lose
+from ..storage.sharded import (
+    MANIFEST_FILE,
+    SHARDS_DIR,
+    holds_dtensors,
+    is_sharded_checkpoint,
+    load_sharded_state,
+    optimizer_state,
+    save_sharded_checkpoint,
+)
 from .curve import loss_curve_png
 from .settings import TrainConfig
 
@@ -71,7 +90,10 @@ TRAINER_FILE = "trainer.json"
 # The layout version of trainer.json and train_state.pt.
 STATE_FORMAT = 1
 # What a training save writes into checkpoint/ (besides the task's own files, e.g. a tokenizer).
-CHECKPOINT_FILES = [CONFIG_FILE, WEIGHTS_FILE, FACTORY_FILE, STATE_FILE, TRAINER_FILE]
+CHECKPOINT_FILES = [CONFIG_FILE, WEIGHTS_FILE, FACTORY_FILE, STATE_FILE, TRAINER_FILE,
+                    MANIFEST_FILE, SHARDS_DIR]
+# In a resumed sharded checkpoint's optimizer entry: the folder its tensors are read from.
+SHARDS_KEY = "shards"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,19 +233,18 @@ def save_training_checkpoint(model: nn.Module, folder: Path, *, cfg: TrainConfig
     (`checkpoint.save_module_weights`). `options` are the run's settings outside the
     TrainConfig (save_every, eval_every, device, threads), which a resumed run keeps.
 
-    A sharded model is gathered first: every rank must call this, rank 0 writes, the others
-    return None."""
+    A sharded model writes a sharded checkpoint (the module docstring): every rank must call
+    this, each writing its own rows; rank 0 returns the folder, the others None."""
     sharded = is_sharded(model)
-    if sharded:
-        model, optimizer_state = gather_full_state(model, optimizer)
-        if model is None:
-            return None  # not rank 0: its part is gathered there
+    if sharded:  # AdamW's tensors go into DCP, its param_groups (plain numbers) stay here
+        optimizer_tensors, groups = optimizer_state(model, optimizer)
+        saved_optimizer: dict[str, Any] = {"param_groups": groups}
     else:
-        optimizer_state = optimizer.state_dict()
+        saved_optimizer = optimizer.state_dict()
     buffer = io.BytesIO()
     torch.save({
         "step": step,
-        "optimizer": optimizer_state,
+        "optimizer": saved_optimizer,
         "scheduler": scheduler.state_dict(),
         "data_rng": generator.get_state(),
         "torch_rng": torch.get_rng_state(),
@@ -233,18 +254,24 @@ def save_training_checkpoint(model: nn.Module, folder: Path, *, cfg: TrainConfig
             "run_options": dict(options or {})}
     if factory is not None:
         meta["factory"] = factory
-    return _save_weights(model, folder, factory, extra_files={
+    extra_files = {
         **task.checkpoint_files(),  # the tokenizer, so `sample` reads the model as it was trained
         STATE_FILE: buffer.getvalue(),
         TRAINER_FILE: (json.dumps(meta, indent=2) + "\n").encode(),
-    })
+    }
+    if sharded:  # an unsharded checkpoint there before (a resumed run) is replaced
+        return save_sharded_checkpoint(model, folder, optimizer_tensors=optimizer_tensors,
+                                       extra_files=extra_files, superseded=[WEIGHTS_FILE])
+    return _save_weights(model, folder, factory, extra_files=extra_files)
 
 
 def _save_weights(model: nn.Module, folder: Path, factory: dict[str, Any] | None, *,
                   extra_files: dict[str, bytes]) -> Path:
     if factory is not None:  # not white-box: its state dict, and what rebuilds it
         return save_module_weights(model, folder, factory=factory, extra_files=extra_files)
-    return save_checkpoint(_as_decoder(model), folder, extra_files=extra_files)
+    # a sharded checkpoint there before (a sharded run resumed unsharded) is replaced
+    return save_checkpoint(_as_decoder(model), folder, extra_files=extra_files,
+                           superseded=[MANIFEST_FILE, SHARDS_DIR])
 
 
 def _as_decoder(model: nn.Module) -> Decoder:
@@ -276,7 +303,10 @@ def read_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(meta, dict) or not isinstance(meta.get("train_config"), dict):
         raise CheckpointError(f"{str(meta_path)!r} is not a trainer.json that decoder-audit "
                               "train wrote (not a JSON object with train_config)")
-    return meta, _load_state(state_path, read_checked_file(folder, STATE_FILE))
+    state = _load_state(state_path, read_checked_file(folder, STATE_FILE))
+    if is_sharded_checkpoint(folder):  # AdamW's tensors are read from dcp/ on restore
+        state["optimizer"] = {**state["optimizer"], SHARDS_KEY: str(folder)}
+    return meta, state
 
 
 def _load_state(path: Path, raw: bytes) -> dict[str, Any]:
@@ -304,12 +334,20 @@ def restore_training_state(state: dict[str, Any], optimizer: torch.optim.Optimiz
                            scheduler: Any, generator: torch.Generator,
                            model: nn.Module | None = None) -> int:
     """Put a checkpoint's optimizer, scheduler, sampler and torch RNG states back; its step.
-    For a sharded `model` (every rank calls this with the whole state) each rank keeps its
-    shard of the optimizer state."""
-    if model is not None and is_sharded(model):
-        _load_sharded_optimizer(model, optimizer, state["optimizer"])
+    From a sharded checkpoint each rank of a sharded `model` reads its own rows of AdamW's
+    state, a plain `model` the whole of it (every rank calls this). From an unsharded one, a
+    sharded `model`'s ranks each keep their shard of the whole state."""
+    saved = state["optimizer"]
+    if SHARDS_KEY in saved:
+        if model is None:
+            raise CheckpointError("a sharded checkpoint's optimizer state is restored onto its "
+                                  "model's Parameters: pass the model")
+        load_sharded_state(saved[SHARDS_KEY], model, optimizer=optimizer,
+                           param_groups=saved["param_groups"], weights=False)
+    elif model is not None and is_sharded(model):
+        _load_sharded_optimizer(model, optimizer, saved)
     else:
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(saved)
     scheduler.load_state_dict(state["scheduler"])
     generator.set_state(state["data_rng"])
     torch.set_rng_state(state["torch_rng"])
@@ -320,53 +358,29 @@ def restore_training_state(state: dict[str, Any], optimizer: torch.optim.Optimiz
 # Sharded (FSDP2) models: the whole state gathered on save, sharded again on resume
 # ----------------------------------------------------------------------------------------------
 
-def is_sharded(model: nn.Module) -> bool:
-    """Whether FSDP2 has sharded `model` (its Parameters are DTensors). Never imported, the
-    DTensor module cannot have made one: an unsharded run does not pay for importing it."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    if dtensor is None:
-        return False
-    return any(isinstance(p, dtensor.DTensor) for p in model.parameters())
+is_sharded = holds_dtensors  # whether FSDP2 has sharded a model (storage/sharded.py)
 
 
-def gather_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None
-                      ) -> tuple[Decoder | None, dict[str, Any] | None]:
-    """A sharded Decoder's whole weights as a plain Decoder on the CPU, and its optimizer's
-    whole state in `Optimizer.state_dict()`'s layout (None without an optimizer), on rank 0;
-    (None, None) on the other ranks. Every rank must call it: it gathers."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+def gather_full_state(model: nn.Module) -> Decoder | None:
+    """A sharded Decoder's whole weights as a plain Decoder on the CPU, on rank 0; None on the
+    other ranks. Every rank must call it: it gathers."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     # full_state_dict with cpu_offload: only rank 0 receives the tensors, on its CPU
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=options)
-    by_name = (get_optimizer_state_dict(model, optimizer, options=options)
-               if optimizer is not None else None)
     if not weights:
-        return None, None
+        return None
     wanted = expected_shapes(model.config)  # the unique names: a tied readout is not among them
-    decoder = decoder_from_tensors(model.config,
-                                   {name: t for name, t in weights.items() if name in wanted})
-    return decoder, (_numbered(by_name) if by_name is not None else None)
-
-
-def _numbered(by_name: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer state keyed by parameter name (torch.distributed.checkpoint's layout) in
-    `Optimizer.state_dict()`'s: the parameters numbered 0, 1, ... in the order the groups list
-    them, which is how an unsharded run of the same model numbers them (optim.param_groups)."""
-    order = [name for group in by_name["param_groups"] for name in group["params"]]
-    index = {name: number for number, name in enumerate(order)}
-    return {"state": {index[name]: value for name, value in by_name["state"].items()},
-            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
-                             for group in by_name["param_groups"]]}
+    return decoder_from_tensors(model.config,
+                                {name: t for name, t in weights.items() if name in wanted})
 
 
 def _load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer,
                             numbered: dict[str, Any]) -> None:
-    """The inverse of `_numbered`, then each rank keeps its shard of the whole state."""
+    """An unsharded checkpoint's whole optimizer state (`Optimizer.state_dict()`'s layout: the
+    parameters numbered in group order) keyed by parameter name, then each rank keeps its
+    shard of it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     name_of = {id(p): name for name, p in model.named_parameters()}
@@ -388,5 +402,4 @@ def whole_model(model: nn.Module) -> nn.Module | None:
     their shard, with the hooks that hold it, must be gone before the process group closes."""
     if not is_sharded(model):
         return model
-    decoder, _ = gather_full_state(model, None)
-    return decoder
+    return gather_full_state(model)
