@@ -286,6 +286,11 @@ def build_for_training(source: Any, ranks: RankInfo, device: str, *, seed: int) 
     then sharded. Every module reshards its weights after each forward while the gate runs
     (its checks find the sharded Parameters between calls); `ready_to_train` restores FSDP2's
     training default after it. Any module but a Decoder is refused, before the gate is spent."""
+    from ..gate import allocate_large_blocks_apart
+
+    # every block's weights are gathered and freed at each call, the gate's and each step's: in
+    # their own mmaps, freed to the OS at once, not in heap fragments that keep the peak up
+    allocate_large_blocks_apart()
     if source.built_fresh:
         model = build_sharded(source.config(), ranks, device, seed=seed, reshard_root=True)
     else:
