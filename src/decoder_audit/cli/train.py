@@ -155,7 +155,8 @@ def run(args) -> int:
             vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
             intervention_len=args.intervention_len,
             threads=args.threads if args.threads is not None else "auto",
-            peak_flops=args.peak_flops, checkpointing=args.checkpointing, **options)
+            peak_flops=args.peak_flops, checkpointing=args.checkpointing,
+            return_model=False, **options)  # the model is in the run folder's checkpoint
     except GateRefusal as refusal:
         _print_refusal(refusal, args)
         return 1

@@ -217,7 +217,10 @@ def wrap(model: nn.Module, ranks: RankInfo, device: str) -> nn.Module:
     DistributedDataParallel over `model` when there are several ranks (it averages the
     gradients in backward), else `model` itself."""
     if ranks.sharded:
-        return shard_model(model, ranks, device)
+        from torch.distributed.fsdp import FSDPModule
+
+        # sharded before the gate (build_for_training), so the gate audited it as it trains
+        return model if isinstance(model, FSDPModule) else shard_model(model, ranks, device)
     if not ranks.distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -274,6 +277,47 @@ def build_sharded(cfg: DecoderConfig, ranks: RankInfo, device: str, *, seed: int
     model.to_empty(device=device)
     _draw_shards(model, seed)
     return model
+
+
+def build_for_training(source: Any, ranks: RankInfo, device: str, *, seed: int) -> Decoder:
+    """The model of a sharded run, sharded on `device` before the gate audits it: a preset or
+    config built sharded (`build_sharded`: no rank ever holds the whole model); a checkpoint (a
+    resumed run, train --checkpoint) or a --model's Decoder loaded whole, moved to the device,
+    then sharded. Every module reshards its weights after each forward while the gate runs
+    (its checks find the sharded Parameters between calls); `ready_to_train` restores FSDP2's
+    training default after it. Any module but a Decoder is refused, before the gate is spent."""
+    from ..gate import allocate_large_blocks_apart
+
+    # every block's weights are gathered and freed at each call, the gate's and each step's: in
+    # their own mmaps, freed to the OS at once, not in heap fragments that keep the peak up
+    allocate_large_blocks_apart()
+    if source.built_fresh:
+        model = build_sharded(source.config(), ranks, device, seed=seed, reshard_root=True)
+    else:
+        model = source.build(seed=seed)
+        refuse_unshardable(model)
+        model.to(device)
+        shard_model(model, ranks, device, reshard_root=True)
+    _finish_fsdp_setup(model)
+    return model
+
+
+def _finish_fsdp_setup(model: nn.Module) -> None:
+    """What FSDP2 sets up on a model's first forward (the root found, each group's shards laid
+    out, the state-dict hooks that shard a gathered group again before its weights are read),
+    done now, before the gate: the gate gives a model back as it took it and removes the
+    hooks a model registers on itself when called, and a checkpoint of a model whose hooks
+    the gate removed read the gathered root weights, not the optimizer's sharded ones."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard.state(model)._lazy_init()  # noqa: SLF001 - FSDP2 has no public form of it
+
+
+def ready_to_train(model: nn.Module) -> None:
+    """After the gate: the root group (embeddings, final norm, readout) keeps its weights
+    gathered from each forward to its backward, FSDP2's default for the root, which the next
+    step's backward needs at once (no second gather per step)."""
+    model.set_reshard_after_forward(False, recurse=False)
 
 
 @torch.no_grad()

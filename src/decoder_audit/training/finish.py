@@ -57,7 +57,8 @@ def finish(setting: Setting, prepared: Prepared, training: Training, found: Evid
                     "checkpoints included")
     else:  # a finished run resumed: no step ran now, so no speed of its own to report
         setting.say(_already_finished(training.step, folder))
-    model = whole_model(training.model)  # sharded: gathered into one Decoder on rank 0
+    # sharded: gathered into one Decoder on rank 0, unless the caller wants none
+    model = whole_model(training.model) if setting.opts.return_model else None
     return TrainResult(model=model, config=setting.cfg, step=training.step,
                        final_loss=final_loss, initial_loss=found.initial_loss,
                        entropy_floor=floor, seconds=seconds, tokens_per_s=speed.tokens_per_s,

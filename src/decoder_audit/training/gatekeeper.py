@@ -5,7 +5,8 @@ check of the path training takes raises `GateRefusal` naming the first: nothing 
 file is written. There is no switch to skip it. A check that failed on generation's path alone
 (the KV cache, left-padded prompts) is said and does not refuse training: a training step runs
 neither, and `decoder-audit verify` still fails on it. Under torchrun rank 0 audits and every rank learns the
-verdict from it.
+verdict from it; a sharded model (`train --shard`, FSDP2) is audited by every rank alike, sharded
+as it will train, and rank 0 says the verdict.
 
 The callbacks that gate the trainers people use (`decoder_audit.integrations`: transformers'
 Trainer and TRL, Lightning) run the same `run_gate`, naming the paths their trainer takes (the
@@ -67,16 +68,18 @@ def run_gate(model: nn.Module, ranks: RankInfo, facts: ModelFacts, *, seed: int,
              say: Say, paths: tuple[str, ...] = TRAIN_PATHS) -> AuditReport | None:
     """Rank 0 audits the model with its facts (every rank decided the same facts before, from
     the same model: `prepare`); every rank learns the verdict; a failure of a check on one of
-    `paths` (the ones the trainer takes) raises GateRefusal everywhere. The report is rank 0's
-    (None elsewhere)."""
+    `paths` (the ones the trainer takes) raises GateRefusal everywhere. A sharded model (FSDP2)
+    is audited by every rank alike (each forward needs them all: gate/sharding.py), and rank 0
+    says the summary. The report is rank 0's (None elsewhere)."""
     report, verdict, failed = None, [True, "", ""], ()
-    if ranks.is_main:
+    if ranks.is_main or ranks.sharded:
         say("[bold]gate[/bold]: running the full audit before any training ...")
         start = time.perf_counter()
         try:
             report = audit(model, facts=facts, progress=False, seed=seed)
         except Exception as exc:  # the gate should never crash; if it does, nothing trains
-            if not ranks.distributed:
+            # sharded, a peer may be inside a collective: no verdict shared, the error raised
+            if not ranks.distributed or ranks.sharded:
                 raise
             verdict = [False, "gate", f"the gate itself raised {exc!r}"]
     if report is not None:
@@ -88,6 +91,7 @@ def run_gate(model: nn.Module, ranks: RankInfo, facts: ModelFacts, *, seed: int,
         verdict = [failure is None, getattr(failure, "name", ""), getattr(failure, "detail", "")]
         _say_summary(report, time.perf_counter() - start, say, paths)
     passed, check, detail = share_from_main(ranks, verdict)
+    report = report if ranks.is_main else None
     if not passed:
         raise GateRefusal(check, detail, report, failed=failed)
     return report

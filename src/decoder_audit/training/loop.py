@@ -80,7 +80,7 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
           vocab_size: int | None = None, max_seq_len: int | None = None,
           intervention_len: int | None = None, threads: int | str | None = "auto",
           callback: Callback | None = None, shard: bool = False, peak_flops: float | None = None,
-          checkpointing: bool = False, **options: Any) -> TrainResult:
+          checkpointing: bool = False, return_model: bool = True, **options: Any) -> TrainResult:
     """Audit `model` and, if every check passes, train it. See the module docstring.
 
     model: a Decoder or any nn.Module mapping ids (B, T) to logits (B, T, V) (foreign modules
@@ -106,6 +106,9 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
         resume on any world size, sharded or not, and an unsharded run's resume sharded. A sharded run's result holds the whole model, on the CPU, on rank 0.
     checkpointing: activation checkpointing (`gradient_checkpointing_enable()`), proven by the
         gate's `checkpointing` check first; like `shard`, not a setting of the run.
+    return_model: False leaves the result's model None: a sharded run then never gathers the
+        whole model on rank 0 (its checkpoint, in a run folder, holds the weights); the command
+        line's train, which never reads it, passes False.
     peak_flops: the peak FLOP/s the final report's MFU is a share of (a datasheet figure);
         None measures this device's matmul ceiling in the run's precision (throughput.py).
 
@@ -126,7 +129,7 @@ def train(model: nn.Module | DecoderConfig | str | None = None, config: TrainCon
             settings_given=config is not None or bool(options), progress=progress,
             verbose=verbose, expect_fresh=expect_fresh, vocab_size=vocab_size,
             max_seq_len=max_seq_len, intervention_len=intervention_len, callback=callback,
-            peak_flops=peak_flops, checkpointing=checkpointing)
+            peak_flops=peak_flops, checkpointing=checkpointing, return_model=return_model)
         return _run_closing(model, cfg, opts, ranks, started)
 
 

@@ -38,13 +38,21 @@ def prepare(setting: Setting, model: Any) -> Prepared:
     for note in opts.notes:
         setting.say(f"note: {literal(note)}")
     source, module_weights = _source(model, opts)
+    rows = setting.ranks.world_size * cfg.grad_accum
+    if cfg.batch_size % rows:
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} must be divisible by the number of processes "
+            f"({setting.ranks.world_size}) times grad_accum ({cfg.grad_accum}) = {rows}, so every "
+            "rank's micro-batches hold equal rows")  # before a weight is built
     if source.kind in ("preset", "config", "checkpoint"):
-        _check_memory(source.config(), opts.device, setting.ranks)  # before a weight exists
-    built = source.build(seed=cfg.seed)
+        # before a weight exists
+        _check_memory(source.config(), opts.device, setting.ranks, whole=not source.built_fresh)
+    if setting.ranks.sharded:  # sharded before the gate, which audits it as it will train
+        built = distributed.build_for_training(source, setting.ranks, opts.device, seed=cfg.seed)
+    else:
+        built = source.build(seed=cfg.seed)
     if module_weights:
         load_module_weights(built, opts.resume_folder)
-    if setting.ranks.sharded:
-        distributed.refuse_unshardable(built)  # before the gate is spent on it
     _set_threads(built, opts)
     saved = (opts.resume_meta or {}).get("factory") or {}
     facts = model_facts(built, vocab_size=opts.vocab_size or saved.get("vocab_size"),
@@ -59,12 +67,6 @@ def prepare(setting: Setting, model: Any) -> Prepared:
                           "(--intervention-len) where it has no hard length limit, to be "
                           "audited and trained")
     task = _task(cfg, opts, facts.vocab_size, length)
-    rows = setting.ranks.world_size * cfg.grad_accum
-    if cfg.batch_size % rows:
-        raise ConfigError(
-            f"batch_size={cfg.batch_size} must be divisible by the number of processes "
-            f"({setting.ranks.world_size}) times grad_accum ({cfg.grad_accum}) = {rows}, so every "
-            "rank's micro-batches hold equal rows")
     # The path training takes, for the gate to audit too: each forward's rows (one micro-batch
     # of one rank), the task's length, the precision.
     if cfg.pack:
@@ -201,16 +203,25 @@ def _factory_of(source: Source, vocab_size: int | None, max_seq_len: int | None,
 TRAINING_COPIES = 4
 
 
-def _check_memory(cfg: DecoderConfig, device: str, ranks: RankInfo) -> None:
+def _check_memory(cfg: DecoderConfig, device: str, ranks: RankInfo, *,
+                  whole: bool = True) -> None:
+    """The training state must fit: four copies of the weights, 1/N of them per device when
+    sharded over N. `whole`: the model is built (or loaded) whole before it is sharded (a
+    checkpoint); a fresh sharded model never is (distributed.build_sharded). On the CPU the
+    ranks of one host share its memory, so their shards add up to the four whole copies."""
     what = "training (weights, gradients and AdamW's two moments)"
     if device.startswith("cuda"):
-        check_fits(cfg, what="its weights")  # built on the CPU first
+        if whole or not ranks.sharded:
+            check_fits(cfg, what="its weights")  # built on the CPU first
         copies: float = TRAINING_COPIES
-        if ranks.sharded:  # the whole weights reach the device to be sharded, then 1/N of four
-            copies = max(1.0, TRAINING_COPIES / ranks.world_size)
-            what = (f"training sharded over {ranks.world_size} devices (the whole weights "
-                    f"while sharding, then 1/{ranks.world_size} of weights, gradients and "
-                    "AdamW's two moments)")
+        if ranks.sharded:
+            copies = TRAINING_COPIES / ranks.world_size
+            what = (f"training sharded over {ranks.world_size} devices (1/{ranks.world_size} of "
+                    "weights, gradients and AdamW's two moments")
+            if whole:  # the whole weights reach the device to be sharded
+                copies = max(1.0, copies)
+                what += ", after the whole weights while sharding"
+            what += ")"
         check_fits(cfg, copies=copies, what=what, device=device)
     else:
         check_fits(cfg, copies=TRAINING_COPIES, what=what)

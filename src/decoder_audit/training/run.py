@@ -57,9 +57,11 @@ class Options:
     resumed run keeps them."""
     notes: tuple[str, ...] = ()
     peak_flops: float | None = None
+    """The peak FLOP/s MFU is reported against; None measures a matmul ceiling."""
     checkpointing: bool = False
     """Activation checkpointing on for the training steps (the gate checks it first)."""
-    """The peak FLOP/s MFU is reported against; None measures a matmul ceiling."""
+    return_model: bool = True
+    """The result holds the trained model (a sharded one gathered whole on rank 0), else None."""
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,18 @@ from .state import CHECKPOINT_FILES, RunFolder, refuse_foreign_entries, restore_
 
 def gate(setting: Setting, prepared: Prepared) -> tuple[AuditReport | None, Training]:
     """The gate on the model exactly as it will be trained (no flag skips it), with the facts
-    `prepare` decided. Then the device, the optimizer, the resumed state and DDP."""
+    `prepare` decided: a sharded run's model is sharded already, and every rank audits it.
+    Then the device, the optimizer, the resumed state and DDP."""
     cfg, opts, ranks, facts = setting.cfg, setting.opts, setting.ranks, prepared.facts
     report = run_gate(prepared.model, ranks, facts, seed=cfg.seed, say=setting.say)
     if opts.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(opts.device))
-    model = prepared.model.to(opts.device)
-    check_tied(model, facts, "after moving the model to its device")
+    model = prepared.model
+    if ranks.sharded:  # sharded on its device before the gate (prepare)
+        distributed.ready_to_train(model)
+    else:
+        model = model.to(opts.device)
+        check_tied(model, facts, "after moving the model to its device")
     model.train()
     if opts.checkpointing:  # the gate's `checkpointing` check has proven the switch exists
         model.gradient_checkpointing_enable()
