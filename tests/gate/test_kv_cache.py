@@ -126,3 +126,61 @@ def test_windowed_layers_decode_through_the_caller_caches(family):
     check = _check(model)
     assert check.passed, check.detail
     assert len(check.evidence["caller_caches"]) >= 2
+
+
+class StaticChunkOnePosition(tf.LlamaForCausalLM):
+    """Given a StaticCache holding earlier tokens, numbers every token of a chunk of several
+    with the first one's position (a pre-sized layer written one token at a time): one-token
+    steps and every cache the model makes itself decode right; only chunks into a caller's
+    pre-sized cache go wrong."""
+
+    def forward(self, *args, position_ids=None, **kwargs):
+        ids, cache = _ids_and_cache(args, kwargs)
+        if isinstance(cache, tf.StaticCache) and position_ids is None and ids.shape[1] > 1:
+            past = cache.get_seq_length()
+            if past:
+                position_ids = torch.full((1, ids.shape[1]), past)
+        return super().forward(*args, position_ids=position_ids, **kwargs)
+
+
+class DropsItsCache(tf.LlamaForCausalLM):
+    """Under use_cache=True returns an output whose past_key_values field is empty (Nemotron in
+    transformers 4.46 made no cache unless handed one): a caller's decoding loop has nothing to
+    pass back."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        for name in ("past_key_values", "cache"):  # transformers 5.x names it both ways
+            if name in out:
+                out[name] = None
+        return out
+
+
+class KeepsItsCacheElsewhere(tf.LlamaForCausalLM):
+    """Returns only logits, in an output class without a cache field (a model that keeps its
+    state in the module, as RecurrentGemma does): nothing to step from outside."""
+
+    def forward(self, *args, **kwargs):
+        return tf.modeling_outputs.CausalLMOutput(logits=super().forward(*args, **kwargs).logits)
+
+
+for _cls in (StaticChunkOnePosition, DropsItsCache, KeepsItsCacheElsewhere):
+    _cls.forward.__signature__ = inspect.signature(tf.LlamaForCausalLM.forward)
+
+
+def test_chunks_into_a_caller_cache_that_go_wrong_fail_kv_cache_naming_it():
+    check = _check(_llama(StaticChunkOnePosition))
+    assert not check.passed
+    bad = [r["schedule"] for r in check.evidence["schedules"] if r["positions_differing"]]
+    assert bad and all(label.startswith("StaticCache") and "chunks" in label for label in bad)
+
+
+def test_an_output_that_leaves_its_cache_field_empty_fails_kv_cache():
+    check = _check(_llama(DropsItsCache))
+    assert not check.passed and not check.skipped
+    assert "use_cache" in check.detail
+
+
+def test_an_output_without_a_cache_field_is_skipped_with_the_reason():
+    check = _check(_llama(KeepsItsCacheElsewhere))
+    assert check.skipped and "CausalLMOutput" in check.detail

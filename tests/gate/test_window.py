@@ -119,3 +119,56 @@ def _full_mask(_module, args, kwargs):
                                                                ).masked_fill(
         ~causal, torch.finfo(mask.dtype).min)
     return args, {**kwargs, "attention_mask": full.expand(mask.shape)}
+
+
+def _qwen2(tf, **fields):
+    torch.manual_seed(0)
+    config = tf.Qwen2Config(vocab_size=37, hidden_size=16, intermediate_size=24,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            max_position_embeddings=64, sliding_window=4, **fields)
+    return tf.Qwen2ForCausalLM(config).eval()
+
+
+def _windowed_mask(window):
+    """The attention path narrows the mask it is handed to the last `window` keys (the config
+    declares the layer full)."""
+    def hook(_module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        seq_len = kwargs["hidden_states"].shape[-2] if mask is None else mask.shape[-2]
+        rows = torch.arange(seq_len)
+        allowed = (rows[:, None] >= rows[None]) & (rows[:, None] - rows[None] < window)
+        narrowed = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        return args, {**kwargs, "attention_mask": narrowed[None, None]}
+    return hook
+
+
+def test_a_window_switched_on_for_no_layer_holds_every_layer_full():
+    """Qwen2 with use_sliding_window and max_window_layers = its 2 layers: the window of 4 is
+    declared and scoped to no layer, so both layers must read every earlier position; a layer
+    windowed in anyway (transformers 4.52's mask did it) fails."""
+    tf = pytest.importorskip("transformers")
+    model = _qwen2(tf, use_sliding_window=True, max_window_layers=2)
+    check = da.audit(model, checks=["window"])["window"]
+    assert check.passed and not check.skipped, check.detail
+    assert check.evidence["windows"] == [None, None]
+    model.model.layers[1].self_attn.register_forward_pre_hook(_windowed_mask(4),
+                                                              with_kwargs=True)
+    check = da.audit(model, checks=["window"])["window"]
+    assert not check.passed and "layer 1" in check.detail
+
+
+def test_a_window_in_a_family_that_does_not_scope_it_per_layer_declares_nothing():
+    """MiniMax's and DeepSeek-V4's layer kinds are not "sliding_attention", and their families
+    window those layers anyway: with no per-layer scope (max_window_layers) nothing is read as
+    declared full."""
+    from types import SimpleNamespace
+
+    from decoder_audit.references.hf_windows import declared_windows
+
+    minimax = SimpleNamespace(model_type="minimax", sliding_window=8, num_hidden_layers=2,
+                              layer_types=["full_attention", "linear_attention"])
+    assert declared_windows(minimax) is None
+    qwen = SimpleNamespace(model_type="qwen3", sliding_window=8, num_hidden_layers=2,
+                           use_sliding_window=True, max_window_layers=2,
+                           layer_types=["full_attention", "full_attention"])
+    assert declared_windows(qwen) == (None, None)

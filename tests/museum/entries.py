@@ -242,9 +242,11 @@ ENTRIES: tuple[Entry, ...] = (
                   "across documents on SDPA and eager: 4.53.0's new masking_utils built a plain "
                   "causal mask; 4.53.1 reads document boundaries from the position ids",
           builder="llama_padding_free", symptom="packed_leak", args={"use_cache": False},
-          check="packing", today="caught", audit={"training": {"pack": True}},
+          check="packing", today="caught",
+          audit={"training": {"batch_size": 4, "seq_len": 32, "pack": True}},
           note="audited as a padding-free trainer declares it: training packed "
-               "(TrainingPath(pack=True), what TrainerGate reads from DataCollatorWithFlattening) "
+               "(TrainingPath(batch_size=4, seq_len=32, pack=True), what TrainerGate reads "
+               "from DataCollatorWithFlattening) "
                "and config.use_cache=False; with use_cache on, the leak remains in every release "
                "through 5.24 (a cache disables the boundary detection), which the packing check "
                "fails on any release"),

@@ -42,6 +42,7 @@ relative scheme (RoPE, ALiBi) cannot tell origins apart and keeps 0 as well.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from collections.abc import Iterable
@@ -56,7 +57,10 @@ from ..objective import logits_of
 
 class CacheNotReturned(TypeError):
     """A model with a cache argument returned no cache object: its cache lives elsewhere (in
-    the module, or in a dict the caller owns), so it cannot be driven step by step here."""
+    the module, or in a dict the caller owns), so it cannot be driven step by step here;
+    unless `field_declared`: its output has a cache field and left it empty."""
+
+    field_declared = False
 
 
 # A pad slot holds this id; its value never matters (the mask hides it), it only has to be a
@@ -171,10 +175,10 @@ def _cached_steps(model: nn.Module, conv: Convention, ids: torch.Tensor
                 stepper(ids[:, 1:2])
             return trial, ""
         except CacheNotReturned as exc:
-            if type(model).__module__.startswith("transformers."):
-                # a transformers class keeps no cache elsewhere: returning none under
-                # use_cache=True breaks every caller's decoding loop (Nemotron in 4.46), so
-                # its kv_cache check runs and fails with this error
+            if exc.field_declared:
+                # its output has a cache field and left it empty under use_cache=True: every
+                # caller's decoding loop breaks (Nemotron in 4.46), so kv_cache runs and fails
+                # with this error. An output without one keeps its cache elsewhere.
                 return trial, ""
             return replace(trial, cached=False), (
                 f"{exc}: its cache is kept elsewhere (in the module or a caller-owned object), "
@@ -342,8 +346,11 @@ def _returned_cache(out: Any, name: str) -> Any:
         value = out.get(field) if hasattr(out, "get") else getattr(out, field, None)
         if value is not None:
             return value
-    raise CacheNotReturned(f"{type(out).__name__} has no .{name}: the model returned no cache "
-                           "although use_cache=True was passed")
+    error = CacheNotReturned(f"{type(out).__name__} has no .{name}: the model returned no "
+                             "cache although use_cache=True was passed")
+    fields = dataclasses.fields(out) if dataclasses.is_dataclass(out) else ()
+    error.field_declared = any(f.name in (name, "cache", "past_key_values") for f in fields)
+    raise error
 
 
 def numbered(model: nn.Module, conv: Convention, ids: torch.Tensor,

@@ -27,8 +27,10 @@ from .hf_windows import declared_windows
 
 
 def _parameters(cls: type) -> set[str]:
-    """The named parameters of the class's constructor; of its parent's where its own only
-    forwards *args and **kwargs (StaticCache in 4.54-4.55 hands them to Cache.__init__)."""
+    """The named parameters of the class's constructor, and of its parents' where it forwards
+    **kwargs to them (StaticCache in 4.54-4.55 hands everything to Cache.__init__; HybridCache
+    there names only config and forwards the rest)."""
+    named: set[str] = set()
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None:
@@ -36,12 +38,12 @@ def _parameters(cls: type) -> set[str]:
         try:
             params = inspect.signature(init).parameters
         except (TypeError, ValueError):
-            return set()
-        named = {name for name, p in params.items() if name != "self" and p.kind not in (
-            inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
-        if named:
             return named
-    return set()
+        named |= {name for name, p in params.items() if name != "self" and p.kind not in (
+            inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return named  # it forwards nothing further up
+    return named
 
 
 def _build(cls: type, config: Any, batch: int, length: int, device: torch.device,
