@@ -99,6 +99,9 @@ def release_bugs(model: Any) -> dict[str, str]:
         bugs["padding"] = "HybridCache: left pads through the cache (before 4.50)"
     elif not _steps_a_chunk(model):
         bugs["kv_cache"] = "its own cache raises on a chunk of tokens after the first call"
+    elif _sliding_cache_chunks_wrong(model):
+        bugs["kv_cache"] = ("SlidingWindowCache/HybridCache: a chunk of tokens after the first "
+                            "call (transformers#40893, before 4.57)")
     if _yarn_factor_replaced(model):
         bugs["oracle"] = "YaRN's factor replaced by max_position_embeddings / original"
     if _ignores_num_items(model):
@@ -132,6 +135,39 @@ def _steps_a_chunk(model: Any) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def _sliding_cache_chunks_wrong(model: Any) -> bool:
+    """Whether a windowed cache a caller builds (SlidingWindowCache, HybridCache: a static
+    sliding layer) decodes chunks of three tokens after a one-token prefill, past the window,
+    differently from the full forward or raises on them (before 4.57 such a layer took one
+    token at a time)."""
+    import torch
+
+    from decoder_audit.references.hf_caches import caller_caches
+    from decoder_audit.references.hf_windows import declared_windows
+
+    windows = [w for w in declared_windows(model.config) or () if w is not None]
+    if not windows:
+        return False
+    length = min(2 * min(windows) + 2, getattr(model.config, "max_position_embeddings", 64))
+    ids = torch.arange(length)[None] % model.config.vocab_size  # (1, T)
+    builders = [build for label, build in caller_caches(model, 1, length)[0]
+                if label.startswith(("SlidingWindowCache", "HybridCache"))]
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits  # (1, T, V)
+        for build in builders:
+            cache, pieces = build(), []
+            try:
+                for start in [0, *range(1, length, 3)]:  # a prefill of 1, then chunks of 3
+                    span = torch.arange(start, min(start + (3 if start else 1), length))
+                    pieces.append(model(ids[:, span], past_key_values=cache, use_cache=True,
+                                        cache_position=span).logits)
+            except (RuntimeError, IndexError):  # 4.56: the chunk overruns the sliding slots
+                return True
+            if not torch.allclose(torch.cat(pieces, 1), full, atol=1e-4):
+                return True
+    return False
 
 
 def _yarn_factor_replaced(model: Any) -> bool:

@@ -124,8 +124,23 @@ def test_windowed_layers_decode_through_the_caller_caches(family):
     if "kv_cache" in release_bugs(model):  # the release's own cache (Gemma 2 before 4.53)
         pytest.skip(release_bugs(model)["kv_cache"])
     check = _check(model)
-    assert check.passed, check.detail
+    if _release(tf.__version__) < (4, 57) and "schedules" not in check.evidence:
+        assert not check.passed  # 4.56's form of the same bug: the chunk raises (a shape
+        return  # mismatch writing 4 tokens into the sliding layer's one slot)
+    bad = [r["schedule"] for r in check.evidence["schedules"] if r["positions_differing"]]
+    if _release(tf.__version__) < (4, 57):
+        # transformers#40893 (the museum's gemma2-hybrid-cache-chunk): before 4.57 the static
+        # sliding layers of SlidingWindowCache and HybridCache take one token at a time, so a
+        # chunk of several after the prefill decodes wrongly; one-token steps are right
+        assert all(label.startswith(("SlidingWindowCache", "HybridCache")) and "chunks" in label
+                   for label in bad), check.detail
+    else:
+        assert check.passed, check.detail
     assert len(check.evidence["caller_caches"]) >= 2
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".")[:2])
 
 
 class StaticChunkOnePosition(tf.LlamaForCausalLM):
