@@ -28,6 +28,8 @@ class _Tally:
     calls: list[tuple[int, int, str]] = field(default_factory=list)  # (B, T, dtype) per pass
     oracle_tokens: int = 0  # tokens through oracle_logits (the float64 reference, not the model)
     check_seconds: dict[str, float] = field(default_factory=dict)  # seconds per gate step
+    check_tokens: dict[str, int] = field(default_factory=dict)  # Decoder tokens per gate step
+    running: list[str] = field(default_factory=list)  # the gate steps under way, innermost last
 
 
 @contextmanager
@@ -46,6 +48,8 @@ def _instrumented() -> Iterator[_Tally]:
     def counting_run(self, ids, trace, **options):  # inputs the contract rejects never get here
         out = original_run(self, ids, trace, **options)
         tally.calls.append((int(ids.shape[0]), int(ids.shape[1]), str(out.dtype)))
+        step = tally.running[-1] if tally.running else "outside any check"
+        tally.check_tokens[step] = tally.check_tokens.get(step, 0) + ids.numel()
         return out
 
     def counting_oracle(state, config, ids, *args, **kwargs):
@@ -55,9 +59,11 @@ def _instrumented() -> Iterator[_Tally]:
     def timed(name: str, fn: Callable) -> Callable:
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
+            tally.running.append(name)
             try:
                 return fn(*args, **kwargs)
             finally:
+                tally.running.pop()
                 tally.check_seconds[name] = (tally.check_seconds.get(name, 0.0)
                                              + time.perf_counter() - start)
         return wrapper
@@ -136,6 +142,10 @@ def gate_cost(preset_name: str, threads: int, repeats: int,
         "gate_report_cost": report.to_dict()["cost"],
         "passes_by_shape": _shape_counts(tally.calls),
         "seconds_by_step": dict(sorted(tally.check_seconds.items(), key=lambda kv: -kv[1])),
+        # each step's tokens in forward-equivalents of the gate's own cost line (its longest input)
+        "forward_equivalents_by_step": {
+            name: n / report.cost_len for name, n in
+            sorted(tally.check_tokens.items(), key=lambda kv: -kv[1])},
     }
 
 
@@ -183,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
           f"(1 x {result['max_seq_len']} fp32, {result['forward_seconds_full_len_fp32']:.2f} s); "
           f"tokens / largest pass {result['forward_equivalents_tokens']:.1f}; "
           f"tokens / max_seq_len {result['forward_equivalents_max_len']:.1f}")
+    by_step = result["forward_equivalents_by_step"]
+    print(f"the gate's own cost line: {result['gate_report_cost']}")
     for name, sec in result["seconds_by_step"].items():
-        print(f"  {name:28s} {sec:6.1f} s")
+        print(f"  {name:28s} {sec:6.1f} s  {by_step.get(name, 0.0):5.2f} forward-equivalents")
     print("passes: " + ", ".join(f"{k} x{v}" for k, v in result["passes_by_shape"].items()))
     return 0
 
