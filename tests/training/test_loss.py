@@ -52,9 +52,10 @@ def test_loss_and_gradient_equal_float64_cross_entropy_to_the_dtypes_rounding(dt
     allowed = (rounding + 64 * unit) * ref.abs()
     allowed[torch.arange(N), targets] += 64 * unit * 2.5 / N
     assert ((got - ref).abs() <= allowed).all(), float(((got - ref).abs() - allowed).max())
-    plain = logits.clone().requires_grad_()
-    (2.5 * F.cross_entropy(plain.float(), targets)).backward()
-    assert ((plain.grad.double() - ref).abs() <= allowed).all()  # the bound is the plain one's
+    if dtype != torch.float64:  # the bound is the one the plain float32 route meets
+        plain = logits.clone().requires_grad_()
+        (2.5 * F.cross_entropy(plain.float(), targets)).backward()
+        assert ((plain.grad.double() - ref).abs() <= allowed).all()
 
 
 def test_targets_outside_the_vocabulary_are_refused_with_their_range():
