@@ -142,7 +142,7 @@ def _sliding_cache_chunks_wrong(model: Any) -> bool:
     sliding layer) decodes chunks of three tokens after a one-token prefill, past the window,
     differently from the full forward or raises on them (before 4.57 such a layer took one
     token at a time)."""
-    import torch
+    from museum.symptoms import cached_vs_full
 
     from decoder_audit.references.hf_caches import caller_caches
     from decoder_audit.references.hf_windows import declared_windows
@@ -151,22 +151,16 @@ def _sliding_cache_chunks_wrong(model: Any) -> bool:
     if not windows:
         return False
     length = min(2 * min(windows) + 2, getattr(model.config, "max_position_embeddings", 64))
-    ids = torch.arange(length)[None] % model.config.vocab_size  # (1, T)
-    builders = [build for label, build in caller_caches(model, 1, length)[0]
-                if label.startswith(("SlidingWindowCache", "HybridCache"))]
-    with torch.no_grad():
-        full = model(ids, use_cache=False).logits  # (1, T, V)
-        for build in builders:
-            cache, pieces = build(), []
-            try:
-                for start in [0, *range(1, length, 3)]:  # a prefill of 1, then chunks of 3
-                    span = torch.arange(start, min(start + (3 if start else 1), length))
-                    pieces.append(model(ids[:, span], past_key_values=cache, use_cache=True,
-                                        cache_position=span).logits)
-            except (RuntimeError, IndexError):  # 4.56: the chunk overruns the sliding slots
-                return True
-            if not torch.allclose(torch.cat(pieces, 1), full, atol=1e-4):
-                return True
+    for label, build in caller_caches(model, 1, length)[0]:
+        if not label.startswith(("SlidingWindowCache", "HybridCache")):
+            continue
+        try:
+            moved = cached_vs_full(model, model.config.vocab_size, T=length, prefill=1, chunk=3,
+                                   cache=build)
+        except (RuntimeError, IndexError):  # 4.56: the chunk overruns the sliding slots
+            return True
+        if not moved <= 1e-4:
+            return True
     return False
 
 

@@ -67,17 +67,17 @@ def full_layer_windowed(model: nn.Module, V: int, window: int, T: int = 16) -> f
 
 @torch.no_grad()
 def cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 10, chunk: int = 1,
-                   cache: str | None = None) -> float:
+                   cache=None) -> float:
     """The largest difference between the logits of a prefill followed by cached steps of
     `chunk` tokens and the full forward at the same positions. `cache` names a cache the caller
-    builds for T positions, as generate does ("hybrid": transformers' HybridCache); None lets the
-    model make its own."""
+    builds for T positions, as generate does ("hybrid": transformers' HybridCache), or is a
+    function that builds one; None lets the model make its own."""
     model.eval()
     ids = _ids(V, 1, T)
     full = _logits(model, ids, use_cache=False)  # (1, T, V)
     kwargs = {"use_cache": True, "cache_position": torch.arange(prefill)}
     if cache is not None:
-        kwargs["past_key_values"] = _caller_cache(model, cache, T)
+        kwargs["past_key_values"] = cache() if callable(cache) else _caller_cache(model, cache, T)
     out = model(input_ids=ids[:, :prefill], **kwargs)
     worst = (out.logits - full[:, :prefill]).abs().max().item()
     for t in range(prefill, T, chunk):

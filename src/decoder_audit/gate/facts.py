@@ -603,19 +603,17 @@ def _declared_windows(model: nn.Module, cfg: DecoderConfig | None
     in any of its forms (a window it declares on no layer included: every layer is then full),
     else by the DecoderConfig that is the model's architecture (its own, or a declared spec)."""
     if _is_hugging_face(model):
-        from ..references.hf_windows import declared_windows
+        from ..references.hf_windows import declared_windows, window_size
 
-        found = declared_windows(model.config)
+        found, size = declared_windows(model.config), window_size(model.config)
     elif cfg is not None and cfg.sliding_window is not None:
         found = tuple(cfg.window(layer) for layer in range(cfg.n_layers))
+        size = cfg.sliding_window
     else:
-        found = None
-    if not found:
         return None, None
-    sizes = [w for w in found if w is not None]
-    size = min(sizes) if sizes else getattr(getattr(model, "config", None), "sliding_window",
-                                            None)
-    return (found, size) if isinstance(size, int) else (None, None)
+    if not found or size is None:
+        return None, None
+    return found, min((w for w in found if w is not None), default=size)
 
 
 def attention_layers(model: nn.Module, layers: int) -> tuple[str, ...]:

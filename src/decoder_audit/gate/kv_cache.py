@@ -8,8 +8,9 @@ generation run may use (DEFECTS.md H25):
                           prompt; a Hugging Face model's DynamicCache, StaticCache pre-sized to
                           twice the prompt, and (before transformers 5, for a windowed config)
                           SlidingWindowCache and HybridCache (`references.hf_caches`); each
-                          one-token steps and chunks of several tokens after a prefill, then, where it has `reset()`, reset and reused for a second
-                          prompt, which must decode as if the cache were new. A model that raises
+                          in one-token steps and in chunks of several tokens after a prefill,
+                          then, where it has `reset()`, reset and reused for a second prompt,
+                          which must decode as if the cache were new. A model that raises
                           on the prefill into one does not take that cache (MiniMax keeps its
                           own): noted, not failed, since nothing decodes wrongly in silence;
   batch independence      row 0's cached logits are the same beside other rows as beside

@@ -60,7 +60,9 @@ class CacheNotReturned(TypeError):
     the module, or in a dict the caller owns), so it cannot be driven step by step here;
     unless `field_declared`: its output has a cache field and left it empty."""
 
-    field_declared = False
+    def __init__(self, message: str, field_declared: bool = False) -> None:
+        super().__init__(message)
+        self.field_declared = field_declared
 
 
 # A pad slot holds this id; its value never matters (the mask hides it), it only has to be a
@@ -346,11 +348,11 @@ def _returned_cache(out: Any, name: str) -> Any:
         value = out.get(field) if hasattr(out, "get") else getattr(out, field, None)
         if value is not None:
             return value
-    error = CacheNotReturned(f"{type(out).__name__} has no .{name}: the model returned no "
-                             "cache although use_cache=True was passed")
     fields = dataclasses.fields(out) if dataclasses.is_dataclass(out) else ()
-    error.field_declared = any(f.name in (name, "cache", "past_key_values") for f in fields)
-    raise error
+    raise CacheNotReturned(f"{type(out).__name__} has no .{name}: the model returned no cache "
+                           "although use_cache=True was passed",
+                           field_declared=any(f.name in (name, "cache", "past_key_values")
+                                              for f in fields))
 
 
 def numbered(model: nn.Module, conv: Convention, ids: torch.Tensor,

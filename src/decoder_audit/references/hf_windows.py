@@ -69,6 +69,16 @@ def layer_kinds(config: Any, family: str | None = None) -> list[str] | None:
 _LEGACY = ("gemma2", "gemma3", "gemma3_text", "qwen2")
 
 
+def window_size(config: Any) -> int | None:
+    """The window `config` declares (its text config's sliding_window, GPT-Neo's window_size),
+    whichever layers it is on; None without one."""
+    text = _text_config(config)
+    size = getattr(text, "sliding_window", None)
+    if size is None and "local" in (getattr(text, "attention_layers", None) or ()):
+        size = getattr(text, "window_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else None
+
+
 def declared_windows(config: Any) -> tuple[int | None, ...] | None:
     """The window of each layer (None: full attention) that `config` declares, or None when it
     declares no window (no sliding_window, or one switched off). A window switched on and
