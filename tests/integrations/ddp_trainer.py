@@ -51,6 +51,10 @@ def main(out: str) -> None:
             "model_report": gate.verdict.report is not None, "step": trainer.state.global_step,
             "global_batch": gate.verdict.plan.global_batch, **outcome}
     Path(out, f"rank{args.process_index}.json").write_text(json.dumps(seen))
+    # Trainer leaves its gloo group up; one torn down at interpreter exit aborts a rank now and then
+    # ("terminate called without an active exception"), so both ranks meet and end it here.
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
