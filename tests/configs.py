@@ -320,6 +320,17 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                         n_shared_experts=1, shared_expert_width=7,
                                         shared_expert_gate=True, moe_every=2,
                                         tie_embeddings=False),
+    # Mixtral's block (every layer routed, experts as wide as d_ff, renormalised top 2 of 4)
+    # and OLMoE's (unnormalised top 2, q/k norms over the whole projection)
+    "mixtral-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                     n_kv_heads=2, d_ff=12, max_seq_len=6, norm="rmsnorm",
+                                     mlp="swiglu", pos="rope", rope_layout="rotate_half",
+                                     n_experts=4, experts_per_token=2, tie_embeddings=False),
+    "olmoe-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=10,
+                                   max_seq_len=6, norm="rmsnorm", mlp="swiglu", pos="rope",
+                                   rope_layout="rotate_half", qk_norm=True,
+                                   qk_norm_scope="projection", n_experts=4, experts_per_token=2,
+                                   normalize_topk=False, tie_embeddings=False),
     # DeepSeek's group-limited routing: 8 experts in 4 groups, a token's 2 from its best 2
     # groups, ranked by their two best biased sigmoid scores (V3) or their best (V2)
     "moe-grouped": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=24,

@@ -3,8 +3,9 @@ GPT-NeoX (attention and MLP in parallel, partial rotary, q/k/v fused head by hea
 (LayerNorm, partial rotary, q/k/v biases only), Phi-3 (q/k/v and gate/up fused), Mistral (a
 sliding window), Gemma 2 (sandwich norms, soft caps, a score scale, windowed layers), Gemma 3
 (per-head q/k norms, its windowed layers on their own RoPE base), OLMo (norms that learn
-nothing), OLMo 2 (no pre-norms, q/k norms over the projection) and Llama with each RoPE scaling
-(linear, Llama 3.1's, YaRN). Each correct model passes with no argument; each
+nothing), OLMo 2 (no pre-norms, q/k norms over the projection), Llama with each RoPE scaling
+(linear, Llama 3.1's, YaRN) and the routed families (Mixtral, Qwen2-MoE with its gated shared
+expert and a dense first layer, Qwen3-MoE, OLMoE). Each correct model passes with no argument; each
 defect planted in transformers' own module fails the check that owns it."""
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ SCALINGS = {
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 6},
 }
+
+
+MOE = {"mixtral": ("Mixtral", dict(num_local_experts=4)),
+       "qwen2_moe": ("Qwen2Moe", dict(num_experts=4, moe_intermediate_size=8,
+                                      shared_expert_intermediate_size=12, mlp_only_layers=[0])),
+       "qwen3_moe": ("Qwen3Moe", dict(num_experts=4, moe_intermediate_size=8, head_dim=12,
+                                      norm_topk_prob=True)),
+       "olmoe": ("Olmoe", dict(num_experts=4, norm_topk_prob=False))}
 
 
 def _model(family: str, **config):
@@ -73,6 +82,12 @@ def _model(family: str, **config):
         config_class, model_class = hf_class(f"{name}Config"), hf_class(f"{name}ForCausalLM")
         c = config_class(**COMMON, num_key_value_heads=1, **config)
         return model_class(c).eval()
+    if family in MOE:  # 4 experts, 2 per token; Qwen's experts 8 wide beside dense layers of 24
+        name, fields = MOE[family]
+        config_class, model_class = hf_class(f"{name}Config"), hf_class(f"{name}ForCausalLM")
+        c = config_class(**COMMON, num_key_value_heads=1, num_experts_per_tok=2,
+                         **fields, **config)
+        return model_class(c).eval()
     if family == "mistral-window":
         c = tf.MistralConfig(**COMMON, num_key_value_heads=1, sliding_window=3, **config)
         return tf.MistralForCausalLM(c).eval()
@@ -99,6 +114,17 @@ EXPECTED = {  # what each family's config declares, read by hand from transforme
     "olmo": dict(norm="layernorm", norm_affine=False, norm_bias=False, norm_eps=1e-5),
     "olmo2": dict(pre_norm=False, sandwich_norm=True, qk_norm=True,
                   qk_norm_scope="projection", norm="rmsnorm"),
+    "mixtral": dict(n_experts=4, experts_per_token=2, expert_width=None, d_ff=24,
+                    normalize_topk=True, router_scoring="softmax", router_order="score_topk",
+                    n_shared_experts=0, attn_bias=False, qk_norm=False),
+    "qwen2_moe": dict(n_experts=4, expert_width=8, d_ff=24, normalize_topk=False,
+                      n_shared_experts=1, shared_expert_width=12, shared_expert_gate=True,
+                      first_dense_layers=1, moe_every=1, attn_bias=True,
+                      attn_output_bias=False),
+    "qwen3_moe": dict(n_experts=4, expert_width=8, normalize_topk=True, qk_norm=True,
+                      qk_norm_scope="head", head_width=12, n_shared_experts=0),
+    "olmoe": dict(n_experts=4, expert_width=None, d_ff=24, normalize_topk=False, qk_norm=True,
+                  qk_norm_scope="projection", pre_norm=True, sandwich_norm=False),
     "linear": dict(rope_scaling={"type": "linear", "factor": 3.0}, n_kv_heads=1),
     "llama3": dict(rope_scaling={"type": "llama3", "factor": 8.0, "original_max_seq_len": 64,
                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
@@ -200,7 +226,52 @@ def _window_ignored(model):  # the windowed layer reads every earlier token
     model.config.layer_types = ["full_attention", "full_attention"]
 
 
+def _router_module(model, layer: int = 1):
+    """The routed layer's router where it is a module that returns its choice (transformers 5:
+    (logits, weights, indices)); before it the block chose inside its own forward."""
+    gate = model.model.layers[layer].mlp.gate
+    if isinstance(gate, nn.Linear):
+        pytest.skip("the router is a Linear whose choice is made inside the block's forward "
+                    "(transformers 4): no module to plant the defect in")
+    return gate
+
+
+def _topk_unnormalised(model):  # Mixtral's top-k weights left as softmax scores
+    def hook(module, inputs, output):
+        logits, _, chosen = output
+        return logits, logits.float().softmax(-1).gather(-1, chosen), chosen
+    _router_module(model).register_forward_hook(hook)
+
+
+def _topk_before_softmax(model):  # the k largest logits taken, then a softmax over them
+    def hook(module, inputs, output):
+        logits, weights, chosen = output
+        return logits, logits.float().gather(-1, chosen).softmax(-1).to(weights.dtype), chosen
+    _router_module(model).register_forward_hook(hook)
+
+
+def _shared_expert_dropped(model):  # its weights still there, its output never added
+    shared = model.model.layers[1].mlp.shared_expert
+    shared.forward = types.MethodType(lambda self, x: torch.zeros_like(x), shared)
+
+
+def _expert_left_out(model):  # expert 0 chosen, weighed, and never added to the sum
+    experts = model.model.layers[1].mlp.experts
+    if isinstance(experts, nn.ModuleList):  # transformers 4: one module per expert
+        experts[0].forward = types.MethodType(lambda self, x: torch.zeros_like(x), experts[0])
+        return
+
+    def hook(module, args):
+        hidden, chosen, weights = args
+        return hidden, chosen, weights.masked_fill(chosen == 0, 0.0)
+    experts.register_forward_pre_hook(hook)
+
+
 DEFECTS = {("neox-parallel", "serial block"): (_serial_block, "oracle"),
+           ("mixtral", "top-k weights unnormalised"): (_topk_unnormalised, "oracle"),
+           ("olmoe", "top k before the softmax"): (_topk_before_softmax, "oracle"),
+           ("qwen2_moe", "shared expert dropped"): (_shared_expert_dropped, "oracle"),
+           ("qwen3_moe", "expert left out of the sum"): (_expert_left_out, "oracle"),
            ("neox-parallel", "rope base"): (_rope_base, "oracle"),
            ("phi3", "gate and up swapped"): (_gate_up_swapped, "oracle"),
            ("stablelm", "q bias dropped"): (_q_bias_dropped, "params"),

@@ -29,6 +29,8 @@ FAMILIES = {  # our variant config -> the class it must be written as
     "olmo2-like": "Olmo2ForCausalLM", "qk-norm-gqa": "Qwen3ForCausalLM",
     "qkv-bias-only": "Qwen2ForCausalLM", "gemma-like": "GemmaForCausalLM",
     "window-every-layer": "MistralForCausalLM", "wide-heads": "Qwen3ForCausalLM",
+    "mixtral-like": "MixtralForCausalLM", "moe-shared-gate": "Qwen2MoeForCausalLM",
+    "moe-unnormalised": "Qwen3MoeForCausalLM", "olmoe-like": "OlmoeForCausalLM",
 }
 
 
@@ -66,7 +68,7 @@ def test_each_variant_is_written_as_its_family_and_read_back(name):
     assert (back.lm_head.weight is back.token_embeddings.weight) == cfg.tie_embeddings
 
 
-@pytest.mark.parametrize("name", ["neox-like", "gemma2-like"])
+@pytest.mark.parametrize("name", ["neox-like", "gemma2-like", "mixtral-like"])
 def test_a_family_folder_saves_and_loads_back(tmp_path, name):
     if name == "neox-like" and tf.GPTNeoXConfig(rope_parameters={
             "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}

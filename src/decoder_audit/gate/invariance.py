@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..references.hf_models import eager_experts
 from . import tolerances
 from .measure import batch_not_equal, sample_positions, scaled_excess, value_scale
 from .result import CheckResult
@@ -269,18 +270,6 @@ def rounding_sized(worst: float, s: Subject, scale: float) -> bool:
     scale in a dtype below float64 (a larger one, or any in float64, is a dependence)."""
     return s.dtype != torch.float64 and \
         worst <= tolerances.ROUNDING_JITTER_ULPS * tolerances.eps(s.dtype) * scale
-
-
-def eager_experts(model: torch.nn.Module) -> None:
-    """Switch a Hugging Face model's routed experts to their eager loop of ordinary products,
-    in place: transformers 5 runs them through torch._grouped_mm by default, which refuses
-    float64 (and rounds a token by how many tokens share its expert). A model without that
-    switch (ours, older releases, a plain module) is left as it is."""
-    switch = getattr(model, "set_experts_implementation", None)
-    can = getattr(model, "_can_set_experts_implementation", None)
-    if switch is None or can is None or not can():
-        return
-    switch("eager")
 
 
 def float64_twin(s: Subject) -> Subject | None:

@@ -125,7 +125,9 @@ _SPEC_CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "gemma": "GemmaForCausalLM", "stablelm": "StableLmForCausalLM",
                  "phi3": "Phi3ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-                 "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+                 "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                 "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 
 def model_classes(tf: Any) -> dict[str, type]:
@@ -145,7 +147,8 @@ def spec_classes(tf: Any) -> dict[str, type]:
     soft-capped scores and logits, every other layer windowed), Gemma 3's text model (per-head
     q/k norms, its windowed layers on their own RoPE base), OLMo (LayerNorms that learn
     nothing) and OLMo 2 (no pre-norms, sandwich norms, q/k norms over the whole projection),
-    whose weights the converter does not write. Only those this release has (`present_classes`)."""
+    and the routed families (`_MOE_FAMILIES`: Mixtral, Qwen2-MoE with its gated shared expert,
+    Qwen3-MoE, OLMoE), whose weights the converter does not write. Only those this release has (`present_classes`)."""
     return {**model_classes(tf), **present_classes(tf, _SPEC_CLASSES)}
 
 
@@ -176,8 +179,11 @@ def takes(config_class: type, field: str) -> bool:
 # Families whose attention rotates only the first partial_rotary_factor of each head's features
 # (Llama's apply_rotary_pos_emb rotates them all, so a Llama config with a factor is refused).
 _PARTIAL_ROTARY = ("stablelm", "phi3", "gpt_neox")
+# Routed families: Llama's attention (Qwen2-MoE's q/k/v biases, Qwen3-MoE's per-head q/k norms,
+# OLMoE's over the whole projection) with a router, softmax then top k, in front of E experts.
+_MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 _LLAMA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-                   "stablelm", "phi3", "olmo", "olmo2")
+                   "stablelm", "phi3", "olmo", "olmo2", *_MOE_FAMILIES)
 
 
 def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
@@ -354,6 +360,7 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
         if getattr(c, flag, False):
             problems.append(f"{flag}=True ({family}'s per-head LayerNorms of q and k, or its "
                             "single-norm parallel block, are not expressed)")
+    routed = _routed_fields(c, family, problems)
     _refuse(family, problems)
     n_kv = c.num_key_value_heads
     layernorm = family in ("stablelm", "olmo")
@@ -375,16 +382,48 @@ def _llama_config(c: Any, family: str = "llama") -> DecoderConfig:
         **(_gemma2_fields(c) if family in ("gemma2", "gemma3_text") else {}),
         **(dict(pre_norm=False, sandwich_norm=True, qk_norm_scope="projection")
            if family == "olmo2" else {}),
+        **(dict(qk_norm_scope="projection") if family == "olmoe" else {}),
+        **routed,
         # Mistral's and Qwen2's configs have neither flag: Mistral's projections have no
         # biases, Qwen2's q, k and v have one and its output projection none (StableLM's
-        # use_qkv_bias likewise)
+        # use_qkv_bias likewise; Qwen2-MoE's qkv_bias from transformers 5, always on before)
         attn_bias=family == "qwen2" or bool(getattr(c, "attention_bias", False)
-                                            or getattr(c, "use_qkv_bias", False)),
-        attn_output_bias=False if family in ("qwen2", "stablelm") else None,
-        qk_norm=family in ("qwen3", "gemma3_text", "olmo2"),
+                                            or getattr(c, "use_qkv_bias", False))
+        or (family == "qwen2_moe" and (not takes(type(c), "qkv_bias") or bool(c.qkv_bias))),
+        attn_output_bias=False if family in ("qwen2", "qwen2_moe", "stablelm") else None,
+        qk_norm=family in ("qwen3", "gemma3_text", "olmo2", "qwen3_moe", "olmoe"),
         mlp_bias=bool(getattr(c, "mlp_bias", False)),
         tie_embeddings=bool(c.tie_word_embeddings),
     )
+
+
+def _routed_fields(c: Any, family: str, problems: list[str]) -> dict[str, Any]:
+    """The routed-expert fields of a MoE family's config (none for a dense one): E experts of
+    which k per token, scored by a softmax before the top k (every family here), renormalised
+    always (Mixtral) or as norm_topk_prob says; the experts' width (Qwen-MoE's
+    moe_intermediate_size; Mixtral's and OLMoE's experts are intermediate_size wide); Qwen-MoE's
+    dense layers (mlp_only_layers, which must be the first ones, and decoder_sparse_step);
+    Qwen2-MoE's one shared expert behind a sigmoid gate."""
+    if family not in _MOE_FAMILIES:
+        return {}
+    experts = c.num_local_experts if family == "mixtral" else c.num_experts
+    fields: dict[str, Any] = {
+        "n_experts": experts, "experts_per_token": c.num_experts_per_tok,
+        "router_scoring": "softmax", "router_order": "score_topk",
+        "normalize_topk": True if family == "mixtral" else bool(c.norm_topk_prob)}
+    if family in ("qwen2_moe", "qwen3_moe"):
+        if not experts:  # num_experts=0: every layer dense
+            return {}
+        dense = sorted(getattr(c, "mlp_only_layers", None) or [])
+        if dense != list(range(len(dense))):
+            problems.append(f"mlp_only_layers={dense} (the dense layers must be the first ones: "
+                            "first_dense_layers)")
+        fields.update(expert_width=c.moe_intermediate_size, first_dense_layers=len(dense),
+                      moe_every=c.decoder_sparse_step)
+    if family == "qwen2_moe":
+        fields.update(n_shared_experts=1, shared_expert_width=c.shared_expert_intermediate_size,
+                      shared_expert_gate=True)
+    return fields
 
 
 def _activation(c: Any, family: str) -> Any:

@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import decoder_from_tensors
 from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, rope_config_fields, spec_classes, takes
+from .hf_models import eager_experts
 from .layouts import detect
 
 
@@ -76,6 +77,8 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
             continue
         like = decoder.token_embeddings.weight
         hf_model = classes[family](config).to(device=like.device, dtype=like.dtype).eval()
+        if like.dtype == torch.float64:  # its default expert kernel refuses float64
+            eager_experts(hf_model)
         if _write_weights(hf_model, cfg, decoder):
             return hf_model
         tried.append(family)  # its modules are not the shapes its config reads back as
@@ -161,6 +164,26 @@ def _gemma2(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, An
             "final_logit_softcapping": cfg.logit_softcap}
 
 
+def _routed(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, Any]:
+    """A routed family's config: Llama's fields (Qwen2-MoE's q/k/v biases, OLMoE's and
+    Qwen3-MoE's attention bias) and its experts as `hf_config._routed_fields` reads them back."""
+    experts = {"num_experts_per_tok": cfg.experts_per_token}
+    if family == "mixtral":
+        experts.update(num_local_experts=cfg.n_experts, sliding_window=cfg.sliding_window)
+    else:
+        experts.update(num_experts=cfg.n_experts, norm_topk_prob=cfg.normalize_topk)
+    if family in ("qwen2_moe", "qwen3_moe"):
+        experts.update(moe_intermediate_size=cfg.expert_dim, decoder_sparse_step=cfg.moe_every,
+                       mlp_only_layers=list(range(cfg.first_dense_layers)),
+                       use_sliding_window=False)
+    if family == "qwen2_moe":  # its q/k/v biases are always on before transformers 5
+        experts.update(shared_expert_intermediate_size=cfg.shared_dim,
+                       **({"qkv_bias": cfg.attn_bias} if takes(config_class, "qkv_bias") else {}))
+    else:
+        experts.update(attention_bias=cfg.attn_bias)
+    return _rms(cfg, config_class, family, **experts)
+
+
 Writer = Callable[[DecoderConfig, type, str], dict[str, Any]]
 
 
@@ -183,6 +206,7 @@ _WRITERS: dict[str, Writer] = {
         "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}.get(cfg.mlp,
                                                                                   cfg.mlp),
         "use_parallel_residual": cfg.parallel_residual, "attention_bias": cfg.attn_bias},
+    **{family: _routed for family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")},
 }
 """Family -> its config's fields for a DecoderConfig (the sizes every family shares are added
 by `_written`). Order matters only where two families read back the same config: the first

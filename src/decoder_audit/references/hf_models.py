@@ -388,3 +388,15 @@ def _first(names: list[str]) -> str:
 __all__ = ["Declared", "HFFacts", "audit_facts", "config_length", "declare", "load_hf_model",
            "model_class", "read_hf_config", "refuse_bad_sizes", "refuse_remote_code",
            "refuse_what_cannot_fit"]
+
+
+def eager_experts(model: Any) -> None:
+    """Switch a Hugging Face model's routed experts to their eager loop of ordinary products,
+    in place: transformers 5 runs them through torch._grouped_mm by default, which refuses
+    float64 (and rounds a token by how many tokens share its expert). A model without that
+    switch (ours, releases before it, a plain module) is left as it is."""
+    switch = getattr(model, "set_experts_implementation", None)
+    can = getattr(model, "_can_set_experts_implementation", None)
+    if switch is None or can is None or not can():
+        return
+    switch("eager")

@@ -19,6 +19,10 @@ Layouts detected from the parameter names (`detect`):
     Hugging Face Llama  model.embed_tokens, model.layers.{i}.self_attn.q_proj, mlp.gate_proj ...
                         (Llama, Mistral, Qwen2, Qwen3, Gemma, StableLM and every class with these
                         names)
+    Hugging Face MoE    the same, with the router mlp.gate, the experts mlp.experts.{e}.gate_proj
+                        ... (transformers 4) or mlp.experts.gate_up_proj (E, 2 Fe, D) and
+                        down_proj (E, D, Fe) (transformers 5), Qwen2-MoE's mlp.shared_expert and
+                        shared_expert_gate; Mixtral's block_sparse_moe.experts.{e}.w1 before 5
     Hugging Face        the same names, with pre_feedforward_layernorm and the sandwich norms
       Gemma 2 / OLMo 2  (post_attention_layernorm on the attention output)
     Hugging Face Phi-3  the same names, with q/k/v fused in self_attn.qkv_proj and the gate and
@@ -168,6 +172,9 @@ class Layout:
     head_aliases: tuple[str, ...] = ()
     """Other names of the head's module, used where the module has no `head` (GPT-NeoX's
     embed_out before transformers 5)."""
+    fused_experts: tuple[str, str] | None = None
+    """The in-block parameters that hold every routed expert's matrices at once (transformers
+    5): (gate_up (E, 2 Fe, D): each expert's w1 rows then its w3 rows, down (E, D, Fe): w2)."""
 
     def module_name(self, canonical: str) -> tuple[str, str] | None:
         """(the layout's module name, parameter kind) for a canonical weight name."""
@@ -199,6 +206,16 @@ _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
              "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
              "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
              "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj"}
+# transformers' routed layers (Mixtral from 5.0, Qwen2-MoE, Qwen3-MoE, OLMoE): the router in
+# mlp.gate, Qwen2-MoE's shared expert and its gate; each expert a module of its own before
+# transformers 5, all of them in two tensors from it (Layout.fused_experts)
+_HF_MOE = {**_HF_LLAMA, "ffn.router": "mlp.gate", "ffn.shared.w1": "mlp.shared_expert.gate_proj",
+           "ffn.shared.w3": "mlp.shared_expert.up_proj",
+           "ffn.shared.w2": "mlp.shared_expert.down_proj",
+           "ffn.shared_gate": "mlp.shared_expert_gate",
+           "ffn.experts.{e}.w1": "mlp.experts.{e}.gate_proj",
+           "ffn.experts.{e}.w3": "mlp.experts.{e}.up_proj",
+           "ffn.experts.{e}.w2": "mlp.experts.{e}.down_proj"}
 _FROM_SCRATCH_ATTN = {"ln1": "norm1", "ln2": "norm2", "attn.q_proj": "att.W_query",
                       "attn.k_proj": "att.W_key", "attn.v_proj": "att.W_value",
                       "attn.output_proj": "att.out_proj"}
@@ -221,6 +238,14 @@ LAYOUTS: tuple[Layout, ...] = (
            fused_qkv="attn.qkv"),
     Layout("Hugging Face Llama", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
            "lm_head", _HF_LLAMA),
+    Layout("Hugging Face MoE", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", _HF_MOE, fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
+    # Mixtral before transformers 5: block_sparse_moe, experts.{e}.w1 (gate), w3 (up), w2 (down)
+    Layout("Hugging Face Mixtral (transformers 4)", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head",
+           {**_HF_LLAMA, "ffn.router": "block_sparse_moe.gate",
+            **{f"ffn.experts.{{e}}.{w}": f"block_sparse_moe.experts.{{e}}.{w}"
+               for w in ("w1", "w2", "w3")}}),
     # Gemma 2 and 3, OLMo 2: post_attention_layernorm is the attention output's norm
     # (ln1_post), not the MLP's input norm as in Llama
     Layout("Hugging Face Gemma 2 / OLMo 2", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
@@ -287,10 +312,15 @@ class Spot:
     """A weight stored head by head (TransformerLens): "in" for (heads, in, Dh) -> (heads * Dh,
     in) (W_Q, W_K, W_V), "out" for (heads, Dh, out) -> (out, heads * Dh) (W_O), "bias" for
     (heads, Dh) -> (heads * Dh,) (b_Q, b_K, b_V)."""
+    expert: int | None = None
+    """A weight stored with every expert's in one tensor (E, out, in) (transformers 5's
+    gate_up_proj and down_proj): this expert's matrix, tensor[expert], before the rows."""
 
     def _target(self, tensor: torch.Tensor) -> torch.Tensor:
         """A view of the weight's place in `tensor`: (rows, ...), or (groups, rows, ...) whose
         first two axes flattened give the canonical weight."""
+        if self.expert is not None:
+            tensor = tensor[self.expert]  # (out, in): a view
         if self.heads == "in":
             return tensor.transpose(1, 2)  # (heads, Dh, in)
         if self.heads == "out":
@@ -679,6 +709,18 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     elif layout.fused_gate_up and part in ("ffn.w1", "ffn.w3"):
         fused = layout.fused_gate_up
         rows = (0, spec.d_ff) if part == "ffn.w1" else (spec.d_ff, 2 * spec.d_ff)
+    expert = re.fullmatch(r"ffn\.experts\.(\d+)\.(w[123])", part)
+    if layout.fused_experts and expert and kind == "weight":
+        gate_up, down = layout.fused_experts
+        width, which = spec.expert_dim, expert[2]
+        source = f"{prefix}{layout.block.format(i=module.split('.')[1])}." + (
+            down if which == "w2" else gate_up)
+        whole = (spec.n_experts, spec.d_model, width) if which == "w2" else \
+            (spec.n_experts, 2 * width, spec.d_model)
+        if shapes.get(source) != whole:  # another E or Fe: no expert's rows are known, and the
+            return None                  # tensor is named as left over beside the missing ones
+        rows = {"w1": (0, width), "w3": (width, 2 * width), "w2": None}[which]
+        return Spot(source, rows=rows, expert=int(expert[1]))
     if fused is not None:
         layer = module.split(".")[1]
         source = f"{prefix}{layout.block.format(i=layer)}.{fused}.{kind}"
