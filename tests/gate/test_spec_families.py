@@ -322,3 +322,16 @@ def test_a_config_the_spec_cannot_express_leaves_the_model_black_box_saying_why(
     report = da.audit(model, checks=["params", "oracle"])
     assert report.facts.spec is None
     assert "qk_layernorm" in report["oracle"].detail
+
+
+def test_experts_declared_other_than_the_fused_tensors_hold_fail_params():
+    """transformers 5 keeps every expert in two tensors: a spec of other experts (one more, or
+    another width) places none of them, and params names the tensors as left over."""
+    model = _model("qwen3_moe")
+    if isinstance(model.model.layers[1].mlp.experts, nn.ModuleList):
+        pytest.skip("transformers 4: one module per expert, no fused tensors")
+    spec = da.audit(model, checks=["params"]).facts.spec
+    for wrong in (spec.replace(expert_width=6), spec.replace(n_experts=5)):
+        params = da.audit(model, spec=wrong, checks=["params"])["params"]
+        assert not params.passed
+        assert "model.layers.0.mlp.experts.gate_up_proj" in params.evidence["leftover"], params.detail
