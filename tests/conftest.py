@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +21,12 @@ CS336_REFERENCE = Path(__file__).resolve().parent / "data" / "cs336"
 # The suite runs thousands of tiny-tensor ops; with an intra-op thread pool each one pays a
 # cross-thread handoff that costs more than the op itself (10-50x slower on a loaded 2-core box).
 torch.set_num_threads(1)
+
+# A run started in the background by a shell without job control inherits SIGINT ignored, and
+# Python then installs no KeyboardInterrupt handler: the tests of what Ctrl-C does would see
+# nothing. They test Python's own behaviour, so the suite runs with it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
