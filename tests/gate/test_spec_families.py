@@ -335,3 +335,27 @@ def test_experts_declared_other_than_the_fused_tensors_hold_fail_params():
         params = da.audit(model, spec=wrong, checks=["params"])["params"]
         assert not params.passed
         assert "model.layers.0.mlp.experts.gate_up_proj" in params.evidence["leftover"], params.detail
+
+
+def test_a_router_that_drops_tokens_over_a_capacity_fails_routing_independence():
+    """A capacity of half a fair share of the forward's tokens per expert, counted over the
+    flattened batch in order (Switch Transformer's dropping), planted in Mixtral's router: a
+    token's weights then depend on the rows and tokens before it. The routing check reads it at
+    the router, not in the logits."""
+    model = _model("mixtral")
+
+    def drop_over_capacity(module, inputs, output):
+        logits, weights, chosen = output  # (N, E), (N, k), (N, k)
+        capacity = chosen.numel() // (2 * logits.shape[-1])
+        taken = torch.nn.functional.one_hot(chosen, logits.shape[-1]).flatten(0, 1)  # (N k, E)
+        order = (taken.cumsum(0) * taken).sum(-1).view_as(chosen)  # (N, k): place in its queue
+        return logits, weights.masked_fill(order > capacity, 0.0), chosen
+
+    _router_module(model).register_forward_hook(drop_over_capacity)
+    report = da.audit(model, checks=["routing_independence"])
+    result = report["routing_independence"]
+    assert not result.passed and not result.skipped
+    assert {moved["layer"] for moved in result.evidence["moved"]} == {1}
+    # the same model without the plant passes it, not skipped (test above: every check runs)
+    assert not da.audit(_model("mixtral"), checks=["routing_independence"])[
+        "routing_independence"].skipped

@@ -195,9 +195,20 @@ class ModelFacts:
         return self.config is not None
 
     @property
-    def routes_experts(self) -> bool:
+    def traces_experts(self) -> bool:
         """A white-box DecoderConfig with routed layers (its trace records the expert weights)."""
         return self.config is not None and self.config.routed
+
+    @property
+    def routes_experts(self) -> bool:
+        """Routed layers whose expert weights can be read per token: ours (`traces_experts`), or
+        a declared routed spec whose every router the layout placed."""
+        if self.traces_experts:
+            return True
+        spec, spots = self.spec, getattr(self.placement, "spots", None) or {}
+        return spec is not None and spec.routed and all(
+            f"layers.{i}.ffn.router.weight" in spots
+            for i in range(spec.n_layers) if spec.routes(i))
 
     @property
     def has_ledger(self) -> bool:

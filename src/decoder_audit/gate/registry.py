@@ -86,7 +86,11 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
                                 "TrainingPath(batch_size, seq_len, precision='bf16')))",
     "has_input_gradient": lambda f: f.input_gradient_reason,
     "routes_experts": lambda f: "no routed experts known (a DecoderConfig with n_experts, whose "
-                                "trace records each token's expert weights)",
+                                "trace records each token's expert weights, or a declared spec "
+                                "with n_experts whose routers the layout placed)",
+    "traces_experts": lambda f: "the probe moves a router's logits inside our Decoder's routed "
+                                "layers (a DecoderConfig with n_experts) and reads each expert's "
+                                "gradient by our weight names",
 }
 
 
@@ -150,7 +154,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           "weights", weights.check_dead_parameters, needs=("own_module",),
           paths=("training",)),
     Check("expert_gradients", "every routed expert gets a gradient when routed to", "routing",
-          routing.check_expert_gradients, needs=("routes_experts",), paths=("training",)),
+          routing.check_expert_gradients, needs=("traces_experts",), paths=("training",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
           kv_cache.check_kv_cache, needs=("has_cache",), paths=("generation",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",

@@ -1,5 +1,8 @@
-"""The routing checks of a model with routed experts (a white-box Decoder whose config routes
-some layers: its trace records each token's expert weights, `layers.{i}.ffn.gates` (B, T, E)).
+"""The routing checks of a model with routed experts: a white-box Decoder whose config routes
+some layers (its trace records each token's expert weights, `layers.{i}.ffn.gates` (B, T, E)),
+and for routing_independence also a module whose declared spec routes and whose routers the
+layout placed (a Hugging Face MoE: transformers 5's router modules return each token's chosen
+experts and weights, recorded by a forward hook; an older router, a Linear, its logits).
 
 - `routing_independence`: a token's experts and their weights read neither the other rows of
   the batch nor the later tokens of its own row. Routing is a per-token function of the token's
@@ -38,14 +41,56 @@ their sigmoid scores fall below 1e-13 and their softmax share below e^-30, so th
 chosen, and weighs about 1, whatever the scoring, the groups and the other logits."""
 
 
+def _declared(s: Subject):
+    """The routed architecture: our config, or the declared spec."""
+    return s.cfg if s.cfg is not None else s.facts.spec
+
+
 def _routed_layers(s: Subject) -> list[int]:
-    return [i for i in range(s.cfg.n_layers) if s.cfg.routes(i)]
+    spec = _declared(s)
+    return [i for i in range(spec.n_layers) if spec.routes(i)]
 
 
 def _gates(s: Subject, ids: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Each routed layer's expert weights per token, (B, T, E), from the traced run."""
-    _, trace = s.trace(ids)
-    return {i: trace[f"layers.{i}.ffn.gates"].float().cpu() for i in _routed_layers(s)}
+    """Each routed layer's expert weights per token, (B, T, E): from the traced run (ours), or
+    recorded at each placed router module (`placed_routers`)."""
+    if s.cfg is not None:
+        _, trace = s.trace(ids)
+        return {i: trace[f"layers.{i}.ffn.gates"].float().cpu() for i in _routed_layers(s)}
+    experts, seen = s.facts.spec.n_experts, {}
+
+    def record(layer: int):
+        def hook(module, inputs, output):
+            if isinstance(output, tuple) and len(output) == 3:  # (logits, weights, indices)
+                _, weights, chosen = output  # (N, k) each
+                dense = torch.zeros(chosen.shape[0], experts, dtype=torch.float32,
+                                    device=chosen.device)
+                seen[layer] = dense.scatter(1, chosen, weights.float())  # (N, E)
+            else:  # a router that returns its logits (N, E): the block chooses from them
+                seen[layer] = output.detach().float().reshape(-1, experts)
+        return hook
+
+    hooks = [module.register_forward_hook(record(layer))
+             for layer, module in placed_routers(s).items()]
+    try:
+        s.run(ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {layer: gates.reshape(*ids.shape, experts).cpu() for layer, gates in seen.items()}
+
+
+def placed_routers(s: Subject) -> dict[int, torch.nn.Module]:
+    """Each routed layer's router module, found where the layout placed ffn.router.weight (a
+    declared spec's module); empty when it was not placed."""
+    placement = s.facts.placement
+    spots = getattr(placement, "spots", None) or {}
+    found = {}
+    for layer in _routed_layers(s):
+        spot = spots.get(f"layers.{layer}.ffn.router.weight")
+        if spot is not None and spot.source.endswith(".weight"):
+            found[layer] = s.work.get_submodule(spot.source.removesuffix(".weight"))
+    return found
 
 
 def check_routing_independence(s: Subject) -> CheckResult:
@@ -72,7 +117,7 @@ def check_routing_independence(s: Subject) -> CheckResult:
     for what, variant, kept in variants:
         for layer, gates in _gates(s, variant).items():
             change = float((gates[kept] - base[layer][kept]).abs().max())
-            if change > tol * max(1.0, s.cfg.routed_scaling):
+            if change > tol * max(1.0, _declared(s).routed_scaling):
                 moved.append((what, layer, change))
     evidence = {"batch": 3, "seq_len": seq_len, "cut": cut, "allowed": tol,
                 "moved": [{"changed": w, "layer": i, "by": c} for w, i, c in moved]}
@@ -89,7 +134,7 @@ def _leak(s: Subject, moved: list[tuple[str, int, float]]) -> str:
     what, layer, change = moved[0]
     said = (f"a token's expert weights in layers.{layer}.ffn changed by up to {change:.3g} when "
             f"{what} changed" + (f" (and {len(moved) - 1} more)" if len(moved) > 1 else ""))
-    cfg = s.cfg
+    cfg = _declared(s)
     if cfg.capacity_factor is None:
         return said + ": the router reads other tokens"
     tokens = 3 * s.short_len(12)
