@@ -125,6 +125,9 @@ class ModelFacts:
     tie_word_embeddings), None when it declares none."""
     hugging_face: bool = False
     """An instance of a transformers PreTrainedModel."""
+    router_aux_coef: float | None = None
+    """A routed Hugging Face model's router_aux_loss_coef, where its forward takes
+    output_router_logits and returns the load-balancing loss it adds to the loss."""
     computes_loss: bool = False
     """The forward takes labels= and returns its own .loss (Hugging Face's convention)."""
     packing: str | None = None
@@ -193,6 +196,13 @@ class ModelFacts:
     @property
     def whitebox(self) -> bool:
         return self.config is not None
+
+    @property
+    def returns_router_aux(self) -> bool:
+        """A routed spec (softmax, then the top k) whose model returns a load-balancing loss."""
+        spec = self.spec
+        return (self.router_aux_coef is not None and spec is not None and spec.routed
+                and spec.router_scoring == "softmax" and spec.router_order == "score_topk")
 
     @property
     def traces_experts(self) -> bool:
@@ -370,11 +380,22 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
         reference=reference, reference_reason=reason, **_path_facts(model, training),
         computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
+        router_aux_coef=_router_aux_coef(model),
         **readout, has_input_embedding=input_embedding(model) is not None, training=training,
         spec=spec, placement=spec_facts.get("placement"), origin=origin, windows=windows,
         window_size=window_size,
         attention_layers=attention_layers(model, len(windows)) if windows else (),
         notes=tuple(notes))
+
+
+def _router_aux_coef(model: nn.Module) -> float | None:
+    """The config's router_aux_loss_coef where the forward takes output_router_logits (the
+    Hugging Face MoE families' load-balancing loss); None elsewhere."""
+    coef = getattr(getattr(model, "config", None), "router_aux_loss_coef", None)
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or \
+            not _takes(model, "output_router_logits"):
+        return None
+    return float(coef)
 
 
 def _resolved(given: dict[str, Any], declared: dict[str, Any], origin: dict[str, str]

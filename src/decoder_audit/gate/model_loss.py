@@ -87,7 +87,7 @@ def probe_loss(s: Subject) -> str:
     s.count(ids)
     try:
         with torch.no_grad():
-            out = s.call(ids, labels=ids)
+            out = s.call(ids, labels=ids, **_without_aux(s))
     except Exception as exc:  # noqa: BLE001 - only a signature mismatch is a fact here
         if is_signature_error(exc):
             return f"its forward takes labels= but does not take (ids, labels=) as called: {exc}"
@@ -96,6 +96,13 @@ def probe_loss(s: Subject) -> str:
         return (f"given labels=, {type(s.work).__name__} returned {type(out).__name__} with no "
                 "loss (neither .loss nor a (logits, loss) tuple)")
     return ""
+
+
+def _without_aux(s: Subject) -> dict[str, Any]:
+    """The call's arguments that leave a routed model's auxiliary loss out of its loss
+    (output_router_logits=False, where the forward takes it): model_loss judges the cross
+    entropy alone, router_aux_loss the term a config with output_router_logits=True adds."""
+    return {"output_router_logits": False} if s.facts.router_aux_coef is not None else {}
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
@@ -137,7 +144,7 @@ def check_model_loss(s: Subject) -> CheckResult:
     tol = max(s.shape_tolerance(), tolerances.eps(s.dtype) * 64)
     with torch.no_grad():
         s.count(ids)
-        out = s.call(ids, labels=labels)
+        out = s.call(ids, labels=labels, **_without_aux(s))
     loss = loss_of(out)
     if loss is None:
         return CheckResult("model_loss", False, f"given labels=, {type(s.work).__name__} returned "
@@ -183,7 +190,7 @@ def _shift_labels(s: Subject, ids, labels, logits, convention: str, tol: float,
     shifted[0, :2] = IGNORE_INDEX
     with torch.no_grad():
         s.count(ids)
-        got = loss_of(s.call(ids, labels=labels, shift_labels=shifted))
+        got = loss_of(s.call(ids, labels=labels, shift_labels=shifted, **_without_aux(s)))
     expected = _cross_entropy(logits, shifted)
     evidence["variants"].append("shift_labels")
     evidence["shift_labels"] = {"loss": None if got is None else float(got),
@@ -212,7 +219,8 @@ def _accumulated(s: Subject, ids, labels, whole: float, convention: str, tol: fl
         for row in range(2):
             s.count(ids[row:row + 1])
             out = s.call(ids[row:row + 1], labels=labels[row:row + 1],
-                         num_items_in_batch=torch.tensor(count, device=ids.device))
+                         num_items_in_batch=torch.tensor(count, device=ids.device),
+                         **_without_aux(s))
             parts.append(float(loss_of(out)))
     evidence["variants"].append("num_items_in_batch")
     evidence["micro_batch_sum"] = sum(parts)
@@ -223,3 +231,49 @@ def _accumulated(s: Subject, ids, labels, whole: float, convention: str, tol: fl
             f"not the whole batch's {whole:.6g}: each is normalised by its own token count, so "
             "gradient accumulation over unequal micro-batches weights their tokens unequally")
 
+
+def check_router_aux_loss(s: Subject) -> CheckResult:
+    """The load-balancing loss a routed model returns (output_router_logits=True) against its
+    definition (Switch Transformer's, over the top k, as transformers' MoE families write it):
+    over every routed layer's N tokens together, P_e the mean router probability of expert e
+    (a softmax of the returned router logits) and F_e the share of tokens whose k chosen
+    experts include e, aux = E * sum_e F_e * P_e. And the loss must be the cross entropy plus
+    router_aux_loss_coef times it: the two calls, with the term and without, differ by exactly
+    that much."""
+    coef, spec = s.facts.router_aux_coef, s.facts.spec
+    seq_len = s.short_len(8)
+    ids = s.random_ids(2, seq_len, s.generator(48)).to(s.device)  # (2, T)
+    with torch.no_grad():
+        s.count(ids)
+        plain = loss_of(s.call(ids, labels=ids, output_router_logits=False))
+        s.count(ids)
+        out = s.call(ids, labels=ids, output_router_logits=True)
+    aux, router_logits, loss = getattr(out, "aux_loss", None), getattr(
+        out, "router_logits", None), loss_of(out)
+    if not isinstance(aux, torch.Tensor) or not router_logits or loss is None or plain is None:
+        return CheckResult("router_aux_loss", False, "given output_router_logits=True and labels=, "
+                           f"{type(s.work).__name__} returned no aux_loss, router_logits and loss "
+                           "together", {"aux_loss": aux is not None,
+                                        "router_logits": bool(router_logits)})
+    logits = torch.cat([layer.reshape(-1, spec.n_experts) for layer in router_logits]).double()
+    probs = logits.softmax(-1)  # (L N, E)
+    chosen = probs.topk(spec.experts_per_token, dim=-1).indices  # (L N, k)
+    share = F.one_hot(chosen, spec.n_experts).sum(1).double().mean(0)  # (E,): F_e
+    expected = float(spec.n_experts * (share * probs.mean(0)).sum())
+    added = float(loss) - float(plain)
+    tol = max(s.shape_tolerance(), tolerances.eps(s.dtype) * 64)
+    evidence = {"aux_loss": float(aux), "expected": expected, "coef": coef,
+                "loss": float(loss), "loss_without": float(plain), "added": added,
+                "tokens": int(logits.shape[0]), "allowed": tol}
+    if not _close(float(aux), expected, tol):
+        return CheckResult("router_aux_loss", False, f"the model's aux_loss {float(aux):.6g} is not "
+                           f"the load-balancing loss of its router logits, E x sum_e F_e P_e = "
+                           f"{expected:.6g} (E={spec.n_experts}, k={spec.experts_per_token}, "
+                           f"{logits.shape[0]} routed tokens)", evidence, tol)
+    if not _close(added, coef * float(aux), tol):
+        return CheckResult("router_aux_loss", False, f"with output_router_logits=True the loss "
+                           f"grows by {added:.6g}, not router_aux_loss_coef x aux_loss = {coef:g} x "
+                           f"{float(aux):.6g} = {coef * float(aux):.6g}", evidence, tol)
+    return CheckResult("router_aux_loss", True, f"aux_loss = E x sum_e F_e P_e over the returned "
+                       f"router logits ({float(aux):.4g}), and the loss adds {coef:g} x it",
+                       evidence, tol)

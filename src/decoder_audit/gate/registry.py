@@ -88,6 +88,9 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "routes_experts": lambda f: "no routed experts known (a DecoderConfig with n_experts, whose "
                                 "trace records each token's expert weights, or a declared spec "
                                 "with n_experts whose routers the layout placed)",
+    "returns_router_aux": lambda f: "no load-balancing loss returned (a routed spec, softmax "
+                                    "then top k, whose forward takes output_router_logits and "
+                                    "whose config has router_aux_loss_coef)",
     "traces_experts": lambda f: "the probe moves a router's logits inside our Decoder's routed "
                                 "layers (a DecoderConfig with n_experts) and reads each expert's "
                                 "gradient by our weight names",
@@ -171,6 +174,9 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("model_loss", "its own loss: labels shifted once, shift_labels, -100, accumulation",
           "training", model_loss.check_model_loss, needs=("computes_loss", "loss_callable"),
           paths=("model loss",)),
+    Check("router_aux_loss", "its load-balancing loss = E sum F_e P_e, added times its coef",
+          "training", model_loss.check_router_aux_loss,
+          needs=("returns_router_aux", "computes_loss", "loss_callable"), paths=("model loss",)),
     Check("grad_causal", "loss gradient at t is exactly 0 at every later input", "generation",
           generation.check_grad_causal, needs=("has_input_embedding", "has_input_gradient")),
     Check("loss_alignment", "inputs/targets shifted by one, rows aligned", "alignment",
