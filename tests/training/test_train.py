@@ -314,7 +314,11 @@ def test_gradient_clipping_is_applied_and_the_logged_norm_is_before_clipping():
     assert gap > 1e-3
     worst = max((clipped.state_dict()[n] - t).abs().max().item()
                 for n, t in result.model.state_dict().items())
-    assert worst <= 1e-6, worst  # measured: 0 (the same float32 operations in the same order)
+    # measured: 3.3e-6. Training's fused AdamW and chunked cross-entropy round in another order
+    # than torch's loop and F.cross_entropy (0 when they were the same operations); Adam divides
+    # by sqrt(v), so a rounding of a near-zero gradient can move a weight by a part of lr = 1e-2.
+    # Still 2500x below the 0.025 that clipping makes.
+    assert worst <= 1e-5, worst
     assert [r["grad_norm"] for r in rows] == pytest.approx(norms, rel=1e-5)  # before clipping
 
 
