@@ -58,6 +58,17 @@ def test_loss_and_gradient_equal_float64_cross_entropy_to_the_dtypes_rounding(dt
         assert ((plain.grad.double() - ref).abs() <= allowed).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_backward_leaves_the_logits_as_they_were(dtype):
+    """Training reads the step's logits after backward (the leak stop's statistic): a backward
+    that wrote its softmax into them would hand it the gradient instead."""
+    logits, targets = _logits(dtype)
+    ours = logits.clone().requires_grad_()
+    out = ours * 1  # (N, V): a non-leaf, as the readout's logits are
+    chunked_cross_entropy(out, targets).backward()
+    assert torch.equal(out.detach(), logits) and torch.equal(ours.detach(), logits)
+
+
 def test_targets_outside_the_vocabulary_are_refused_with_their_range():
     logits, targets = _logits(torch.float32)
     targets[3] = -100  # an ignore index F.cross_entropy would skip: refused, never dropped

@@ -47,7 +47,10 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         scale = grad.to(work) / rows  # d mean / d row = 1/N
         out = torch.empty_like(logits)  # (N, V), the logits' dtype
         for start in range(0, rows, ROWS_PER_CHUNK):
-            chunk = logits[start:start + ROWS_PER_CHUNK].to(work)  # (n, V), float32 at least
+            # (n, V), float32 at least; a copy also when the logits are float32 or float64
+            # already (.to would return a view of them): the softmax below runs in place, and
+            # the logits themselves are read after backward (the leak stop's statistic)
+            chunk = logits[start:start + ROWS_PER_CHUNK].to(work, copy=True)
             chunk.sub_(lse[start:start + ROWS_PER_CHUNK, None]).exp_()  # softmax
             picked = targets[start:start + ROWS_PER_CHUNK, None]
             chunk.scatter_add_(1, picked, torch.full(picked.shape, -1.0, dtype=work,
