@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 
 import decoder_audit as da
+from decoder_audit.training.loss import chunked_cross_entropy
+from decoder_audit.training.optim import adamw_implementation
 from decoder_audit.training.settings import PRECISIONS
 
 from .common import SEED, Plan, stats
@@ -47,11 +49,12 @@ from .pair import build_pair, time_interleaved
 from .rows import LLAMA_GQA, SMOKE_CONFIGS
 
 ADAMW = {"lr": 3e-4, "betas": (0.9, 0.95), "weight_decay": 0.1}
-# torch's default AdamW (what `decoder-audit train` runs) walks the parameters one at a time in
-# several float32 passes each; its fused kernel does one pass. On a CPU the default's step costs
-# as much as a bf16 forward + backward, so it bounds what autocast can buy (--adamw fused shows
-# how much); each side always gets the same implementation.
-ADAMW_IMPLEMENTATIONS = {"default": {}, "fused": {"fused": True}}
+# "train": what `decoder-audit train` runs (training/optim.py: torch's fused kernel where the
+# device has one, as transformers' Trainer also defaults to on torch >= 2.8); "default": torch's
+# own default, which walks the parameters one at a time in eight float32 passes each (on a CPU
+# it cost as much as a bf16 forward + backward); "fused": the fused kernel, asked for. Each side
+# always gets the same implementation.
+ADAMW_IMPLEMENTATIONS = {"train": None, "default": {}, "fused": {"fused": True}}
 
 
 @dataclass(frozen=True)
@@ -61,17 +64,19 @@ class StepRow:
     batch: int
     seq_len: int
     precision: str  # "fp32" or "bf16" (autocast)
-    adamw: str = "default"  # a key of ADAMW_IMPLEMENTATIONS, the same on both sides
+    adamw: str = "train"  # a key of ADAMW_IMPLEMENTATIONS, the same on both sides
 
     @property
     def label(self) -> str:
-        optimizer = "" if self.adamw == "default" else f" {self.adamw} AdamW"
+        optimizer = "" if self.adamw == "train" else f" {self.adamw} AdamW"
         return f"{self.config_name} B={self.batch} T={self.seq_len} {self.precision}{optimizer}"
 
     def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
         """The row's AdamW over the model's unique Parameters (a tied weight once)."""
-        return torch.optim.AdamW(list(dict.fromkeys(model.parameters())), **ADAMW,
-                                 **ADAMW_IMPLEMENTATIONS[self.adamw])
+        params = list(dict.fromkeys(model.parameters()))
+        implementation = ADAMW_IMPLEMENTATIONS[self.adamw]
+        return torch.optim.AdamW(params, **ADAMW, **(
+            adamw_implementation(params) if implementation is None else implementation))
 
 
 FULL_SHAPE = (4, 256)  # (B, T) of the full run
@@ -82,7 +87,7 @@ SMOKE_STAND_INS = {"gpt2-small": "gpt2-tiny", "llama-gqa": "llama-gqa-tiny"}
 
 def plan_rows(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
               precisions: tuple[str, ...] = PRECISIONS,
-              configs: tuple[str, ...] = tuple(CONFIGS), adamw: str = "default"
+              configs: tuple[str, ...] = tuple(CONFIGS), adamw: str = "train"
               ) -> list[StepRow]:
     """One row per config and precision, config by config (GPT-2 first), at `shape` (--quick:
     QUICK_SHAPE)."""
@@ -96,7 +101,9 @@ def plan_rows(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
 def training_step(model: torch.nn.Module, is_hf: bool, optimizer: torch.optim.Optimizer,
                   ids: torch.Tensor, targets: torch.Tensor, precision: str
                   ) -> Callable[[], None]:
-    """One step of either side: forward (autocast in bf16), float32 loss, backward, AdamW."""
+    """One step of either side: forward (autocast in bf16), float32 loss, backward, AdamW. The
+    loss is each side's own: ours training's chunked float32 cross-entropy (training/loss.py),
+    HF's the float32 upcast of its logits and F.cross_entropy (as its ForCausalLMLoss does)."""
     autocast = (torch.autocast(ids.device.type, dtype=torch.bfloat16) if precision == "bf16"
                 else contextlib.nullcontext())
 
@@ -104,7 +111,10 @@ def training_step(model: torch.nn.Module, is_hf: bool, optimizer: torch.optim.Op
         optimizer.zero_grad(set_to_none=True)
         with autocast:
             logits = model(input_ids=ids, use_cache=False).logits if is_hf else model(ids)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())  # (B*T, V)
+        if is_hf:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())  # (B*T, V)
+        else:
+            loss = chunked_cross_entropy(logits.flatten(0, 1), targets.flatten())
         loss.backward()
         optimizer.step()
     return step
@@ -192,7 +202,7 @@ def measure_compiled(row: StepRow, repeats: int, warmup: int) -> dict[str, Any]:
 
 def measure(plan: Plan, shape: tuple[int, int] = FULL_SHAPE,
             precisions: tuple[str, ...] = PRECISIONS,
-            configs: tuple[str, ...] = tuple(CONFIGS), adamw: str = "default"
+            configs: tuple[str, ...] = tuple(CONFIGS), adamw: str = "train"
             ) -> list[dict[str, Any]]:
     """Every training-step row of the run (per config, fp32 and bf16) while the budget lasts,
     each timed `plan.repeats` times per side after at least one untimed step (AdamW allocates
@@ -288,8 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
-    parser.add_argument("--adamw", choices=list(ADAMW_IMPLEMENTATIONS), default="default",
-                        help="torch's AdamW implementation, the same on both sides")
+    parser.add_argument("--adamw", choices=list(ADAMW_IMPLEMENTATIONS), default="train",
+                        help="torch's AdamW implementation, the same on both sides (train: "
+                             "the one decoder-audit train picks, fused where the device has it)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
     parser.add_argument("--no-speedup", action="store_true",
                         help="skip our fp32 / bf16 step on the same model")

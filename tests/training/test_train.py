@@ -314,7 +314,14 @@ def test_gradient_clipping_is_applied_and_the_logged_norm_is_before_clipping():
     assert gap > 1e-3
     worst = max((clipped.state_dict()[n] - t).abs().max().item()
                 for n, t in result.model.state_dict().items())
-    assert worst <= 1e-6, worst  # measured: 0 (the same float32 operations in the same order)
+    # Training's fused AdamW and chunked cross-entropy round in another order than torch's loop
+    # and F.cross_entropy (6e-8 apart when they were the same operations). Adam's first step
+    # moves a weight by lr * g / (|g| + eps), so where g ~ eps it turns a rounding of g into a
+    # part of lr = 1e-2: measured 1.95e-5 (2026-12-02, this repository's CPU; 3.3e-6 on the
+    # machine the change was written on), at layers.1.ffn.w1.weight[5, 0], whose first clipped
+    # gradient is 1.8e-9 and 2.7e-11 apart in the two losses (lr * eps / (|g| + eps)^2 * 2.7e-11
+    # = 1.9e-5). Bounded at 1e-4, still 250x below the 0.025 that clipping makes.
+    assert worst <= 1e-4, worst
     assert [r["grad_norm"] for r in rows] == pytest.approx(norms, rel=1e-5)  # before clipping
 
 

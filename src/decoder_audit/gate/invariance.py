@@ -179,12 +179,14 @@ def _rows_in_float64(s: Subject, ids: torch.Tensor) -> dict | None:
     return {"passed": worst <= allowed, "max_abs_diff": worst, "allowed": allowed}
 
 
-def _cut_changes(s: Subject, cuts: list[int], call: Callable[[torch.Tensor], torch.Tensor]
-                 | None = None) -> tuple[torch.Tensor, float, float]:
-    """(change (cuts, T), index noise, logit scale): change[k, t] is the largest logit change at
-    row t when the tokens from cut k on change. The cuts go B - 1 at a time into a (B, T)
-    batch: row 0 the clean row (a model that mixes rows reads only clean content, and fails
-    batch_independence, not this check), row k >= 1 changed from its cut on. Each row is
+def cut_changes(s: Subject, cuts: list[int], call: Callable[[torch.Tensor], torch.Tensor]
+                | None = None) -> tuple[torch.Tensor, float, float, torch.Tensor]:
+    """(change (cuts, T), index noise, logit scale, row 0 of the copies (T, V)): the copies
+    batch is clean_batch's row 0 at every index, which batch independence through `call`
+    compares with too (training._path_probe), so it runs once. change[k, t] is the largest
+    logit change at row t when the tokens from cut k on change. The cuts go B - 1 at a time
+    into a (B, T) batch: row 0 the clean row (a model that mixes rows reads only clean content,
+    and fails batch_independence, not this check), row k >= 1 changed from its cut on. Each row is
     compared with the clean row 0 at the same index of a batch of copies, so a correct
     model's rows < c come out of identical arithmetic. `call` runs the model another way (in
     train mode, under autocast: training.py); the clean runs are then its own, not shared."""
@@ -206,7 +208,7 @@ def _cut_changes(s: Subject, cuts: list[int], call: Callable[[torch.Tensor], tor
         moved -= copies  # in place: logits are the check's largest allocation
         rows.append(moved[1:1 + len(some)].abs_().amax(-1))  # (cuts in this batch, T)
         del moved
-    return torch.cat(rows), _index_noise(copies), value_scale(copies[0])
+    return torch.cat(rows), _index_noise(copies), value_scale(copies[0]), copies[0]
 
 
 def leaks_at(change: torch.Tensor, cuts: list[int], allowed: float) -> list[dict]:
@@ -225,7 +227,7 @@ def check_causal(s: Subject) -> CheckResult:
     must not move; row c must move (the model reads its own position)."""
     seq_len = s.intervention_len()
     cuts = sample_positions(seq_len, MAX_CUTS)
-    change, noise, scale = _cut_changes(s, cuts)  # change: (cuts, T)
+    change, noise, scale, _ = cut_changes(s, cuts)  # change: (cuts, T)
     tol = tolerances.same_shape(noise)
     allowed = tol * scale
     self_min = tolerances.SELF_DEPENDENCE_FACTOR * allowed
@@ -315,7 +317,7 @@ def _confirm_in_float64(s: Subject, cuts: list[int], leaks: list[dict],
         return None
 
     def earlier_rows(twin: Subject) -> tuple[float, float]:
-        change, _, scale64 = _cut_changes(twin, cuts)
+        change, _, scale64, _ = cut_changes(twin, cuts)
         return max((float(change[k, :cut].max()) for k, cut in enumerate(cuts) if cut),
                    default=0.0), scale64
 

@@ -34,9 +34,9 @@ from torch import nn
 from ..objective import logits_of
 from . import tolerances
 from .invariance import (
-    _cut_changes,
     _index_noise,
     clean_batch,
+    cut_changes,
     leaks_at,
     training_shape_noise,
     training_shape_probe,
@@ -144,13 +144,12 @@ def _path_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor], how: s
     Problems found, each naming `how`."""
     seq_len = s.intervention_len()
     cuts = sample_positions(seq_len, PATH_CUTS)
-    change, measured, scale = _cut_changes(s, cuts, call)  # (cuts, T)
+    # copies: row 0 beside copies of itself, the cuts' reference run once for both comparisons
+    change, measured, scale, copies = cut_changes(s, cuts, call)  # (cuts, T), (T, V)
     noise = measured if noise is None else noise
     allowed = tolerances.same_shape(noise) * scale
     leaks = leaks_at(change, cuts, allowed)
-    clean = clean_batch(s)
-    base = call(clean)[0]  # row 0 beside rows that differ at every position
-    copies = call(clean[:1].repeat(len(clean), 1))[0]  # row 0 beside copies of itself
+    base = call(clean_batch(s))[0]  # row 0 beside rows that differ at every position
     moved = float((base - copies).abs().max())
     evidence.update(seq_len=seq_len, cuts=cuts, allowed=allowed, index_noise=noise,
                     leaks=leaks, batch_moved=moved, finite=all_finite(base))

@@ -12,10 +12,11 @@ import torch
 
 from ..errors import ConfigError, LeakageSuspected
 from ..gate import packed_call
-from ..objective import logits_of, next_token_loss
+from ..objective import flatten_for_loss, logits_of
 from . import distributed
 from .distributed import shard
 from .leakstop import leak_message
+from .loss import chunked_cross_entropy
 from .optim import clip_gradients
 from .run import Prepared, Setting, Training, diverged
 from .state import RunFolder
@@ -112,24 +113,24 @@ def _micro_loss(setting: Setting, trained: Any, inputs: torch.Tensor,
                 targets: torch.Tensor, packing: tuple[str, int] | None = None,
                 seen: list[torch.Tensor] | None = None) -> torch.Tensor:
     """The mean next-token loss of one micro-batch: the forward under bfloat16 autocast when
-    precision is bf16, the cross-entropy always over float32 logits (bf16's 8-bit mantissa
-    would round a loss of ~3 nats to 1/64 of a nat). `packing` (interface, end id): the rows'
-    documents, split after each end id, each read alone (the gate's `packing` check proved
-    the interface). The logits (B, T, V) are appended to `seen` (the leak stop reads them)."""
+    precision is bf16, the cross-entropy always computed in float32 (bf16's 8-bit mantissa
+    would round a loss of ~3 nats to 1/64 of a nat), a few rows at a time (loss.py): never a
+    float32 copy of all bf16 logits, nor a (B*T, V) log-softmax. `packing` (interface, end
+    id): the rows' documents, split after each end id, each read alone (the gate's `packing`
+    check proved the interface). The logits (B, T, V) are appended to `seen` (the leak stop
+    reads them)."""
     if packing is not None:
         trained = packed_call(trained, packing[0], documents(inputs, packing[1]))
     seen = [] if seen is None else seen
     compiled = setting.cfg.compile
     if setting.cfg.precision == "fp32":
-        def forward(ids: torch.Tensor) -> torch.Tensor:
-            seen.append(logits_of(trained(ids)))
-            return seen[-1]
-        return _compiled_call(compiled, lambda: next_token_loss(forward, inputs, targets))
-    device_type = torch.device(setting.opts.device).type
-    with torch.autocast(device_type, dtype=torch.bfloat16):
-        logits = _compiled_call(compiled, lambda: logits_of(trained(inputs)))  # (B, T, V) bf16
+        logits = _compiled_call(compiled, lambda: logits_of(trained(inputs)))  # (B, T, V)
+    else:
+        device_type = torch.device(setting.opts.device).type
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            logits = _compiled_call(compiled, lambda: logits_of(trained(inputs)))  # bf16
     seen.append(logits)
-    return next_token_loss(lambda _ids: logits.float(), inputs, targets)
+    return chunked_cross_entropy(*flatten_for_loss(logits, targets))
 
 
 def documents(inputs: torch.Tensor, end_id: int) -> torch.Tensor:
