@@ -67,3 +67,37 @@ def test_the_sharded_gate_refuses_a_leak_on_the_training_path(monkeypatch):
               callback=lambda step, row: seen.append(step), **RUN)
     assert "grad_causal" in refused.value.failed
     assert audited == [{"DTensor"}] and seen == []
+
+
+def test_a_resumed_sharded_run_is_loaded_sharded_and_resumes_bitwise(tmp_path, monkeypatch):
+    """Resuming a sharded checkpoint builds the Decoder on the meta device, shards it, and each
+    rank reads only its own rows (`distributed.load_sharded_for_training`); before, the whole
+    model was loaded on every rank first. Resumed from step 2, the run equals the run of 4."""
+    import shutil
+
+    out, copy = tmp_path / "run", tmp_path / "copy"
+
+    def keep(step, row):  # the step-2 checkpoint, before step 4 overwrites it
+        if step == 2:
+            shutil.copytree(out / "checkpoint", copy / "checkpoint")
+            shutil.copy2(out / "metrics.jsonl", copy / "metrics.jsonl")
+
+    from decoder_audit.storage import sharded
+
+    straight = train("tiny-368", shard=True, progress=False, verbose=False, out=out,
+                     save_every=2, callback=keep, **{**RUN, "steps": 4})
+    _, audited = _spy(monkeypatch)
+    loads, load = [], sharded.load_sharded_state
+
+    def spy_load(folder, model, **options):  # the weights read before the gate, into what
+        if not audited:
+            loads.append(sharded.holds_dtensors(model))
+        return load(folder, model, **options)
+
+    monkeypatch.setattr(sharded, "load_sharded_state", spy_load)
+    resumed = train(shard=True, progress=False, verbose=False, resume=copy)
+    assert loads == [True]  # read once, into the sharded model: each rank its own rows
+    assert audited == [{"DTensor"}]
+    assert resumed.step == 4
+    for name, tensor in straight.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[name], tensor), name

@@ -33,6 +33,7 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -293,12 +294,44 @@ def build_for_training(source: Any, ranks: RankInfo, device: str, *, seed: int) 
     allocate_large_blocks_apart()
     if source.built_fresh:
         model = build_sharded(source.config(), ranks, device, seed=seed, reshard_root=True)
+    elif (folder := _sharded_checkpoint(source)) is not None:
+        model = load_sharded_for_training(folder, ranks, device)
     else:
         model = source.build(seed=seed)
         refuse_unshardable(model)
         model.to(device)
         shard_model(model, ranks, device, reshard_root=True)
     _finish_fsdp_setup(model)
+    return model
+
+
+def _sharded_checkpoint(source: Any):
+    """The folder of a sharded Decoder checkpoint the source names (a resumed sharded run,
+    train --checkpoint on one), else None."""
+    if source.kind != "checkpoint":
+        return None
+    from ..sources import checkpoint_of
+    from ..storage.sharded import is_sharded_checkpoint
+
+    folder, recorded = checkpoint_of(source.value)
+    return folder if recorded is None and is_sharded_checkpoint(folder) else None
+
+
+def load_sharded_for_training(folder: Any, ranks: RankInfo, device: str) -> Decoder:
+    """A sharded checkpoint's Decoder sharded as it is loaded: laid out on the meta device,
+    sharded, allocated, and each rank reads only its own rows of the stored tensors
+    (`load_sharded_state`), whatever the world size that wrote them: no rank holds the whole
+    model, as in `build_sharded`. Stored in one dtype (the embedding's), built in it."""
+    from ..storage.checkpoint import read_config
+    from ..storage.sharded import load_sharded_state, stored_shapes
+
+    folder = Path(folder)
+    cfg = read_config(folder)
+    _, dtype = stored_shapes(folder)["token_embeddings.weight"]
+    model = Decoder(cfg, device="meta", dtype=dtype)
+    shard_model(model, ranks, device, reshard_root=True)
+    model.to_empty(device=device)
+    load_sharded_state(folder, model)
     return model
 
 
