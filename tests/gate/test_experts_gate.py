@@ -15,7 +15,8 @@ import decoder_audit as da
 
 # Skipped on a plain audit: no sliding window, the training paths train declares, a tie, and
 # the routing checks of a model without routed experts.
-SKIPPED = {"window", "packing", "checkpointing", "autocast", "model_loss", "tying_grad",
+SKIPPED = {"window", "packing", "checkpointing", "autocast", "model_loss", "router_aux_loss",
+           "tying_grad",
            "routing_independence", "expert_gradients"}
 
 

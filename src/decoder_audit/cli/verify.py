@@ -212,6 +212,7 @@ def end_failed_rank(command: str, ranks, exc: BaseException) -> None:
         what = one_line(exc) if user or isinstance(exc, RanksDisagree) else \
             f"{type(exc).__name__}: {one_line(exc)}"
         print(f"decoder-audit {command}: error: {who}{what}", file=sys.stderr)
+        distributed.hold_store_for_peers(ranks)
     distributed.abandon(2 if user else 1)
 
 

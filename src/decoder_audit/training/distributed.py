@@ -194,6 +194,19 @@ def says_failure(ranks: RankInfo, exc: BaseException) -> bool:
         return True
 
 
+def hold_store_for_peers(ranks: RankInfo) -> None:
+    """On rank 0, once it has said the run's failure: wait (at most FAILURE_WAIT_S) until every
+    other rank has recorded its own. The group's store lives in this process, so a rank 0 that
+    ended at once left a slower rank no store to read its report from, or no group to join:
+    that rank then said a failure of its own (the gloo error of a peer gone)."""
+    if not (ranks.distributed and ranks.is_main and dist.is_available() and dist.is_initialized()):
+        return
+    with contextlib.suppress(Exception):  # no store: nothing to hold
+        store = dist.distributed_c10d._get_default_store()
+        store_reports(store, [f"decoder_audit/failed/{rank}"
+                              for rank in range(1, ranks.world_size)], FAILURE_WAIT_S)
+
+
 def abandon(code: int) -> None:
     """End this failed rank's process now, without waiting for its peers (a peer may be inside
     a collective that will never complete: the process group's teardown and the interpreter's
