@@ -235,7 +235,9 @@ _HF_DEEPSEEK = {**{k: v for k, v in _HF_LLAMA.items() if not k.startswith("attn.
                 "attn.kv_b_proj": "self_attn.kv_b_proj", "attn.output_proj": "self_attn.o_proj",
                 "ffn.router": "mlp.gate", "ffn.shared.w1": "mlp.shared_experts.gate_proj",
                 "ffn.shared.w3": "mlp.shared_experts.up_proj",
-                "ffn.shared.w2": "mlp.shared_experts.down_proj"}
+                "ffn.shared.w2": "mlp.shared_experts.down_proj",
+                # releases whose experts are one module each, as _HF_MOE names them
+                **{k: v for k, v in _HF_MOE.items() if k.startswith("ffn.experts.")}}
 _FROM_SCRATCH_ATTN = {"ln1": "norm1", "ln2": "norm2", "attn.q_proj": "att.W_query",
                       "attn.k_proj": "att.W_key", "attn.v_proj": "att.W_value",
                       "attn.output_proj": "att.out_proj"}
