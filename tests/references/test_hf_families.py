@@ -101,3 +101,35 @@ def test_a_family_model_whose_weights_do_not_fit_its_config_is_refused():
     model.model.layers[0].self_attn.q_norm = torch.nn.Identity()
     with pytest.raises(da.ConfigError, match="layers.0.attn.q_norm.weight"):
         hfref.from_hf(model)
+
+
+@pytest.mark.parametrize("family", ["DeepseekV3", "DeepseekV2"])
+def test_a_deepseek_model_is_read_as_a_decoder(family):
+    """DeepSeek's models are read (not written): latent attention, a dense first layer, 8
+    experts in 4 groups beside a shared one; V3's selection bias, a buffer there, becomes our
+    Decoder's ffn.router.selection_bias. HF's modules are the reference for the logits."""
+    torch.manual_seed(0)
+    config = hf_class(f"{family}Config")(
+        vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=12,
+        kv_lora_rank=8, q_lora_rank=12 if family == "DeepseekV3" else None, qk_rope_head_dim=4,
+        qk_nope_head_dim=4, v_head_dim=6, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=8, n_shared_experts=1, first_k_dense_replace=1, n_group=4,
+        topk_group=2, **({} if family == "DeepseekV3" else {"topk_method": "group_limited_greedy"}))
+    hf_model = hf_class(f"{family}ForCausalLM")(config).eval().double()
+    from decoder_audit.references.hf_models import eager_experts
+    eager_experts(hf_model)  # the grouped kernel refuses float64
+    if family == "DeepseekV3":
+        with torch.no_grad():
+            hf_model.model.layers[1].mlp.gate.e_score_correction_bias.copy_(
+                torch.linspace(-0.3, 0.3, 8, dtype=torch.float64))
+    ours = hfref.from_hf(hf_model)
+    assert ours.config.latent_attention and ours.config.routes(1)
+    if family == "DeepseekV3":
+        assert torch.equal(ours.layers[1].ffn.router.selection_bias,
+                           hf_model.model.layers[1].mlp.gate.e_score_correction_bias)
+    ids = torch.randint(0, 37, (2, 10))
+    with torch.no_grad():
+        expected = hf_model(ids).logits
+        torch.testing.assert_close(ours(ids), expected, rtol=0,
+                                   atol=2e-5 * float(expected.abs().max()))

@@ -30,13 +30,14 @@ from ..model.decoder import Decoder
 from ..storage.checkpoint import decoder_from_tensors
 from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, rope_config_fields, spec_classes, takes
 from .hf_models import eager_experts
-from .layouts import detect
+from .layouts import detect, placeable
 
 
 def placed_weights(hf_model: Any, spec: DecoderConfig) -> dict[str, torch.Tensor]:
     """{our unique-parameter name: a copy of the model's tensor} for a model whose config is
-    `spec`, or ConfigError naming every weight that does not fit it."""
-    named = dict(hf_model.named_parameters(remove_duplicate=False))
+    `spec`, or ConfigError naming every weight that does not fit it (a buffer that holds a
+    weight, DeepSeek-V3's selection bias, is read as the Parameter it is in our Decoder)."""
+    named = placeable(hf_model)
     placement = detect(named, spec)
     if placement is None:
         raise ConfigError(f"{type(hf_model).__name__}'s weights are in no known layout (first: "
