@@ -505,9 +505,12 @@ def _deepseek_routing(c: Any, family: str, problems: list[str]) -> dict[str, Any
             problems.append(f"n_group={c.n_group}, topk_group={c.topk_group} (V3's router "
                             "always chooses within groups: both are needed)")
             return fields
-        return {**fields, "router_scoring": "sigmoid", "router_selection_bias": True,
-                "expert_groups": c.n_group, "groups_per_token": c.topk_group,
-                "group_score": "top2_sum", "normalize_topk": bool(c.norm_topk_prob)}
+        fields.update(router_scoring="sigmoid", router_selection_bias=True,
+                      normalize_topk=bool(c.norm_topk_prob))
+        if c.n_group == 1:  # one group of every expert, always chosen: no limit
+            return fields
+        return {**fields, "expert_groups": c.n_group, "groups_per_token": c.topk_group,
+                "group_score": "top2_sum"}
     fields.update(router_scoring="softmax", normalize_topk=False)
     if c.topk_method == "group_limited_greedy":
         fields.update(expert_groups=c.n_group, groups_per_token=c.topk_group, group_score="max")
