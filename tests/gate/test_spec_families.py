@@ -5,12 +5,15 @@ sliding window), Gemma 2 (sandwich norms, soft caps, a score scale, windowed lay
 (per-head q/k norms, its windowed layers on their own RoPE base), OLMo (norms that learn
 nothing), OLMo 2 (no pre-norms, q/k norms over the projection), Llama with each RoPE scaling
 (linear, Llama 3.1's, YaRN) and the routed families (Mixtral, Qwen2-MoE with its gated shared
-expert and a dense first layer, Qwen3-MoE, OLMoE). Each correct model passes with no argument; each
-defect planted in transformers' own module fails the check that owns it."""
+expert and a dense first layer, Qwen3-MoE, OLMoE) and DeepSeek (latent attention, a dense first
+layer, grouped routing: V3's sigmoid scores chosen with a selection bias that is a buffer, V2's
+softmax). Each correct model passes with no argument; each defect planted in transformers' own
+module fails the check that owns it."""
 
 from __future__ import annotations
 
 import copy
+import math
 import types
 
 import pytest
@@ -44,8 +47,38 @@ MOE = {"mixtral": ("Mixtral", dict(num_local_experts=4)),
        "olmoe": ("Olmoe", dict(num_experts=4, norm_topk_prob=False))}
 
 
+# DeepSeek: 4 heads, each 4 nope + 4 rope features for q and k and 6 for v, keys and values
+# through a latent of 8 (V3's queries through one of 12); layer 0 dense, layer 1 routed: 8
+# experts of 8 in 4 groups, a token's 2 from its best 2 groups, beside 1 shared expert
+DEEPSEEK = dict(num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=8, qk_rope_head_dim=4,
+                qk_nope_head_dim=4, v_head_dim=6, n_routed_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=8, n_shared_experts=1, first_k_dense_replace=1,
+                n_group=4, topk_group=2)
+DEEPSEEK_V3 = {"deepseek_v3": dict(q_lora_rank=12),
+               "deepseek_v3-halves": dict(q_lora_rank=12, rope_interleave=False),
+               "deepseek_v3-yarn": dict(q_lora_rank=12, rope_parameters={
+                   "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                   "original_max_position_embeddings": 6, "mscale": 1.0,
+                   "mscale_all_dim": 0.5})}
+
+
+def _deepseek(family: str, **config):
+    if family == "deepseek_v2":  # one q_proj; softmax scores, groups each worth their best
+        c = hf_class("DeepseekV2Config")(**{**COMMON, **DEEPSEEK, "q_lora_rank": None,
+                                            "topk_method": "group_limited_greedy", **config})
+        return hf_class("DeepseekV2ForCausalLM")(c).eval()
+    c = hf_class("DeepseekV3Config")(**{**COMMON, **DEEPSEEK, **DEEPSEEK_V3[family], **config})
+    model = hf_class("DeepseekV3ForCausalLM")(c).eval()
+    with torch.no_grad():  # transformers starts it at 0; this one outweighs the scores' spread
+        model.model.layers[1].mlp.gate.e_score_correction_bias.copy_(
+            torch.linspace(-0.3, 0.3, 8)[torch.randperm(8)])
+    return model
+
+
 def _model(family: str, **config):
     torch.manual_seed(0)
+    if family.startswith("deepseek"):
+        return _deepseek(family, **config)
     if family.startswith("neox"):
         c = tf.GPTNeoXConfig(**COMMON, use_parallel_residual=family == "neox-parallel",
                              **rope_kwargs(tf.GPTNeoXConfig, PARTIAL), **config)
@@ -125,6 +158,28 @@ EXPECTED = {  # what each family's config declares, read by hand from transforme
                       qk_norm_scope="head", head_width=12, n_shared_experts=0),
     "olmoe": dict(n_experts=4, expert_width=None, d_ff=24, normalize_topk=False, qk_norm=True,
                   qk_norm_scope="projection", pre_norm=True, sandwich_norm=False),
+    "deepseek_v3": dict(kv_latent_rank=8, q_latent_rank=12, rope_head_width=4,
+                        nope_head_width=4, value_head_width=6, rope_layout="interleaved",
+                        attn_scale=None, n_experts=8, experts_per_token=2, expert_width=8,
+                        n_shared_experts=1, shared_expert_width=None, first_dense_layers=1,
+                        router_scoring="sigmoid", router_selection_bias=True, expert_groups=4,
+                        groups_per_token=2, group_score="top2_sum", normalize_topk=True,
+                        routed_scaling=2.5, n_kv_heads=None, norm_eps=1e-6),
+    "deepseek_v3-halves": dict(rope_layout="rotate_half", kv_latent_rank=8),
+    # yarn_apply_mscale: the scores scaled by (4 + 4)^-0.5 times (0.1 * 0.5 * ln 4 + 1)^2
+    "deepseek_v3-yarn": dict(attn_scale=8 ** -0.5 * (0.05 * math.log(4.0) + 1.0) ** 2,
+                             rope_scaling={"type": "yarn", "factor": 4.0,
+                                           "original_max_seq_len": 6, "beta_fast": 32.0,
+                                           "beta_slow": 1.0,
+                                           "attention_factor": (0.1 * math.log(4.0) + 1.0)
+                                           / (0.05 * math.log(4.0) + 1.0), "truncate": True},
+                             rope_layout="interleaved"),
+    # V2's router never renormalises (norm_topk_prob is read by no module of it)
+    "deepseek_v2": dict(kv_latent_rank=8, q_latent_rank=None, rope_layout="interleaved",
+                        router_scoring="softmax", router_selection_bias=False,
+                        expert_groups=4, groups_per_token=2, group_score="max",
+                        normalize_topk=False, routed_scaling=1.0, n_shared_experts=1,
+                        first_dense_layers=1),
     "linear": dict(rope_scaling={"type": "linear", "factor": 3.0}, n_kv_heads=1),
     "llama3": dict(rope_scaling={"type": "llama3", "factor": 8.0, "original_max_seq_len": 64,
                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
@@ -142,7 +197,8 @@ def test_each_family_is_its_configs_spec_and_passes(family):
     assert failed <= set(release_bugs(model)), report.first_failure
     spec = report.facts.spec
     assert {field: getattr(spec, field) for field in EXPECTED[family]} == EXPECTED[family]
-    assert spec.rope_layout == "rotate_half"
+    if "rope_layout" not in EXPECTED[family]:  # DeepSeek's config says its own
+        assert spec.rope_layout == "rotate_half"
     oracle = report["oracle"].evidence
     assert oracle["stressed"] and oracle["gradients"]["compared"] > 0
     assert report["params"].passed
@@ -267,7 +323,47 @@ def _expert_left_out(model):  # expert 0 chosen, weighed, and never added to the
     experts.register_forward_pre_hook(hook)
 
 
+def _rope_on_the_nope_half(model):
+    """Each query head's rotary part taken from its first features, the non-rotary from its
+    last (its halves swapped as q_b_proj writes them: nope and rope are both 4 wide), so the
+    rotated half meets the shared rotary key and the other the expanded nope key."""
+    attention = model.model.layers[1].self_attn
+    heads = attention.num_heads
+
+    def hook(module, inputs, output):
+        return output.unflatten(-1, (heads, 2, -1)).flip(-2).flatten(-3)
+    attention.q_b_proj.register_forward_hook(hook)
+
+
+def _selection_bias_weighs(model):
+    """V3's top-k weights taken from the biased scores that chose them (the bias is for choosing
+    only), renormalised and scaled as the router does."""
+    def hook(module, inputs, output):
+        logits, _, chosen = output
+        biased = (logits.sigmoid() + module.e_score_correction_bias).gather(-1, chosen)
+        if module.norm_topk_prob:
+            biased = biased / biased.sum(-1, keepdim=True)
+        return logits, biased * module.routed_scaling_factor, chosen
+    _router_module(model).register_forward_hook(hook)
+
+
+def _v2_topk_renormalised(model):  # V2's weights divided by their sum, as V3's may be
+    def hook(module, inputs, output):
+        logits, weights, chosen = output
+        return logits, weights / weights.sum(-1, keepdim=True), chosen
+    _router_module(model).register_forward_hook(hook)
+
+
+def _mscale_dropped(model):  # the scores scaled by (nope + rope)^-0.5 alone
+    model.model.layers[0].self_attn.scaling = 8 ** -0.5
+
+
 DEFECTS = {("neox-parallel", "serial block"): (_serial_block, "oracle"),
+           ("deepseek_v3", "rope on the nope half"): (_rope_on_the_nope_half, "oracle"),
+           ("deepseek_v3-halves", "rope on the nope half"): (_rope_on_the_nope_half, "oracle"),
+           ("deepseek_v3", "selection bias weighs"): (_selection_bias_weighs, "oracle"),
+           ("deepseek_v3-yarn", "mscale dropped"): (_mscale_dropped, "oracle"),
+           ("deepseek_v2", "top-k weights renormalised"): (_v2_topk_renormalised, "oracle"),
            ("mixtral", "top-k weights unnormalised"): (_topk_unnormalised, "oracle"),
            ("olmoe", "top k before the softmax"): (_topk_before_softmax, "oracle"),
            ("qwen2_moe", "shared expert dropped"): (_shared_expert_dropped, "oracle"),
@@ -399,3 +495,57 @@ def test_a_load_balancing_loss_off_its_formula_fails_router_aux_loss(monkeypatch
     result = da.audit(_aux_model(), checks=["router_aux_loss"])["router_aux_loss"]
     assert not result.passed
     assert result.evidence["aux_loss"] == pytest.approx(result.evidence["expected"] / 4, rel=1e-4)
+
+
+def test_latent_ranks_declared_other_than_the_module_holds_fail_params():
+    """A spec of another latent width (keys and values, or queries) expects kv_a_proj, kv_a_norm
+    and kv_b_proj (or q_a_proj, q_a_norm, q_b_proj) of other shapes: params names them."""
+    model = _model("deepseek_v3")
+    spec = da.audit(model, checks=["params"]).facts.spec
+    for wrong, named in ((spec.replace(kv_latent_rank=6), "layers.0.attn.kv_a_proj.weight"),
+                         (spec.replace(q_latent_rank=10), "layers.0.attn.q_a_proj.weight")):
+        params = da.audit(model, spec=wrong, checks=["params"])["params"]
+        assert not params.passed
+        assert any(problem.startswith(named) for problem in params.evidence["differences"]), \
+            params.detail
+
+
+def test_the_selection_bias_buffer_is_placed_counted_and_read():
+    """V3's selection bias is a buffer: params counts it as the spec's E per routed layer, the
+    oracle reads it (a spec without it fails the oracle on this model, whose bias decides
+    the choice), and the stress weights written into it are put back bit for bit."""
+    model = _model("deepseek_v3")
+    bias = model.model.layers[1].mlp.gate.e_score_correction_bias
+    before = bias.clone()
+    report = da.audit(model, checks=["params", "oracle"])
+    assert report["params"].passed and report["oracle"].passed, report.first_failure
+    assert report["oracle"].evidence["stressed"]
+    assert report["params"].evidence["measured"]["layers.1.ffn"] == \
+        report["params"].evidence["analytic"]["layers.1.ffn"]
+    assert torch.equal(bias, before)
+    unbiased = report.facts.spec.replace(router_selection_bias=False)
+    report = da.audit(model, spec=unbiased, checks=["params", "oracle"])
+    assert not report["params"].passed  # the module has a bias the spec does not
+    assert not report["oracle"].passed
+
+
+@pytest.mark.parametrize("field, value", [("rms_norm_eps", 1e-5), ("attention_bias", True)])
+def test_a_deepseek_config_the_spec_cannot_express_is_named(field, value):
+    """The latent norms keep transformers' eps of 1e-6 whatever rms_norm_eps says, and latent
+    attention with biases is not expressed: the spec is refused naming the field."""
+    model = _model("deepseek_v3", **{field: value})
+    report = da.audit(model, checks=["params", "oracle"])
+    assert report.facts.spec is None
+    assert field in report["oracle"].detail
+
+
+@pytest.mark.parametrize("family, other", [("deepseek_v3", "rotate_half"),
+                                           ("deepseek_v3-halves", "interleaved")])
+def test_deepseek_rope_layout_is_read_from_rope_interleave(family, other):
+    """rope_interleave=True turns the rotary part's pairs (x[2j], x[2j+1]) (its output
+    de-interleaved, the same for q and k: the scores are those of interleaved RoPE), False its
+    halves: a spec of the other layout fails the oracle."""
+    model = _model(family)
+    spec = da.audit(model, checks=["params"]).facts.spec
+    report = da.audit(model, spec=spec.replace(rope_layout=other), checks=["params", "oracle"])
+    assert report["params"].passed and not report["oracle"].passed

@@ -101,3 +101,89 @@ def test_a_family_model_whose_weights_do_not_fit_its_config_is_refused():
     model.model.layers[0].self_attn.q_norm = torch.nn.Identity()
     with pytest.raises(da.ConfigError, match="layers.0.attn.q_norm.weight"):
         hfref.from_hf(model)
+
+
+@pytest.mark.parametrize("family", ["DeepseekV3", "DeepseekV2"])
+def test_a_deepseek_model_is_read_as_a_decoder(family):
+    """DeepSeek's models are read (not written): latent attention, a dense first layer, 8
+    experts in 4 groups beside a shared one; V3's selection bias, a buffer there, becomes our
+    Decoder's ffn.router.selection_bias. HF's modules are the reference for the logits."""
+    torch.manual_seed(0)
+    config = hf_class(f"{family}Config")(
+        vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=12,
+        kv_lora_rank=8, q_lora_rank=12 if family == "DeepseekV3" else None, qk_rope_head_dim=4,
+        qk_nope_head_dim=4, v_head_dim=6, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=8, n_shared_experts=1, first_k_dense_replace=1, n_group=4,
+        topk_group=2, **({} if family == "DeepseekV3" else {"topk_method": "group_limited_greedy"}))
+    hf_model = hf_class(f"{family}ForCausalLM")(config).eval().double()
+    from decoder_audit.references.hf_models import eager_experts
+    eager_experts(hf_model)  # the grouped kernel refuses float64
+    if family == "DeepseekV3":
+        with torch.no_grad():
+            hf_model.model.layers[1].mlp.gate.e_score_correction_bias.copy_(
+                torch.linspace(-0.3, 0.3, 8, dtype=torch.float64))
+    ours = hfref.from_hf(hf_model)
+    assert ours.config.latent_attention and ours.config.routes(1)
+    if family == "DeepseekV3":
+        assert torch.equal(ours.layers[1].ffn.router.selection_bias,
+                           hf_model.model.layers[1].mlp.gate.e_score_correction_bias)
+    ids = torch.randint(0, 37, (2, 10))
+    with torch.no_grad():
+        expected = hf_model(ids).logits
+        torch.testing.assert_close(ours(ids), expected, rtol=0,
+                                   atol=2e-5 * float(expected.abs().max()))
+
+
+# Latent Decoders DeepSeek's families hold: norm_eps 1e-6 (the eps of transformers' latent
+# norms), heads of 4 + 2 and values of 6 through a latent of 8
+_LATENT = dict(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=24, max_seq_len=6,
+               norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", pos="rope", rope_theta=500.0,
+               kv_latent_rank=8, rope_head_width=2, nope_head_width=4, value_head_width=6,
+               tie_embeddings=False)
+DEEPSEEK = {  # name -> (config, the class it must be written as)
+    # V3: queries through a latent of 6, 8 experts in 4 groups, sigmoid and selection bias
+    "v3-grouped": (da.DecoderConfig(**_LATENT, q_latent_rank=6, n_experts=8, experts_per_token=2,
+                                    expert_width=6, n_shared_experts=1, first_dense_layers=1,
+                                    router_scoring="sigmoid", router_selection_bias=True,
+                                    expert_groups=4, groups_per_token=2, routed_scaling=2.5),
+                   "DeepseekV3ForCausalLM"),
+    # V3 on rotated halves and without groups (written as one group of every expert)
+    "v3-halves": (da.DecoderConfig(**{**_LATENT, "rope_layout": "rotate_half"}, n_experts=4,
+                                   experts_per_token=2, expert_width=6, n_shared_experts=1,
+                                   first_dense_layers=1, router_scoring="sigmoid",
+                                   router_selection_bias=True), "DeepseekV3ForCausalLM"),
+    # V2: one q_proj, softmax, groups each worth their best, unnormalised, 2 shared experts
+    "v2-grouped": (da.DecoderConfig(**_LATENT, n_experts=6, experts_per_token=3, expert_width=4,
+                                    n_shared_experts=2, expert_groups=3, groups_per_token=2,
+                                    group_score="max", normalize_topk=False),
+                   "DeepseekV2ForCausalLM"),
+    "latent-dense": (da.DecoderConfig(**_LATENT, q_latent_rank=6), "DeepseekV3ForCausalLM"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEPSEEK))
+def test_a_latent_decoder_is_written_as_deepseek_and_read_back(name):
+    cfg, family = DEEPSEEK[name]
+    hf_class(family)
+    ours = random_decoder(cfg, dtype=torch.float64)
+    hf_model = hfref.to_hf(ours)
+    assert type(hf_model).__name__ == family
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
+    with torch.no_grad():
+        expected = ours(ids)
+        theirs = hf_model(ids).logits.to(expected.dtype)
+        torch.testing.assert_close(theirs, expected, rtol=0,
+                                   atol=2e-5 * float(expected.abs().max()))
+    back = hfref.from_hf(hf_model)
+    assert back.config == cfg
+    theirs = dict(back.named_parameters())
+    for pname, param in ours.named_parameters():
+        assert torch.equal(theirs[pname], param), pname
+
+
+def test_a_latent_decoder_deepseek_cannot_hold_is_refused():
+    """norm_eps 1e-5: DeepSeek's latent norms keep 1e-6, so no family reads back the Decoder."""
+    ours = random_decoder(da.DecoderConfig(**{**_LATENT, "norm_eps": 1e-5}), dtype=torch.float64)
+    with pytest.raises(da.ConfigError, match="deepseek_v3"):
+        hfref.to_hf(ours)

@@ -242,10 +242,15 @@ def measured_ledger(module: nn.Module, names: Mapping[str, str] | None = None) -
     """Walk the module's unique Parameters (a tied weight is one object, counted once, under the
     first name it was registered with) and sum them into ledger rows by weight name: our names,
     or, for a module of another layout, the canonical names `names` gives its parameters (a
-    parameter it does not name is "other")."""
+    parameter it does not name is "other"). A buffer `names` names holds a canonical weight
+    (DeepSeek-V3's selection bias, which our Decoder keeps as a Parameter that requires no grad)
+    and is counted as that Parameter."""
     counts: dict[str, int] = {}
     others: list[str] = []
-    for name, param in module.named_parameters():  # deduplicated by object identity
+    tensors = list(module.named_parameters())  # deduplicated by object identity
+    if names is not None:
+        tensors += [(name, buffer) for name, buffer in module.named_buffers() if name in names]
+    for name, param in tensors:
         row = _component(name if names is None else names.get(name, "?"))
         counts[row] = counts.get(row, 0) + param.numel()
         if row == "other":

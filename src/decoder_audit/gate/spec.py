@@ -45,7 +45,7 @@ from torch import nn
 from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
 from ..config import DecoderConfig
 from ..objective import logits_of
-from ..references.layouts import Placement, WeightsMapError, expected_weights
+from ..references.layouts import Placement, WeightsMapError, expected_weights, placeable
 from ..references.oracle import StreamedOracle, oracle_logits
 from . import tolerances
 from .measure import batch_not_equal, largest, scaled_excess
@@ -82,8 +82,9 @@ def check_spec_params(s: Subject) -> CheckResult:
     analytic = parameter_ledger(spec)
     measured = measured_ledger(s.model, names=_ledger_names(s.model, placement))
     problems = list(placement.problems)
-    problems += [f"{name} ({tuple(s.model.get_parameter(name).shape)}): a parameter of the module "
-                 "the spec has no place for" for name in placement.leftover]
+    shapes = {name: tuple(tensor.shape) for name, tensor in placeable(s.model).items()}
+    problems += [f"{name} ({shapes[name]}): a parameter of the module the spec has no place "
+                 "for" for name in placement.leftover]
     problems += reconcile(analytic, measured)
     evidence = {"layout": placement.layout, "spec": spec.to_dict(),
                 "analytic": analytic.as_dict(), "measured": measured.as_dict(),
@@ -103,8 +104,9 @@ def check_spec_params(s: Subject) -> CheckResult:
 def _ledger_names(model: nn.Module, placement: Placement) -> dict[str, str]:
     """module parameter name -> the canonical name it holds, for every name of each placed
     Parameter (by identity, so a tied weight counts as the embedding under any of its names,
-    and a fused q/k/v matrix as attention)."""
-    named = dict(model.named_parameters(remove_duplicate=False))
+    and a fused q/k/v matrix as attention); a placed buffer (DeepSeek-V3's selection bias) by
+    its name, counted as the Parameter it stands for (`measured_ledger`)."""
+    named = placeable(model)
     by_param: dict[int, str] = {}
     for canonical in sorted(placement.sources, key=lambda n: not n.startswith("token_emb")):
         for source in placement.sources[canonical]:
@@ -148,7 +150,7 @@ def _compare_all(s: Subject, ids: torch.Tensor, tol: float, evidence: dict,
     weights and with a quiet stream, and the gradients (with stress weights where they could be
     written, else as initialised); the first failure's sentence, or "" when all agree."""
     spec, placement = s.facts.spec, s.facts.placement
-    named = dict(s.work.named_parameters(remove_duplicate=False))
+    named = placeable(s.work)  # with a placed buffer: the oracle reads it, the stress writes it
     live = {n: t.detach() for n, t in named.items()}
     weights = _mapped(s, placement, live, saved)  # views of the module's own tensors
     missing = [name for name, shape in expected_weights(spec).items()
@@ -395,6 +397,9 @@ def _stressed(s: Subject, placement: Placement, weights: Mapping[str, torch.Tens
         yield False
         return
     saved = saved if saved is not None else _snapshot(s)
+    # a placed buffer (DeepSeek-V3's selection bias) is written too, and restored with the rest
+    buffers = sorted(set(live) - set(_parameters_by_name(s)))
+    saved = saved + [(live[name], live[name].clone()) for name in buffers]
     gen = s.generator(19)
     s.forget_clean()  # the weights change what the model computes
     try:
@@ -423,8 +428,9 @@ def _writer(s: Subject, placement: Placement, weights: Mapping[str, torch.Tensor
         def by_spot(name, tensor, value):
             spot = placement.spots.get(name)
             # a tied weight is one tensor under two names (wte and lm_head): written once
+            # (each expert of a fused tensor its own place: the same rows of another matrix)
             place = spot and (live[spot.source].untyped_storage().data_ptr(), spot.transposed,
-                              spot.rows, spot.groups, spot.heads)
+                              spot.rows, spot.groups, spot.heads, spot.expert)
             if spot is not None and once(place):
                 spot.write(live[spot.source], value)
         return by_spot

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..references.layouts import PLACED_BUFFERS
+
 # Entries of a module's __dict__ that are torch's own bookkeeping (hooks and the tables held
 # apart below), not the model's state.
 # The train flags are not held here: a check sets them for its calls (train mode), and the
@@ -116,7 +118,7 @@ class ModelState:
                 if not getattr(module, table):
                     continue  # a forward that adds a buffer or module adds it to __dict__
                 self._hold(owner, getattr(module, table), dict(getattr(module, table)), seen,
-                           deeper=table == "_buffers")
+                           deeper=table == "_buffers", weights=table == "_buffers")
             # hooks the model registers on itself when called (transformers installs its
             # output-capturing hooks on the first output_attentions call, and marks them with
             # an attribute): put back with that attribute, after a probe or check only (the
@@ -129,15 +131,19 @@ class ModelState:
         self._copy_within(max(COPY_BUDGET_MIN, int(COPY_BUDGET_SHARE * weights)))
 
     def _hold(self, owner: str, table: dict, entries: dict, seen: set[int], *,
-              deeper: bool) -> None:
+              deeper: bool, weights: bool = False) -> None:
         """Hold `table` (its `entries`), the containers and tensors in it, and (`deeper`) one
-        level of the plain objects it holds."""
+        level of the plain objects it holds. In a buffer table (`weights`), a buffer that holds
+        a weight (PLACED_BUFFERS: DeepSeek-V3's selection bias) is held as the parameters are:
+        its entry, never its values, which the stress weights write and put back themselves."""
         held = _Table(owner, table, entries)
         self.tables.append(held)
         for key, value in entries.items():
             where = f"{owner}.{key}"
             if isinstance(value, nn.Parameter) or isinstance(value, nn.Module):
                 continue  # parameters are held below; modules are walked by named_modules
+            if weights and key in PLACED_BUFFERS:
+                continue
             if isinstance(value, torch.Tensor):
                 self._hold_tensor(value, where)
             elif isinstance(value, torch.Generator):

@@ -102,12 +102,15 @@ def hf_spec(hf_model: Any) -> DecoderConfig:
     their subclasses) declares in its config, as the spec
     its own weights are checked against where they lie (references.layouts): Llama's RoPE
     rotates halves, so its spec says rope_layout="rotate_half" (from_hf instead permutes the
-    rows into our interleaved default). Raises ConfigError naming any field we cannot express."""
+    rows into our interleaved default); DeepSeek's config says its own (rope_interleave), which
+    `config_from_hf` reads. Raises ConfigError naming any field we cannot express."""
     tf = _transformers()
     family = next((name for name, cls in spec_classes(tf).items() if isinstance(hf_model, cls)),
                   None)
     cfg = config_from_hf(hf_model.config, family)
-    return cfg.replace(rope_layout="rotate_half") if cfg.pos == "rope" else cfg
+    if cfg.pos != "rope" or cfg.latent_attention:  # latent attention: DeepSeek's own layout
+        return cfg
+    return cfg.replace(rope_layout="rotate_half")
 
 
 def export_changes(cfg: DecoderConfig) -> list[str]:

@@ -127,7 +127,8 @@ _SPEC_CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                  "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
+                 "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 def model_classes(tf: Any) -> dict[str, type]:
@@ -148,7 +149,9 @@ def spec_classes(tf: Any) -> dict[str, type]:
     q/k norms, its windowed layers on their own RoPE base), OLMo (LayerNorms that learn
     nothing) and OLMo 2 (no pre-norms, sandwich norms, q/k norms over the whole projection),
     and the routed families (`_MOE_FAMILIES`: Mixtral, Qwen2-MoE with its gated shared expert,
-    Qwen3-MoE, OLMoE), whose weights the converter does not write. Only those this release has (`present_classes`)."""
+    Qwen3-MoE, OLMoE) and DeepSeek-V2 and V3 (latent attention, grouped routing, V3's sigmoid
+    scores and selection bias), whose weights the converter does not write. Only those this
+    release has (`present_classes`)."""
     return {**model_classes(tf), **present_classes(tf, _SPEC_CLASSES)}
 
 
@@ -182,6 +185,8 @@ _PARTIAL_ROTARY = ("stablelm", "phi3", "gpt_neox")
 # Routed families: Llama's attention (Qwen2-MoE's q/k/v biases, Qwen3-MoE's per-head q/k norms,
 # OLMoE's over the whole projection) with a router, softmax then top k, in front of E experts.
 _MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+# Latent attention in front of routed experts (dense first layers, shared experts, grouped routing)
+_DEEPSEEK_FAMILIES = ("deepseek_v2", "deepseek_v3")
 _LLAMA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
                    "stablelm", "phi3", "olmo", "olmo2", *_MOE_FAMILIES)
 
@@ -198,9 +203,11 @@ def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
         return _llama_config(hf_config, model_type)
     if model_type == "gpt_neox":
         return _neox_config(hf_config)
+    if model_type in _DEEPSEEK_FAMILIES:
+        return _deepseek_config(hf_config, model_type)
     raise ConfigError(f"model_type={model_type!r} is not supported; supported are 'gpt2' "
-                      f"(GPT2LMHeadModel), 'gpt_neox' and {list(_LLAMA_FAMILIES)} (their "
-                      "*ForCausalLM)")
+                      f"(GPT2LMHeadModel), 'gpt_neox', {list(_LLAMA_FAMILIES)} and "
+                      f"{list(_DEEPSEEK_FAMILIES)} (their *ForCausalLM)")
 
 
 def _refuse(family: str, problems: list[str]) -> None:
@@ -423,6 +430,93 @@ def _routed_fields(c: Any, family: str, problems: list[str]) -> dict[str, Any]:
     if family == "qwen2_moe":
         fields.update(n_shared_experts=1, shared_expert_width=c.shared_expert_intermediate_size,
                       shared_expert_gate=True)
+    return fields
+
+
+# transformers' RMSNorm default: the latent norms (q_a_layernorm, kv_a_layernorm) are built
+# without the config's rms_norm_eps, the block norms with it
+_LATENT_NORM_EPS = 1e-6
+
+
+def _deepseek_config(c: Any, family: str) -> DecoderConfig:
+    """DeepseekV2Config or DeepseekV3Config as transformers' modules compute it: latent
+    attention (q_lora_rank None: one q_proj), each head its nope features then its rope ones,
+    RoPE on the rope part (V2 on interleaved pairs, as complex numbers; V3 interleaved or on
+    halves as rope_interleave says), scores scaled by (nope + rope)^-0.5 (times YaRN's mscale
+    squared where mscale_all_dim is set); the first first_k_dense_replace layers dense, every
+    later one routed with n_shared_experts shared experts of moe_intermediate_size, their
+    weights times routed_scaling_factor. V3 scores by a sigmoid, chooses by the score plus its
+    e_score_correction_bias within its topk_group best of n_group groups (each worth its two
+    best), renormalises as norm_topk_prob says; V2 scores by a softmax, chooses greedily or
+    within groups each worth its best (topk_method), and never renormalises (its router
+    ignores norm_topk_prob)."""
+    problems = []
+    if c.hidden_act != "silu":
+        problems.append(f"hidden_act={c.hidden_act!r} (the gate's activation is SiLU: swiglu)")
+    if getattr(c, "attention_bias", False):
+        problems.append("attention_bias=True (q_a_proj, kv_a_proj_with_mqa and o_proj with "
+                        "biases: latent attention has none here)")
+    if getattr(c, "mlp_bias", False):
+        problems.append("mlp_bias=True (the dense and shared MLPs biased, the experts not)")
+    if c.num_key_value_heads not in (None, c.num_attention_heads):
+        problems.append(f"num_key_value_heads={c.num_key_value_heads} != num_attention_heads="
+                        f"{c.num_attention_heads} (kv_b_proj gives every head its own key and "
+                        "value; transformers repeats them again and fails)")
+    if float(c.rms_norm_eps) != _LATENT_NORM_EPS:
+        problems.append(f"rms_norm_eps={c.rms_norm_eps} (the latent norms q_a_layernorm and "
+                        f"kv_a_layernorm keep transformers' {_LATENT_NORM_EPS}: one norm_eps "
+                        "cannot hold both)")
+    rope = _rope_fields(c, family, c.qk_rope_head_dim, problems)
+    rope.pop("rotary_dim")  # the rotary part is rope_head_width (a factor is refused above)
+    head = c.qk_nope_head_dim + c.qk_rope_head_dim
+    attn_scale = None
+    params = rope_parameters_of(c, family)
+    if params.get("rope_type", "default") != "default" and params.get("mscale_all_dim"):
+        # yarn_apply_mscale: the softmax scale times mscale^2, whatever the RoPE type
+        factor = params.get("factor") or 1.0
+        mscale = 0.1 * params["mscale_all_dim"] * math.log(factor) + 1.0 if factor > 1 else 1.0
+        attn_scale = head ** -0.5 * mscale * mscale
+    routed = _deepseek_routing(c, family, problems)
+    _refuse(family, problems)
+    interleaved = family == "deepseek_v2" or bool(getattr(c, "rope_interleave", True))
+    return DecoderConfig(
+        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads, d_ff=c.intermediate_size,
+        max_seq_len=c.max_position_embeddings, norm="rmsnorm", norm_eps=float(c.rms_norm_eps),
+        mlp="swiglu", pos="rope", rope_layout="interleaved" if interleaved else "rotate_half",
+        **rope, attn_scale=attn_scale, kv_latent_rank=c.kv_lora_rank,
+        q_latent_rank=c.q_lora_rank, rope_head_width=c.qk_rope_head_dim,
+        nope_head_width=c.qk_nope_head_dim, value_head_width=c.v_head_dim, **routed,
+        tie_embeddings=bool(c.tie_word_embeddings))
+
+
+def _deepseek_routing(c: Any, family: str, problems: list[str]) -> dict[str, Any]:
+    """The routed fields of a DeepSeek config (see `_deepseek_config`); none where no layer
+    routes (first_k_dense_replace >= num_hidden_layers)."""
+    dense = c.first_k_dense_replace or 0
+    if dense >= c.num_hidden_layers:
+        return {}
+    fields: dict[str, Any] = {
+        "n_experts": c.n_routed_experts, "experts_per_token": c.num_experts_per_tok,
+        "expert_width": c.moe_intermediate_size, "n_shared_experts": c.n_shared_experts,
+        "routed_scaling": float(c.routed_scaling_factor), "first_dense_layers": dense}
+    if family == "deepseek_v3":
+        if c.n_group is None or c.topk_group is None:
+            problems.append(f"n_group={c.n_group}, topk_group={c.topk_group} (V3's router "
+                            "always chooses within groups: both are needed)")
+            return fields
+        fields.update(router_scoring="sigmoid", router_selection_bias=True,
+                      normalize_topk=bool(c.norm_topk_prob))
+        if c.n_group == 1:  # one group of every expert, always chosen: no limit
+            return fields
+        return {**fields, "expert_groups": c.n_group, "groups_per_token": c.topk_group,
+                "group_score": "top2_sum"}
+    fields.update(router_scoring="softmax", normalize_topk=False)
+    if c.topk_method == "group_limited_greedy":
+        fields.update(expert_groups=c.n_group, groups_per_token=c.topk_group, group_score="max")
+    elif c.topk_method != "greedy":
+        problems.append(f"topk_method={c.topk_method!r} (V2's router computes 'greedy' and "
+                        "'group_limited_greedy' only)")
     return fields
 
 

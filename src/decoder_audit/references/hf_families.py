@@ -14,7 +14,8 @@ that DecoderConfig, so a field a family cannot hold (Qwen3's q/k norm in Mistral
 OLMo) is never lost: the next family is tried, and when none holds it the ConfigError names the
 families tried. The weights are then written into the new model's own tensors where its layout
 puts them (a fused q/k/v matrix row block by row block). Our RoPE must rotate halves here (the
-families' own layout); the converter's Llama path is the one that permutes interleaved rows.
+families' own layout; DeepSeek's latent attention holds either, as V3's rope_interleave says);
+the converter's Llama path is the one that permutes interleaved rows.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from ..model.decoder import Decoder
 from ..storage.checkpoint import decoder_from_tensors
 from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, rope_config_fields, spec_classes, takes
 from .hf_models import eager_experts
-from .layouts import detect
+from .layouts import detect, placeable
 
 
 def placed_weights(hf_model: Any, spec: DecoderConfig) -> dict[str, torch.Tensor]:
     """{our unique-parameter name: a copy of the model's tensor} for a model whose config is
-    `spec`, or ConfigError naming every weight that does not fit it."""
-    named = dict(hf_model.named_parameters(remove_duplicate=False))
+    `spec`, or ConfigError naming every weight that does not fit it (a buffer that holds a
+    weight, DeepSeek-V3's selection bias, is read as the Parameter it is in our Decoder)."""
+    named = placeable(hf_model)
     placement = detect(named, spec)
     if placement is None:
         raise ConfigError(f"{type(hf_model).__name__}'s weights are in no known layout (first: "
@@ -62,7 +64,8 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
     """The model of the first family whose config reads back as the decoder's own (eval mode,
     eager attention), holding copies of its weights; ConfigError naming the families tried."""
     cfg = decoder.config
-    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half":
+    # latent attention's families (DeepSeek) hold either layout (V3's rope_interleave)
+    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half" and not cfg.latent_attention:
         raise ConfigError("rope_layout='interleaved': these families rotate halves; write "
                           "rope_layout='rotate_half' (the same weights, rows reordered per head, "
                           "as from_hf's Llama path does)")
@@ -100,7 +103,8 @@ def _written(model_class: type, family: str, write: Writer, cfg: DecoderConfig) 
         back = config_from_hf(config, config.model_type)
     except Exception:  # noqa: BLE001 - the family's config refuses the fields (each family
         return None    # raises its own validation error types): it cannot hold cfg
-    back = back.replace(rope_layout="rotate_half") if back.pos == "rope" else back
+    if back.pos == "rope" and not back.latent_attention:  # DeepSeek's says its own layout
+        back = back.replace(rope_layout="rotate_half")
     return config if _plain(back) == _plain(cfg) else None
 
 
@@ -113,8 +117,9 @@ def _plain(cfg: DecoderConfig) -> DecoderConfig:
 
 def _write_weights(hf_model: Any, cfg: DecoderConfig, decoder: Decoder) -> bool:
     """Copy the decoder's weights into the model where its layout puts them; False (nothing
-    written) when its weights do not fit cfg exactly."""
-    named = dict(hf_model.named_parameters(remove_duplicate=False))
+    written) when its weights do not fit cfg exactly (DeepSeek-V3's selection bias into its
+    buffer)."""
+    named = placeable(hf_model)
     placement = detect(named, cfg)
     if placement is None or placement.problems or placement.leftover:
         return False
@@ -184,6 +189,36 @@ def _routed(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, An
     return _rms(cfg, config_class, family, **experts)
 
 
+def _deepseek(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, Any]:
+    """DeepSeek's config for a latent Decoder, as `hf_config._deepseek_config` reads it back:
+    every layer dense (first_k_dense_replace = L) without experts; V3's groups (one group when
+    there are none), V2's topk_method. A Decoder they do not hold (V3 without a sigmoid and a
+    selection bias, V2 renormalising, shared experts of another width) reads back otherwise and
+    is not written."""
+    fields: dict[str, Any] = {
+        **rope_config_fields(cfg, config_class, family), "num_key_value_heads": cfg.n_heads,
+        "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu", "attention_bias": False,
+        "kv_lora_rank": cfg.kv_latent_rank, "q_lora_rank": cfg.q_latent_rank,
+        "qk_rope_head_dim": cfg.rope_head_width, "qk_nope_head_dim": cfg.nope_head_width,
+        "v_head_dim": cfg.value_head_width,
+        "first_k_dense_replace": cfg.first_dense_layers if cfg.routed else cfg.n_layers}
+    if family == "deepseek_v3":
+        fields["rope_interleave"] = cfg.rope_layout == "interleaved"
+    if not cfg.routed:
+        return fields
+    fields.update(n_routed_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token,
+                  moe_intermediate_size=cfg.expert_dim, n_shared_experts=cfg.n_shared_experts,
+                  routed_scaling_factor=cfg.routed_scaling)
+    grouped = {"n_group": cfg.expert_groups, "topk_group": cfg.groups_per_token}
+    if family == "deepseek_v3":
+        return {**fields, "norm_topk_prob": cfg.normalize_topk,
+                **(grouped if cfg.expert_groups is not None else
+                   {"n_group": 1, "topk_group": 1})}
+    if cfg.expert_groups is None:
+        return {**fields, "topk_method": "greedy"}
+    return {**fields, **grouped, "topk_method": "group_limited_greedy"}
+
+
 Writer = Callable[[DecoderConfig, type, str], dict[str, Any]]
 
 
@@ -207,6 +242,8 @@ _WRITERS: dict[str, Writer] = {
                                                                                   cfg.mlp),
         "use_parallel_residual": cfg.parallel_residual, "attention_bias": cfg.attn_bias},
     **{family: _routed for family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")},
+    "deepseek_v3": _deepseek,
+    "deepseek_v2": _deepseek,
 }
 """Family -> its config's fields for a DecoderConfig (the sizes every family shares are added
 by `_written`). Order matters only where two families read back the same config: the first

@@ -23,6 +23,10 @@ Layouts detected from the parameter names (`detect`):
                         ... (transformers 4) or mlp.experts.gate_up_proj (E, 2 Fe, D) and
                         down_proj (E, D, Fe) (transformers 5), Qwen2-MoE's mlp.shared_expert and
                         shared_expert_gate; Mixtral's block_sparse_moe.experts.{e}.w1 before 5
+    Hugging Face        latent attention (self_attn.q_a_proj, q_a_layernorm, q_b_proj or q_proj,
+      DeepSeek          kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj), the router
+                        mlp.gate (V3's selection bias its buffer e_score_correction_bias),
+                        mlp.shared_experts, the experts fused as transformers 5 keeps them
     Hugging Face        the same names, with pre_feedforward_layernorm and the sandwich norms
       Gemma 2 / OLMo 2  (post_attention_layernorm on the attention output)
     Hugging Face Phi-3  the same names, with q/k/v fused in self_attn.qkv_proj and the gate and
@@ -175,6 +179,10 @@ class Layout:
     fused_experts: tuple[str, str] | None = None
     """The in-block parameters that hold every routed expert's matrices at once (transformers
     5): (gate_up (E, 2 Fe, D): each expert's w1 rows then its w3 rows, down (E, D, Fe): w2)."""
+    selection_bias: str | None = None
+    """The router module's name for the selection bias (ffn.router.selection_bias), where it
+    is a buffer rather than a Parameter (DeepSeek-V3's e_score_correction_bias, updated by a
+    balancing rule, never by gradients): `placeable` adds such buffers to what is placed."""
 
     def module_name(self, canonical: str) -> tuple[str, str] | None:
         """(the layout's module name, parameter kind) for a canonical weight name."""
@@ -216,6 +224,20 @@ _HF_MOE = {**_HF_LLAMA, "ffn.router": "mlp.gate", "ffn.shared.w1": "mlp.shared_e
            "ffn.experts.{e}.w1": "mlp.experts.{e}.gate_proj",
            "ffn.experts.{e}.w3": "mlp.experts.{e}.up_proj",
            "ffn.experts.{e}.w2": "mlp.experts.{e}.down_proj"}
+# DeepSeek-V2 and V3 (transformers 5): latent attention, the dense first layers' MLP in mlp.*,
+# the routed layers' router in mlp.gate (V3's selection bias its buffer e_score_correction_bias),
+# their shared experts as one MLP in mlp.shared_experts, the experts fused (Layout.fused_experts)
+_HF_DEEPSEEK = {**{k: v for k, v in _HF_LLAMA.items() if not k.startswith("attn.")},
+                "attn.q_proj": "self_attn.q_proj", "attn.q_a_proj": "self_attn.q_a_proj",
+                "attn.q_a_norm": "self_attn.q_a_layernorm", "attn.q_b_proj": "self_attn.q_b_proj",
+                "attn.kv_a_proj": "self_attn.kv_a_proj_with_mqa",
+                "attn.kv_a_norm": "self_attn.kv_a_layernorm",
+                "attn.kv_b_proj": "self_attn.kv_b_proj", "attn.output_proj": "self_attn.o_proj",
+                "ffn.router": "mlp.gate", "ffn.shared.w1": "mlp.shared_experts.gate_proj",
+                "ffn.shared.w3": "mlp.shared_experts.up_proj",
+                "ffn.shared.w2": "mlp.shared_experts.down_proj",
+                # releases whose experts are one module each, as _HF_MOE names them
+                **{k: v for k, v in _HF_MOE.items() if k.startswith("ffn.experts.")}}
 _FROM_SCRATCH_ATTN = {"ln1": "norm1", "ln2": "norm2", "attn.q_proj": "att.W_query",
                       "attn.k_proj": "att.W_key", "attn.v_proj": "att.W_value",
                       "attn.output_proj": "att.out_proj"}
@@ -240,6 +262,10 @@ LAYOUTS: tuple[Layout, ...] = (
            "lm_head", _HF_LLAMA),
     Layout("Hugging Face MoE", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
            "lm_head", _HF_MOE, fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
+    Layout("Hugging Face DeepSeek", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", _HF_DEEPSEEK,
+           fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
+           selection_bias="e_score_correction_bias"),
     # Mixtral before transformers 5: block_sparse_moe, experts.{e}.w1 (gate), w3 (up), w2 (down)
     Layout("Hugging Face Mixtral (transformers 4)", "model.embed_tokens", None, "model.layers.{i}",
            "model.norm", "lm_head",
@@ -456,10 +482,26 @@ def _exit_refused() -> Iterator[None]:
         os._exit = real
 
 
+# The buffers a layout places (`Layout.selection_bias`), by the last part of their names.
+PLACED_BUFFERS = frozenset(layout.selection_bias for layout in LAYOUTS if layout.selection_bias)
+
+
+def placeable(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What a layout places: every Parameter under each of its names
+    (`named_parameters(remove_duplicate=False)`), and the buffers that hold a canonical weight
+    (PLACED_BUFFERS: DeepSeek-V3's e_score_correction_bias, the selection bias our Decoder keeps
+    as a Parameter that requires no grad). Every other buffer (RoPE's inverse frequencies, a
+    causal mask) is no weight and stays out."""
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update({name: buffer for name, buffer in model.named_buffers(remove_duplicate=False)
+                  if name.rpartition(".")[2] in PLACED_BUFFERS})
+    return named
+
+
 def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
           ) -> tuple[Placement | None, str]:
     """(where the module's weights lie on the spec's names, "") or (None, why not)."""
-    named = dict(model.named_parameters(remove_duplicate=False))
+    named = placeable(model)
     if weights_map is not None:
         if not callable(weights_map):
             raise ConfigError(f"weights_map={weights_map!r} must be a function from the module's "
@@ -691,6 +733,8 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
         kind = layout.norm_params[0 if kind == "weight" else 1]
         if kind is None:  # the layout's norms have no shift
             return None
+    if kind == "selection_bias" and layout.selection_bias:  # the router's own name for it
+        kind = layout.selection_bias
     matrix = kind == "weight" and part.startswith(("attn.", "ffn."))
     located = layout.module_name(canonical)
     if located is not None:
