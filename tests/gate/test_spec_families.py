@@ -549,3 +549,25 @@ def test_deepseek_rope_layout_is_read_from_rope_interleave(family, other):
     spec = da.audit(model, checks=["params"]).facts.spec
     report = da.audit(model, spec=spec.replace(rope_layout=other), checks=["params", "oracle"])
     assert report["params"].passed and not report["oracle"].passed
+
+
+def test_an_expert_cut_off_from_the_loss_is_named_by_expert_gradients():
+    """The probe routes a token to every expert of a Hugging Face MoE (its router's choice
+    replaced) and reads each expert's gradient from its own rows of the fused tensors: expert 1
+    of layer 1, weighed by 0 whenever chosen, is the one named; the correct model's every
+    expert gets one (test_each_family_is_its_configs_spec_and_passes runs the check)."""
+    model = _model("mixtral")
+    experts = model.model.layers[1].mlp.experts
+    if isinstance(experts, nn.ModuleList):
+        pytest.skip("transformers 4: the router's choice is made inside the block's forward")
+
+    def cut_expert_1(module, args):
+        hidden, chosen, weights = args
+        return hidden, chosen, weights.masked_fill(chosen == 1, 0.0)
+
+    experts.register_forward_pre_hook(cut_expert_1)
+    result = da.audit(model, checks=["expert_gradients"])["expert_gradients"]
+    assert not result.passed and not result.skipped
+    assert result.evidence["dead"] == ["layers.1.ffn.experts.1"], result.evidence
+    good = da.audit(_model("mixtral"), checks=["expert_gradients"])["expert_gradients"]
+    assert good.passed and not good.skipped and good.evidence["experts"] == 2 * 4

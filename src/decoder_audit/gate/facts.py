@@ -210,6 +210,19 @@ class ModelFacts:
         return self.config is not None and self.config.routed
 
     @property
+    def probes_experts(self) -> bool:
+        """Routed layers whose every expert the probe of expert_gradients can route tokens to
+        and read a gradient of: ours, or a declared routed spec whose routers and every expert
+        matrix the layout placed."""
+        if self.traces_experts:
+            return True
+        spots = getattr(self.placement, "spots", None) or {}
+        spec = self.spec
+        return self.routes_experts and all(
+            f"layers.{i}.ffn.experts.{e}.w1.weight" in spots
+            for i in range(spec.n_layers) if spec.routes(i) for e in range(spec.n_experts))
+
+    @property
     def routes_experts(self) -> bool:
         """Routed layers whose expert weights can be read per token: ours (`traces_experts`), or
         a declared routed spec whose every router the layout placed."""

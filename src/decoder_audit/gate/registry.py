@@ -91,9 +91,9 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "returns_router_aux": lambda f: "no load-balancing loss returned (a routed spec, softmax "
                                     "then top k, whose forward takes output_router_logits and "
                                     "whose config has router_aux_loss_coef)",
-    "traces_experts": lambda f: "the probe moves a router's logits inside our Decoder's routed "
-                                "layers (a DecoderConfig with n_experts) and reads each expert's "
-                                "gradient by our weight names",
+    "probes_experts": lambda f: "no routed experts whose router and every expert the probe can "
+                                "reach (a DecoderConfig with n_experts, or a declared routed "
+                                "spec whose routers and expert matrices the layout placed)",
 }
 
 
@@ -157,7 +157,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           "weights", weights.check_dead_parameters, needs=("own_module",),
           paths=("training",)),
     Check("expert_gradients", "every routed expert gets a gradient when routed to", "routing",
-          routing.check_expert_gradients, needs=("traces_experts",), paths=("training",)),
+          routing.check_expert_gradients, needs=("probes_experts",), paths=("training",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
           kv_cache.check_kv_cache, needs=("has_cache",), paths=("generation",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..objective import logits_of
 from . import tolerances
@@ -181,19 +183,77 @@ def _routed_to_each(s: Subject, tokens: int):
         s.forget_clean()
 
 
+@contextmanager
+def _placed_routed_to_each(s: Subject, tokens: int):
+    """`_routed_to_each` for a declared spec's placed routers: a router module that returns
+    (logits, weights, indices) (transformers 5) has its choice replaced, token n's k experts
+    n, n + 1, ... mod E, weighed by their softmax probabilities (differentiable, so the experts
+    and the router keep their gradients); one that returns its logits has them moved as ours."""
+    spec = s.facts.spec
+    experts, k = spec.n_experts, spec.experts_per_token
+    chosen = (torch.arange(tokens)[:, None] + torch.arange(k)[None, :]) % experts  # (N, k)
+    target = chosen[:, 0]  # (N,)
+
+    def route(module, inputs, output):
+        if isinstance(output, tuple) and len(output) == 3:
+            logits, weights, _ = output  # (N, E), (N, k), (N, k)
+            picked = chosen.to(logits.device)
+            probs = logits.float().softmax(-1).gather(1, picked)  # (N, k)
+            return logits, probs.to(weights.dtype), picked
+        want = F.one_hot(target.to(output.device), experts).to(output.dtype)  # (N, E)
+        gap = output.max(-1, keepdim=True).values - (output * want).sum(-1, keepdim=True)
+        return output + (want * (gap + 1.0) - (1 - want) * PUSH_DOWN).detach()
+
+    hooks = [module.register_forward_hook(route) for module in placed_routers(s).values()]
+    s.forget_clean()
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        s.forget_clean()
+
+
+def _placed_experts(s: Subject) -> dict[str, list[tuple[nn.Parameter, Any]]]:
+    """Each routed expert ("layers.{i}.ffn.experts.{e}") -> (module Parameter, its Spot) of its
+    matrices where the layout placed them (an expert's rows of a fused tensor, or its own)."""
+    spots = s.facts.placement.spots
+    named = dict(s.work.named_parameters(remove_duplicate=False))
+    found: dict[str, list[tuple[nn.Parameter, Any]]] = {}
+    for layer in _routed_layers(s):
+        for e in range(s.facts.spec.n_experts):
+            name = f"layers.{layer}.ffn.experts.{e}"
+            found[name] = [(named[spot.source], spot) for w in ("w1", "w2", "w3")
+                           if (spot := spots.get(f"{name}.{w}.weight")) is not None]
+    return found
+
+
+def _placed_expert_gradients(s: Subject, batch: int, seq_len: int, ids: torch.Tensor,
+                             loss) -> tuple[dict[str, float], set[str]]:
+    """({expert: its largest gradient}, the experts given rows) for a declared spec's module:
+    every expert is given rows by the forced choice (N >= E), and its gradient is read from
+    its own rows of the module's Parameters."""
+    experts = _placed_experts(s)
+    params = list({id(p): p for pairs in experts.values() for p, _ in pairs}.values())
+    reached: dict[str, float] = {}
+    with _placed_routed_to_each(s, batch * seq_len):
+        for share in s.gradients_by_share([params], loss):
+            for name, pairs in experts.items():
+                reached[name] = max((float(spot.view(p.grad).abs().max()) for p, spot in pairs
+                                     if p.grad is not None), default=0.0)
+            del share
+    return reached, set(experts) if batch * seq_len >= s.facts.spec.n_experts else set()
+
+
 def check_expert_gradients(s: Subject) -> CheckResult:
     """Every routed expert's weights get a nonzero gradient from the next-token loss of a probe
     routed to each expert (see the module docstring); an expert without one is named."""
-    cfg = s.cfg
+    cfg = _declared(s)
     seq_len = s.short_len(16)
     batch = max(2, math.ceil(cfg.n_experts / seq_len))
     gen = s.generator(89)
     ids = s.random_ids(batch, seq_len, gen).to(s.device)
     targets = s.random_ids(batch, seq_len, gen).to(s.device)
-    experts = {f"layers.{i}.ffn.experts.{e}": s.work.get_submodule(f"layers.{i}.ffn.experts.{e}")
-               for i in _routed_layers(s) for e in range(cfg.n_experts)}
-    params = [p for module in experts.values() for p in module.parameters()]
-    reached: dict[str, float] = {}
 
     def loss() -> torch.Tensor | None:
         s.count(ids)
@@ -201,6 +261,13 @@ def check_expert_gradients(s: Subject) -> CheckResult:
         value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
         return value if value.requires_grad else None
 
+    if s.cfg is None:  # a declared spec's module: its placed routers and experts
+        reached, given_rows = _placed_expert_gradients(s, batch, seq_len, ids, loss)
+        return _expert_verdict(reached, given_rows, set(reached), batch, seq_len)
+    experts = {f"layers.{i}.ffn.experts.{e}": s.work.get_submodule(f"layers.{i}.ffn.experts.{e}")
+               for i in _routed_layers(s) for e in range(cfg.n_experts)}
+    params = [p for module in experts.values() for p in module.parameters()]
+    reached: dict[str, float] = {}
     given_rows: set[str] = set()  # the experts the probe's forward sent rows to
     hooks = [module.register_forward_hook(
         lambda _, inputs, __, name=name: given_rows.add(name) if inputs[0].numel() else None)
@@ -215,6 +282,11 @@ def check_expert_gradients(s: Subject) -> CheckResult:
     finally:
         for hook in hooks:
             hook.remove()
+    return _expert_verdict(reached, given_rows, set(experts), batch, seq_len)
+
+
+def _expert_verdict(reached: dict[str, float], given_rows: set[str], experts: set[str],
+                    batch: int, seq_len: int) -> CheckResult:
     dead = [name for name, size in reached.items() if size == 0.0 and name in given_rows]
     missed = sorted(set(experts) - given_rows)  # not reached even so: not judged, named
     evidence = {"batch": batch, "seq_len": seq_len, "experts": len(experts), "dead": dead,
