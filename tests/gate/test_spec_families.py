@@ -282,10 +282,16 @@ def _window_ignored(model):  # the windowed layer reads every earlier token
     model.config.layer_types = ["full_attention", "full_attention"]
 
 
+def _routed_block(model, layer: int) -> nn.Module:
+    """A layer's routed MLP: `mlp`, or Mixtral's `block_sparse_moe` before transformers 5."""
+    block = model.model.layers[layer]
+    return getattr(block, "mlp", None) or block.block_sparse_moe
+
+
 def _router_module(model, layer: int = 1):
     """The routed layer's router where it is a module that returns its choice (transformers 5:
     (logits, weights, indices)); before it the block chose inside its own forward."""
-    gate = model.model.layers[layer].mlp.gate
+    gate = _routed_block(model, layer).gate
     if isinstance(gate, nn.Linear):
         pytest.skip("the router is a Linear whose choice is made inside the block's forward "
                     "(transformers 4): no module to plant the defect in")
@@ -557,7 +563,7 @@ def test_an_expert_cut_off_from_the_loss_is_named_by_expert_gradients():
     of layer 1, weighed by 0 whenever chosen, is the one named; the correct model's every
     expert gets one (test_each_family_is_its_configs_spec_and_passes runs the check)."""
     model = _model("mixtral")
-    experts = model.model.layers[1].mlp.experts
+    experts = _routed_block(model, 1).experts
     if isinstance(experts, nn.ModuleList):
         pytest.skip("transformers 4: the router's choice is made inside the block's forward")
 

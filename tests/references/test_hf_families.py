@@ -184,6 +184,7 @@ def test_a_latent_decoder_is_written_as_deepseek_and_read_back(name):
 
 def test_a_latent_decoder_deepseek_cannot_hold_is_refused():
     """norm_eps 1e-5: DeepSeek's latent norms keep 1e-6, so no family reads back the Decoder."""
+    hf_class("DeepseekV3ForCausalLM")  # a release without it names no DeepSeek family tried
     ours = random_decoder(da.DecoderConfig(**{**_LATENT, "norm_eps": 1e-5}), dtype=torch.float64)
     with pytest.raises(da.ConfigError, match="deepseek_v3"):
         hfref.to_hf(ours)
