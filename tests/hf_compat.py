@@ -31,6 +31,20 @@ def hf_class(name: str) -> type:
     return cls
 
 
+def deepseek_class(name: str) -> type:
+    """transformers.<name> of a DeepSeek family, or the test is skipped: a release without it,
+    or one of transformers 4, whose DeepSeek models are audited black-box
+    (hf_config._deepseek_config reads transformers 5's form only)."""
+    from decoder_audit.references.hf_config import holds_rope_parameters
+
+    cls = hf_class(name)
+    config_class = getattr(cls, "config_class", cls)
+    if not holds_rope_parameters(config_class):
+        pytest.skip(f"{name} of transformers {pytest.importorskip('transformers').__version__}: "
+                    "DeepSeek is read as a spec in transformers 5's form only")
+    return cls
+
+
 def rope_kwargs(config_class: type, rope_parameters: dict[str, Any], *,
                 legacy_key: str = "rope_type") -> dict[str, Any]:
     """Config arguments for `rope_parameters` (transformers 5's form; Gemma 3's keyed by layer

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import decoder_audit as da
-from hf_compat import hf_class, layer_kwargs, release_bugs, rope_kwargs
+from hf_compat import deepseek_class, hf_class, layer_kwargs, release_bugs, rope_kwargs
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()
@@ -64,11 +64,13 @@ DEEPSEEK_V3 = {"deepseek_v3": dict(q_lora_rank=12),
 
 def _deepseek(family: str, **config):
     if family == "deepseek_v2":  # one q_proj; softmax scores, groups each worth their best
-        c = hf_class("DeepseekV2Config")(**{**COMMON, **DEEPSEEK, "q_lora_rank": None,
-                                            "topk_method": "group_limited_greedy", **config})
-        return hf_class("DeepseekV2ForCausalLM")(c).eval()
-    c = hf_class("DeepseekV3Config")(**{**COMMON, **DEEPSEEK, **DEEPSEEK_V3[family], **config})
-    model = hf_class("DeepseekV3ForCausalLM")(c).eval()
+        c = deepseek_class("DeepseekV2Config")(**{**COMMON, **DEEPSEEK, "q_lora_rank": None,
+                                                  "topk_method": "group_limited_greedy",
+                                                  **config})
+        return deepseek_class("DeepseekV2ForCausalLM")(c).eval()
+    c = deepseek_class("DeepseekV3Config")(**{**COMMON, **DEEPSEEK, **DEEPSEEK_V3[family],
+                                              **config})
+    model = deepseek_class("DeepseekV3ForCausalLM")(c).eval()
     with torch.no_grad():  # transformers starts it at 0; this one outweighs the scores' spread
         model.model.layers[1].mlp.gate.e_score_correction_bias.copy_(
             torch.linspace(-0.3, 0.3, 8)[torch.randperm(8)])

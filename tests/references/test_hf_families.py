@@ -14,7 +14,7 @@ import configs
 import pytest
 import torch
 from helpers import random_decoder
-from hf_compat import hf_class
+from hf_compat import deepseek_class, hf_class
 
 import decoder_audit as da
 from decoder_audit.references import hf as hfref
@@ -109,6 +109,7 @@ def test_a_deepseek_model_is_read_as_a_decoder(family):
     experts in 4 groups beside a shared one; V3's selection bias, a buffer there, becomes our
     Decoder's ffn.router.selection_bias. HF's modules are the reference for the logits."""
     torch.manual_seed(0)
+    deepseek_class(f"{family}ForCausalLM")
     config = hf_class(f"{family}Config")(
         vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=12,
@@ -165,7 +166,7 @@ DEEPSEEK = {  # name -> (config, the class it must be written as)
 @pytest.mark.parametrize("name", sorted(DEEPSEEK))
 def test_a_latent_decoder_is_written_as_deepseek_and_read_back(name):
     cfg, family = DEEPSEEK[name]
-    hf_class(family)
+    deepseek_class(family)
     ours = random_decoder(cfg, dtype=torch.float64)
     hf_model = hfref.to_hf(ours)
     assert type(hf_model).__name__ == family
@@ -184,7 +185,7 @@ def test_a_latent_decoder_is_written_as_deepseek_and_read_back(name):
 
 def test_a_latent_decoder_deepseek_cannot_hold_is_refused():
     """norm_eps 1e-5: DeepSeek's latent norms keep 1e-6, so no family reads back the Decoder."""
-    hf_class("DeepseekV3ForCausalLM")  # a release without it names no DeepSeek family tried
+    deepseek_class("DeepseekV3ForCausalLM")  # a release without it names no DeepSeek family
     ours = random_decoder(da.DecoderConfig(**{**_LATENT, "norm_eps": 1e-5}), dtype=torch.float64)
     with pytest.raises(da.ConfigError, match="deepseek_v3"):
         hfref.to_hf(ours)

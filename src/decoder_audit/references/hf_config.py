@@ -449,7 +449,17 @@ def _deepseek_config(c: Any, family: str) -> DecoderConfig:
     e_score_correction_bias within its topk_group best of n_group groups (each worth its two
     best), renormalises as norm_topk_prob says; V2 scores by a softmax, chooses greedily or
     within groups each worth its best (topk_method), and never renormalises (its router
-    ignores norm_topk_prob)."""
+    ignores norm_topk_prob).
+
+    Read in transformers 5's form only (a config holding rope_parameters): before it,
+    DeepSeek's router returned (indices, weights), each expert was a module of its own, and its
+    MoE block mixed float32 weights into a float64 model; those releases' models are audited
+    black-box, saying so."""
+    if not holds_rope_parameters(type(c)):
+        raise ConfigError(f"{family} config of a transformers 4 release (rope_theta beside "
+                          "rope_scaling): its modules are read as a spec in transformers 5's "
+                          "form only (a router returning logits, weights and indices; the "
+                          "experts in two tensors)")
     problems = []
     if c.hidden_act != "silu":
         problems.append(f"hidden_act={c.hidden_act!r} (the gate's activation is SiLU: swiglu)")
