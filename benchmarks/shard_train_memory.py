@@ -13,7 +13,7 @@ BUDGET is `--budget-share` (0.9) of the whole float32 weights: a whole copy of t
 be allocated in any rank (the control below proves it), so a run that trains under it never held
 one. Each rank trains through the Python API (`train(cfg, shard=True, out=None,
 return_model=False)`: the gate, the steps, no checkpoint; `--out` runs the command line with a
-run folder instead, whose final checkpoint is today gathered whole on rank 0, see
+run folder instead, whose checkpoints each rank writes its own shards of, see
 docs/distributed.md) and writes its peak resident memory (VmHWM) and its baseline (VmRSS after the
 imports) with its exit status.
 

@@ -92,9 +92,11 @@ def differences(one: dict, other: dict, what: str) -> list[str]:
 
 
 def weight_differences(one: Path, other: Path) -> list[str]:
-    from safetensors.torch import load_file
+    """The weights of two checkpoints compared, whichever layout each was saved in (a sharded
+    run's: torch.distributed.checkpoint shards; else model.safetensors)."""
+    from decoder_audit.storage.checkpoint import load_checkpoint
 
-    a, b = load_file(one / "model.safetensors"), load_file(other / "model.safetensors")
+    a, b = (load_checkpoint(folder).state_dict() for folder in (one, other))
     found = [f"weights: {sorted(set(a) ^ set(b))} in one checkpoint only"] if set(a) != set(b) \
         else []
     for name in sorted(set(a) & set(b)):
