@@ -91,12 +91,22 @@ def differences(one: dict, other: dict, what: str) -> list[str]:
             for key in sorted(set(one) | set(other), key=str) if one.get(key) != other.get(key)]
 
 
+def _weights(folder: Path) -> dict:
+    """{name: tensor} of a checkpoint: its model.safetensors, or a sharded one's shards read
+    back whole (load_checkpoint)."""
+    from safetensors.torch import load_file
+
+    from decoder_audit.storage.checkpoint import load_checkpoint
+
+    if (folder / "model.safetensors").is_file():
+        return load_file(folder / "model.safetensors")
+    return load_checkpoint(folder).state_dict()
+
+
 def weight_differences(one: Path, other: Path) -> list[str]:
     """The weights of two checkpoints compared, whichever layout each was saved in (a sharded
     run's: torch.distributed.checkpoint shards; else model.safetensors)."""
-    from decoder_audit.storage.checkpoint import load_checkpoint
-
-    a, b = (load_checkpoint(folder).state_dict() for folder in (one, other))
+    a, b = (_weights(folder) for folder in (one, other))
     found = [f"weights: {sorted(set(a) ^ set(b))} in one checkpoint only"] if set(a) != set(b) \
         else []
     for name in sorted(set(a) & set(b)):

@@ -152,7 +152,7 @@ class StaticChunkOnePosition(tf.LlamaForCausalLM):
     def forward(self, *args, position_ids=None, **kwargs):
         ids, cache = _ids_and_cache(args, kwargs)
         if isinstance(cache, tf.StaticCache) and position_ids is None and ids.shape[1] > 1:
-            past = cache.get_seq_length()
+            past = int(cache.get_seq_length())  # a tensor in some 5.x releases
             if past:
                 position_ids = torch.full((1, ids.shape[1]), past)
         return super().forward(*args, position_ids=position_ids, **kwargs)
