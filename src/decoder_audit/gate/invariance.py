@@ -286,8 +286,6 @@ def float64_twin(s: Subject) -> Subject | None:
         eager_experts(wide)
     except Exception:  # noqa: BLE001 - a module that cannot be copied is not confirmed
         return None
-    from .subject import Subject
-
     return Subject(wide, s.facts, seed=s.seed)
 
 

@@ -146,6 +146,16 @@ def _leak(s: Subject, moved: list[tuple[str, int, float]]) -> str:
             "other rows and the later tokens: a leak for a causal LM")
 
 
+def _target_raised(logits: torch.Tensor, target: torch.Tensor, experts: int) -> torch.Tensor:
+    """Router logits (N, E) with token n's target expert 1 above its largest and the others
+    PUSH_DOWN lower still: constants, so the router's own gradient is untouched; a sigmoid
+    score saturates, and with the others near 0 the target's group ranks first too
+    (group-limited routing)."""
+    want = F.one_hot(target.to(logits.device), experts).to(logits.dtype)  # (N, E)
+    gap = logits.max(-1, keepdim=True).values - (logits * want).sum(-1, keepdim=True)
+    return logits + (want * (gap + 1.0) - (1 - want) * PUSH_DOWN).detach()
+
+
 @contextmanager
 def _routed_to_each(s: Subject, tokens: int):
     """Within the block, token n of a forward of `tokens` tokens ranks expert n mod E first in
@@ -156,12 +166,7 @@ def _routed_to_each(s: Subject, tokens: int):
     hooks, biases = [], []
 
     def raise_target(module, inputs, logits):  # logits (N, E)
-        want = F.one_hot(target.to(logits.device), experts).to(logits.dtype)
-        gap = (logits.max(-1, keepdim=True).values - (logits * want).sum(-1, keepdim=True))
-        # the target 1 above the largest, the others PUSH_DOWN lower still: constants, so the
-        # router's own gradient is untouched; a sigmoid score saturates, and with the others
-        # near 0 the target's group ranks first too (group-limited routing)
-        return logits + (want * (gap + 1.0) - (1 - want) * PUSH_DOWN).detach()
+        return _target_raised(logits, target, experts)
 
     try:
         for i in _routed_layers(s):
@@ -200,9 +205,7 @@ def _placed_routed_to_each(s: Subject, tokens: int):
             picked = chosen.to(logits.device)
             probs = logits.float().softmax(-1).gather(1, picked)  # (N, k)
             return logits, probs.to(weights.dtype), picked
-        want = F.one_hot(target.to(output.device), experts).to(output.dtype)  # (N, E)
-        gap = output.max(-1, keepdim=True).values - (output * want).sum(-1, keepdim=True)
-        return output + (want * (gap + 1.0) - (1 - want) * PUSH_DOWN).detach()
+        return _target_raised(output, target, experts)
 
     hooks = [module.register_forward_hook(route) for module in placed_routers(s).values()]
     s.forget_clean()
