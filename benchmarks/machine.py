@@ -5,7 +5,6 @@ and the record a family's own command line writes."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess

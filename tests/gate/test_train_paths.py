@@ -63,6 +63,43 @@ def test_a_leak_only_in_train_mode_at_the_training_batch_size_is_caught_by_train
     assert correct.passed and correct["train_mode"].evidence["training_shape"]["passed"]
 
 
+def _calls_at(model: torch.nn.Module, shape: tuple[int, int]) -> list[bool]:
+    """A forward hook's record of the model's calls at `shape`: True for each in train mode."""
+    seen: list[bool] = []
+    model.register_forward_hook(
+        lambda m, args, out: seen.append(m.training) if tuple(args[0].shape) == shape else None)
+    return seen
+
+
+def test_train_mode_carries_the_eval_probe_of_the_training_shape_when_its_logits_are_equal():
+    """No dropout: train mode's logits at the training shape are eval mode's bit for bit, so
+    `causal`'s eval-mode probe of that shape (two calls) is train mode's too, after one
+    train-mode call. The train-only leak at that shape is still caught, the probe run in full."""
+    from zoo_training import LeaksTrainingAt16
+
+    path = da.TrainingPath(64, T)
+    model = PathLM(dropout=0.0)
+    calls = _calls_at(model, (64, T))
+    check = da.audit(model, training=path, **FACTS)["train_mode"]
+    assert check.passed and check.evidence["training_shape"]["as_in_eval_mode"], check.detail
+    assert calls == [False, False, True]  # causal's copies and intervention, then train mode's
+    alone = PathLM(dropout=0.0)
+    calls = _calls_at(alone, (64, T))
+    check = da.audit(alone, checks=["train_mode"], training=path, **FACTS)["train_mode"]
+    assert check.passed and "as_in_eval_mode" not in check.evidence["training_shape"]
+    assert calls == [False, True, True]  # no eval probe to carry: its noise floor, then the probe
+    dropping = PathLM()  # dropout 0.1: the probe runs in train mode, on causal's noise floor
+    calls = _calls_at(dropping, (64, T))
+    check = da.audit(dropping, training=path, **FACTS)["train_mode"]
+    assert check.passed and "as_in_eval_mode" not in check.evidence["training_shape"]
+    assert calls == [False, False, True, True]
+
+    report = da.audit(LeaksTrainingAt16(dropout=0.0), training=path, **FACTS)
+    assert [c.name for c in report.failures] == ["train_mode"], report.first_failure
+    shape = report["train_mode"].evidence["training_shape"]
+    assert shape["leaks"] and "as_in_eval_mode" not in shape
+
+
 def test_packing_is_probed_at_the_training_batch_size():
     from zoo_training import DropsDocumentsAt16
 

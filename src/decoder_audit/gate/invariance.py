@@ -13,6 +13,7 @@ shape-change tolerance. See tolerances.py.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Callable
 
 import torch
@@ -208,7 +209,10 @@ def cut_changes(s: Subject, cuts: list[int], call: Callable[[torch.Tensor], torc
         moved -= copies  # in place: logits are the check's largest allocation
         rows.append(moved[1:1 + len(some)].abs_().amax(-1))  # (cuts in this batch, T)
         del moved
-    return torch.cat(rows), _index_noise(copies), value_scale(copies[0]), copies[0]
+    noise = _index_noise(copies)
+    if call is None:
+        s.copies_noise = noise
+    return torch.cat(rows), noise, value_scale(copies[0]), copies[0]
 
 
 def leaks_at(change: torch.Tensor, cuts: list[int], allowed: float) -> list[dict]:
@@ -397,7 +401,7 @@ def check_prefix(s: Subject) -> CheckResult:
                        f"T={seq_len} run", evidence, tol)
 
 
-def _training_shape_batch(s: Subject) -> tuple[torch.Tensor, torch.Tensor, list[int | None]]:
+def training_shape_batch(s: Subject) -> tuple[torch.Tensor, torch.Tensor, list[int | None]]:
     """(copies (B, T) of one row, the intervention batch (B, T), each row's cut) at the training
     path's (B, T): row b >= 1 is row 0 changed from its cut on."""
     training = s.facts.training
@@ -416,28 +420,35 @@ def _training_shape_batch(s: Subject) -> tuple[torch.Tensor, torch.Tensor, list[
 def training_shape_noise(s: Subject) -> float:
     """The noise floor of identical rows at the training shape, in eval mode (the floor a
     train-mode probe of that shape is judged by: there, identical rows at two batch indices
-    get two dropout masks)."""
-    copies, _, _ = _training_shape_batch(s)
+    get two dropout masks): the eval-mode probe's, where `causal` ran it."""
+    if s.training_shape_eval is not None:
+        return s.training_shape_eval["noise"]
+    copies, _, _ = training_shape_batch(s)
     return _index_noise(s.logits(copies))
 
 
 def training_shape_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                         noise: float | None = None) -> dict | None:
+                         noise: float | None = None, first: torch.Tensor | None = None
+                         ) -> dict | None:
     """One batch at the training path's (B, T) (`facts.training`), against a batch of copies of
     its row 0: row b >= 1 is row 0 changed from a cut on, so rows before the cut must not move
     (causal), and row 0, beside rows that all differ, must not move (batch independence).
     None without a training path. Judged exactly, up to the noise floor of the copies (or
-    `noise`). `call` runs the model another way (train mode: training.py)."""
+    `noise`). `call` runs the model another way (train mode: training.py); `first` is its
+    result on the intervention batch where the caller has it already. The eval-mode probe is
+    kept on the Subject (`training_shape_eval`: its verdict, noise floor and the bits of its
+    intervention logits) for train_mode to reuse."""
     if s.facts.training is None:
         return None
     run = s.logits if call is None else call
-    copies_ids, ids, row_cuts = _training_shape_batch(s)
+    copies_ids, ids, row_cuts = training_shape_batch(s)
     batch, seq_len = ids.shape
     s.progress(f"the training shape: B={batch}, T={seq_len}")
     copies = run(copies_ids)  # (B, T, V)
     noise = _index_noise(copies) if noise is None else noise
     scale = value_scale(copies[0])
-    moved = run(ids)
+    moved = run(ids) if first is None else first  # (B, T, V)
+    fingerprint = bits_fingerprint(moved) if call is None else None
     moved -= copies
     change = moved.abs_().amax(-1)  # (B, T)
     del moved, copies
@@ -445,8 +456,18 @@ def training_shape_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor
     leaks = [{"row": b, "cut": row_cuts[b], "max_change": float(change[b, :row_cuts[b]].max())}
              for b in range(1, batch) if row_cuts[b] and not change[b, :row_cuts[b]].max() <= allowed]
     row0 = float(change[0].max())
-    return {"batch": batch, "seq_len": seq_len, "allowed": allowed, "leaks": leaks,
-            "row0_moved": row0, "passed": not leaks and row0 <= allowed}
+    shape = {"batch": batch, "seq_len": seq_len, "allowed": allowed, "leaks": leaks,
+             "row0_moved": row0, "passed": not leaks and row0 <= allowed}
+    if call is None:  # the eval-mode probe, which train_mode may carry (training.py)
+        s.training_shape_eval = {"shape": shape, "noise": noise, "fingerprint": fingerprint}
+    return shape
+
+
+def bits_fingerprint(tensor: torch.Tensor) -> str:
+    """A digest of a tensor's bits: two runs compared bitwise without keeping the first (the
+    training shape's (B, T, V) logits are hundreds of MB at a real vocabulary)."""
+    data = tensor.detach().contiguous().cpu().flatten()
+    return hashlib.blake2b(data.view(torch.uint8).numpy(), digest_size=16).hexdigest()
 
 
 def training_shape_said(shape: dict) -> str:

@@ -77,6 +77,11 @@ class Subject:
         # earlier one (attention_rows says what `causal` found on the plain forward).
         self.results: dict = {}
         self._rounding_floor: float | None = None
+        # Measured in eval mode by `causal` and reused by train_mode: the index noise of the
+        # copies of clean_batch's row 0 (invariance.cut_changes), and the probe at the training
+        # shape (invariance.training_shape_probe: its verdict, noise floor and logits' bits)
+        self.copies_noise: float | None = None
+        self.training_shape_eval: dict | None = None
         self._clean: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, logits): clean_logits
         self._saved_modes: list[tuple[nn.Module, bool]] | None = None
         self._saved_params: list[tuple[nn.Parameter, bool, torch.Tensor | None]] | None = None

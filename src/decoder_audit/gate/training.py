@@ -35,15 +35,18 @@ from ..objective import logits_of
 from . import tolerances
 from .invariance import (
     _index_noise,
+    bits_fingerprint,
     clean_batch,
     cut_changes,
     leaks_at,
+    training_shape_batch,
     training_shape_noise,
     training_shape_probe,
     training_shape_said,
 )
 from .measure import all_finite, sample_positions, value_scale
 from .result import CheckResult
+from .sharding import on_every_rank
 from .state import host_rngs_kept, seed_host_rngs
 from .subject import Subject
 
@@ -137,11 +140,13 @@ def _changes_mode(model: nn.Module) -> list[str]:
 
 
 def _path_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor], how: str,
-                evidence: dict, noise: float | None = None) -> list[str]:
+                evidence: dict, noise: float | None = None,
+                clean: torch.Tensor | None = None) -> list[str]:
     """Causal cuts and batch independence through `call`, judged exactly (up to the noise floor
     of identical rows measured through `call` itself, or `noise` when that floor is not
     rounding: in train mode identical rows at two batch indices get two dropout masks).
-    Problems found, each naming `how`."""
+    `clean`: `call`'s logits of clean_batch where the caller has them. Problems found, each
+    naming `how`."""
     seq_len = s.intervention_len()
     cuts = sample_positions(seq_len, PATH_CUTS)
     # copies: row 0 beside copies of itself, the cuts' reference run once for both comparisons
@@ -149,7 +154,8 @@ def _path_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor], how: s
     noise = measured if noise is None else noise
     allowed = tolerances.same_shape(noise) * scale
     leaks = leaks_at(change, cuts, allowed)
-    base = call(clean_batch(s))[0]  # row 0 beside rows that differ at every position
+    # row 0 beside rows that differ at every position
+    base = (call(clean_batch(s)) if clean is None else clean)[0]  # (T, V)
     moved = float((base - copies).abs().max())
     evidence.update(seq_len=seq_len, cuts=cuts, allowed=allowed, index_noise=noise,
                     leaks=leaks, batch_moved=moved, finite=all_finite(base))
@@ -189,9 +195,11 @@ def check_train_mode(s: Subject) -> CheckResult:
     evidence: dict = {"dtype": str(s.dtype), "dropout": declared_dropout(s.work)}
     ids = clean_batch(s)
     in_eval = s.logits(ids)
-    # The kernels' own rounding noise, in eval mode: every comparison below is at one batch
-    # index under one dropout mask, so that noise is all a correct model can show.
-    noise = _index_noise(s.logits(ids[:1].repeat(len(ids), 1)))
+    # The kernels' own rounding noise, in eval mode (measured by `causal` on the same copies,
+    # where it ran): every comparison below is at one batch index under one dropout mask, so
+    # that noise is all a correct model can show.
+    noise = s.copies_noise if s.copies_noise is not None else \
+        _index_noise(s.logits(ids[:1].repeat(len(ids), 1)))
     shape_noise = training_shape_noise(s) if s.facts.training is not None else 0.0
     with in_train_mode(s):
         call = _seeded(s)
@@ -199,9 +207,12 @@ def check_train_mode(s: Subject) -> CheckResult:
         unsteady = _unsteady(s, call, ids, in_train)  # identical calls, compared first
         with _dropout_off(s) if unsteady is not None else contextlib.nullcontext([]) as off:
             how, floor = _steadied(s, call, ids, unsteady, off, noise, evidence)
-            problems = _path_probe(s, call, how, evidence, floor)
+            # a steady call of the clean batch gives in_train again: the probe reuses it
+            problems = _path_probe(s, call, how, evidence, floor,
+                                   clean=in_train if unsteady is None else None)
             spread = (unsteady or {}).get("spread_checked", 0.0)  # a bounded check's floor
-            problems += _at_training_shape(s, call, how, max(shape_noise, spread), evidence)
+            problems += _at_training_shape(s, call, how, max(shape_noise, spread), evidence,
+                                           steady=unsteady is None)
     differs = float((in_train - in_eval).abs().max())
     allowed = s.shape_tolerance() * value_scale(in_eval)
     evidence.update(train_vs_eval_max_abs=differs, train_vs_eval_allowed=allowed)
@@ -223,19 +234,35 @@ def check_train_mode(s: Subject) -> CheckResult:
     bounded = unsteady is not None and "spread_checked" in unsteady
     moved = "move no more than identical calls do" if bounded else "unchanged"
     shape = evidence["training_shape"]
-    at_shape = (f"; so does one batch at the training shape (B={shape['batch']}, "
-                f"T={shape['seq_len']})" if shape is not None else "")
+    at_shape = "" if shape is None else (
+        f"; so does one batch at the training shape (B={shape['batch']}, T={shape['seq_len']})"
+        + (", whose train-mode logits are the eval-mode ones `causal` probed, bit for bit"
+           if shape.get("as_in_eval_mode") else ""))
     return CheckResult("train_mode", True, f"in train mode ({how}): {len(evidence['cuts'])} cuts "
                        f"of T={evidence['seq_len']} leave earlier rows {moved}, and row 0 is "
                        f"{moved} when the other rows change{at_shape}", evidence,
                        tolerances.same_shape(evidence["index_noise"]))
 
 
-def _at_training_shape(s: Subject, call, how: str, noise: float, evidence: dict) -> list[str]:
+def _at_training_shape(s: Subject, call, how: str, noise: float, evidence: dict,
+                       steady: bool) -> list[str]:
     """The training-shape probe (invariance.training_shape_probe) through the train-mode `call`,
     when a training path is declared: a leak only `if self.training and B >= 16` is caught
-    here, at the batch size training uses."""
-    shape = training_shape_probe(s, call, noise)
+    here, at the batch size training uses.
+
+    Where `causal` probed that shape in eval mode and passed, and a `steady` train mode gives
+    the eval-mode logits bit for bit on the probe's intervention batch (no dropout, no branch
+    on self.training there), that verdict is train mode's too: its one call replaces the
+    probe's two. Any other outcome runs the probe, that call its first."""
+    kept, first = s.training_shape_eval, None
+    if s.facts.training is not None and steady and kept is not None and kept["shape"]["passed"]:
+        _, ids, _ = training_shape_batch(s)
+        first = call(ids)  # (B, T, V)
+        like = next(iter(s.parameters()), first)
+        if on_every_rank(bits_fingerprint(first) == kept["fingerprint"], like):
+            evidence["training_shape"] = {**kept["shape"], "as_in_eval_mode": True}
+            return []
+    shape = training_shape_probe(s, call, noise, first)
     evidence["training_shape"] = shape
     if shape is None or shape["passed"]:
         return []
