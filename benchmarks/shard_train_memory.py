@@ -5,17 +5,22 @@
     python -m benchmarks.shard_train_memory --config CFG.json --nproc 6 --budget-share 0.95
 
 Each rank is a fresh process under `torchrun --nproc_per_node N` (gloo on the CPU, one thread per
-process, MALLOC_ARENA_MAX=1 so that glibc's per-thread arenas do not reserve address space the
-budget would count). The budget: each rank caps its own address space (RLIMIT_AS, `ulimit -v`)
-at what it has mapped after its imports plus BUDGET bytes, before the model exists, so an
-allocation past it fails in that rank however much memory the machine has free. By default
-BUDGET is `--budget-share` (0.9) of the whole float32 weights: a whole copy of the model cannot
-be allocated in any rank (the control below proves it), so a run that trains under it never held
-one. Each rank trains through the Python API (`train(cfg, shard=True, out=None,
-return_model=False)`: the gate, the steps, no checkpoint; `--out` runs the command line with a
-run folder instead, whose checkpoints each rank writes its own shards of, see
-docs/distributed.md) and writes its peak resident memory (VmHWM) and its baseline (VmRSS after the
-imports) with its exit status.
+process). The budget: after its imports, before the model exists, each rank moves itself into a
+memory cgroup of its own (`/sys/fs/cgroup/memory/...`, cgroup v1, or a cgroup v2 `memory.max`)
+whose limit is BUDGET bytes, so the kernel charges every page the rank touches from then on and
+kills the rank (SIGKILL, the cgroup's OOM killer) if it would hold more, however much memory the
+machine has free. Resident memory, not address space: RLIMIT_AS (`ulimit -v`) counts the
+reservations torch and glibc map and never touch, and refused the sharded ranks long before their
+pages did. Writing a cgroup needs root (or a delegated cgroup); without one the benchmark stops
+and says so, and `--budget-mb 0` measures without a budget. By default BUDGET is `--budget-share`
+(0.9) of the whole float32 weights: a whole copy of the model cannot be held in any rank (the
+control below proves it), so a run that trains under it never held one. Each rank trains through
+the Python API (`train(cfg, shard=True, out=None, return_model=False)`: the gate, the steps, no
+checkpoint; `--out` runs the command line with a run folder instead, whose checkpoints each rank
+writes its own shards of, see docs/distributed.md) and writes its peak resident memory (VmHWM)
+and its baseline (VmRSS after the imports) with its exit status; the cgroup's own peak
+(`memory.max_usage_in_bytes` / `memory.peak`) and OOM kills are read back by the launcher, also
+for a rank the budget killed.
 
 The prediction per rank, over the baseline, is the larger of
   the gate      gate_peak(cfg, float32, world_size=N) less its process baseline (gate/peak.py);
@@ -36,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -56,12 +60,54 @@ DEFAULT_CONFIG = Path(__file__).with_name("deep-gpt2.json")
 STEPS = 3
 
 
-def _cap_address_space(budget: int) -> None:
-    """RLIMIT_AS at what this process has mapped now plus `budget` bytes (0: no cap)."""
+# cgroup v1's memory hierarchy, else the v2 unified one (where this process's cgroup is)
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+def _cgroup_root() -> Path:
+    """Where a rank's memory cgroup is made: a writable memory hierarchy, or a clear error."""
+    if (CGROUP_V1 / "memory.limit_in_bytes").exists():
+        root = CGROUP_V1
+    elif (CGROUP_V2 / "cgroup.controllers").exists() and "memory" in \
+            (CGROUP_V2 / "cgroup.controllers").read_text().split():
+        root = CGROUP_V2
+    else:
+        raise SystemExit(f"no memory cgroup to cap a rank's memory ({CGROUP_V1} nor {CGROUP_V2} "
+                         "with the memory controller); --budget-mb 0 measures without a budget")
+    if not os.access(root, os.W_OK):
+        raise SystemExit(f"{root} is not writable (a memory budget needs root or a delegated "
+                         "cgroup); --budget-mb 0 measures without a budget")
+    return root
+
+
+def _cgroup_limit_file(group: Path) -> str:
+    return "memory.limit_in_bytes" if group.parent == CGROUP_V1 else "memory.max"
+
+
+def _cap_memory(budget: int, group: Path) -> None:
+    """Move this process into `group` (made here) and limit what it holds from now on to
+    `budget` bytes (0: no cap). The pages already touched (the imports) stay charged to the
+    cgroup it came from, so the limit is all the model, the gate and training may hold."""
     if budget <= 0:
         return
-    mapped = int(status_mb("VmSize") * MB)
-    resource.setrlimit(resource.RLIMIT_AS, (mapped + budget, resource.RLIM_INFINITY))
+    group.mkdir()
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    (group / _cgroup_limit_file(group)).write_text(str(budget))
+
+
+def _cgroup_figures(group: Path) -> dict:
+    """The kernel's peak charge and OOM kills in `group`, then the (empty) group removed."""
+    if not group.exists():
+        return {}
+    v1 = group.parent == CGROUP_V1
+    peak = group / ("memory.max_usage_in_bytes" if v1 else "memory.peak")
+    events = (group / ("memory.oom_control" if v1 else "memory.events")).read_text().split()
+    kills = int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
+    figures = {"cgroup_peak_mb": int(peak.read_text()) / MB if peak.exists() else None,
+               "oom_kills": kills}
+    group.rmdir()
+    return figures
 
 
 def child(out_dir: str, budget: int, what: str, config: str, nproc: int) -> int:
@@ -77,7 +123,9 @@ def child(out_dir: str, budget: int, what: str, config: str, nproc: int) -> int:
 
     cfg = da.DecoderConfig.load(config)
     baseline = status_mb("VmRSS")
-    _cap_address_space(budget)
+    rank = int(os.environ.get("RANK", "0"))
+    if budget > 0:
+        _cap_memory(budget, Path(os.environ["DA_MEMORY_CGROUP"] + f"-rank{rank}"))
     started, error, code = time.perf_counter(), None, 0
     try:
         if what == "whole":
@@ -93,7 +141,6 @@ def child(out_dir: str, budget: int, what: str, config: str, nproc: int) -> int:
                   batch_size=2 * nproc, warmup=1, progress=False, verbose=False)
     except (MemoryError, RuntimeError) as exc:  # the budget refused an allocation
         error, code = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", 1
-    rank = int(os.environ.get("RANK", "0"))
     figures = {"rank": rank, "exit": code, "error": error, "baseline_mb": baseline,
                "peak_mb": status_mb("VmHWM"), "seconds": time.perf_counter() - started,
                "threads": torch.get_num_threads()}
@@ -102,7 +149,10 @@ def child(out_dir: str, budget: int, what: str, config: str, nproc: int) -> int:
 
 
 def _launch(out_dir: Path, nproc: int, budget: int, what: str, config: str) -> list[dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1"}
+    """Run `what` in nproc ranks under the budget; each rank's figures, a rank the budget killed
+    (no figures of its own) with its cgroup's."""
+    group = (_cgroup_root() / f"decoder-audit-{os.getpid()}-{out_dir.name}") if budget > 0 else None
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DA_MEMORY_CGROUP": str(group)}
     me = ["-m", "benchmarks.shard_train_memory", "--child", str(out_dir), str(budget), what,
           config, str(nproc)]
     launcher = [sys.executable]
@@ -111,10 +161,24 @@ def _launch(out_dir: Path, nproc: int, budget: int, what: str, config: str) -> l
                      "--master_addr", "127.0.0.1",
                      "--master_port", str(29500 + os.getpid() % 1000)]
     proc = subprocess.run([*launcher, *me], cwd=_ROOT, env=env, capture_output=True, text=True)
-    ranks = sorted(out_dir.glob("rank*.json"))
-    if not ranks:
+    ranks = []
+    for rank in range(nproc):
+        written = out_dir / f"rank{rank}.json"
+        row = json.loads(written.read_text()) if written.exists() else {
+            "rank": rank, "exit": proc.returncode or -9, "baseline_mb": None, "peak_mb": None,
+            "seconds": None, "error": "no figures: the process was killed"
+            f" (launcher exit {proc.returncode})"}
+        if group is not None:
+            row.update(_cgroup_figures(Path(f"{group}-rank{rank}")))
+            if row.get("oom_kills"):
+                row.update(exit=row["exit"] or -9,
+                           error=f"killed by the memory budget ({budget / MB:,.0f} MiB) "
+                                 f"after {row['cgroup_peak_mb']:,.0f} MiB")
+        ranks.append(row)
+    if not any(written.exists() for written in out_dir.glob("rank*.json")) and not any(
+            row.get("oom_kills") for row in ranks):
         raise SystemExit(f"no figures came back (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return [json.loads(p.read_text()) for p in ranks]
+    return ranks
 
 
 def predicted(cfg, nproc: int) -> dict:
@@ -146,14 +210,21 @@ def _table(figures: dict) -> None:
           f"{figures['budget'] / MB:,.0f} MiB over its baseline; predicted per rank "
           f"{pred['per_rank'] / MB:,.0f} MiB (gate {pred['gate'] / MB:,.0f} in its "
           f"{pred['gate_check']} check, training {pred['training'] / MB:,.0f})\n")
-    print("| process | exit | peak - baseline MiB | / predicted | / whole weights | s |")
-    print("|---|---|---|---|---|---|")
+    print("| process | exit | peak - baseline MiB | / predicted | / whole weights "
+          "| cgroup peak MiB | / predicted | s |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, rows in (("--shard rank", figures["sharded"]), ("whole copy", figures["whole"])):
         for row in rows:
-            held = (row["peak_mb"] - row["baseline_mb"]) * MB
             name = f"{label} {row['rank']}" if label != "whole copy" else label
+            charged = row.get("cgroup_peak_mb")
+            cgroup = "- | -" if charged is None else \
+                f"{charged:,.0f} | {charged * MB / pred['per_rank']:.2f}"
+            if row["peak_mb"] is None:  # killed before it could write its figures
+                print(f"| {name} | {row['exit']} | - | - | - | {cgroup} | - | {row['error']}")
+                continue
+            held = (row["peak_mb"] - row["baseline_mb"]) * MB
             print(f"| {name} | {row['exit']} | {held / MB:,.0f} | {held / pred['per_rank']:.2f} "
-                  f"| {held / pred['weights']:.2f} | {row['seconds']:.0f} |"
+                  f"| {held / pred['weights']:.2f} | {cgroup} | {row['seconds']:.0f} |"
                   + (f" {row['error']}" if row["error"] else ""))
 
 
