@@ -60,52 +60,49 @@ DEFAULT_CONFIG = Path(__file__).with_name("deep-gpt2.json")
 STEPS = 3
 
 
-# cgroup v1's memory hierarchy, else the v2 unified one (where this process's cgroup is)
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
-CGROUP_V2 = Path("/sys/fs/cgroup")
+# The memory hierarchies a rank's cgroup can be made in, each with its files: the limit, the
+# peak charge, and the events naming OOM kills (cgroup v1's, else the v2 unified one).
+CGROUP_FILES = {
+    Path("/sys/fs/cgroup/memory"): ("memory.limit_in_bytes", "memory.max_usage_in_bytes",
+                                    "memory.oom_control"),
+    Path("/sys/fs/cgroup"): ("memory.max", "memory.peak", "memory.events"),
+}
 
 
 def _cgroup_root() -> Path:
     """Where a rank's memory cgroup is made: a writable memory hierarchy, or a clear error."""
-    if (CGROUP_V1 / "memory.limit_in_bytes").exists():
-        root = CGROUP_V1
-    elif (CGROUP_V2 / "cgroup.controllers").exists() and "memory" in \
-            (CGROUP_V2 / "cgroup.controllers").read_text().split():
-        root = CGROUP_V2
+    v1, v2 = CGROUP_FILES
+    if (v1 / CGROUP_FILES[v1][0]).exists():
+        root = v1
+    elif (v2 / "cgroup.controllers").exists() and \
+            "memory" in (v2 / "cgroup.controllers").read_text().split():
+        root = v2
     else:
-        raise SystemExit(f"no memory cgroup to cap a rank's memory ({CGROUP_V1} nor {CGROUP_V2} "
-                         "with the memory controller); --budget-mb 0 measures without a budget")
+        raise SystemExit(f"no memory cgroup to cap a rank's memory ({v1} nor {v2} with the "
+                         "memory controller); --budget-mb 0 measures without a budget")
     if not os.access(root, os.W_OK):
         raise SystemExit(f"{root} is not writable (a memory budget needs root or a delegated "
                          "cgroup); --budget-mb 0 measures without a budget")
     return root
 
 
-def _cgroup_limit_file(group: Path) -> str:
-    return "memory.limit_in_bytes" if group.parent == CGROUP_V1 else "memory.max"
-
-
 def _cap_memory(budget: int, group: Path) -> None:
     """Move this process into `group` (made here) and limit what it holds from now on to
-    `budget` bytes (0: no cap). The pages already touched (the imports) stay charged to the
-    cgroup it came from, so the limit is all the model, the gate and training may hold."""
-    if budget <= 0:
-        return
+    `budget` bytes. The pages already touched (the imports) stay charged to the cgroup it came
+    from, so the limit is all the model, the gate and training may hold."""
     group.mkdir()
     (group / "cgroup.procs").write_text(str(os.getpid()))
-    (group / _cgroup_limit_file(group)).write_text(str(budget))
+    (group / CGROUP_FILES[group.parent][0]).write_text(str(budget))
 
 
 def _cgroup_figures(group: Path) -> dict:
     """The kernel's peak charge and OOM kills in `group`, then the (empty) group removed."""
     if not group.exists():
         return {}
-    v1 = group.parent == CGROUP_V1
-    peak = group / ("memory.max_usage_in_bytes" if v1 else "memory.peak")
-    events = (group / ("memory.oom_control" if v1 else "memory.events")).read_text().split()
-    kills = int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
+    _, peak, events = (group / name for name in CGROUP_FILES[group.parent])
+    words = events.read_text().split()
     figures = {"cgroup_peak_mb": int(peak.read_text()) / MB if peak.exists() else None,
-               "oom_kills": kills}
+               "oom_kills": int(words[words.index("oom_kill") + 1]) if "oom_kill" in words else 0}
     group.rmdir()
     return figures
 
@@ -139,7 +136,8 @@ def child(out_dir: str, budget: int, what: str, config: str, nproc: int) -> int:
         else:
             train(cfg, shard=True, out=None, return_model=False, steps=STEPS,
                   batch_size=2 * nproc, warmup=1, progress=False, verbose=False)
-    except (MemoryError, RuntimeError) as exc:  # the budget refused an allocation
+    except (MemoryError, RuntimeError) as exc:  # the machine refused an allocation, or the
+        # run failed (the budget itself kills the process: _launch reads that from its cgroup)
         error, code = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", 1
     figures = {"rank": rank, "exit": code, "error": error, "baseline_mb": baseline,
                "peak_mb": status_mb("VmHWM"), "seconds": time.perf_counter() - started,
@@ -166,17 +164,15 @@ def _launch(out_dir: Path, nproc: int, budget: int, what: str, config: str) -> l
         written = out_dir / f"rank{rank}.json"
         row = json.loads(written.read_text()) if written.exists() else {
             "rank": rank, "exit": proc.returncode or -9, "baseline_mb": None, "peak_mb": None,
-            "seconds": None, "error": "no figures: the process was killed"
-            f" (launcher exit {proc.returncode})"}
+            "seconds": None, "error": f"no figures: the process was killed (launcher exit "
+                                      f"{proc.returncode})"}
         if group is not None:
             row.update(_cgroup_figures(Path(f"{group}-rank{rank}")))
             if row.get("oom_kills"):
-                row.update(exit=row["exit"] or -9,
-                           error=f"killed by the memory budget ({budget / MB:,.0f} MiB) "
-                                 f"after {row['cgroup_peak_mb']:,.0f} MiB")
+                row["error"] = (f"killed by the memory budget ({budget / MB:,.0f} MiB) after "
+                                f"{row['cgroup_peak_mb']:,.0f} MiB")
         ranks.append(row)
-    if not any(written.exists() for written in out_dir.glob("rank*.json")) and not any(
-            row.get("oom_kills") for row in ranks):
+    if all(row["peak_mb"] is None and not row.get("oom_kills") for row in ranks):
         raise SystemExit(f"no figures came back (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return ranks
 

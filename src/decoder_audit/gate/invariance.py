@@ -210,9 +210,18 @@ def cut_changes(s: Subject, cuts: list[int], call: Callable[[torch.Tensor], torc
         rows.append(moved[1:1 + len(some)].abs_().amax(-1))  # (cuts in this batch, T)
         del moved
     noise = _index_noise(copies)
-    if call is None:
+    if call is None:  # eval mode's floor, which train_mode reuses (copies_noise)
         s.copies_noise = noise
     return torch.cat(rows), noise, value_scale(copies[0]), copies[0]
+
+
+def copies_noise(s: Subject) -> float:
+    """The index noise of clean_batch's row 0 at every index, in eval mode: what `causal`
+    measured on those copies (cut_changes), or measured now where it did not run."""
+    if s.copies_noise is None:
+        clean = clean_batch(s)
+        s.copies_noise = _index_noise(s.logits(clean[:1].repeat(len(clean), 1)))
+    return s.copies_noise
 
 
 def leaks_at(change: torch.Tensor, cuts: list[int], allowed: float) -> list[dict]:

@@ -34,9 +34,9 @@ from torch import nn
 from ..objective import logits_of
 from . import tolerances
 from .invariance import (
-    _index_noise,
     bits_fingerprint,
     clean_batch,
+    copies_noise,
     cut_changes,
     leaks_at,
     training_shape_batch,
@@ -195,11 +195,9 @@ def check_train_mode(s: Subject) -> CheckResult:
     evidence: dict = {"dtype": str(s.dtype), "dropout": declared_dropout(s.work)}
     ids = clean_batch(s)
     in_eval = s.logits(ids)
-    # The kernels' own rounding noise, in eval mode (measured by `causal` on the same copies,
-    # where it ran): every comparison below is at one batch index under one dropout mask, so
-    # that noise is all a correct model can show.
-    noise = s.copies_noise if s.copies_noise is not None else \
-        _index_noise(s.logits(ids[:1].repeat(len(ids), 1)))
+    # The kernels' own rounding noise, in eval mode: every comparison below is at one batch
+    # index under one dropout mask, so that noise is all a correct model can show.
+    noise = copies_noise(s)
     shape_noise = training_shape_noise(s) if s.facts.training is not None else 0.0
     with in_train_mode(s):
         call = _seeded(s)
@@ -254,8 +252,8 @@ def _at_training_shape(s: Subject, call, how: str, noise: float, evidence: dict,
     the eval-mode logits bit for bit on the probe's intervention batch (no dropout, no branch
     on self.training there), that verdict is train mode's too: its one call replaces the
     probe's two. Any other outcome runs the probe, that call its first."""
-    kept, first = s.training_shape_eval, None
-    if s.facts.training is not None and steady and kept is not None and kept["shape"]["passed"]:
+    kept, first = s.training_shape_eval, None  # kept only where a training shape is declared
+    if steady and kept is not None and kept["shape"]["passed"]:
         _, ids, _ = training_shape_batch(s)
         first = call(ids)  # (B, T, V)
         like = next(iter(s.parameters()), first)
