@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from decoder_audit.references.hf_config import holds_rope_parameters, takes
+from decoder_audit.references.hf_rope import holds_rope_parameters, takes
 
 
 def hf_class(name: str) -> type:
@@ -35,7 +35,7 @@ def deepseek_class(name: str) -> type:
     """transformers.<name> of a DeepSeek family, or the test is skipped: a release without it,
     or one of transformers 4, whose DeepSeek models are audited black-box
     (hf_config._deepseek_config reads transformers 5's form only)."""
-    from decoder_audit.references.hf_config import holds_rope_parameters
+    from decoder_audit.references.hf_rope import holds_rope_parameters
 
     cls = hf_class(name)
     config_class = getattr(cls, "config_class", cls)

@@ -74,17 +74,12 @@ def register(subparsers) -> None:
 
 
 def hf_families() -> dict[str, str]:
-    """model_type -> the Hugging Face class the converter reads it with: the converter's own
-    table (`references.hf_config.spec_classes`), so the help cannot drift from it. Read without
-    importing transformers (seconds, on every --help): the namespace passed for the module
-    answers each class it is asked for with that class's name."""
-    from ..references.hf_config import spec_classes
+    """model_type -> the Hugging Face class the converter reads it with: the families table
+    itself (`references.families.FAMILIES`), so the help cannot drift from it; read without
+    importing transformers (seconds, on every --help)."""
+    from ..references.families import FAMILIES
 
-    class ClassNames:
-        def __getattr__(self, name: str) -> str:
-            return name
-
-    return spec_classes(ClassNames())
+    return {family.model_type: family.model_class for family in FAMILIES}
 
 
 def run(args) -> int:

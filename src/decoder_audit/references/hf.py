@@ -39,11 +39,12 @@ from ..errors import CheckpointError, ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import copy_into_parameters, decoder_from_tensors
 from ..storage.folder import write_folder_atomically
+from .families import InvalidHFConfig
 from .hf_config import (
-    InvalidHFConfig,
     _transformers,
     config_from_hf,
     config_to_hf,
+    family_of,
     hf_family,
     model_classes,
     quiet,
@@ -77,15 +78,21 @@ def from_hf(hf_model: Any) -> Decoder:
     `spec_classes` is read as its config's spec with its weights placed by `hf_families`
     (rotate-half RoPE kept). Raises ConfigError naming any field we cannot express."""
     tf = _transformers()
-    family = next((name for name, cls in model_classes(tf).items() if isinstance(hf_model, cls)),
-                  None)
-    cfg = config_from_hf(hf_model.config, family) if family is not None else None
+    family = family_of(hf_model, model_classes(tf))
+    cfg = _converter_config(config_from_hf(hf_model.config, family)) if family is not None \
+        else None
     _check_tie_flag(hf_model)
     if cfg is not None and converter_family(cfg) is not None:
         source = f"{type(hf_model).__name__} weights"
         return decoder_from_tensors(cfg, hf_tensors_to_ours(cfg, hf_model.state_dict(),
                                                             source=source))
     return decoder_from_spec_model(hf_model, hf_spec(hf_model))
+
+
+def _converter_config(cfg: DecoderConfig) -> DecoderConfig:
+    """cfg as the converter's rename tables write it: RoPE on our interleaved pairs (the
+    Llama path permutes each head's q and k rows into them)."""
+    return cfg.replace(rope_layout="interleaved") if cfg.pos == "rope" else cfg
 
 
 def converter_family(cfg: DecoderConfig) -> str | None:
@@ -98,19 +105,14 @@ def converter_family(cfg: DecoderConfig) -> str | None:
 
 
 def hf_spec(hf_model: Any) -> DecoderConfig:
-    """The architecture a model of `spec_classes` (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma and
-    their subclasses) declares in its config, as the spec
-    its own weights are checked against where they lie (references.layouts): Llama's RoPE
-    rotates halves, so its spec says rope_layout="rotate_half" (from_hf instead permutes the
-    rows into our interleaved default); DeepSeek's config says its own (rope_interleave), which
-    `config_from_hf` reads. Raises ConfigError naming any field we cannot express."""
+    """The architecture a model of `spec_classes` (every family of `families.FAMILIES`, and
+    their subclasses) declares in its config, as the spec its own weights are checked against
+    where they lie (references.layouts), RoPE in the family's own layout (Llama's rotates
+    halves; from_hf instead permutes the rows into our interleaved default). Raises
+    ConfigError naming any field we cannot express."""
     tf = _transformers()
-    family = next((name for name, cls in spec_classes(tf).items() if isinstance(hf_model, cls)),
-                  None)
-    cfg = config_from_hf(hf_model.config, family)
-    if cfg.pos != "rope" or cfg.latent_attention:  # latent attention: DeepSeek's own layout
-        return cfg
-    return cfg.replace(rope_layout="rotate_half")
+    family = family_of(hf_model, spec_classes(tf))
+    return config_from_hf(hf_model.config, family)
 
 
 def export_changes(cfg: DecoderConfig) -> list[str]:
@@ -183,7 +185,7 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
         return None, (f"{name} is not a Hugging Face model, so its config declares no spec "
                       "(pass spec=)")
     classes = spec_classes(tf)
-    family = next((fam for fam, cls in classes.items() if isinstance(model, cls)), None)
+    family = family_of(model, classes)
     if family is None:
         known = " or ".join(cls.__name__ for cls in classes.values())
         return None, f"{name} is not a class whose config is read as a spec ({known}, or a subclass)"
@@ -202,7 +204,7 @@ def load_hf_folder(folder: str | os.PathLike) -> Decoder:
     folder holding only pickle weights (pytorch_model.bin) is refused: nothing is unpickled."""
     folder = Path(folder)
     hf_config = read_hf_config(folder)  # never runs the folder's code (trust_remote_code=False)
-    cfg = config_from_hf(hf_config)
+    cfg = _converter_config(config_from_hf(hf_config))
     # A family the layouts place goes through its own class, also where its config is one the
     # converter writes: Phi-3 with full rotary reads as Llama's config, not with Llama's names.
     tf = _transformers()

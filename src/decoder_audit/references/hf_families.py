@@ -8,8 +8,8 @@ families rotates), its weights are placed on our names, and a Decoder is built f
 them. A weight the spec expects and the model lacks, or one it has and the spec does not, is a
 ConfigError naming it: nothing is dropped.
 
-Writing: each family's config is written from a DecoderConfig by `_WRITERS`, and a family is
-chosen only if transformers' config of it reads back (`hf_config.config_from_hf`) as exactly
+Writing: each family's config is written from a DecoderConfig by reading its entry backwards
+(`config_fields`: `families.FAMILIES`, in the table's order), and a family is chosen only if transformers' config of it reads back (`hf_config.config_from_hf`) as exactly
 that DecoderConfig, so a field a family cannot hold (Qwen3's q/k norm in Mistral, a window in
 OLMo) is never lost: the next family is tried, and when none holds it the ConfigError names the
 families tried. The weights are then written into the new model's own tensors where its layout
@@ -29,7 +29,9 @@ from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import decoder_from_tensors
-from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, rope_config_fields, spec_classes, takes
+from .families import FAMILIES, Family
+from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, spec_classes
+from .hf_rope import rope_config_fields, takes
 from .hf_models import eager_experts
 from .layouts import detect, placeable
 
@@ -71,40 +73,38 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
                           "as from_hf's Llama path does)")
     classes = spec_classes(tf)
     tried = []
-    for family, write in _WRITERS.items():
-        if family not in classes:  # a family this release lacks
+    for family in FAMILIES:
+        if not family.layout_written or family.model_type not in classes:  # a family this release lacks
             continue
-        config = _written(classes[family], family, write, cfg)
+        config = _written(classes[family.model_type], family, cfg)
         if config is None:
-            tried.append(family)
+            tried.append(family.model_type)
             continue
         like = decoder.token_embeddings.weight
-        hf_model = classes[family](config).to(device=like.device, dtype=like.dtype).eval()
+        hf_model = classes[family.model_type](config).to(device=like.device, dtype=like.dtype).eval()
         if like.dtype == torch.float64:  # its default expert kernel refuses float64
             eager_experts(hf_model)
         if _write_weights(hf_model, cfg, decoder):
             return hf_model
-        tried.append(family)  # its modules are not the shapes its config reads back as
+        tried.append(family.model_type)  # its modules are not the shapes it reads back as
     raise ConfigError(f"no Hugging Face family holds this config exactly (tried {tried}; each "
                       "reads back as another config)")
 
 
-def _written(model_class: type, family: str, write: Writer, cfg: DecoderConfig) -> Any:
+def _written(model_class: type, family: Family, cfg: DecoderConfig) -> Any:
     """The family's config for cfg, or None when it does not read back as cfg."""
     config_class = model_class.config_class
     try:
-        config = config_class(**write(cfg, config_class, family), vocab_size=cfg.vocab_size,
-                              hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-                              num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
-                              max_position_embeddings=cfg.max_seq_len,
+        config = config_class(**config_fields(cfg, config_class, family),
+                              vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
+                              num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                              intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_seq_len,
                               tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None,
                               eos_token_id=None, pad_token_id=None,
                               attn_implementation=ATTN_IMPLEMENTATION)
-        back = config_from_hf(config, config.model_type)
+        back = config_from_hf(config, family.model_type)
     except Exception:  # noqa: BLE001 - the family's config refuses the fields (each family
         return None    # raises its own validation error types): it cannot hold cfg
-    if back.pos == "rope" and not back.latent_attention:  # DeepSeek's says its own layout
-        back = back.replace(rope_layout="rotate_half")
     return config if _plain(back) == _plain(cfg) else None
 
 
@@ -130,67 +130,52 @@ def _write_weights(hf_model: Any, cfg: DecoderConfig, decoder: Decoder) -> bool:
     return True
 
 
-# ---- each family's config from ours ------------------------------------------------------------
+# ---- a family's config from ours: its entry read backwards ----------------------------------
 
-def _common(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, Any]:
-    """The fields every family's config writes alike: its RoPE in the form its release reads
-    (`rope_config_fields`), the key/value heads and the head width."""
-    rope = rope_config_fields(cfg, config_class, family) if cfg.pos == "rope" else {}
-    return {**rope, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim}
+def config_fields(cfg: DecoderConfig, config_class: type, family: Family) -> dict[str, Any]:
+    """The fields of the family's config for cfg (the sizes every family shares are added by
+    `_written`): each field the entry reads from an attribute written to it (the first of
+    several), the entry's `write` for the fields it derives, the activation's name, RoPE in
+    the form the release reads, the windows where the family applies them. What the family
+    fixes is not written: its config reads back without cfg's value, and is not chosen."""
+    if family.block == "latent":
+        return _deepseek(cfg, config_class, family)
+    fields: dict[str, Any] = ({"num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim}
+                              if family.grouped else {})
+    if cfg.pos == "rope":
+        fields.update(rope_config_fields(cfg, config_class, family))
+    names = [name for name, ours in family.activations.items() if ours == cfg.mlp]
+    if names:  # else the family computes another MLP: it reads back as another config
+        fields[family.activation[0]] = names[0]
+    for name, source in family.reads().items():
+        if isinstance(source, (str, tuple)):
+            fields[source if isinstance(source, str) else source[0]] = getattr(cfg, name)
+    if family.write is not None:
+        fields.update(family.write(cfg, config_class))
+    if family.windows:
+        fields.update(_windows(cfg, config_class, family))
+    return fields
 
 
-def _windows(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, Any]:
-    """The windowed layers: `layer_types` where the release's config takes it; before it, the
-    family's own rule holds them or not (Gemma 2: the even layers; Gemma 3: all but each
-    sliding_window_pattern-th), which the read-back in `_written` decides."""
+def _windows(cfg: DecoderConfig, config_class: type, family: Family) -> dict[str, Any]:
+    """The window and its layers: `layer_types` where the release's config takes it; before
+    it, the family's own rule holds them or not (Gemma 2: the even layers; Gemma 3: all but
+    each sliding_window_pattern-th), which the read-back in `_written` decides."""
     kinds = ["sliding_attention" if cfg.window(i) else "full_attention"
              for i in range(cfg.n_layers)]
+    fields: dict[str, Any] = {"sliding_window": cfg.sliding_window}
+    if takes(config_class, "use_sliding_window"):
+        fields["use_sliding_window"] = cfg.sliding_window is not None
     if takes(config_class, "layer_types"):
-        return {"layer_types": kinds}
-    if family == "gemma3_text":  # the pattern p whose rule gives these kinds, if one does
+        return {**fields, "layer_types": kinds}
+    if takes(config_class, "sliding_window_pattern"):  # the pattern p whose rule gives these
         full = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
-        return {"sliding_window_pattern": full[0] + 1 if full else cfg.n_layers + 1}
-    return {}
+        fields["sliding_window_pattern"] = full[0] + 1 if full else cfg.n_layers + 1
+    return fields
 
 
-def _rms(cfg: DecoderConfig, config_class: type, family: str, **more: Any) -> dict[str, Any]:
-    return {**_common(cfg, config_class, family), "rms_norm_eps": cfg.norm_eps,
-            "hidden_act": "silu", **more}
-
-
-def _gemma2(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, Any]:
-    scalar = (cfg.attn_scale or cfg.head_dim ** -0.5) ** -2  # scores * scalar^-0.5
-    if abs(scalar - round(scalar)) < 1e-9 * scalar:
-        scalar = round(scalar)  # the config field is an integer
-    return {**_common(cfg, config_class, family), "rms_norm_eps": cfg.norm_eps,
-            "hidden_activation": "gelu_pytorch_tanh", "sliding_window": cfg.sliding_window,
-            **_windows(cfg, config_class, family), "query_pre_attn_scalar": scalar,
-            "attn_logit_softcapping": cfg.attn_softcap,
-            "final_logit_softcapping": cfg.logit_softcap}
-
-
-def _routed(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, Any]:
-    """A routed family's config: Llama's fields (Qwen2-MoE's q/k/v biases, OLMoE's and
-    Qwen3-MoE's attention bias) and its experts as `hf_config._routed_fields` reads them back."""
-    experts = {"num_experts_per_tok": cfg.experts_per_token}
-    if family == "mixtral":
-        experts.update(num_local_experts=cfg.n_experts, sliding_window=cfg.sliding_window)
-    else:
-        experts.update(num_experts=cfg.n_experts, norm_topk_prob=cfg.normalize_topk)
-    if family in ("qwen2_moe", "qwen3_moe"):
-        experts.update(moe_intermediate_size=cfg.expert_dim, decoder_sparse_step=cfg.moe_every,
-                       mlp_only_layers=list(range(cfg.first_dense_layers)),
-                       use_sliding_window=False)
-    if family == "qwen2_moe":  # its q/k/v biases are always on before transformers 5
-        experts.update(shared_expert_intermediate_size=cfg.shared_dim,
-                       **({"qkv_bias": cfg.attn_bias} if takes(config_class, "qkv_bias") else {}))
-    else:
-        experts.update(attention_bias=cfg.attn_bias)
-    return _rms(cfg, config_class, family, **experts)
-
-
-def _deepseek(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, Any]:
-    """DeepSeek's config for a latent Decoder, as `hf_config._deepseek_config` reads it back:
+def _deepseek(cfg: DecoderConfig, config_class: type, family: Family) -> dict[str, Any]:
+    """DeepSeek's config for a latent Decoder, as `hf_latent.latent_config` reads it back:
     every layer dense (first_k_dense_replace = L) without experts; V3's groups (one group when
     there are none), V2's topk_method. A Decoder they do not hold (V3 without a sigmoid and a
     selection bias, V2 renormalising, shared experts of another width) reads back otherwise and
@@ -202,7 +187,8 @@ def _deepseek(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, 
         "qk_rope_head_dim": cfg.rope_head_width, "qk_nope_head_dim": cfg.nope_head_width,
         "v_head_dim": cfg.value_head_width,
         "first_k_dense_replace": cfg.first_dense_layers if cfg.routed else cfg.n_layers}
-    if family == "deepseek_v3":
+    v3 = family.experts == "deepseek_v3"
+    if v3:
         fields["rope_interleave"] = cfg.rope_layout == "interleaved"
     if not cfg.routed:
         return fields
@@ -210,7 +196,7 @@ def _deepseek(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, 
                   moe_intermediate_size=cfg.expert_dim, n_shared_experts=cfg.n_shared_experts,
                   routed_scaling_factor=cfg.routed_scaling)
     grouped = {"n_group": cfg.expert_groups, "topk_group": cfg.groups_per_token}
-    if family == "deepseek_v3":
+    if v3:
         return {**fields, "norm_topk_prob": cfg.normalize_topk,
                 **(grouped if cfg.expert_groups is not None else
                    {"n_group": 1, "topk_group": 1})}
@@ -218,33 +204,3 @@ def _deepseek(cfg: DecoderConfig, config_class: type, family: str) -> dict[str, 
         return {**fields, "topk_method": "greedy"}
     return {**fields, **grouped, "topk_method": "group_limited_greedy"}
 
-
-Writer = Callable[[DecoderConfig, type, str], dict[str, Any]]
-
-
-_WRITERS: dict[str, Writer] = {
-    "mistral": lambda cfg, cls, fam: _rms(cfg, cls, fam, sliding_window=cfg.sliding_window),
-    "qwen2": lambda cfg, cls, fam: _rms(cfg, cls, fam, use_sliding_window=False),
-    "qwen3": lambda cfg, cls, fam: _rms(cfg, cls, fam, attention_bias=cfg.attn_bias),
-    "phi3": lambda cfg, cls, fam: _rms(cfg, cls, fam, sliding_window=cfg.sliding_window),
-    "olmo2": lambda cfg, cls, fam: _rms(cfg, cls, fam, attention_bias=cfg.attn_bias),
-    "olmo": lambda cfg, cls, fam: {**_common(cfg, cls, fam), "hidden_act": "silu",
-                                   "attention_bias": cfg.attn_bias},
-    "stablelm": lambda cfg, cls, fam: {**_common(cfg, cls, fam), "layer_norm_eps": cfg.norm_eps,
-                                       "hidden_act": "silu", "use_qkv_bias": cfg.attn_bias},
-    "gemma": lambda cfg, cls, fam: {**_common(cfg, cls, fam), "rms_norm_eps": cfg.norm_eps,
-                                    "hidden_act": "gelu_pytorch_tanh"},
-    "gemma2": _gemma2,
-    "gemma3_text": _gemma2,
-    "gpt_neox": lambda cfg, cls, fam: {
-        **rope_config_fields(cfg, cls, fam), "layer_norm_eps": cfg.norm_eps,
-        "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}.get(cfg.mlp,
-                                                                                  cfg.mlp),
-        "use_parallel_residual": cfg.parallel_residual, "attention_bias": cfg.attn_bias},
-    **{family: _routed for family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")},
-    "deepseek_v3": _deepseek,
-    "deepseek_v2": _deepseek,
-}
-"""Family -> its config's fields for a DecoderConfig (the sizes every family shares are added
-by `_written`). Order matters only where two families read back the same config: the first
-wins (Mistral before Phi-3 and Qwen2 for a plain grouped-query Llama with a window)."""
