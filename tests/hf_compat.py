@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from decoder_audit.references.hf_rope import holds_rope_parameters, takes
+from decoder_audit.references.families import takes
+from decoder_audit.references.hf_rope import holds_rope_parameters
 
 
 def hf_class(name: str) -> type:

@@ -32,6 +32,7 @@ transformers: the classes are named, and looked up in the release at hand (`pres
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -116,6 +117,17 @@ class Family:
         return {**(LLAMA_READ if self.block == "llama" else {}), **self.read}
 
 
+def takes(config_class: type, field: str) -> bool:
+    """Whether this release's config class takes `field` as an argument of its own: a field it
+    does not take is an attribute its modeling code ignores (Gemma 2's `layer_types` before
+    4.53, whose windowed layers are the even ones whatever the attribute says; Phi-3's
+    `partial_rotary_factor` before 4.49)."""
+    try:
+        return field in inspect.signature(config_class.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def llama(model_type: str, model_class: str, **changes: Any) -> Family:
     """A family written as its diff from Llama's block."""
     return Family(model_type, model_class, **changes)
@@ -140,8 +152,6 @@ def _gemma2_scale(config: Any) -> float:
 def _qwen2_moe_qkv_bias(config: Any) -> bool:
     """Qwen2-MoE's q/k/v biases: its config's qkv_bias from transformers 5, always on before
     (a release whose config does not take qkv_bias)."""
-    from .hf_rope import takes  # the config class's own signature
-
     return not takes(type(config), "qkv_bias") or bool(config.qkv_bias)
 
 
@@ -154,8 +164,6 @@ def _gemma2_write(cfg: Any, config_class: type) -> dict[str, Any]:
 
 def _qwen_moe_write(cfg: Any, config_class: type) -> dict[str, Any]:
     """Qwen-MoE's dense layers, and Qwen2-MoE's q/k/v biases where its release takes them."""
-    from .hf_rope import takes
-
     fields: dict[str, Any] = {"mlp_only_layers": list(range(cfg.first_dense_layers))}
     if takes(config_class, "qkv_bias"):
         fields["qkv_bias"] = cfg.attn_bias

@@ -20,7 +20,6 @@ the converter's Llama path is the one that permutes interleaved rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,9 +28,9 @@ from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import decoder_from_tensors
-from .families import FAMILIES, Family
+from .families import FAMILIES, Family, takes
 from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, spec_classes
-from .hf_rope import rope_config_fields, takes
+from .hf_rope import rope_config_fields
 from .hf_models import eager_experts
 from .layouts import detect, placeable
 

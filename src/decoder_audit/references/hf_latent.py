@@ -45,22 +45,7 @@ def latent_config(c: Any, entry: Family) -> DecoderConfig:
                           "rope_scaling): its modules are read as a spec in transformers 5's "
                           "form only (a router returning logits, weights and indices; the "
                           "experts in two tensors)")
-    problems = []
-    if c.hidden_act != "silu":
-        problems.append(f"hidden_act={c.hidden_act!r} (the gate's activation is SiLU: swiglu)")
-    if getattr(c, "attention_bias", False):
-        problems.append("attention_bias=True (q_a_proj, kv_a_proj_with_mqa and o_proj with "
-                        "biases: latent attention has none here)")
-    if getattr(c, "mlp_bias", False):
-        problems.append("mlp_bias=True (the dense and shared MLPs biased, the experts not)")
-    if c.num_key_value_heads not in (None, c.num_attention_heads):
-        problems.append(f"num_key_value_heads={c.num_key_value_heads} != num_attention_heads="
-                        f"{c.num_attention_heads} (kv_b_proj gives every head its own key and "
-                        "value; transformers repeats them again and fails)")
-    if float(c.rms_norm_eps) != _LATENT_NORM_EPS:
-        problems.append(f"rms_norm_eps={c.rms_norm_eps} (the latent norms q_a_layernorm and "
-                        f"kv_a_layernorm keep transformers' {_LATENT_NORM_EPS}: one norm_eps "
-                        "cannot hold both)")
+    problems = _unexpressed(c)
     rope = rope_fields(c, entry, c.qk_rope_head_dim, problems)
     rope.pop("rotary_dim")  # the rotary part is rope_head_width (a factor is refused above)
     head = c.qk_nope_head_dim + c.qk_rope_head_dim
@@ -85,6 +70,27 @@ def latent_config(c: Any, entry: Family) -> DecoderConfig:
         q_latent_rank=c.q_lora_rank, rope_head_width=c.qk_rope_head_dim,
         nope_head_width=c.qk_nope_head_dim, value_head_width=c.v_head_dim, **routed,
         tie_embeddings=bool(c.tie_word_embeddings))
+
+
+def _unexpressed(c: Any) -> list[str]:
+    """What latent attention's block, as transformers computes it, reads and we do not express."""
+    problems = []
+    if c.hidden_act != "silu":
+        problems.append(f"hidden_act={c.hidden_act!r} (the gate's activation is SiLU: swiglu)")
+    if getattr(c, "attention_bias", False):
+        problems.append("attention_bias=True (q_a_proj, kv_a_proj_with_mqa and o_proj with "
+                        "biases: latent attention has none here)")
+    if getattr(c, "mlp_bias", False):
+        problems.append("mlp_bias=True (the dense and shared MLPs biased, the experts not)")
+    if c.num_key_value_heads not in (None, c.num_attention_heads):
+        problems.append(f"num_key_value_heads={c.num_key_value_heads} != num_attention_heads="
+                        f"{c.num_attention_heads} (kv_b_proj gives every head its own key and "
+                        "value; transformers repeats them again and fails)")
+    if float(c.rms_norm_eps) != _LATENT_NORM_EPS:
+        problems.append(f"rms_norm_eps={c.rms_norm_eps} (the latent norms q_a_layernorm and "
+                        f"kv_a_layernorm keep transformers' {_LATENT_NORM_EPS}: one norm_eps "
+                        "cannot hold both)")
+    return problems
 
 
 def _routing(c: Any, router: str, problems: list[str]) -> dict[str, Any]:

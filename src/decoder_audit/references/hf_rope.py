@@ -16,13 +16,12 @@ its release's modeling code reads), never from a version string:
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any
 
 from ..config import DecoderConfig
 from ..errors import ConfigError
-from .families import Family
+from .families import Family, takes
 
 SCALINGS = ("linear", "dynamic", "llama3", "yarn")
 
@@ -32,17 +31,6 @@ def holds_rope_parameters(config_class: type) -> bool:
     flat `rope_theta` beside `rope_scaling` (transformers 4, whose modeling code reads only
     those and ignores a `rope_parameters` attribute)."""
     return isinstance(getattr(config_class, "rope_scaling", None), property)
-
-
-def takes(config_class: type, field: str) -> bool:
-    """Whether this release's config class takes `field` as an argument of its own: a field it
-    does not take is an attribute its modeling code ignores (Gemma 2's `layer_types` before
-    4.53, whose windowed layers are the even ones whatever the attribute says; Phi-3's
-    `partial_rotary_factor` before 4.49)."""
-    try:
-        return field in inspect.signature(config_class.__init__).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def rope_fields(c: Any, family: Family, head_dim: int, problems: list[str]) -> dict[str, Any]:
