@@ -272,6 +272,26 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                     rope_layout="rotate_half", sandwich_norm=True, qk_norm=True,
                                     attn_scale=0.25, sliding_window=3, window_layers=(1,),
                                     tie_embeddings=True),
+    # Granite: the embedding, each sublayer's output and the logits scaled, the scores by a
+    # multiplier of their own; GPT-J / Phi: a parallel block with one norm, partial rotary on
+    # interleaved pairs, squared-ReLU MLP; SmolLM3: layer 1 rotates nothing (NoPE)
+    "granite-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                     n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                     mlp="swiglu", pos="rope", rope_layout="rotate_half",
+                                     embedding_scale=12.0, residual_multiplier=0.22,
+                                     attn_scale=0.0078125, logit_scale=0.125,
+                                     tie_embeddings=True),
+    "parallel-one-norm": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2,
+                                          d_ff=24, max_seq_len=6, norm="layernorm",
+                                          mlp="relu2", pos="rope", rotary_dim=4,
+                                          parallel_residual=True, shared_norm=True,
+                                          attn_bias=("q_proj", "k_proj", "v_proj"),
+                                          mlp_bias=True, readout_bias=True,
+                                          tie_embeddings=False),
+    "nope-layer": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=3, n_heads=4,
+                                   n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                   mlp="swiglu", pos="rope", rope_layout="rotate_half",
+                                   nope_layers=(1,), tie_embeddings=True),
     # TransformerLens' readout: a bias on the logits, beside a tied matrix
     "readout-bias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3,
                                           d_ff=20, max_seq_len=5, mlp="gelu_tanh",

@@ -552,6 +552,12 @@ def _softcap_dropped_at_scale(model: da.Decoder) -> None:
     model.layers[1].attn.score_softcap = None
 
 
+def _logits_unscaled(model: da.Decoder) -> None:
+    """The readout's output divided by the config's logit_scale: the scale is never applied."""
+    readout, scale = model.lm_head.forward, model.config.logit_scale
+    model.lm_head.forward = lambda x: readout(x) / scale
+
+
 # Each runs through the white-box oracle (the model's own config is its spec); a dropped sandwich
 # norm removes a weight the config declares, which the ledger names.
 VARIANT_MUTANTS = [
@@ -573,4 +579,18 @@ VARIANT_MUTANTS = [
     Case("parallel_block_run_in_series", _variant_mutant("neox-like", _set("layers.1.parallel",
                                                                            False)),
          "oracle", first=False, defect="I (parallel residual)", says="differ from the slow oracle"),
+    Case("residual_multiplier_dropped", _variant_mutant("granite-like",
+                                                        _set("layers.0.residual_multiplier", 1.0)),
+         "oracle", first=False, defect="I (residual multiplier)", says="differ from the slow oracle"),
+    Case("logit_scale_dropped", _variant_mutant("granite-like", _logits_unscaled),
+         "oracle", first=False, defect="I (logit scale)", says="differ from the slow oracle"),
+    Case("nope_layer_rotated", _variant_mutant("nope-layer", _set("layers.1.attn.rotates", True)),
+         "oracle", first=False, defect="I (NoPE layer)", says="differ from the slow oracle"),
+    Case("shared_norm_not_shared", _variant_mutant("parallel-one-norm",
+                                                   _set("layers.1.shared_norm", False)),
+         "oracle", first=False, defect="I (parallel block, one norm)",
+         says="differ from the slow oracle"),
+    Case("relu2_not_squared", _variant_mutant("parallel-one-norm",
+                                              _set("layers.0.ffn.activation", torch.relu)),
+         "oracle", first=False, defect="I (squared ReLU)", says="differ from the slow oracle"),
 ]

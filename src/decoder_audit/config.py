@@ -25,7 +25,7 @@ from typing import Any
 from .errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
+MLPS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu", "geglu")
 POSITIONS = ("learned", "rope", "none")
 # Which features of a head RoPE rotates together: "interleaved" pairs (x[2j], x[2j+1]) (the
 # original RoFormer / Llama / CS336 layout, torchtune) or "rotate_half" pairs (x[j], x[j + Dh/2])
@@ -61,7 +61,7 @@ GROUP_SCORES = ("top2_sum", "max")
 # level and would raise RecursionError near 1000; no config is nested more than a few deep).
 MAX_JSON_DEPTH = 100
 # The fields JSON gives back as lists, held as tuples.
-_LISTED = ("window_layers", "attn_bias", "mlp_bias")
+_LISTED = ("window_layers", "attn_bias", "mlp_bias", "nope_layers")
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,9 @@ class DecoderConfig:
     """False: each sublayer reads the stream itself, not a normalised copy (OLMo 2, whose
     sandwich norms normalise only the sublayers' outputs)."""
     mlp: str = "gelu"
-    """"relu", "gelu" (exact erf), "gelu_tanh" (GPT-2's approximation), or a gated MLP w2(act(w1
-    x) * w3 x): "swiglu" (SiLU) or "geglu" (tanh GELU, Gemma's)."""
+    """"relu", "relu2" (ReLU squared: Nemotron, Arcee, Persimmon), "gelu" (exact erf),
+    "gelu_tanh" (GPT-2's approximation), or a gated MLP w2(act(w1 x) * w3 x): "swiglu" (SiLU) or
+    "geglu" (tanh GELU, Gemma's)."""
     pos: str = "learned"
     """"learned" absolute positions, "rope" (rotary, see rope_layout) or "none"."""
     rope_theta: float = 10000.0
@@ -137,6 +138,9 @@ class DecoderConfig:
     layers); None: every layer reads every earlier token."""
     window_layers: tuple[int, ...] | None = None
     """The layers the window applies to (Gemma 2: 0, 2, 4, ...); None: every layer."""
+    nope_layers: tuple[int, ...] | None = None
+    """Layers whose attention rotates nothing although pos is "rope" (no positions: NoPE;
+    SmolLM3's no_rope_layers, Cohere 2's full-attention layers); None: RoPE in every layer."""
     attn_scale: float | None = None
     """What the scores q.k are multiplied by; None: 1/sqrt(Dh). Gemma 2 scales by
     query_pre_attn_scalar^-0.5, which need not be the head width."""
@@ -150,6 +154,15 @@ class DecoderConfig:
     parallel_residual: bool = False
     """The block adds attention and MLP to the same input: x + Attn(N1(x)) + MLP(N2(x))
     (GPT-NeoX, Pythia), instead of the MLP reading the stream after attention."""
+    shared_norm: bool = False
+    """A parallel block's one norm feeds both sublayers: x + Attn(N1(x)) + MLP(N1(x)), no ln2
+    (GPT-J, Phi, Cohere, Falcon's original block)."""
+    residual_multiplier: float = 1.0
+    """Each sublayer's output multiplied by this before it joins the stream (Granite's
+    residual_multiplier): x + m * Attn(.), then + m * MLP(.)."""
+    logit_scale: float = 1.0
+    """The logits multiplied by this before any soft cap (Cohere's logit_scale; Granite
+    divides by logits_scaling, a scale of 1 / logits_scaling)."""
     attn_bias: bool | tuple[str, ...] = False
     """Biases on the q/k/v projections, and on the output projection unless attn_output_bias
     says otherwise; or the projections that have one, any of ATTN_PROJECTIONS (["q_proj",
@@ -349,6 +362,10 @@ class DecoderConfig:
             return None
         return math.ceil(self.capacity_factor * tokens * self.experts_per_token / self.n_experts)
 
+    def rotates(self, layer: int) -> bool:
+        """Whether this layer's attention applies RoPE (pos "rope", not one of nope_layers)."""
+        return self.pos == "rope" and (self.nope_layers is None or layer not in self.nope_layers)
+
     def window(self, layer: int) -> int | None:
         """W for this layer, or None where it reads every earlier token."""
         if self.sliding_window is None or (self.window_layers is not None
@@ -365,6 +382,13 @@ class DecoderConfig:
     def kv_group_size(self) -> int:
         """Query heads that share one KV head: query head h reads KV head h // group."""
         return self.n_heads // self.kv_heads
+
+    def changed(self, names) -> list[str]:
+        """"name=value" for each of the fields `names` that differs from its default (what a
+        writer of fewer fields than ours must refuse, by name)."""
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        return [f"{name}={_shown(getattr(self, name))}" for name in names
+                if getattr(self, name) != fields[name].default]
 
     # JSON round trip.
     def to_dict(self) -> dict[str, Any]:
@@ -534,7 +558,7 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
             problems.append((name, f"{name}={_shown(value)} must be true, false or a list of "
                              f"distinct projections from {list(names)}"))
     for name in ("tie_embeddings", "qk_norm", "norm_bias", "parallel_residual", "sandwich_norm",
-                 "norm_affine", "pre_norm", "readout_bias"):
+                 "norm_affine", "pre_norm", "readout_bias", "shared_norm"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             problems.append((name, f"{name}={_shown(value)} must be true or false"))
@@ -574,6 +598,10 @@ def _expert_field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
     for name in ("normalize_topk", "router_selection_bias", "shared_expert_gate"):
         if not isinstance(getattr(cfg, name), bool):
             problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be true or false"))
+    for name in ("residual_multiplier", "logit_scale"):
+        if not _is_positive(getattr(cfg, name)):
+            problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be a finite "
+                             "number > 0"))
     if not _is_positive(cfg.routed_scaling):
         problems.append(("routed_scaling", f"routed_scaling={_shown(cfg.routed_scaling)} must "
                          "be a finite number > 0"))
@@ -770,6 +798,18 @@ def _attention_problems(cfg: DecoderConfig, valid, widths: bool) -> list[str]:
                         f"n_layers={cfg.n_layers})")
     elif layers is not None and cfg.sliding_window is None:
         problems.append(f"window_layers={_shown(list(layers))} needs a sliding_window")
+    nope = cfg.nope_layers
+    if valid("n_layers") and nope is not None and (
+            not isinstance(nope, tuple) or not all(_is_int(i) and 0 <= i < cfg.n_layers
+                                                   for i in nope) or len(set(nope)) != len(nope)):
+        problems.append(f"nope_layers={_shown(nope)} must list distinct layers in [0, "
+                        f"n_layers={cfg.n_layers})")
+    elif nope is not None and valid("pos") and cfg.pos != "rope":
+        problems.append(f"nope_layers={_shown(list(nope))} needs pos='rope' (the other layers "
+                        "rotate)")
+    if cfg.shared_norm is True and cfg.parallel_residual is not True:
+        problems.append("shared_norm=True needs parallel_residual=True (one norm feeds both "
+                        "sublayers of a parallel block)")
     if cfg.window_rope_theta is not None and (cfg.sliding_window is None or cfg.pos != "rope"):
         problems.append(f"window_rope_theta={_shown(cfg.window_rope_theta)} needs pos='rope' and "
                         "a sliding_window")

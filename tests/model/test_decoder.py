@@ -20,7 +20,8 @@ ORACLE = configs.grid() + configs.entries(
     "rope-half-ln-biases-tied", "qk-norm-gqa", "qkv-bias-only", "wide-heads",
     "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3", "rope-linear-gqa",
     "rope-yarn-partial", "rope-dynamic", "gemma2-like", "window-every-layer", "olmo-like",
-    "olmo2-like", "gemma3-like", "readout-bias-tied")
+    "olmo2-like", "gemma3-like", "readout-bias-tied", "granite-like", "parallel-one-norm",
+    "nope-layer")
 
 
 @pytest.mark.parametrize("cfg", configs.params(ORACLE))
@@ -49,7 +50,10 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
                                                                 "window-every-layer",
                                                                 "olmo-like", "olmo2-like",
                                                                 "gemma3-like",
-                                                                "readout-bias-tied")))
+                                                                "readout-bias-tied",
+                                                                "granite-like",
+                                                                "parallel-one-norm",
+                                                                "nope-layer")))
 def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))

@@ -107,7 +107,8 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
     attn, attn_formula = _latent_attention(cfg) if cfg.latent_attention else _attention(cfg)
     dense, dense_formula = _dense_mlp(cfg)
     routed, routed_formula = _routed_mlp(cfg) if cfg.routed else (0, "")
-    norms = (2 if cfg.pre_norm else 0) + (2 if cfg.sandwich_norm else 0)  # ln1, ln2, *_post
+    # ln1, ln2 (ln1 alone where one norm feeds both sublayers), ln1_post, ln2_post
+    norms = (1 if cfg.shared_norm else 2) * cfg.pre_norm + (2 if cfg.sandwich_norm else 0)
     for i in range(cfg.n_layers):
         rows += [
             LedgerRow(f"layers.{i}.norms", norms * norm, f"{norms} norms x {norm_formula}"),

@@ -149,6 +149,7 @@ class CausalSelfAttention(nn.Module):
         """What the attention core reads, the same for every way of making q, k and v."""
         self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.group, self.rope_layout = cfg.kv_group_size, cfg.rope_layout
+        self.rotates = cfg.rotates(layer)  # False in a NoPE layer of a RoPE model
         # W (None: every earlier token), the score multiplier (None: 1/sqrt(Dh)), the soft cap
         self.window, self.score_scale, self.score_softcap = (cfg.window(layer), cfg.attn_scale,
                                                            cfg.attn_softcap)
@@ -207,7 +208,7 @@ class CausalSelfAttention(nn.Module):
         # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
         if self.q_norm is not None and not self.norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
+        if rope is not None and self.rotates:
             q, k = apply_rope(q, rope, self.rope_layout), apply_rope(k, rope, self.rope_layout)
         return q, k, v
 

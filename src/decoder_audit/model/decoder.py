@@ -115,12 +115,14 @@ class Block(nn.Module):
     def __init__(self, cfg: DecoderConfig, *, residual_std: float, layer: int = 0,
                  **factory) -> None:
         super().__init__()
-        self.parallel = cfg.parallel_residual
+        self.parallel, self.shared_norm = cfg.parallel_residual, cfg.shared_norm
+        self.residual_multiplier = cfg.residual_multiplier  # Granite's m: x + m * sublayer
         # no pre-norms (OLMo 2): the sublayers read the stream itself
         self.ln1 = make_norm(cfg, **factory) if cfg.pre_norm else None
         attention = LatentAttention if cfg.latent_attention else CausalSelfAttention
         self.attn = attention(cfg, residual_std=residual_std, layer=layer, **factory)
-        self.ln2 = make_norm(cfg, **factory) if cfg.pre_norm else None
+        # a parallel block with one norm (GPT-J, Phi): the MLP reads ln1's output too
+        self.ln2 = make_norm(cfg, **factory) if cfg.pre_norm and not cfg.shared_norm else None
         # routed experts where the config routes this layer, else one dense MLP of width F
         mlp = RoutedExperts if cfg.routes(layer) else FeedForward
         self.ffn = mlp(cfg, residual_std=residual_std, **factory)
@@ -139,16 +141,20 @@ class Block(nn.Module):
             attn_out = self.attn.attend(normed, rope, allowed, cache, layer)
         if self.ln1_post is not None:
             attn_out = self.ln1_post(attn_out)
+        if self.residual_multiplier != 1.0:
+            attn_out = attn_out * self.residual_multiplier
         _record(trace, f"{prefix}.attn.out", attn_out)
         resid_mid = resid_pre + attn_out
         _record(trace, f"{prefix}.resid_mid", resid_mid)
-        # a parallel block's MLP reads the block's input, not the stream after attention
-        normed = resid_pre if self.parallel else resid_mid
-        normed = normed if self.ln2 is None else self.ln2(normed)
+        if not self.shared_norm:  # a parallel block's MLP reads the block's input
+            normed = resid_pre if self.parallel else resid_mid
+            normed = normed if self.ln2 is None else self.ln2(normed)
         _record(trace, f"{prefix}.ln2", normed)
         ffn_out = self.ffn(normed, trace, f"{prefix}.ffn")
         if self.ln2_post is not None:
             ffn_out = self.ln2_post(ffn_out)
+        if self.residual_multiplier != 1.0:
+            ffn_out = ffn_out * self.residual_multiplier
         _record(trace, f"{prefix}.ffn.out", ffn_out)
         resid_post = resid_mid + ffn_out
         _record(trace, f"{prefix}.resid_post", resid_post)
@@ -322,6 +328,8 @@ class Decoder(nn.Module):
         x = self.ln_final(x)
         _record(trace, "ln_final", x)
         logits = self.lm_head(x)  # (B, T, V): h @ E^T when tied
+        if cfg.logit_scale != 1.0:
+            logits = logits * cfg.logit_scale
         if cfg.logit_softcap is not None:
             logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
         _record(trace, "logits", logits)

@@ -34,6 +34,7 @@ from .trace import Trace
 
 _ACTIVATIONS = {
     "relu": F.relu,
+    "relu2": lambda x: F.relu(x).square(),  # squared ReLU (Primer; Nemotron, Persimmon)
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "swiglu": F.silu,  # the gate's activation of a gated MLP

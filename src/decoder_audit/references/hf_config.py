@@ -322,6 +322,10 @@ def hf_family(cfg: DecoderConfig) -> str:
         raise ConfigError(f"qk_norm={cfg.qk_norm}, attn_output_bias={cfg.attn_output_bias}: "
                           "the converter writes GPT-2 and Llama, which have no q/k norm and bias "
                           "all four attention projections or none")
+    beyond = cfg.changed(_BEYOND_THE_CONVERTER)
+    if beyond:
+        raise ConfigError(f"{', '.join(beyond)}: the converter writes GPT-2 and Llama, whose "
+                          "blocks have none of these")
     if cfg.norm == "layernorm" and cfg.pos == "learned" and cfg.mlp in _GPT2_EXPORT_ACTIVATIONS:
         if cfg.kv_heads != cfg.n_heads:
             raise ConfigError(f"n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}: GPT-2 has "
@@ -337,6 +341,11 @@ def hf_family(cfg: DecoderConfig) -> str:
         f"no supported Hugging Face family expresses norm={cfg.norm!r}, pos={cfg.pos!r}, "
         f"mlp={cfg.mlp!r}: GPT-2 needs norm='layernorm', pos='learned', mlp in "
         f"{sorted(_GPT2_EXPORT_ACTIVATIONS)}; Llama needs norm='rmsnorm', pos='rope', mlp='swiglu'")
+
+
+# Fields no GPT-2 or Llama block computes with, refused where they differ from their default
+# (each later field a DecoderConfig grows for another family joins this list)
+_BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers")
 
 
 def config_to_hf(cfg: DecoderConfig) -> Any:

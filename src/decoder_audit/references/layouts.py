@@ -145,9 +145,10 @@ def _latent_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
 
 
 def block_norms(spec: DecoderConfig) -> tuple[str, ...]:
-    """The norms of a block: ln1, ln2 before the sublayers (pre_norm), ln1_post, ln2_post after
-    them (sandwich_norm)."""
-    return (("ln1", "ln2") if spec.pre_norm else ()) + (
+    """The norms of a block: ln1, ln2 before the sublayers (pre_norm; ln1 alone where one norm
+    feeds both, shared_norm), ln1_post, ln2_post after them (sandwich_norm)."""
+    return (("ln1",) if spec.pre_norm else ()) + (
+        ("ln2",) if spec.pre_norm and not spec.shared_norm else ()) + (
         ("ln1_post", "ln2_post") if spec.sandwich_norm else ())
 
 
@@ -691,7 +692,8 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
     every = dict(attn_bias=True, attn_output_bias=True, mlp_bias=True, norm="layernorm",
                  mlp="swiglu", pos="learned", qk_norm=True, rotary_dim=None, rope_scaling=None,
                  window_rope_theta=None, sandwich_norm=True, pre_norm=True, norm_affine=True,
-                 norm_bias=True, readout_bias=True)
+                 norm_bias=True, readout_bias=True, shared_norm=False, parallel_residual=False,
+                 nope_layers=None)
     if spec.routed:  # experts without biases; every layer's dense MLP and experts alike
         every.update(mlp_bias=False)
     if spec.latent_attention:  # latent attention's RoPE, and neither biases nor q/k norms
@@ -801,6 +803,8 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
         return "norm_affine=False"
     if name.split(".")[-2] in ("ln1", "ln2") and not spec.pre_norm:
         return "pre_norm=False"
+    if name.split(".")[-2] == "ln2" and spec.shared_norm:
+        return "shared_norm=True"
     if name.endswith(".bias"):
         return f"norm={spec.norm!r}, norm_bias={spec.norm_bias}"
     if "w3" in name:

@@ -62,6 +62,9 @@ def _rmsnorm(x: torch.Tensor, gain: torch.Tensor | None, eps: float, offset: flo
 def _activation(kind: str, x: torch.Tensor) -> torch.Tensor:
     if kind == "relu":
         return torch.where(x > 0, x, torch.zeros_like(x))
+    if kind == "relu2":  # ReLU squared
+        positive = torch.where(x > 0, x, torch.zeros_like(x))
+        return positive * positive
     if kind == "gelu":
         return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
     if kind == "gelu_tanh":
@@ -248,15 +251,16 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
     attended = _linear(mixed, w, f"{p}.attn.output_proj")  # mixed: (B, T, H*Dh)
     if cfg.sandwich_norm:  # the sublayer's output normalised before it joins the stream
         attended = _norm(cfg, attended, w, f"{p}.ln1_post")
-    after_attention = x + attended
-    # a parallel block's MLP reads the block's input x; otherwise the stream after attention
-    h = x if cfg.parallel_residual else after_attention
-    h = _norm(cfg, h, w, f"{p}.ln2") if cfg.pre_norm else h
+    after_attention = x + cfg.residual_multiplier * attended
+    if not cfg.shared_norm:  # else the MLP reads ln1's output, as attention did
+        # a parallel block's MLP reads the block's input x; otherwise the stream after attention
+        h = x if cfg.parallel_residual else after_attention
+        h = _norm(cfg, h, w, f"{p}.ln2") if cfg.pre_norm else h
     x = after_attention
     out = _routed(cfg, w, f"{p}.ffn", h) if cfg.routes(layer) else _mlp(cfg, w, f"{p}.ffn", h)
     if cfg.sandwich_norm:
         out = _norm(cfg, out, w, f"{p}.ln2_post")
-    return x + out  # (B, T, D)
+    return x + cfg.residual_multiplier * out  # (B, T, D)
 
 
 def _mlp(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
@@ -391,7 +395,7 @@ def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
         q_h = q[:, head * head_dim:(head + 1) * head_dim]  # (T, Dh)
         k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
         v_h = v[:, kv * value_dim:(kv + 1) * value_dim]  # (T, Dv)
-        if cfg.pos == "rope":
+        if cfg.rotates(layer):  # RoPE, but in a NoPE layer
             windowed = window is not None
             q_h, k_h = _rope_rows(cfg, q_h, windowed), _rope_rows(cfg, k_h, windowed)
         out_rows = []
@@ -494,7 +498,8 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
     matrices = ("w1", "w2", "w3") if cfg.gated else ("w1", "w2")
     for layer in range(cfg.n_layers):
         p = f"layers.{layer}"
-        norms = (("ln1", "ln2") if cfg.pre_norm else ()) + (
+        norms = (("ln1",) if cfg.pre_norm else ()) + (
+            ("ln2",) if cfg.pre_norm and not cfg.shared_norm else ()) + (
             ("ln1_post", "ln2_post") if cfg.sandwich_norm else ())
         names += [f"{p}.{norm}.{part}" for norm in norms for part in norm_parts]
         names += [f"{p}.attn.{n}.weight" for n in _attention_weights(cfg)]
@@ -553,8 +558,9 @@ def _read_out(cfg: DecoderConfig, x: torch.Tensor, read: "_Reader",
 
 
 def _capped(cfg: DecoderConfig, logits: torch.Tensor) -> torch.Tensor:
-    """The logits (B, T, V), soft-capped to c * tanh(logits / c) where logit_softcap gives c."""
-    cap = cfg.logit_softcap
+    """The logits (B, T, V) times logit_scale, then soft-capped to c * tanh(logits / c) where
+    logit_softcap gives c."""
+    cap, logits = cfg.logit_softcap, logits * cfg.logit_scale
     return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
@@ -623,6 +629,7 @@ class StreamedOracle:
         cfg, grad_logits = self.cfg, grad_logits.to("cpu", self.dtype)
         if cfg.logit_softcap is not None:  # d/dz c tanh(z / c) = 1 - tanh^2 = 1 - (logit / c)^2
             grad_logits = grad_logits * (1 - (self.logits / cfg.logit_softcap) ** 2)
+        grad_logits = grad_logits * cfg.logit_scale  # the readout's z scaled before the cap
         read = _Reader(self.get, self.dtype, leaves=True)
         upstream = yield from self._final_backward(read, grad_logits)
         for layer in reversed(range(cfg.n_layers)):
