@@ -1,0 +1,145 @@
+"""The families table walked (references/families.py): every family whose class this release of
+transformers has, built as the conformance sweep builds it (its config's defaults with every
+size shrunk, its own random initialisation), is read as its config's spec with no argument and
+passes `params` and `oracle`; and defects planted in transformers' own modules of each fail
+them. The generic defects are planted the same way in every family:
+
+    the other activation     layer 0's MLP computes another function than its config names
+    the other norm           layer 0's first norm computes the other kind (RMSNorm <-> LayerNorm)
+    RoPE band                every rotary table turns 1.5x too fast (a wrong base or band)
+
+and `SPECIFIC` holds one defect of what a family changes relative to Llama's block (a dropped
+multiplier, a wrong router normalisation, ...). Expectations come from the float64 oracle fed
+the model's own weights under the config's declared architecture, never from the model."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conformance import Unbuildable, build_tiny
+
+import decoder_audit as da
+from decoder_audit.references.families import FAMILIES
+
+tf = pytest.importorskip("transformers")
+tf.logging.set_verbosity_error()
+
+
+def _present() -> list[str]:
+    return [family.model_type for family in FAMILIES
+            if getattr(tf, family.model_class, None) is not None]
+
+
+def _tiny(model_type: str) -> torch.nn.Module:
+    family = next(f for f in FAMILIES if f.model_type == model_type)
+    try:
+        model, _ = build_tiny(model_type, family.model_class)
+    except Unbuildable as exc:
+        pytest.skip(f"{model_type} does not build at tiny size on this release: {exc}")
+    return model
+
+
+def _audit(model: torch.nn.Module) -> da.AuditReport:
+    return da.audit(model, checks=["params", "oracle"])
+
+
+@pytest.mark.parametrize("model_type", _present())
+def test_each_family_is_read_as_its_spec_and_passes(model_type):
+    model = _tiny(model_type)
+    report = _audit(model)
+    assert report.facts.spec is not None, report["oracle"].detail  # white-box, no argument
+    assert report["params"].passed, report["params"].detail
+    assert report["oracle"].passed, report["oracle"].detail
+
+
+# ---- the generic defects ------------------------------------------------------------------------
+
+def _first_layer(model: torch.nn.Module) -> torch.nn.Module:
+    """Layer 0 of the decoder stack (the first ModuleList of as many blocks as the config's
+    layers)."""
+    layers = model.config.num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == layers:
+            return module[0]
+    raise AssertionError(f"{type(model).__name__}: no list of {layers} layers")
+
+
+_ACTIVATION_NAMES = ("act_fn", "act", "activation_fn", "activation")
+
+
+class _Function(torch.nn.Module):
+    """A function as the child module an activation slot takes."""
+
+    def __init__(self, function) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.function(x)
+
+
+def _other_activation(model: torch.nn.Module) -> None:
+    """Layer 0's MLP activation replaced: tanh-GELU where it was SiLU, SiLU otherwise."""
+    for module in _first_layer(model).modules():
+        for name in _ACTIVATION_NAMES:
+            act = getattr(module, name, None)
+            if callable(act) and not isinstance(act, type):
+                probe = torch.linspace(-3, 3, 7)
+                other = (functools.partial(F.gelu, approximate="tanh")
+                         if torch.allclose(act(probe), F.silu(probe)) else F.silu)
+                setattr(module, name, _Function(other) if isinstance(act, torch.nn.Module)
+                        else other)
+                return
+    raise AssertionError(f"{type(model).__name__}: no activation found in layer 0")
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    """A norm module (its class named so, with no modules inside: OLMo's learns nothing)."""
+    return "norm" in type(module).__name__.lower() and not list(module.children())
+
+
+def _other_norm(model: torch.nn.Module) -> None:
+    """Layer 0's first norm computes the other kind on its own weights: an RMSNorm subtracts the
+    mean first (a LayerNorm); a LayerNorm keeps it (an RMSNorm)."""
+    norm = next(m for m in _first_layer(model).modules() if _is_norm(m))
+    forward = norm.forward
+    if "rms" in type(norm).__name__.lower():
+        norm.forward = lambda x: forward(x - x.mean(-1, keepdim=True))
+        return
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-5))
+
+    def rms(x: torch.Tensor) -> torch.Tensor:
+        out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        out = out if getattr(norm, "weight", None) is None else out * norm.weight
+        return out if getattr(norm, "bias", None) is None else out + norm.bias
+
+    norm.forward = rms
+
+
+def _rope_band(model: torch.nn.Module) -> None:
+    """Every rotary table's frequencies 1.5x the declared ones."""
+    tables = [m for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor)]
+    if not tables:
+        pytest.skip("no rotary table (learned or no positions)")
+    for module in tables:
+        module.inv_freq.mul_(1.5)
+        if hasattr(module, "original_inv_freq"):
+            module.original_inv_freq = module.inv_freq.clone()
+
+
+GENERIC = {"the other activation": _other_activation, "the other norm": _other_norm,
+           "RoPE band": _rope_band}
+
+
+@pytest.mark.parametrize("defect", sorted(GENERIC))
+@pytest.mark.parametrize("model_type", _present())
+def test_a_generic_defect_planted_in_each_family_fails_the_oracle(model_type, defect):
+    model = _tiny(model_type)
+    with torch.no_grad():
+        GENERIC[defect](model)
+    report = _audit(model)
+    assert report["params"].passed, report["params"].detail  # the weights are where they were
+    assert not report["oracle"].passed, f"{model_type}: {defect} passed the oracle"
