@@ -76,8 +76,10 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
         attn = _latent_attention_count(cfg)
     n_mat = 3 if cfg.mlp in ("swiglu", "geglu") else 2  # gated: w1, w3 in and w2 out
     mlp = n_mat * D * F + ((n_mat - 1) * F + D if cfg.mlp_bias else 0)
-    # before each sublayer unless OLMo 2's, after it too in Gemma 2's and OLMo 2's
-    norms = (2 if cfg.pre_norm else 0) + (2 if cfg.sandwich_norm else 0)
+    # before each sublayer unless OLMo 2's (one before both of GPT-J's parallel sublayers),
+    # after it too in Gemma 2's and OLMo 2's
+    norms = ((1 if cfg.shared_norm else 2) if cfg.pre_norm else 0) + (
+        2 if cfg.sandwich_norm else 0)
     blocks = sum(norms * norm + attn + (_routed_count(cfg) if _routes(cfg, i) else mlp)
                  for i in range(L))
     return (V * D + (T * D if cfg.pos == "learned" else 0) + blocks + norm
