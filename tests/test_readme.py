@@ -4,9 +4,13 @@ training run of the counting task and its sample, and the spec zoo's mutant coun
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+from helpers import verdict_facts
+
+from decoder_audit import Decoder, audit, preset
 from decoder_audit.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,14 +26,28 @@ def _block_after(text: str, marker: str) -> str:
     return block[:block.index("```")]
 
 
+def _verdict_of(report) -> tuple[list[int], list[str]]:
+    """What a passing verdict line must say of `report`: the checks that held, all of them, the
+    ones that did not run (counted from the report, not from the line), and their names."""
+    skipped = [c.name for c in report.checks if c.skipped]
+    counts = [len(report.checks) - len(skipped), len(report.checks)]
+    return counts + ([len(skipped)] if skipped else []), skipped
+
+
 def test_the_verify_example_is_what_verify_prints(capsys):
-    block = _block_after(README, "`decoder-audit verify` (no flags")
     assert main(["verify", "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    verdict, cost, rerun = [line for line in block.strip().splitlines()]
-    assert verdict in printed and rerun in printed
-    counts = re.sub(r"cost: [\d.]+ s, ", "", cost)  # the seconds are the machine's
-    assert counts in printed, (counts, [line for line in printed.splitlines() if "cost" in line])
+    expected = _verdict_of(audit(Decoder(preset("tiny-368"))))
+    assert verdict_facts(printed) == expected
+    page = (DOCS / "gate.md").read_text()
+    for text in (README, page):  # the same example on the home page and the gate's
+        block = _block_after(text, "(`decoder-audit verify`" if text is page else
+                             "`decoder-audit verify` (no flags")
+        verdict, cost, rerun = [line for line in block.strip().splitlines()]
+        assert verdict_facts(verdict) == expected and rerun in printed
+        counts = re.sub(r"cost: [\d.]+ s, ", "", cost)  # the seconds are the machine's
+        assert counts in printed, (counts, [line for line in printed.splitlines()
+                                            if "cost" in line])
 
 
 def test_the_learner_example_is_what_verify_prints(capsys):
@@ -39,9 +57,13 @@ def test_the_learner_example_is_what_verify_prints(capsys):
     verdict = rest[rest.index("```") + 3:]
     verdict = verdict[:verdict.index("```")].strip()
     args = command.split()[1:]
+    assert main([*args, "--no-progress", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    skipped = [c["name"] for c in report["checks"] if c["skipped"]]
+    counts = [len(report["checks"]) - len(skipped), len(report["checks"]), len(skipped)]
+    assert report["passed"] and verdict_facts(verdict) == (counts, skipped)
     assert main([*args, "--no-progress"]) == 0
-    printed = " ".join(capsys.readouterr().out.split())  # the terminal wraps long lines
-    assert verdict in printed
+    assert verdict_facts(capsys.readouterr().out) == (counts, skipped)
 
 
 # The machine's figures in a run's output: seconds, rates, the measured matmul ceiling and the

@@ -6,11 +6,13 @@ milliseconds on a hand-made AuditReport, with no model."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import json
 
 import pytest
+from helpers import verdict_facts
 from rich.console import Console
 
 from decoder_audit.errors import ConfigError
@@ -112,7 +114,22 @@ def test_the_verdict_the_cost_and_the_slowest_checks_slowest_first():
     assert "  slowest: causal 2.0 s, loss_alignment 1.1 s, inputs 0.7 s" in lines
     assert lines[-1] == "rerun: decoder-audit verify x"
     passed = _text(_report(params_pass=True, align_pass=True))
-    assert "PASSED: every check holds (1 skipped: attention_rows)." in passed
+    # 6 checks, attention_rows skipped: 5 held, 1 did not run, and it is named
+    assert verdict_facts("\n".join(passed)) == ([5, 6, 1], ["attention_rows"])
+
+
+def test_the_verdict_counts_the_checks_that_held_and_names_those_that_did_not_run():
+    """Issue 44: "every check holds (13 skipped)" when 14 of 27 ran. Every producer of the
+    verdict (the terminal, report.md, summary(), a batch report) says the counts."""
+    report = _report(params_pass=True, align_pass=True)
+    report.checks.append(CheckResult("window", True, "skipped: no window", {}, None,
+                                     skipped=True))
+    expected = ([5, 7, 2], ["attention_rows", "window"])  # 7 checks, 2 of them skipped
+    assert verdict_facts("\n".join(_text(report))) == expected
+    assert verdict_facts(markdown(report)) == expected
+    assert verdict_facts(report.summary()) == expected
+    report.checks = [dataclasses.replace(c, skipped=False) for c in report.checks]
+    assert verdict_facts(markdown(report)) == ([7, 7], [])  # every one ran
 
 
 def test_tables_are_titled_at_the_left_edge():
@@ -167,7 +184,7 @@ def test_styles_mark_the_status_and_the_verdict():
     assert "\x1b[33mskip" in failing
     assert "\x1b[1;31mFAILED: first broken contract is 'params'" in failing
     assert "\x1b[1maligned example" in failing
-    assert "\x1b[1;32mPASSED: every check holds" in _ansi(_report(params_pass=True,
+    assert "\x1b[1;32mPASSED" in _ansi(_report(params_pass=True,
                                                                   align_pass=True))
 
 

@@ -144,5 +144,6 @@ class AuditReport(Verdicts):
 
     def summary(self) -> str:
         first = self.first_failure
-        verdict = "PASSED" if first is None else f"FAILED at {first.name}: {first.detail}"
+        verdict = render.passed_line(self.checks) if first is None else \
+            f"FAILED at {first.name}: {first.detail}"
         return f"{self.model} ({self.mode_label}): {verdict}"
