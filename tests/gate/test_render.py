@@ -16,7 +16,7 @@ from helpers import verdict_facts
 from rich.console import Console
 
 from decoder_audit.errors import ConfigError
-from decoder_audit.gate import CHECK_TITLES, AuditReport, CheckResult, pictures
+from decoder_audit.gate import CHECK_TITLES, AuditReport, CheckResult, audit_batch, pictures
 from decoder_audit.gate.render import markdown, print_report
 
 
@@ -130,6 +130,11 @@ def test_the_verdict_counts_the_checks_that_held_and_names_those_that_did_not_ru
     assert verdict_facts(report.summary()) == expected
     report.checks = [dataclasses.replace(c, skipped=False) for c in report.checks]
     assert verdict_facts(markdown(report)) == ([7, 7], [])  # every one ran
+    batch = audit_batch({"input_ids": [[1, 2, 3]], "labels": [[1, 2, 3]]})
+    skipped = [c.name for c in batch.checks if c.skipped]
+    assert batch.passed and skipped  # no BOS id, no packing: some did not run
+    assert verdict_facts("\n".join(batch.lines())) == (
+        [len(batch.checks) - len(skipped), len(batch.checks), len(skipped)], skipped)
 
 
 def test_tables_are_titled_at_the_left_edge():
