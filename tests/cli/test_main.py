@@ -130,3 +130,32 @@ def test_the_dependency_picture_draws_sampled_cuts_at_their_positions(monkeypatc
     mesh = ax.collections[0]
     x_edges = sorted({round(float(x), 6) for x in mesh.get_coordinates()[0, :, 0]})
     assert x_edges == [c - 0.5 for c in cols] + [cols[-1] + 0.5]
+
+
+# ---- issue 44: a mistyped option under a command ---------------------------------------------
+
+def _usage_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_mistyped_option_names_the_option_meant_and_the_commands_help(capsys):
+    """argparse refused it in the top-level parser's name ("see decoder-audit --help"), with
+    no suggestion; the command's own help and its nearest option are what help the user."""
+    line = _usage_error(["verify", "--intervention-lne", "3"], capsys)
+    assert "--intervention-lne" in line and "--intervention-len" in line
+    assert "decoder-audit verify --help" in line and "decoder-audit --help" not in line
+    line = _usage_error(["train", "--sed", "3"], capsys)
+    assert "--seed" in line and "decoder-audit train --help" in line
+    # an option of another command, or of decoder-audit itself, is named as such
+    line = _usage_error(["verify", "--steps", "3"], capsys)
+    assert "--steps" in line and "train" in line and "decoder-audit verify --help" in line
+    line = _usage_error(["verify", "--debug"], capsys)
+    assert "decoder-audit --debug verify" in line
+    # one typed before the command is decoder-audit's own
+    assert "see decoder-audit --help" in _usage_error(["--debg", "verify"], capsys)
+    assert "--debug" in _usage_error(["--debg", "verify"], capsys)
