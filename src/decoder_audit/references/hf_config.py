@@ -26,7 +26,9 @@ from ..config import DecoderConfig
 from ..errors import CheckpointError, ConfigError
 from .hf_windows import layer_kinds
 
-INSTALL_HINT = "pip install 'decoder-audit[hf]'"
+# As the README installs: through the constraints (pip would otherwise take a transformers the
+# tests never ran, and on Linux a multi-GB CUDA build of torch with it).
+INSTALL_HINT = "pip install -c constraints.txt -e '.[hf]' (in the decoder-audit clone)"
 ATTN_IMPLEMENTATION = "eager"
 
 
