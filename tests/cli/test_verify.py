@@ -22,6 +22,28 @@ def test_verify_report_pointing_at_an_existing_file(tmp_path, capsys):
     assert_kept(before)
 
 
+def test_verify_report_into_a_folder_holding_the_users_report_md_is_refused(tmp_path,
+                                                                           capsys):
+    """Issue 44: it replaced the user's report.md silently (verify-batch refuses the folder).
+    Refused before the gate runs; a folder of an earlier report is written again."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("# what I found\n")
+    before = snapshot(mine)
+    assert main(["verify", "--report", str(mine), "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    line = one_line(captured.err, "verify")
+    assert repr(str(mine)) in line and "report.md" in line, line
+    assert captured.out == ""  # said before the gate ran
+    assert_kept(before)
+    assert sorted(p.name for p in mine.iterdir()) == ["report.md"]
+    ours = tmp_path / "ours"
+    for _ in range(2):  # the second run replaces the first one's report
+        assert main(["verify", "--report", str(ours), "--no-progress"]) == 0
+    assert (ours / "report.md").read_text().startswith("# decoder-audit gate report")
+    capsys.readouterr()
+
+
 def test_a_preset_is_built_directly_in_the_dtype_asked_for(monkeypatch):
     """verify --dtype bfloat16 builds a preset's weights in bfloat16: no float32 copy exists
     first (a 7B model would need 27 GB for it)."""

@@ -278,12 +278,12 @@ def test_write_into_an_existing_folder_writes_the_markdown_and_the_json(tmp_path
 
 
 def _earlier_report(folder):
-    """What an earlier `verify --report folder` left: every file the report writes."""
-    earlier = {name: f"earlier {name}\n".encode() for name in
-               ("report.md", "report.json", "dependency_matrix.png", "attention_patterns.png")}
-    for name, data in earlier.items():
-        (folder / name).write_bytes(data)
-    return earlier
+    """What an earlier `verify --report folder` left: every file the report writes (the
+    pictures stand-ins beside a report of ours)."""
+    _report(params_pass=True).write(folder)
+    for name in ("dependency_matrix.png", "attention_patterns.png"):
+        (folder / name).write_bytes(f"earlier {name}\n".encode())
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
 def test_a_write_that_fails_half_way_leaves_the_earlier_report(tmp_path, monkeypatch):
@@ -310,3 +310,25 @@ def test_a_symlinked_report_file_is_refused_not_followed(tmp_path):
     assert str(folder / "report.md") in str(refused.value)
     assert outside.read_text() == "not a report\n"
     assert [p.name for p in folder.iterdir()] == ["report.md"]
+
+
+def test_a_report_file_no_earlier_report_wrote_is_refused_not_replaced(tmp_path):
+    """Issue 44: `verify --report DIR` replaced a report.md the user wrote, silently."""
+    for name, mine in (("report.md", "# my notes\n"), ("report.json", '{"mine": 1}\n'),
+                       ("attention_patterns.png", "my picture")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / name).write_text(mine)
+        with pytest.raises(ConfigError) as refused:
+            _report().write(folder)
+        assert name in str(refused.value) and str(folder) in str(refused.value)
+        assert [p.name for p in folder.iterdir()] == [name]  # nothing written beside it
+        assert (folder / name).read_text() == mine
+
+
+def test_an_earlier_reports_files_are_replaced_and_its_extra_picture_removed(tmp_path):
+    earlier = _earlier_report(tmp_path)
+    written = _report().write(tmp_path)  # draws no picture: the earlier ones were another run's
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in written) == \
+        ["report.json", "report.md"]
+    assert (tmp_path / "report.md").read_bytes() != earlier["report.md"]
