@@ -123,3 +123,42 @@ def test_the_spec_mutant_count_is_the_zoos():
     words = {"four": 4, "five": 5, "six": 6, "seven": 7}
     styles = re.search(r"written in (\w+) outside styles .*? and the (\w+) correct models", page)
     assert [words.get(w) for w in styles.groups()] == [len(zoo_styles.DEFECTS)] * 2
+
+
+# ---- issue 44: the first screen, the CPU build, the suite's time -----------------------------
+
+def _commands(text: str) -> list[str]:
+    """The lines of the fenced code blocks of `text`, stripped."""
+    blocks = re.findall(r"^\s*```\w*\n(.*?)^\s*```", text, re.M | re.S)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_says_what_the_tool_is_for_before_anything_else():
+    """It opened with install commands and jargon; its first line is pyproject's description,
+    before any command."""
+    import tomllib
+
+    description = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
+    title, first = README.split("\n\n")[:2]
+    assert title == "# decoder-audit" and first.splitlines()[0] == description
+    assert README.index(description) < README.index("```")
+
+
+def test_the_readme_says_how_to_get_the_cpu_build_of_torch_anywhere():
+    """The pin (torch==2.13.0) does not choose the CPU build; this machine's pip configuration
+    did. PyTorch's CPU index, through the constraints, does on any machine."""
+    installs = [line for line in _commands(README) if "pip install" in line]
+    assert any("https://download.pytorch.org/whl/cpu" in line and "-c constraints.txt" in line
+               for line in installs), installs
+
+
+def test_the_readme_and_the_development_page_name_one_fast_subset_and_the_suites_time():
+    development = (DOCS / "development.md").read_text()
+    subsets = [[line for line in _commands(text) if re.match(r"\S*python -m pytest tests/", line)]
+               for text in (README, development)]
+    assert subsets[0] == subsets[1] and len(subsets[0]) == 1, subsets
+    paths = subsets[0][0].split("pytest", 1)[1].split()
+    assert paths and all((ROOT / path).exists() for path in paths), paths
+    for text in (README, development):  # the whole suite's time, dated, beside it
+        flat = " ".join(text.split())
+        assert re.search(r"whole suite took \d+ min \d+ s on a 2-core \w+ \(\d{4}-\d\d-\d\d", flat)
