@@ -162,3 +162,34 @@ def test_the_readme_and_the_development_page_name_one_fast_subset_and_the_suites
     for text in (README, development):  # the whole suite's time, dated, beside it
         flat = " ".join(text.split())
         assert re.search(r"whole suite took \d+ min \d+ s on a 2-core \w+ \(\d{4}-\d\d-\d\d", flat)
+
+
+# ---- issue 44: figures that vary by CPU, and the sharded run's tolerance ---------------------
+
+def test_the_training_page_gives_the_final_losss_cpu_spread_that_this_file_allows():
+    """0.3489 on another CPU against the page's 0.3487: the page says the final loss varies by
+    CPU, names the other figure, and the allowance it states is FINAL_LOSS_SPREAD, which holds
+    both."""
+    page = (DOCS / "training.md").read_text()
+    shown = float(re.search(FINAL_LOSS, _block_after(page, "its entropy floor is"))[1])
+    after = " ".join(page[page.index("$ decoder-audit sample"):].split())
+    other = float(re.search(r"\((\d\.\d+) on another \w+", after)[1])
+    allowed = float(re.search(r"`tests/test_readme\.py` allows ([\d.]+)%", after)[1]) / 100
+    assert other != shown and allowed == FINAL_LOSS_SPREAD
+    assert abs(other - shown) <= FINAL_LOSS_SPREAD * shown
+
+
+def test_the_sharded_runs_tolerance_names_the_steps_its_test_runs():
+    """"equal ... to 1e-5" named no step count, and a 400-step run differs by 2e-4: the page
+    states the tolerance with the steps tests/training/test_shard.py runs it at."""
+    test = (ROOT / "tests" / "training" / "test_shard.py").read_text()
+    tolerance = float(re.search(r"^TOLERANCE = ([\d.e-]+)", test, re.M)[1])
+    steps = int(re.search(r'^RUN = \{"steps": (\d+)', test, re.M)[1])
+    page = " ".join((DOCS / "training.md").read_text().split())
+    said = re.search(r"global batch to ([\d.e-]+) after (\d+) steps "
+                     r"\(`tests/training/test_shard\.py`", page)
+    assert said and (float(said[1]), int(said[2])) == (tolerance, steps)
+    sharded, unsharded = map(float, re.search(
+        r"after the 400 steps .*? final loss was ([\d.]+) sharded .*? against ([\d.]+) "
+        r"unsharded, ([\d.e-]+) apart", page).groups()[:2])
+    assert abs(sharded - unsharded) > tolerance  # why the step count matters
