@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -89,3 +90,15 @@ def cli_path() -> str:
     """The installed `decoder-audit` script beside this interpreter."""
     cli = Path(sys.executable).parent / "decoder-audit"
     return str(cli if cli.exists() else shutil.which("decoder-audit") or "decoder-audit")
+
+
+def verdict_facts(text: str) -> tuple[list[int], list[str]]:
+    """The facts of the PASSED line in `text` (a report as printed, or one line): its numbers
+    in the order said (the checks that held, all checks, the checks that did not run) and the
+    check names it lists (those skipped), whatever the sentence's words."""
+    from decoder_audit.gate import CHECKS, BatchReport
+
+    line = next(line for line in text.splitlines() if "PASSED" in line)
+    known = set(CHECKS) | set(BatchReport.CHECK_TITLES)
+    return ([int(n) for n in re.findall(r"(?<![\w.])\d+(?![\w.])", line)],
+            [word for word in re.findall(r"\w+", line) if word in known])

@@ -199,6 +199,43 @@ def test_every_relative_link_resolves_with_its_anchor():
     assert broken == []
 
 
+# ---- the site (mkdocs.yml, docs/hooks.py, docs/stylesheets) ---------------------------------
+
+def test_the_sites_nav_names_each_page_as_the_readmes_list_does():
+    """Issue 44: integrations.md was "The trainers people use" in the nav and "The gate where
+    people train" in the README's list of the pages."""
+    listed = dict((page, label) for label, page in
+                  re.findall(r"^- \[(.+?)\]\(docs/([\w-]+\.md)\)", _readme(), re.M))
+    nav = {page: label for label, page in
+           re.findall(r"^\s+- (.+?): ([\w-]+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)}
+    assert len(listed) >= 15
+    assert {page: nav.get(page) for page in listed} == listed
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def test_the_home_pages_code_blocks_wrap_and_table_names_stay_whole():
+    """Issue 44: at 1280 px the home page's blocks were cut at the column's edge, and check
+    names broke mid-word in docs/gate.md's table (Material breaks code anywhere). The home page
+    (the README through docs/hooks.py) marks each block to wrap; the site's stylesheet wraps
+    those and keeps code in a table cell on one line."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    readme, home = _readme(), hooks.home_page(_readme())
+    opened = re.findall(r"^```(.*)$", home, re.M)[::2]  # every other fence opens a block
+    assert len(opened) == len(re.findall(r"^```", readme, re.M)) // 2 >= 4
+    assert all(re.fullmatch(rf"\s*{{ \.\w+ \.{hooks.WRAP} }}", fence) for fence in opened), opened
+    assert "](docs/" not in home and home.count("](") == readme.count("](")
+    config = (ROOT / "mkdocs.yml").read_text()
+    css_path = re.search(r"^extra_css:.*\n\s+- (\S+)$", config, re.M)[1]
+    css = " ".join((DOCS / css_path).read_text().split())
+    assert re.search(rf"\.{hooks.WRAP} pre > code {{[^}}]*white-space: pre-wrap", css)
+    assert re.search(r"td code {[^}]*white-space: nowrap", css)
+
+
 # ---- example outputs and figures ------------------------------------------------------------
 
 def test_the_python_example_runs_as_written(tmp_path, monkeypatch):

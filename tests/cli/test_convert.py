@@ -72,6 +72,9 @@ def test_bad_arguments_and_missing_folders(tmp_path, capsys):
         main(["convert", "--to-hf", "--out", str(tmp_path / "x")])  # no --checkpoint
     assert "--to-hf needs --checkpoint" in capsys.readouterr().err
     assert main(["convert", "--from-hf", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["convert", "--from-hf", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 2
     assert "has no config.json" in capsys.readouterr().err
     assert main(["convert", "--to-hf", "--checkpoint", str(tmp_path / "missing"),
                  "--out", str(tmp_path / "o")]) == 2

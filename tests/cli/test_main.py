@@ -1,6 +1,7 @@
 """`decoder-audit ledger` and `presets` through the real console script entry point."""
 
 import json
+import re
 
 import pytest
 
@@ -130,3 +131,58 @@ def test_the_dependency_picture_draws_sampled_cuts_at_their_positions(monkeypatc
     mesh = ax.collections[0]
     x_edges = sorted({round(float(x), 6) for x in mesh.get_coordinates()[0, :, 0]})
     assert x_edges == [c - 0.5 for c in cols] + [cols[-1] + 0.5]
+
+
+# ---- issue 44: a mistyped option under a command ---------------------------------------------
+
+def _usage_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_mistyped_option_names_the_option_meant_and_the_commands_help(capsys):
+    """argparse refused it in the top-level parser's name ("see decoder-audit --help"), with
+    no suggestion; the command's own help and its nearest option are what help the user."""
+    line = _usage_error(["verify", "--intervention-lne", "3"], capsys)
+    assert "--intervention-lne" in line and "--intervention-len" in line
+    assert "decoder-audit verify --help" in line and "decoder-audit --help" not in line
+    line = _usage_error(["train", "--sed", "3"], capsys)
+    assert "--seed" in line and "decoder-audit train --help" in line
+    # an option of another command, or of decoder-audit itself, is named as such
+    line = _usage_error(["verify", "--steps", "3"], capsys)
+    assert "--steps" in line and "train" in line and "decoder-audit verify --help" in line
+    line = _usage_error(["verify", "--debug"], capsys)
+    assert "decoder-audit --debug verify" in line
+    # one typed before the command is decoder-audit's own
+    assert "see decoder-audit --help" in _usage_error(["--debg", "verify"], capsys)
+    assert "--debug" in _usage_error(["--debg", "verify"], capsys)
+
+
+# ---- issue 44: a small model's memory in a unit that shows it -------------------------------
+
+UNITS = {"B": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20,
+         "GiB": 2**30}
+SIZE_ROW = re.compile(r"│ ([^│]+?) +│ +([\d,]+) │ +([\d.,]+) (B|kB|MB|GB) │ +([\d.,]+) "
+                      r"(B|KiB|MiB|GiB) │")
+
+
+@pytest.mark.parametrize("preset", ["tiny-368", "gpt2-small"])
+def test_account_shows_each_size_in_the_largest_unit_it_fills(preset, capsys):
+    """tiny-368's 1,472 bytes of weights showed as 0.00 GB. Each size's decimal and binary cells
+    are its bytes over the unit (to the 2 decimals shown), in the largest unit of which there
+    is at least one (GB at most), and in bytes below 1 kB."""
+    assert main(["account", "--preset", preset, "--no-measure"]) == 0
+    rows = SIZE_ROW.findall(capsys.readouterr().out)
+    assert len(rows) >= 10
+    for name, n_bytes, *cells in rows:
+        n_bytes = int(n_bytes.replace(",", ""))
+        for (value, unit), base in zip(zip(cells[::2], cells[1::2]), (1000, 1024)):
+            size = UNITS[unit]
+            assert abs(float(value.replace(",", "")) - n_bytes / size) <= 0.005, (name, value)
+            larger = [u for u in UNITS.values() if u > size and u % base == 0 and u <= 2**30]
+            assert size <= max(n_bytes, 1) and all(n_bytes < u for u in larger), (name, unit)
+    assert preset != "tiny-368" or any(row[3] == "kB" for row in rows)

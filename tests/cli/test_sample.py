@@ -71,9 +71,17 @@ def test_sample_command_prints_each_sample_and_refuses_top_k_when_greedy(tiny_ch
                  "--num-samples", "2", "--max-new-tokens", "1"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
+    # stdout: the samples and nothing else (issue 44: a script piping it got the summary line)
+    assert len(lines) == 2, lines
     assert lines[0].startswith("[1/2] <bos> A ") and lines[1].startswith("[2/2] <bos> A ")
-    assert lines[2].startswith("(greedy; 2 samples; new tokens 1, 1")
-    assert captured.err == ""  # no progress bar off a terminal
+    # stderr: how they were drawn, 2 samples of 1 new token each; no progress bar off a terminal
+    summary = captured.err.splitlines()
+    assert len(summary) == 1 and "greedy" in summary[0] and "2 samples" in summary[0], summary
+    assert main(["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A",
+                 "--max-new-tokens", "2"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1 and captured.out.startswith("<bos> A ")
+    assert len(captured.err.splitlines()) == 1 and "new token" in captured.err
     assert main(["sample", "--checkpoint", str(tiny_checkpoint), "--prompt", "<bos> A",
                  "--top-k", "2"]) == 2
     assert "--top-k=2" in capsys.readouterr().err  # the flag typed (the library says top_k=2)

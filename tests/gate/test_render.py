@@ -6,15 +6,17 @@ milliseconds on a hand-made AuditReport, with no model."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import json
 
 import pytest
+from helpers import verdict_facts
 from rich.console import Console
 
 from decoder_audit.errors import ConfigError
-from decoder_audit.gate import CHECK_TITLES, AuditReport, CheckResult, pictures
+from decoder_audit.gate import CHECK_TITLES, AuditReport, CheckResult, audit_batch, pictures
 from decoder_audit.gate.render import markdown, print_report
 
 
@@ -112,7 +114,27 @@ def test_the_verdict_the_cost_and_the_slowest_checks_slowest_first():
     assert "  slowest: causal 2.0 s, loss_alignment 1.1 s, inputs 0.7 s" in lines
     assert lines[-1] == "rerun: decoder-audit verify x"
     passed = _text(_report(params_pass=True, align_pass=True))
-    assert "PASSED: every check holds (1 skipped: attention_rows)." in passed
+    # 6 checks, attention_rows skipped: 5 held, 1 did not run, and it is named
+    assert verdict_facts("\n".join(passed)) == ([5, 6, 1], ["attention_rows"])
+
+
+def test_the_verdict_counts_the_checks_that_held_and_names_those_that_did_not_run():
+    """Issue 44: "every check holds (13 skipped)" when 14 of 27 ran. Every producer of the
+    verdict (the terminal, report.md, summary(), a batch report) says the counts."""
+    report = _report(params_pass=True, align_pass=True)
+    report.checks.append(CheckResult("window", True, "skipped: no window", {}, None,
+                                     skipped=True))
+    expected = ([5, 7, 2], ["attention_rows", "window"])  # 7 checks, 2 of them skipped
+    assert verdict_facts("\n".join(_text(report))) == expected
+    assert verdict_facts(markdown(report)) == expected
+    assert verdict_facts(report.summary()) == expected
+    report.checks = [dataclasses.replace(c, skipped=False) for c in report.checks]
+    assert verdict_facts(markdown(report)) == ([7, 7], [])  # every one ran
+    batch = audit_batch({"input_ids": [[1, 2, 3]], "labels": [[1, 2, 3]]})
+    skipped = [c.name for c in batch.checks if c.skipped]
+    assert batch.passed and skipped  # no BOS id, no packing: some did not run
+    assert verdict_facts("\n".join(batch.lines())) == (
+        [len(batch.checks) - len(skipped), len(batch.checks), len(skipped)], skipped)
 
 
 def test_tables_are_titled_at_the_left_edge():
@@ -167,7 +189,7 @@ def test_styles_mark_the_status_and_the_verdict():
     assert "\x1b[33mskip" in failing
     assert "\x1b[1;31mFAILED: first broken contract is 'params'" in failing
     assert "\x1b[1maligned example" in failing
-    assert "\x1b[1;32mPASSED: every check holds" in _ansi(_report(params_pass=True,
+    assert "\x1b[1;32mPASSED" in _ansi(_report(params_pass=True,
                                                                   align_pass=True))
 
 
@@ -256,12 +278,12 @@ def test_write_into_an_existing_folder_writes_the_markdown_and_the_json(tmp_path
 
 
 def _earlier_report(folder):
-    """What an earlier `verify --report folder` left: every file the report writes."""
-    earlier = {name: f"earlier {name}\n".encode() for name in
-               ("report.md", "report.json", "dependency_matrix.png", "attention_patterns.png")}
-    for name, data in earlier.items():
-        (folder / name).write_bytes(data)
-    return earlier
+    """What an earlier `verify --report folder` left: every file the report writes (the
+    pictures stand-ins beside a report of ours)."""
+    _report(params_pass=True).write(folder)
+    for name in ("dependency_matrix.png", "attention_patterns.png"):
+        (folder / name).write_bytes(f"earlier {name}\n".encode())
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
 def test_a_write_that_fails_half_way_leaves_the_earlier_report(tmp_path, monkeypatch):
@@ -288,3 +310,25 @@ def test_a_symlinked_report_file_is_refused_not_followed(tmp_path):
     assert str(folder / "report.md") in str(refused.value)
     assert outside.read_text() == "not a report\n"
     assert [p.name for p in folder.iterdir()] == ["report.md"]
+
+
+def test_a_report_file_no_earlier_report_wrote_is_refused_not_replaced(tmp_path):
+    """Issue 44: `verify --report DIR` replaced a report.md the user wrote, silently."""
+    for name, mine in (("report.md", "# my notes\n"), ("report.json", '{"mine": 1}\n'),
+                       ("attention_patterns.png", "my picture")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / name).write_text(mine)
+        with pytest.raises(ConfigError) as refused:
+            _report().write(folder)
+        assert name in str(refused.value) and str(folder) in str(refused.value)
+        assert [p.name for p in folder.iterdir()] == [name]  # nothing written beside it
+        assert (folder / name).read_text() == mine
+
+
+def test_an_earlier_reports_files_are_replaced_and_its_extra_picture_removed(tmp_path):
+    earlier = _earlier_report(tmp_path)
+    written = _report().write(tmp_path)  # draws no picture: the earlier ones were another run's
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in written) == \
+        ["report.json", "report.md"]
+    assert (tmp_path / "report.md").read_bytes() != earlier["report.md"]

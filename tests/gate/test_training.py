@@ -128,3 +128,26 @@ def test_hugging_face_checkpointing_enabled_is_read_from_the_model():
     check = da.audit(model, checks=["checkpointing"])["checkpointing"]
     assert check.passed and not check.skipped, check.detail
     assert model.is_gradient_checkpointing
+
+
+def test_the_gate_asks_a_hugging_face_model_about_checkpointing_without_a_deprecated_name():
+    """Issue 44: every Hugging Face audit printed transformers' FutureWarning about
+    `is_gradient_checkpointing`, from the gate's own read of it (and the checkpointing check's
+    switches warned too): the names the release does not deprecate are used."""
+    import warnings
+
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)).eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        facts = da.gate.model_facts(model)
+        check = da.audit(model, checks=["checkpointing"],
+                         training=da.TrainingPath(2, 16, checkpointing=True))["checkpointing"]
+    assert not facts.checkpointing_enabled
+    assert check.passed and not check.skipped, check.detail
+    deprecated = [str(w.message) for w in caught
+                  if issubclass(w.category, FutureWarning) and "checkpointing" in str(w.message)]
+    assert deprecated == []

@@ -63,6 +63,30 @@ def test_modules_to_save_on_a_tied_head_unties_it_and_fails_tying():
                                  modules_to_save=["lm_head"]))
     assert report.merged.facts.declared_tie is True
     assert not report.merged["tying"].passed and not report.live["tying"].passed
+    # examples/trainers/lora.py printed "tying, params, tying" (issue 44): each failure goes
+    # under the audit it failed in, no check twice in one list, every failure said once
+    example = _example("lora")
+    said = dict(part.split(": ", 1) for part in example.failures_by_audit(report).split("; "))
+    groups = [names.split(", ") for names in said.values()]
+    assert len(said) >= 2 and all(len(set(names)) == len(names) for names in groups), said
+    assert sorted(sum(groups, [])) == sorted(c.name for c in report.failures)
+
+
+def _example(name: str):
+    """examples/trainers/NAME.py imported as its own folder runs it (beside tiny.py)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "examples" / "trainers"
+    sys.path.insert(0, str(folder))
+    try:
+        spec = importlib.util.spec_from_file_location(f"example_{name}", folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+    return module
 
 
 def test_an_adapter_on_a_tied_embedding_fails_adapter_merge():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import difflib
 import importlib
 import signal
 import sys
@@ -58,6 +59,50 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, except for arguments no parser took: argparse refuses them in the
+        top-level parser's name, pointing at its --help; those typed after the command belong
+        to it, and its parser refuses them here, each option with what was meant."""
+        words = list(sys.argv[1:] if args is None else args)
+        parsed, extras = self.parse_known_args(words, namespace)
+        if extras:
+            command = getattr(parsed, "command", None)
+            before = words[:words.index(command)] if command in words else words
+            # typed before the command: decoder-audit's own arguments
+            chosen = self if set(extras) & set(before) else _subcommands(self).choices[command]
+            chosen.error(f"unrecognized arguments: {' '.join(extras)}"
+                         + "".join(f"; {hint}" for hint in _meant(self, chosen, extras)))
+        return parsed
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def _meant(top: argparse.ArgumentParser, chosen: argparse.ArgumentParser,
+           extras: list[str]) -> list[str]:
+    """What each unknown option in `extras`, refused by `chosen`, may have meant (argparse
+    3.11 suggests nothing for an option): an option of decoder-audit itself, which goes before
+    the command; one that other commands take; else `chosen`'s nearest option names
+    (difflib)."""
+    commands = _subcommands(top).choices
+    command = chosen.prog.removeprefix(f"{top.prog} ")
+    hints = []
+    for arg in dict.fromkeys(a.split("=", 1)[0] for a in extras if a.startswith("--")):
+        takers = [name for name, sub in commands.items() if arg in sub._option_string_actions]
+        if chosen is not top and arg in top._option_string_actions:
+            hints.append(f"{arg} is an option of decoder-audit itself: give it before the "
+                         f"command (decoder-audit {arg} {command} ...)")
+        elif chosen is not top and takers:
+            hints.append(f"{arg} is an option of {', '.join(takers)}, not of {command}")
+        else:
+            words = {name[2:]: name for name in chosen._option_string_actions
+                     if name.startswith("--")}
+            near = difflib.get_close_matches(arg[2:], list(words), n=2, cutoff=0.7)
+            if near:
+                hints.append(f"{arg}: did you mean {' or '.join(words[w] for w in near)}?")
+    return hints
 
 
 def build_parser() -> argparse.ArgumentParser:

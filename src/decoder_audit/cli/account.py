@@ -51,9 +51,26 @@ GATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": 
                "float64": torch.float64}
 
 
+# The units a size is shown in, largest first: powers of 1000 and of 1024. GB is the largest
+# (a 671B model's 1,342 GB reads as the docs and datasheets give it); a small model's weights
+# read in kB or MB, where GB showed 0.00.
+DECIMAL = ((10**9, "GB"), (10**6, "MB"), (10**3, "kB"))
+BINARY = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+MEMORY_TITLE = "memory (kB, MB, GB: powers of 1000; KiB, MiB, GiB: of 1024; P = parameters)"
+
+
+def scaled(n_bytes: int, units=DECIMAL) -> str:
+    """`n_bytes` in the largest of `units` it holds at least one of, to 2 decimals (8.51 GB,
+    17.60 kB); in bytes below the smallest (512 B)."""
+    for size, name in units:
+        if n_bytes >= size:
+            return f"{n_bytes / size:,.2f} {name}"
+    return f"{n_bytes:,} B"
+
+
 def _sizes(n_bytes: int) -> tuple[str, str, str]:
-    """The bytes, GB (10^9) and GiB (2^30) cells of a memory row."""
-    return f"{n_bytes:,}", f"{n_bytes / 1e9:,.2f} GB", f"{n_bytes / 2**30:,.2f} GiB"
+    """The bytes, decimal (kB, MB, GB) and binary (KiB, MiB, GiB) cells of a memory row."""
+    return f"{n_bytes:,}", scaled(n_bytes), scaled(n_bytes, BINARY)
 
 
 def _source_name(args) -> str:
@@ -151,11 +168,11 @@ def _print_parameters(acct, out) -> None:
 def _print_memory(acct, out) -> None:
     """Weights per dtype, the AdamW training footprint, the activation estimate."""
     m = acct.memory
-    table = Table(title="memory in bytes (GB = 10^9, GiB = 2^30; P = parameters)")
+    table = Table(title=MEMORY_TITLE)
     table.add_column("what")
     table.add_column("bytes", justify="right")
-    table.add_column("GB", justify="right")
-    table.add_column("GiB", justify="right")
+    table.add_column("decimal", justify="right")
+    table.add_column("binary", justify="right")
     table.add_column("formula")
     for dtype, n_bytes in m.weights.items():
         table.add_row(f"weights in {dtype}", *_sizes(n_bytes), f"{BYTES_PER_ELEMENT[dtype]} x P")
@@ -179,14 +196,14 @@ def _print_gate_peak(peak: GatePeak, out) -> None:
     table = Table(title=f"gate peak (verify) in {peak.dtype}{rank}: set by {peak.check}")
     table.add_column("term")
     table.add_column("bytes", justify="right")
-    table.add_column("GB", justify="right")
-    table.add_column("GiB", justify="right")
+    table.add_column("decimal", justify="right")
+    table.add_column("binary", justify="right")
     table.add_column("formula", overflow="fold")
     for row in peak.rows:
         table.add_row(row.name, *_sizes(row.bytes), row.formula)
     table.add_row(f"predicted peak ({peak.check})", *_sizes(peak.total), "", style="bold")
     out.print(table)
-    others = ", ".join(f"{name} {n_bytes / 1e9:,.2f} GB" for name, n_bytes in peak.checks)
+    others = ", ".join(f"{name} {scaled(n_bytes)}" for name, n_bytes in peak.checks)
     out.print(f"  each check's peak: {others}")
     out.print("  an upper bound on a verify process's peak RSS (benchmarks/gate_peak.py); "
               "verify refuses a model whose figure exceeds the memory available")

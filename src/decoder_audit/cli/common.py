@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import sys
 from collections.abc import Iterator
@@ -96,10 +97,48 @@ def source_from_args(args) -> Source:
         return Source("model", model)
     if getattr(args, "config", None):
         return Source("config", json_file("--config", args.config))
-    for kind in ("hf", "preset"):
-        if getattr(args, kind, None):
-            return Source(kind, getattr(args, kind))
+    if getattr(args, "hf", None):
+        return Source("hf", hf_folder("--hf", args.hf))
+    if getattr(args, "preset", None):
+        return Source("preset", args.preset)
     return Source("preset", DEFAULT_PRESET)
+
+
+# A name on the Hugging Face Hub: "gpt2", "meta-llama/Llama-3.2-1B" (one owner, one name).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def hf_folder(flag: str, path: str) -> str:
+    """`path` when it names a folder written by save_pretrained that this install can read;
+    else ConfigError saying what it is instead, in this order, each before anything is read:
+    nothing there (a Hub id, which is never downloaded: how to get its folder), a file, a
+    folder without config.json, or transformers missing (how to install it)."""
+    if not os.path.exists(path):
+        if _HUB_ID.fullmatch(path):
+            raise ConfigError(
+                f"{flag} {path!r}: no such folder here. It reads as a Hugging Face Hub id, and "
+                "Hub ids are not downloaded (decoder-audit reads local folders only): on a "
+                f"machine with access, `hf download {path} --local-dir DIR` "
+                "(older huggingface_hub: `huggingface-cli download`) or "
+                f"`AutoModelForCausalLM.from_pretrained({path!r}).save_pretrained(DIR)`, then "
+                f"{flag} DIR")
+        raise ConfigError(f"{flag} {path!r} does not exist: it names a folder written by "
+                          "save_pretrained")
+    if not os.path.isdir(path):
+        raise ConfigError(f"{flag} {path!r} is a file, not a folder: it names the folder "
+                          "save_pretrained wrote (config.json and the weights)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"{flag} {path!r} has no config.json; not a Hugging Face model folder")
+    try:
+        import transformers  # noqa: F401 - only whether it imports
+    except ImportError as exc:
+        from ..references.hf_config import INSTALL_HINT
+
+        what = "is not installed" if exc.name == "transformers" else \
+            f"does not import ({type(exc).__name__}: {exc})"
+        raise ConfigError(f"{flag} {path!r}: a Hugging Face folder is read with transformers, "
+                          f"which {what}; install it with: {INSTALL_HINT}") from None
+    return path
 
 
 def absolute(path: str | None) -> str | None:

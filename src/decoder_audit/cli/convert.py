@@ -36,7 +36,7 @@ import torch
 
 from ..console import console, literal
 from ..errors import ConfigError
-from .common import tokenizer_said
+from .common import hf_folder, tokenizer_said
 
 CHECK_BATCH = 2
 
@@ -117,6 +117,8 @@ def _check_arguments(args) -> None:
                            "--checkpoint DIR")
     if args.from_hf and args.checkpoint:
         args._parser.error("--checkpoint goes with --to-hf; --from-hf reads HF_DIR")
+    if args.from_hf:
+        hf_folder("--from-hf", args.from_hf)  # a Hub id, a missing folder: said first
     if not (math.isfinite(args.tolerance) and args.tolerance > 0):
         raise ConfigError(f"--tolerance={args.tolerance} must be a finite number > 0 (the largest "
                           "accepted |logit difference|)")

@@ -21,7 +21,9 @@ def register(subparsers) -> None:
                     "filtering. Stops at <eos>, at the context limit (max_seq_len + 1 tokens in "
                     "all) or after --max-new-tokens. A prompt longer than max_seq_len is an "
                     "error, never cropped. Tiny-vocabulary models take space-separated tokens "
-                    "('<bos> A'); byte-level models take text.")
+                    "('<bos> A'); byte-level models take text. stdout holds the samples alone, "
+                    "one a line; how they were drawn (greedy, the new tokens, where each "
+                    "stopped) goes to stderr.")
     parser.add_argument("--checkpoint", required=True, metavar="DIR",
                         help="a checkpoint folder, or a training run folder holding checkpoint/ "
                              "(a model trained from FILE.py:FACTORY needs --model too)")
@@ -96,13 +98,17 @@ def run(args) -> int:
         if args.num_samples > 1:
             print(f"[{i + 1}/{args.num_samples}] ", end="")
         print(sample["text"])
+    # How the samples were drawn goes to stderr, beside the progress: stdout holds the samples
+    # alone, for a script that reads them (`--json` has the same facts as fields).
     if args.num_samples == 1:
-        print(f"({mode}; {len(samples[0]['new_ids'])} new tokens; stopped at "
-              f"{samples[0]['stop']})")
+        count = len(samples[0]["new_ids"])
+        print(f"({mode}; {count} new token{'' if count == 1 else 's'}; stopped at "
+              f"{samples[0]['stop']})", file=sys.stderr)
     else:
         counts = ", ".join(str(len(sample["new_ids"])) for sample in samples)
         stops = ", ".join(sorted({sample["stop"] for sample in samples}))
-        print(f"({mode}; {args.num_samples} samples; new tokens {counts}; stopped at {stops})")
+        print(f"({mode}; {args.num_samples} samples; new tokens {counts}; stopped at {stops})",
+              file=sys.stderr)
     return 0
 
 

@@ -16,7 +16,14 @@ import torch
 from ..config import DecoderConfig
 from ..console import console, literal
 from ..errors import ConfigError
-from ..gate import allocate_large_blocks_apart, audit, check_gate_fits, print_report, to_json
+from ..gate import (
+    AuditReport,
+    allocate_large_blocks_apart,
+    audit,
+    check_gate_fits,
+    print_report,
+    to_json,
+)
 from ..sources import load_weights_map
 from . import helptext
 from .common import (
@@ -109,6 +116,8 @@ def run(args) -> int:
               "for report.md, report.json and the pictures", file=sys.stderr)
         return 2  # said before the gate runs, not after
     report_dir = absolute(args.report)  # before user code runs: an os.chdir in it moves nothing
+    if report_dir:  # a report.md of the user's own there is refused now, not after the gate
+        AuditReport.refuse_to_overwrite(report_dir)
     if args.shard:
         return _run_sharded(args, report_dir)
     device = resolve_device(args.device)

@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import InputShapeError
+from .render import passed_line
 from .result import CheckResult, Verdicts, skipped
 
 IGNORE_INDEX = -100
@@ -98,9 +99,7 @@ class BatchReport(Verdicts):
                   for i, c in enumerate(self.checks, start=1)]
         lines += self.pair
         first = self.first_failure
-        skips = [c.name for c in self.checks if c.skipped]
-        lines.append((f"PASSED: every check holds ({len(skips)} skipped: {', '.join(skips)})."
-                      if skips else "PASSED: every check holds.") if first is None else
+        lines.append(passed_line(self.checks) if first is None else
                      f"FAILED: first broken contract is '{first.name}': {first.detail}")
         return lines + ([f"rerun: {command}"] if command else [])
 

@@ -80,6 +80,20 @@ def _causal_rows(check: CheckResult) -> list[list[str]]:
     return rows
 
 
+# ---- the verdict ------------------------------------------------------------------------------
+
+def passed_line(checks: list[CheckResult]) -> str:
+    """The verdict of a report with no failure, counted: how many checks ran and held, and how
+    many did not run, by name ("PASSED: 19 of 27 checks hold; 8 did not run (skipped: ...)").
+    A skipped check neither passed nor failed, so "every check holds" would claim what the
+    skipped ones never showed."""
+    skipped = [c.name for c in checks if c.skipped]
+    line = f"PASSED: {len(checks) - len(skipped)} of {len(checks)} checks hold"
+    if skipped:
+        line += f"; {len(skipped)} did not run (skipped: {', '.join(skipped)})"
+    return line + "."
+
+
 # ---- terminal --------------------------------------------------------------------------------
 
 def _rich_table(title: str, header: tuple[str, ...], rows: list[list[str]],
@@ -114,10 +128,8 @@ def print_report(report, console: Console | None = None, command: str | None = N
         out.print(f"note: {literal(note)}")
     first = report.first_failure
     if first is None:
-        skipped = [c.name for c in report.skipped]
-        extra = f" ({len(skipped)} skipped: {', '.join(skipped)})" if skipped else ""
         # the verdict and the rerun line are never folded: people grep and copy them whole
-        out.print(Text(f"PASSED: every check holds{extra}.", style="bold green"), soft_wrap=True)
+        out.print(Text(passed_line(report.checks), style="bold green"), soft_wrap=True)
     else:
         out.print(Text(f"FAILED: first broken contract is '{first.name}' "
                        f"({CHECK_TITLES[first.name]})", style="bold red"), soft_wrap=True)
@@ -202,7 +214,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 def markdown(report, command: str | None = None) -> str:
     first = report.first_failure
-    verdict = ("**PASSED**: every check holds." if first is None else
+    verdict = ("**PASSED**" + passed_line(report.checks).removeprefix("PASSED") if first is None else
                f"**FAILED**: the first broken contract is `{first.name}` "
                f"({CHECK_TITLES[first.name]}).\n\n> {first.detail}\n\nFailures by path: "
                f"{_paths_text(report)}.")

@@ -99,14 +99,16 @@ class AuditReport(Verdicts):
         Every file is first written to a temporary file in `directory`, and only once all of
         them are complete is each moved over its name (os.replace): a write that fails half way
         (a full disk) leaves the earlier report as it was, and no temporary file. A report file
-        that is a symbolic link is refused (ConfigError naming it), never written through."""
+        that is a symbolic link, or one no earlier report wrote (a report.md of the user's
+        own), is refused (ConfigError naming it), never written over: `refuse_to_overwrite`.
+        An earlier report's picture this one does not draw is removed (another model's)."""
         import os
         import tempfile
 
-        from ..errors import ConfigError
-
         directory = Path(directory)
+        self.refuse_to_overwrite(directory)
         directory.mkdir(parents=True, exist_ok=True)
+
         def text(make):
             return lambda path: path.write_text(make()) is not None  # always written
 
@@ -116,12 +118,6 @@ class AuditReport(Verdicts):
             "dependency_matrix.png": lambda p: pictures.dependency_png(self["causal"], p),
             "attention_patterns.png": lambda p: pictures.attention_png(self["attention_rows"], p),
         }
-        for name in writers:
-            if (directory / name).is_symlink():
-                raise ConfigError(
-                    f"{str(directory / name)!r} is a symbolic link to "
-                    f"{os.readlink(directory / name)!r}; the report is never written through a "
-                    "link (nothing was written): remove it or choose another --report folder")
         mask = os.umask(0)
         os.umask(mask)
         staged: dict[str, Path] = {}
@@ -137,12 +133,66 @@ class AuditReport(Verdicts):
             for name, temporary in staged.items():
                 os.chmod(temporary, 0o666 & ~mask)  # mkstemp makes 0600; give the default
                 os.replace(temporary, directory / name)
+            for name in set(PICTURES) - set(staged):  # an earlier report's: another model's
+                (directory / name).unlink(missing_ok=True)
         finally:
             for temporary in staged.values():
                 temporary.unlink(missing_ok=True)  # still there only when something failed
         return [directory / name for name in staged]
 
+    @staticmethod
+    def refuse_to_overwrite(directory: str | Path) -> None:
+        """ConfigError naming a file of `directory` that `write` would replace and must not: a
+        symbolic link (never written through), or a report.md, report.json or picture that no
+        earlier gate report wrote (a user's own). Ours are recognised by their content:
+        report.md by its title, report.json by its keys, the pictures when a text of ours is
+        beside them (they are written together). `verify --report` asks before the gate runs."""
+        import os
+
+        from ..errors import ConfigError
+
+        directory = Path(directory)
+        for name in (*TEXTS, *PICTURES):
+            if (directory / name).is_symlink():
+                raise ConfigError(
+                    f"{str(directory / name)!r} is a symbolic link to "
+                    f"{os.readlink(directory / name)!r}; the report is never written through a "
+                    "link (nothing was written): remove it or choose another --report folder")
+        present = [name for name in (*TEXTS, *PICTURES) if (directory / name).exists()]
+        ours = {name for name in TEXTS if name in present and _is_ours(directory / name)}
+        foreign = [name for name in present
+                   if name not in ours and not (ours and name in PICTURES)]
+        if foreign:
+            them = "it" if len(foreign) == 1 else "them"
+            raise ConfigError(
+                f"{str(directory)!r} holds {', '.join(foreign)}, which no earlier decoder-audit "
+                f"gate report wrote: the report would replace {them}, so nothing was written; "
+                f"move {them} or choose another --report folder")
+
     def summary(self) -> str:
         first = self.first_failure
-        verdict = "PASSED" if first is None else f"FAILED at {first.name}: {first.detail}"
+        verdict = render.passed_line(self.checks) if first is None else \
+            f"FAILED at {first.name}: {first.detail}"
         return f"{self.model} ({self.mode_label}): {verdict}"
+
+
+# What `AuditReport.write` puts in a folder: the text, then the pictures (drawn when there is
+# evidence for them).
+TEXTS = ("report.md", "report.json")
+PICTURES = ("dependency_matrix.png", "attention_patterns.png")
+MARKDOWN_TITLE = "# decoder-audit gate report: "  # render.markdown's first line
+JSON_KEYS = {"passed", "first_failure", "model", "mode", "checks"}  # in every to_dict
+
+
+def _is_ours(path: Path) -> bool:
+    """Whether report.md or report.json at `path` is one `AuditReport.write` wrote."""
+    import json
+
+    try:
+        if path.suffix == ".md":
+            with path.open(encoding="utf-8") as handle:
+                return handle.readline().startswith(MARKDOWN_TITLE)
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and JSON_KEYS <= data.keys()

@@ -27,7 +27,9 @@ from .families import InvalidHFConfig
 from .hf_rope import rope_config_fields, rope_fields
 from .hf_windows import layer_kinds
 
-INSTALL_HINT = "pip install 'decoder-audit[hf]'"
+# As the README installs: through the constraints (pip would otherwise take a transformers the
+# tests never ran, and on Linux a multi-GB CUDA build of torch with it).
+INSTALL_HINT = "pip install -c constraints.txt -e '.[hf]' (in the decoder-audit clone)"
 ATTN_IMPLEMENTATION = "eager"
 
 
