@@ -229,7 +229,7 @@ def _print_groups(acct, out) -> None:
 def _print_measured(acct, out) -> None:
     """The FlopCounterMode cross-check on the meta device."""
     if acct.measured is None:
-        out.print("measured: skipped (--no-measure)")
+        out.print(f"measured: skipped ({literal(acct.measure_skipped or '--no-measure')})")
     else:
         meas = acct.measured
         ops = ", ".join(f"{op} {n:,}" for op, n in sorted(meas.by_op.items()))
