@@ -261,3 +261,16 @@ def test_account_never_allocates_weights():
     fp32_weights = 4 * 1_557_611_200  # the smaller of the two, 6.2 GB
     # The whole process (Python + torch) stays far below one copy of the weights.
     assert report["peak_bytes"] < fp32_weights / 4, report["peak_bytes"]
+
+
+def test_a_batch_beyond_what_a_tensor_holds_is_accounted_without_measuring():
+    """B = 2^63 - 1: every analytic figure is a Python integer, exact; the meta-device forward
+    would need logits of B*T*V elements, which no tensor holds (its bytes are an int64), so the
+    measurement is skipped, saying which tensor (before: an Overflow from torch.zeros)."""
+    cfg = da.preset("tiny-368")
+    B, T = 2**63 - 1, cfg.max_seq_len
+    acct = da.account(cfg, batch_size=B, seq_len=T)
+    assert acct.measured is None
+    assert "B*T*V" in acct.measure_skipped and f"{B * T * cfg.vocab_size:,}" in acct.measure_skipped
+    readout = acct.group("readout").flops
+    assert readout == 2 * B * T * cfg.d_model * cfg.vocab_size

@@ -142,3 +142,36 @@ def test_active_memory_rows_count_k_experts_per_token():
     assert rows["w1, w3 outputs, gated product"] == 4 * 1 * 3 * 2 * 5 * 24
     assert rows["router logits; w1, w3 outputs, gated product of the k experts and shared"] == (
         4 * 2 * 2 * 5 * (4 + 3 * (2 * 10 + 6)))
+
+
+def test_accounting_a_billion_experts_returns_and_does_not_grow_with_e(tmp_path, capsys):
+    """Every analytic count is a formula in E: 10^9 experts give the rows 4 experts give, and
+    totals larger by (E - 4) experts of 3*D*Fe plus a router row of D each, in each of the 2
+    routed layers. The measurement would build 2 x 10^9 expert modules: it is skipped, saying
+    so, and `ledger` gives the analytic ledger alone (issue 44: at 10^5 both took 97 s)."""
+    small = configs.named("moe-softmax-shared")  # 1 dense layer, 2 routed; Fe = 10, D = 16
+    huge = small.replace(n_experts=10**9)
+    per_expert = 3 * small.d_model * small.expert_width + small.d_model  # w1, w3, w2; router
+    grown = 2 * (10**9 - small.n_experts) * per_expert
+
+    a, b = da.account(small, 2, 5), da.account(huge, 2, 5)
+    assert [mm.name for mm in a.matmuls] == [mm.name for mm in b.matmuls]
+    assert b.parameters.total - a.parameters.total == grown
+    # a token reads k experts whatever E is, and every expert's row of the router
+    assert b.parameters.active - a.parameters.active == 2 * (10**9 - 4) * small.d_model
+    assert b.measured is None and a.measured.matches_analytic
+    assert "n_experts=1,000,000,000" in b.measure_skipped and "16,384" in b.measure_skipped
+    ledgers = da.parameter_ledger(small), da.parameter_ledger(huge)
+    assert [row.name for row in ledgers[0].rows] == [row.name for row in ledgers[1].rows]
+
+    path = tmp_path / "huge.json"
+    huge.save(path)
+    assert main(["ledger", "--config", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["analytic_total"] == a.parameters.total + grown and out["measured"] is None
+    assert "n_experts=1,000,000,000" in out["measured_skipped"]
+    assert main(["ledger", "--config", str(path)]) == 0
+    assert "measured ledger not built" in capsys.readouterr().out
+    assert main(["account", "--config", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["measured"] is None and "16,384" in out["measure_skipped"]

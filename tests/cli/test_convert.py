@@ -249,10 +249,12 @@ def test_a_failed_convert_leaves_nothing_behind(hf_folder, converted, tmp_path, 
 def test_convert_refuses_a_tolerance_that_is_not_positive_and_finite(hf_folder, tmp_path, capsys,
                                                                      tolerance):
     out = tmp_path / "out"
-    assert main(["convert", "--from-hf", str(hf_folder), "--out", str(out),
-                 f"--tolerance={tolerance}"]) == 2
+    with pytest.raises(SystemExit) as refused:  # out of the option's range (cli/values.py)
+        main(["convert", "--from-hf", str(hf_folder), "--out", str(out),
+              f"--tolerance={tolerance}"])
+    assert refused.value.code == 2
     line = error_line(capsys, "convert")
-    assert f"--tolerance={float(tolerance)}" in line and "finite number > 0" in line
+    assert f"--tolerance: {tolerance} " in line and "finite number in (0, inf)" in line, line
     assert not out.exists()
 
 

@@ -46,9 +46,11 @@ def test_train_takes_intervention_len_and_passes_it_on(foreign, tmp_path, monkey
 
 
 def test_train_refuses_an_intervention_len_below_1(foreign, tmp_path, capsys):
-    assert main(["train", "--model", f"{foreign}:build", "--vocab-size", "8",
-                 "--intervention-len", "0", "--out", str(tmp_path / "run")]) == 2
-    assert "--intervention-len=0" in error_line(capsys, "train")
+    with pytest.raises(SystemExit) as refused:  # out of the option's range (cli/values.py)
+        main(["train", "--model", f"{foreign}:build", "--vocab-size", "8",
+              "--intervention-len", "0", "--out", str(tmp_path / "run")])
+    assert refused.value.code == 2
+    assert "--intervention-len: 0 is not an integer from 1" in error_line(capsys, "train")
     assert not (tmp_path / "run").exists()
 
 

@@ -110,3 +110,25 @@ def test_a_hugging_face_model_that_raises_inside_its_declared_context_fails_inpu
     assert report.facts.length_limit == 5
     assert not report["inputs"].passed and "32" in report["inputs"].detail
     assert report["causal"].passed and report["causal"].evidence["seq_len"] == 5
+
+
+class _MetaOutput(da.Decoder):
+    """Computes its logits, then hands back an empty tensor of their shape on the meta
+    device (shapes without values); invalid ids still raise."""
+
+    def forward(self, ids, *args, **kwargs):
+        logits = super().forward(ids, *args, **kwargs)
+        return torch.empty(logits.shape, device="meta")
+
+
+def test_logits_on_the_meta_device_fail_inputs_naming_the_device():
+    """Read where the audit first reads the output (Subject.run): a clean failure of `inputs`
+    whose evidence says the logits lie on the meta device, not torch's "Tensor.item() cannot be
+    called on meta tensors" (issue 44); `shapes` says the same."""
+    report = da.audit(zoo.decoder(cls=_MetaOutput), checks=["inputs", "shapes"])
+    for name in ("inputs", "shapes"):
+        result = report[name]
+        assert not result.passed and "meta device" in result.detail, result.detail
+        assert "item()" not in result.detail, result.detail
+    assert all("meta device" in failure for failure in report["inputs"].evidence["failures"]
+               if "raised" in failure)

@@ -260,6 +260,43 @@ def test_crash_between_the_two_renames(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
 
 
+def test_the_command_line_says_a_stranded_copy_in_one_line_of_its_own(tmp_path, monkeypatch,
+                                                                      capsys):
+    """A save torn between its renames leaves no `c/`; a command reading `c` takes the newest
+    complete copy and says so in one line, `decoder-audit sample: warning: ...`, naming both
+    folders: not Python's warning with its file, line and source line (issue 44)."""
+    import sys
+    import warnings
+
+    from decoder_audit.cli import main
+
+    path = save_checkpoint(tiny_decoder(0), tmp_path / "c")
+    real_rename = os.rename
+
+    def die_before_the_rename_into_place(src, dst):
+        if os.fspath(dst) == str(path):
+            raise KeyboardInterrupt("simulated crash between the renames")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(atomic.os, "rename", die_before_the_rename_into_place)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tiny_decoder(1), path)
+    monkeypatch.undo()
+    copy = atomic.stranded_copies(path)[0]
+
+    def as_python_shows(message, category, filename, lineno, file=None, line=None):
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    with warnings.catch_warnings():  # a command's process: shown on stderr, not recorded
+        warnings.simplefilter("default")
+        warnings.showwarning = as_python_shows
+        assert main(["sample", "--checkpoint", str(path), "--prompt", "<bos> A"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("decoder-audit sample: warning: "), lines[0]
+    assert str(path) in lines[0] and str(copy) in lines[0], lines[0]
+
+
 def test_save_refuses_a_checkpoint_folder_holding_a_users_file(tmp_path):
     folder = da.save_checkpoint(tiny_decoder(0), tmp_path / "ckpt")
     (folder / "NOTES.md").write_text("keep me\n")

@@ -7,6 +7,7 @@ tests/storage/test_sharded_matrix.py, run by .ci/sharded-checkpoints."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import shutil
@@ -155,3 +156,123 @@ def test_convert_to_safetensors_exports_a_sharded_checkpoint(runs, tmp_path):
     assert main(["convert", "--to-safetensors", "--checkpoint", str(out),
                  "--out", str(tmp_path / "again")]) == 2
     assert not (tmp_path / "again").exists()
+
+
+# ---- the manifest covers every file the checkpoint reads (issue 44) ---------------------------
+
+def _rehash(ckpt: Path, name: str) -> None:
+    """Record `name`'s present SHA-256 in sharded.json, as an edit of the manifest would."""
+    manifest = json.loads((ckpt / "sharded.json").read_text())
+    manifest["files"][name] = hashlib.sha256((ckpt / name).read_bytes()).hexdigest()
+    (ckpt / "sharded.json").write_text(json.dumps(manifest))
+
+
+def _unlist(ckpt: Path, name: str) -> None:
+    manifest = json.loads((ckpt / "sharded.json").read_text())
+    del manifest["files"][name]
+    (ckpt / "sharded.json").write_text(json.dumps(manifest))
+
+
+def test_a_shard_the_manifest_no_longer_lists_is_refused_naming_it(runs, tmp_path):
+    """The step-4 run's shard copied over the step-8 checkpoint's, its entry removed from
+    sharded.json: the same shapes, so DCP would read it as this checkpoint's weights. Refused,
+    naming it; so is any file the manifest does not list, and a listed one that is gone."""
+    root, _ = runs
+    ckpt = tmp_path / "checkpoint"
+    shutil.copytree(root / "full" / "checkpoint", ckpt)
+    shard = "dcp/__0_0.distcp"
+    shutil.copy2(root / "at_stop" / "checkpoint" / shard, ckpt / shard)
+    _unlist(ckpt, shard)
+    with pytest.raises(CheckpointError, match=r"\['dcp/__0_0\.distcp'\].*does not list"):
+        load_checkpoint(ckpt)
+    (ckpt / shard).unlink()  # gone, and unlisted: DCP's index still reads it
+    with pytest.raises(CheckpointError, match=r"index reads \['dcp/__0_0\.distcp'\]"):
+        load_checkpoint(ckpt)
+
+    shutil.rmtree(ckpt)
+    shutil.copytree(root / "full" / "checkpoint", ckpt)
+    (ckpt / "notes.txt").write_text("not saved with it\n")
+    with pytest.raises(CheckpointError, match=r"\['notes\.txt'\].*does not list"):
+        load_checkpoint(ckpt)
+    (ckpt / "notes.txt").unlink()
+    (ckpt / "trainer.json").unlink()
+    with pytest.raises(CheckpointError, match=r"\['trainer\.json'\] missing"):
+        load_checkpoint(ckpt)
+
+
+def test_an_index_that_reads_outside_the_shards_folder_is_refused_unread(runs, tmp_path):
+    """DCP's index names the file of each chunk; one rewritten to read another folder's shard
+    (with the manifest rehashed to match) is refused before DCP opens it."""
+    root, _ = runs
+    ckpt = tmp_path / "checkpoint"
+    shutil.copytree(root / "full" / "checkpoint", ckpt)
+    index = sharded.index_reader(ckpt / "dcp").read_metadata()
+    for info in index.storage_data.values():
+        info.relative_path = "../../elsewhere/__0_0.distcp"
+    (ckpt / "dcp" / ".metadata").write_bytes(pickle.dumps(index))
+    _rehash(ckpt, "dcp/.metadata")
+    with pytest.raises(CheckpointError, match=r"elsewhere/__0_0\.distcp.*not files of dcp/"):
+        load_checkpoint(ckpt)
+
+
+def test_a_truncated_or_corrupt_shard_with_its_digest_rehashed_is_one_line(runs, tmp_path,
+                                                                            capsys):
+    """Its SHA-256 recorded again, so only its length tells: refused naming the file, its size
+    and the end DCP's index gives its chunks; bytes changed in place (the same length) fail
+    inside DCP's reader and are one CheckpointError naming the file too. Exit status 2."""
+    from cli_support import error_line
+
+    from decoder_audit.cli import main
+
+    root, _ = runs
+    ckpt = tmp_path / "checkpoint"
+    shutil.copytree(root / "full" / "checkpoint", ckpt)
+    shard = ckpt / "dcp" / "__0_0.distcp"
+    whole = shard.read_bytes()
+    ends = max(info.offset + info.length for info in
+               sharded.index_reader(ckpt / "dcp").read_metadata().storage_data.values())
+    assert ends == len(whole)  # the index places the last chunk at the file's end
+    shard.write_bytes(whole[:3000])
+    _rehash(ckpt, "dcp/__0_0.distcp")
+    assert main(["sample", "--checkpoint", str(ckpt), "--prompt", "<bos> A"]) == 2
+    line = error_line(capsys, "sample")
+    assert "dcp/__0_0.distcp" in line and "3,000 bytes" in line and f"{ends:,}" in line, line
+
+    shard.write_bytes(bytes(1700) + whole[1700:])  # the first chunks zeroed
+    _rehash(ckpt, "dcp/__0_0.distcp")
+    assert main(["sample", "--checkpoint", str(ckpt), "--prompt", "<bos> A"]) == 2
+    line = error_line(capsys, "sample")
+    assert "dcp/__0_0.distcp" in line and "Traceback" not in line, line
+
+
+def test_a_full_disk_during_a_sharded_save_is_one_line_naming_the_path_and_the_space(
+        runs, tmp_path, monkeypatch):
+    """DCP's writer raises ENOSPC (as a write to a full filesystem does): one line naming the
+    checkpoint, the bytes its tensors need (fp32 weights and AdamW's two moments, 12 bytes a
+    parameter, plus AdamW's 4-byte step per tensor) and those free; the step-4 checkpoint is
+    kept byte for byte and nothing is left beside it."""
+    import errno
+    from collections import namedtuple
+
+    import torch.distributed.checkpoint.filesystem as dcp_files
+
+    root, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "at_stop", run)
+    before = snapshot(run / "checkpoint")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(dcp_files, "_write_item", full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9, 12345))
+    with pytest.raises(CheckpointError) as refused:
+        train(resume=run, progress=False, verbose=False, shard=True)
+    said = str(refused.value)
+    params = list(load_checkpoint(run / "checkpoint").parameters())  # unique: tied once
+    need = 12 * sum(p.numel() for p in params) + 4 * len(params)
+    assert "\n" not in said and len(said) < 400, said
+    assert str(run / "checkpoint") in said and "12,345 bytes" in said and f"{need:,}" in said
+    assert snapshot(run / "checkpoint") == before
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []

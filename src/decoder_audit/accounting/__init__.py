@@ -11,6 +11,10 @@
 
 The analytic count is then checked against a measurement: the model is built on the meta
 device (shapes only) and run under `torch.utils.flop_counter.FlopCounterMode` (see `measured`).
+Nothing analytic grows with the number of experts E (each is a formula in E); the measurement
+builds every expert as a module, so beyond `measured.MAX_MEASURED_EXPERTS` of them (or where a
+tensor of the forward would be too large for torch to size) it is skipped, and
+`Accounting.measure_skipped` says why.
 
 Modules: `ledger` (the parameter ledger, analytic and measured), `memory` (will the weights fit,
 checked before allocating), `results` (the dataclasses and conventions), `analytic` (parameters,
@@ -34,7 +38,7 @@ from .analytic import (
     memory_estimate,
     parameter_counts,
 )
-from .measured import measured_flops
+from .measured import measured_flops, unmeasurable
 from .results import Accounting
 
 
@@ -54,7 +58,8 @@ def account(cfg: DecoderConfig, batch_size: int = 1, seq_len: int | None = None,
     """Parameters, memory and every forward matmul of a decoder with this config, at (B, T).
 
     seq_len defaults to cfg.max_seq_len. With measure=True the analytic FLOPs are checked
-    against FlopCounterMode on the meta device (no weight is allocated either way)."""
+    against FlopCounterMode on the meta device (no weight is allocated either way), unless the
+    config or (B, T) is too large to build or run there: `measure_skipped` then says why."""
     if not isinstance(cfg, DecoderConfig):
         raise TypeError(f"account needs a DecoderConfig, got {type(cfg).__name__}")
     seq_len = cfg.max_seq_len if seq_len is None else seq_len
@@ -63,6 +68,7 @@ def account(cfg: DecoderConfig, batch_size: int = 1, seq_len: int | None = None,
     matmuls = forward_matmuls(cfg, batch_size, seq_len)
     groups = group_totals(matmuls, cfg)
     total = sum(mm.flops for mm in matmuls)
+    skipped = unmeasurable(cfg, batch_size, seq_len) if measure else None
     return Accounting(
         config=cfg,
         batch_size=batch_size,
@@ -74,5 +80,7 @@ def account(cfg: DecoderConfig, batch_size: int = 1, seq_len: int | None = None,
         forward_flops=total,
         forward_backward_flops=3 * total,
         dominant=dominant_groups(groups),
-        measured=measured_flops(cfg, batch_size, seq_len, groups, total) if measure else None,
+        measured=(measured_flops(cfg, batch_size, seq_len, groups, total)
+                  if measure and skipped is None else None),
+        measure_skipped=skipped,
     )

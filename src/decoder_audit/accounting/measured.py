@@ -17,11 +17,64 @@ from ..config import DecoderConfig
 from .analytic import forward_matmuls
 from .results import GroupTotal, MeasuredFlops
 
+# The measurement builds the Decoder on the meta device, and a routed layer holds each of its E
+# experts as a module of its own (model/mlp.py): building them is Python's work, of the order
+# of a millisecond and 10 kB each (issue 44: E = 10^5 took 97 s and 2.7 GB; 10^9 never ends).
+# Beyond this many expert modules in all layers (DeepSeek-V3's 58 x 256 = 14,848 fit) the
+# measured FLOPs and the measured ledger are not built: the analytic count, a formula in E,
+# is given alone.
+MAX_MEASURED_EXPERTS = 1 << 14
+# torch sizes a tensor's storage in int64 bytes; the meta forward holds tensors of 8 bytes an
+# element at most (the ids), so none may hold more elements than this.
+MAX_META_ELEMENTS = ((1 << 63) - 1) // 8
+
 MEASURED_PATH = ("run_with_trace (eager attention: explicit q @ k^T and pattern @ v matmuls), "
                  "model built on the meta device, counted by torch.utils.flop_counter."
                  "FlopCounterMode")
 _LINEAR_OPS = ("aten.mm", "aten.addmm")  # what F.linear becomes (addmm when there is a bias)
 _ATTENTION_OPS = ("aten.bmm", "aten.baddbmm")  # batched per-head products
+
+
+def expert_modules(cfg: DecoderConfig) -> int:
+    """The expert modules a Decoder with this config holds: E in each routed layer."""
+    return (cfg.n_experts or 0) * sum(cfg.routes(i) for i in range(cfg.n_layers))
+
+
+def unbuildable(cfg: DecoderConfig) -> str | None:
+    """Why a Decoder with this config is not built on the meta device to be measured (too many
+    expert modules), or None."""
+    modules = expert_modules(cfg)
+    if modules <= MAX_MEASURED_EXPERTS:
+        return None
+    routed = modules // cfg.n_experts
+    return (f"n_experts={cfg.n_experts:,} in {routed} routed layer{'s' * (routed > 1)} is "
+            f"{modules:,} expert modules to build on the meta device, more than the "
+            f"{MAX_MEASURED_EXPERTS:,} a measurement builds; the analytic count, a formula in "
+            "E, is given alone")
+
+
+def unmeasurable(cfg: DecoderConfig, batch_size: int, seq_len: int) -> str | None:
+    """Why one forward at (B, T) is not measured on the meta device, or None: the model is not
+    built (`unbuildable`), or one of the forward's tensors would hold more elements than torch
+    can size (the logits, the attention pattern, a routed layer's gathered experts, ...)."""
+    why = unbuildable(cfg)
+    if why is not None:
+        return why
+    B, T = batch_size, seq_len
+    tensors = [("the logits", "B*T*V", B * T * cfg.vocab_size),
+               ("the attention pattern", "B*H*T*T", B * cfg.n_heads * T * T),
+               ("the MLP's hidden layer", "B*T*F", B * T * cfg.d_ff),
+               ("the attention heads", "B*T*H*Dh", B * T * cfg.n_heads * cfg.head_dim)]
+    if cfg.routed:
+        tensors += [("the router's logits", "B*T*E", B * T * cfg.n_experts),
+                    ("the gathered expert matrices", "B*T*k*Fe*D",
+                     B * T * cfg.experts_per_token * cfg.expert_dim * cfg.d_model)]
+    name, formula, elements = max(tensors, key=lambda tensor: tensor[2])
+    if elements <= MAX_META_ELEMENTS:
+        return None
+    return (f"at B={B:,}, T={T:,} {name} would hold {formula} = {elements:,} elements, more "
+            f"than a tensor can ({MAX_META_ELEMENTS:,}, its bytes an int64): the meta-device "
+            "forward is not measured, the analytic count is given alone")
 
 
 def _count_flops(run) -> dict[str, int]:

@@ -186,6 +186,10 @@ class Accounting(_ToDict):
     dominant: list[str]
     """Group names, largest first, covering at least half the forward FLOPs."""
     measured: MeasuredFlops | None
+    measure_skipped: str | None = None
+    """Why a measurement asked for was not made (a config with more experts than are built on
+    the meta device, a forward with a tensor too large for torch); None when it was made or
+    not asked for."""
     conventions: tuple[str, ...] = FLOP_CONVENTIONS
 
     def group(self, name: str) -> GroupTotal:

@@ -138,7 +138,7 @@ def _dispatch(args, offered: frozenset[str]) -> int:
     """Run the command; a refusal is one line in the command line's words (`terms.in_flags`)."""
     ran = len(user_code_ran())
     try:
-        with hard_exits_raise():
+        with hard_exits_raise(), one_line_warnings(args.command):
             return int(args.func(args) or 0)
     except USER_ERRORS as exc:
         if args.debug:
@@ -229,6 +229,30 @@ def _run_exit_handlers() -> list[str]:
     finally:
         sys.unraisablehook = hook
     return failures
+
+
+@contextlib.contextmanager
+def one_line_warnings(command: str):
+    """Within the block, a warning of ours (its category defined in decoder_audit, e.g. the
+    stranded copy a resume reads) is one line on stderr, `decoder-audit COMMAND: warning: ...`,
+    instead of Python's two (file, line and the source line that warned). Other libraries'
+    warnings, and which warnings show at all (the filters), are left as they are."""
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if category.__module__.partition(".")[0] != __name__.partition(".")[0]:
+            shown(message, category, filename, lineno, file, line)
+            return
+        text = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+        print(f"decoder-audit {command}: warning: {text}", file=file or sys.stderr)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def _note(args, text: str) -> None:

@@ -16,6 +16,7 @@ from ..console import console, literal
 from ..gate import GatePeak, gate_peak
 from ..sources import DEFAULT_PRESET
 from .common import add_model_source, rerun_command, source_from_args
+from . import values
 
 
 def register(subparsers) -> None:
@@ -26,10 +27,10 @@ def register(subparsers) -> None:
                     "every forward matrix multiply with its FLOPs (2mnp). The analytic FLOPs are "
                     "cross-checked by torch's FlopCounterMode on the meta device.")
     add_model_source(parser, foreign=False, checkpoint=True, hf=True)
-    parser.add_argument("--batch", type=int, default=1, metavar="B", help="batch size (default 1)")
-    parser.add_argument("--seq", type=int, default=None, metavar="T",
+    parser.add_argument("--batch", type=values.count(), default=1, metavar="B", help="batch size (default 1)")
+    parser.add_argument("--seq", type=values.count(), default=None, metavar="T",
                         help="sequence length (default: the config's max_seq_len)")
-    parser.add_argument("--max-seq-len", type=int, default=None, metavar="N",
+    parser.add_argument("--max-seq-len", type=values.count(), default=None, metavar="N",
                         help="account a variant of the config with this context length (learned "
                              "position embeddings grow with it); --seq defaults to it")
     parser.add_argument("--no-measure", action="store_true",
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
                         metavar="DTYPE", help="dtype(s) of the gate's predicted peak memory, as "
                                               "`verify --dtype` would run it (default float32; "
                                               f"{', '.join(GATE_DTYPES)})")
-    parser.add_argument("--world-size", type=int, default=1, metavar="N",
+    parser.add_argument("--world-size", type=values.count(), default=1, metavar="N",
                         help="the gate's peak per rank with the weights sharded by FSDP2 over N "
                              "ranks (default 1: one process holds them all)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -246,7 +247,7 @@ def _print_groups(acct, out) -> None:
 def _print_measured(acct, out) -> None:
     """The FlopCounterMode cross-check on the meta device."""
     if acct.measured is None:
-        out.print("measured: skipped (--no-measure)")
+        out.print(f"measured: skipped ({literal(acct.measure_skipped or '--no-measure')})")
     else:
         meas = acct.measured
         ops = ", ".join(f"{op} {n:,}" for op, n in sorted(meas.by_op.items()))

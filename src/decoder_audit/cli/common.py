@@ -30,6 +30,7 @@ from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..model.presets import preset_names
 from ..sources import DEFAULT_PRESET, Source
+from . import values
 
 
 def add_model_source(parser, *, foreign: bool = True, checkpoint: bool = True,
@@ -58,16 +59,16 @@ def add_model_source(parser, *, foreign: bool = True, checkpoint: bool = True,
             help="your own model: FACTORY() in FILE.py returns an nn.Module" + (
                 "; with --checkpoint, the factory a module run was trained from, which "
                 "rebuilds it (a folder's own code is never run)" if checkpoint else ""))
-        parser.add_argument("--vocab-size", type=int, metavar="V",
+        parser.add_argument("--vocab-size", type=values.count(), metavar="V",
                             help="vocabulary size of a --model without a DecoderConfig")
         no_limit = ("; leave it out for a model without one (RoPE, ALiBi, recurrent) and give "
                     "--intervention-len instead") if intervention else (
                     "; leave it out for a model without one (RoPE, ALiBi, recurrent)")
-        parser.add_argument("--max-seq-len", type=int, metavar="T",
+        parser.add_argument("--max-seq-len", type=values.count(), metavar="T",
                             help="a hard length limit the --model enforces (T + 1 tokens must "
                                  f"be rejected){no_limit}")
     if intervention:
-        parser.add_argument("--intervention-len", type=int, metavar="T",
+        parser.add_argument("--intervention-len", type=values.count(), metavar="T",
                             help="positions every behavioural check covers (default 64, or "
                                  "max_seq_len when smaller); a model without a hard length "
                                  "limit is probed up to T")

@@ -36,6 +36,7 @@ import torch
 
 from ..console import console, literal
 from ..errors import ConfigError
+from . import values
 from .common import hf_folder, tokenizer_said
 
 CHECK_BATCH = 2
@@ -66,9 +67,9 @@ def register(subparsers) -> None:
     parser.add_argument("--out", metavar="DIR", required=True,
                         help="folder to write (replaced atomically if it holds an earlier output "
                              "of the same kind and nothing else)")
-    parser.add_argument("--tolerance", type=float, default=1e-4,
+    parser.add_argument("--tolerance", type=values.positive(), default=1e-4,
                         help="largest accepted |logit difference| in the check (default 1e-4)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the check's random ids")
+    parser.add_argument("--seed", type=values.seed, default=0, help="seed of the check's random ids")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run, _parser=parser)
 

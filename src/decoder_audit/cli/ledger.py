@@ -7,6 +7,7 @@ import json
 from rich.table import Table
 
 from ..accounting.ledger import active_parameters, measured_ledger, parameter_ledger, reconcile
+from ..accounting.measured import unbuildable
 from ..console import console, literal
 from .common import add_model_source, source_from_args, user_output_to_stderr
 
@@ -24,26 +25,28 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     source = source_from_args(args)
+    skipped = None
     with user_output_to_stderr():  # a --model factory's prints: stdout holds the ledger only
         cfg = source.config()
         if args.model or cfg is None:  # a foreign module, or a family we do not convert
             model = source.build()
-        else:
+        elif (skipped := unbuildable(cfg)) is None:
             from ..model.decoder import Decoder
 
             # shapes only: gpt2-xl is counted without allocating it
             model = Decoder(cfg, device="meta")
-    measured = measured_ledger(model)
+    measured = measured_ledger(model) if skipped is None else None
     analytic = parameter_ledger(cfg) if cfg is not None else None
-    problems = reconcile(analytic, measured) if analytic is not None else []
+    problems = reconcile(analytic, measured) if analytic is not None and measured else []
     if args.json:
         print(json.dumps({
             "analytic": analytic.as_dict() if analytic else None,
             "analytic_total": analytic.total if analytic else None,
-            "measured": measured.as_dict(),
-            "measured_total": measured.total,
+            "measured": measured.as_dict() if measured else None,
+            "measured_total": measured.total if measured else None,
+            "measured_skipped": skipped,
             "active_total": active_parameters(cfg) if cfg is not None else None,
-            "reconciled": analytic is not None and not problems,
+            "reconciled": analytic is not None and measured is not None and not problems,
             "differences": problems,
         }, indent=2))
         return 0 if not problems else 1
@@ -61,6 +64,9 @@ def run(args) -> int:
         why = f" ({literal(source.why_no_config())})" if source.why_no_config() else ""
         out.print(f"no DecoderConfig{why}: measured ledger only (unique Parameters, a tied "
                   "weight once)")
+        return 0
+    if measured is None:
+        out.print(f"measured ledger not built: {literal(skipped)}")
         return 0
     if problems:
         out.print("[red]analytic and measured ledgers differ:[/red]")

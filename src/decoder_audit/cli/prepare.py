@@ -16,6 +16,7 @@ from pathlib import Path
 from ..console import console, literal
 from ..errors import ConfigError
 from .common import tokenizer_said
+from . import values
 
 
 def register(subparsers) -> None:
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
                              "merges.txt beside it), or a folder holding one (a checkpoint, a "
                              "training run, a prepared dataset, a Hugging Face model folder)")
     parser.add_argument("--out", required=True, metavar="DIR", help="the dataset folder")
-    parser.add_argument("--val-fraction", type=float, default=0.1, metavar="F",
+    parser.add_argument("--val-fraction", type=values.number(0.0, 1.0, low_open=True, high_open=True), default=0.1, metavar="F",
                         help="share of the tokens held out for evaluation (default 0.1)")
     parser.add_argument("--json", action="store_true", help="print the header as JSON")
     parser.set_defaults(func=run)

@@ -12,6 +12,7 @@ import time
 
 from ..config import DecoderConfig
 from .common import absolute, source_from_args, user_output_to_stderr
+from . import values
 
 
 def register(subparsers) -> None:
@@ -31,17 +32,17 @@ def register(subparsers) -> None:
                         help="the factory a --model run was trained from, which rebuilds its "
                              "module (a folder's own code is never run)")
     parser.add_argument("--prompt", required=True, help="e.g. '<bos> A'")
-    parser.add_argument("--temperature", type=float, default=0.0,
+    parser.add_argument("--temperature", type=values.non_negative("0: greedy"), default=0.0,
                         help="0 (default) is greedy; T > 0 samples from softmax(logits / T)")
-    parser.add_argument("--top-k", type=int, metavar="K",
+    parser.add_argument("--top-k", type=values.count(), metavar="K",
                         help="sample among the K most likely tokens only (needs --temperature)")
-    parser.add_argument("--top-p", type=float, metavar="P",
+    parser.add_argument("--top-p", type=values.number(0.0, 1.0, low_open=True), metavar="P",
                         help="sample from the smallest set of most likely tokens holding "
                              "probability P (nucleus; needs --temperature)")
-    parser.add_argument("--num-samples", type=int, default=1, metavar="N",
+    parser.add_argument("--num-samples", type=values.count(), default=1, metavar="N",
                         help="N continuations of the prompt, generated as one batch (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for temperature sampling")
-    parser.add_argument("--max-new-tokens", type=int, metavar="N",
+    parser.add_argument("--seed", type=values.seed, default=0, help="seed for temperature sampling")
+    parser.add_argument("--max-new-tokens", type=values.count(), metavar="N",
                         help="stop after N new tokens (default: up to the context limit)")
     parser.add_argument("--tokenizer", metavar="T",
                         help="read the model's ids with T (bytes, tiny-vocab, a tokenizer.json, a "

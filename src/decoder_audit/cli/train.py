@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from . import helptext  # the checks its description names, from the gate's registry
+from . import values
 from ..console import console, literal
 from ..errors import ConfigError
 from .common import (
@@ -40,19 +41,19 @@ def register(subparsers) -> None:
                     "keeps the last good checkpoint; a run folder another run is writing is "
                     "refused (run.lock).")
     add_model_source(parser, foreign=True, intervention=True)
-    parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default 400)")
-    parser.add_argument("--seed", type=int, metavar="S",
+    parser.add_argument("--steps", type=values.count(), metavar="N", help="optimizer steps (default 400)")
+    parser.add_argument("--seed", type=values.seed, metavar="S",
                         help="seeds the initialisation and the batches (default 0)")
-    parser.add_argument("--batch-size", type=int, metavar="B",
+    parser.add_argument("--batch-size", type=values.count(), metavar="B",
                         help="global batch, all processes together (default 64)")
-    parser.add_argument("--lr", type=float,
+    parser.add_argument("--lr", type=values.positive(),
                         help="peak learning rate (default 3e-2; 3e-3 with --text)")
-    parser.add_argument("--warmup", type=int, metavar="N", help="linear warmup steps (default 20)")
-    parser.add_argument("--weight-decay", type=float, metavar="WD",
+    parser.add_argument("--warmup", type=values.count(0), metavar="N", help="linear warmup steps (default 20)")
+    parser.add_argument("--weight-decay", type=values.non_negative(), metavar="WD",
                         help="AdamW decay on matrices (default 0.1)")
     parser.add_argument("--decay-embeddings", action="store_true", default=None,
                         help="also decay embeddings (and a tied readout)")
-    parser.add_argument("--grad-clip", type=float, metavar="NORM",
+    parser.add_argument("--grad-clip", type=values.non_negative("0: off"), metavar="NORM",
                         help="clip the gradient norm (default 1.0; 0 = off)")
     data = parser.add_mutually_exclusive_group()
     data.add_argument("--text", metavar="FILE", help="train a byte-level model (V >= 256) on FILE")
@@ -75,15 +76,15 @@ def _add_run_options(parser) -> None:
     parser.add_argument("--resume", metavar="DIR",
                         help="continue the run saved in DIR (a run of a --model: with --model "
                              "FILE.py:FACTORY again, the factory it was trained from)")
-    parser.add_argument("--save-every", type=int, metavar="N",
+    parser.add_argument("--save-every", type=values.count(0), metavar="N",
                         help="checkpoint every N steps too (default: only at the end; a resumed "
                              "run keeps its own)")
-    parser.add_argument("--eval-every", type=int, metavar="N",
+    parser.add_argument("--eval-every", type=values.count(), metavar="N",
                         help="evaluation loss every N steps (default 50; a resumed run keeps its "
                              "own)")
     parser.add_argument("--device", help="cpu (default), cuda, cuda:N or auto (a resumed run "
                                           "keeps its own)")
-    parser.add_argument("--threads", type=int, metavar="N",
+    parser.add_argument("--threads", type=values.threads, metavar="N",
                         help="CPU threads (default: 1 for models under 1M parameters, whose ops "
                              "are too small to split, else torch's default; a resumed run keeps "
                              "its own)")
@@ -103,7 +104,7 @@ def _add_run_options(parser) -> None:
 
 def _add_step_options(parser) -> None:
     """How each step runs: accumulation, precision, compilation, and the MFU's peak."""
-    parser.add_argument("--grad-accum", type=int, metavar="N",
+    parser.add_argument("--grad-accum", type=values.count(), metavar="N",
                         help="split each step's batch into N micro-batches (the same update as "
                              "the whole batch at once, in 1/N of the activation memory; "
                              "--batch-size must be divisible by N; default 1)")
@@ -112,7 +113,7 @@ def _add_step_options(parser) -> None:
                              "and AdamW state (default fp32)")
     parser.add_argument("--compile", action="store_true", default=None,
                         help="torch.compile the model for the training steps")
-    parser.add_argument("--peak-flops", type=float, metavar="FLOPS",
+    parser.add_argument("--peak-flops", type=values.positive(), metavar="FLOPS",
                         help="peak FLOP/s for the final MFU (default: a measured matmul ceiling "
                              "on the device)")
 
@@ -129,6 +130,11 @@ def run(args) -> int:
 
     if args.intervention_len is not None and args.intervention_len < 1:
         raise ConfigError(f"--intervention-len={args.intervention_len} must be >= 1")
+    from ..training.settings import TrainConfig
+
+    warning = values.warmup_warning(args, default_steps=TrainConfig().steps)
+    if warning and int(os.environ.get("RANK", "0")) == 0:
+        print(f"decoder-audit train: warning: {warning}", file=sys.stderr)
     _absolute_paths(args)  # before a --model's code runs: an os.chdir in it moves nothing
     options = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
     source_given = any(getattr(args, f, None) for f in ("preset", "config", "checkpoint"))

@@ -26,6 +26,7 @@ from ..gate import (
 )
 from ..sources import load_weights_map
 from . import helptext
+from . import values
 from .common import (
     absolute,
     add_model_source,
@@ -45,7 +46,7 @@ def register(subparsers) -> None:
                     "usage error.",
         epilog=helptext.checks_listing(), formatter_class=helptext.ListingFormatter)
     add_model_source(parser, foreign=True, hf=True, intervention=True)
-    parser.add_argument("--input-vocab-size", type=int, metavar="V_IN",
+    parser.add_argument("--input-vocab-size", type=values.count(), metavar="V_IN",
                         help="ids the model reads when that differs from V (an extra start "
                              "token past the output vocabulary): V_IN - 1 must run, V_IN must be "
                              "rejected")
@@ -58,7 +59,7 @@ def register(subparsers) -> None:
     parser.add_argument("--weights-map", metavar="FILE.py:FN",
                         help="with --spec, for a layout not found by its names: FN(state_dict) "
                              "returns {canonical name: tensor} (views of the module's tensors)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=values.seed, default=0,
                         help="seed of the model's random weights and of the probe ids (default 0)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--report", metavar="DIR",

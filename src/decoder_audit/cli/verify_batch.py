@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..gate import BatchReport, audit_batch
+from . import values
 from .common import absolute, user_output_to_stderr
 
 
@@ -47,11 +48,11 @@ def register(subparsers) -> None:
                         help="the collator shifted the labels already (a loop that scores logit "
                              "t against label t); default: labels are the inputs, as Hugging "
                              "Face models take them")
-    parser.add_argument("--ignore-index", type=int, default=-100, metavar="N",
+    parser.add_argument("--ignore-index", type=values.token_value, default=-100, metavar="N",
                         help="the label value a loss ignores (default -100, cross_entropy's)")
-    parser.add_argument("--pad-id", type=int, metavar="ID",
+    parser.add_argument("--pad-id", type=values.token_value, metavar="ID",
                         help="the pad id (for a batch without attention_mask)")
-    parser.add_argument("--bos-id", type=int, metavar="ID",
+    parser.add_argument("--bos-id", type=values.token_value, metavar="ID",
                         help="the begin token's id (for the bos check)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--report", metavar="DIR",
@@ -124,11 +125,15 @@ def _read_safetensors(path: Path) -> dict[str, Any]:
 
 def _read_torch(path: Path) -> Any:
     import pickle
+    import warnings
 
     import torch
 
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # what torch's unpickler notes (a pickle protocol it
+            # did not write) is no news: the file is read, or refused below in one line
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch(\.|$)")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
         if found:

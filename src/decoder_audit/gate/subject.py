@@ -251,6 +251,10 @@ class Subject:
         self.count(ids)
         with torch.no_grad(), model_failures_carried(self):
             logits = logits_of(self.work(ids))  # the plain call: ids positionally, nothing else
+        if isinstance(logits, torch.Tensor) and logits.device.type == "meta":
+            raise MetaLogits(f"the model returned logits {tuple(logits.shape)} on the meta "
+                             "device: shapes without values (weights never materialised, or "
+                             "a forward that makes its output there), so nothing was compared")
         if finite and isinstance(logits, torch.Tensor) and logits.is_floating_point() and \
                 not all_finite(logits):
             raise NonFiniteLogits(non_finite_message(logits, self.dtype))
@@ -420,6 +424,11 @@ def model_failures_carried(s: "Subject") -> Iterator[None]:
 
 class WrongShape(OutputError):
     """The model ran but its logits are not (B, T, V) for ids (B, T)."""
+
+
+class MetaLogits(OutputError):
+    """The model ran but its logits lie on the meta device: no values to read (reading one
+    would fail inside torch with "Tensor.item() cannot be called on meta tensors")."""
 
 
 class NonFiniteLogits(OutputError):

@@ -5,6 +5,8 @@
     folder.py      writing any output folder atomically, and what a crash leaves behind
     sharded.py     sharded checkpoints (torch.distributed.checkpoint): every rank its own rows,
                    resumed on any world size, exported to one safetensors file streamed
+    manifest.py    what a sharded checkpoint may hold: its manifest covers every file it reads;
+                   DCP's index read without unpickling anything else
 """
 
 from . import sharded  # noqa: F401 - registers its reader: load_checkpoint reads sharded folders

@@ -334,6 +334,11 @@ def load_module_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module
 # Loading
 # ----------------------------------------------------------------------------------------------
 
+class StrandedCopyWarning(UserWarning):
+    """A checkpoint was missing and the complete copy an interrupted save left was read instead.
+    Ours: the command line says it in one line of its own (cli: `one_line_warnings`)."""
+
+
 def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
     """The folder that holds the checkpoint named `path`: `path` itself, or, when a save stopped
     between its renames and left no `path`, the newest complete copy beside it (the new
@@ -350,7 +355,7 @@ def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
                                                 or (copy / FACTORY_FILE).is_file()):
             warnings.warn(f"checkpoint {str(path)!r} is missing (a save stopped between its "
                           f"renames); loading the newest complete copy it left, {str(copy)!r}",
-                          stacklevel=3)
+                          StrandedCopyWarning, stacklevel=3)
             return copy
     raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist")
 

@@ -14,10 +14,12 @@ Layout of a sharded checkpoint folder `ckpt/`:
     ckpt/<extra files>           bytes the caller hands in (the trainer's state, a tokenizer)
 
 Nothing is unpickled beyond DCP's own index. DCP writes `.metadata` as a pickle of its own
-dataclasses; it is read here by an unpickler that admits those classes, torch.Size, dtypes and
-paths and refuses any other global, and each chunk is read with `torch.load(weights_only=True)`.
-Only tensors are saved (optimizer hyperparameters go into the caller's own files), so no chunk
-is ever a pickled object.
+dataclasses; it is read by an unpickler that admits those classes, torch.Size, dtypes and paths
+and refuses any other global (storage.manifest), and each chunk is read with
+`torch.load(weights_only=True)`. Only tensors are saved (optimizer hyperparameters go into the
+caller's own files), so no chunk is ever a pickled object. The manifest covers every file the
+checkpoint reads: a file it does not list, a listed file missing, changed or shorter than DCP's
+index says, is refused naming the file before a weight is read (storage.manifest).
 
 Atomic as every folder of ours (storage.folder): rank 0 takes the lock and makes the temporary
 folder, every rank writes its chunks into it, rank 0 writes the rest, fsyncs it and swaps it in
@@ -35,10 +37,11 @@ its chunks, never the model.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
-import pickle
+import shutil
 import sys
 import warnings
 from collections.abc import Collection, Iterator, Mapping
@@ -56,7 +59,6 @@ from .checkpoint import (
     CONFIG_FILE,
     DIGEST_PREFIX,
     LAYOUT_READERS,
-    SHARDED_MANIFEST,
     WEIGHTS_FILE,
     checked_extra_files,
     config_digest,
@@ -70,13 +72,23 @@ from .checkpoint import (
     weights_metadata,
 )
 from .folder import write_folder_atomically
-
-MANIFEST_FILE = SHARDED_MANIFEST
-SHARDS_DIR = "dcp"
-LAYOUT = "decoder_audit.dcp"
-LAYOUT_VERSION = 1
-MODEL_KEY, OPTIM_KEY = "model", "optim"  # the two top-level keys of the state DCP holds
-_READ_BLOCK = 1 << 20  # bytes hashed at a time
+from .manifest import (
+    INDEX_FILE,
+    LAYOUT,
+    LAYOUT_VERSION,
+    MANIFEST_FILE,
+    MODEL_KEY,
+    OPTIM_KEY,
+    SHARDS_DIR,
+    check_files,
+    check_index_files,
+    dcp_failures,
+    file_sha256,
+    index_reader,
+    one_line,
+    read_manifest,
+    stored_shapes,
+)
 
 
 def is_sharded_checkpoint(folder: str | os.PathLike) -> bool:
@@ -199,13 +211,14 @@ def _save_as_main(state: dict[str, Any], cfg: DecoderConfig, path: Path,
                   extra: dict[str, bytes], superseded: Collection[str]) -> Path:
     talk = _Collective()
     stage = ["before"]  # how far the peers got with us: what they still wait for on a failure
+    need = [sum(map(len, extra.values()))]  # bytes this save writes, once the ranks said theirs
 
     def write(folder: Path) -> None:
         shards = folder / SHARDS_DIR
         shards.mkdir()
-        talk.announce(str(shards))
+        talk.announce((str(shards), str(path)))
         stage[0] = "announced"
-        _write_shards(state, shards, talk)
+        need[0] += _write_shards(state, shards, path, talk)
         stage[0] = "written"
         files = {f"{SHARDS_DIR}/{name}": digest for found in talk.everyone(_own_digests(shards, 0))
                  for name, digest in _raise_if_failed(found).items()}
@@ -223,10 +236,15 @@ def _save_as_main(state: dict[str, Any], cfg: DecoderConfig, path: Path,
                                           what="checkpoint", names=names,
                                           superseded=superseded)
     except BaseException as exc:
+        error = exc
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:  # rank 0's own files, fsync
+            error = CheckpointError(_no_space(path, need[0] if stage[0] != "before" else None))
         if stage[0] == "before":
             talk.announce(None)  # the peers wait for the folder: there is none
         elif stage[0] == "written":
-            talk.announce(f"{type(exc).__name__}: {exc}")  # they wait for the outcome
+            talk.announce(f"{type(error).__name__}: {error}")  # they wait for the outcome
+        if error is not exc:
+            raise error from exc
         raise  # "announced": the shards' write failed, and it raised on every rank
     talk.announce("ok")
     return written
@@ -234,44 +252,75 @@ def _save_as_main(state: dict[str, Any], cfg: DecoderConfig, path: Path,
 
 def _save_as_peer(state: dict[str, Any]) -> None:
     talk = _Collective()
-    shards = talk.announce(None)
-    if shards is None:
+    where = talk.announce(None)
+    if where is None:
         raise CheckpointError("rank 0 could not begin the sharded save (its error says why); "
                               "nothing was written")
-    _write_shards(state, Path(shards), talk)
-    talk.everyone(_own_digests(Path(shards), talk.dist.get_rank()))
+    shards, target = map(Path, where)
+    _write_shards(state, shards, target, talk)
+    talk.everyone(_own_digests(shards, talk.dist.get_rank()))
     outcome = talk.announce(None)
     if outcome != "ok":
         raise CheckpointError(f"rank 0 could not finish the sharded save ({outcome}); the "
                               "previous checkpoint is kept")
 
 
-def _write_shards(state: dict[str, Any], shards: Path, talk: _Collective) -> None:
+def _write_shards(state: dict[str, Any], shards: Path, target: Path, talk: _Collective) -> int:
     """Every rank's chunks into `shards` (DCP: a failure on any rank raises on every rank),
-    once no rank holds a NaN or inf weight (a diverged model is never saved)."""
+    once no rank holds a NaN or inf weight (a diverged model is never saved). Returns the
+    bytes of the tensors all ranks wrote; a full disk is said as one line naming `target` (the
+    checkpoint being saved), the bytes needed and those free."""
     import torch.distributed.checkpoint as dcp
 
     local = {name: (p.to_local() if hasattr(p, "to_local") else p)
              for name, p in state[MODEL_KEY].items()}
-    bad = sorted({name for found in talk.everyone(non_finite_names(local)) for name in found})
+    found = talk.everyone((non_finite_names(local), _tensor_bytes(state)))
+    bad = sorted({name for names, _ in found for name in names})
     if bad:
         raise CheckpointError(f"refusing to save: tensors {bad} hold NaN or inf (a diverged "
                               "model)")
+    need = sum(size for _, size in found)
     try:
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(shards), sync_files=True),
                  no_dist=talk.dist is None)
     except dcp.api.CheckpointException as exc:  # raised on every rank, naming the failed ones
-        failures = getattr(exc, "failures", {}) or {}
-        said = "; ".join(f"rank {rank}: {_cause(failure)}"
-                         for rank, failure in sorted(failures.items()))
-        raise CheckpointError(f"the sharded save failed ({said or exc}); the previous "
-                              "checkpoint is kept") from exc
+        failures = dcp_failures(exc)
+        if any(isinstance(error, OSError) and error.errno in _DISK_FULL for _, error in failures):
+            raise CheckpointError(_no_space(target, need)) from None
+        said = "; ".join(f"rank {rank}: {one_line(error)}" for rank, error in failures)
+        raise CheckpointError(f"the sharded save failed ({said or one_line(exc)}); the previous "
+                              "checkpoint is kept") from None
+    return need
 
 
-def _cause(failure: Any) -> str:
-    """The error a rank raised inside DCP (wrapped with its traceback there)."""
-    error = getattr(failure, "exc", failure)
-    return f"{type(error).__name__}: {error}"
+# What a full disk raises: no space left, or the user's quota reached.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _tensor_bytes(state: Mapping[str, Any]) -> int:
+    """The bytes of this rank's own rows of every tensor in `state` (nested mappings)."""
+    total = 0
+    for value in state.values():
+        if isinstance(value, Mapping):
+            total += _tensor_bytes(value)
+        elif isinstance(value, torch.Tensor):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            total += local.numel() * local.element_size()
+    return total
+
+
+def _no_space(target: Path, need: int | None) -> str:
+    """The one line a full disk during the save of `target` gets: the bytes the save needs (at
+    least its tensors'; DCP adds a header per chunk) and those free on that filesystem."""
+    where = next((p for p in (target, *target.parents) if p.exists()), target)
+    try:
+        free = f"{shutil.disk_usage(where).free:,} bytes are free there"
+    except OSError:
+        free = "the free space could not be read"
+    needs = (f"the save needs at least {need:,} bytes for its tensors and " if need is not None
+             else "")
+    return (f"no space left on the device holding {str(target)!r}: {needs}{free}; nothing was "
+            "replaced, the previous checkpoint is kept: free some space and save again")
 
 
 def _own_digests(shards: Path, rank: int) -> dict[str, str] | str:
@@ -280,7 +329,7 @@ def _own_digests(shards: Path, rank: int) -> dict[str, str] | str:
     try:
         mine = sorted(shards.glob(f"__{rank}_*.distcp"))
         if rank == 0:
-            mine.append(shards / ".metadata")
+            mine.append(shards / INDEX_FILE)
         return {p.name: file_sha256(p) for p in mine}
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -290,97 +339,6 @@ def _raise_if_failed(found: dict[str, str] | str) -> dict[str, str]:
     if isinstance(found, str):
         raise CheckpointError(f"a rank could not hash the chunks it wrote: {found}")
     return found
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(_READ_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-# ----------------------------------------------------------------------------------------------
-# The manifest, DCP's index, read without unpickling anything else
-# ----------------------------------------------------------------------------------------------
-
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """sharded.json, checked to be a manifest of this layout; CheckpointError naming it."""
-    path = folder / MANIFEST_FILE
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{str(path)!r} is not a readable manifest: {exc}") from exc
-    if (not isinstance(manifest, dict) or manifest.get("layout") != LAYOUT
-            or not isinstance(manifest.get("files"), dict)):
-        raise CheckpointError(f"{str(path)!r} is not the manifest of a decoder-audit sharded "
-                              f"checkpoint (layout {LAYOUT!r} with its files' SHA-256)")
-    if manifest.get("version") != LAYOUT_VERSION:
-        raise CheckpointError(f"{str(path)!r} has layout version {manifest.get('version')!r}; "
-                              f"this decoder-audit reads version {LAYOUT_VERSION}")
-    return manifest
-
-
-def check_files(folder: Path, names: Collection[str] | None = None) -> None:
-    """CheckpointError naming each file (of `names`; default every one the manifest lists) that
-    is missing or whose bytes differ from the SHA-256 recorded when it was saved."""
-    recorded = read_manifest(folder)["files"]
-    bad = []
-    for name in sorted(recorded if names is None else names):
-        path = folder / name
-        if name not in recorded or not path.is_file() or file_sha256(path) != recorded[name]:
-            bad.append(name)
-    if bad:
-        raise CheckpointError(f"sharded checkpoint {str(folder)!r} is damaged: {bad} missing, "
-                              "replaced or changed since it was saved (SHA-256 differs from "
-                              f"{MANIFEST_FILE})")
-
-
-# The globals DCP's index is made of: its own dataclasses, and torch's Size, dtypes and layouts.
-_INDEX_GLOBALS = {
-    "torch.distributed.checkpoint.metadata": {
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-        "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"},
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
-    "collections": {"OrderedDict"},
-}
-
-
-class _IndexUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if name in _INDEX_GLOBALS.get(module, ()):
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise CheckpointError(f"DCP's index names {module}.{name}, which is not part of a "
-                              "checkpoint's index; refused unread (unpickling it could run "
-                              "arbitrary code)")
-
-
-def _reader(shards: Path):
-    """A FileSystemReader whose index is read by `_IndexUnpickler`, once."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class IndexReader(FileSystemReader):
-        index = None
-
-        def read_metadata(self, *args: Any, **kwargs: Any):
-            if self.index is None:
-                with open(shards / ".metadata", "rb") as handle:
-                    try:
-                        self.index = _IndexUnpickler(handle).load()
-                    except (pickle.UnpicklingError, EOFError, AttributeError) as exc:
-                        raise CheckpointError(f"{str(shards / '.metadata')!r} is not DCP's "
-                                              f"index (truncated or corrupt): {exc}") from exc
-                if getattr(self.index, "storage_meta", None) is None:
-                    self.index.storage_meta = StorageMeta()
-            return self.index
-
-    return IndexReader(str(shards))
 
 
 def _tensors_only():
@@ -395,23 +353,17 @@ def _tensors_only():
     return TensorsOnly()
 
 
-def stored_shapes(folder: Path, reader=None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """name -> (shape, dtype) of every model tensor the checkpoint stores, from DCP's index."""
-    index = (reader or _reader(folder / SHARDS_DIR)).read_metadata()
-    prefix = MODEL_KEY + "."
-    return {key[len(prefix):]: (tuple(md.size), md.properties.dtype)
-            for key, md in index.state_dict_metadata.items() if key.startswith(prefix)}
-
-
 def _checked_layout(folder: Path, cfg: DecoderConfig, reader) -> dict[str, Any]:
-    """The stored model tensors' (shape, dtype), once they fit what `cfg` implies and the
-    config is the one saved (compared before a weight is read)."""
+    """The stored model tensors' (shape, dtype), once they fit what `cfg` implies, the config
+    is the one saved and every file DCP's index reads is listed in the manifest and long enough
+    (all compared before a weight is read)."""
     recorded = read_manifest(folder).get(CONFIG_DIGEST)
     if recorded != config_digest(cfg):
         raise CheckpointError(
             f"{str(folder / CONFIG_FILE)!r} was changed after the checkpoint was saved: the "
             f"config's SHA-256 differs from the one recorded in {MANIFEST_FILE} (these weights "
             "were trained under another config); restore the saved config.json")
+    check_index_files(folder, reader.read_metadata())
     stored = stored_shapes(folder, reader)
     problems = name_and_shape_problems(expected_shapes(cfg),
                                        {name: shape for name, (shape, _) in stored.items()})
@@ -438,7 +390,7 @@ def load_sharded_state(folder: str | os.PathLike, model: nn.Module, *,
     folder = Path(folder)
     sharded = holds_dtensors(model)
     _check_files_shared(folder, sharded)
-    reader = _reader(folder / SHARDS_DIR)
+    reader = index_reader(folder / SHARDS_DIR)
     _checked_layout(folder, read_config(folder), reader)
     state: dict[str, Any] = {}
     if weights:
@@ -453,12 +405,26 @@ def load_sharded_state(folder: str | os.PathLike, model: nn.Module, *,
 
 def _load(state: dict[str, Any], reader, *, no_dist: bool) -> None:
     """DCP's load into `state`'s tensors, in place; `no_dist`: this process alone reads every
-    chunk it needs (DCP's warning that it assumes so is the intent here, not news)."""
+    chunk it needs (DCP's warning that it assumes so is the intent here, not news). A failure
+    inside DCP (which wraps each rank's with its stack) is one CheckpointError naming the
+    shards; ours (a pickled value refused) is raised as it is."""
     import torch.distributed.checkpoint as dcp
 
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=reader, planner=_tensors_only(), no_dist=no_dist)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=reader, planner=_tensors_only(), no_dist=no_dist)
+    except dcp.api.CheckpointException as exc:
+        failures = dcp_failures(exc)
+        ours = next((error for _, error in failures if isinstance(error, CheckpointError)), None)
+        if ours is not None:
+            raise ours from None
+        shards = Path(str(reader.path))
+        files = sorted({f"{SHARDS_DIR}/{info.relative_path}"
+                        for info in reader.read_metadata().storage_data.values()})
+        said = "; ".join(f"rank {rank}: {one_line(error)}" for rank, error in failures)
+        raise CheckpointError(f"sharded checkpoint {str(shards.parent)!r} could not be read "
+                              f"from {files} ({said or one_line(exc)}): corrupt chunks") from None
 
 
 def _set_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[str, Any],
@@ -503,7 +469,7 @@ def load_sharded_decoder(folder: str | os.PathLike, *, device: torch.device | st
     folder = Path(folder)
     cfg = read_config(folder)
     check_files(folder)
-    reader = _reader(folder / SHARDS_DIR)
+    reader = index_reader(folder / SHARDS_DIR)
     stored = _checked_layout(folder, cfg, reader)
     model = Decoder(cfg, device="meta", dtype=stored["token_embeddings.weight"][1])
     model.to_empty(device="cpu")
@@ -519,7 +485,7 @@ def sharded_tensors(folder: str | os.PathLike) -> Iterator[tuple[str, torch.Tens
     folder = Path(folder)
     cfg = read_config(folder)
     check_files(folder)
-    reader = _reader(folder / SHARDS_DIR)
+    reader = index_reader(folder / SHARDS_DIR)
     stored = _checked_layout(folder, cfg, reader)
     for name in expected_shapes(cfg):
         shape, dtype = stored[name]
