@@ -67,11 +67,13 @@ and with stress weights, and the report says the gradients were not."""
 def unplaced(s: Subject, name: str) -> CheckResult:
     """The verdict of params or oracle on a declared spec whose weights no layout placed: a
     failure (the architecture was declared and could not be checked), naming what was not found
-    and the way to say where the weights are (weights_map=)."""
+    and the way to say where the weights are (weights_map=); or on a peer library's config
+    whose options no spec expresses (no spec: the reason names them)."""
+    spec = s.facts.spec
     return CheckResult(name, False, f"the declared spec could not be checked: "
-                       f"{s.facts.reference_reason}", {"spec": s.facts.spec.to_dict(),
-                                                       "placed": False,
-                                                       "reason": s.facts.reference_reason})
+                       f"{s.facts.reference_reason}",
+                       {"spec": None if spec is None else spec.to_dict(), "placed": False,
+                        "reason": s.facts.reference_reason})
 
 
 def check_spec_params(s: Subject) -> CheckResult:
