@@ -118,10 +118,14 @@ def _read_ff(layers: nn.Module, ff: nn.Module, refused: list[str]
     if kind is None:
         refused.append(f"the feed-forward's activation {act!r} (glu={glu}: no MLP of that kind)")
         return {}, {}
-    bias = out.bias is not None
-    kwargs = {"ff_mult": inner / layers.dim, "ff_glu": glu, "ff_no_bias": not bias,
+    # a GLU's projection always has a bias (ff_no_bias drops the output's alone)
+    biased = (("w1", "w3") if glu else ("w1",)) * (linear.bias is not None) + \
+        ("w2",) * (out.bias is not None)
+    every = 3 if glu else 2
+    kwargs = {"ff_mult": inner / layers.dim, "ff_glu": glu, "ff_no_bias": out.bias is None,
               "ff_swish": isinstance(act, nn.SiLU)}
-    return kwargs, {"mlp": kind, "d_ff": inner, "mlp_bias": bias}
+    return kwargs, {"mlp": kind, "d_ff": inner,
+                    "mlp_bias": biased if 0 < len(biased) < every else bool(biased)}
 
 
 def _read_rotary(layers: nn.Module, ff: nn.Module, refused: list[str]
@@ -267,15 +271,15 @@ def _spots(model: nn.Module, spec) -> dict[str, Spot]:
             up = {"w3": (0, f), "w1": (f, 2 * f)}
             for w, rows in up.items():
                 spots[f"layers.{i}.ffn.{w}.weight"] = Spot(f"{ff}.1.ff.0.proj.weight", rows=rows)
-                if spec.mlp_bias:
+                if spec.has_bias(w):
                     spots[f"layers.{i}.ffn.{w}.bias"] = Spot(f"{ff}.1.ff.0.proj.bias", rows=rows)
         else:
             spots[f"layers.{i}.ffn.w1.weight"] = Spot(f"{ff}.1.ff.0.0.weight")
-            if spec.mlp_bias:
+            if spec.has_bias("w1"):
                 spots[f"layers.{i}.ffn.w1.bias"] = Spot(f"{ff}.1.ff.0.0.bias")
         out = max(j for j, m in enumerate(model.attn_layers.layers[2 * i + 1][1].ff)
                   if isinstance(m, nn.Linear))
         spots[f"layers.{i}.ffn.w2.weight"] = Spot(f"{ff}.1.ff.{out}.weight")
-        if spec.mlp_bias:
+        if spec.has_bias("w2"):
             spots[f"layers.{i}.ffn.w2.bias"] = Spot(f"{ff}.1.ff.{out}.bias")
     return spots
