@@ -235,6 +235,23 @@ def test_a_defect_planted_in_nanogpt_fails_oracle(name):
     assert params.passed and not oracle.passed, (params.detail, oracle.detail)
 
 
+def test_nanogpts_last_position_shortcut_is_reported_not_broadcast():
+    """nanoGPT's own forward without targets returns the last position's logits alone (B, 1, V):
+    shapes names it, and oracle names the shape instead of comparing (B, 1, V) broadcast
+    against the oracle's (B, T, V)."""
+
+    class LastOnly(NanoGPT):
+        def forward(self, idx, targets=None):
+            logits, loss = super().forward(idx, targets)
+            return (logits if targets is not None else logits[:, [-1], :]), loss
+
+    torch.manual_seed(0)
+    report = da.audit(LastOnly(NANO).eval(), checks=["shapes", *CHECKS])
+    assert report["params"].passed and not report["shapes"].passed
+    oracle = report["oracle"]
+    assert not oracle.passed and "the logits' shape (2, 1, 37)" in oracle.detail, oracle.detail
+
+
 def test_a_field_a_nanogpt_fork_adds_is_refused_by_name():
     """A fork that adds a field (grouped-query attention, say) computes something nanoGPT's
     config does not declare: refused, named, never read as nanoGPT."""

@@ -283,6 +283,10 @@ def _compare_values(s: Subject, placement: Placement, weights: Mapping[str, torc
     oracle = StreamedOracle(weights, spec, ids, progress=s.progress)
     with _stage_inputs(s.work, placement, spec) as seen:
         fast = s.run(ids).double().cpu()
+    if fast.shape != oracle.logits.shape:  # never broadcast (B, 1, V) against (B, T, V)
+        return {"max_abs_logit_error": float("inf"), "allowed": tol,
+                "first_stage": f"the logits' shape {tuple(fast.shape)} (the oracle's "
+                               f"{tuple(oracle.logits.shape)})"}
     worst, allowed = scaled_excess(fast - oracle.logits, oracle.logits, tol)
     found = {"max_abs_logit_error": worst, "allowed": allowed, "first_stage": None}
     if not worst <= allowed:

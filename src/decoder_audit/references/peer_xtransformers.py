@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .layouts import Spot, placeable, placed_on
-from .peer_configs import PeerSpec, read_spec
+from .peer_record import PeerSpec, read_spec
 
 _ACTIVATIONS = {("GELU", False): "gelu", ("GELU", True): None, ("SiLU", True): "swiglu",
                 ("ReLU", False): "relu"}
