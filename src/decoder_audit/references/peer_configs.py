@@ -12,6 +12,7 @@ One small reader per library, each reading attributes duck-typed (no library is 
                      transformer.wte / transformer.h / lm_head, since users copy model.py
     torchtune        a TransformerDecoder: the arguments its modules keep (heads, head width,
                      the RoPE module's base and scaling, the norms' eps, the activation, ...)
+                     (`peer_torchtune`)
     x-transformers   a TransformerWrapper around a Decoder (`peer_xtransformers`)
 
 Every option that changes the numerics is read, RoPE scaling included. An option that no
@@ -30,13 +31,19 @@ from typing import Any
 from torch import nn
 
 from .peer_record import PeerSpec, read_spec
+from .peer_torchtune import torchtune_spec
 from .peer_xtransformers import xtransformers_spec
 
 
 def peer_spec(model: nn.Module) -> PeerSpec | None:
-    """The spec a peer library's model carries (see the module docstring), or None."""
-    for reader in (_lens, _litgpt, _nanogpt, _torchtune, xtransformers_spec):
-        found = reader(model)
+    """The spec a peer library's model carries (see the module docstring), or None. A release
+    whose config lacks a field its reader reads is refused, naming it (fails closed)."""
+    for library, reader in _READERS:
+        try:
+            found = reader(model)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            return PeerSpec(library, None, (f"its config could not be read ({type(exc).__name__}"
+                                             f": {exc})",))
         if found is not None:
             return found
     return None
@@ -130,10 +137,12 @@ def _lens_attention(cfg: Any, refused: list[str]) -> dict[str, Any]:
         fields["attn_scale"] = 1.0
     elif not math.isclose(cfg.attn_scale, math.sqrt(cfg.d_head), rel_tol=1e-12):
         fields["attn_scale"] = 1.0 / cfg.attn_scale  # HookedTransformer divides by it
-    if _positive(cfg.attn_scores_soft_cap):
-        fields["attn_softcap"] = float(cfg.attn_scores_soft_cap)
-    if _positive(cfg.output_logits_soft_cap):
-        fields["logit_softcap"] = float(cfg.output_logits_soft_cap)
+    soft_caps = (getattr(cfg, "attn_scores_soft_cap", -1.0),
+                 getattr(cfg, "output_logits_soft_cap", -1.0))
+    if _positive(soft_caps[0]):
+        fields["attn_softcap"] = float(soft_caps[0])
+    if _positive(soft_caps[1]):
+        fields["logit_softcap"] = float(soft_caps[1])
     if cfg.parallel_attn_mlp:
         fields["parallel_residual"] = True
     if cfg.use_local_attn:
@@ -155,20 +164,22 @@ def _lens_positions(cfg: Any, refused: list[str]) -> dict[str, Any]:
         return {}
     fields: dict[str, Any] = {
         "pos": "rope", "rope_theta": float(cfg.rotary_base),
-        "rope_layout": "interleaved" if cfg.rotary_adjacent_pairs else "rotate_half"}
+        "rope_layout": "interleaved" if getattr(cfg, "rotary_adjacent_pairs", False)
+        else "rotate_half"}
     if cfg.rotary_dim is not None and cfg.rotary_dim != cfg.d_head:
         fields["rotary_dim"] = cfg.rotary_dim
     scaling = _lens_rope_scaling(cfg)
     if scaling is not None:
         fields["rope_scaling"] = scaling
     local = cfg.use_local_attn and "local" in (cfg.attn_types or ())
-    if local and cfg.rotary_base_local is not None:
-        fields["window_rope_theta"] = float(cfg.rotary_base_local)
+    local_base = getattr(cfg, "rotary_base_local", None)
+    if local and local_base is not None:
+        fields["window_rope_theta"] = float(local_base)
     # a DecoderConfig scales the windowed layers' RoPE with the rest unless they have a base of
     # their own; HookedTransformer's rules for its local layers differ per scaling
     if local and scaling is not None and (
-            cfg.rotary_base_local is None or cfg.use_NTK_by_parts_rope or
-            (cfg.use_yarn_rope and not cfg.yarn_global_attn_only)):
+            local_base is None or getattr(cfg, "use_NTK_by_parts_rope", False) or
+            (getattr(cfg, "use_yarn_rope", False) and not cfg.yarn_global_attn_only)):
         refused.append(f"RoPE scaling {scaling['type']!r} with local attention layers (which "
                        "layers it reaches differs from a DecoderConfig's)")
     return fields
@@ -176,12 +187,12 @@ def _lens_positions(cfg: Any, refused: list[str]) -> dict[str, Any]:
 
 def _lens_rope_scaling(cfg: Any) -> dict[str, Any] | None:
     """HookedTransformerConfig's RoPE scaling as a DecoderConfig's rope_scaling."""
-    if cfg.use_NTK_by_parts_rope:  # Llama 3.1's
+    if getattr(cfg, "use_NTK_by_parts_rope", False):  # Llama 3.1's
         return {"type": "llama3", "factor": float(cfg.NTK_by_parts_factor),
                 "original_max_seq_len": int(cfg.NTK_original_ctx_len),
                 "low_freq_factor": float(cfg.NTK_by_parts_low_freq_factor),
                 "high_freq_factor": float(cfg.NTK_by_parts_high_freq_factor)}
-    if cfg.use_yarn_rope:
+    if getattr(cfg, "use_yarn_rope", False):
         return {"type": "yarn", "factor": float(cfg.yarn_factor),
                 "original_max_seq_len": int(cfg.yarn_original_max_position_embeddings),
                 "beta_fast": float(cfg.yarn_beta_fast), "beta_slow": float(cfg.yarn_beta_slow),
@@ -339,121 +350,5 @@ def _nanogpt(model: nn.Module) -> PeerSpec | None:
     return read_spec("nanoGPT", fields, refused)
 
 
-# ---- torchtune ----------------------------------------------------------------------------------
-
-# its RoPE modules: class name -> (layout, the attributes of a scaled one)
-_TUNE_ROPE = {"RotaryPositionalEmbeddings": "interleaved", "Llama3ScaledRoPE": "interleaved",
-              "Qwen2RotaryPositionalEmbeddings": "rotate_half",
-              "Phi3RotaryPositionalEmbeddings": "rotate_half"}
-
-
-def _torchtune(model: nn.Module) -> PeerSpec | None:
-    if type(model).__name__ != "TransformerDecoder" or not all(
-            hasattr(model, name) for name in ("tok_embeddings", "layers", "norm", "output")):
-        return None
-    refused: list[str] = []
-    readings = [_tune_layer(i, layer, refused) for i, layer in enumerate(model.layers)]
-    first = readings[0] if readings else {}
-    for i, reading in enumerate(readings[1:], 1):
-        differ = sorted(k for k in first.keys() | reading.keys()
-                        if first.get(k) != reading.get(k))
-        if differ:
-            refused.append(f"layers.{i} differs from layers.0 in {differ}")
-    embedding, output = model.tok_embeddings, model.output
-    tied = not isinstance(output, nn.Module)  # torchtune's TiedLinear is no module
-    if tied and getattr(getattr(output, "tied_module", None), "weight", None) is not \
-            getattr(embedding, "weight", None):
-        refused.append(f"output={type(output).__name__} (a readout that is neither a Linear "
-                       "nor tied to tok_embeddings)")
-    if type(embedding) is not nn.Embedding:
-        refused.append(f"tok_embeddings={type(embedding).__name__} (not an nn.Embedding)")
-    norm = _tune_norm(model.norm, "norm", refused)
-    if first.get("norm_eps") not in (None, norm.get("norm_eps")):
-        refused.append(f"norm.eps={norm.get('norm_eps')} (the final norm's eps differs from the "
-                       f"blocks' {first.get('norm_eps')})")
-    fields = {**first, **norm, "vocab_size": embedding.num_embeddings,
-              "d_model": embedding.embedding_dim, "n_layers": len(model.layers),
-              "max_seq_len": model.max_seq_len, "tie_embeddings": tied,
-              "readout_bias": not tied and getattr(output, "bias", None) is not None}
-    return read_spec("torchtune", fields, refused)
-
-
-def _tune_layer(i: int, layer: nn.Module, refused: list[str]) -> dict[str, Any]:
-    """What one TransformerSelfAttentionLayer computes, as DecoderConfig fields."""
-    where = f"layers.{i}"
-    if type(layer).__name__ != "TransformerSelfAttentionLayer":
-        refused.append(f"{where}={type(layer).__name__} (not a self-attention layer)")
-        return {}
-    for scale in ("sa_scale", "mlp_scale"):
-        if type(getattr(layer, scale, None)) is not nn.Identity:
-            refused.append(f"{where}.{scale}={type(getattr(layer, scale)).__name__} (a gate on "
-                           "the sublayer's output)")
-    attn, fields = layer.attn, {}
-    fields.update(_tune_norm(layer.sa_norm, f"{where}.sa_norm", refused))
-    eps = fields.get("norm_eps")
-    if _tune_norm(layer.mlp_norm, f"{where}.mlp_norm", refused).get("norm_eps") != eps:
-        refused.append(f"{where}.mlp_norm.eps (differs from sa_norm.eps={eps})")
-    if not getattr(attn, "is_causal", False):
-        refused.append(f"{where}.attn.is_causal={getattr(attn, 'is_causal', None)} (not causal)")
-    for norm in ("q_norm", "k_norm"):
-        if getattr(attn, norm, None) is not None:
-            refused.append(f"{where}.attn.{norm} (a q/k norm applied after RoPE)")
-    fields.update(n_heads=attn.num_heads, n_kv_heads=attn.num_kv_heads)
-    if attn.head_dim * attn.num_heads != attn.embed_dim:
-        fields["head_width"] = attn.head_dim
-    biased = tuple(name for name in ("q_proj", "k_proj", "v_proj", "output_proj")
-                   if getattr(getattr(attn, name), "bias", None) is not None)
-    fields["attn_bias"] = biased if 0 < len(biased) < 4 else bool(biased)
-    fields.update(_tune_rope(attn, where, refused))
-    fields.update(_tune_mlp(layer.mlp, where, refused))
-    return fields
-
-
-def _tune_norm(norm: nn.Module, where: str, refused: list[str]) -> dict[str, Any]:
-    kind = type(norm).__name__
-    if kind == "RMSNorm" and hasattr(norm, "scale"):
-        return {"norm": "rmsnorm", "norm_eps": float(norm.eps)}
-    refused.append(f"{where}={kind} (not torchtune's RMSNorm)")
-    return {}
-
-
-def _tune_rope(attn: nn.Module, where: str, refused: list[str]) -> dict[str, Any]:
-    rope = attn.pos_embeddings
-    if rope is None:
-        return {"pos": "none"}
-    kind = type(rope).__name__
-    if kind not in _TUNE_ROPE:
-        refused.append(f"{where}.attn.pos_embeddings={kind} (a position embedding of another "
-                       "kind)")
-        return {}
-    fields: dict[str, Any] = {"pos": "rope", "rope_theta": float(rope.base),
-                              "rope_layout": _TUNE_ROPE[kind]}
-    if getattr(rope, "dim", attn.head_dim) != attn.head_dim:
-        refused.append(f"{where}.attn.pos_embeddings.dim={rope.dim} (RoPE over part of the "
-                       f"head width {attn.head_dim})")
-    if kind == "Llama3ScaledRoPE":  # Llama 3.1's scaled RoPE
-        fields["rope_scaling"] = {"type": "llama3", "factor": float(rope.scale_factor),
-                                  "original_max_seq_len": int(rope.old_context_len),
-                                  "low_freq_factor": float(rope.low_freq_factor),
-                                  "high_freq_factor": float(rope.high_freq_factor)}
-    return fields
-
-
-def _tune_mlp(mlp: nn.Module, where: str, refused: list[str]) -> dict[str, Any]:
-    if type(mlp).__name__ != "FeedForward":
-        refused.append(f"{where}.mlp={type(mlp).__name__} (not torchtune's FeedForward)")
-        return {}
-    act, gated = mlp.activation, getattr(mlp, "w3", None) is not None
-    gelu = getattr(act, "approximate", None) if isinstance(act, nn.GELU) else None
-    kind = {(nn.SiLU, True): "swiglu", (nn.GELU, "tanh", True): "geglu",
-            (nn.GELU, "none", False): "gelu", (nn.GELU, "tanh", False): "gelu_tanh",
-            (nn.ReLU, False): "relu"}.get((type(act), gelu, gated) if gelu else (type(act), gated))
-    if kind is None:
-        refused.append(f"{where}.mlp.activation={act!r} ({'gated' if gated else 'plain'}: no "
-                       "MLP of that kind)")
-        return {}
-    biased = tuple(name for name in ("w1", "w3", "w2")
-                   if getattr(getattr(mlp, name, None), "bias", None) is not None)
-    every = 3 if gated else 2
-    return {"mlp": kind, "d_ff": mlp.w1.out_features,
-            "mlp_bias": biased if 0 < len(biased) < every else bool(biased)}
+_READERS = (("TransformerLens", _lens), ("litgpt", _litgpt), ("nanoGPT", _nanogpt),
+            ("torchtune", torchtune_spec), ("x-transformers", xtransformers_spec))
