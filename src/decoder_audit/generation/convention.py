@@ -105,8 +105,8 @@ def convention(model: nn.Module) -> Convention:
         return Convention("input_pos", True, masked)  # litgpt: the cache lives in its blocks
     if "past_kv_cache" in params and _init_cache_class(model) is not None:
         return Convention("past_kv_cache", True, masked)  # TransformerLens' HookedTransformer
-    if "return_intermediates" in params and "cache" in params:
-        return Convention("return_intermediates", True, masked)  # x-transformers
+    if "return_intermediates" in params and "cache" in params:  # x-transformers
+        return Convention("return_intermediates", True, masked, ids_keyword=False)
     cache_arg = next((name for name in ("past_key_values", "cache") if name in params), None)
     keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if cache_arg is not None and ("use_cache" in params or keywords):  # use_cache may be a **kwarg
@@ -159,6 +159,8 @@ def established(model: nn.Module, conv: Convention, ids: torch.Tensor
     why = ""
     if conv.name == "hugging face":
         conv, why = _cached_steps(model, conv, ids)
+    if conv.name == "return_intermediates":
+        conv, why = _intermediates_steps(model, conv, ids)
     if conv.masked:
         try:
             with torch.no_grad():
@@ -201,6 +203,26 @@ def _cached_steps(model: nn.Module, conv: Convention, ids: torch.Tensor
     return ids_passed, ("its forward does not take the cache arguments its parameter names "
                         f"suggested (use_cache=, {conv.cache_arg}=): {errors[-1]}; so it cannot "
                         "be stepped with a cache")
+
+
+def _intermediates_steps(model: nn.Module, conv: Convention, ids: torch.Tensor
+                         ) -> tuple[Convention, str]:
+    """Two cached calls under x-transformers' convention: (the convention, "") when they fit it,
+    or (the convention without a cache, why) for a forward that names return_intermediates= and
+    cache= but hands back no (logits, cache) pair, or does not take them."""
+    try:
+        with torch.no_grad():
+            stepper = Stepper(model, conv, 1, ids.shape[1])
+            stepper(ids[:, :1])
+            stepper(ids[:, 1:2])
+    except CacheNotReturned as exc:
+        return replace(conv, cached=False), f"{exc}, so it cannot be stepped with one"
+    except Exception as exc:  # noqa: BLE001 - the model's own error: kv_cache shows it
+        if is_signature_error(exc):
+            return replace(conv, cached=False), (
+                f"its forward does not take return_intermediates= and cache= as their names "
+                f"suggest ({type(exc).__name__}: {exc}), so it cannot be stepped with a cache")
+    return conv, ""
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -265,8 +287,12 @@ class Stepper:
             # its speculative decoding says it)
             age = {"cache_age": ids.shape[1]} if self.cache is not None and ids.shape[1] > 1 \
                 else {}
-            logits, self.cache = self._call(self.seen, None, False, return_intermediates=True,
-                                            cache=self.cache, **age)
+            out = self._call(self.seen, None, False, return_intermediates=True,
+                             cache=self.cache, **age)
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                raise CacheNotReturned(f"{type(self.model).__name__}(return_intermediates=True, "
+                                       f"cache=) returned a {type(out).__name__}, no cache")
+            logits, self.cache = out
             return logits[:, -1:] if last_only else logits
         # Hugging Face. Without pads the model numbers positions itself from its cache, as its
         # plain forward does (some families offset them: RoBERTa starts at padding_idx + 1).
