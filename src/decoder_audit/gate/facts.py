@@ -21,9 +21,11 @@ with a DecoderConfig but other names (the torch.nn twin, say) is a black box who
 max_seq_len come from its config. Some facts are found by calling the model, once, before the
 checks (runner.py): where its attention patterns can be read, whether its cache can be stepped,
 whether d loss / d input can be taken. `reference` names the float64 oracle's way into the model's
-weights: "decoder" (our names), "spec" (a declared architecture, `spec=`, or the config of a
-Hugging Face class whose config is read as a spec, with the module's weights placed on its names by
-`references.layouts`), or None with `reference_reason`.
+weights: "decoder" (our names), "spec" (a declared architecture, `spec=`, the config of a
+Hugging Face class whose config is read as a spec, or the config a peer library's model carries,
+`references.peer_configs`, with the module's weights placed on its names by
+`references.layouts`; a peer's config with an option no spec expresses is "spec" with no spec, so
+params and oracle fail naming it), or None with `reference_reason`.
 
 The facts every check's `needs` (registry.py) are read from are the properties at the end.
 """
