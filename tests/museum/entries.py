@@ -190,12 +190,15 @@ ENTRIES: tuple[Entry, ...] = (
                   "reads the whole cache (Gemma 2/3 degrade past the window)",
           builder="litgpt_gemma_windowed", symptom="litgpt_cached_vs_full", check="kv_cache",
           today="caught", audit={"vocab_size": 96}, control="fail",
+          standing=("params", "oracle"),
           note="the control fails kv_cache for a second genuine bug: a cached prefill longer "
                "than the window (8 > 4) reads wrong keys in 0.5.12 (0.5.13 refuses it with "
                "ValueError: 'silently violates causality'); the buggy release fails on the "
                "steps past the window too. litgpt pins huggingface_hub < 1, which the project's transformers 5 cannot "
                "import (torchmetrics imports transformers): its environment holds "
-               "transformers 4.57.6 beside it"),
+               "transformers 4.57.6 beside it. Both releases' config is read as a spec, and "
+               "its GemmaMLP with exact GELU (gelu_approximate 'none') is a gated MLP no "
+               "DecoderConfig expresses: params and oracle fail closed, naming it"),
     Entry("gemma2-hybrid-cache-chunk", "transformers", _t("4.55.4"), _t("4.57.0"),
           ref="huggingface/transformers#40893", fix="#40893 (4.57.0)",
           summary="HybridCache's static sliding layer takes one new token at a time: a chunk of "
@@ -231,10 +234,13 @@ ENTRIES: tuple[Entry, ...] = (
                   "query rows' (rows 0..q) instead of the last ones' (the Bloom family decodes "
                   "wrongly with use_past_kv_cache=True)",
           builder="lens_alibi", symptom="lens_cached_vs_full", check="kv_cache",
-          today="caught", audit={"vocab_size": 96}, standing=("inputs", "dead_parameters"),
+          today="caught", audit={"vocab_size": 96},
+          standing=("inputs", "dead_parameters", "params", "oracle"),
           note="TransformerLens 2.x needs a transformers 4 (its environment holds 4.57.6); "
                "both releases accept negative ids (inputs) and keep a learned W_pos that ALiBi "
-               "never reads (dead_parameters), standing findings of that library"),
+               "never reads (dead_parameters), standing findings of that library; their config "
+               "is read as a spec, and ALiBi is a position scheme no DecoderConfig expresses: "
+               "params and oracle fail closed, naming positional_embedding_type='alibi'"),
     # --- packing ----------------------------------------------------------------------------
     Entry("llama-packed-position-ids", "transformers", _t("4.53.0"), _t("4.53.1"),
           ref="huggingface/transformers#39194", fix="#39194 (4.53.1)",
@@ -292,9 +298,12 @@ ENTRIES: tuple[Entry, ...] = (
                   "receive a gradient",
           builder="x_transformers_qk_norm_dim_scale", symptom="dead_gradients",
           check="dead_parameters", today="caught", threshold=0.5, tolerance=0.0,
-          audit={"vocab_size": 96}, standing=("inputs",),
+          audit={"vocab_size": 96}, standing=("inputs", "params", "oracle"),
           note="every x-transformers release accepts float ids and runs them (inputs), a "
-               "standing finding of tests/gate/test_outside_libraries.py"),
+               "standing finding of tests/gate/test_outside_libraries.py; both releases' "
+               "modules are read as a spec, and their q/k norm (with its per-dimension scales) "
+               "is an option no DecoderConfig expresses: params and oracle fail closed, "
+               "naming it"),
 )
 
 BY_ID: dict[str, Entry] = {entry.id: entry for entry in ENTRIES}

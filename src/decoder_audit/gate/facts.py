@@ -21,9 +21,11 @@ with a DecoderConfig but other names (the torch.nn twin, say) is a black box who
 max_seq_len come from its config. Some facts are found by calling the model, once, before the
 checks (runner.py): where its attention patterns can be read, whether its cache can be stepped,
 whether d loss / d input can be taken. `reference` names the float64 oracle's way into the model's
-weights: "decoder" (our names), "spec" (a declared architecture, `spec=`, or the config of a
-Hugging Face class whose config is read as a spec, with the module's weights placed on its names by
-`references.layouts`), or None with `reference_reason`.
+weights: "decoder" (our names), "spec" (a declared architecture, `spec=`, the config of a
+Hugging Face class whose config is read as a spec, or the config a peer library's model carries,
+`references.peer_configs`, with the module's weights placed on its names by
+`references.layouts`; a peer's config with an option no spec expresses is "spec" with no spec, so
+params and oracle fail naming it), or None with `reference_reason`.
 
 The facts every check's `needs` (registry.py) are read from are the properties at the end.
 """
@@ -236,8 +238,8 @@ class ModelFacts:
     @property
     def has_ledger(self) -> bool:
         """A DecoderConfig of our layout, or a declared spec (whose weights params places, or
-        fails to)."""
-        return self.config is not None or self.spec is not None
+        fails to), or a peer's config read and refused (params fails naming its options)."""
+        return self.config is not None or self.spec is not None or self.reference == "spec"
 
     @property
     def tied(self) -> bool:
@@ -379,10 +381,14 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
             f"{type(model).__name__} has no DecoderConfig, so audit() needs vocab_size=V "
             "(and max_seq_len=T to check that longer inputs are rejected)")
     spec = spec_facts.get("spec")
-    if spec is not None:
+    if spec is not None or "peer" in spec_facts:
         # A declared spec is checked even where its weights cannot be placed: params and oracle
-        # then fail naming what was not found (reference_reason), never skip to a pass.
+        # then fail naming what was not found (reference_reason), never skip to a pass; so is a
+        # peer library's config whose options no spec expresses (spec None: they are named).
         reference, reason = "spec", "" if spec_facts["placement"] else spec_facts["reason"]
+    if "peer" in spec_facts:
+        notes.append(f"{spec_facts['peer']} {type(model).__name__}: its config read as the spec"
+                     + ("" if spec is not None else f" failed: {spec_facts['reason']}"))
     readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
     windows, window_size = _declared_windows(model, config or spec)
     return ModelFacts(
@@ -455,7 +461,7 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
             raise ConfigError("weights_map= places a module's weights on a spec's names: it "
                               "needs spec= (--spec) too")
         if not hf_readable:
-            return {}
+            return {} if whitebox else _peer_facts(model, declared, origin)
         from ..references.hf import hf_spec
 
         spec = hf_spec(model)
@@ -468,18 +474,51 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
                           f"{[getattr(own, k) for k in differ]})")
     if whitebox:
         return {}  # our own layout: its DecoderConfig is the spec, checked as ours
-    spec_values = [("vocab_size", spec.vocab_size), ("input_vocab_size", spec.vocab_size)]
-    # A learned position table has max_seq_len rows: a hard limit. Rotary and position-free
-    # models (Llama, torchtune) run past their config's length by design: there the spec's
-    # max_seq_len is a horizon, and a hard limit is the caller's to declare (max_seq_len=).
-    if spec.pos == "learned":
-        spec_values.append(("max_seq_len", spec.max_seq_len))
-    for name, value in spec_values:
+    _declare_values(spec.vocab_size, spec.max_seq_len if spec.pos == "learned" else None,
+                    declared, origin)
+    return {"spec": spec, **dict(zip(("placement", "reason"), place(model, spec, weights_map)))}
+
+
+def _declare_values(vocab_size: int, max_seq_len: int | None, declared: dict[str, Any],
+                    origin: dict[str, str]) -> None:
+    """A spec's V (and input vocabulary), and max_seq_len where it has a learned position table,
+    become the model's (origin "spec"). A learned table has max_seq_len rows: a hard limit.
+    Rotary and position-free models (Llama, torchtune) run past their config's length by
+    design: there the spec's max_seq_len is a horizon, and a hard limit is the caller's to
+    declare (max_seq_len=)."""
+    values = [("vocab_size", vocab_size), ("input_vocab_size", vocab_size)]
+    if max_seq_len is not None:
+        values.append(("max_seq_len", max_seq_len))
+    for name, value in values:
         if name == "vocab_size" and name in declared and declared[name] != value:
             raise ConfigError(f"spec vocab_size={value} disagrees with the model's "
                               f"{origin[name]} vocab_size={declared[name]}")
         declared[name], origin[name] = value, "spec"
-    return {"spec": spec, **dict(zip(("placement", "reason"), place(model, spec, weights_map)))}
+
+
+def _peer_facts(model: nn.Module, declared: dict[str, Any], origin: dict[str, str]
+                ) -> dict[str, Any]:
+    """The spec a peer library's model carries in its config (`references.peer_configs`:
+    TransformerLens, litgpt, nanoGPT, torchtune, x-transformers), as `_spec_facts` returns a
+    declared one; its options no DecoderConfig expresses as {"spec": None, "placement": None,
+    "reason": naming them}, so params and oracle fail closed. Empty for any other module."""
+    from ..references.layouts import place
+    from ..references.peer_configs import peer_spec
+
+    found = peer_spec(model)
+    if found is None:
+        return {}
+    if found.spec is None:
+        if found.vocab_size is not None:  # V as the config says it: the audit fails closed
+            _declare_values(found.vocab_size, None, declared, origin)
+        return {"spec": None, "placement": None, "reason": found.reason, "peer": found.library}
+    spec = found.spec
+    _declare_values(spec.vocab_size, spec.max_seq_len if spec.pos == "learned" else None,
+                    declared, origin)
+    placement, reason = (found.placement, "") if found.placement is not None else \
+        place(model, found.spec, None)
+    return {"spec": found.spec, "placement": placement, "reason": reason,
+            "peer": found.library}
 
 
 def with_notes(facts: ModelFacts, *notes: str) -> ModelFacts:

@@ -67,11 +67,13 @@ and with stress weights, and the report says the gradients were not."""
 def unplaced(s: Subject, name: str) -> CheckResult:
     """The verdict of params or oracle on a declared spec whose weights no layout placed: a
     failure (the architecture was declared and could not be checked), naming what was not found
-    and the way to say where the weights are (weights_map=)."""
+    and the way to say where the weights are (weights_map=); or on a peer library's config
+    whose options no spec expresses (no spec: the reason names them)."""
+    spec = s.facts.spec
     return CheckResult(name, False, f"the declared spec could not be checked: "
-                       f"{s.facts.reference_reason}", {"spec": s.facts.spec.to_dict(),
-                                                       "placed": False,
-                                                       "reason": s.facts.reference_reason})
+                       f"{s.facts.reference_reason}",
+                       {"spec": None if spec is None else spec.to_dict(), "placed": False,
+                        "reason": s.facts.reference_reason})
 
 
 def check_spec_params(s: Subject) -> CheckResult:
@@ -281,6 +283,10 @@ def _compare_values(s: Subject, placement: Placement, weights: Mapping[str, torc
     oracle = StreamedOracle(weights, spec, ids, progress=s.progress)
     with _stage_inputs(s.work, placement, spec) as seen:
         fast = s.run(ids).double().cpu()
+    if fast.shape != oracle.logits.shape:  # never broadcast (B, 1, V) against (B, T, V)
+        return {"max_abs_logit_error": float("inf"), "allowed": tol,
+                "first_stage": f"the logits' shape {tuple(fast.shape)} (the oracle's "
+                               f"{tuple(oracle.logits.shape)})"}
     worst, allowed = scaled_excess(fast - oracle.logits, oracle.logits, tol)
     found = {"max_abs_logit_error": worst, "allowed": allowed, "first_stage": None}
     if not worst <= allowed:

@@ -17,6 +17,11 @@ signature, then checked by calling it: `established`):
   "past_kv_cache" TransformerLens' HookedTransformer: `model(ids, past_kv_cache=cache,
                   attention_mask=mask of the new tokens)`, the cache from the class its forward's
                   annotation names (`init_cache(cfg, device, B)`);
+  "return_intermediates"
+                  x-transformers' TransformerWrapper, as its AutoregressiveWrapper drives it:
+                  `logits, cache = model(every id so far, return_intermediates=True,
+                  cache=cache)`, the logits of the ids the cache has not seen (all of them on
+                  the prefill, without a cache);
   "plain"         ids (B, T) -> logits: every step recomputes the whole sequence.
 `use_cache=False` recomputes the whole sequence every step under any convention (the reference
 the cache must equal; greedy output is identical either way).
@@ -74,7 +79,8 @@ PAD_ID = 0
 class Convention:
     """How to call a model for padded batches and cached steps (see the module docstring)."""
 
-    name: str  # "decoder" | "hugging face" | "input_pos" | "past_kv_cache" | "plain"
+    name: str  # "decoder" | "hugging face" | "input_pos" | "past_kv_cache" |
+    # "return_intermediates" | "plain"
     cached: bool  # it keeps a KV cache across calls
     masked: bool  # it takes an attention_mask
     position_ids: bool = False  # it takes position_ids (Hugging Face)
@@ -99,6 +105,8 @@ def convention(model: nn.Module) -> Convention:
         return Convention("input_pos", True, masked)  # litgpt: the cache lives in its blocks
     if "past_kv_cache" in params and _init_cache_class(model) is not None:
         return Convention("past_kv_cache", True, masked)  # TransformerLens' HookedTransformer
+    if "return_intermediates" in params and "cache" in params:  # x-transformers
+        return Convention("return_intermediates", True, masked, ids_keyword=False)
     cache_arg = next((name for name in ("past_key_values", "cache") if name in params), None)
     keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if cache_arg is not None and ("use_cache" in params or keywords):  # use_cache may be a **kwarg
@@ -151,6 +159,8 @@ def established(model: nn.Module, conv: Convention, ids: torch.Tensor
     why = ""
     if conv.name == "hugging face":
         conv, why = _cached_steps(model, conv, ids)
+    if conv.name == "return_intermediates":
+        conv, why = _intermediates_steps(model, conv, ids)
     if conv.masked:
         try:
             with torch.no_grad():
@@ -195,6 +205,26 @@ def _cached_steps(model: nn.Module, conv: Convention, ids: torch.Tensor
                         "be stepped with a cache")
 
 
+def _intermediates_steps(model: nn.Module, conv: Convention, ids: torch.Tensor
+                         ) -> tuple[Convention, str]:
+    """Two cached calls under x-transformers' convention: (the convention, "") when they fit it,
+    or (the convention without a cache, why) for a forward that names return_intermediates= and
+    cache= but hands back no (logits, cache) pair, or does not take them."""
+    try:
+        with torch.no_grad():
+            stepper = Stepper(model, conv, 1, ids.shape[1])
+            stepper(ids[:, :1])
+            stepper(ids[:, 1:2])
+    except CacheNotReturned as exc:
+        return replace(conv, cached=False), f"{exc}, so it cannot be stepped with one"
+    except Exception as exc:  # noqa: BLE001 - the model's own error: kv_cache shows it
+        if is_signature_error(exc):
+            return replace(conv, cached=False), (
+                f"its forward does not take return_intermediates= and cache= as their names "
+                f"suggest ({type(exc).__name__}: {exc}), so it cannot be stepped with a cache")
+    return conv, ""
+
+
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     """Positions (B, T) of a padded batch: real tokens counted from 0 in each row (the mask's
     cumulative sum minus one); a pad before a row's first real token gets 0."""
@@ -229,6 +259,7 @@ class Stepper:
         self.cache_positions = (self.cache is not None and conv.name == "hugging face"
                                 and _takes(model, "cache_position"))
         self.mask: torch.Tensor | None = None  # Hugging Face: (B, capacity) flags, once padded
+        self.seen: torch.Tensor | None = None  # x-transformers: every id fed so far (B, S)
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None = None,
                  last_only: bool = False) -> torch.Tensor:
@@ -250,6 +281,19 @@ class Stepper:
         if self.conv.name == "past_kv_cache":  # TransformerLens: the new tokens' mask
             real = torch.ones_like(ids) if mask is None else mask.long()
             return logits_of(self._call(ids, real, last_only, past_kv_cache=self.cache))
+        if self.conv.name == "return_intermediates":  # x-transformers: every id so far
+            self.seen = ids if self.seen is None else torch.cat((self.seen, ids), 1)  # (B, end)
+            # the ids the cache has not seen: one by default, a chunk's size said (cache_age, as
+            # its speculative decoding says it)
+            age = {"cache_age": ids.shape[1]} if self.cache is not None and ids.shape[1] > 1 \
+                else {}
+            out = self._call(self.seen, None, False, return_intermediates=True,
+                             cache=self.cache, **age)
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                raise CacheNotReturned(f"{type(self.model).__name__}(return_intermediates=True, "
+                                       f"cache=) returned a {type(out).__name__}, no cache")
+            logits, self.cache = out
+            return logits[:, -1:] if last_only else logits
         # Hugging Face. Without pads the model numbers positions itself from its cache, as its
         # plain forward does (some families offset them: RoBERTa starts at padding_idx + 1).
         # Once a pad came: the mask of every slot so far and the positions of the new ones.

@@ -667,6 +667,13 @@ def _place(layout: Layout, prefix: str, named: Mapping[str, torch.Tensor],
     return _placement(layout.name, prefix, spots, named, spec)
 
 
+def placed_on(layout_name: str, spots: dict[str, Spot], named: Mapping[str, torch.Tensor],
+              spec: DecoderConfig) -> Placement:
+    """The placement of spots a reader found itself (`peer_xtransformers`: names no layout of
+    this table has), with the same problems and leftovers a detected layout reports."""
+    return _placement(layout_name, "", spots, named, spec)
+
+
 def _placement(layout_name: str, prefix: str, spots: dict[str, Spot],
                named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement:
     """The placement of these spots: the tied head where the spec ties and the module has no
