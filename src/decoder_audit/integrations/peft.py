@@ -241,6 +241,11 @@ def without_adapters(module: nn.Module) -> nn.Module:
     view = copy.copy(module)
     view.__dict__["_modules"] = {name: None if child is None else without_adapters(child)
                                  for name, child in module._modules.items()}
+    # hooks the view's forward registers (transformers' output capturing) are the view's own,
+    # and the gate removes them from it, never from the user's module
+    for name, table in module.__dict__.items():
+        if "hooks" in name and isinstance(table, dict):
+            view.__dict__[name] = type(table)(table)
     return view
 
 
