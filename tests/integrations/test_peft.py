@@ -67,6 +67,8 @@ def test_modules_to_save_on_a_tied_head_unties_it_and_fails_tying():
                                  modules_to_save=["lm_head"]))
     assert report.merged.facts.declared_tie is True
     assert not report.merged["tying"].passed and not report.live["tying"].passed
+    # labelled as the trainers' gate labels them: the merged base's failures apart
+    assert report.labels == ["tying", "merged:params", "merged:tying"]
 
 
 @pytest.mark.parametrize("side", ["embed_tokens", "lm_head"])

@@ -84,6 +84,14 @@ class AdapterReport:
                                                             if not c.passed]
 
     @property
+    def labels(self) -> list[str]:
+        """Each failure's name as the trainers' gate labels it: the live audit's as they are,
+        the merged base's "merged:<check>", then adapter_merge."""
+        return ([c.name for c in self.live.failures]
+                + [f"merged:{c.name}" for c in self.merged.failures]
+                + [c.name for c in self.checks if not c.passed])
+
+    @property
     def passed(self) -> bool:
         return not self.failures
 
