@@ -264,3 +264,18 @@ def test_an_adapter_on_a_tie_is_refused_by_lightning(tmp_path):
         trainer.fit(module, loader)
     assert refusal.value.failed == ("tying", "adapter_merge")
     assert gate.verdict.adapters.state == "active"
+
+
+def test_adapter_checks_that_cannot_read_the_adapters_refuse_naming_adapter_merge(tmp_path):
+    """trainable_token_indices wraps the embedding in a TrainableTokensWrapper, which the merged
+    view cannot read (audit_adapters raises ConfigError naming it): in a trainer that is a
+    refusal naming adapter_merge and the wrapper, before the first step, never a raw error."""
+    model = peft.get_peft_model(tiny_llama(), peft.LoraConfig(
+        r=4, target_modules=["q_proj"], trainable_token_indices=[1, 2]))
+    trainer = _trainer(model, tmp_path)
+    gate_trainer(trainer)
+    with pytest.raises(da.GateRefusal) as refusal:
+        trainer.train()
+    assert refusal.value.failed == ("adapter_merge",)
+    assert "TrainableTokensWrapper" in refusal.value.detail
+    assert trainer.state.global_step == 0

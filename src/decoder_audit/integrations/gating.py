@@ -221,10 +221,15 @@ class RunGate:
         from . import peft
 
         state = peft.adapter_state(model)
-        merged, checks, notes = peft.adapter_checks(model, training=plan.path, seed=self.seed,
-                                                    **self.audit_options)
+        try:
+            merged, checks, notes = peft.adapter_checks(model, training=plan.path,
+                                                        seed=self.seed, **self.audit_options)
+        except Exception as exc:  # noqa: BLE001 - a refusal that names it, never a raw error
+            merged, notes = None, []
+            checks = [CheckResult("adapter_merge", False, f"the adapter checks raised "
+                                  f"{type(exc).__name__}: {exc}", {"exception": repr(exc)})]
         gate = AdapterGate(state, merged, checks, notes)
-        self.say(gate.summary(plan.paths))
+        self.say(literal(gate.summary(plan.paths)))
         return gate
 
     def _loss_checks(self, batches: Sequence[Mapping], loss_call: LossCall | None,
@@ -304,7 +309,7 @@ class RunGate:
                 verdict.report.write(folder)
             (folder / "gate.json").write_text(json.dumps(verdict.to_dict(), indent=2,
                                                          default=str) + "\n")
-            if verdict.adapters is not None:  # the merged base's report, beside the live one
+            if getattr(verdict.adapters, "merged", None) is not None:  # beside the live one
                 verdict.adapters.merged.write(folder / "merged")
             (folder / "batches.md").write_text("\n\n".join(
                 f"## batch {i}\n\n```\n" + "\n".join(b.lines()) + "\n```"
@@ -321,26 +326,30 @@ class AdapterGate:
 
     state: str
     """How the adapters were found: "active", "merged" or "disabled" (peft.adapter_state)."""
-    merged: AuditReport
+    merged: AuditReport | None
+    """The merged base's audit (None when the adapter checks raised: `checks` says what)."""
     checks: list[CheckResult]
     notes: list[str]
 
     def refused(self, paths: tuple[str, ...]) -> list[tuple[str, str]]:
         """(label, detail) of each failure on one of the trainer's `paths`."""
         found = [(f"merged:{c.name}", f"the merged base model: {c.detail}")
-                 for c in self.merged.failures if any(path in c.paths for path in paths)]
+                 for c in (self.merged.failures if self.merged is not None else [])
+                 if any(path in c.paths for path in paths)]
         return found + [(c.name, c.detail) for c in self.checks if not c.passed]
 
     def summary(self, paths: tuple[str, ...]) -> str:
         failed = [name for name, _ in self.refused(paths)]
-        return (f"gate: the adapters ({self.state}): merged base {self.merged.summary()}; "
+        merged = "not audited" if self.merged is None else self.merged.summary()
+        return (f"gate: the adapters ({self.state}): merged base {merged}; "
                 + ", ".join(f"{c.name} " + ("skipped" if c.skipped else "passed" if c.passed
                                             else "FAILED") for c in self.checks)
                 + (f" (refused: {', '.join(failed)})" if failed else ""))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"state": self.state, "merged": {"passed": self.merged.passed,
-                                                "summary": self.merged.summary()},
+        merged = None if self.merged is None else {"passed": self.merged.passed,
+                                                    "summary": self.merged.summary()}
+        return {"state": self.state, "merged": merged,
                 "checks": [c.to_dict() for c in self.checks], "notes": list(self.notes)}
 
 
