@@ -6,6 +6,7 @@ diagnosis order; `report.first_failure` names the first contract that broke.
     runner.py      audit(): the working copy, the checks in order, the cost line
     facts.py       ModelFacts: what the gate knows of the model, decided once
     subject.py     the model under audit as every check sees it
+    wrappers.py    what is audited inside DDP, torch.compile, FSDP2 and a PEFT model
     tolerances.py  every tolerance, declared and justified
     result.py      CheckResult; report.py AuditReport; render.py the text; pictures.py PNGs
 One module per family of checks:

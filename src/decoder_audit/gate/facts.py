@@ -45,6 +45,7 @@ from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..generation.convention import Convention, convention
 from .sharding import class_name, local, on_every_rank
+from .wrappers import adapter_update, forwarded_to, is_fsdp, unwrapped
 
 # The forms a packed row is sent in (gate/packing.py says what each sends).
 PACK_FORMS = ("document_ids", "4d_mask", "position_ids", "flash_kwargs")
@@ -120,8 +121,10 @@ class ModelFacts:
     V outputs), None when none is found."""
     tie: str | None = None
     """How the readout's weight relates to the input embedding's, found structurally: "one
-    Parameter" (tied), "shared storage" (two Parameters over one storage), "equal copies" (two
-    Parameters with equal values: not tied), "separate", or None (no readout or embedding)."""
+    Parameter" (tied), "adapted" (one Parameter, but the readout or the embedding adds a PEFT
+    adapter's update to it in the forward: the two differ as soon as the adapter trains),
+    "shared storage" (two Parameters over one storage), "equal copies" (two Parameters with
+    equal values: not tied), "separate", or None (no readout or embedding)."""
     declared_tie: bool | None = None
     """The tie the model declares (a DecoderConfig's tie_embeddings, a Hugging Face config's
     tie_word_embeddings), None when it declares none."""
@@ -167,6 +170,9 @@ class ModelFacts:
     """Why the model's cache cannot be stepped, found by calling it (empty when it can)."""
     input_gradient_reason: str = ""
     """Why d loss / d input cannot be taken, found by one small backward (empty when it can)."""
+    backward_reason: str = ""
+    """Why no backward runs through the model on this device: a backend it calls has none here
+    (flex attention on CPU), found by the input gradient's probe (empty when one runs)."""
     loss_reason: str = ""
     """Why the model's own loss cannot be taken although its forward takes labels= (the call does
     not fit its signature, or it returns no loss), found by one call (empty when it can)."""
@@ -243,10 +249,11 @@ class ModelFacts:
 
     @property
     def tied(self) -> bool:
-        """The readout is the input embedding's Parameter, or is declared to be (a white-box
-        config's tie_embeddings): tying_grad then checks the shared weight's gradient."""
+        """The readout is the input embedding's Parameter (an adapter on either side or not), or
+        is declared to be (a white-box config's tie_embeddings): tying_grad then checks the
+        shared weight's gradient."""
         return (self.config is not None and self.config.tie_embeddings) or \
-            self.tie == "one Parameter"
+            self.tie in ("one Parameter", "adapted")
 
     @property
     def has_readout(self) -> bool:
@@ -332,6 +339,10 @@ class ModelFacts:
     def has_input_gradient(self) -> bool:
         return not self.input_gradient_reason
 
+    @property
+    def has_backward(self) -> bool:
+        return not self.backward_reason
+
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "mode": "white-box" if self.whitebox else "black-box",
                 "vocab_size": self.vocab_size, "input_vocab_size": self.input_vocab_size,
@@ -369,7 +380,10 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
              "input_vocab_size": input_vocab_size, "pad_token_id": pad_token_id,
              "intervention_len": intervention_len}
     _check_integers(given)
-    declared, origin, notes = _declared(model)
+    model, notes = unwrapped(model)  # the module inside DDP or torch.compile (wrappers.py)
+    base = forwarded_to(model)  # a PEFT model declares what its base model does
+    declared, origin, said = _declared(base)
+    notes += said
     config = _whitebox_config(model, notes)
     reference, reason = _reference(model, config)
     spec_facts = _spec_facts(model, spec, weights_map, declared, origin,
@@ -386,18 +400,19 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         # then fail naming what was not found (reference_reason), never skip to a pass; so is a
         # peer library's config whose options no spec expresses (spec None: they are named).
         reference, reason = "spec", "" if spec_facts["placement"] else spec_facts["reason"]
+        reference, reason = _unsharded_reference(model, reference, reason)
     if "peer" in spec_facts:
         notes.append(f"{spec_facts['peer']} {type(model).__name__}: its config read as the spec"
                      + ("" if spec is not None else f" failed: {spec_facts['reason']}"))
     readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
-    windows, window_size = _declared_windows(model, config or spec)
+    windows, window_size = _declared_windows(base, config or spec)
     return ModelFacts(
         model=class_name(model), vocab_size=values["vocab_size"],
         input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
         max_seq_len=values["max_seq_len"],
         intervention_len=values["intervention_len"] or DEFAULT_INTERVENTION_LEN,
         pad_token_id=values["pad_token_id"], config=config, convention=convention(model),
-        reference=reference, reference_reason=reason, **_path_facts(model, training),
+        reference=reference, reference_reason=reason, **_path_facts(base, training),
         computes_loss=_takes(model, "labels"), hugging_face=_is_hugging_face(model),
         router_aux_coef=_router_aux_coef(model),
         **readout, has_input_embedding=input_embedding(model) is not None, training=training,
@@ -405,6 +420,18 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         window_size=window_size,
         attention_layers=attention_layers(model, len(windows)) if windows else (),
         notes=tuple(notes))
+
+
+def _unsharded_reference(model: nn.Module, reference: str | None, reason: str
+                         ) -> tuple[str | None, str]:
+    """No reference for a declared spec on a model FSDP2 sharded: the spec's oracle reads and
+    writes the module's weights where the layout places them, and FSDP2's DTensors are not read
+    there yet (our own Decoder's oracle reads them, gathered)."""
+    if reference != "spec" or not is_fsdp(model):
+        return reference, reason
+    return None, ("sharded with FSDP2: the oracle of a declared spec does not read FSDP2's "
+                  "sharded weights yet; audit the model before it is sharded (fully_shard) to "
+                  "compare it with its spec's oracle")
 
 
 def _router_aux_coef(model: nn.Module) -> float | None:
@@ -650,7 +677,9 @@ def _readout_facts(model: nn.Module, vocab_size: int, declared: bool | None
     if not isinstance(w_out, torch.Tensor) or not isinstance(w_in, torch.Tensor):
         return {"readout": head[0], "tie": None, "declared_tie": declared}
     if w_out is w_in:
-        tie = "one Parameter"
+        # a PEFT layer's weight is its base layer's: an update it adds unties the two
+        adapted = adapter_update(head[1]) or adapter_update(embedding)
+        tie = "adapted" if adapted else "one Parameter"
     elif w_out.device.type != "meta" and local(w_out).data_ptr() == local(w_in).data_ptr() \
             and w_out.shape == w_in.shape:
         tie = "shared storage"

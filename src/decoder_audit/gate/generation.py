@@ -254,19 +254,37 @@ class _NoInputGradient(Exception):
     """d loss / d input cannot be taken on this model; the message says why."""
 
 
-def probe_input_gradient(s: Subject) -> str:
-    """Why d loss / d input cannot be taken (a fact, found before the checks by one backward of
-    two tokens), or "" when it can."""
+def probe_input_gradient(s: Subject) -> tuple[str, str]:
+    """(why d loss / d input cannot be taken, why no backward runs through the model on this
+    device), each "" when it can: facts, found before the checks by one backward of two
+    tokens. A backend with no backward on this device (flex attention on CPU) raises
+    NotImplementedError as soon as its input requires grad, where the same forward runs without
+    gradients: every check that takes a gradient is then skipped with that reason."""
     seq_len = s.short_len(2)
     ids = s.random_ids(1, seq_len, s.generator(25)).to(s.device)
     targets = torch.zeros(1, dtype=torch.long, device=s.device)
     try:
         _input_gradient(s, ids, [seq_len - 1], targets)
     except _NoInputGradient as why:
-        return str(why)
+        return str(why), ""
+    except NotImplementedError as exc:
+        return "", _no_backward(s, ids, exc)
     except Exception:  # noqa: BLE001 - any other failure is the model's: the check shows it
+        return "", ""
+    return "", ""
+
+
+def _no_backward(s: Subject, ids: torch.Tensor, exc: NotImplementedError) -> str:
+    """Why no backward runs on this device, when the forward that raised `exc` with gradients
+    runs without them; "" (the checks then show the model's failure) when it does not."""
+    try:
+        s.run(ids)
+    except Exception:  # noqa: BLE001 - the forward itself fails: not a missing backward
         return ""
-    return ""
+    said = (str(exc).strip().splitlines() or [""])[0][:200]
+    return (f"no backward on {s.device.type}: the forward runs, but with gradients it raises "
+            f"{type(exc).__name__} ({said}), a backend with no backward on this device; audit "
+            "on a device that has one to check the gradients")
 
 
 def _input_gradient(s: Subject, ids: torch.Tensor, positions: list[int],

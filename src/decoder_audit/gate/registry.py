@@ -48,9 +48,10 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
         f"no max_seq_len given, though the model stops at T={f.length_limit} ({f.length_error} "
         f"at T={f.length_limit + 1}): pass max_seq_len={f.length_limit} to check that longer "
         "input is rejected"),
-    "has_reference": lambda f: "black-box: the oracle needs a DecoderConfig and our weight "
-                               "names, a declared spec= (verify --spec cfg.json), or a model "
-                               f"the Hugging Face converter can read ({f.reference_reason})",
+    "has_reference": lambda f: f.reference_reason if f.spec is not None else (
+        "black-box: the oracle needs a DecoderConfig and our weight names, a declared spec= "
+        "(verify --spec cfg.json), or a model the Hugging Face converter can read "
+        f"({f.reference_reason})"),
     "has_cache": lambda f: f.cache_reason or (
         "the model takes no KV cache (neither a Decoder's new_cache + forward(cache=) nor the "
         "Hugging Face convention forward(past_key_values= or cache=, use_cache=))"),
@@ -85,6 +86,7 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
                                 "--precision bf16 runs it; from Python: audit(model, training="
                                 "TrainingPath(batch_size, seq_len, precision='bf16')))",
     "has_input_gradient": lambda f: f.input_gradient_reason,
+    "has_backward": lambda f: f.backward_reason,
     "routes_experts": lambda f: "no routed experts known (a DecoderConfig with n_experts, whose "
                                 "trace records each token's expert weights, or a declared spec "
                                 "with n_experts whose routers the layout placed)",
@@ -150,14 +152,15 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("tying", "a tie is one Parameter object, never a copy", "weights",
           weights.check_tying, needs=("has_readout",)),
     Check("tying_grad", "shared weight gradient = lookup + readout paths", "weights",
-          weights.check_tying_grad, needs=("tied",)),
+          weights.check_tying_grad, needs=("tied", "has_backward")),
     Check("oracle", "fast forward equals the slow oracle (values, grads)", "reference",
-          reference.check_oracle, needs=("has_reference",)),
+          reference.check_oracle, needs=("has_reference", "has_backward")),
     Check("dead_parameters", "every trainable parameter gets a gradient from the loss",
-          "weights", weights.check_dead_parameters, needs=("own_module",),
+          "weights", weights.check_dead_parameters, needs=("own_module", "has_backward"),
           paths=("training",)),
     Check("expert_gradients", "every routed expert gets a gradient when routed to", "routing",
-          routing.check_expert_gradients, needs=("probes_experts",), paths=("training",)),
+          routing.check_expert_gradients, needs=("probes_experts", "has_backward"),
+          paths=("training",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",
           kv_cache.check_kv_cache, needs=("has_cache",), paths=("generation",)),
     Check("padding", "a padded row equals the row alone on its real tokens", "generation",
@@ -167,7 +170,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("packing", "packed documents = each document alone; none reads another", "training",
           packing.check_packing, needs=("trains_packed", "packs"), paths=("training",)),
     Check("checkpointing", "checkpointed logits and gradients = plain ones", "training",
-          training.check_checkpointing, needs=("trains_with_checkpointing",),
+          training.check_checkpointing, needs=("trains_with_checkpointing", "has_backward"),
           paths=("training",)),
     Check("autocast", "under bf16 autocast: causal, batch-independent, finite", "training",
           training.check_autocast, needs=("trains_in_bf16",), paths=("training",)),
@@ -178,7 +181,8 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           "training", model_loss.check_router_aux_loss,
           needs=("returns_router_aux", "computes_loss", "loss_callable"), paths=("model loss",)),
     Check("grad_causal", "loss gradient at t is exactly 0 at every later input", "generation",
-          generation.check_grad_causal, needs=("has_input_embedding", "has_input_gradient")),
+          generation.check_grad_causal, needs=("has_input_embedding", "has_backward",
+                                               "has_input_gradient")),
     Check("loss_alignment", "inputs/targets shifted by one, rows aligned", "alignment",
           alignment.check_loss_alignment),
 )}

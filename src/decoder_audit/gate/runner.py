@@ -143,9 +143,11 @@ def _probed(subject: Subject, wanted: set[str]) -> ModelFacts:
               ("loss_callable", ("loss_reason",), model_loss.probe_loss),
               ("has_attention", ("attention", "attention_reason"), attention.probe_attention),
               ("has_cache", ("convention", "cache_reason"), generation.probe_convention),
-              ("has_input_gradient", ("input_gradient_reason",),
+              ("has_input_gradient", ("input_gradient_reason", "backward_reason"),
                generation.probe_input_gradient)]
     needed.add("length")  # every behavioural check probes up to the longest length
+    if "has_backward" in needed:  # found by the input gradient's probe (one backward)
+        needed.add("has_input_gradient")
     for need, fields, probe in probes:
         if need not in needed and not (need == "has_cache" and "takes_mask" in needed):
             continue

@@ -39,6 +39,7 @@ from .probes import ProbeIds
 from .oom import Exhausted, out_of_memory
 from .sharding import agree_on_failure, is_sharded, new_audit_key, several_ranks, whole
 from .state import ModelState
+from .wrappers import is_fsdp, resharded_between_calls, unwrapped
 
 # Cost normaliser of the report when no length is known (report.forward_equivalents).
 DEFAULT_PROBE_LEN = 16
@@ -57,6 +58,7 @@ def _restore_modes(flags: list[tuple[nn.Module, bool]]) -> None:
 
 class Subject:
     def __init__(self, model: nn.Module, facts: ModelFacts, *, seed: int) -> None:
+        model, _ = unwrapped(model)  # the module inside DDP or torch.compile (wrappers.py)
         self.model = model
         self.facts = facts
         self.seed = seed
@@ -93,7 +95,8 @@ class Subject:
         self.state_lost: list[str] = []  # what could not be put back (too large to copy)
         # Sharded with FSDP2 (`verify --shard`): each rank holds 1/N of every weight as a
         # DTensor and gathers a block's weights as it runs; see `whole` and `gradients_by_share`.
-        self.sharded = first is not None and is_sharded(first)
+        self.sharded = is_fsdp(model) or (first is not None and is_sharded(first))
+        self._sharding = contextlib.ExitStack()  # FSDP2's settings for the audit (`prepare`)
         # Over several ranks a model's exception is evidence only when every rank raised it
         # (sharding.agree_on_failure): the key names this audit alike on every rank.
         self.ranks_agree = several_ranks(self.sharded)
@@ -139,6 +142,9 @@ class Subject:
         """Borrow the model for the audit: eval mode, and requires_grad off for every parameter
         (forward-only checks build no graph; `gradients_for` turns on what a check needs). The
         flags and every .grad are saved for `release`."""
+        # FSDP2: every module's weights sharded between calls (wrappers.py), so each check finds
+        # the Parameters it asks gradients for; its own setting put back at `release`
+        self._sharding.enter_context(resharded_between_calls(self.model))
         self._saved_modes = _mode_flags(self.model)
         self._saved_params = [(p, p.requires_grad, p.grad) for p in self.parameters()]
         self.model.eval()
@@ -176,6 +182,7 @@ class Subject:
         if self._saved_params is not None:
             _restore_params(self._saved_params)
             self._saved_params = None
+        self._sharding.close()
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters that required grad when the audit began (the user's trainable ones)."""

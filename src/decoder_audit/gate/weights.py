@@ -19,9 +19,10 @@ from ..objective import logits_of
 from . import tolerances
 from .measure import batch_not_equal, largest
 from .result import CheckResult
-from .sharding import whole
+from .sharding import is_sharded, whole
 from .spec import check_spec_params
 from .subject import Subject
+from .wrappers import adapter_update
 
 
 def check_params(s: Subject) -> CheckResult:
@@ -62,6 +63,11 @@ def check_tying(s: Subject) -> CheckResult:
         return CheckResult("tying", False, f"{head} holds a copy of the input embedding's values "
                            "in a separate Parameter: false tying, they drift apart as soon as "
                            "training starts", evidence)
+    if facts.tie == "adapted":
+        return CheckResult("tying", False, f"{head} is the input embedding's Parameter, but "
+                           f"{_adapted_side(s)} in the forward: the readout and the embedding "
+                           "differ as soon as the adapter trains, so the tie is lost (merged, "
+                           "its update would move both)", evidence)
     tied = facts.tie == "one Parameter"
     if facts.declared_tie is not None and facts.declared_tie != tied:
         said = "tied" if facts.declared_tie else "untied"
@@ -74,6 +80,15 @@ def check_tying(s: Subject) -> CheckResult:
     return CheckResult("tying", True, f"untied: {head} is its own Parameter"
                        + ("" if facts.declared_tie is not None else " (the model declares no tie)"),
                        evidence)
+
+
+def _adapted_side(s: Subject) -> str:
+    """Which of the tied pair adds a PEFT adapter's update to the shared weight, and which
+    adapters (facts.tie == "adapted")."""
+    sides = [(f"{s.facts.readout} (the readout)", s.model.get_submodule(s.facts.readout)),
+             ("the input embedding", s.input_embedding)]
+    return " and ".join(f"{name} adds the update of adapter {', '.join(adapter_update(module))}"
+                        for name, module in sides if adapter_update(module))
 
 
 def check_tying_grad(s: Subject) -> CheckResult:
@@ -189,7 +204,8 @@ def _vjp_path_sums(emb: torch.Tensor, emb_module, head_module,
         for call in calls:
             for grad in call["grads"]:
                 with torch.enable_grad():
-                    piece = torch.autograd.grad(module(call["in"]), emb, grad_outputs=grad,
+                    out, leaf = _with_whole_weights(module, emb, call["in"])
+                    piece = torch.autograd.grad(out, leaf, grad_outputs=grad,
                                                 allow_unused=True)[0]
                 if piece is not None:
                     total += piece.double()
@@ -201,6 +217,21 @@ def _vjp_path_sums(emb: torch.Tensor, emb_module, head_module,
     return {"error": largest(total - lookup - readout), "shared_minus_lookup":
             largest(total - lookup), "lookup_max": largest(lookup), "readout_max":
             largest(readout), "expected_max": largest(lookup + readout)}
+
+
+def _with_whole_weights(module: nn.Module, emb: torch.Tensor, inputs: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(module(inputs), the leaf its output is differentiated by for `emb`): `emb` itself, or
+    on a model FSDP2 sharded (its weights DTensors between calls, the recorded input a whole
+    tensor), the module called on its whole weights gathered, with a whole copy of `emb` as
+    the leaf."""
+    if not is_sharded(emb):
+        return module(inputs), emb
+    params = dict(module.named_parameters(remove_duplicate=False))
+    weights = {name: whole(param.detach()) for name, param in params.items()}
+    leaf = next(weights[name] for name, param in params.items() if param is emb)
+    leaf.requires_grad_(True)
+    return torch.func.functional_call(module, weights, (inputs,)), leaf
 
 
 def _backward_recording_both_paths(s: Subject, model, emb_module, head_module

@@ -99,6 +99,10 @@ class Verdict:
     """The run's own checks: batch_loss, first_loss."""
     refused: list[tuple[str, str]] = field(default_factory=list)
     """(check, detail) of every failure on a path the trainer takes, in order."""
+    adapters: Any = None
+    """A PEFT model's adapter checks beside `report` (the live audit), on rank 0: the merged
+    base's audit, adapter_merge, notes, and the state the adapters were found in
+    (`AdapterGate`); None for any other model."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "trainer gate", "passed": not self.refused,
@@ -106,7 +110,8 @@ class Verdict:
                 "model": None if self.report is None else {"passed": self.report.passed,
                                                            "summary": self.report.summary()},
                 "checks": [c.to_dict() for c in self.checks],
-                "batches": [b.to_dict() for b in self.batches]}
+                "batches": [b.to_dict() for b in self.batches],
+                **({} if self.adapters is None else {"adapters": self.adapters.to_dict()})}
 
 
 def _silent(*args: Any, **kwargs: Any) -> None:
@@ -173,9 +178,10 @@ class RunGate:
         refused: list[tuple[str, str]] = []
         report = None
         try:
-            # a PEFT model is audited with its zero adapter factors drawn (peft.py): a fresh
-            # adapter adds nothing to check, and its other factor would get no gradient
-            with nullcontext() if adapters is None else adapters.drawn_adapters(model, self.seed):
+            # a PEFT model's live audit takes its adapters as they stand, a fresh adapter's zero
+            # factors drawn (peft.py): it adds nothing to check, and its other factor would
+            # get no gradient
+            with nullcontext() if adapters is None else adapters.live(model, self.seed):
                 report = run_gate(model, ranks, facts, seed=self.seed, say=self.say,
                                   paths=plan.paths)
         except GateRefusal as refusal:
@@ -183,6 +189,7 @@ class RunGate:
             failed = refusal.failed
             refused += [(c.name, c.detail) for c in report.checks if c.name in failed] \
                 if report is not None else [(refusal.check, refusal.detail)]
+        adapter_gate = None if adapters is None else self._adapter_gate(model, plan, ranks)
         audited = [audit_batch(b, self.tokenizer, labels_shifted=self.labels_shifted)
                    for b in batches]
         forward = forward or (lambda batch: model(**model_inputs(batch, model)))
@@ -190,8 +197,10 @@ class RunGate:
         mine = [(c.name, f"batch {i} of the trainer's dataloader: {c.detail}")
                 for i, b in enumerate(audited) for c in b.checks if not c.passed]
         mine += [(c.name, c.detail) for c in checks if not c.passed]
+        if adapter_gate is not None and ranks.is_main:
+            mine = adapter_gate.refused(plan.paths) + mine
         refused += _agreed(ranks, mine)
-        self.verdict = Verdict(plan, report, audited, checks, refused)
+        self.verdict = Verdict(plan, report, audited, checks, refused, adapter_gate)
         written = self._write(out_dir) if ranks.is_main else None
         if refused:
             where = f"; the evidence is in {written}" if written else ""
@@ -201,6 +210,27 @@ class RunGate:
         self.say(f"gate: the run passed before its first step ({len(batches)} batches audited)"
                  + (f"; evidence in {literal(written)}" if written else ""))
         return self.verdict
+
+    def _adapter_gate(self, model: nn.Module, plan: RunPlan, ranks: RankInfo
+                      ) -> AdapterGate | None:
+        """A PEFT model's adapter checks beside the live audit (peft.adapter_checks: its merged
+        base audited, adapter_merge), in the state the adapters are in, on rank 0 (on every
+        rank of a sharded model, whose forwards need them all), said beside the live gate."""
+        if not (ranks.is_main or ranks.sharded):
+            return None
+        from . import peft
+
+        state = peft.adapter_state(model)
+        try:
+            merged, checks, notes = peft.adapter_checks(model, training=plan.path,
+                                                        seed=self.seed, **self.audit_options)
+        except Exception as exc:  # noqa: BLE001 - a refusal that names it, never a raw error
+            merged, notes = None, []
+            checks = [CheckResult("adapter_merge", False, f"the adapter checks raised "
+                                  f"{type(exc).__name__}: {exc}", {"exception": repr(exc)})]
+        gate = AdapterGate(state, merged, checks, notes)
+        self.say(literal(gate.summary(plan.paths)))
+        return gate
 
     def _loss_checks(self, batches: Sequence[Mapping], loss_call: LossCall | None,
                      forward: Forward, vocab_size: int) -> list[CheckResult]:
@@ -279,12 +309,48 @@ class RunGate:
                 verdict.report.write(folder)
             (folder / "gate.json").write_text(json.dumps(verdict.to_dict(), indent=2,
                                                          default=str) + "\n")
+            if getattr(verdict.adapters, "merged", None) is not None:  # beside the live one
+                verdict.adapters.merged.write(folder / "merged")
             (folder / "batches.md").write_text("\n\n".join(
                 f"## batch {i}\n\n```\n" + "\n".join(b.lines()) + "\n```"
                 for i, b in enumerate(verdict.batches)) + "\n")
 
         return write_folder_atomically(Path(out_dir) / REPORT_FOLDER, write,
                                        same_kind=_is_gate_folder, what="trainer gate report")
+
+
+@dataclass
+class AdapterGate:
+    """What a trainer's gate adds for a PEFT model beside its live audit, labelled apart: the
+    merged base's audit (failures named "merged:<check>") and adapter_merge."""
+
+    state: str
+    """How the adapters were found: "active", "merged" or "disabled" (peft.adapter_state)."""
+    merged: AuditReport | None
+    """The merged base's audit (None when the adapter checks raised: `checks` says what)."""
+    checks: list[CheckResult]
+    notes: list[str]
+
+    def refused(self, paths: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(label, detail) of each failure on one of the trainer's `paths`."""
+        found = [(f"merged:{c.name}", f"the merged base model: {c.detail}")
+                 for c in (self.merged.failures if self.merged is not None else [])
+                 if any(path in c.paths for path in paths)]
+        return found + [(c.name, c.detail) for c in self.checks if not c.passed]
+
+    def summary(self, paths: tuple[str, ...]) -> str:
+        failed = [name for name, _ in self.refused(paths)]
+        merged = "not audited" if self.merged is None else self.merged.summary()
+        return (f"gate: the adapters ({self.state}): merged base {merged}; "
+                + ", ".join(f"{c.name} " + ("skipped" if c.skipped else "passed" if c.passed
+                                            else "FAILED") for c in self.checks)
+                + (f" (refused: {', '.join(failed)})" if failed else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        merged = None if self.merged is None else {"passed": self.merged.passed,
+                                                    "summary": self.merged.summary()}
+        return {"state": self.state, "merged": merged,
+                "checks": [c.to_dict() for c in self.checks], "notes": list(self.notes)}
 
 
 def adapters_of(model: nn.Module) -> Any:
