@@ -24,11 +24,11 @@ def test_every_zoo_mutant_is_in_the_catalogue_with_its_check():
             assert LISTED.get(f"{style}:{defect}") == check, (style, defect)
 
 
-def _test_module(name: str):
-    """A test module of tests/gate/ by file name, loaded for its DEFECTS table."""
+def _test_module(name: str, folder: str = "gate"):
+    """A test module of tests/FOLDER/ by file name, loaded for its tables of defects."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent / "gate" / f"{name}.py"
+    path = Path(__file__).resolve().parent / folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"{name}_doc", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -46,3 +46,14 @@ def test_every_planted_defect_of_transformer_lens_is_in_the_catalogue():
     pytest.importorskip("transformer_lens")
     for name, (_, _, check) in _test_module("test_spec_lens").DEFECTS.items():
         assert LISTED.get(f"lens:{name}") == check, name
+
+
+def test_every_defect_planted_in_the_families_table_is_in_the_catalogue():
+    """The generic defects once (planted in every family of the table), each family's own by
+    family:defect."""
+    pytest.importorskip("transformers")
+    module = _test_module("test_families", "references")
+    for defect in module.GENERIC:
+        assert LISTED.get(f"every family:{defect}") == "oracle", defect
+    for (family, defect), (_, check) in module.SPECIFIC.items():
+        assert LISTED.get(f"{family}:{defect}") == check, (family, defect)

@@ -8,9 +8,12 @@ them. The generic defects are planted the same way in every family:
     the other norm           layer 0's first norm computes the other kind (RMSNorm <-> LayerNorm)
     RoPE band                every rotary table turns 1.5x too fast (a wrong base or band)
 
-and `SPECIFIC` holds one defect of what a family changes relative to Llama's block (a dropped
-multiplier, a wrong router normalisation, ...). Expectations come from the float64 oracle fed
-the model's own weights under the config's declared architecture, never from the model."""
+and `SPECIFIC` holds defects of what a family changes relative to Llama's block (a dropped
+multiplier, a wrong router normalisation, ...), each failing the check it names. Expectations
+come from the float64 oracle fed the model's own weights under the config's declared
+architecture, never from the model. And our own Decoder is held to transformers' module:
+`from_hf` reads each family into a Decoder whose logits equal the family's, and `to_hf` writes
+it back where a family holds it (transformers is the independent reference of our model)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from conformance import Unbuildable, build_tiny
 
 import decoder_audit as da
 from decoder_audit.references.families import FAMILIES
+from decoder_audit.references.hf import from_hf, to_hf
+from decoder_audit.references.hf_models import eager_experts
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()
@@ -143,3 +148,44 @@ def test_a_generic_defect_planted_in_each_family_fails_the_oracle(model_type, de
     report = _audit(model)
     assert report["params"].passed, report["params"].detail  # the weights are where they were
     assert not report["oracle"].passed, f"{model_type}: {defect} passed the oracle"
+
+
+# ---- what each family changes, planted wrong ----------------------------------------------------
+
+SPECIFIC: dict[tuple[str, str], tuple] = {
+}
+"""(family, defect) -> (plant(model) in transformers' own module, the check that must fail)."""
+
+
+@pytest.mark.parametrize("family, defect", sorted(SPECIFIC))
+def test_a_defect_of_what_the_family_changes_fails_its_check(family, defect):
+    plant, check = SPECIFIC[(family, defect)]
+    model = _tiny(family)
+    with torch.no_grad():
+        plant(model)
+    report = _audit(model)
+    assert not report[check].passed, f"{family}: {defect} passed {check}"
+    if check == "oracle":  # a numerics defect: every weight is where the spec puts it
+        assert report["params"].passed, report["params"].detail
+
+
+# ---- our Decoder against transformers' module ---------------------------------------------------
+
+@pytest.mark.parametrize("model_type", _present())
+def test_each_family_reads_into_a_decoder_whose_logits_are_its_own(model_type):
+    """from_hf places the family's weights into a Decoder of its config (our model, written
+    from the DecoderConfig alone): its logits equal transformers' in float64; to_hf writes it
+    back as the first family holding the config (not always the same one), logits equal."""
+    model = _tiny(model_type).double()
+    eager_experts(model)  # transformers' grouped expert kernel refuses float64
+    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = model(input_ids=ids).logits
+        ours = from_hf(model)
+        torch.testing.assert_close(ours(ids), theirs, atol=1e-6, rtol=0)
+        try:
+            back = to_hf(ours)
+        except da.ConfigError as exc:  # no family writes this config: said, naming the fields
+            assert "holds this config" in str(exc) or "converter" in str(exc), exc
+            return
+        torch.testing.assert_close(back(input_ids=ids).logits, theirs, atol=1e-6, rtol=0)
