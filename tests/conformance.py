@@ -104,6 +104,19 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "xlnet": {"mem_len": None},
     "gemma3n_text": {"num_kv_shared_layers": 0},
     "longcat_flash": {"zero_expert_num": 2},
+    # ---- routed families (helper fam-moe): what each changes, exercised at tiny size ----
+    "dots1": {"n_group": 2, "topk_group": 1},  # group-limited routing: 2 groups of 2 experts
+    "glm4_moe": {"routed_scaling_factor": 2.5},
+    "minimax_m2": {"rotary_dim": 4},  # half of each 8-wide head rotated
+    "mellum": {"layer_types": ["sliding_attention", "full_attention"],
+               "mlp_layer_types": ["dense", "sparse"]},
+    "granitemoe": {"embedding_multiplier": 12.0, "attention_multiplier": 0.25,
+                   "residual_multiplier": 0.22, "logits_scaling": 6.0},
+    "granitemoeshared": {"embedding_multiplier": 12.0, "attention_multiplier": 0.25,
+                         "residual_multiplier": 0.22, "logits_scaling": 6.0,
+                         "shared_intermediate_size": 16},
+    "exaone_moe": {"sliding_window_pattern": 2},  # layer 1 full, and so without RoPE
+    "kolibri1": {"layer_types": ["sliding_attention", "full_attention"]},
 }
 # Calls a family needs after it is built (a default it refuses to guess).
 FAMILY_SETUP: dict[str, Any] = {

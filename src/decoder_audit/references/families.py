@@ -196,6 +196,120 @@ _QWEN_MOE = {"n_experts": "num_experts", "experts_per_token": "num_experts_per_t
              "first_dense_layers": _qwen_dense_layers, "moe_every": "decoder_sparse_step"}
 
 
+# ---- routed families (helper fam-moe) ----------------------------------------------------------
+
+def _dense_prefix(attribute: str) -> Callable[[Any], int]:
+    """first_dense_layers from a per-layer list of MLP kinds ("dense" / "sparse": HY-V3's,
+    Mellum's, EXAONE MoE's mlp_layer_types), whose dense layers must be the first ones."""
+    def read(config: Any) -> int:
+        kinds = list(getattr(config, attribute, None) or [])
+        dense = kinds.count("dense")
+        if kinds[:dense] != ["dense"] * dense or set(kinds[dense:]) - {"sparse"}:
+            raise Unexpressed(f"{attribute}={kinds} (the dense layers must be the first ones, "
+                              "every other layer sparse: first_dense_layers)")
+        return dense
+    return read
+
+
+def _dense_prefix_write(attribute: str) -> Callable[[Any, type], dict[str, Any]]:
+    def write(cfg: Any, config_class: type) -> dict[str, Any]:
+        return {attribute: ["sparse" if cfg.routes(i) else "dense" for i in range(cfg.n_layers)]}
+    return write
+
+
+def _v3_groups(config: Any) -> int | None:
+    """DeepSeek-V3's router's groups (n_group); one group of every expert limits nothing."""
+    return None if config.n_group == 1 else config.n_group
+
+
+def _v3_groups_per_token(config: Any) -> int | None:
+    return None if config.n_group == 1 else config.topk_group
+
+
+def _v3_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    return {"n_group": cfg.expert_groups or 1, "topk_group": cfg.groups_per_token or 1}
+
+
+def _first_k_dense(config: Any) -> int:
+    return config.first_k_dense_replace or 0  # Dots1's may be None: no dense layer
+
+
+def _unrotated_full_layers(config: Any) -> tuple[int, ...] | None:
+    """EXAONE 4's attention (EXAONE MoE, Kolibri 1): where a window is set, its full layers
+    rotate nothing (global NoPE); without one, every layer rotates."""
+    if config.sliding_window is None:
+        return None
+    full = tuple(i for i, kind in enumerate(config.layer_types) if kind != "sliding_attention")
+    return full or None
+
+
+def _hy_v3_shared(config: Any) -> int:
+    """HY-V3's shared MLP is num_shared_experts x moe_intermediate_size wide; with none, its
+    `intermediate_size or config.intermediate_size` builds one of intermediate_size all the
+    same (`_hy_v3_shared_width`)."""
+    return config.num_shared_experts or 1
+
+
+def _hy_v3_shared_width(config: Any) -> int | None:
+    return None if config.num_shared_experts else config.intermediate_size
+
+
+def _ernie_dense_layers(config: Any) -> int:
+    """Ernie 4.5 MoE routes layer i when (i + 1) % moe_layer_interval == 0 and moe_layer_start_
+    index <= i <= moe_layer_end_index: the first first_dense_layers, then every moe_every-th,
+    where the routed layers run to the last one."""
+    end, last = config.moe_layer_end_index, config.num_hidden_layers - 1
+    if end < last:
+        raise Unexpressed(f"moe_layer_end_index={end} < {last} (dense layers after the routed "
+                          "ones: only first_dense_layers, dense layers first, is expressed)")
+    return config.moe_layer_start_index
+
+
+def _mellum_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    """Mellum's dense layers, and its RoPE per layer type (its rotary module reads both)."""
+    full = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    local = {"rope_type": "default", "rope_theta": cfg.window_rope_theta or cfg.rope_theta}
+    return {**_dense_prefix_write("mlp_layer_types")(cfg, config_class),
+            "rope_parameters": {"full_attention": full, "sliding_attention": local}}
+
+
+def _granite_embedding(config: Any) -> float | None:
+    """Granite's embedding_multiplier (1: no scale)."""
+    return None if config.embedding_multiplier == 1 else float(config.embedding_multiplier)
+
+
+def _granite_logit_scale(config: Any) -> float:
+    """Granite divides the logits by logits_scaling."""
+    return 1.0 / config.logits_scaling
+
+
+def _granite_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    return {"embedding_multiplier": cfg.embedding_scale or 1.0,
+            "attention_multiplier": cfg.attn_scale or cfg.head_dim ** -0.5,
+            "logits_scaling": 1.0 / cfg.logit_scale}
+
+
+# DeepSeek-V3's router (Dots1, GLM-4.5, Solar Open, EXAONE MoE): every expert scored by a
+# sigmoid, chosen by score + e_score_correction_bias within the topk_group best of n_group
+# groups (each worth its two best), weighed by its score, renormalised as norm_topk_prob says,
+# times routed_scaling_factor
+_V3_FIXED = {"router_scoring": "sigmoid", "router_order": "score_topk",
+             "router_selection_bias": True, "group_score": "top2_sum"}
+_V3_READ = {"experts_per_token": "num_experts_per_tok", "expert_width": "moe_intermediate_size",
+            "normalize_topk": "norm_topk_prob", "routed_scaling": "routed_scaling_factor",
+            "expert_groups": _v3_groups, "groups_per_token": _v3_groups_per_token}
+_V3_ROUTED = dict(experts="deepseek_v3", write=_v3_write)
+# Granite's multipliers: embeddings x embedding_multiplier, scores x attention_multiplier (in
+# place of 1/sqrt(Dh)), each sublayer's output x residual_multiplier, logits / logits_scaling
+_GRANITE_READ = {"embedding_scale": _granite_embedding, "attn_scale": "attention_multiplier",
+                 "residual_multiplier": "residual_multiplier", "logit_scale": _granite_logit_scale}
+# the k largest logits, scored by a softmax among themselves (a distribution already)
+_TOPK_SOFTMAX = {"router_scoring": "softmax", "router_order": "topk_score",
+                 "normalize_topk": True}
+_BIASED_MLPS = ("mlp_bias", "biased dense and shared MLPs beside unbiased experts: routed "
+                "layers have no biases here")
+
+
 FAMILIES: tuple[Family, ...] = (
     # the converter's families (rename tables; Llama's RoPE rows permuted)
     Family("gpt2", "GPT2LMHeadModel", block="gpt2", converter=True, windows=False, grouped=False,
@@ -265,6 +379,95 @@ FAMILIES: tuple[Family, ...] = (
            windows=False),
     Family("deepseek_v2", "DeepseekV2ForCausalLM", block="latent", experts="deepseek_v2",
            windows=False),
+    # ---- routed families (helper fam-moe) ----
+    # FlexOlmo: OLMo 2's block (norms after the sublayers, q/k norms over the projections) in
+    # front of OLMoE's router
+    llama("flex_olmo", "FlexOlmoForCausalLM", experts="olmoe",
+          fixed={**_ROUTED["fixed"], "pre_norm": False, "sandwich_norm": True, "qk_norm": True,
+                 "qk_norm_scope": "projection"},
+          read={"n_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                "normalize_topk": "norm_topk_prob"}),
+    # dots.llm1: Qwen3's attention, DeepSeek-V3's router and shared experts
+    llama("dots1", "Dots1ForCausalLM", **_V3_ROUTED, fixed={**_V3_FIXED, "qk_norm": True},
+          read={**_V3_READ, "n_experts": "n_routed_experts",
+                "n_shared_experts": "n_shared_experts", "first_dense_layers": _first_k_dense}),
+    # GLM-4.5 (and Sarvam-MoE, whose config is read by this class): the first half of each head
+    # rotated (partial_rotary_factor 0.5), q/k/v biases without an output bias, optional
+    # per-head q/k norms, DeepSeek-V3's router
+    llama("glm4_moe", "Glm4MoeForCausalLM", **_V3_ROUTED, partial_rotary=True,
+          fixed={**_V3_FIXED, "attn_output_bias": False},
+          read={**_V3_READ, "n_experts": "n_routed_experts", "qk_norm": "use_qk_norm",
+                "n_shared_experts": "n_shared_experts", "first_dense_layers": _first_k_dense}),
+    # Solar Open: Llama's attention without an output bias, every layer routed as GLM-4.5's
+    llama("solar_open", "SolarOpenForCausalLM", **_V3_ROUTED,
+          fixed={**_V3_FIXED, "attn_output_bias": False},
+          read={**_V3_READ, "n_experts": "n_routed_experts", "n_shared_experts":
+                "n_shared_experts", "d_ff": "moe_intermediate_size"}),  # no dense layer
+    # HY-V3: per-head q/k norms, DeepSeek-V3's router without groups, always renormalised
+    llama("hy_v3", "HYV3ForCausalLM", experts="deepseek_v3", refused=(_BIASED_MLPS,),
+          fixed={**_V3_FIXED, "qk_norm": True, "normalize_topk": True},
+          read={"n_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                "expert_width": "moe_intermediate_size",
+                "routed_scaling": "router_scaling_factor", "n_shared_experts": _hy_v3_shared,
+                "shared_expert_width": _hy_v3_shared_width,
+                "first_dense_layers": _dense_prefix("mlp_layer_types")},
+          write=_dense_prefix_write("mlp_layer_types")),
+    # MiniMax-M2: q/k norms over the projections, partial rotary, a sigmoid router chosen with
+    # a selection bias, always renormalised, every layer routed
+    llama("minimax_m2", "MiniMaxM2ForCausalLM", experts="deepseek_v3", partial_rotary=True,
+          fixed={**_V3_FIXED, "qk_norm": True, "qk_norm_scope": "projection",
+                 "normalize_topk": True},
+          read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"}),
+    # Aria's text model: the k largest logits softmaxed, shared experts of intermediate_size
+    llama("aria_text", "AriaTextForCausalLM", experts="mixtral", refused=(_BIASED_MLPS,),
+          fixed=_TOPK_SOFTMAX,
+          read={"n_experts": "moe_num_experts", "experts_per_token": "moe_topk",
+                "n_shared_experts": "moe_num_shared_experts"}),
+    # Ernie 4.5 MoE: RoPE on interleaved pairs, softmax scores chosen with a selection bias,
+    # renormalised, shared experts, routed from moe_layer_start_index every moe_layer_interval
+    llama("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", experts="ernie",
+          refused=(("use_bias", "biased attention and MLPs beside unbiased experts"),),
+          fixed={**_ROUTED["fixed"], "router_selection_bias": True, "normalize_topk": True,
+                 "rope_layout": "interleaved"},
+          read={"n_experts": "moe_num_experts", "experts_per_token": "moe_k",
+                "expert_width": "moe_intermediate_size",
+                "n_shared_experts": "moe_num_shared_experts",
+                "first_dense_layers": _ernie_dense_layers, "moe_every": "moe_layer_interval"}),
+    # Mellum: Qwen3-MoE's attention and router, dense layers from mlp_layer_types, windows with
+    # their own RoPE base
+    llama("mellum", "MellumForCausalLM", experts="qwen_moe",
+          fixed={**_ROUTED["fixed"], "qk_norm": True},
+          read={"n_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                "normalize_topk": "norm_topk_prob", "expert_width": "moe_intermediate_size",
+                "first_dense_layers": _dense_prefix("mlp_layer_types")},
+          write=_mellum_write),
+    # GraniteMoE: Granite's multipliers, the k largest logits softmaxed, every layer routed;
+    # GraniteMoeShared adds one shared MLP of shared_intermediate_size (0: none)
+    llama("granitemoe", "GraniteMoeForCausalLM", experts="mixtral", fixed=_TOPK_SOFTMAX,
+          read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                **_GRANITE_READ}, write=_granite_write),
+    llama("granitemoeshared", "GraniteMoeSharedForCausalLM", experts="mixtral",
+          fixed=_TOPK_SOFTMAX, write=_granite_write,
+          read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                **_GRANITE_READ, "n_shared_experts": lambda c: int(bool(c.shared_intermediate_size)),
+                "shared_expert_width": lambda c: c.shared_intermediate_size or None}),
+    # EXAONE MoE: EXAONE 4's attention (per-head q/k norms, the full layers NoPE where a window
+    # is set), DeepSeek-V3's router and shared experts, dense layers from mlp_layer_types
+    llama("exaone_moe", "ExaoneMoeForCausalLM", **_V3_ROUTED, fixed={**_V3_FIXED, "qk_norm": True},
+          read={**_V3_READ, "n_experts": "num_experts", "n_shared_experts": "num_shared_experts",
+                "first_dense_layers": _dense_prefix("mlp_layer_types"),
+                "nope_layers": _unrotated_full_layers}),
+    # Kolibri 1: EXAONE 4's attention in GLM-4's sandwich block; the k largest biased logits
+    # chosen, each weighed by its own logit's sigmoid; one shared expert; every layer routed
+    llama("kolibri1", "Kolibri1ForCausalLM", experts="kolibri",
+          fixed={"router_scoring": "sigmoid", "router_order": "topk_score",
+                 "router_selection_bias": True, "qk_norm": True, "sandwich_norm": True,
+                 "n_shared_experts": 1},
+          read={"n_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                "normalize_topk": "norm_topk_prob", "expert_width": "moe_intermediate_size",
+                "shared_expert_width": "shared_expert_intermediate_size",
+                "d_ff": "moe_intermediate_size",  # no dense layer
+                "nope_layers": _unrotated_full_layers}),
 )
 """Every family read as a spec, in the order the writer tries them: where two families read
 back the same DecoderConfig the first is written (Mistral before Phi-3 and Qwen2 for a plain

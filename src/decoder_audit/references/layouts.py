@@ -184,6 +184,17 @@ class Layout:
     """The router module's name for the selection bias (ffn.router.selection_bias), where it
     is a buffer rather than a Parameter (DeepSeek-V3's e_score_correction_bias, updated by a
     balancing rule, never by gradients): `placeable` adds such buffers to what is placed."""
+    selection_bias_at: str | None = None
+    """The selection bias's in-block name where it is no tensor of the router module's own
+    (MiniMax-M2's and HY-V3's buffer mlp.e_score_correction_bias, held by the block and handed
+    to the router; Ernie 4.5's (1, E) Parameter mlp.gate.moe_statics.e_score_correction_bias,
+    read flattened)."""
+    experts_transposed: bool = False
+    """The fused experts are stored in -> out (Aria): gate_up (E, D, 2 Fe) whose first Fe
+    columns are an expert's w1, down (E, Fe, D); each expert's matrix is read transposed."""
+    fused_shared_gate_up: str | None = None
+    """The in-block module whose weight stacks the shared experts' w1 (gate) rows, then their w3
+    (up) rows (GraniteMoeShared's shared_mlp.input_linear)."""
 
     def module_name(self, canonical: str) -> tuple[str, str] | None:
         """(the layout's module name, parameter kind) for a canonical weight name."""
@@ -239,6 +250,12 @@ _HF_DEEPSEEK = {**{k: v for k, v in _HF_LLAMA.items() if not k.startswith("attn.
                 "ffn.shared.w2": "mlp.shared_experts.down_proj",
                 # releases whose experts are one module each, as _HF_MOE names them
                 **{k: v for k, v in _HF_MOE.items() if k.startswith("ffn.experts.")}}
+# ---- routed families (helper fam-moe) ----
+_FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+# Llama's attention (and q/k norms) with DeepSeek's MoE names: the router mlp.gate, the shared
+# experts as one MLP in mlp.shared_experts, a dense layer's MLP in mlp.*, the experts fused
+_HF_SHARED_EXPERTS = {**_HF_LLAMA, "ffn.router": "mlp.gate",
+                      **{k: v for k, v in _HF_DEEPSEEK.items() if k.startswith("ffn.shared.")}}
 _FROM_SCRATCH_ATTN = {"ln1": "norm1", "ln2": "norm2", "attn.q_proj": "att.W_query",
                       "attn.k_proj": "att.W_key", "attn.v_proj": "att.W_value",
                       "attn.output_proj": "att.out_proj"}
@@ -322,6 +339,44 @@ LAYOUTS: tuple[Layout, ...] = (
             "attn.k_norm": "attention.k_norm", "ffn.w1": "feed_forward.w1",
             "ffn.w2": "feed_forward.w2", "ffn.w3": "feed_forward.w3"},
            fused_qkv="attention.qkv_linear.wqkv", qkv_per_head=True, norm_params=("weight", None)),
+    # ---- routed families (helper fam-moe) ----
+    # DeepSeek's MoE names behind Llama's attention (Dots1, GLM-4.5, Solar Open, EXAONE MoE)
+    Layout("Hugging Face MoE, DeepSeek's names", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head", _HF_SHARED_EXPERTS, fused_experts=_FUSED_EXPERTS,
+           selection_bias="e_score_correction_bias"),
+    # MiniMax-M2 and HY-V3: the selection bias a buffer of the block, handed to its router
+    Layout("Hugging Face MoE, the selection bias on the block", "model.embed_tokens", None,
+           "model.layers.{i}", "model.norm", "lm_head", _HF_SHARED_EXPERTS,
+           fused_experts=_FUSED_EXPERTS, selection_bias_at="mlp.e_score_correction_bias"),
+    # Ernie 4.5 MoE: the selection bias a (1, E) Parameter of the router's moe_statics
+    Layout("Hugging Face Ernie 4.5 MoE", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head", _HF_SHARED_EXPERTS, fused_experts=_FUSED_EXPERTS,
+           selection_bias_at="mlp.gate.moe_statics.e_score_correction_bias"),
+    # Kolibri 1: GLM-4's sandwich block (post_self_attn_layernorm on the attention output,
+    # post_attention_layernorm the MLP's input norm, post_mlp_layernorm on its output)
+    Layout("Hugging Face GLM-4 sandwich MoE", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head",
+           {**_HF_SHARED_EXPERTS, "ln1_post": "post_self_attn_layernorm",
+            "ln2_post": "post_mlp_layernorm"}, fused_experts=_FUSED_EXPERTS,
+           selection_bias="e_score_correction_bias"),
+    # FlexOlmo: OLMo 2's norms after the sublayers, OLMoE's router and experts
+    Layout("Hugging Face OLMo 2 MoE", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head",
+           {**_HF_MOE, "ln1_post": "post_attention_layernorm", "ln2": "pre_feedforward_layernorm",
+            "ln2_post": "post_feedforward_layernorm"}, fused_experts=_FUSED_EXPERTS),
+    # Aria's text model: the router mlp.router, the experts stored in -> out
+    Layout("Hugging Face Aria", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_SHARED_EXPERTS, "ffn.router": "mlp.router"},
+           fused_experts=_FUSED_EXPERTS, experts_transposed=True),
+    # GraniteMoE (and GraniteMoeShared): block_sparse_moe's router and fused experts, the shared
+    # MLP's gate and up rows fused in shared_mlp.input_linear
+    Layout("Hugging Face GraniteMoE", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head",
+           {**_HF_LLAMA, "ffn.router": "block_sparse_moe.router",
+            "ffn.shared.w2": "shared_mlp.output_linear"},
+           fused_experts=("block_sparse_moe.experts.gate_up_proj",
+                          "block_sparse_moe.experts.down_proj"),
+           fused_shared_gate_up="shared_mlp.input_linear"),
 )
 
 
@@ -342,12 +397,17 @@ class Spot:
     expert: int | None = None
     """A weight stored with every expert's in one tensor (E, out, in) (transformers 5's
     gate_up_proj and down_proj): this expert's matrix, tensor[expert], before the rows."""
+    flat: bool = False
+    """A vector stored with unit axes around it (Ernie 4.5's (1, E) selection bias): read
+    flattened."""
 
     def _target(self, tensor: torch.Tensor) -> torch.Tensor:
         """A view of the weight's place in `tensor`: (rows, ...), or (groups, rows, ...) whose
         first two axes flattened give the canonical weight."""
         if self.expert is not None:
             tensor = tensor[self.expert]  # (out, in): a view
+        if self.flat:
+            return tensor.flatten()  # (1, E) -> (E,): a view of a contiguous tensor
         if self.heads == "in":
             return tensor.transpose(1, 2)  # (heads, Dh, in)
         if self.heads == "out":
@@ -483,8 +543,11 @@ def _exit_refused() -> Iterator[None]:
         os._exit = real
 
 
-# The buffers a layout places (`Layout.selection_bias`), by the last part of their names.
-PLACED_BUFFERS = frozenset(layout.selection_bias for layout in LAYOUTS if layout.selection_bias)
+# The buffers a layout places (`Layout.selection_bias`, `selection_bias_at`), by the last part
+# of their names.
+PLACED_BUFFERS = frozenset(
+    name.rpartition(".")[2] for layout in LAYOUTS
+    for name in (layout.selection_bias, layout.selection_bias_at) if name)
 
 
 def placeable(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -742,6 +805,9 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
         kind = layout.norm_params[0 if kind == "weight" else 1]
         if kind is None:  # the layout's norms have no shift
             return None
+    if kind == "selection_bias" and layout.selection_bias_at:  # held beside the router
+        source = f"{prefix}{layout.block.format(i=module.split('.')[1])}.{layout.selection_bias_at}"
+        return Spot(source, flat=len(shapes[source]) > 1) if source in shapes else None
     if kind == "selection_bias" and layout.selection_bias:  # the router's own name for it
         kind = layout.selection_bias
     matrix = kind == "weight" and part.startswith(("attn.", "ffn."))
@@ -762,18 +828,22 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     elif layout.fused_gate_up and part in ("ffn.w1", "ffn.w3"):
         fused = layout.fused_gate_up
         rows = (0, spec.d_ff) if part == "ffn.w1" else (spec.d_ff, 2 * spec.d_ff)
+    elif layout.fused_shared_gate_up and part in ("ffn.shared.w1", "ffn.shared.w3"):
+        fused, width = layout.fused_shared_gate_up, spec.shared_dim
+        rows = (0, width) if part == "ffn.shared.w1" else (width, 2 * width)
     expert = re.fullmatch(r"ffn\.experts\.(\d+)\.(w[123])", part)
     if layout.fused_experts and expert and kind == "weight":
         gate_up, down = layout.fused_experts
         width, which = spec.expert_dim, expert[2]
         source = f"{prefix}{layout.block.format(i=module.split('.')[1])}." + (
             down if which == "w2" else gate_up)
-        whole = (spec.n_experts, spec.d_model, width) if which == "w2" else \
-            (spec.n_experts, 2 * width, spec.d_model)
-        if shapes.get(source) != whole:  # another E or Fe: no expert's rows are known, and the
-            return None                  # tensor is named as left over beside the missing ones
+        whole = (spec.d_model, width) if which == "w2" else (2 * width, spec.d_model)
+        if layout.experts_transposed:  # stored in -> out: each expert's matrix transposed
+            whole = whole[::-1]
+        if shapes.get(source) != (spec.n_experts, *whole):  # another E or Fe: no expert's rows
+            return None  # are known, and the tensor is named as left over beside the missing ones
         rows = {"w1": (0, width), "w3": (width, 2 * width), "w2": None}[which]
-        return Spot(source, rows=rows, expert=int(expert[1]))
+        return Spot(source, layout.experts_transposed, rows=rows, expert=int(expert[1]))
     if fused is not None:
         layer = module.split(".")[1]
         source = f"{prefix}{layout.block.format(i=layer)}.{fused}.{kind}"
