@@ -289,6 +289,10 @@ def _granite_write(cfg: Any, config_class: type) -> dict[str, Any]:
             "logits_scaling": 1.0 / cfg.logit_scale}
 
 
+def _granite_shared_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    return {**_granite_write(cfg, config_class), "shared_intermediate_size": cfg.shared_dim}
+
+
 # DeepSeek-V3's router (Dots1, GLM-4.5, Solar Open, EXAONE MoE): every expert scored by a
 # sigmoid, chosen by score + e_score_correction_bias within the topk_group best of n_group
 # groups (each worth its two best), weighed by its score, renormalised as norm_topk_prob says,
@@ -447,7 +451,7 @@ FAMILIES: tuple[Family, ...] = (
           read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
                 **_GRANITE_READ}, write=_granite_write),
     llama("granitemoeshared", "GraniteMoeSharedForCausalLM", experts="mixtral",
-          fixed=_TOPK_SOFTMAX, write=_granite_write,
+          fixed=_TOPK_SOFTMAX, write=_granite_shared_write,
           read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
                 **_GRANITE_READ, "n_shared_experts": lambda c: int(bool(c.shared_intermediate_size)),
                 "shared_expert_width": lambda c: c.shared_intermediate_size or None}),

@@ -65,11 +65,6 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
     """The model of the first family whose config reads back as the decoder's own (eval mode,
     eager attention), holding copies of its weights; ConfigError naming the families tried."""
     cfg = decoder.config
-    # latent attention's families (DeepSeek) hold either layout (V3's rope_interleave)
-    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half" and not cfg.latent_attention:
-        raise ConfigError("rope_layout='interleaved': these families rotate halves; write "
-                          "rope_layout='rotate_half' (the same weights, rows reordered per head, "
-                          "as from_hf's Llama path does)")
     classes = spec_classes(tf)
     tried = []
     for family in FAMILIES:
@@ -86,6 +81,12 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
         if _write_weights(hf_model, cfg, decoder):
             return hf_model
         tried.append(family.model_type)  # its modules are not the shapes it reads back as
+    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half" and not cfg.latent_attention:
+        # a few families rotate interleaved pairs (Ernie 4.5); most rotate halves
+        raise ConfigError("rope_layout='interleaved': no family tried holds this config with "
+                          f"its RoPE on interleaved pairs (tried {tried}); write rope_layout="
+                          "'rotate_half' (the same weights, rows reordered per head, as "
+                          "from_hf's Llama path does)")
     raise ConfigError(f"no Hugging Face family holds this config exactly (tried {tried}; each "
                       "reads back as another config)")
 
