@@ -380,9 +380,11 @@ FAMILIES: tuple[Family, ...] = (
                 "normalize_topk": "norm_topk_prob"}),
     # latent attention in front of routed experts
     Family("deepseek_v3", "DeepseekV3ForCausalLM", block="latent", experts="deepseek_v3",
-           windows=False),
+           windows=False, read={"first_dense_layers": _first_k_dense}),
+    # V2 rotates interleaved pairs (as complex numbers) whatever a rope_interleave says
     Family("deepseek_v2", "DeepseekV2ForCausalLM", block="latent", experts="deepseek_v2",
-           windows=False),
+           windows=False, read={"first_dense_layers": _first_k_dense},
+           fixed={"rope_layout": "interleaved"}),
     # ---- routed families (helper fam-moe) ----
     # FlexOlmo: OLMo 2's block (norms after the sublayers, q/k norms over the projections) in
     # front of OLMoE's router
@@ -472,6 +474,8 @@ FAMILIES: tuple[Family, ...] = (
                 "shared_expert_width": "shared_expert_intermediate_size",
                 "d_ff": "moe_intermediate_size",  # no dense layer
                 "nope_layers": _unrotated_full_layers}),
+    # Youtu: DeepSeek-V3's latent attention in front of a dense MLP in every layer
+    Family("youtu", "YoutuForCausalLM", block="latent", windows=False),
 )
 """Every family read as a spec, in the order the writer tries them: where two families read
 back the same DecoderConfig the first is written (Mistral before Phi-3 and Qwen2 for a plain

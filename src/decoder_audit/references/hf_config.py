@@ -153,16 +153,18 @@ def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
     if entry is None:
         raise ConfigError(f"model_type={model_type!r} is not supported; supported are "
                           f"{list(families.BY_TYPE)} (their causal-LM classes)")
-    if entry.block == "latent":
-        from .hf_latent import latent_config
-
-        return latent_config(hf_config, entry)
     problems: list[str] = []
-    fields = {**_sizes(hf_config, entry.grouped), "mlp": _mlp(hf_config, entry, problems)}
+    if entry.block == "latent":  # latent attention's own fields, RoPE on its rotary part
+        from .hf_latent import latent_fields
+
+        fields = latent_fields(hf_config, entry, problems)
+    else:
+        fields = {**_sizes(hf_config, entry.grouped), "mlp": _mlp(hf_config, entry, problems)}
     for name, source in entry.reads().items():
         fields[name] = _cast(name, read_source(hf_config, source, problems))
     fields.update(entry.fixes())
-    fields.update(_positions(hf_config, entry, fields, problems))
+    if entry.block != "latent":
+        fields.update(_positions(hf_config, entry, fields, problems))
     problems += refusals(hf_config, entry)
     _routed(fields, hf_config, entry)
     _refuse(entry.model_type, problems)
@@ -251,14 +253,26 @@ def _routed(fields: dict[str, Any], c: Any, family: families.Family) -> None:
     if family.experts is None:
         return
     experts, k = fields.get("n_experts"), fields.get("experts_per_token")
-    if not experts:
+    if not experts or not _some_layer_routes(fields):
         for name in ROUTED_FIELDS:
             fields.pop(name, None)
         return
-    names = family.reads()
+    names = family.reads()  # a latent block's are DeepSeek's names
+    k_name = names.get("experts_per_token", "num_experts_per_tok")
+    e_name = names.get("n_experts", "n_routed_experts")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= experts:
-        raise InvalidHFConfig(f"{names['experts_per_token']}={k!r} must be an integer from 1 to "
-                              f"{names['n_experts']}={experts} (the experts each token is sent to)")
+        raise InvalidHFConfig(f"{k_name}={k!r} must be an integer from 1 to {e_name}="
+                              f"{experts} (the experts each token is sent to)")
+
+
+def _some_layer_routes(fields: dict[str, Any]) -> bool:
+    """Whether a layer routes past the dense ones (a DeepSeek config whose
+    first_k_dense_replace covers every layer is a dense model); True where the fields are not
+    integers, for DecoderConfig to name."""
+    dense, every = fields.get("first_dense_layers", 0), fields.get("moe_every", 1)
+    if not (isinstance(dense, int) and isinstance(every, int) and every >= 1):
+        return True
+    return any(i >= dense and (i + 1) % every == 0 for i in range(fields["n_layers"]))
 
 
 def _refuse(family: str, problems: list[str]) -> None:

@@ -175,22 +175,25 @@ def _windows(cfg: DecoderConfig, config_class: type, family: Family) -> dict[str
 
 
 def _deepseek(cfg: DecoderConfig, config_class: type, family: Family) -> dict[str, Any]:
-    """DeepSeek's config for a latent Decoder, as `hf_latent.latent_config` reads it back:
-    every layer dense (first_k_dense_replace = L) without experts; V3's groups (one group when
-    there are none), V2's topk_method. A Decoder they do not hold (V3 without a sigmoid and a
-    selection bias, V2 renormalising, shared experts of another width) reads back otherwise and
-    is not written."""
+    """The config of a latent attention family for a latent Decoder, as `hf_latent` reads it
+    back: every layer dense (first_k_dense_replace = L) without experts; V3's groups (one group
+    when there are none), V2's topk_method; what the entry derives itself by its `write`. A
+    Decoder they do not hold (V3 without a sigmoid and a selection bias, V2 renormalising,
+    shared experts of another width) reads back otherwise and is not written."""
     fields: dict[str, Any] = {
         **rope_config_fields(cfg, config_class, family), "num_key_value_heads": cfg.n_heads,
         "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu", "attention_bias": False,
         "kv_lora_rank": cfg.kv_latent_rank, "q_lora_rank": cfg.q_latent_rank,
         "qk_rope_head_dim": cfg.rope_head_width, "qk_nope_head_dim": cfg.nope_head_width,
-        "v_head_dim": cfg.value_head_width,
-        "first_k_dense_replace": cfg.first_dense_layers if cfg.routed else cfg.n_layers}
-    v3 = family.experts == "deepseek_v3"
-    if v3:
+        "v_head_dim": cfg.value_head_width}
+    if takes(config_class, "first_k_dense_replace"):
+        fields["first_k_dense_replace"] = cfg.first_dense_layers if cfg.routed else cfg.n_layers
+    if takes(config_class, "rope_interleave"):
         fields["rope_interleave"] = cfg.rope_layout == "interleaved"
-    if not cfg.routed:
+    if family.write is not None:
+        fields.update(family.write(cfg, config_class))
+    v3 = family.experts == "deepseek_v3"
+    if not cfg.routed or family.experts is None:
         return fields
     fields.update(n_routed_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token,
                   moe_intermediate_size=cfg.expert_dim, n_shared_experts=cfg.n_shared_experts,
