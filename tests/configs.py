@@ -400,6 +400,16 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                                  mlp="swiglu", pos="rope", rope_theta=10000.0,
                                                  rope_layout="rotate_half",
                                                  tie_embeddings=False),
+    # ---- routed families (helper fam-moe) ----
+    # GLM-4.7-Flash / MiniCPM3: the latent norms on an eps of their own (transformers' 1e-6
+    # beside the block norms' 1e-5; here 1e-2, so that the latents' mean square, ~6e-3 at
+    # initialisation, feels it)
+    "mla-latent-eps": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=3,
+                                       d_ff=24, max_seq_len=7, norm="rmsnorm", mlp="swiglu",
+                                       pos="rope", rope_layout="rotate_half", kv_latent_rank=10,
+                                       q_latent_rank=9, rope_head_width=4, nope_head_width=6,
+                                       value_head_width=5, latent_norm_eps=1e-2,
+                                       tie_embeddings=True),
 }
 
 

@@ -117,6 +117,7 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
                          "shared_intermediate_size": 16},
     "exaone_moe": {"sliding_window_pattern": 2},  # layer 1 full, and so without RoPE
     "kolibri1": {"layer_types": ["sliding_attention", "full_attention"]},
+    "glm4_moe_lite": {"n_group": 2, "topk_group": 1},
 }
 # Calls a family needs after it is built (a default it refuses to guess).
 FAMILY_SETUP: dict[str, Any] = {

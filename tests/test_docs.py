@@ -121,7 +121,14 @@ FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2"
                 "Gemma 3 (text)": "gemma3_text", "StableLM": "stablelm", "Phi-3": "phi3",
                 "GPT-NeoX": "gpt_neox", "OLMo": "olmo", "OLMo 2": "olmo2",
                 "Mixtral": "mixtral", "Qwen2-MoE": "qwen2_moe", "Qwen3-MoE": "qwen3_moe",
-                "OLMoE": "olmoe", "DeepSeek-V2": "deepseek_v2", "DeepSeek-V3": "deepseek_v3"}
+                "OLMoE": "olmoe", "DeepSeek-V2": "deepseek_v2", "DeepSeek-V3": "deepseek_v3",
+                # ---- routed families (helper fam-moe) ----
+                "FlexOlmo": "flex_olmo", "Dots1": "dots1", "GLM-4-MoE": "glm4_moe",
+                "Solar Open": "solar_open", "HY-V3": "hy_v3", "MiniMax-M2": "minimax_m2",
+                "Aria (text)": "aria_text", "Ernie MoE": "ernie4_5_moe", "Mellum": "mellum",
+                "GraniteMoE": "granitemoe", "GraniteMoeShared": "granitemoeshared",
+                "EXAONE-MoE": "exaone_moe", "Kolibri1": "kolibri1", "Youtu": "youtu",
+                "GLM-4-MoE-Lite": "glm4_moe_lite", "MiniCPM3": "minicpm3"}
 
 
 def test_every_list_of_the_families_with_a_spec_names_exactly_them():

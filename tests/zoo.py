@@ -593,4 +593,9 @@ VARIANT_MUTANTS = [
     Case("relu2_not_squared", _variant_mutant("parallel-one-norm",
                                               _set("layers.0.ffn.activation", torch.relu)),
          "oracle", first=False, defect="I (squared ReLU)", says="differ from the slow oracle"),
+    # ---- routed families (helper fam-moe) ----
+    Case("latent_norm_on_the_block_eps", _variant_mutant("mla-latent-eps",
+                                                         _set("layers.1.attn.kv_a_norm.eps",
+                                                              1e-5)),
+         "oracle", first=False, defect="I (norm eps)", says="differ from the slow oracle"),
 ]

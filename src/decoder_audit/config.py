@@ -259,6 +259,10 @@ class DecoderConfig:
     value_head_width: int | None = None
     """Dv: each value head's width (v_head_dim); output_proj reads H x Dv. Latent attention
     only."""
+    latent_norm_eps: float | None = None
+    """The epsilon of the latent norms (q_a_norm, kv_a_norm) where it is not norm_eps:
+    transformers builds DeepSeek's, GLM-4.7-Flash's and MiniCPM3's with 1e-6 whatever their
+    config's rms_norm_eps (1e-5 in the last two). None: norm_eps. Latent attention only."""
     tie_embeddings: bool = True
     """Readout uses the token-embedding Parameter itself (one object, one gradient)."""
     context_policy: str = "reject"
@@ -328,6 +332,11 @@ class DecoderConfig:
         if self.latent_attention:
             return self.rope_head_width
         return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    @property
+    def latent_eps(self) -> float:
+        """The latent norms' epsilon: latent_norm_eps, or norm_eps."""
+        return self.norm_eps if self.latent_norm_eps is None else self.latent_norm_eps
 
     @property
     def latent_attention(self) -> bool:
@@ -541,6 +550,10 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
         value = getattr(cfg, name)
         if not _is_real(value) or not value >= 0 or value == float("inf"):
             problems.append((name, f"{name}={_shown(value)} must be a finite number >= 0"))
+    eps = cfg.latent_norm_eps
+    if eps is not None and (not _is_real(eps) or not eps >= 0 or eps == float("inf")):
+        problems.append(("latent_norm_eps", f"latent_norm_eps={_shown(eps)} must be a finite "
+                         "number >= 0 or null"))
     if _is_real(cfg.rope_theta) and cfg.pos == "rope" and not cfg.rope_theta > 0:
         problems.append(("rope_theta", f"rope_theta={cfg.rope_theta!r} must be > 0 with "
                          "pos='rope'"))
@@ -667,7 +680,7 @@ def _group_problems(cfg: DecoderConfig, valid) -> list[str]:
 
 def _latent_problems(cfg: DecoderConfig, valid) -> list[str]:
     """Latent attention's fields against each other and the attention they replace."""
-    latent = ["q_latent_rank", *_LATENT_WIDTHS]
+    latent = ["q_latent_rank", *_LATENT_WIDTHS, "latent_norm_eps"]
     if cfg.kv_latent_rank is None:
         given = [f"{name}={_shown(getattr(cfg, name))}" for name in latent
                  if getattr(cfg, name) is not None]

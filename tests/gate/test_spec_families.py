@@ -538,14 +538,26 @@ def test_the_selection_bias_buffer_is_placed_counted_and_read():
     assert not report["oracle"].passed
 
 
-@pytest.mark.parametrize("field, value", [("rms_norm_eps", 1e-5), ("attention_bias", True)])
+@pytest.mark.parametrize("field, value", [("attention_bias", True)])
 def test_a_deepseek_config_the_spec_cannot_express_is_named(field, value):
-    """The latent norms keep transformers' eps of 1e-6 whatever rms_norm_eps says, and latent
-    attention with biases is not expressed: the spec is refused naming the field."""
+    """Latent attention with biases is not expressed: the spec is refused naming the field."""
     model = _model("deepseek_v3", **{field: value})
     report = da.audit(model, checks=["params", "oracle"])
     assert report.facts.spec is None
     assert field in report["oracle"].detail
+
+
+def test_a_deepseek_latent_norm_keeps_its_own_eps():
+    """The latent norms keep transformers' eps of 1e-6 whatever rms_norm_eps says: a config of
+    rms_norm_eps 1e-5 is read with latent_norm_eps 1e-6 and passes; the spec with the latent
+    norms on 1e-5 fails the oracle."""
+    model = _model("deepseek_v3", rms_norm_eps=1e-5)
+    report = da.audit(model, checks=["params", "oracle"])
+    spec = report.facts.spec
+    assert (spec.norm_eps, spec.latent_norm_eps) == (1e-5, 1e-6)
+    assert report["params"].passed and report["oracle"].passed, report.first_failure
+    one_eps = da.audit(model, spec=spec.replace(latent_norm_eps=None), checks=["oracle"])
+    assert not one_eps["oracle"].passed
 
 
 @pytest.mark.parametrize("family, other", [("deepseek_v3", "rotate_half"),

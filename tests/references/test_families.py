@@ -274,6 +274,19 @@ def _latent_norm_skipped(model: torch.nn.Module) -> None:
     norm.forward = lambda x: x
 
 
+def _latent_norms_on_the_block_eps(model: torch.nn.Module) -> None:
+    """GLM-4.7-Flash's latent norms built with the config's rms_norm_eps (1e-5), not 1e-6."""
+    for layer in model.model.layers:
+        for norm in (layer.self_attn.q_a_layernorm, layer.self_attn.kv_a_layernorm):
+            norm.variance_epsilon = model.config.rms_norm_eps
+
+
+def _residual_scale_dropped(model: torch.nn.Module) -> None:
+    """MiniCPM3: each sublayer's output joins the stream unscaled."""
+    for layer in model.model.layers:
+        layer.residual_scale = 1.0
+
+
 SPECIFIC: dict[tuple[str, str], tuple] = {
     # ---- routed families (helper fam-moe) ----
     ("flex_olmo", "top-k weights renormalised"): (_rerouted(_renormalised), "oracle"),
@@ -295,6 +308,11 @@ SPECIFIC: dict[tuple[str, str], tuple] = {
     ("kolibri1", "selection bias weighs"): (_rerouted(_kolibri_bias_weighs), "oracle"),
     ("kolibri1", "post-mlp norm skipped"): (_post_mlp_norm_skipped, "oracle"),
     ("youtu", "latent norm skipped"): (_latent_norm_skipped, "oracle"),
+    ("glm4_moe_lite", "latent norms on the block's eps"): (_latent_norms_on_the_block_eps,
+                                                           "oracle"),
+    ("glm4_moe_lite", "expert groups ignored"): (_rerouted(_v3_groups_ignored), "oracle"),
+    ("minicpm3", "residual scale dropped"): (_residual_scale_dropped, "oracle"),
+    ("minicpm3", "logits scaling dropped"): (_logits_scaling_dropped, "oracle"),
 }
 """(family, defect) -> (plant(model) in transformers' own module, the check that must fail)."""
 

@@ -21,9 +21,12 @@ rotated halves, no biases unless `attention_bias` / `mlp_bias` say so), then tak
     refused      config attributes the family's modules read that no DecoderConfig expresses,
                  each with why: set (truthy), the config is refused naming it, and the model is
                  audited black-box, never against a spec that leaves the option out;
-    experts      how its routed experts are declared ("mixtral", "qwen_moe", "olmoe", or None
-                 for a dense MLP); `block` the reader of a block unlike Llama's ("gpt2",
-                 "gpt_neox", "latent": DeepSeek's latent attention in front of routed experts).
+    experts      how its routed experts are declared (a label of the router's form:
+                 "mixtral", "qwen_moe", "olmoe", "deepseek_v3", ..., or None for a dense MLP;
+                 the router's fields themselves are `fixed` and `read`, but for a latent
+                 block, whose "deepseek_v3" / "deepseek_v2" router `hf_latent` reads);
+                 `block` the reader of a block unlike Llama's ("gpt2", "gpt_neox", "latent":
+                 DeepSeek's latent attention, before routed experts or dense MLPs).
 
 Adding a family is one entry here, a correct tiny model that passes and a planted defect that
 fails (tests/references/test_families.py walks the table). Nothing in this module imports
@@ -84,7 +87,9 @@ class Family:
     family's attention applies it, or a window it declares and ignores is a defect to find."""
     experts: str | None = None
     """How its routed experts are declared: "mixtral", "qwen_moe", "olmoe", "deepseek_v3",
-    "deepseek_v2" (the router's form), None for a dense MLP."""
+    "deepseek_v2", "ernie", "kolibri" (the router's form, a label: its fields are `fixed` and
+    `read`, but in a latent block, where "deepseek_v3" / "deepseek_v2" choose `hf_latent`'s
+    reading), None for a dense MLP."""
     refused: tuple[tuple, ...] = ()
     """(config attribute, why[, rule]): the option the family's modules read and no
     DecoderConfig expresses, refused where rule(value) holds (default: the value is truthy)."""
@@ -234,6 +239,16 @@ def _first_k_dense(config: Any) -> int:
     return config.first_k_dense_replace or 0  # Dots1's may be None: no dense layer
 
 
+# transformers' RMSNorm default: latent attention's norms (q_a_layernorm, kv_a_layernorm) are
+# built without the config's rms_norm_eps, the block norms with it
+_LATENT_NORM_EPS = 1e-6
+
+
+def _latent_norm_eps(config: Any) -> float | None:
+    """The latent norms' eps, where it is not the block norms' rms_norm_eps."""
+    return None if float(config.rms_norm_eps) == _LATENT_NORM_EPS else _LATENT_NORM_EPS
+
+
 def _unrotated_full_layers(config: Any) -> tuple[int, ...] | None:
     """EXAONE 4's attention (EXAONE MoE, Kolibri 1): where a window is set, its full layers
     rotate nothing (global NoPE); without one, every layer rotates."""
@@ -271,6 +286,17 @@ def _mellum_write(cfg: Any, config_class: type) -> dict[str, Any]:
     local = {"rope_type": "default", "rope_theta": cfg.window_rope_theta or cfg.rope_theta}
     return {**_dense_prefix_write("mlp_layer_types")(cfg, config_class),
             "rope_parameters": {"full_attention": full, "sliding_attention": local}}
+
+
+def _minicpm3_residual(config: Any) -> float:
+    """MiniCPM3's residual_scale: scale_depth / sqrt(num_hidden_layers)."""
+    return config.scale_depth / config.num_hidden_layers ** 0.5
+
+
+def _minicpm3_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    return {"scale_emb": cfg.embedding_scale or 1.0,
+            "scale_depth": cfg.residual_multiplier * cfg.n_layers ** 0.5,
+            "dim_model_base": cfg.logit_scale * cfg.d_model}
 
 
 def _granite_embedding(config: Any) -> float | None:
@@ -380,10 +406,12 @@ FAMILIES: tuple[Family, ...] = (
                 "normalize_topk": "norm_topk_prob"}),
     # latent attention in front of routed experts
     Family("deepseek_v3", "DeepseekV3ForCausalLM", block="latent", experts="deepseek_v3",
-           windows=False, read={"first_dense_layers": _first_k_dense}),
+           windows=False, read={"first_dense_layers": _first_k_dense,
+                                "latent_norm_eps": _latent_norm_eps}),
     # V2 rotates interleaved pairs (as complex numbers) whatever a rope_interleave says
     Family("deepseek_v2", "DeepseekV2ForCausalLM", block="latent", experts="deepseek_v2",
-           windows=False, read={"first_dense_layers": _first_k_dense},
+           windows=False, read={"first_dense_layers": _first_k_dense,
+                                "latent_norm_eps": _latent_norm_eps},
            fixed={"rope_layout": "interleaved"}),
     # ---- routed families (helper fam-moe) ----
     # FlexOlmo: OLMo 2's block (norms after the sublayers, q/k norms over the projections) in
@@ -475,7 +503,21 @@ FAMILIES: tuple[Family, ...] = (
                 "d_ff": "moe_intermediate_size",  # no dense layer
                 "nope_layers": _unrotated_full_layers}),
     # Youtu: DeepSeek-V3's latent attention in front of a dense MLP in every layer
-    Family("youtu", "YoutuForCausalLM", block="latent", windows=False),
+    Family("youtu", "YoutuForCausalLM", block="latent", windows=False,
+           read={"latent_norm_eps": _latent_norm_eps}),
+    # GLM-4.7-Flash: DeepSeek-V3's latent attention and router, dense layers from mlp_layer_types
+    Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", block="latent", experts="deepseek_v3",
+           windows=False, write=_dense_prefix_write("mlp_layer_types"),
+           read={"first_dense_layers": _dense_prefix("mlp_layer_types"),
+                 "latent_norm_eps": _latent_norm_eps}),
+    # MiniCPM3: DeepSeek-V2's latent attention turning its rotary part on halves, dense MLPs,
+    # the embeddings x scale_emb, each sublayer's output x scale_depth / sqrt(L), the final
+    # hidden state divided by hidden_size / dim_model_base before the readout
+    Family("minicpm3", "MiniCPM3ForCausalLM", block="latent", windows=False,
+           fixed={"rope_layout": "rotate_half"}, write=_minicpm3_write,
+           read={"latent_norm_eps": _latent_norm_eps, "embedding_scale": "scale_emb",
+                 "residual_multiplier": _minicpm3_residual,
+                 "logit_scale": lambda c: c.dim_model_base / c.hidden_size}),
 )
 """Every family read as a spec, in the order the writer tries them: where two families read
 back the same DecoderConfig the first is written (Mistral before Phi-3 and Qwen2 for a plain

@@ -18,11 +18,6 @@ from .families import Family
 from .hf_rope import holds_rope_parameters, rope_fields, rope_parameters_of
 
 
-# transformers' RMSNorm default: the latent norms (q_a_layernorm, kv_a_layernorm) are built
-# without the config's rms_norm_eps, the block norms with it
-_LATENT_NORM_EPS = 1e-6
-
-
 def latent_fields(c: Any, entry: Family, problems: list[str]) -> dict[str, Any]:
     """The DecoderConfig fields of latent attention's block as transformers' modules compute
     it (DeepseekV2Config, DeepseekV3Config and the configs of the families built on their
@@ -82,10 +77,6 @@ def _unexpressed(c: Any) -> list[str]:
         problems.append(f"num_key_value_heads={c.num_key_value_heads} != num_attention_heads="
                         f"{c.num_attention_heads} (kv_b_proj gives every head its own key and "
                         "value; transformers repeats them again and fails)")
-    if float(c.rms_norm_eps) != _LATENT_NORM_EPS:
-        problems.append(f"rms_norm_eps={c.rms_norm_eps} (the latent norms q_a_layernorm and "
-                        f"kv_a_layernorm keep transformers' {_LATENT_NORM_EPS}: one norm_eps "
-                        "cannot hold both)")
     return problems
 
 

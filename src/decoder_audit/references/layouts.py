@@ -45,6 +45,13 @@ Layouts detected from the parameter names (`detect`):
                         feed_forward.w1/w2/w3, ffn_norm, norm, lm_head (torchtitan 0.3)
     TransformerLens     embed.W_E, blocks.{i}.attn.W_Q (H, D, Dh), W_O (H, Dh, D), b_Q (H, Dh),
                         mlp.W_in (D, F), unembed.W_U (D, V) and its bias b_U (HookedTransformer)
+    Hugging Face MoE    Llama's attention names with DeepSeek's MoE names (mlp.gate and its
+      (DeepSeek's       e_score_correction_bias, mlp.shared_experts, fused experts); variants
+      names), ...       with the selection bias held by the block (MiniMax-M2, HY-V3) or as
+                        Ernie 4.5's (1, E) mlp.gate.moe_statics Parameter, GLM-4's sandwich
+                        norms (Kolibri 1), OLMo 2's norms (FlexOlmo), Aria's router mlp.router
+                        and its experts stored in -> out, GraniteMoE's block_sparse_moe router
+                        and experts with the shared MLP's gate and up fused in input_linear
 each possibly under a wrapper's prefix (`model.`, `net.`), and each also without its root module
 (`embed_tokens`, `layers.{i}.self_attn.q_proj`, `norm`, `lm_head` at the top: `rootless`). Anything else takes a user function
 (`weights_map=`): state dict -> {canonical name: tensor}.

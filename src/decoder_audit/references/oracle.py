@@ -353,7 +353,8 @@ def _latent_qkv(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], p: str, h: to
     through its latent (or one projection), the keys' and values' latent normalised and
     expanded head by head, each head's key its own non-rotary part then the rotary key every
     head shares (RoPE turns it, and the query's last R features, in `_attention`)."""
-    attn, eps, offset = f"{p}.attn", cfg.norm_eps, cfg.norm_offset
+    attn, offset = f"{p}.attn", cfg.norm_offset
+    eps = cfg.norm_eps if cfg.latent_norm_eps is None else cfg.latent_norm_eps  # the latents
     if cfg.q_latent_rank is not None:
         q_latent = _rmsnorm(_linear(h, w, f"{attn}.q_a_proj"), w[f"{attn}.q_a_norm.weight"], eps,
                             offset)
