@@ -350,7 +350,9 @@ REFUSED = [("ernie4_5_moe", {"use_bias": True}, "use_bias"),
                              "moe_layer_end_index": 1}, "moe_layer_end_index"),  # layer 2 dense
            ("mellum", {"mlp_layer_types": ["sparse", "dense"]}, "mlp_layer_types"),
            ("hy_v3", {"mlp_bias": True}, "mlp_bias"),
-           ("aria_text", {"mlp_bias": True}, "mlp_bias")]
+           ("aria_text", {"mlp_bias": True}, "mlp_bias"),
+           ("glm4_moe", {"n_shared_experts": 0}, "n_shared_experts"),  # zero-size weights
+           ("kolibri1", {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size")]
 
 
 @pytest.mark.parametrize("family, fields, option", REFUSED,

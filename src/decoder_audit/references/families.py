@@ -336,6 +336,13 @@ _GRANITE_READ = {"embedding_scale": _granite_embedding, "attn_scale": "attention
 # the k largest logits, scored by a softmax among themselves (a distribution already)
 _TOPK_SOFTMAX = {"router_scoring": "softmax", "router_order": "topk_score",
                  "normalize_topk": True}
+def _no_shared_mlp(attribute: str) -> tuple:
+    """A block that builds its shared MLP whatever: of width 0 where `attribute` is 0, its
+    zero-size weights a shape no DecoderConfig has (refused, never left over in params)."""
+    return (attribute, "a shared MLP of width 0 (zero-size weights; no shared experts is "
+            "n_shared_experts=0 without them)", lambda value: value == 0)
+
+
 _BIASED_MLPS = ("mlp_bias", "biased dense and shared MLPs beside unbiased experts: routed "
                 "layers have no biases here")
 
@@ -423,17 +430,20 @@ FAMILIES: tuple[Family, ...] = (
                 "normalize_topk": "norm_topk_prob"}),
     # dots.llm1: Qwen3's attention, DeepSeek-V3's router and shared experts
     llama("dots1", "Dots1ForCausalLM", **_V3_ROUTED, fixed={**_V3_FIXED, "qk_norm": True},
+          refused=(_no_shared_mlp("n_shared_experts"),),
           read={**_V3_READ, "n_experts": "n_routed_experts",
                 "n_shared_experts": "n_shared_experts", "first_dense_layers": _first_k_dense}),
     # GLM-4.5 (and Sarvam-MoE, whose config is read by this class): the first half of each head
     # rotated (partial_rotary_factor 0.5), q/k/v biases without an output bias, optional
     # per-head q/k norms, DeepSeek-V3's router
     llama("glm4_moe", "Glm4MoeForCausalLM", **_V3_ROUTED, partial_rotary=True,
+          refused=(_no_shared_mlp("n_shared_experts"),),
           fixed={**_V3_FIXED, "attn_output_bias": False},
           read={**_V3_READ, "n_experts": "n_routed_experts", "qk_norm": "use_qk_norm",
                 "n_shared_experts": "n_shared_experts", "first_dense_layers": _first_k_dense}),
     # Solar Open: Llama's attention without an output bias, every layer routed as GLM-4.5's
     llama("solar_open", "SolarOpenForCausalLM", **_V3_ROUTED,
+          refused=(_no_shared_mlp("n_shared_experts"),),
           fixed={**_V3_FIXED, "attn_output_bias": False},
           read={**_V3_READ, "n_experts": "n_routed_experts", "n_shared_experts":
                 "n_shared_experts", "d_ff": "moe_intermediate_size"}),  # no dense layer
@@ -453,7 +463,8 @@ FAMILIES: tuple[Family, ...] = (
                  "normalize_topk": True},
           read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"}),
     # Aria's text model: the k largest logits softmaxed, shared experts of intermediate_size
-    llama("aria_text", "AriaTextForCausalLM", experts="mixtral", refused=(_BIASED_MLPS,),
+    llama("aria_text", "AriaTextForCausalLM", experts="mixtral",
+          refused=(_BIASED_MLPS, _no_shared_mlp("moe_num_shared_experts")),
           fixed=_TOPK_SOFTMAX,
           read={"n_experts": "moe_num_experts", "experts_per_token": "moe_topk",
                 "n_shared_experts": "moe_num_shared_experts"}),
@@ -488,12 +499,14 @@ FAMILIES: tuple[Family, ...] = (
     # EXAONE MoE: EXAONE 4's attention (per-head q/k norms, the full layers NoPE where a window
     # is set), DeepSeek-V3's router and shared experts, dense layers from mlp_layer_types
     llama("exaone_moe", "ExaoneMoeForCausalLM", **_V3_ROUTED, fixed={**_V3_FIXED, "qk_norm": True},
+          refused=(_no_shared_mlp("num_shared_experts"),),
           read={**_V3_READ, "n_experts": "num_experts", "n_shared_experts": "num_shared_experts",
                 "first_dense_layers": _dense_prefix("mlp_layer_types"),
                 "nope_layers": _unrotated_full_layers}),
     # Kolibri 1: EXAONE 4's attention in GLM-4's sandwich block; the k largest biased logits
     # chosen, each weighed by its own logit's sigmoid; one shared expert; every layer routed
     llama("kolibri1", "Kolibri1ForCausalLM", experts="kolibri",
+          refused=(_no_shared_mlp("shared_expert_intermediate_size"),),
           fixed={"router_scoring": "sigmoid", "router_order": "topk_score",
                  "router_selection_bias": True, "qk_norm": True, "sandwich_norm": True,
                  "n_shared_experts": 1},
@@ -507,6 +520,7 @@ FAMILIES: tuple[Family, ...] = (
            read={"latent_norm_eps": _latent_norm_eps}),
     # GLM-4.7-Flash: DeepSeek-V3's latent attention and router, dense layers from mlp_layer_types
     Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", block="latent", experts="deepseek_v3",
+           refused=(_no_shared_mlp("n_shared_experts"),),
            windows=False, write=_dense_prefix_write("mlp_layer_types"),
            read={"first_dense_layers": _dense_prefix("mlp_layer_types"),
                  "latent_norm_eps": _latent_norm_eps}),
