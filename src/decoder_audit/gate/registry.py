@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import (alignment, attention, generation, inputs, invariance, kv_cache, model_loss,
-               packing, reference, routing, training, weights, window)
+               packing, reference, router_loss, routing, training, weights, window)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -175,7 +175,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           "training", model_loss.check_model_loss, needs=("computes_loss", "loss_callable"),
           paths=("model loss",)),
     Check("router_aux_loss", "its load-balancing loss = E sum F_e P_e, added times its coef",
-          "training", model_loss.check_router_aux_loss,
+          "training", router_loss.check_router_aux_loss,
           needs=("returns_router_aux", "computes_loss", "loss_callable"), paths=("model loss",)),
     Check("grad_causal", "loss gradient at t is exactly 0 at every later input", "generation",
           generation.check_grad_causal, needs=("has_input_embedding", "has_input_gradient")),
