@@ -167,9 +167,7 @@ ENTRIES: tuple[Entry, ...] = (
                   "attn_logit_softcapping (50): scores beyond the cap are not squashed; 5.21.0 "
                   "makes eager the default and SDPA refuses a soft-cap",
           builder="gemma2_windowed", symptom="softcap_dropped", check="oracle",
-          today="missed", pending="soft-cap liveness: the oracle at scores past the declared "
-                                  "cap (random-init scores stay far below 50, where tanh "
-                                  "capping changes a logit by less than the tolerance)"),
+          today="caught"),
     # --- caches -----------------------------------------------------------------------------
     Entry("gemma2-hybrid-cache-past-window", "transformers", _t("4.51.3"), _t("4.52.1"),
           ref="huggingface/transformers#37574", fix="#38046 (4.52.1)",
