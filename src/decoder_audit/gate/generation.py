@@ -178,9 +178,9 @@ class _PaddingProbe:
             for k in sorted({k for _, k in layout}):  # each real prefix alone (T - k, V)
                 prefix = self.x[None, :seq_len - k].to(s.device)
                 s.count(prefix)
-                # called as the padded batch is (use_cache=False where it takes it), only the
+                # called as the masked batch is (use_cache=False where it takes it), only the
                 # mask and pads differing: a model whose logits move with use_cache (Dory) is
-                # not a padding defect
+                # not a padding defect; the cached rows are held to the plain call instead
                 alone[k] = Stepper(model, self.conv, 1, seq_len - k, use_cache=False)(prefix)[0]
             s.count(self.ids)
             padded = Stepper(model, self.conv, len(layout), seq_len,
@@ -236,6 +236,12 @@ class _PaddingProbe:
         self.s.count(rows)
         out = torch.cat([stepper(rows[:, :cut], row_mask[:, :cut]), stepper(rows[:, cut:cut + 1]),
                          stepper(rows[:, cut + 1:])], 1)  # (picks, T, V)
+        if self.conv.name == "hugging face":  # cached calls keep the plain call's use_cache
+            alone = {}
+            for k in {self.layout[i][1] for i in picks}:
+                prefix = self.x[None, :seq_len - k].to(self.s.device)
+                self.s.count(prefix)
+                alone[k] = logits_of(model(prefix))[0]
         return [self._judge("prefill + cached steps", "left", self.layout[i][1],
                             out[j, self.layout[i][1]:], alone[self.layout[i][1]], tol)
                 for j, i in enumerate(picks)]
