@@ -14,6 +14,10 @@ every way targets reach it:
                       loss (transformers#34191, #35438);
   ignore index        -100 in labels and in shift_labels is never scored.
 
+The definitions are applied to the logits of a second call, the plain forward without labels
+(the forward every other check and the oracle judge), never to the logits returned beside the
+loss: a loss computed from other logits than the plain call's (a labels= path of its own) fails.
+
 The call goes through the model's call convention (`Subject.call`), like every other check's; a
 forward that takes `labels=` but cannot be called so, or returns no loss, is found once before the
 checks (`probe_loss`, a fact) and the check is skipped with that reason. A Hugging Face class
@@ -36,7 +40,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..generation.convention import is_signature_error
-from ..objective import logits_of
 from . import tolerances
 from .result import CheckResult
 from .subject import Subject
@@ -149,7 +152,10 @@ def check_model_loss(s: Subject) -> CheckResult:
     if loss is None:
         return CheckResult("model_loss", False, f"given labels=, {type(s.work).__name__} returned "
                            "no loss", {})
-    logits = logits_of(out).double()  # (2, T, V)
+    # the logits the loss is held to come from a second call, the plain forward (the one the
+    # oracle holds to the weights), not from the output that carries the loss: a labels= path
+    # that computes other logits than the plain call cannot agree with itself here
+    logits = s.run(ids).double()  # (2, T, V)
     found = _definitions(logits, labels, ids)
     readings = ("shifted_once",) if s.facts.hugging_face else ("shifted_once", "aligned")
     convention = next((r for r in readings if _close(float(loss), found[r], tol)), None)
