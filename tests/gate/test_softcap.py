@@ -95,3 +95,36 @@ def test_a_16_bit_model_skips_the_capped_comparison_saying_why():
     model = _gemma2().to(torch.bfloat16)
     result = _oracle(model)
     assert "bfloat16" in result.evidence["capped"]["skipped"]
+
+
+# ---- our Decoder: the white-box oracle drives its own weights past the caps -------------------
+
+def _decoder(**caps):
+    from configs import SPECIAL
+
+    torch.manual_seed(0)
+    return da.Decoder(SPECIAL["gemma2-like"].replace(**caps)).eval()
+
+
+def test_our_decoder_at_gemma2s_caps_passes_past_them_and_is_given_back_bit_for_bit():
+    model = _decoder(attn_softcap=50.0, logit_softcap=30.0)
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    result = _oracle(model)
+    assert result.passed, result.detail
+    assert "past the declared soft-caps" in result.detail
+    capped = result.evidence["capped"]
+    assert "ln_final.weight" in capped["scaled"] and "layers.1.attn.q_proj.weight" in capped["scaled"]
+    assert all(torch.equal(before[name], t) for name, t in model.state_dict().items())
+
+
+def test_our_decoder_whose_attention_drops_its_cap_fails_the_oracle():
+    """The cap dropped from the fast path alone, the weights as initialised: below the cap the
+    plain comparison passes it; past the cap it fails."""
+    model = _decoder(attn_softcap=50.0, logit_softcap=30.0)
+    for layer in model.layers:
+        layer.attn.score_softcap = None
+    result = _oracle(model)
+    assert not result.passed
+    assert result.evidence["max_abs_logit_error"] <= result.evidence["allowed"]  # as initialised
+    assert _failed(result.evidence["capped"])
+    assert "attn_softcap=50" in result.detail
