@@ -154,8 +154,8 @@ def expectations_block() -> str:
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
-    "checks": checks_block, "expectations": expectations_block, "config": config_block, "commands": commands_block,
-    "sources": sources_block, "layouts": layouts_block, "presets": presets_block,
+    "checks": checks_block, "expectations": expectations_block, "config": config_block,
+    "commands": commands_block, "sources": sources_block, "layouts": layouts_block, "presets": presets_block,
 }
 
 

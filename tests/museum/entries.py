@@ -159,9 +159,9 @@ ENTRIES: tuple[Entry, ...] = (
           today="caught", control="fail", standing=("oracle",),
           note="the control fails kv_cache for another genuine bug, not this one: the chunk "
                "bug of gemma2-hybrid-cache-chunk (a chunk of several tokens into the "
-               "HybridCache), still in 4.48.2; both releases fail oracle too: Gemma 2's default SDPA path drops "
-               "attn_logit_softcapping in every release before 5.21.0 (the bug of "
-               "gemma2-sdpa-drops-softcap), a standing finding"),
+               "HybridCache), still in 4.48.2; both releases fail oracle too: Gemma 2's "
+               "default SDPA path drops attn_logit_softcapping in every release before "
+               "5.21.0 (the bug of gemma2-sdpa-drops-softcap), a standing finding"),
     Entry("gemma2-sdpa-drops-softcap", "transformers", _t("5.20.2"), _t("5.21.0"),
           ref="huggingface/transformers#31887 (SDPA cannot soft-cap, said there; found by "
               "diffing the 5.20.2 and 5.21.0 wheels)", fix="5.21.0",
@@ -181,8 +181,8 @@ ENTRIES: tuple[Entry, ...] = (
           control="fail", standing=("oracle",),
           note="the control fails kv_cache for another genuine bug, the chunk bug of "
                "gemma2-hybrid-cache-chunk (still in 4.52.1): the gate tells the two releases "
-               "apart by nothing; both releases fail oracle too: Gemma 2's default SDPA path drops "
-               "attn_logit_softcapping in every release before 5.21.0 (the bug of "
+               "apart by nothing; both releases fail oracle too: Gemma 2's default SDPA "
+               "path drops attn_logit_softcapping in every release before 5.21.0 (the bug of "
                "gemma2-sdpa-drops-softcap), a standing finding"),
     Entry("litgpt-window-cache", "litgpt", ("litgpt==0.5.11", "transformers==4.57.6"),
           ("litgpt==0.5.12", "transformers==4.57.6"),
