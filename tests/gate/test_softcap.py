@@ -5,6 +5,7 @@ cap the module drops fails; the caps are patched out of transformers' own Gemma 
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -47,14 +48,16 @@ def test_gemma2_at_its_released_caps_passes_past_them(tied):
 
 
 def test_the_capped_weights_spread_scores_and_logits_over_a_cap():
-    """The factors from the spec: a stressed score has spread s sqrt(Dh) (s = 256^-0.5 for
-    Gemma 2's query_pre_attn_scalar, Dh = 8), so queries and keys each scale by
-    sqrt(50 / (sqrt(8) / 16)); a tied readout's logits have spread sqrt(D) = 4, so the final
-    gain scales by 30 / 4."""
-    spec = da.audit(_gemma2(), checks=["params"]).facts.spec
+    """The factors from the spec: a stressed score has spread s sqrt(Dh) (s = the config's
+    query_pre_attn_scalar^-0.5, 256 by default, 224 before transformers 4.46; Dh = 8), so queries
+    and keys each scale by sqrt(50 / (s sqrt(8))); a tied readout's logits have spread sqrt(D)
+    = 4, so the final gain scales by 30 / 4."""
+    model = _gemma2()
+    spec = da.audit(model, checks=["params"]).facts.spec
     factors = capped_spreads(spec)
-    assert factors["queries_keys"] == pytest.approx(math.sqrt(SOFTCAP_REACH * 50 * 16 /
-                                                              math.sqrt(8)))
+    scale = model.config.query_pre_attn_scalar ** -0.5
+    assert factors["queries_keys"] == pytest.approx(math.sqrt(SOFTCAP_REACH * 50 /
+                                                              (scale * math.sqrt(8))))
     assert factors["readout"] == pytest.approx(SOFTCAP_REACH * 30 / 4)
     untied = da.audit(_gemma2(tie_word_embeddings=False), checks=["params"]).facts.spec
     assert capped_spreads(untied)["readout"] == pytest.approx(SOFTCAP_REACH * 30)
@@ -66,6 +69,8 @@ def test_an_attention_that_drops_its_score_cap_fails_the_oracle():
     model = _gemma2()
     for layer in model.model.layers:
         layer.self_attn.attn_logit_softcapping = None
+        layer.self_attn.config = copy.copy(layer.self_attn.config)  # transformers 4 reads it here
+        layer.self_attn.config.attn_logit_softcapping = None
     result = _oracle(model)
     assert not result.passed
     ev = result.evidence
