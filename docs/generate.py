@@ -10,6 +10,8 @@ this. `tests/test_docs.py` fails while a committed page differs from what this w
 pages always say what the code does.
 
     checks    the gate's checks (gate/registry.py CHECKS): name, what it holds, family, paths
+    expectations  each check, what it compares, and where its expectation comes from (CHECKS'
+              `expects`)
     config    DecoderConfig's fields (config.py): name, type, default, its attribute docstring
     commands  the subcommands and their one-line help (cli/)
     sources   which model-source flag each subcommand takes (cli/, from its parser)
@@ -144,9 +146,16 @@ def presets_block() -> str:
                   rows, "---|--:|--:|--:|--:|--:|--:|---|--:")
 
 
+def expectations_block() -> str:
+    from decoder_audit.gate import CHECKS
+
+    rows = [[f"`{c.name}`", c.title, c.expects] for c in CHECKS.values()]
+    return _table(["check", "what it compares", "where its expectation comes from"], rows)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
-    "checks": checks_block, "config": config_block, "commands": commands_block,
-    "sources": sources_block, "layouts": layouts_block, "presets": presets_block,
+    "checks": checks_block, "expectations": expectations_block, "config": config_block,
+    "commands": commands_block, "sources": sources_block, "layouts": layouts_block, "presets": presets_block,
 }
 
 

@@ -262,9 +262,11 @@ EXPECTED: dict[str, Expected] = {
     "cpmant": Expected({"inputs": ("float ids",), "causal": ("reads future tokens",),
                         "prefix": ("depend on what follows",),
                         "attention_rows": ("future key", "fails `causal` too"),
-                        "kv_cache": (), "padding": ()},
-                       _BIDIRECTIONAL + "; it also accepts float ids and its cache and padding "
-                       "paths raise (its prompt tokens change the key count)"),
+                        "kv_cache": (), "padding": ("one masked forward", "pads' content "
+                                                    "reaches")},
+                       _BIDIRECTIONAL + "; it also accepts float ids, its cache path raises (its "
+                       "prompt tokens change the key count) and its attention_mask is a dummy "
+                       "parameter: a left-padded row reads its pads"),
     "xlm": Expected({"causal": ("reads future tokens",), "prefix": ("depend on what follows",),
                      "attention_rows": ("future key", "fails `causal` too"), "grad_causal": ()},
                     _BIDIRECTIONAL + " (causal=False)"),
@@ -289,12 +291,13 @@ EXPECTED: dict[str, Expected] = {
     "bert-generation": Expected({"inputs": ("rank-3 ids", "output (2, 3, 3, 99)")},
                                 "(B, T, 1) ids are accepted and give (B, T, T, V) logits"),
     "dory": Expected({"inputs": ("inside the context",), "prefix": ("depend on what follows",),
-                      "kv_cache": (), "padding": ()},
+                      "kv_cache": (), "padding": ("raised", "without pads run")},
                      "it raises RuntimeError from T = its sliding window on (8 here, 1024 by "
                      "default), inside the context its config declares (a defect `inputs` "
-                     "names); the gate audits the rest within that limit, where "
-                     "a one-token prefix alone differs from the full run and its cached and "
-                     "padded paths raise"),
+                     "names); the gate audits the rest within that limit, where a one-token "
+                     "prefix alone differs from the full run, its cached path raises, and a "
+                     "left-padded batch raises in the cached steps that run without pads "
+                     "(generate(attention_mask=...) raises too); its masked forward is right"),
     # recurrent caches fed chunks, pads through a recurrent state
     "mamba": Expected({"kv_cache": ("chunks",), "padding": ("left-padded", "through the cache")},
                       _CHUNKED_STATE + "; after a left-padded prefill its cached steps differ "
