@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from conformance import Unbuildable, build_tiny
 
 import decoder_audit as da
-from decoder_audit.references.families import FAMILIES
+from decoder_audit.references.families import BLACK_BOX, FAMILIES
 from decoder_audit.references.hf import from_hf, to_hf
 from decoder_audit.references.hf_models import eager_experts
 
@@ -189,3 +189,24 @@ def test_each_family_reads_into_a_decoder_whose_logits_are_its_own(model_type):
             assert "holds this config" in str(exc) or "converter" in str(exc), exc
             return
         torch.testing.assert_close(back(input_ids=ids).logits, theirs, atol=1e-6, rtol=0)
+
+
+# ---- the families left black-box -----------------------------------------------------------------
+
+def test_no_family_is_both_read_as_a_spec_and_left_black_box():
+    assert not {f.model_type for f in FAMILIES} & set(BLACK_BOX)
+
+
+@pytest.mark.parametrize("model_type, words", [("jetmoe", "mixture of attention heads"),
+                                               ("mamba", "recurrent")])
+def test_a_family_left_black_box_says_what_it_lacks(model_type, words):
+    """The oracle's skip names what the family has that no DecoderConfig expresses."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        model, _ = build_tiny(model_type, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    except Unbuildable as exc:
+        pytest.skip(f"{model_type} does not build here: {exc}")
+    report = _audit(model)
+    assert report.facts.spec is None and report["oracle"].skipped
+    assert words in report["oracle"].detail and model_type in report["oracle"].detail

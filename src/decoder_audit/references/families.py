@@ -133,6 +133,17 @@ def llama(model_type: str, model_class: str, **changes: Any) -> Family:
     return Family(model_type, model_class, **changes)
 
 
+def _gpt2_inner(config: Any) -> int:
+    """GPT-2's MLP width: n_inner, or 4 D where it is None."""
+    return config.n_inner if config.n_inner is not None else 4 * config.n_embd
+
+
+def _neox_attention_bias(config: Any) -> bool:
+    """GPT-NeoX's q/k/v and output biases: attention_bias, on unless a config says otherwise
+    (releases before it always had them)."""
+    return bool(getattr(config, "attention_bias", True))
+
+
 def _gemma_scale(config: Any) -> float:
     return float(config.hidden_size) ** 0.5
 
@@ -205,7 +216,7 @@ FAMILIES: tuple[Family, ...] = (
                         "gelu": "gelu", "relu": "relu"},
            fixed={"norm": "layernorm", "pos": "learned", "attn_bias": True, "mlp_bias": True},
            read={"norm_eps": "layer_norm_epsilon",
-                 "d_ff": lambda c: c.n_inner if c.n_inner is not None else 4 * c.n_embd},
+                 "d_ff": _gpt2_inner},
            refused=(("scale_attn_weights", "unscaled scores: we always scale by 1/sqrt(Dh)",
                      lambda value: not value),
                     ("scale_attn_by_inverse_layer_idx", "scores scaled per layer by 1/(i+1)"),
@@ -242,7 +253,7 @@ FAMILIES: tuple[Family, ...] = (
                         "gelu_fast": "gelu_tanh", "relu": "relu"},
            fixed={"norm": "layernorm", "mlp_bias": True},
            read={"norm_eps": "layer_norm_eps", "parallel_residual": "use_parallel_residual",
-                 "attn_bias": lambda c: bool(getattr(c, "attention_bias", True))},
+                 "attn_bias": _neox_attention_bias},
            write=lambda cfg, cls: {"attention_bias": cfg.attn_bias},
            legacy_rope={"rope_theta": "rotary_emb_base", "partial_rotary_factor": "rotary_pct"}),
     # routed families: Llama's attention with a router, softmax then top k, in front of E experts
@@ -290,3 +301,77 @@ def present(module: Any, *, converter: bool | None = None) -> dict[str, type]:
         if cls is not None:
             found[entry.model_type] = cls
     return found
+
+
+# ---- the families left black-box, with what they lack -------------------------------------------
+
+_HYBRID = "recurrent, convolutional or linear-attention layers beside (or instead of) attention"
+_ENCODER = ("an encoder block run causally: LayerNorm after each residual add (post-norm), an "
+            "embedding LayerNorm, token-type embeddings, an MLM head transform before the readout")
+_SEQ2SEQ = ("the decoder of an encoder-decoder family: cross-attention blocks, an embedding "
+            "LayerNorm, positions offset by 2 or sinusoidal")
+_SPARSE_INDEX = ("a learned indexer choosing each query's keys (DeepSeek sparse attention), "
+                 "beside latent attention")
+_GEMMA_3N = "key/value sharing across layers, per-layer inputs and AltUp (Gemma 3n, Gemma 4)"
+
+BLACK_BOX: Mapping[str, str] = MappingProxyType({
+    # hybrids, recurrent and state-space models
+    **{t: _HYBRID for t in (
+        "mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm", "jamba", "bamba",
+        "zamba", "zamba2", "falcon_h1", "granitemoehybrid", "nemotron_h", "olmo_hybrid",
+        "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp",
+        "qwen4_exp_text", "lfm2", "lfm2_moe", "lfm3", "kimi_linear", "minimax", "lara_mini",
+        "bailing_hybrid", "inkling_text", "inkling2_text", "inkling2_loop_text")},
+    # encoder blocks run causally, and seq2seq decoders
+    **{t: _ENCODER for t in (
+        "bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie",
+        "megatron-bert", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "xlm-roberta",
+        "xlm-roberta-xl", "xmod", "xlm")},
+    **{t: _SEQ2SEQ for t in (
+        "bart", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus", "plbart",
+        "trocr", "whisper")},
+    **{t: _SPARSE_INDEX for t in ("deepseek_v32", "glm_moe_dsa", "axk2", "dots3_note",
+                                  "dots3_note_text", "minimax_m3_vl_text")},
+    **{t: _GEMMA_3N for t in ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text",
+                              "gemma4_assistant", "gemma4_unified", "gemma4_unified_text",
+                              "gemma4_unified_assistant")},
+    "big_bird": "block-sparse attention", "bigbird_pegasus": "block-sparse attention",
+    "reformer": "LSH and chunked attention", "prophetnet": "n-gram prediction streams",
+    "xlnet": "two-stream permutation attention", "blt": "byte latent patches",
+    "cpmant": "a relative-position bucket bias on the scores (T5-style), prompt embeddings",
+    "ctrl": "sinusoidal positions (sines of the even columns, cosines of the odd ones)",
+    "diffllama": "differential attention (two softmax maps subtracted with a learned lambda)",
+    "doge": "dynamic-mask attention (a value-dependent bias on every key)",
+    "dory": "nGPT's normalised residual (unit-norm interpolation) and shared keys and values",
+    "jetmoe": "a mixture of attention heads (routed q and o projections)",
+    "longcat_flash": "two attention and MLP sublayers per layer with a shortcut MoE and zero "
+                     "experts",
+    "zaya": "convolution-mixed queries and keys (CCA) and delayed recurrent values",
+    "hrm_text": "two weight-shared stacks iterated in cycles",
+    "deepseek_v4": "hyper-connections and compressed keys and values",
+    "hy_v4": "hyper-connections and compressed keys and values",
+    "bitnet": "ternary quantised weights and activations, and norms inside attention and MLP",
+    "phimoe": "sparsemixer routing (a masked two-stage top 2) and LongRoPE scaling",
+    "dbrx": "q, k and v clamped (clip_qkv), experts renormalised by a p-norm",
+    "afmoe": "a gated attention output (the heads times a sigmoid of x) and NoPE layers",
+    "laguna": "a gated attention output, heads per layer, a soft-capped router",
+    "mimo_v2_flash": "value heads of another width, a value scale, windowed layers with their "
+                     "own key/value heads, attention sinks",
+    "beam": "a gated attention output, query scaling by position, a depth-scaled residual",
+    "axk1": "a norm on the routed MLP's output only",
+    "nanochat": "norms without gains, a norm of the embeddings, RoPE turned the other way",
+    "modernbert-decoder": "an embedding norm, a readout transform (dense, GELU, LayerNorm), no "
+                          "attention norm in layer 0",
+    "mllama": "cross-attention layers to image features",
+    "gemma3": "the text model inside an image-text model (Gemma3ForConditionalGeneration)",
+    "fuyu": "the text model inside an image-text model (FuyuForCausalLM)",
+    "phi4_multimodal": "modality adapters around the text model",
+    "git": "an image encoder in front", "got_ocr2": "an image encoder in front",
+    "moss_transcribe_diarize": "an audio encoder in front",
+    "moshi": "multi-codebook audio streams", "musicgen": "multi-codebook audio streams",
+    "musicgen_melody": "multi-codebook audio streams",
+    "csm": "two stacks fed by audio codebooks",
+})
+"""model_type -> what its decoder has that no DecoderConfig expresses: the families audited
+black-box on purpose (`hf.hf_reference` says why; docs/conformance.md lists them). A family
+joins FAMILIES, and leaves this table, when a DecoderConfig expresses it."""

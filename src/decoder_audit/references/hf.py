@@ -39,7 +39,7 @@ from ..errors import CheckpointError, ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import copy_into_parameters, decoder_from_tensors
 from ..storage.folder import write_folder_atomically
-from .families import InvalidHFConfig
+from .families import BLACK_BOX, InvalidHFConfig
 from .hf_config import (
     _transformers,
     config_from_hf,
@@ -187,8 +187,12 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
     classes = spec_classes(tf)
     family = family_of(model, classes)
     if family is None:
-        known = " or ".join(cls.__name__ for cls in classes.values())
-        return None, f"{name} is not a class whose config is read as a spec ({known}, or a subclass)"
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        lacks = BLACK_BOX.get(model_type)
+        if lacks is not None:
+            return None, f"{name} ({model_type}) has what no DecoderConfig expresses: {lacks}"
+        return None, (f"{name} is not the class of a family whose config is read as a spec "
+                      f"({len(classes)} families: references/families.py)")
     try:
         config_from_hf(model.config, family)
     except InvalidHFConfig:
