@@ -489,10 +489,11 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
                               "needs spec= (--spec) too")
         if not hf_readable:
             return {} if whitebox else _peer_facts(model, declared, origin)
-        from ..references.hf import hf_spec
+        from ..references.hf import hf_layout, hf_spec
 
         spec = hf_spec(model)
-        return {"spec": spec, **dict(zip(("placement", "reason"), place(model, spec, None)))}
+        return {"spec": spec, **dict(zip(("placement", "reason"),
+                                         place(model, spec, None, hf_layout(model))))}
     own = getattr(model, "config", None)
     if isinstance(own, DecoderConfig) and own != spec:
         differ = sorted(k for k, v in spec.to_dict().items() if own.to_dict()[k] != v)
