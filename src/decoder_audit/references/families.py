@@ -422,7 +422,8 @@ FAMILIES: tuple[Family, ...] = (
            refused=(("add_cross_attention", "a decoder-only model has no cross attention"),)),
     # OPT: fairseq's pre-norm decoder, LayerNorms of eps 1e-5, learned positions from row 2
     Family("opt", "OPTForCausalLM", **_GPT_STYLE, activation=("activation_function",),
-           fixed={"norm": "layernorm", "norm_eps": 1e-5, "pos": "learned"},
+           fixed={"norm": "layernorm", "norm_eps": 1e-5, "pos": "learned",
+                  "position_offset": 2},
            read={"d_model": _opt_width, "d_ff": "ffn_dim", "attn_bias": "enable_bias",
                  "mlp_bias": "enable_bias", "norm_affine": "layer_norm_elementwise_affine",
                  "norm_bias": "layer_norm_elementwise_affine"},
@@ -431,8 +432,8 @@ FAMILIES: tuple[Family, ...] = (
                     ("_remove_final_layer_norm", "no norm before the readout"))),
     # BioGPT: OPT's block with biases everywhere and an embedding scaled by sqrt(D)
     Family("biogpt", "BioGptForCausalLM", **_GPT_STYLE,
-           fixed={"norm": "layernorm", "norm_eps": 1e-5, "pos": "learned", "attn_bias": True,
-                  "mlp_bias": True},
+           fixed={"norm": "layernorm", "norm_eps": 1e-5, "pos": "learned",
+                  "position_offset": 2, "attn_bias": True, "mlp_bias": True},
            read={"embedding_scale": _biogpt_scale},
            write=lambda cfg, cls: {"scale_embedding": cfg.embedding_scale is not None}),
     Family("gptj", "GPTJForCausalLM", **_GPTJ),

@@ -356,7 +356,8 @@ def hf_family(cfg: DecoderConfig) -> str:
 
 # Fields no GPT-2 or Llama block computes with, refused where they differ from their default
 # (each later field a DecoderConfig grows for another family joins this list)
-_BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers")
+_BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
+                         "position_offset")
 
 
 def config_to_hf(cfg: DecoderConfig) -> Any:

@@ -80,8 +80,8 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     norm = ("weight", "bias") if spec.norm == "layernorm" and spec.norm_bias else ("weight",)
     norm = norm if spec.norm_affine else ()  # OLMo's norms learn nothing
     shapes: dict[str, tuple[int, ...]] = {"token_embeddings.weight": (v, d)}
-    if spec.pos == "learned":
-        shapes["position_embeddings.weight"] = (t, d)
+    if spec.pos == "learned":  # OPT's keeps position_offset rows before position 0's
+        shapes["position_embeddings.weight"] = (spec.position_offset + t, d)
     matrices = {"attn.q_proj": (d_q, d), "attn.k_proj": (d_kv, d), "attn.v_proj": (d_kv, d),
                 "attn.output_proj": (d, d_q)}
     if spec.latent_attention:
@@ -189,9 +189,6 @@ class Layout:
     and v (in `qkv_order`): CodeGen's qkv_proj is 4 shards (its mp_num) of q, v, k rows."""
     qkv_order: tuple[str, str, str] = ("q_proj", "k_proj", "v_proj")
     """The order of q, k and v rows in a fused matrix (in each shard)."""
-    position_offset: int = 0
-    """The position table's row of position 0 (OPT and BioGPT keep two rows before it: their
-    table has max_seq_len + 2 rows, position t read from row t + 2)."""
     detected: bool = True
     """False: placed only where a family's entry names it (`families.Family.layout`), never
     detected from the names, which are another layout's with the same shapes in another row
@@ -362,14 +359,12 @@ LAYOUTS: tuple[Layout, ...] = (
             "attn.k_proj": "attn.attention.k_proj", "attn.v_proj": "attn.attention.v_proj",
             "attn.output_proj": "attn.attention.out_proj", "ffn.w1": "mlp.c_fc",
             "ffn.w2": "mlp.c_proj"}),
-    # OPT and BioGPT: fairseq's names, their position tables two rows longer (position t on
-    # row t + 2)
+    # OPT and BioGPT: fairseq's names (their position tables keep two rows before position 0's:
+    # the spec's position_offset)
     Layout("Hugging Face OPT", "model.decoder.embed_tokens", "model.decoder.embed_positions",
-           "model.decoder.layers.{i}", "model.decoder.final_layer_norm", "lm_head",
-           _FAIRSEQ, position_offset=2),
+           "model.decoder.layers.{i}", "model.decoder.final_layer_norm", "lm_head", _FAIRSEQ),
     Layout("Hugging Face BioGPT", "biogpt.embed_tokens", "biogpt.embed_positions",
-           "biogpt.layers.{i}", "biogpt.layer_norm", "output_projection", _FAIRSEQ,
-           position_offset=2),
+           "biogpt.layers.{i}", "biogpt.layer_norm", "output_projection", _FAIRSEQ),
     # GPT-J and CodeGen: one norm ln_1 in front of a parallel block; CodeGen fuses q, k, v in
     # qkv_proj as 4 shards (its mp_num) of q, v, k rows
     Layout("Hugging Face GPT-J", "transformer.wte", None, "transformer.h.{i}",
@@ -861,9 +856,7 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     if located is not None:
         source = f"{prefix}{located[0]}.{kind}"
         if source in shapes:
-            offset = layout.position_offset if part == "position_embeddings" else 0
-            rows = (offset, offset + spec.max_seq_len) if offset else None
-            return Spot(source, conv1d and matrix, rows)
+            return Spot(source, conv1d and matrix)
     which = part.split(".")[-1]
     fused, rows, groups = None, None, 1
     if layout.fused_qkv and part.startswith("attn.") and which in ("q_proj", "k_proj", "v_proj"):
