@@ -231,8 +231,7 @@ def _neo_window_layers(config: Any) -> tuple[int, ...] | None:
 
 def _neo_write(cfg: Any, config_class: type) -> dict[str, Any]:
     kinds = ["local" if cfg.window(i) is not None else "global" for i in range(cfg.n_layers)]
-    return {"attention_types": [[kinds, 1]], "window_size": cfg.sliding_window or 256,
-            "intermediate_size": cfg.d_ff}
+    return {"attention_types": [[kinds, 1]], "window_size": cfg.sliding_window or 256}
 
 
 def _bigcode_kv_heads(config: Any) -> int | None:
