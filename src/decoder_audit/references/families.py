@@ -23,7 +23,10 @@ rotated halves, no biases unless `attention_bias` / `mlp_bias` say so), then tak
                  audited black-box, never against a spec that leaves the option out;
     experts      how its routed experts are declared ("mixtral", "qwen_moe", "olmoe", or None
                  for a dense MLP); `block` the reader of a block unlike Llama's ("gpt2",
-                 "gpt_neox", "latent": DeepSeek's latent attention in front of routed experts).
+                 "gpt_neox", "latent": DeepSeek's latent attention in front of routed experts);
+    rope_config  False where its modules fix RoPE and the entry says it (GPT-J's base 10000);
+    layout       the layout its weights lie in where the names alone do not tell it
+                 (GPT-BigCode's c_attn: GPT-2's name and shape, its rows by KV group).
 
 Adding a family is one entry here, a correct tiny model that passes and a planted defect that
 fails (tests/references/test_families.py walks the table). Nothing in this module imports
@@ -407,7 +410,8 @@ FAMILIES: tuple[Family, ...] = (
            fixed={"norm": "layernorm", "pos": "learned", "attn_scale": 1.0,
                   "attn_bias": ("output_proj",), "mlp_bias": True},
            read={"norm_eps": "layer_norm_epsilon",
-                 "d_ff": lambda c: c.intermediate_size or 4 * c.hidden_size,
+                 "d_ff": lambda c: (c.intermediate_size if c.intermediate_size is not None
+                                    else 4 * c.hidden_size),
                  "sliding_window": _neo_window, "window_layers": _neo_window_layers},
            write=_neo_write),
     # GPT-BigCode (StarCoder): GPT-2's block, one key/value head with multi_query, its c_attn

@@ -13,9 +13,10 @@ Writing: each family's config is written from a DecoderConfig by reading its ent
 that DecoderConfig, so a field a family cannot hold (Qwen3's q/k norm in Mistral, a window in
 OLMo) is never lost: the next family is tried, and when none holds it the ConfigError names the
 families tried. The weights are then written into the new model's own tensors where its layout
-puts them (a fused q/k/v matrix row block by row block). Our RoPE must rotate halves here (the
-families' own layout; DeepSeek's latent attention holds either, as V3's rope_interleave says);
-the converter's Llama path is the one that permutes interleaved rows.
+puts them (a fused q/k/v matrix row block by row block). Our RoPE keeps the family's own pairs:
+rotated halves for most, interleaved pairs for GPT-J and CodeGen (DeepSeek's latent attention
+holds either, as V3's rope_interleave says); the converter's Llama path is the one that permutes
+interleaved rows into halves.
 """
 
 from __future__ import annotations
