@@ -60,14 +60,23 @@ def test_each_form_a_config_chooses_is_read_and_passes(name):
 
 def test_gpt_bigcode_multi_head_rows_are_read_head_by_head_from_its_config():
     """Without multi_query c_attn has GPT-2's name and shape (3D, D), its rows head by head: the
-    family's own layout places them (named by its entry, never detected from the shape), and
-    the same weights read as GPT-2's q | k | v rows fail the oracle."""
+    family's own layout places them (named by its entry, never detected from the shape), also
+    under a declared spec; the same weights read as GPT-2's q | k | v rows (what the names
+    alone detect) fail the oracle."""
+    from decoder_audit.references.layouts import detect, placeable
+
     model = _model("gpt_bigcode multi-head")
     spec = hf_spec(model)
     assert spec.kv_heads == spec.n_heads  # multi_query=False: a key/value head per query head
-    report = da.audit(model, checks=["params", "oracle"])
-    assert report["oracle"].evidence["layout"].startswith("Hugging Face GPT-BigCode")
-    as_gpt2 = da.audit(model, checks=["params", "oracle"], spec=spec)  # detected: GPT-2's rows
+    for report in (da.audit(model, checks=["params", "oracle"]),
+                   da.audit(model, checks=["params", "oracle"], spec=spec)):
+        assert report["oracle"].passed, report["oracle"].detail
+        assert report["oracle"].evidence["layout"].startswith("Hugging Face GPT-BigCode")
+    placement = detect(placeable(model), spec)
+    assert placement.layout.startswith("nanoGPT / GPT-2")  # the names tell no other
+    as_gpt2 = da.audit(model, checks=["params", "oracle"], spec=spec,
+                       weights_map=lambda state: {name: spot.view(state[spot.source])
+                                                  for name, spot in placement.spots.items()})
     assert as_gpt2["params"].passed and not as_gpt2["oracle"].passed
 
 
