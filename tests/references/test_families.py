@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 
+import families_gpt
 import pytest
 import torch
 import torch.nn.functional as F
@@ -153,6 +154,8 @@ def test_a_generic_defect_planted_in_each_family_fails_the_oracle(model_type, de
 # ---- what each family changes, planted wrong ----------------------------------------------------
 
 SPECIFIC: dict[tuple[str, str], tuple] = {
+    # ---- GPT-style families (helper fam-gpt): tests/families_gpt.py ----
+    **families_gpt.SPECIFIC,
 }
 """(family, defect) -> (plant(model) in transformers' own module, the check that must fail)."""
 
@@ -163,7 +166,7 @@ def test_a_defect_of_what_the_family_changes_fails_its_check(family, defect):
     model = _tiny(family)
     with torch.no_grad():
         plant(model)
-    report = _audit(model)
+    report = da.audit(model, checks=sorted({"params", "oracle", check}))
     assert not report[check].passed, f"{family}: {defect} passed {check}"
     if check == "oracle":  # a numerics defect: every weight is where the spec puts it
         assert report["params"].passed, report["params"].detail

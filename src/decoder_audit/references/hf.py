@@ -44,6 +44,7 @@ from .hf_config import (
     _transformers,
     config_from_hf,
     config_to_hf,
+    family_layout,
     family_of,
     hf_family,
     model_classes,
@@ -113,6 +114,12 @@ def hf_spec(hf_model: Any) -> DecoderConfig:
     tf = _transformers()
     family = family_of(hf_model, spec_classes(tf))
     return config_from_hf(hf_model.config, family)
+
+
+def hf_layout(hf_model: Any) -> str | None:
+    """The name of the layout the model's family keeps its weights in, where its names alone
+    would not tell (`families.Family.layout`: GPT-BigCode's c_attn), else None (detected)."""
+    return family_layout(hf_model)
 
 
 def export_changes(cfg: DecoderConfig) -> list[str]:
@@ -298,5 +305,5 @@ def max_logit_difference(decoder: Decoder, hf_model: Any, ids: torch.Tensor) -> 
     theirs = hf_model(input_ids=ids).logits
     return (ours - theirs.to(ours.dtype)).abs().max().item()
 
-__all__ = ["export_changes", "from_hf", "hf_spec", "is_hf_folder", "load_hf_folder", "max_logit_difference",
+__all__ = ["export_changes", "from_hf", "hf_layout", "hf_spec", "is_hf_folder", "load_hf_folder", "max_logit_difference",
     "save_hf_folder", "to_hf"]
