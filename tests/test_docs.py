@@ -122,6 +122,10 @@ FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2"
                 "GPT-NeoX": "gpt_neox", "OLMo": "olmo", "OLMo 2": "olmo2",
                 "Mixtral": "mixtral", "Qwen2-MoE": "qwen2_moe", "Qwen3-MoE": "qwen3_moe",
                 "OLMoE": "olmoe", "DeepSeek-V2": "deepseek_v2", "DeepSeek-V3": "deepseek_v3",
+                # ---- GPT-style families (helper fam-gpt) ----
+                "GPT-Neo": "gpt_neo", "GPT-BigCode": "gpt_bigcode", "OPT": "opt",
+                "BioGPT": "biogpt", "GPT-J": "gptj", "CodeGen": "codegen", "Phi": "phi",
+                "Falcon": "falcon",
                 # ---- routed families (helper fam-moe) ----
                 "FlexOlmo": "flex_olmo", "Dots1": "dots1", "GLM-4-MoE": "glm4_moe",
                 "Solar Open": "solar_open", "HY-V3": "hy_v3", "MiniMax-M2": "minimax_m2",

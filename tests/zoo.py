@@ -593,6 +593,11 @@ VARIANT_MUTANTS = [
     Case("relu2_not_squared", _variant_mutant("parallel-one-norm",
                                               _set("layers.0.ffn.activation", torch.relu)),
          "oracle", first=False, defect="I (squared ReLU)", says="differ from the slow oracle"),
+    # ---- GPT-style families (helper fam-gpt) ----
+    # OPT's table read from row 0: position t gets the row of position t - 2
+    Case("position_offset_ignored", _variant_mutant("opt-like", _set("position_offset", 0)),
+         "oracle", first=False, defect="I (position table offset)",
+         says="differ from the slow oracle"),
     # ---- routed families (helper fam-moe) ----
     Case("latent_norm_on_the_block_eps", _variant_mutant("mla-latent-eps",
                                                          _set("layers.1.attn.kv_a_norm.eps",

@@ -109,6 +109,10 @@ class DecoderConfig:
     "geglu" (tanh GELU, Gemma's)."""
     pos: str = "learned"
     """"learned" absolute positions, "rope" (rotary, see rope_layout) or "none"."""
+    position_offset: int = 0
+    """Rows a learned position table keeps before position 0's, which no position reads (OPT's
+    and BioGPT's 2, fairseq's): the table is (position_offset + max_seq_len, D) and position t
+    reads row position_offset + t. 0 with any other pos."""
     rope_theta: float = 10000.0
     """RoPE base: pair j of a head rotates by pos * theta^(-2j/Dh)."""
     rope_layout: str = "interleaved"
@@ -833,6 +837,12 @@ def _attention_problems(cfg: DecoderConfig, valid, widths: bool) -> list[str]:
     if rotary and widths and (cfg.rotary_dim % 2 or cfg.rotary_dim > cfg.head_dim):
         problems.append(f"rotary_dim={cfg.rotary_dim} must be even and at most the head width "
                         f"Dh={cfg.head_dim}")
+    offset = cfg.position_offset
+    if not _is_int(offset) or offset < 0:
+        problems.append(f"position_offset={_shown(offset)} must be an integer >= 0")
+    elif offset and valid("pos") and cfg.pos != "learned":
+        problems.append(f"position_offset={offset} needs pos='learned' (a table of positions), "
+                        f"not {cfg.pos!r}")
     if valid("pos") and cfg.pos != "rope" and (cfg.rotary_dim is not None
                                                or cfg.rope_scaling is not None):
         problems.append(f"rotary_dim={_shown(cfg.rotary_dim)}, rope_scaling="

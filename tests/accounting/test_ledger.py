@@ -82,7 +82,9 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
         2 if cfg.sandwich_norm else 0)
     blocks = sum(norms * norm + attn + (_routed_count(cfg) if _routes(cfg, i) else mlp)
                  for i in range(L))
-    return (V * D + (T * D if cfg.pos == "learned" else 0) + blocks + norm
+    # a learned table of T positions, after the rows OPT's keeps before position 0's
+    positions = (cfg.position_offset + T) * D if cfg.pos == "learned" else 0
+    return (V * D + positions + blocks + norm
             + (0 if cfg.tie_embeddings else V * D) + (V if cfg.readout_bias else 0))
 
 

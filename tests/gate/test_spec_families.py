@@ -466,46 +466,6 @@ def test_a_router_that_drops_tokens_over_a_capacity_fails_routing_independence()
         "routing_independence"].skipped
 
 
-def _aux_model():
-    """Mixtral configured to train with its load-balancing loss (output_router_logits=True)."""
-    return _model("mixtral", output_router_logits=True, router_aux_loss_coef=0.02)
-
-
-def test_a_model_trained_with_its_load_balancing_loss_passes_both_loss_checks():
-    """model_loss judges the cross entropy alone (the call asks for no router logits), and
-    router_aux_loss the term: E * sum_e F_e P_e of the router logits, added 0.02 times."""
-    report = da.audit(_aux_model(), checks=["model_loss", "router_aux_loss"])
-    assert report["model_loss"].passed, report["model_loss"].detail
-    aux = report["router_aux_loss"]
-    assert aux.passed and not aux.skipped, aux.detail
-    assert aux.evidence["added"] == pytest.approx(0.02 * aux.evidence["aux_loss"], rel=1e-4)
-    # a dense model, or a routed one whose forward returns no such loss, skips it
-    assert da.audit(_model("linear"), checks=["router_aux_loss"])["router_aux_loss"].skipped
-
-
-def test_a_load_balancing_loss_left_out_of_the_loss_fails_router_aux_loss(monkeypatch):
-    model = _aux_model()
-    model.router_aux_loss_coef = 0.0  # the config says 0.02: the forward adds nothing
-    report = da.audit(model, checks=["model_loss", "router_aux_loss"])
-    assert not report["router_aux_loss"].passed and report["model_loss"].passed
-    assert report["router_aux_loss"].evidence["added"] == 0.0
-
-
-def test_a_load_balancing_loss_off_its_formula_fails_router_aux_loss(monkeypatch):
-    """The formula without its factor E (the mean over experts instead of the sum times E)."""
-    modeling = __import__(type(_aux_model()).__module__, fromlist=["load_balancing_loss_func"])
-    stock = modeling.load_balancing_loss_func
-
-    def unscaled(*args, **kwargs):
-        loss = stock(*args, **kwargs)
-        return loss / 4 if isinstance(loss, torch.Tensor) else loss  # E = 4
-
-    monkeypatch.setattr(modeling, "load_balancing_loss_func", unscaled)
-    result = da.audit(_aux_model(), checks=["router_aux_loss"])["router_aux_loss"]
-    assert not result.passed
-    assert result.evidence["aux_loss"] == pytest.approx(result.evidence["expected"] / 4, rel=1e-4)
-
-
 def test_latent_ranks_declared_other_than_the_module_holds_fail_params():
     """A spec of another latent width (keys and values, or queries) expects kv_a_proj, kv_a_norm
     and kv_b_proj (or q_a_proj, q_a_norm, q_b_proj) of other shapes: params names them."""

@@ -128,6 +128,14 @@ def family_of(model: Any, classes: dict[str, type]) -> str | None:
     return None
 
 
+def family_layout(model: Any) -> str | None:
+    """The layout its family's entry names for a model of `spec_classes` (`Family.layout`:
+    where the weights' names alone would not tell), or None: detected from the names."""
+    found = family_of(model, spec_classes(_transformers()))
+    entry = families.family(found) if found is not None else None
+    return entry.layout if entry is not None else None
+
+
 # ---- the one reader ---------------------------------------------------------------------------
 
 # DecoderConfig fields read as flags or numbers (a config may hold an int or None for them)
@@ -228,7 +236,8 @@ def _positions(c: Any, family: families.Family, fields: dict[str, Any],
     if fields.get("pos", "rope") != "rope":
         return {}
     head_dim = fields["head_width"] or fields["d_model"] // fields["n_heads"]
-    rope = rope_fields(c, family, head_dim, problems)
+    # a family whose modules fix its RoPE (GPT-J's base 10000) has it among the entry's fields
+    rope = rope_fields(c, family, head_dim, problems) if family.rope_config else {}
     window = _window_fields(c, family, problems) if family.windows else {}
     if not window:  # no layer windowed (Gemma 3 with sliding_window_pattern=1): one base
         rope.pop("window_rope_theta", None)
@@ -362,7 +371,7 @@ def hf_family(cfg: DecoderConfig) -> str:
 # Fields no GPT-2 or Llama block computes with, refused where they differ from their default
 # (each later field a DecoderConfig grows for another family joins this list)
 _BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
-                         "latent_norm_eps")
+                         "position_offset", "latent_norm_eps")
 
 
 def config_to_hf(cfg: DecoderConfig) -> Any:
