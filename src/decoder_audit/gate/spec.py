@@ -25,8 +25,9 @@ module we did not write: its weights placed on the spec's canonical names
 
 A weights_map is user code: it is run guarded (`references.layouts.run_weights_map`), and the
 module's parameters are compared bit for bit before and after its first run on them: an
-exception, an exit, an in-place edit or a result that is not {name: tensor} fails params and
-oracle naming the map. Stress weights reach the module through a map whose tensors are views of
+exception, an exit or an in-place edit fails params and oracle naming the map. What it returns
+is input: a result that is not {name: tensor} (a list, None, a non-tensor value) is refused when
+the facts are decided, `WeightsMapReturnError`, a ConfigError, before any check runs. Stress weights reach the module through a map whose tensors are views of
 its own, and through one that copies them (found by probing the map with parameters that hold
 their own indices); a map that computes its tensors gets the gradients compared as initialised,
 and the report says no stress weights were written.
