@@ -429,6 +429,24 @@ def test_a_config_the_spec_cannot_express_leaves_the_model_black_box_saying_why(
     assert "qk_layernorm" in report["oracle"].detail
 
 
+def test_a_mixtral_folder_whose_router_is_zero_passes_the_oracle_under_verify_hf(tmp_path,
+                                                                                 capsys):
+    """Every router weight 0: every expert scores alike, and the oracle breaks the ties as the
+    model's torch.topk does (it failed, taking the first k experts by index)."""
+    import json
+
+    from decoder_audit.cli import main
+
+    model = _model("mixtral")
+    with torch.no_grad():
+        for layer in range(2):
+            _routed_block(model, layer).gate.weight.zero_()
+    model.save_pretrained(tmp_path / "mixtral")
+    main(["verify", "--hf", str(tmp_path / "mixtral"), "--json", "--no-progress"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["oracle"]["passed"] and not checks["oracle"]["skipped"], checks["oracle"]
+
+
 @pytest.mark.parametrize("k", [0, 5])
 def test_experts_per_token_outside_one_to_the_experts_is_refused_naming_the_field(k, tmp_path,
                                                                                     capsys):
