@@ -72,6 +72,20 @@ def test_a_spec_declared_window_is_held_against_a_module_of_its_own():
     assert [c.name for c in full.failures] == ["window"], full.first_failure
 
 
+def test_a_spec_window_the_window_check_cannot_read_is_held_by_the_oracle():
+    """examples/learner's GPT keeps its attention in a method: no module per layer, so `window`
+    is skipped. A spec declaring a window of 16 passed the full-attention model (the oracle ran
+    at T = 8); the oracle now runs past the window (T = 17), so the full model fails it and the
+    windowed one passes."""
+    full = da.audit(zoo_windows.learner_gpt(None), spec=zoo_windows.LEARNER_SPEC)
+    assert full["window"].skipped and "T = 17" in full["window"].detail
+    assert [c.name for c in full.failures] == ["oracle"], full.first_failure
+    assert full["oracle"].evidence["seq_len"] == 17
+    windowed = da.audit(zoo_windows.learner_gpt(16), spec=zoo_windows.LEARNER_SPEC)
+    assert windowed.passed, windowed.first_failure
+    assert windowed["oracle"].evidence["seq_len"] == 17
+
+
 def _gemma2(tf, window):
     torch.manual_seed(0)
     config = tf.Gemma2Config(vocab_size=37, hidden_size=16, intermediate_size=24,

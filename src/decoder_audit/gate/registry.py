@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import (alignment, attention, generation, inputs, invariance, kv_cache, model_loss,
-               packing, reference, routing, training, weights, window)
+               packing, reference, routing, spec, training, weights, window)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -67,7 +67,11 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
                                f"takes ({f.length_bound}): it never excludes a token"),
     "has_attention_layers": lambda f: (f"the {len(f.windows or ())} layers' attention modules "
                                        "could not be told apart (no module class named like "
-                                       "attention per layer), so no layer's span can be read"),
+                                       "attention per layer), so no layer's span can be read"
+                                       + ("; the spec's oracle runs past the window instead "
+                                          f"(T = {f.window_size + 1})"
+                                          if f.reference == "spec" and f.window_size is not None
+                                          and f.window_size <= spec.WINDOW_ORACLE_MAX else "")),
     "runs_in_train_mode": lambda f: f"{f.train_mode_reason}; a training path declared with its "
                                     "length (train declares one) has it checked there",
     "computes_loss": lambda f: "the forward takes no labels=: the loss is the caller's "

@@ -56,6 +56,16 @@ from .subject import Subject
 STRESS_GAIN_STD = 0.2
 """Spread of the stress weights' norm gains around 1 and of their biases and shifts around 0."""
 
+WINDOW_ORACLE_MAX = 64
+"""A declared sliding window of at most this many positions that the `window` check cannot read
+is held by the oracle: it runs at T = W + 1, the first length at which the window leaves a token
+out, where its usual T <= 8 never reaches it. The `window` check reads each layer's span at its
+attention module; a module whose attention is no module of its own (nanoGPT's attention as a
+method beside a ModuleDict) leaves it skipped, and a full-attention module then passed a spec
+declaring a window of 16. Where the window check runs it holds the window at any size, and the
+oracle keeps its short probe; a wider window it cannot read stays unchecked, and the window
+check's skip says why (the oracle's loops grow as T^2)."""
+
 GRADIENT_MAX_PARAMETERS = 50_000_000
 """The gradients are compared up to this many parameters: the oracle's side holds a float64
 copy of every weight and its gradient (16 bytes a parameter: 0.8 GB here, 25 GB for GPT-2 XL),
@@ -122,7 +132,7 @@ def check_spec_oracle(s: Subject) -> CheckResult:
     spec, placement = s.facts.spec, s.facts.placement
     if placement is None:
         return unplaced(s, "oracle")
-    seq_len = min(s.short_len(8), spec.max_seq_len)  # the oracle runs within the spec
+    seq_len = min(_oracle_len(s), spec.max_seq_len)  # the oracle runs within the spec
     ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(13))
     tol = tolerances.hf_oracle(s.dtype, spec)
     evidence: dict = {"layout": placement.layout, "batch": ids.shape[0], "seq_len": seq_len,
@@ -143,6 +153,16 @@ def check_spec_oracle(s: Subject) -> CheckResult:
     return CheckResult("oracle", True, f"logits = the spec's float64 oracle fed the module's "
                        f"weights, as initialised {_coverage(evidence)}; layout "
                        f"{placement.layout}", evidence, tol)
+
+
+def _oracle_len(s: Subject) -> int:
+    """The oracle's length: 8 (or the model's limit), or W + 1 past a declared window of W <=
+    WINDOW_ORACLE_MAX positions whose layers the window check cannot read, so that the window
+    changes what the oracle computes."""
+    window, readable = s.facts.window_size, bool(s.facts.attention_layers)
+    if window is not None and window <= WINDOW_ORACLE_MAX and not readable:
+        return s.short_len(max(8, window + 1))
+    return s.short_len(8)
 
 
 def _compare_all(s: Subject, ids: torch.Tensor, tol: float, evidence: dict,
