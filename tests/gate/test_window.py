@@ -121,6 +121,28 @@ def test_a_gemma2_layer_that_ignores_its_window_of_16_fails_window_not_the_oracl
     assert report["window"].evidence["layers"][0]["read_outside"][0] == 16
 
 
+def test_a_gemma2_whose_config_no_longer_windows_layer_0_fails_window_at_that_layer():
+    """Layer 0 built as a sliding layer of 16 (its attention module says so), then the config
+    edited to call it full: the model's masks follow the edited config, so layer 0 attends every
+    earlier token. The config alone declared no window there, and the model passed; the layer's
+    own declaration holds it to 16."""
+    tf = pytest.importorskip("transformers")
+    model = _gemma2(tf, 16)
+    if getattr(model.model.layers[0].self_attn, "layer_type", None) != "sliding_attention":
+        pytest.skip("this release's attention module does not record the kind it was built as")
+    model.config.layer_types = ["full_attention", "full_attention"]
+    report = da.audit(model, checks=["window"])
+    check = report["window"]
+    assert not check.passed and check.evidence["windows"] == [16, None], check.detail
+    assert check.evidence["layers"][0]["read_outside"][0] == 16
+    assert any("model.layers.0.self_attn" in note and "16" in note for note in report.notes)
+    built_full = _gemma2(tf, 16)  # the same layers built full from the start: nothing declared
+    built_full.config.layer_types = ["full_attention", "full_attention"]
+    for layer in built_full.model.layers:
+        layer.self_attn.layer_type, layer.self_attn.sliding_window = "full_attention", None
+    assert da.audit(built_full, checks=["window"])["window"].skipped
+
+
 def _full_mask(_module, args, kwargs):
     """The attention path drops the sliding mask it is handed and attends the full causal
     square (the config still declares the window)."""
