@@ -719,16 +719,10 @@ def _path_facts(model: nn.Module, training: TrainingPath | None) -> dict[str, An
 
 
 def checkpointing_enabled(model: nn.Module) -> bool:
-    """Activation checkpointing is on in `model` (ModelFacts.checkpointing_enabled). A Hugging
-    Face model is asked by the name its release does not deprecate: transformers 5 renamed
-    `is_gradient_checkpointing` to `is_activation_checkpointing`, and the old name warns (a
-    FutureWarning on every audit of such a model, from this call); older releases have only
-    the old one."""
+    """Activation checkpointing is on in `model` (ModelFacts.checkpointing_enabled)."""
     try:
-        flag = getattr(model, "is_activation_checkpointing", None)
-        if flag is None:
-            flag = getattr(model, "is_gradient_checkpointing",
-                           getattr(model, "gradient_checkpointing", False))
+        flag = getattr(model, "is_gradient_checkpointing",
+                       getattr(model, "gradient_checkpointing", False))
     except Exception:  # noqa: BLE001 - a property that raises: nothing said about it
         return False
     return flag is True

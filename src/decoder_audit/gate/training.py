@@ -33,7 +33,6 @@ from torch import nn
 
 from ..objective import logits_of
 from . import tolerances
-from .facts import checkpointing_enabled
 from .invariance import (
     bits_fingerprint,
     clean_batch,
@@ -348,16 +347,14 @@ inside bfloat16's range (3e38), so only an overflowing formulation gives inf or 
 
 def check_checkpointing(s: Subject) -> CheckResult:
     model = s.work
-    # transformers 5's names first: its gradient_checkpointing_* are deprecated aliases that warn
-    enable = getattr(model, "activation_checkpointing_enable", None) or \
-        getattr(model, "gradient_checkpointing_enable", None)
-    disable = getattr(model, "activation_checkpointing_disable", None) or \
-        getattr(model, "gradient_checkpointing_disable", None)
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    disable = getattr(model, "gradient_checkpointing_disable", None)
     if not (callable(enable) and callable(disable)):
         return CheckResult("checkpointing", False, f"training asks for activation checkpointing but "
                            f"{type(model).__name__} has no gradient_checkpointing_enable() / "
                            "_disable()", {})
-    was_on = checkpointing_enabled(model)
+    was_on = bool(getattr(model, "is_gradient_checkpointing",
+                          getattr(model, "gradient_checkpointing", False)))
     seq_len = s.short_len(8)
     gen = s.generator(41)
     ids = s.random_ids(2, seq_len, gen).to(s.device)

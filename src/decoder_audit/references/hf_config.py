@@ -414,6 +414,9 @@ def _routed_fields(c: Any, family: str, problems: list[str]) -> dict[str, Any]:
     if family not in _MOE_FAMILIES:
         return {}
     experts = c.num_local_experts if family == "mixtral" else c.num_experts
+    if experts:  # Qwen-MoE's num_experts=0 routes no layer (below)
+        _check_experts_per_token(c.num_experts_per_tok, experts, "num_local_experts"
+                                 if family == "mixtral" else "num_experts")
     fields: dict[str, Any] = {
         "n_experts": experts, "experts_per_token": c.num_experts_per_tok,
         "router_scoring": "softmax", "router_order": "score_topk",
@@ -431,6 +434,18 @@ def _routed_fields(c: Any, family: str, problems: list[str]) -> dict[str, Any]:
         fields.update(n_shared_experts=1, shared_expert_width=c.shared_expert_intermediate_size,
                       shared_expert_gate=True)
     return fields
+
+
+def _check_experts_per_token(k: Any, experts: Any, experts_field: str) -> None:
+    """InvalidHFConfig unless num_experts_per_tok is an integer 1 <= k <= E: no router computes
+    with another (top-0 routes every token nowhere, and torch.topk raises for k > E), so the
+    folder is refused naming the field and its limit, as DecoderConfig refuses
+    experts_per_token, never audited as a black box."""
+    if isinstance(k, bool) or not isinstance(k, int) or not isinstance(experts, int) or \
+            not 1 <= k <= experts:
+        raise InvalidHFConfig(f"num_experts_per_tok={k!r} must be an integer with 1 <= "
+                              f"num_experts_per_tok <= {experts_field}={experts!r} (each token "
+                              "is routed to that many of the experts)")
 
 
 # transformers' RMSNorm default: the latent norms (q_a_layernorm, kv_a_layernorm) are built
@@ -506,6 +521,7 @@ def _deepseek_routing(c: Any, family: str, problems: list[str]) -> dict[str, Any
     dense = c.first_k_dense_replace or 0
     if dense >= c.num_hidden_layers:
         return {}
+    _check_experts_per_token(c.num_experts_per_tok, c.n_routed_experts, "n_routed_experts")
     fields: dict[str, Any] = {
         "n_experts": c.n_routed_experts, "experts_per_token": c.num_experts_per_tok,
         "expert_width": c.moe_intermediate_size, "n_shared_experts": c.n_shared_experts,
