@@ -127,3 +127,57 @@ def test_a_factor_behind_a_zero_initialised_partner_is_reached_not_dead():
     dead = da.audit(_ZeroInitBranch(dead=True), vocab_size=8, max_seq_len=4,
                     checks=["dead_parameters"])["dead_parameters"]
     assert not dead.passed and dead.evidence["dead"] == ["unused.weight", "unused.bias"]
+
+
+# ---- dead_parameters on Hugging Face classes (newcomer item 17) --------------------------------
+
+def _hf_llama(tf):
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=37, hidden_size=16, intermediate_size=24,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            max_position_embeddings=12)
+    return tf.LlamaForCausalLM(config).eval()
+
+
+def test_a_plain_hugging_face_llama_runs_dead_parameters_and_passes():
+    """It was skipped for every Hugging Face class; a LlamaForCausalLM takes nothing but text,
+    so all of its parameters are judged, and each gets a gradient."""
+    tf = pytest.importorskip("transformers")
+    model = _hf_llama(tf)
+    check = da.audit(model, checks=["dead_parameters"])["dead_parameters"]
+    assert check.passed and not check.skipped, check.detail
+    assert check.evidence["trainable"] == len(list(model.parameters()))
+    assert check.evidence["other_inputs"] == [] and check.evidence["not_reached"] == []
+
+
+def test_a_dead_parameter_planted_in_a_hugging_face_llama_fails():
+    """A norm bias registered and never applied, and a Linear attached and never called: the
+    forward takes only text, so neither is another input's part."""
+    tf = pytest.importorskip("transformers")
+    model = _hf_llama(tf)
+    model.model.layers[0].input_layernorm.register_parameter(
+        "bias", torch.nn.Parameter(torch.zeros(16)))
+    model.model.spare = torch.nn.Linear(16, 16)
+    check = da.audit(model, checks=["dead_parameters"])["dead_parameters"]
+    assert not check.passed
+    assert check.evidence["dead"] == ["model.layers.0.input_layernorm.bias",
+                                      "model.spare.weight", "model.spare.bias"], check.detail
+
+
+def test_cross_attention_only_encoder_states_reach_is_named_not_judged():
+    """GPT-2 built with cross-attention: a text-only call never runs it (it needs
+    encoder_hidden_states), so its parameters are not judged, and named; every other parameter
+    is, and a dead one among them still fails."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=37, n_embd=16, n_layer=2, n_head=2,
+                                             n_positions=12, add_cross_attention=True)).eval()
+    check = da.audit(model, checks=["dead_parameters"])["dead_parameters"]
+    assert check.passed and not check.skipped, check.detail
+    cross = [name for name, _ in model.named_parameters()
+             if "crossattention" in name or "ln_cross_attn" in name]
+    assert sorted(check.evidence["not_reached"]) == sorted(cross)
+    assert "encoder_hidden_states" in check.evidence["other_inputs"]
+    model.transformer.h[1].mlp.c_proj.register_forward_hook(lambda m, i, out: out.detach())
+    check = da.audit(model, checks=["dead_parameters"])["dead_parameters"]
+    assert not check.passed and "transformer.h.1.mlp.c_proj.weight" in check.evidence["dead"]

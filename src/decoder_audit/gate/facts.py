@@ -251,11 +251,6 @@ class ModelFacts:
         return self.tie is not None
 
     @property
-    def own_module(self) -> bool:
-        """Not a Hugging Face class: ours, or a module its user wrote."""
-        return not self.hugging_face
-
-    @property
     def has_max_seq_len(self) -> bool:
         return self.max_seq_len is not None
 

@@ -35,10 +35,6 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "has_ledger": lambda f: ("black-box: needs a DecoderConfig and the Decoder's weight names, "
                              "or the architecture declared with spec= (verify --spec cfg.json)"),
     "tied": lambda f: "untied: no shared weight",
-    "own_module": lambda f: "a Hugging Face class carries parameters for inputs and losses a "
-                            "text-only next-token call does not give (cross-attention, vision "
-                            "towers, auxiliary losses): their missing gradients say nothing of the "
-                            "causal path",
     "has_readout": lambda f: "no input embedding and readout found (get_input_embeddings / "
                              "get_output_embeddings, token_embeddings / lm_head, an nn.Embedding "
                              "and a Linear with V outputs)",
@@ -158,8 +154,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("oracle", "fast forward equals the slow oracle (values, grads)", "reference",
           reference.check_oracle, needs=("has_reference",)),
     Check("dead_parameters", "every trainable parameter gets a gradient from the loss",
-          "weights", weights.check_dead_parameters, needs=("own_module",),
-          paths=("training",)),
+          "weights", weights.check_dead_parameters, paths=("training",)),
     Check("expert_gradients", "every routed expert gets a gradient when routed to", "routing",
           routing.check_expert_gradients, needs=("probes_experts",), paths=("training",)),
     Check("kv_cache", "prefill + cached steps and chunks equal the full forward", "generation",

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +16,7 @@ from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
 from ..objective import logits_of
 from . import tolerances
 from .measure import batch_not_equal, largest
+from .reach import other_inputs, reached
 from .result import CheckResult
 from .sharding import whole
 from .spec import check_spec_params
@@ -274,7 +273,7 @@ def check_dead_parameters(s: Subject) -> CheckResult:
         value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
         return value if value.requires_grad else None  # no weight reaches it: every grad is 0
 
-    with _experts_called(s.work) as called:  # which routed experts the probe's tokens reach
+    with reached(s.work) as ran:  # which experts and modules the probe's call runs
         for share in s.gradients_by_share(_shares(trainable, DEAD_SHARE), loss):
             for param in share:
                 largest_grad[names[id(param)]] = (0.0 if param.grad is None
@@ -285,21 +284,30 @@ def check_dead_parameters(s: Subject) -> CheckResult:
     # (INERT) gets exactly 0 or the rounding of terms that cancel (1e-12 of the largest here):
     # reported as inert either way, never failed.
     rounding = tolerances.eps(s.dtype) * max(largest_grad.values(), default=0.0)
-    dead, inert, unrouted = [], {}, sorted(called.missed)
+    dead, inert, unrouted = [], {}, sorted(ran.missed_experts)
+    elsewhere = other_inputs(s.work)  # inputs that could run what this call did not (reach.py)
+    unreached = []
     for name, size in largest_grad.items():
         why = next((w for pattern, w in INERT.items() if re.search(pattern, name)), None)
         if why is not None and size <= rounding:
             inert[name] = why
+        elif size == 0.0 and elsewhere and not ran.ran(name):
+            unreached.append(name)
         elif size == 0.0 and name not in behind_zeros and not _under(name, unrouted):
             dead.append(name)
     evidence = {"trainable": len(trainable), "batch": 3, "seq_len": seq_len, "dead": dead,
-                "inert": inert, "behind_zero_init": behind_zeros, "unrouted_experts": unrouted}
+                "inert": inert, "behind_zero_init": behind_zeros, "unrouted_experts": unrouted,
+                "other_inputs": elsewhere, "not_reached": unreached}
     if dead:
         return CheckResult("dead_parameters", False, f"{len(dead)} of {len(trainable)} trainable "
                            f"parameters get no gradient from the loss: {', '.join(dead[:6])}"
                            + (" ..." if len(dead) > 6 else "") + " (unused, never applied, or "
                            "cut off from the loss)", evidence)
     said = f"; inert by the mathematics: {', '.join(sorted(inert)[:3])}" if inert else ""
+    if unreached:  # modules only another input runs: not this call's to judge
+        said += (f"; {len(unreached)} in modules a text-only call never runs, reached through "
+                 f"{', '.join(elsewhere[:3])}, so not judged here ({', '.join(unreached[:2])}"
+                 + (" ..." if len(unreached) > 2 else "") + ")")
     if behind_zeros:
         first = next(iter(behind_zeros))
         said += (f"; {len(behind_zeros)} reached only once a zero-initialised partner leaves zero "
@@ -308,7 +316,7 @@ def check_dead_parameters(s: Subject) -> CheckResult:
         said += (f"; {len(unrouted)} routed experts not chosen for any of the probe's "
                  f"{3 * seq_len} tokens, so not judged here ({', '.join(unrouted[:3])}"
                  + (" ..." if len(unrouted) > 3 else "") + ")")
-    judged = sum(not _under(n, unrouted) for n in largest_grad)
+    judged = sum(not _under(n, unrouted) for n in largest_grad) - len(unreached)
     return CheckResult("dead_parameters", True, f"all {judged - len(inert)} trainable "
                        f"parameters get a gradient from the loss{said}", evidence)
 
@@ -348,40 +356,6 @@ def _behind_zeros(s: Subject, trainable: list[nn.Parameter], names: dict[int, st
                 param.zero_()
     partners = [names[id(z)] for z in zeros]
     return {name: partners for name in reached}
-
-
-class _Called:
-    """The routed expert modules (named `...experts.{e}`) a forward sends tokens to, and those
-    it does not: an expert no token is sent to is called on no rows (ours) or not at all (a
-    loop that skips it)."""
-
-    def __init__(self, experts: dict[str, nn.Module]) -> None:
-        self.experts, self.seen = experts, set()
-
-    @property
-    def missed(self) -> set[str]:
-        return set(self.experts) - self.seen
-
-
-_EXPERT = re.compile(r"(^|\.)experts\.\d+$")
-
-
-@contextmanager
-def _experts_called(model: nn.Module) -> Iterator[_Called]:
-    """Within the block, which of the model's routed experts its forwards call."""
-    called = _Called({name: module for name, module in model.named_modules()
-                      if _EXPERT.search(name)})
-    def seen(name: str, inputs: tuple) -> None:
-        if not inputs or not isinstance(inputs[0], torch.Tensor) or inputs[0].numel():
-            called.seen.add(name)
-
-    hooks = [module.register_forward_hook(lambda _, inputs, __, name=name: seen(name, inputs))
-             for name, module in called.experts.items()]
-    try:
-        yield called
-    finally:
-        for hook in hooks:
-            hook.remove()
 
 
 def _shares(params: list[nn.Parameter], share: float) -> list[list[nn.Parameter]]:
