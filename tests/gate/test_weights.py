@@ -151,8 +151,9 @@ def test_a_plain_hugging_face_llama_runs_dead_parameters_and_passes():
 
 
 def test_a_dead_parameter_planted_in_a_hugging_face_llama_fails():
-    """A norm bias registered and never applied, and a Linear attached and never called: the
-    forward takes only text, so neither is another input's part."""
+    """A norm bias registered and never applied: the loss reads the norm's output, not the
+    bias. (A Linear attached and never called is named as a part whose output the loss never
+    reads, as a released class's pooler is, and not judged.)"""
     tf = pytest.importorskip("transformers")
     model = _hf_llama(tf)
     model.model.layers[0].input_layernorm.register_parameter(
@@ -160,14 +161,14 @@ def test_a_dead_parameter_planted_in_a_hugging_face_llama_fails():
     model.model.spare = torch.nn.Linear(16, 16)
     check = da.audit(model, checks=["dead_parameters"])["dead_parameters"]
     assert not check.passed
-    assert check.evidence["dead"] == ["model.layers.0.input_layernorm.bias",
-                                      "model.spare.weight", "model.spare.bias"], check.detail
+    assert check.evidence["dead"] == ["model.layers.0.input_layernorm.bias"], check.detail
+    assert check.evidence["not_reached"] == ["model.spare.weight", "model.spare.bias"]
 
 
-def test_cross_attention_only_encoder_states_reach_is_named_not_judged():
+def test_parts_for_another_input_or_objective_are_named_not_judged():
     """GPT-2 built with cross-attention: a text-only call never runs it (it needs
-    encoder_hidden_states), so its parameters are not judged, and named; every other parameter
-    is, and a dead one among them still fails."""
+    encoder_hidden_states), so the loss never reads its output; its parameters are named and
+    not judged. Every other parameter is, and a dead one among them still fails."""
     tf = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=37, n_embd=16, n_layer=2, n_head=2,
@@ -177,7 +178,44 @@ def test_cross_attention_only_encoder_states_reach_is_named_not_judged():
     cross = [name for name, _ in model.named_parameters()
              if "crossattention" in name or "ln_cross_attn" in name]
     assert sorted(check.evidence["not_reached"]) == sorted(cross)
-    assert "encoder_hidden_states" in check.evidence["other_inputs"]
-    model.transformer.h[1].mlp.c_proj.register_forward_hook(lambda m, i, out: out.detach())
+    model.transformer.ln_f.register_parameter("shift", torch.nn.Parameter(torch.zeros(16)))
     check = da.audit(model, checks=["dead_parameters"])["dead_parameters"]
-    assert not check.passed and "transformer.h.1.mlp.c_proj.weight" in check.evidence["dead"]
+    assert not check.passed and check.evidence["dead"] == ["transformer.ln_f.shift"]
+
+
+def test_a_table_looked_up_at_its_padding_index_alone_is_inert_not_dead():
+    """RoCBert's shape and pronunciation tables are fed zeros, their padding_idx, when their ids
+    are not given: that row never learns, by nn.Embedding's definition."""
+    from decoder_audit.gate import reach
+
+    table = torch.nn.Embedding(5, 3, padding_idx=0)
+    with reach.reached(table) as ran:
+        table(torch.zeros(2, 4, dtype=torch.long))
+    assert ran.padding_only("weight")
+    with reach.reached(table) as ran:
+        table(torch.tensor([[0, 2]]))
+    assert not ran.padding_only("weight")
+
+
+def test_a_factor_behind_a_scale_started_at_zero_is_reached_not_dead():
+    """Gemma 3n's correct_output_scale starts at 0: the per-layer path behind it gets no
+    gradient until the scale leaves zero. A scale vector of zeros, like a zero matrix, is tried
+    with small values before anything behind it is called dead."""
+    class Gated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(8, 4)
+            self.branch = torch.nn.Linear(4, 4)
+            self.scale = torch.nn.Parameter(torch.zeros(4))  # a gate started closed
+            self.head = torch.nn.Linear(4, 8)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            return self.head(x + self.scale * self.branch(x))
+
+    check = da.audit(Gated(), vocab_size=8, max_seq_len=4,
+                     checks=["dead_parameters"])["dead_parameters"]
+    assert check.passed, check.detail
+    assert check.evidence["behind_zero_init"] == {"branch.weight": ["scale"],
+                                                  "branch.bias": ["scale"]}

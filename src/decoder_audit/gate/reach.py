@@ -1,15 +1,22 @@
 """What a text-only next-token call of a model reaches, for `dead_parameters` (weights.py): the
-routed experts its tokens are sent to, the modules it runs, and the inputs its forward takes
-that such a call never gives.
+routed experts its tokens are sent to, the modules it runs, the modules whose output the loss
+reads, and the inputs its forward takes that such a call never gives.
 
-A parameter that gets no gradient is dead when the call ran the module holding it (a norm scale
-never applied, an output detached) or when nothing but the text could ever reach it (an unused
-Linear in a forward that takes only ids). It is out of this call's reach, and not judged, when
-its module never ran and the forward takes another input that could run it: GPT-2's
-cross-attention behind `encoder_hidden_states`, a vision tower behind `pixel_values`, Mllama's
-cross-attention layers behind `cross_attention_states`. That is decided from the model itself,
-the modules its call ran and the parameters its forward names, never from its class: a plain
-LlamaForCausalLM takes nothing but text, so every parameter it holds is judged.
+A parameter that gets no gradient is dead, and fails, when the loss reads the output of the
+module holding it (a norm scale registered and never applied: its module is on the loss's path,
+it is not). It is out of this call's reach, named and not judged:
+
+- in a module of the user's own, when the module never ran and the forward names another input
+  that could run it (a vision tower behind `pixel_values`); an unused Linear in a forward that
+  takes only ids stays dead;
+- in a released Hugging Face class, when no output of its module reaches the next-token loss:
+  the class holds it for another input or objective (GPT-2's cross-attention behind
+  `encoder_hidden_states`, BigBird's pooler, DeepSeek-V3.2's indexer, which chooses keys by
+  top-k and is trained by a loss of its own). A plain LlamaForCausalLM has no such part: every
+  module's output reaches its loss, so every parameter is judged.
+
+That is decided from the model itself, the modules its call ran, the outputs the loss read and
+the parameters its forward names, never from a list of classes.
 """
 
 from __future__ import annotations
@@ -43,6 +50,12 @@ class Reached:
     experts: dict[str, nn.Module]
     experts_seen: set[str] = field(default_factory=set)
     modules_run: set[str] = field(default_factory=set)
+    # the modules an output of which received a nonzero gradient in a backward pass of the
+    # block (a gradient of zeros, through a gate initialised at 0 or a path masked out, reads
+    # nothing of it)
+    read_by_loss: set[str] = field(default_factory=set)
+    # nn.Embedding modules with a padding_idx -> whether any id but it was looked up
+    padded_lookups: dict[str, bool] = field(default_factory=dict)
 
     @property
     def missed_experts(self) -> set[str]:
@@ -52,8 +65,17 @@ class Reached:
 
     def ran(self, parameter: str) -> bool:
         """Whether the module holding the parameter `parameter` (a dotted name) was run."""
-        owner = parameter.rpartition(".")[0]
-        return owner in self.modules_run
+        return parameter.rpartition(".")[0] in self.modules_run
+
+    def read(self, parameter: str) -> bool:
+        """Whether the loss read an output of the module holding `parameter`."""
+        return parameter.rpartition(".")[0] in self.read_by_loss
+
+    def padding_only(self, parameter: str) -> bool:
+        """Whether `parameter` is the table of an nn.Embedding looked up at its padding_idx
+        alone (RoCBert's shape and pronunciation tables, fed zeros when their ids are not
+        given): that row's gradient is 0 by nn.Embedding's definition, so the table gets none."""
+        return self.padded_lookups.get(parameter.rpartition(".")[0]) is False
 
 
 @contextmanager
@@ -69,14 +91,39 @@ def reached(model: nn.Module) -> Iterator[Reached]:
     hooks = [module.register_forward_hook(
         lambda _, inputs, __, name=name: expert_seen(name, inputs))
         for name, module in found.experts.items()]
-    hooks += [module.register_forward_pre_hook(
-        lambda *_, name=name: found.modules_run.add(name))
+    def read(name: str, grad: torch.Tensor) -> None:
+        if name not in found.read_by_loss and bool(grad.ne(0).any()):
+            found.read_by_loss.add(name)
+
+    def ran(name: str, module: nn.Module, inputs: tuple, output) -> None:
+        found.modules_run.add(name)
+        pad = getattr(module, "padding_idx", None)
+        if isinstance(module, nn.Embedding) and pad is not None and inputs and \
+                isinstance(inputs[0], torch.Tensor):
+            found.padded_lookups[name] = found.padded_lookups.get(name, False) or \
+                bool((inputs[0] != pad).any())
+        for tensor in _tensors(output):  # a gradient through it: the loss reads this module
+            if tensor.requires_grad:
+                tensor.register_hook(lambda grad, name=name: read(name, grad))
+
+    hooks += [module.register_forward_hook(
+        lambda module, inputs, output, name=name: ran(name, module, inputs, output))
         for name, module in model.named_modules() if module._parameters]
     try:
         yield found
     finally:
         for hook in hooks:
             hook.remove()
+
+
+def _tensors(output) -> list[torch.Tensor]:
+    """The tensors a module returned: itself, or those in a tuple, list or dict (a Hugging Face
+    output is a dict), one level down."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    values = output.values() if isinstance(output, dict) else \
+        output if isinstance(output, (tuple, list)) else ()
+    return [value for value in values if isinstance(value, torch.Tensor)]
 
 
 def other_inputs(model: nn.Module) -> list[str]:

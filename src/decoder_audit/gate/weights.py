@@ -286,12 +286,16 @@ def check_dead_parameters(s: Subject) -> CheckResult:
     rounding = tolerances.eps(s.dtype) * max(largest_grad.values(), default=0.0)
     dead, inert, unrouted = [], {}, sorted(ran.missed_experts)
     elsewhere = other_inputs(s.work)  # inputs that could run what this call did not (reach.py)
+    released = s.facts.hugging_face  # a released class: its parts off the loss are by design
     unreached = []
     for name, size in largest_grad.items():
         why = next((w for pattern, w in INERT.items() if re.search(pattern, name)), None)
+        if why is None and size == 0.0 and ran.padding_only(name):
+            why = "an nn.Embedding looked up at its padding_idx alone, whose row never learns"
         if why is not None and size <= rounding:
             inert[name] = why
-        elif size == 0.0 and elsewhere and not ran.ran(name):
+        elif size == 0.0 and name not in behind_zeros and (
+                (released and not ran.read(name)) or (elsewhere and not ran.ran(name))):
             unreached.append(name)
         elif size == 0.0 and name not in behind_zeros and not _under(name, unrouted):
             dead.append(name)
@@ -304,10 +308,12 @@ def check_dead_parameters(s: Subject) -> CheckResult:
                            + (" ..." if len(dead) > 6 else "") + " (unused, never applied, or "
                            "cut off from the loss)", evidence)
     said = f"; inert by the mathematics: {', '.join(sorted(inert)[:3])}" if inert else ""
-    if unreached:  # modules only another input runs: not this call's to judge
-        said += (f"; {len(unreached)} in modules a text-only call never runs, reached through "
-                 f"{', '.join(elsewhere[:3])}, so not judged here ({', '.join(unreached[:2])}"
-                 + (" ..." if len(unreached) > 2 else "") + ")")
+    if unreached:  # parts for another input or objective: not this call's to judge (reach.py)
+        how = (f"a text-only call never runs (reached through {', '.join(elsewhere[:3])})"
+               if not released else "whose output the next-token loss never reads (parts for "
+               "another input or objective: cross-attention, a pooler, an indexer)")
+        said += (f"; {len(unreached)} in modules {how}, so not judged here "
+                 f"({', '.join(unreached[:2])}" + (" ..." if len(unreached) > 2 else "") + ")")
     if behind_zeros:
         first = next(iter(behind_zeros))
         said += (f"; {len(behind_zeros)} reached only once a zero-initialised partner leaves zero "
@@ -329,18 +335,33 @@ def _under(name: str, modules: list[str]) -> bool:
 def _behind_zeros(s: Subject, trainable: list[nn.Parameter], names: dict[int, str],
                   largest_grad: dict[str, float], loss) -> dict[str, list[str]]:
     """{name: the zero-initialised parameters behind it}: the parameters with no gradient that
-    get one once every trainable matrix that is exactly zero (LoRA's B factor, a projection
-    initialised to zero so a new branch starts as the identity) is given small random values,
-    restored to zero after. Such a parameter is reached from the first step on, not dead."""
+    get one once every trainable tensor that is exactly zero (LoRA's B factor, a projection
+    initialised to zero so a new branch starts as the identity, a scale or gate started at 0)
+    is given small random values, restored to zero after. Such a parameter is reached from the
+    first step on, not dead."""
     if s.sharded:  # a shard's rows cannot be drawn here; the zero factors stay as they are
         return {}
-    # matrices only: a zero bias adds, it starves nothing; a zero factor multiplies
-    zeros = [p for p in trainable if p.is_floating_point() and p.dim() >= 2
-             and not bool(whole(p).any())]
+    zeros = [p for p in trainable if p.is_floating_point() and not bool(whole(p).any())]
     starved = [p for p in trainable if largest_grad.get(names[id(p)]) == 0.0
                and all(p is not z for z in zeros)]
-    if not zeros or not starved:
-        return {}
+    found: dict[str, list[str]] = {}
+    # The zero matrices first (LoRA's B, a zero-started projection), then, for what is still
+    # starved, the other zero tensors: a scale or gate started at 0 (Gemma 3n's
+    # correct_output_scale) multiplies what lies behind it too, where a zero bias, which adds,
+    # reaches nothing more and is not named.
+    for group in ([z for z in zeros if z.dim() >= 2], [z for z in zeros if z.dim() < 2]):
+        still = [p for p in starved if names[id(p)] not in found]
+        if group and still:
+            partners = [names[id(z)] for z in group]
+            found.update({name: partners for name in _reached_with(s, group, still, names,
+                                                                   loss)})
+    return found
+
+
+def _reached_with(s: Subject, zeros: list[nn.Parameter], starved: list[nn.Parameter],
+                  names: dict[int, str], loss) -> list[str]:
+    """The names of the `starved` parameters that get a gradient once `zeros` hold small random
+    values (put back to zero after)."""
     gen = s.generator(47)
     with torch.no_grad():
         for param in zeros:
@@ -354,8 +375,7 @@ def _behind_zeros(s: Subject, trainable: list[nn.Parameter], names: dict[int, st
         with torch.no_grad():
             for param in zeros:
                 param.zero_()
-    partners = [names[id(z)] for z in zeros]
-    return {name: partners for name in reached}
+    return reached
 
 
 def _shares(params: list[nn.Parameter], share: float) -> list[list[nn.Parameter]]:
