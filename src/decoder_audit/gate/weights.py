@@ -279,15 +279,31 @@ def check_dead_parameters(s: Subject) -> CheckResult:
                 largest_grad[names[id(param)]] = (0.0 if param.grad is None
                                                   else largest(whole(param.grad)))
     behind_zeros = _behind_zeros(s, trainable, names, largest_grad, loss)
+    evidence = {"trainable": len(trainable), "batch": 3, "seq_len": seq_len,
+                **_sorted_out(s, ran, largest_grad, behind_zeros),
+                "behind_zero_init": behind_zeros}
+    dead = evidence["dead"]
+    if dead:
+        return CheckResult("dead_parameters", False, f"{len(dead)} of {len(trainable)} trainable "
+                           f"parameters get no gradient from the loss: {', '.join(dead[:6])}"
+                           + (" ..." if len(dead) > 6 else "") + " (unused, never applied, or "
+                           "cut off from the loss)", evidence)
+    return CheckResult("dead_parameters", True, _passed(evidence, largest_grad), evidence)
+
+
+def _sorted_out(s: Subject, ran, largest_grad: dict[str, float],
+                behind_zeros: dict[str, list[str]]) -> dict:
+    """The parameters with no gradient, sorted: inert (INERT, or a table looked up at its
+    padding index alone), out of this call's reach (reach.py), behind a routed expert no token
+    chose, or dead."""
     # No gradient is exactly none: a parameter the loss reads gets some, however small (a
     # fresh model's query weights: 1e-6 of the largest). A parameter inert by the mathematics
     # (INERT) gets exactly 0 or the rounding of terms that cancel (1e-12 of the largest here):
     # reported as inert either way, never failed.
     rounding = tolerances.eps(s.dtype) * max(largest_grad.values(), default=0.0)
-    dead, inert, unrouted = [], {}, sorted(ran.missed_experts)
+    dead, inert, unrouted, unreached = [], {}, sorted(ran.missed_experts), []
     elsewhere = other_inputs(s.work)  # inputs that could run what this call did not (reach.py)
     released = s.facts.hugging_face  # a released class: its parts off the loss are by design
-    unreached = []
     for name, size in largest_grad.items():
         why = next((w for pattern, w in INERT.items() if re.search(pattern, name)), None)
         if why is None and size == 0.0 and ran.padding_only(name):
@@ -299,19 +315,21 @@ def check_dead_parameters(s: Subject) -> CheckResult:
             unreached.append(name)
         elif size == 0.0 and name not in behind_zeros and not _under(name, unrouted):
             dead.append(name)
-    evidence = {"trainable": len(trainable), "batch": 3, "seq_len": seq_len, "dead": dead,
-                "inert": inert, "behind_zero_init": behind_zeros, "unrouted_experts": unrouted,
-                "other_inputs": elsewhere, "not_reached": unreached}
-    if dead:
-        return CheckResult("dead_parameters", False, f"{len(dead)} of {len(trainable)} trainable "
-                           f"parameters get no gradient from the loss: {', '.join(dead[:6])}"
-                           + (" ..." if len(dead) > 6 else "") + " (unused, never applied, or "
-                           "cut off from the loss)", evidence)
+    return {"dead": dead, "inert": inert, "unrouted_experts": unrouted,
+            "other_inputs": elsewhere, "not_reached": unreached, "released_class": released}
+
+
+def _passed(evidence: dict, largest_grad: dict[str, float]) -> str:
+    """The passing sentence: how many were judged, and what was not, and why."""
+    inert, unreached, unrouted = (evidence[k] for k in ("inert", "not_reached",
+                                                        "unrouted_experts"))
+    behind_zeros, elsewhere = evidence["behind_zero_init"], evidence["other_inputs"]
     said = f"; inert by the mathematics: {', '.join(sorted(inert)[:3])}" if inert else ""
     if unreached:  # parts for another input or objective: not this call's to judge (reach.py)
         how = (f"a text-only call never runs (reached through {', '.join(elsewhere[:3])})"
-               if not released else "whose output the next-token loss never reads (parts for "
-               "another input or objective: cross-attention, a pooler, an indexer)")
+               if not evidence["released_class"] else "whose output the next-token loss "
+               "never reads (parts for another input or objective: cross-attention, a pooler, "
+               "an indexer)")
         said += (f"; {len(unreached)} in modules {how}, so not judged here "
                  f"({', '.join(unreached[:2])}" + (" ..." if len(unreached) > 2 else "") + ")")
     if behind_zeros:
@@ -320,11 +338,10 @@ def check_dead_parameters(s: Subject) -> CheckResult:
                  f"(e.g. {first} behind {behind_zeros[first][0]})")
     if unrouted:  # no token was sent there: their gradient is 0 by the routing, not the wiring
         said += (f"; {len(unrouted)} routed experts not chosen for any of the probe's "
-                 f"{3 * seq_len} tokens, so not judged here ({', '.join(unrouted[:3])}"
-                 + (" ..." if len(unrouted) > 3 else "") + ")")
+                 f"{3 * evidence['seq_len']} tokens, so not judged here "
+                 f"({', '.join(unrouted[:3])}" + (" ..." if len(unrouted) > 3 else "") + ")")
     judged = sum(not _under(n, unrouted) for n in largest_grad) - len(unreached)
-    return CheckResult("dead_parameters", True, f"all {judged - len(inert)} trainable "
-                       f"parameters get a gradient from the loss{said}", evidence)
+    return f"all {judged - len(inert)} trainable parameters get a gradient from the loss{said}"
 
 
 def _under(name: str, modules: list[str]) -> bool:
