@@ -34,10 +34,11 @@ from torch import nn
 # name, then these): the text, its mask and positions, a cache, labels and the flags that only
 # choose what comes back. Any other parameter a forward names is an input of another kind.
 TEXT_CALL = frozenset({
-    "input_ids", "attention_mask", "position_ids", "token_type_ids", "inputs_embeds", "labels",
-    "shift_labels", "num_items_in_batch", "targets", "document_ids", "cache", "past_key_values",
-    "use_cache", "cache_position", "logits_to_keep", "num_logits_to_keep", "output_attentions",
-    "output_hidden_states", "output_router_logits", "return_dict", "head_mask"})
+    "input_ids", "attention_mask", "mask", "position_ids", "token_type_ids", "inputs_embeds",
+    "labels", "shift_labels", "num_items_in_batch", "targets", "document_ids", "cache",
+    "past_key_values", "use_cache", "cache_position", "logits_to_keep", "num_logits_to_keep",
+    "output_attentions", "output_hidden_states", "output_router_logits", "return_dict",
+    "head_mask"})
 
 _EXPERT = re.compile(r"(^|\.)experts\.\d+$")
 
@@ -127,12 +128,14 @@ def _tensors(output) -> list[torch.Tensor]:
 
 
 def other_inputs(model: nn.Module) -> list[str]:
-    """The parameters `model`'s forward names beyond the ids (its first) and TEXT_CALL: inputs
-    of another kind (encoder states, pixels, audio features), which a text-only call never
-    gives. A forward of *args and **kwargs alone names none."""
+    """The parameters `model`'s forward names beyond the ids (its first) and TEXT_CALL that take
+    a value a text-only call never gives (no default, or None: encoder states, pixels, audio
+    features); a flag with a default of its own (`last_only=False`) chooses what comes back,
+    and is none. A forward of *args and **kwargs alone names none."""
     try:
         params = list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):
         return []
     named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    return [p.name for p in named[1:] if p.name not in TEXT_CALL]
+    return [p.name for p in named[1:] if p.name not in TEXT_CALL
+            and (p.default is p.empty or p.default is None)]
