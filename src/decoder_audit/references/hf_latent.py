@@ -14,7 +14,7 @@ from typing import Any
 
 from ..config import DecoderConfig
 from ..errors import ConfigError
-from .families import Family
+from .families import Family, InvalidHFConfig
 from .hf_rope import holds_rope_parameters, rope_fields, rope_parameters_of
 
 
@@ -86,6 +86,10 @@ def _routing(c: Any, router: str | None, problems: list[str]) -> dict[str, Any]:
     layers are dense is the entry's to read (first_k_dense_replace, mlp_layer_types)."""
     if router is None:
         return {}
+    k, experts = c.num_experts_per_tok, c.n_routed_experts
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= (experts or 0):
+        raise InvalidHFConfig(f"num_experts_per_tok={k!r} must be an integer from 1 to "
+                              f"n_routed_experts={experts!r} (the experts each token is sent to)")
     fields: dict[str, Any] = {
         "n_experts": c.n_routed_experts, "experts_per_token": c.num_experts_per_tok,
         "expert_width": c.moe_intermediate_size, "n_shared_experts": c.n_shared_experts,
