@@ -131,9 +131,9 @@ def family_of(model: Any, classes: dict[str, type]) -> str | None:
 # ---- the one reader ---------------------------------------------------------------------------
 
 # DecoderConfig fields read as flags or numbers (a config may hold an int or None for them)
-_FLAGS = ("attn_bias", "mlp_bias", "parallel_residual", "normalize_topk")
+_FLAGS = ("attn_bias", "mlp_bias", "parallel_residual", "normalize_topk", "sandwich_norm")
 _NUMBERS = ("norm_eps", "attn_scale", "attn_softcap", "logit_softcap", "embedding_scale",
-            "routed_scaling")
+            "routed_scaling", "residual_multiplier", "logit_scale")
 # What a routed family's dense config (no experts: Qwen-MoE's num_experts=0) leaves out
 ROUTED_FIELDS = ("n_experts", "experts_per_token", "expert_width", "n_shared_experts",
                  "shared_expert_width", "shared_expert_gate", "router_scoring", "router_order",

@@ -215,6 +215,8 @@ _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
              "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
              "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
              "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj"}
+# Llama's norms and attention without its MLP (families whose MLP is named otherwise)
+_HF_LLAMA_ATTN = {k: v for k, v in _HF_LLAMA.items() if not k.startswith("ffn.")}
 # transformers' routed layers (Mixtral from 5.0, Qwen2-MoE, Qwen3-MoE, OLMoE): the router in
 # mlp.gate, Qwen2-MoE's shared expert and its gate; each expert a module of its own before
 # transformers 5, all of them in two tensors from it (Layout.fused_experts)
@@ -322,6 +324,25 @@ LAYOUTS: tuple[Layout, ...] = (
             "attn.k_norm": "attention.k_norm", "ffn.w1": "feed_forward.w1",
             "ffn.w2": "feed_forward.w2", "ffn.w3": "feed_forward.w3"},
            fused_qkv="attention.qkv_linear.wqkv", qkv_per_head=True, norm_params=("weight", None)),
+    # ---- dense Llama-named families (helper fam-llama) ----
+    # Starcoder2: Llama's attention, a plain MLP c_fc -> c_proj, LayerNorms with a shift
+    Layout("Hugging Face Starcoder2", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ffn.w1": "mlp.c_fc", "ffn.w2": "mlp.c_proj"}),
+    # GLM: Llama's attention, Phi-3's MLP (gate rows then up rows in mlp.gate_up_proj)
+    Layout("Hugging Face GLM", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ffn.w2": "mlp.down_proj"},
+           fused_gate_up="mlp.gate_up_proj"),
+    # GLM-4: GLM's with sandwich norms; post_attention_layernorm keeps Llama's meaning (the
+    # MLP's input norm), the sublayers' outputs normalised by post_self_attn / post_mlp
+    Layout("Hugging Face GLM-4", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ffn.w2": "mlp.down_proj",
+                       "ln1_post": "post_self_attn_layernorm", "ln2_post": "post_mlp_layernorm"},
+           fused_gate_up="mlp.gate_up_proj"),
+    # HyperCLOVAX: Llama's names with its post norms (post_norm1 after attention, post_norm2
+    # after the MLP)
+    Layout("Hugging Face HyperCLOVAX", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head", {**_HF_LLAMA, "ln1_post": "post_norm1",
+                                     "ln2_post": "post_norm2"}),
 )
 
 
