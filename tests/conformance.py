@@ -104,6 +104,19 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "xlnet": {"mem_len": None},
     "gemma3n_text": {"num_kv_shared_layers": 0},
     "longcat_flash": {"zero_expert_num": 2},
+    # ---- dense Llama-named families (helper fam-llama): what their defaults leave unexercised
+    # in two layers (a full layer beside a windowed one, a NoPE layer, multipliers of 1)
+    "olmo3": {"layer_types": ["sliding_attention", "full_attention"],
+              "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                                  "sliding_attention": {"rope_type": "default",
+                                                        "rope_theta": 1e4}}},
+    "exaone4": {"sliding_window_pattern": 2},
+    "cohere2": {"sliding_window_pattern": 2},
+    "smollm3": {"no_rope_layer_interval": 2},
+    "granite": {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 4.0,
+                "attention_multiplier": 0.25},
+    "hyperclovax": {"embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+                    "logits_scaling": 0.25, "attention_multiplier": 0.25},
 }
 # Calls a family needs after it is built (a default it refuses to guess).
 FAMILY_SETUP: dict[str, Any] = {

@@ -125,14 +125,20 @@ def _other_norm(model: torch.nn.Module) -> None:
 
 
 def _rope_band(model: torch.nn.Module) -> None:
-    """Every rotary table's frequencies 1.5x the declared ones."""
-    tables = [m for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor)]
+    """Every rotary table's frequencies 1.5x the declared ones: `inv_freq`, or one table per
+    layer kind (`full_attention_inv_freq`, ...: Gemma 3, OLMo 3)."""
+    tables = [(module, name) for module in model.modules()
+              for name, value in {**dict(module.named_buffers(recurse=False)),
+                                  **vars(module)}.items()
+              if name.endswith("inv_freq") and "original" not in name
+              and isinstance(value, torch.Tensor)]
     if not tables:
         pytest.skip("no rotary table (learned or no positions)")
-    for module in tables:
-        module.inv_freq.mul_(1.5)
-        if hasattr(module, "original_inv_freq"):
-            module.original_inv_freq = module.inv_freq.clone()
+    for module, name in tables:
+        getattr(module, name).mul_(1.5)
+        original = name[:-len("inv_freq")] + "original_inv_freq"  # what a dynamic RoPE resets to
+        if hasattr(module, original):
+            setattr(module, original, getattr(module, name).clone())
 
 
 GENERIC = {"the other activation": _other_activation, "the other norm": _other_norm,

@@ -274,10 +274,12 @@ LLAMA_NAMED: tuple[Family, ...] = (
           fixed={"rope_layout": "interleaved", "attn_output_bias": False}),
     llama("ernie4_5", "Ernie4_5ForCausalLM", fixed={"rope_layout": "interleaved"},
           read={"attn_bias": "use_bias", "mlp_bias": "use_bias"}),
-    # OLMo 2's block with windows, each layer kind its own RoPE base
+    # OLMo 2's block with windows, each layer kind its own RoPE (transformers 4: the windowed
+    # layers unscaled on the one rope_theta)
     llama("olmo3", "Olmo3ForCausalLM",
           fixed={"pre_norm": False, "sandwich_norm": True, "qk_norm": True,
-                 "qk_norm_scope": "projection", "mlp_bias": False}),
+                 "qk_norm_scope": "projection", "mlp_bias": False},
+          legacy_rope={"window_rope_theta": "rope_theta"}),
     # its config's attention_bias is an AttributeError instance (truthy): no attention biases
     llama("cwm", "CwmForCausalLM", fixed={"attn_bias": False}),
     llama("emu3", "Emu3ForCausalLM"),
