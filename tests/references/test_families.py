@@ -21,6 +21,7 @@ import functools
 
 import pytest
 import torch
+import family_plants as fp
 import torch.nn.functional as F
 from conformance import Unbuildable, build_tiny
 
@@ -158,7 +159,90 @@ def test_a_generic_defect_planted_in_each_family_fails_the_oracle(model_type, de
 
 # ---- what each family changes, planted wrong ----------------------------------------------------
 
+def _full_band(model: torch.nn.Module) -> None:
+    """The rotary table spans every feature of a head (GLM rotates only the first
+    partial_rotary_factor of them): RoPE turns the pass-through features too."""
+    rotary, head_dim = model.model.rotary_emb, model.config.head_dim
+    theta = model.config.rope_parameters["rope_theta"]
+    rotary.inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
+    rotary.original_inv_freq = rotary.inv_freq.clone()
+
+
+def _attention(i: int):
+    return lambda model: fp.layer(model, i).self_attn
+
+
+def _plain_layer_norm(norm: torch.nn.Module) -> None:
+    """Nemotron's LayerNorm1P computing a plain LayerNorm (gain w, not 1 + w)."""
+    norm.forward = lambda x: F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias,
+                                          norm.eps)
+
+
+def _setting(get, **values):
+    """A plant that sets attributes of the module `get(model)` (a multiplier its forward reads
+    from itself, a layer's flag)."""
+    def plant(model):
+        for name, value in values.items():
+            setattr(get(model), name, value(model) if callable(value) else value)
+    return plant
+
+
+def _each(*plants):
+    def plant(model):
+        for one in plants:
+            one(model)
+    return plant
+
+
+_LOGITS_SCALING = lambda model: model.config.logits_scaling  # noqa: E731
+
 SPECIFIC: dict[tuple[str, str], tuple] = {
+    # ---- dense Llama-named families (helper fam-llama) ----
+    ("ministral", "window dropped"): (lambda m: fp.window_dropped(fp.layer(m, 0)), "window"),
+    ("seed_oss", "q/k/v biases dropped"): (lambda m: [fp.bias_dropped(getattr(
+        fp.layer(m, 0).self_attn, name)) for name in ("q_proj", "k_proj", "v_proj")], "oracle"),
+    ("helium", "RoPE on rotated halves"): (lambda m: fp.rope_on_halves(_attention(0)(m)),
+                                           "oracle"),
+    ("ernie4_5", "RoPE on rotated halves"): (lambda m: fp.rope_on_halves(_attention(0)(m)),
+                                             "oracle"),
+    ("olmo3", "windowed layer on the full layers' base"): (
+        lambda m: m.model.rotary_emb.sliding_attention_inv_freq.copy_(
+            m.model.rotary_emb.full_attention_inv_freq), "oracle"),
+    ("cwm", "window dropped"): (lambda m: fp.window_dropped(fp.layer(m, 1)), "window"),
+    ("vaultgemma", "score scale of the head width"): (
+        _setting(_attention(0), scaling=lambda m: m.config.head_dim ** -0.5), "oracle"),
+    ("vaultgemma", "embedding scale dropped"): (
+        lambda m: m.model.embed_tokens.embed_scale.fill_(1.0), "oracle"),
+    ("starcoder2", "c_fc bias dropped"): (lambda m: fp.bias_dropped(fp.layer(m, 0).mlp.c_fc),
+                                          "oracle"),
+    ("starcoder2", "window dropped"): (lambda m: fp.window_dropped(fp.layer(m, 0)), "window"),
+    ("glm", "every feature rotated"): (_full_band, "oracle"),
+    ("glm", "RoPE on rotated halves"): (lambda m: fp.rope_on_halves(_attention(0)(m)), "oracle"),
+    ("glm4", "attention post-norm skipped"): (
+        lambda m: fp.norm_skipped(fp.layer(m, 0).post_self_attn_layernorm), "oracle"),
+    ("smollm3", "NoPE layer rotated"): (_setting(_attention(1), use_rope=1), "oracle"),
+    ("exaone4", "NoPE full layer rotated"): (_setting(_attention(1), sliding_window=None),
+                                             "oracle"),
+    ("arcee", "relu2 not squared"): (_setting(lambda m: fp.layer(m, 0).mlp,
+                                              act_fn=lambda m: torch.nn.ReLU()), "oracle"),
+    ("jais2", "relu2 not squared"): (_setting(lambda m: fp.layer(m, 0).mlp,
+                                              act_fn=lambda m: torch.nn.ReLU()), "oracle"),
+    ("nemotron", "LayerNorm1P without its 1"): (
+        lambda m: _plain_layer_norm(fp.layer(m, 0).input_layernorm), "oracle"),
+    ("granite", "residual multiplier dropped"): (
+        _setting(lambda m: fp.layer(m, 0), residual_multiplier=1.0), "oracle"),
+    ("granite", "embedding multiplier dropped"): (
+        _setting(lambda m: m.model, embedding_multiplier=1.0), "oracle"),
+    ("granite", "logits multiplied by logits_scaling"): (
+        lambda m: fp.scaled_output(m.lm_head, _LOGITS_SCALING(m) ** 2), "oracle"),
+    ("hyperclovax", "post norm skipped"): (
+        lambda m: fp.norm_skipped(fp.layer(m, 0).post_norm1), "oracle"),
+    ("hyperclovax", "logits divided by logits_scaling"): (
+        lambda m: fp.scaled_output(m.lm_head, _LOGITS_SCALING(m) ** -2), "oracle"),
+    ("cohere", "logit scale dropped"): (_setting(lambda m: m, logit_scale=1.0), "oracle"),
+    ("cohere2", "logit scale dropped"): (_setting(lambda m: m, logit_scale=1.0), "oracle"),
+    ("cohere2", "NoPE full layer rotated"): (
+        _setting(_attention(1), sliding_window=lambda m: m.config.sliding_window), "oracle"),
 }
 """(family, defect) -> (plant(model) in transformers' own module, the check that must fail)."""
 
@@ -169,7 +253,7 @@ def test_a_defect_of_what_the_family_changes_fails_its_check(family, defect):
     model = _tiny(family)
     with torch.no_grad():
         plant(model)
-    report = _audit(model)
+    report = da.audit(model, checks=sorted({"params", "oracle", check}))
     assert not report[check].passed, f"{family}: {defect} passed {check}"
     if check == "oracle":  # a numerics defect: every weight is where the spec puts it
         assert report["params"].passed, report["params"].detail
