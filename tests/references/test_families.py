@@ -18,16 +18,18 @@ it back where a family holds it (transformers is the independent reference of ou
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
 import family_plants as fp
 import torch.nn.functional as F
-from conformance import Unbuildable, build_tiny
+from conformance import Unbuildable, build_tiny, tiny_config
 
 import decoder_audit as da
 from decoder_audit.references.families import FAMILIES
 from decoder_audit.references.hf import from_hf, to_hf
+from decoder_audit.references.hf_config import config_from_hf
 from decoder_audit.references.hf_models import eager_experts
 
 tf = pytest.importorskip("transformers")
@@ -257,6 +259,27 @@ def test_a_defect_of_what_the_family_changes_fails_its_check(family, defect):
     assert not report[check].passed, f"{family}: {defect} passed {check}"
     if check == "oracle":  # a numerics defect: every weight is where the spec puts it
         assert report["params"].passed, report["params"].detail
+
+
+# ---- what a family's modules read and no DecoderConfig expresses --------------------------------
+
+@pytest.mark.parametrize("model_type, option, value, named", [
+    ("cohere", "use_qk_norm", True, "use_qk_norm=True"),  # per-head LayerNorms, gains (H, Dh)
+    ("granite", "logits_scaling", 0.0, "logits_scaling=0.0"),  # the logits divided by 0
+])
+def test_an_option_no_spec_expresses_is_refused_naming_it(model_type, option, value, named):
+    """Cohere's q/k LayerNorms are refused: the model is audited black-box, the option named
+    where the oracle would run. A value no model computes with (Granite's logits_scaling=0) is
+    refused outright, naming it."""
+    family = next(f for f in FAMILIES if f.model_type == model_type)
+    config = tiny_config(model_type)
+    setattr(config, option, value)
+    with pytest.raises(da.ConfigError, match=re.escape(named)):
+        config_from_hf(config, model_type)
+    if model_type == "cohere":
+        report = _audit(getattr(tf, family.model_class)(config).eval())
+        assert report.facts.spec is None
+        assert named in report["oracle"].detail
 
 
 # ---- our Decoder against transformers' module ---------------------------------------------------
