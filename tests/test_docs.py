@@ -121,7 +121,14 @@ FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2"
                 "Gemma 3 (text)": "gemma3_text", "StableLM": "stablelm", "Phi-3": "phi3",
                 "GPT-NeoX": "gpt_neox", "OLMo": "olmo", "OLMo 2": "olmo2",
                 "Mixtral": "mixtral", "Qwen2-MoE": "qwen2_moe", "Qwen3-MoE": "qwen3_moe",
-                "OLMoE": "olmoe", "DeepSeek-V2": "deepseek_v2", "DeepSeek-V3": "deepseek_v3"}
+                "OLMoE": "olmoe", "DeepSeek-V2": "deepseek_v2", "DeepSeek-V3": "deepseek_v3",
+                # ---- dense Llama-named families (helper fam-llama) ----
+                "Ministral": "ministral", "Seed-OSS": "seed_oss", "Helium": "helium",
+                "Ernie4_5": "ernie4_5", "OLMo 3": "olmo3", "CWM": "cwm", "Emu3 (text)": "emu3",
+                "VaultGemma": "vaultgemma", "Starcoder2": "starcoder2", "GLM": "glm",
+                "GLM-4": "glm4", "SmolLM3": "smollm3", "EXAONE 4": "exaone4", "Arcee": "arcee",
+                "Jais 2": "jais2", "Nemotron": "nemotron", "Granite": "granite",
+                "HyperCLOVAX": "hyperclovax", "Cohere": "cohere", "Cohere 2": "cohere2"}
 
 
 def test_every_list_of_the_families_with_a_spec_names_exactly_them():

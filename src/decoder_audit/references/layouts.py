@@ -45,6 +45,13 @@ Layouts detected from the parameter names (`detect`):
                         feed_forward.w1/w2/w3, ffn_norm, norm, lm_head (torchtitan 0.3)
     TransformerLens     embed.W_E, blocks.{i}.attn.W_Q (H, D, Dh), W_O (H, Dh, D), b_Q (H, Dh),
                         mlp.W_in (D, F), unembed.W_U (D, V) and its bias b_U (HookedTransformer)
+    Hugging Face        Llama's attention and norms with a plain MLP mlp.c_fc -> mlp.c_proj
+      Starcoder2
+    Hugging Face GLM    Llama's attention and norms, gate and up fused in mlp.gate_up_proj
+    Hugging Face GLM-4  GLM's, with post_self_attn_layernorm and post_mlp_layernorm after the
+                        sublayers (post_attention_layernorm stays the MLP's input norm)
+    Hugging Face        Llama's names with post_norm1 and post_norm2 after the sublayers
+      HyperCLOVAX
 each possibly under a wrapper's prefix (`model.`, `net.`), and each also without its root module
 (`embed_tokens`, `layers.{i}.self_attn.q_proj`, `norm`, `lm_head` at the top: `rootless`). Anything else takes a user function
 (`weights_map=`): state dict -> {canonical name: tensor}.
