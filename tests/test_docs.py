@@ -128,7 +128,8 @@ FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2"
                 "VaultGemma": "vaultgemma", "Starcoder2": "starcoder2", "GLM": "glm",
                 "GLM-4": "glm4", "SmolLM3": "smollm3", "EXAONE 4": "exaone4", "Arcee": "arcee",
                 "Jais 2": "jais2", "Nemotron": "nemotron", "Granite": "granite",
-                "HyperCLOVAX": "hyperclovax", "Cohere": "cohere", "Cohere 2": "cohere2"}
+                "HyperCLOVAX": "hyperclovax", "Cohere": "cohere", "Cohere 2": "cohere2",
+                "Apertus": "apertus"}
 
 
 def test_every_list_of_the_families_with_a_spec_names_exactly_them():

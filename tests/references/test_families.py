@@ -98,8 +98,11 @@ def _other_activation(model: torch.nn.Module) -> None:
                 probe = torch.linspace(-3, 3, 7)
                 other = (functools.partial(F.gelu, approximate="tanh")
                          if torch.allclose(act(probe), F.silu(probe)) else F.silu)
-                setattr(module, name, _Function(other) if isinstance(act, torch.nn.Module)
-                        else other)
+                if isinstance(act, torch.nn.Module) and any(True for _ in act.parameters()):
+                    act.forward = other  # a learned activation's parameters stay (xIELU)
+                else:
+                    setattr(module, name, _Function(other) if isinstance(act, torch.nn.Module)
+                            else other)
                 return
     raise AssertionError(f"{type(model).__name__}: no activation found in layer 0")
 
@@ -198,6 +201,18 @@ def _each(*plants):
 
 _LOGITS_SCALING = lambda model: model.config.logits_scaling  # noqa: E731
 
+
+def _xielu_without_softplus(model: torch.nn.Module) -> None:
+    """Layer 0's xIELU (transformers' XIELUActivation) takes alpha_p and alpha_n as its
+    coefficients, without the softplus that keeps them positive."""
+    act = fp.layer(model, 0).mlp.act_fn
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        negative = (torch.expm1(torch.minimum(x, act.eps)) - x) * (act.beta + act.alpha_n)
+        return torch.where(x > 0, act.alpha_p * x * x + act.beta * x, negative + act.beta * x)
+
+    act.forward = forward
+
 SPECIFIC: dict[tuple[str, str], tuple] = {
     # ---- dense Llama-named families (helper fam-llama) ----
     ("ministral", "window dropped"): (lambda m: fp.window_dropped(fp.layer(m, 0)), "window"),
@@ -245,6 +260,7 @@ SPECIFIC: dict[tuple[str, str], tuple] = {
     ("cohere2", "logit scale dropped"): (_setting(lambda m: m, logit_scale=1.0), "oracle"),
     ("cohere2", "NoPE full layer rotated"): (
         _setting(_attention(1), sliding_window=lambda m: m.config.sliding_window), "oracle"),
+    ("apertus", "xIELU without softplus"): (_xielu_without_softplus, "oracle"),
 }
 """(family, defect) -> (plant(model) in transformers' own module, the check that must fail)."""
 

@@ -313,6 +313,9 @@ LLAMA_NAMED: tuple[Family, ...] = (
                                    "weights)"),)),
     llama("cohere2", "Cohere2ForCausalLM", **{**_COHERE, "read": {
         **_COHERE["read"], "nope_layers": _cohere2_nope}}),
+    # per-head q/k RMSNorms before RoPE; a plain MLP, its xIELU learned per layer
+    llama("apertus", "ApertusForCausalLM", activations={"xielu": "xielu", **PLAIN_ACTIVATIONS},
+          fixed={"qk_norm": True, "mlp_bias": False}),
 )
 
 

@@ -52,6 +52,8 @@ Layouts detected from the parameter names (`detect`):
                         sublayers (post_attention_layernorm stays the MLP's input norm)
     Hugging Face        Llama's names with post_norm1 and post_norm2 after the sublayers
       HyperCLOVAX
+    Hugging Face        Llama's attention, attention_layernorm and feedforward_layernorm, a plain
+      Apertus           MLP up_proj -> down_proj whose xIELU learns mlp.act_fn.alpha_p, alpha_n
 each possibly under a wrapper's prefix (`model.`, `net.`), and each also without its root module
 (`embed_tokens`, `layers.{i}.self_attn.q_proj`, `norm`, `lm_head` at the top: `rootless`). Anything else takes a user function
 (`weights_map=`): state dict -> {canonical name: tensor}.
@@ -103,6 +105,7 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
                 shapes[f"{p}.{name}.bias"] = shape[:1]
         if spec.latent_attention:
             shapes.update({f"{p}.{name}": shape for name, shape in _latent_weights(spec).items()})
+        shapes.update(_activation_weights(spec, i))
         if spec.routes(i):
             shapes[f"{p}.ffn.router.weight"] = (spec.n_experts, d)
             if spec.router_selection_bias:
@@ -136,6 +139,15 @@ def _mlp_matrices(spec: DecoderConfig, layer: int) -> dict[str, tuple[int, ...]]
         if spec.gated:
             out[f"{name}.w3"] = (width, d)
     return out
+
+
+def _activation_weights(spec: DecoderConfig, layer: int, *, every: bool = False
+                        ) -> dict[str, tuple[int, ...]]:
+    """A learned activation's parameters in a dense layer (xIELU's two numbers); `every`: those
+    a module might hold whatever the spec's activation (so an extra one is found and named)."""
+    if not every and (spec.mlp != "xielu" or spec.routes(layer)):
+        return {}
+    return {f"layers.{layer}.ffn.act.alpha_p": (1,), f"layers.{layer}.ffn.act.alpha_n": (1,)}
 
 
 def _latent_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
@@ -216,7 +228,7 @@ _OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn.q_p
                                  "ffn.experts.{e}.w2", "ffn.experts.{e}.w3", "ffn.shared.w1",
                                  "ffn.shared.w2", "ffn.shared.w3", "attn.q_a_proj", "attn.q_a_norm",
                                  "attn.q_b_proj", "attn.kv_a_proj", "attn.kv_a_norm",
-                                 "attn.kv_b_proj")}
+                                 "attn.kv_b_proj", "ffn.act")}
 _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
              "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
              "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
@@ -350,6 +362,12 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout("Hugging Face HyperCLOVAX", "model.embed_tokens", None, "model.layers.{i}",
            "model.norm", "lm_head", {**_HF_LLAMA, "ln1_post": "post_norm1",
                                      "ln2_post": "post_norm2"}),
+    # Apertus: Llama's attention (q/k norms), its own norms' names, a plain MLP whose xIELU
+    # learns alpha_p and alpha_n
+    Layout("Hugging Face Apertus", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ln1": "attention_layernorm",
+                       "ln2": "feedforward_layernorm", "ffn.w1": "mlp.up_proj",
+                       "ffn.w2": "mlp.down_proj", "ffn.act": "mlp.act_fn"}),
 )
 
 
@@ -734,6 +752,8 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
     if spec.latent_attention:  # latent attention's RoPE, and neither biases nor q/k norms
         every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope")
     names = expected_weights(spec.replace(**every))
+    for layer in range(spec.n_layers):
+        names.update(_activation_weights(spec, layer, every=True))
     if spec.routed:  # a dense MLP where the spec routes, or the reverse, is found and named
         names.update(expected_weights(spec.replace(**every, n_experts=None, **UNROUTED)))
         names.update(expected_weights(spec.replace(**every, router_selection_bias=True,
