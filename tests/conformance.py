@@ -111,7 +111,8 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
                                   "sliding_attention": {"rope_type": "default",
                                                         "rope_theta": 1e4}}},
     "exaone4": {"sliding_window_pattern": 2},
-    "cohere2": {"sliding_window_pattern": 2},
+    "cohere2": {"sliding_window_pattern": 2,  # its rule before layer_types, and the kinds
+                "layer_types": ["sliding_attention", "full_attention"]},
     "smollm3": {"no_rope_layer_interval": 2},
     "granite": {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 4.0,
                 "attention_multiplier": 0.25},
