@@ -106,10 +106,10 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "longcat_flash": {"zero_expert_num": 2},
     # ---- dense Llama-named families (helper fam-llama): what their defaults leave unexercised
     # in two layers (a full layer beside a windowed one, a NoPE layer, multipliers of 1)
+    # OLMo 3's full layers scaled, its windowed ones not (the legacy rope_scaling: every release
+    # reads it, 5.x from 5.2x as the full layers' entry of its RoPE per layer kind)
     "olmo3": {"layer_types": ["sliding_attention", "full_attention"],
-              "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
-                                  "sliding_attention": {"rope_type": "default",
-                                                        "rope_theta": 1e4}}},
+              "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
     "exaone4": {"sliding_window_pattern": 2},
     "cohere2": {"sliding_window_pattern": 2,  # its rule before layer_types, and the kinds
                 "layer_types": ["sliding_attention", "full_attention"]},

@@ -39,6 +39,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import ConfigError
+from .hf_windows import layer_kinds
 
 
 class InvalidHFConfig(ConfigError):
@@ -205,10 +206,8 @@ PLAIN_ACTIVATIONS = MappingProxyType({
 
 
 def _layer_kinds(config: Any) -> list[str]:
-    """Each layer's attention kind as the family's modules index it (`config.layer_types`,
-    which every release of these families fills in)."""
-    from .hf_windows import layer_kinds
-
+    """Each layer's attention kind as the family's modules index it (`layer_types`, or the rule
+    of a release before it), every layer full where the config names none."""
     return layer_kinds(config) or ["full_attention"] * config.num_hidden_layers
 
 
