@@ -298,6 +298,11 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                  max_seq_len=6, norm="layernorm", mlp="relu", pos="learned",
                                  position_offset=2, attn_bias=True, mlp_bias=True,
                                  tie_embeddings=True),
+    # Apertus: a plain MLP whose xIELU learns its two numbers per layer, q/k norms per head
+    "xielu-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                   n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                   mlp="xielu", pos="rope", rope_layout="rotate_half",
+                                   qk_norm=True, tie_embeddings=False),
     # TransformerLens' readout: a bias on the logits, beside a tied matrix
     "readout-bias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3,
                                           d_ff=20, max_seq_len=5, mlp="gelu_tanh",

@@ -118,6 +118,20 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "exaone_moe": {"sliding_window_pattern": 2},  # layer 1 full, and so without RoPE
     "kolibri1": {"layer_types": ["sliding_attention", "full_attention"]},
     "glm4_moe_lite": {"n_group": 2, "topk_group": 1},
+    # ---- dense Llama-named families (helper fam-llama): what their defaults leave unexercised
+    # in two layers (a full layer beside a windowed one, a NoPE layer, multipliers of 1)
+    # OLMo 3's full layers scaled, its windowed ones not (the legacy rope_scaling: every release
+    # reads it, 5.x from 5.2x as the full layers' entry of its RoPE per layer kind)
+    "olmo3": {"layer_types": ["sliding_attention", "full_attention"],
+              "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    "exaone4": {"sliding_window_pattern": 2},
+    "cohere2": {"sliding_window_pattern": 2,  # its rule before layer_types, and the kinds
+                "layer_types": ["sliding_attention", "full_attention"]},
+    "smollm3": {"no_rope_layer_interval": 2},
+    "granite": {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 4.0,
+                "attention_multiplier": 0.25},
+    "hyperclovax": {"embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+                    "logits_scaling": 0.25, "attention_multiplier": 0.25},
 }
 # Calls a family needs after it is built (a default it refuses to guess).
 FAMILY_SETUP: dict[str, Any] = {

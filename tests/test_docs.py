@@ -132,7 +132,15 @@ FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2"
                 "Aria (text)": "aria_text", "Ernie MoE": "ernie4_5_moe", "Mellum": "mellum",
                 "GraniteMoE": "granitemoe", "GraniteMoeShared": "granitemoeshared",
                 "EXAONE-MoE": "exaone_moe", "Kolibri1": "kolibri1", "Youtu": "youtu",
-                "GLM-4-MoE-Lite": "glm4_moe_lite", "MiniCPM3": "minicpm3"}
+                "GLM-4-MoE-Lite": "glm4_moe_lite", "MiniCPM3": "minicpm3",
+                # ---- dense Llama-named families (helper fam-llama) ----
+                "Ministral": "ministral", "Seed-OSS": "seed_oss", "Helium": "helium",
+                "Ernie4_5": "ernie4_5", "OLMo 3": "olmo3", "CWM": "cwm", "Emu3 (text)": "emu3",
+                "VaultGemma": "vaultgemma", "Starcoder2": "starcoder2", "GLM": "glm",
+                "GLM-4": "glm4", "SmolLM3": "smollm3", "EXAONE 4": "exaone4", "Arcee": "arcee",
+                "Jais 2": "jais2", "Nemotron": "nemotron", "Granite": "granite",
+                "HyperCLOVAX": "hyperclovax", "Cohere": "cohere", "Cohere 2": "cohere2",
+                "Apertus": "apertus"}
 
 
 def test_every_list_of_the_families_with_a_spec_names_exactly_them():

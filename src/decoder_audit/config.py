@@ -25,7 +25,9 @@ from typing import Any
 from .errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu", "geglu")
+MLPS = ("relu", "relu2", "gelu", "gelu_tanh", "xielu", "swiglu", "geglu")
+# Activations with parameters of their own, learned per layer (ffn.act.*)
+LEARNED_ACTIVATIONS = ("xielu",)
 POSITIONS = ("learned", "rope", "none")
 # Which features of a head RoPE rotates together: "interleaved" pairs (x[2j], x[2j+1]) (the
 # original RoFormer / Llama / CS336 layout, torchtune) or "rotate_half" pairs (x[j], x[j + Dh/2])
@@ -105,8 +107,11 @@ class DecoderConfig:
     sandwich norms normalise only the sublayers' outputs)."""
     mlp: str = "gelu"
     """"relu", "relu2" (ReLU squared: Nemotron, Arcee, Persimmon), "gelu" (exact erf),
-    "gelu_tanh" (GPT-2's approximation), or a gated MLP w2(act(w1 x) * w3 x): "swiglu" (SiLU) or
-    "geglu" (tanh GELU, Gemma's)."""
+    "gelu_tanh" (GPT-2's approximation), "xielu" (Apertus' xIELU, learned per layer: with
+    a_p = softplus(alpha_p), a_n = 0.5 + softplus(alpha_n), x > 0 gives a_p x^2 + x / 2, else
+    a_n (expm1(min(x, -1e-6)) - x) + x / 2; weights ffn.act.alpha_p and ffn.act.alpha_n, one
+    number each), or a gated MLP w2(act(w1 x) * w3 x): "swiglu" (SiLU) or "geglu" (tanh GELU,
+    Gemma's)."""
     pos: str = "learned"
     """"learned" absolute positions, "rope" (rotary, see rope_layout) or "none"."""
     position_offset: int = 0
@@ -653,6 +658,9 @@ def _expert_problems(cfg: DecoderConfig, valid) -> list[str]:
     if valid("mlp_bias") and cfg.mlp_bias is not False:
         problems.append(f"mlp_bias={_flag_shown(cfg.mlp_bias)} with n_experts={experts}: routed "
                         "and shared experts have no biases here (mlp_bias=false)")
+    if valid("mlp") and cfg.mlp in LEARNED_ACTIVATIONS:
+        problems.append(f"mlp={cfg.mlp!r} with n_experts={experts}: its learned parameters are "
+                        "one pair per dense layer, not per expert")
     return problems
 
 

@@ -76,6 +76,7 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
         attn = _latent_attention_count(cfg)
     n_mat = 3 if cfg.mlp in ("swiglu", "geglu") else 2  # gated: w1, w3 in and w2 out
     mlp = n_mat * D * F + ((n_mat - 1) * F + D if cfg.mlp_bias else 0)
+    mlp += 2 if cfg.mlp == "xielu" else 0  # Apertus' activation learns a_p and a_n per layer
     # before each sublayer unless OLMo 2's (one before both of GPT-J's parallel sublayers),
     # after it too in Gemma 2's and OLMo 2's
     norms = ((1 if cfg.shared_norm else 2) if cfg.pre_norm else 0) + (

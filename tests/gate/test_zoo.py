@@ -139,7 +139,8 @@ def test_presets_pass(name):
                     "rope-linear-gqa", "rope-yarn-partial", "gemma2-like",
                     "window-every-layer", "olmo-like", "olmo2-like", "gemma3-like",
                     "readout-bias-tied", "granite-like", "parallel-one-norm", "nope-layer",
-                    "opt-like", "mla-latent-eps")
+                    "opt-like", "mla-latent-eps",
+                    "xielu-like")
     + configs.grid()))
 def test_odd_configs_pass(cfg):
     _passes(zoo.decoder(cfg, seed=3))

@@ -18,17 +18,20 @@ it back where a family holds it (transformers is the independent reference of ou
 from __future__ import annotations
 
 import functools
+import re
 
 import families_gpt
 import families_moe
 import pytest
 import torch
+import family_plants as fp
 import torch.nn.functional as F
-from conformance import Unbuildable, build_tiny
+from conformance import Unbuildable, build_tiny, tiny_config
 
 import decoder_audit as da
 from decoder_audit.references.families import BLACK_BOX, FAMILIES
 from decoder_audit.references.hf import from_hf, to_hf
+from decoder_audit.references.hf_config import config_from_hf
 from decoder_audit.references.hf_models import eager_experts
 
 tf = pytest.importorskip("transformers")
@@ -97,8 +100,11 @@ def _other_activation(model: torch.nn.Module) -> None:
                 probe = torch.linspace(-3, 3, 7)
                 other = (functools.partial(F.gelu, approximate="tanh")
                          if torch.allclose(act(probe), F.silu(probe)) else F.silu)
-                setattr(module, name, _Function(other) if isinstance(act, torch.nn.Module)
-                        else other)
+                if isinstance(act, torch.nn.Module) and any(True for _ in act.parameters()):
+                    act.forward = other  # a learned activation's parameters stay (xIELU)
+                else:
+                    setattr(module, name, _Function(other) if isinstance(act, torch.nn.Module)
+                            else other)
                 return
     raise AssertionError(f"{type(model).__name__}: no activation found in layer 0")
 
@@ -127,14 +133,20 @@ def _other_norm(model: torch.nn.Module) -> None:
 
 
 def _rope_band(model: torch.nn.Module) -> None:
-    """Every rotary table's frequencies 1.5x the declared ones."""
-    tables = [m for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor)]
+    """Every rotary table's frequencies 1.5x the declared ones: `inv_freq`, or one table per
+    layer kind (`full_attention_inv_freq`, ...: Gemma 3, OLMo 3)."""
+    tables = [(module, name) for module in model.modules()
+              for name, value in {**dict(module.named_buffers(recurse=False)),
+                                  **vars(module)}.items()
+              if name.endswith("inv_freq") and "original" not in name
+              and isinstance(value, torch.Tensor)]
     if not tables:
         pytest.skip("no rotary table (learned or no positions)")
-    for module in tables:
-        module.inv_freq.mul_(1.5)
-        if hasattr(module, "original_inv_freq"):
-            module.original_inv_freq = module.inv_freq.clone()
+    for module, name in tables:
+        getattr(module, name).mul_(1.5)
+        original = name[:-len("inv_freq")] + "original_inv_freq"  # what a dynamic RoPE resets to
+        if hasattr(module, original):
+            setattr(module, original, getattr(module, name).clone())
 
 
 GENERIC = {"the other activation": _other_activation, "the other norm": _other_norm,
@@ -154,11 +166,123 @@ def test_a_generic_defect_planted_in_each_family_fails_the_oracle(model_type, de
 
 # ---- what each family changes, planted wrong ----------------------------------------------------
 
+def _full_band(model: torch.nn.Module) -> None:
+    """The rotary table spans every feature of a head (GLM rotates only the first
+    partial_rotary_factor of them): RoPE turns the pass-through features too."""
+    rotary, head_dim = model.model.rotary_emb, model.config.head_dim
+    theta = (getattr(model.config, "rope_parameters", None) or {}).get(
+        "rope_theta", getattr(model.config, "rope_theta", None))  # transformers 5, or 4
+    rotary.inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
+    rotary.original_inv_freq = rotary.inv_freq.clone()
+
+
+def _windowed_on_full_base(model: torch.nn.Module) -> None:
+    """OLMo 3's windowed layers turn by the full layers' RoPE table (its own base, and any
+    scaling, ignored): one table per layer kind from transformers 5.x, one module per kind in 4.x;
+    a release with one table for every layer has nothing to confuse."""
+    rotary = model.model.rotary_emb if hasattr(model.model, "rotary_emb") else None
+    if hasattr(rotary, "sliding_attention_inv_freq"):
+        tables = (rotary.full_attention_inv_freq, rotary.sliding_attention_inv_freq)
+    elif hasattr(model.model, "rotary_embs"):
+        tables = (model.model.rotary_embs["full_attention"].inv_freq,
+                  model.model.rotary_embs["sliding_attention"].inv_freq)
+    else:
+        pytest.skip("this release turns every OLMo 3 layer by one RoPE table")
+    if torch.equal(*tables):
+        pytest.skip("both layer kinds turn by the same table in this release's config")
+    tables[1].copy_(tables[0])
+
+
+def _attention(i: int):
+    return lambda model: fp.layer(model, i).self_attn
+
+
+def _plain_layer_norm(norm: torch.nn.Module) -> None:
+    """Nemotron's LayerNorm1P computing a plain LayerNorm (gain w, not 1 + w)."""
+    norm.forward = lambda x: F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias,
+                                          norm.eps)
+
+
+def _setting(get, **values):
+    """A plant that sets attributes of the module `get(model)` (a multiplier its forward reads
+    from itself, a layer's flag)."""
+    def plant(model):
+        for name, value in values.items():
+            setattr(get(model), name, value(model) if callable(value) else value)
+    return plant
+
+
+def _each(*plants):
+    def plant(model):
+        for one in plants:
+            one(model)
+    return plant
+
+
+_LOGITS_SCALING = lambda model: model.config.logits_scaling  # noqa: E731
+
+
+def _xielu_without_softplus(model: torch.nn.Module) -> None:
+    """Layer 0's xIELU (transformers' XIELUActivation) takes alpha_p and alpha_n as its
+    coefficients, without the softplus that keeps them positive."""
+    act = fp.layer(model, 0).mlp.act_fn
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        negative = (torch.expm1(torch.minimum(x, act.eps)) - x) * (act.beta + act.alpha_n)
+        return torch.where(x > 0, act.alpha_p * x * x + act.beta * x, negative + act.beta * x)
+
+    act.forward = forward
+
 SPECIFIC: dict[tuple[str, str], tuple] = {
     # ---- GPT-style families (helper fam-gpt): tests/families_gpt.py ----
     **families_gpt.SPECIFIC,
     # ---- routed families (helper fam-moe): tests/families_moe.py ----
     **families_moe.SPECIFIC,
+    # ---- dense Llama-named families (helper fam-llama) ----
+    ("ministral", "window dropped"): (lambda m: fp.window_dropped(fp.layer(m, 0)), "window"),
+    ("seed_oss", "q/k/v biases dropped"): (lambda m: [fp.bias_dropped(getattr(
+        fp.layer(m, 0).self_attn, name)) for name in ("q_proj", "k_proj", "v_proj")], "oracle"),
+    ("helium", "RoPE on rotated halves"): (lambda m: fp.rope_on_halves(_attention(0)(m)),
+                                           "oracle"),
+    ("ernie4_5", "RoPE on rotated halves"): (lambda m: fp.rope_on_halves(_attention(0)(m)),
+                                             "oracle"),
+    ("olmo3", "windowed layer on the full layers' base"): (_windowed_on_full_base, "oracle"),
+    ("cwm", "window dropped"): (lambda m: fp.window_dropped(fp.layer(m, 1)), "window"),
+    ("vaultgemma", "score scale of the head width"): (
+        _setting(_attention(0), scaling=lambda m: m.config.head_dim ** -0.5), "oracle"),
+    ("vaultgemma", "embedding scale dropped"): (  # the scaled embedding scaled back
+        lambda m: fp.scaled_output(m.model.embed_tokens, m.config.hidden_size ** -0.5), "oracle"),
+    ("starcoder2", "c_fc bias dropped"): (lambda m: fp.bias_dropped(fp.layer(m, 0).mlp.c_fc),
+                                          "oracle"),
+    ("starcoder2", "window dropped"): (lambda m: fp.window_dropped(fp.layer(m, 0)), "window"),
+    ("glm", "every feature rotated"): (_full_band, "oracle"),
+    ("glm", "RoPE on rotated halves"): (lambda m: fp.rope_on_halves(_attention(0)(m)), "oracle"),
+    ("glm4", "attention post-norm skipped"): (
+        lambda m: fp.norm_skipped(fp.layer(m, 0).post_self_attn_layernorm), "oracle"),
+    ("smollm3", "NoPE layer rotated"): (_setting(_attention(1), use_rope=1), "oracle"),
+    ("exaone4", "NoPE full layer rotated"): (_setting(_attention(1), sliding_window=None),
+                                             "oracle"),
+    ("arcee", "relu2 not squared"): (_setting(lambda m: fp.layer(m, 0).mlp,
+                                              act_fn=lambda m: torch.nn.ReLU()), "oracle"),
+    ("jais2", "relu2 not squared"): (_setting(lambda m: fp.layer(m, 0).mlp,
+                                              act_fn=lambda m: torch.nn.ReLU()), "oracle"),
+    ("nemotron", "LayerNorm1P without its 1"): (
+        lambda m: _plain_layer_norm(fp.layer(m, 0).input_layernorm), "oracle"),
+    ("granite", "residual multiplier dropped"): (
+        _setting(lambda m: fp.layer(m, 0), residual_multiplier=1.0), "oracle"),
+    ("granite", "embedding multiplier dropped"): (
+        _setting(lambda m: m.model, embedding_multiplier=1.0), "oracle"),
+    ("granite", "logits multiplied by logits_scaling"): (
+        lambda m: fp.scaled_output(m.lm_head, _LOGITS_SCALING(m) ** 2), "oracle"),
+    ("hyperclovax", "post norm skipped"): (
+        lambda m: fp.norm_skipped(fp.layer(m, 0).post_norm1), "oracle"),
+    ("hyperclovax", "logits divided by logits_scaling"): (
+        lambda m: fp.scaled_output(m.lm_head, _LOGITS_SCALING(m) ** -2), "oracle"),
+    ("cohere", "logit scale dropped"): (_setting(lambda m: m, logit_scale=1.0), "oracle"),
+    ("cohere2", "logit scale dropped"): (_setting(lambda m: m, logit_scale=1.0), "oracle"),
+    ("cohere2", "NoPE full layer rotated"): (
+        _setting(_attention(1), sliding_window=lambda m: m.config.sliding_window), "oracle"),
+    ("apertus", "xIELU without softplus"): (_xielu_without_softplus, "oracle"),
 }
 """(family, defect) -> (plant(model) in transformers' own module, the check that must fail)."""
 
@@ -175,6 +299,27 @@ def test_a_defect_of_what_the_family_changes_fails_its_check(family, defect):
         assert report["params"].passed, report["params"].detail
 
 
+# ---- what a family's modules read and no DecoderConfig expresses --------------------------------
+
+@pytest.mark.parametrize("model_type, option, value, named", [
+    ("cohere", "use_qk_norm", True, "use_qk_norm=True"),  # per-head LayerNorms, gains (H, Dh)
+    ("granite", "logits_scaling", 0.0, "logits_scaling=0.0"),  # the logits divided by 0
+])
+def test_an_option_no_spec_expresses_is_refused_naming_it(model_type, option, value, named):
+    """Cohere's q/k LayerNorms are refused: the model is audited black-box, the option named
+    where the oracle would run. A value no model computes with (Granite's logits_scaling=0) is
+    refused outright, naming it."""
+    family = next(f for f in FAMILIES if f.model_type == model_type)
+    config = tiny_config(model_type)
+    setattr(config, option, value)
+    with pytest.raises(da.ConfigError, match=re.escape(named)):
+        config_from_hf(config, model_type)
+    if model_type == "cohere":
+        report = _audit(getattr(tf, family.model_class)(config).eval())
+        assert report.facts.spec is None
+        assert named in report["oracle"].detail
+
+
 # ---- our Decoder against transformers' module ---------------------------------------------------
 
 @pytest.mark.parametrize("model_type", _present())
@@ -186,7 +331,8 @@ def test_each_family_reads_into_a_decoder_whose_logits_are_its_own(model_type):
     eager_experts(model)  # transformers' grouped expert kernel refuses float64
     ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        theirs = model(input_ids=ids).logits
+        # .double(): transformers 4.45 returns some families' logits in float32
+        theirs = model(input_ids=ids).logits.double()
         # transformers turns RoPE in float32 whatever the model's dtype: a few float32 ulps of
         # the logits' scale, twice over for a model written back as another family
         atol = 1e-6 * max(1.0, float(theirs.abs().max()))
@@ -197,7 +343,8 @@ def test_each_family_reads_into_a_decoder_whose_logits_are_its_own(model_type):
         except da.ConfigError as exc:  # no family writes this config: said, naming the fields
             assert "holds this config" in str(exc) or "converter" in str(exc), exc
             return
-        torch.testing.assert_close(back(input_ids=ids).logits, theirs, atol=atol, rtol=0)
+        torch.testing.assert_close(back(input_ids=ids).logits.double(), theirs, atol=atol,
+                                   rtol=0)
 
 
 # ---- the families left black-box -----------------------------------------------------------------

@@ -176,6 +176,9 @@ def _dense_mlp(cfg: DecoderConfig, width: int | None = None) -> tuple[int, str]:
     elif biased:
         formula += f" + biases {'+'.join(str(D if n == 'w2' else F) for n in biased)} " \
                    f"({'/'.join(biased)})"
+    if cfg.mlp == "xielu":  # its activation's two learned numbers (a dense layer's only)
+        ffn += 2
+        formula += " + xIELU's alpha_p, alpha_n 2"
     return ffn, formula
 
 

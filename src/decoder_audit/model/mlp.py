@@ -24,6 +24,8 @@ N = B*T tokens, Fe an expert's width.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,6 +44,31 @@ _ACTIVATIONS = {
 }
 
 
+class XIELU(nn.Module):
+    """Apertus' xIELU (Huang et al. 2024), learned per layer: a_p = softplus(alpha_p) and
+    a_n = 1/2 + softplus(alpha_n); x > 0 gives a_p x^2 + x/2, otherwise
+    a_n (expm1(min(x, -1e-6)) - x) + x/2 (alpha_p, alpha_n: one number each, (1,))."""
+
+    BETA, EPS = 0.5, -1e-6
+
+    def __init__(self, **factory) -> None:
+        super().__init__()
+        self.alpha_p = nn.Parameter(torch.empty(1, **factory))
+        self.alpha_n = nn.Parameter(torch.empty(1, **factory))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """A fresh layer's a_p and a_n are 0.8 (softplus inverted: log(expm1(a)))."""
+        self.alpha_p.fill_(math.log(math.expm1(0.8)))
+        self.alpha_n.fill_(math.log(math.expm1(0.8 - self.BETA)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a_p = F.softplus(self.alpha_p)
+        a_n = self.BETA + F.softplus(self.alpha_n)
+        negative = (torch.expm1(torch.clamp(x, max=self.EPS)) - x) * a_n
+        return torch.where(x > 0, a_p * x * x, negative) + self.BETA * x
+
+
 def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
     if trace is not None:
         trace.record(name, value)
@@ -57,7 +84,9 @@ class FeedForward(nn.Module):
                  rowwise: bool = False, **factory) -> None:
         super().__init__()
         self.rowwise = rowwise
-        self.activation = _ACTIVATIONS[cfg.mlp]
+        # a learned activation is a module of its own (its weights ffn.act.*)
+        self.act = XIELU(**factory) if cfg.mlp == "xielu" else None
+        self.activation = _ACTIVATIONS.get(cfg.mlp)
         D, F_, bias = cfg.d_model, cfg.d_ff if width is None else width, cfg.has_bias
         self.w1 = Linear(D, F_, bias("w1"), init_std=INIT_STD, **factory)  # per matrix biases
         # writes into the residual stream
@@ -68,7 +97,9 @@ class FeedForward(nn.Module):
                 prefix: str = "") -> torch.Tensor:
         linear = _rowwise if self.rowwise else (lambda layer, rows: layer(rows))
         gate = linear(self.w1, x)  # (B, T, F), an expert's (n, Fe)
-        if self.rowwise:  # in float64, rounded once (see the note above _rowwise)
+        if self.act is not None:  # learned (dense layers only: never rowwise)
+            hidden = self.act(gate)
+        elif self.rowwise:  # in float64, rounded once (see the note above _rowwise)
             hidden = self.activation(gate.double()).to(gate.dtype)
         else:
             hidden = self.activation(gate)

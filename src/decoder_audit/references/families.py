@@ -45,6 +45,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import ConfigError
+from .hf_windows import layer_kinds
 
 
 class InvalidHFConfig(ConfigError):
@@ -494,6 +495,125 @@ def _no_shared_mlp(attribute: str) -> tuple:
 
 _BIASED_MLPS = ("mlp_bias", "biased dense and shared MLPs beside unbiased experts: routed "
                 "layers have no biases here")
+# ---- dense Llama-named families (helper fam-llama) ----
+# Non-gated MLPs down(act(up x)) (Nemotron's, Arcee's, Jais 2's, Starcoder2's c_fc/c_proj): the
+# activation names transformers' ACT2FN computes, each as our `mlp`
+PLAIN_ACTIVATIONS = MappingProxyType({
+    "relu2": "relu2", "relu": "relu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"})
+
+
+def _layer_kinds(config: Any) -> list[str]:
+    """Each layer's attention kind as the family's modules index it (`layer_types`, or the rule
+    of a release before it), every layer full where the config names none."""
+    return layer_kinds(config) or ["full_attention"] * config.num_hidden_layers
+
+
+def _nope(layers: Any) -> tuple[int, ...] | None:
+    found = tuple(sorted(layers))
+    return found or None
+
+
+def _smollm3_nope(config: Any) -> tuple[int, ...] | None:
+    """SmolLM3's NoPE layers: those whose no_rope_layers entry is 0 (its attention rotates q
+    and k only where the entry is 1)."""
+    flags, layers = list(config.no_rope_layers or []), config.num_hidden_layers
+    if len(flags) < layers:
+        raise InvalidHFConfig(f"no_rope_layers={flags} must hold an entry for each of the "
+                              f"num_hidden_layers={layers} layers")
+    return _nope(i for i in range(layers) if not flags[i])
+
+
+def _smollm3_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    nope = set(cfg.nope_layers or ())
+    return {"no_rope_layers": [int(i not in nope) for i in range(cfg.n_layers)]}
+
+
+def _rope_only_where_windowed(config: Any) -> tuple[int, ...] | None:
+    """EXAONE 4 and Cohere 2: once a sliding_window is set, RoPE only in the windowed layers
+    (the full-attention layers are NoPE). EXAONE 4 without a window rotates every layer."""
+    if config.sliding_window is None:
+        return None
+    return _nope(i for i, kind in enumerate(_layer_kinds(config)) if kind != "sliding_attention")
+
+
+def _cohere2_nope(config: Any) -> tuple[int, ...] | None:
+    """Cohere 2 rotates q and k only in a layer whose window is set: without a sliding_window
+    no layer has positions."""
+    if config.sliding_window is None:
+        return tuple(range(config.num_hidden_layers))
+    return _rope_only_where_windowed(config)
+
+
+def _granite_logit_scale(config: Any) -> float:
+    """Granite divides the logits by logits_scaling: a scale of its inverse."""
+    scaling = config.logits_scaling
+    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or scaling == 0:
+        raise InvalidHFConfig(f"logits_scaling={scaling!r} must be a number other than 0 (the "
+                              "logits are divided by it)")
+    return 1.0 / float(scaling)
+
+
+_COHERE = dict(fixed={"norm": "layernorm", "norm_bias": False, "rope_layout": "interleaved",
+                      "parallel_residual": True, "shared_norm": True, "mlp_bias": False},
+               read={"norm_eps": "layer_norm_eps", "logit_scale": "logit_scale"})
+_GRANITE = {"residual_multiplier": "residual_multiplier", "embedding_scale": "embedding_multiplier",
+            "attn_scale": "attention_multiplier"}
+_GLM = dict(partial_rotary=True,  # the first R features, pairs interleaved within them
+            fixed={"rope_layout": "interleaved", "attn_output_bias": False, "mlp_bias": False})
+
+LLAMA_NAMED: tuple[Family, ...] = (
+    # Mistral's block under Qwen2's modules without their biases
+    llama("ministral", "MinistralForCausalLM", fixed={"attn_bias": False, "mlp_bias": False}),
+    llama("seed_oss", "SeedOssForCausalLM", read={"attn_output_bias": "attention_out_bias"}),
+    # pairs interleaved; o_proj (D -> D) never biased
+    llama("helium", "HeliumForCausalLM",
+          fixed={"rope_layout": "interleaved", "attn_output_bias": False}),
+    llama("ernie4_5", "Ernie4_5ForCausalLM", fixed={"rope_layout": "interleaved"},
+          read={"attn_bias": "use_bias", "mlp_bias": "use_bias"}),
+    # OLMo 2's block with windows, each layer kind its own RoPE (transformers 4: the windowed
+    # layers unscaled on the one rope_theta)
+    llama("olmo3", "Olmo3ForCausalLM",
+          fixed={"pre_norm": False, "sandwich_norm": True, "qk_norm": True,
+                 "qk_norm_scope": "projection", "mlp_bias": False},
+          legacy_rope={"window_rope_theta": "rope_theta"}),
+    # its config's attention_bias is an AttributeError instance (truthy): no attention biases
+    llama("cwm", "CwmForCausalLM", fixed={"attn_bias": False}),
+    llama("emu3", "Emu3ForCausalLM"),
+    # Gemma 2 without the sandwich norms
+    llama("vaultgemma", "VaultGemmaForCausalLM", **{**_GEMMA2, "fixed": {"norm_offset": 1.0}}),
+    llama("starcoder2", "Starcoder2ForCausalLM", activations=PLAIN_ACTIVATIONS,
+          fixed={"norm": "layernorm"},
+          read={"norm_eps": "norm_epsilon", "attn_bias": "use_bias", "mlp_bias": "use_bias"}),
+    llama("glm", "GlmForCausalLM", **_GLM),
+    llama("glm4", "Glm4ForCausalLM", **{**_GLM, "fixed": {**_GLM["fixed"], "sandwich_norm": True}}),
+    llama("smollm3", "SmolLM3ForCausalLM", read={"nope_layers": _smollm3_nope},
+          write=_smollm3_write),
+    llama("exaone4", "Exaone4ForCausalLM",
+          fixed={"pre_norm": False, "sandwich_norm": True, "qk_norm": True, "attn_bias": False,
+                 "mlp_bias": False},
+          read={"nope_layers": _rope_only_where_windowed}),
+    llama("arcee", "ArceeForCausalLM", activations=PLAIN_ACTIVATIONS),
+    llama("jais2", "Jais2ForCausalLM", activations=PLAIN_ACTIVATIONS, fixed={"norm": "layernorm"},
+          read={"norm_eps": "layer_norm_eps"}),
+    # LayerNorm1P: gain 1 + w
+    llama("nemotron", "NemotronForCausalLM", activations=PLAIN_ACTIVATIONS, partial_rotary=True,
+          fixed={"norm": "layernorm", "norm_offset": 1.0}, read={"norm_eps": "norm_eps"}),
+    llama("granite", "GraniteForCausalLM",
+          read={**_GRANITE, "logit_scale": _granite_logit_scale},
+          write=lambda cfg, cls: {"logits_scaling": 1.0 / cfg.logit_scale}),
+    # Granite's block with post norms; its logits multiplied by logits_scaling
+    llama("hyperclovax", "HyperCLOVAXForCausalLM",
+          read={**_GRANITE, "logit_scale": "logits_scaling", "sandwich_norm": "use_post_norm"}),
+    llama("cohere", "CohereForCausalLM", **_COHERE,
+          refused=(("use_qk_norm", "per-head LayerNorms of q and k with a gain per head ((H, Dh) "
+                                   "weights)"),)),
+    llama("cohere2", "Cohere2ForCausalLM", **{**_COHERE, "read": {
+        **_COHERE["read"], "nope_layers": _cohere2_nope}}),
+    # per-head q/k RMSNorms before RoPE; a plain MLP, its xIELU learned per layer
+    llama("apertus", "ApertusForCausalLM", activations={"xielu": "xielu", **PLAIN_ACTIVATIONS},
+          fixed={"qk_norm": True, "mlp_bias": False}),
+)
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -737,6 +857,8 @@ FAMILIES: tuple[Family, ...] = (
            read={"latent_norm_eps": _latent_norm_eps, "embedding_scale": "scale_emb",
                  "residual_multiplier": _minicpm3_residual,
                  "logit_scale": lambda c: c.dim_model_base / c.hidden_size}),
+    # ---- dense Llama-named families (helper fam-llama) ----
+    *LLAMA_NAMED,
 )
 """Every family read as a spec, in the order the writer tries them: where two families read
 back the same DecoderConfig the first is written (Mistral before Phi-3 and Qwen2 for a plain

@@ -65,7 +65,7 @@ def _check_tie_flag(hf_model: Any) -> None:
     """The declared tie flag must agree with the aliasing actually present (DEFECTS.md A5)."""
     embed, head = hf_model.get_input_embeddings(), hf_model.get_output_embeddings()
     actually_tied = embed is not None and head is not None and head.weight is embed.weight
-    declared = bool(hf_model.config.tie_word_embeddings)
+    declared = bool(getattr(hf_model.config, "tie_word_embeddings", False))  # as transformers reads it
     if declared != actually_tied:
         raise ConfigError(f"tie_word_embeddings={declared} but lm_head.weight is "
                           f"{'' if actually_tied else 'not '}the embedding Parameter")

@@ -139,7 +139,7 @@ def family_layout(model: Any) -> str | None:
 # ---- the one reader ---------------------------------------------------------------------------
 
 # DecoderConfig fields read as flags or numbers (a config may hold an int or None for them)
-_FLAGS = ("attn_bias", "mlp_bias", "parallel_residual", "normalize_topk")
+_FLAGS = ("attn_bias", "mlp_bias", "parallel_residual", "normalize_topk", "sandwich_norm")
 _NUMBERS = ("norm_eps", "attn_scale", "attn_softcap", "logit_softcap", "embedding_scale",
             "routed_scaling", "residual_multiplier", "logit_scale")
 # What a routed family's dense config (no experts: Qwen-MoE's num_experts=0) leaves out
@@ -191,7 +191,9 @@ def _sizes(c: Any, grouped: bool) -> dict[str, Any]:
                 n_heads=heads, n_kv_heads=None if kv_heads in (None, heads) else kv_heads,
                 head_width=None if head_dim * heads == width else head_dim,
                 d_ff=getattr(c, "intermediate_size", None), max_seq_len=c.max_position_embeddings,
-                tie_embeddings=bool(c.tie_word_embeddings))
+                # a config without the field (Emu3's text config in 5.0) is untied, as
+                # transformers ties it: getattr(config, "tie_word_embeddings", False)
+                tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)))
 
 
 def read_source(c: Any, source: families.Source, problems: list[str]) -> Any:

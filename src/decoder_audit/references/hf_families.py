@@ -13,10 +13,10 @@ Writing: each family's config is written from a DecoderConfig by reading its ent
 that DecoderConfig, so a field a family cannot hold (Qwen3's q/k norm in Mistral, a window in
 OLMo) is never lost: the next family is tried, and when none holds it the ConfigError names the
 families tried. The weights are then written into the new model's own tensors where its layout
-puts them (a fused q/k/v matrix row block by row block). Our RoPE keeps the family's own pairs:
-rotated halves for most, interleaved pairs for GPT-J and CodeGen (DeepSeek's latent attention
-holds either, as V3's rope_interleave says); the converter's Llama path is the one that permutes
-interleaved rows into halves.
+puts them (a fused q/k/v matrix row block by row block). RoPE is written in the family's own
+layout: most rotate halves, a few pair features interleaved (GPT-J, CodeGen, Cohere, GLM, Helium,
+Ernie 4.5; DeepSeek's latent attention holds either, as V3's rope_interleave says); the
+converter's Llama path is the one that permutes interleaved rows.
 """
 
 from __future__ import annotations
@@ -89,14 +89,12 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
         if _write_weights(hf_model, cfg, decoder):
             return hf_model
         tried.append(family.model_type)  # its modules are not the shapes it reads back as
-    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half" and not cfg.latent_attention:
-        # the families that rotate interleaved pairs (GPT-J, CodeGen, Ernie 4.5 MoE) did not
-        # hold it either
-        raise ConfigError(f"rope_layout='interleaved': no family holds this config with it "
-                          f"(tried {tried}); write rope_layout='rotate_half' (the same weights, "
-                          "rows reordered per head, as from_hf's Llama path does)")
+    # most families rotate halves: a config only their RoPE tells apart is said so
+    hint = ("; rope_layout='interleaved': most families rotate halves (write rope_layout="
+            "'rotate_half': the same weights, rows reordered per head, as from_hf's Llama path "
+            "does)") if cfg.pos == "rope" and cfg.rope_layout == "interleaved" else ""
     raise ConfigError(f"no Hugging Face family holds this config exactly (tried {tried}; each "
-                      "reads back as another config)")
+                      f"reads back as another config){hint}")
 
 
 def _written(model_class: type, family: Family, cfg: DecoderConfig) -> Any:

@@ -52,6 +52,15 @@ Layouts detected from the parameter names (`detect`):
                         norms (Kolibri 1), OLMo 2's norms (FlexOlmo), Aria's router mlp.router
                         and its experts stored in -> out, GraniteMoE's block_sparse_moe router
                         and experts with the shared MLP's gate and up fused in input_linear
+    Hugging Face        Llama's attention and norms with a plain MLP mlp.c_fc -> mlp.c_proj
+      Starcoder2
+    Hugging Face GLM    Llama's attention and norms, gate and up fused in mlp.gate_up_proj
+    Hugging Face GLM-4  GLM's, with post_self_attn_layernorm and post_mlp_layernorm after the
+                        sublayers (post_attention_layernorm stays the MLP's input norm)
+    Hugging Face        Llama's names with post_norm1 and post_norm2 after the sublayers
+      HyperCLOVAX
+    Hugging Face        Llama's attention, attention_layernorm and feedforward_layernorm, a plain
+      Apertus           MLP up_proj -> down_proj whose xIELU learns mlp.act_fn.alpha_p, alpha_n
 each possibly under a wrapper's prefix (`model.`, `net.`), and each also without its root module
 (`embed_tokens`, `layers.{i}.self_attn.q_proj`, `norm`, `lm_head` at the top: `rootless`). Anything else takes a user function
 (`weights_map=`): state dict -> {canonical name: tensor}.
@@ -103,6 +112,7 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
                 shapes[f"{p}.{name}.bias"] = shape[:1]
         if spec.latent_attention:
             shapes.update({f"{p}.{name}": shape for name, shape in _latent_weights(spec).items()})
+        shapes.update(_activation_weights(spec, i))
         if spec.routes(i):
             shapes[f"{p}.ffn.router.weight"] = (spec.n_experts, d)
             if spec.router_selection_bias:
@@ -136,6 +146,15 @@ def _mlp_matrices(spec: DecoderConfig, layer: int) -> dict[str, tuple[int, ...]]
         if spec.gated:
             out[f"{name}.w3"] = (width, d)
     return out
+
+
+def _activation_weights(spec: DecoderConfig, layer: int, *, every: bool = False
+                        ) -> dict[str, tuple[int, ...]]:
+    """A learned activation's parameters in a dense layer (xIELU's two numbers); `every`: those
+    a module might hold whatever the spec's activation (so an extra one is found and named)."""
+    if not every and (spec.mlp != "xielu" or spec.routes(layer)):
+        return {}
+    return {f"layers.{layer}.ffn.act.alpha_p": (1,), f"layers.{layer}.ffn.act.alpha_n": (1,)}
 
 
 def _latent_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
@@ -236,12 +255,14 @@ _OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn.q_p
                                  "ffn.experts.{e}.w2", "ffn.experts.{e}.w3", "ffn.shared.w1",
                                  "ffn.shared.w2", "ffn.shared.w3", "attn.q_a_proj", "attn.q_a_norm",
                                  "attn.q_b_proj", "attn.kv_a_proj", "attn.kv_a_norm",
-                                 "attn.kv_b_proj")}
+                                 "attn.kv_b_proj", "ffn.act")}
 _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
              "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
              "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
              "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
              "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj"}
+# Llama's norms and attention without its MLP (families whose MLP is named otherwise)
+_HF_LLAMA_ATTN = {k: v for k, v in _HF_LLAMA.items() if not k.startswith("ffn.")}
 # transformers' routed layers (Mixtral from 5.0, Qwen2-MoE, Qwen3-MoE, OLMoE): the router in
 # mlp.gate, Qwen2-MoE's shared expert and its gate; each expert a module of its own before
 # transformers 5, all of them in two tensors from it (Layout.fused_experts)
@@ -453,6 +474,31 @@ LAYOUTS: tuple[Layout, ...] = (
            fused_experts=("block_sparse_moe.experts.gate_up_proj",
                           "block_sparse_moe.experts.down_proj"),
            fused_shared_gate_up="shared_mlp.input_linear"),
+    # ---- dense Llama-named families (helper fam-llama) ----
+    # Starcoder2: Llama's attention, a plain MLP c_fc -> c_proj, LayerNorms with a shift
+    Layout("Hugging Face Starcoder2", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ffn.w1": "mlp.c_fc", "ffn.w2": "mlp.c_proj"}),
+    # GLM: Llama's attention, Phi-3's MLP (gate rows then up rows in mlp.gate_up_proj)
+    Layout("Hugging Face GLM", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ffn.w2": "mlp.down_proj"},
+           fused_gate_up="mlp.gate_up_proj"),
+    # GLM-4: GLM's with sandwich norms; post_attention_layernorm keeps Llama's meaning (the
+    # MLP's input norm), the sublayers' outputs normalised by post_self_attn / post_mlp
+    Layout("Hugging Face GLM-4", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ffn.w2": "mlp.down_proj",
+                       "ln1_post": "post_self_attn_layernorm", "ln2_post": "post_mlp_layernorm"},
+           fused_gate_up="mlp.gate_up_proj"),
+    # HyperCLOVAX: Llama's names with its post norms (post_norm1 after attention, post_norm2
+    # after the MLP)
+    Layout("Hugging Face HyperCLOVAX", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head", {**_HF_LLAMA, "ln1_post": "post_norm1",
+                                     "ln2_post": "post_norm2"}),
+    # Apertus: Llama's attention (q/k norms), its own norms' names, a plain MLP whose xIELU
+    # learns alpha_p and alpha_n
+    Layout("Hugging Face Apertus", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ln1": "attention_layernorm",
+                       "ln2": "feedforward_layernorm", "ffn.w1": "mlp.up_proj",
+                       "ffn.w2": "mlp.down_proj", "ffn.act": "mlp.act_fn"}),
 )
 
 
@@ -878,6 +924,8 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
     if spec.latent_attention:  # latent attention's RoPE, and neither biases nor q/k norms
         every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope")
     names = expected_weights(spec.replace(**every))
+    for layer in range(spec.n_layers):
+        names.update(_activation_weights(spec, layer, every=True))
     if spec.routed:  # a dense MLP where the spec routes, or the reverse, is found and named
         names.update(expected_weights(spec.replace(**every, n_experts=None, **UNROUTED)))
         names.update(expected_weights(spec.replace(**every, router_selection_bias=True,

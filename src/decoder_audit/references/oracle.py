@@ -72,6 +72,18 @@ def _activation(kind: str, x: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"no plain activation {kind!r}")
 
 
+def _softplus(a: torch.Tensor) -> torch.Tensor:
+    return torch.where(a > 30, a, torch.log(1.0 + torch.exp(torch.clamp(a, max=30))))
+
+
+def _xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor) -> torch.Tensor:
+    """xIELU (Huang et al. 2024) as Apertus learns it: a_p = softplus(alpha_p), a_n = 1/2 +
+    softplus(alpha_n); x > 0: a_p x^2 + x/2; otherwise a_n (e^min(x, -1e-6) - 1 - x) + x/2."""
+    a_p, a_n = _softplus(alpha_p), 0.5 + _softplus(alpha_n)
+    clipped = torch.where(x < -1e-6, x, torch.full_like(x, -1e-6))
+    return torch.where(x > 0, a_p * x * x + 0.5 * x, a_n * (torch.expm1(clipped) - x) + 0.5 * x)
+
+
 def _pair_frequency(cfg: DecoderConfig, j: int, seq_len: int, windowed: bool = False) -> float:
     """The angle per position of rotated pair j (0 <= j < R/2), R = rotary_dim or Dh, in a
     sequence of seq_len tokens: theta^(-2j/R), stretched as cfg.rope_scaling defines it; in a
@@ -187,6 +199,7 @@ def _norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
 # ---- the stages: embedding, one layer, final norm and readout ----------------------------------
 
 ROUTED_MLPS = ("experts.{e}", "shared")  # a routed layer's MLPs, under ffn.
+LEARNED_ACTIVATION_WEIGHTS = ("alpha_p", "alpha_n")  # xIELU's, under ffn.act.
 LATENT_LINEARS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj", "output_proj")
 
 
@@ -207,6 +220,8 @@ def layer_weight_names(cfg: DecoderConfig, layer: int) -> list[str]:
     if cfg.routes(layer):
         extra += [f"{p}.ffn.router.weight", f"{p}.ffn.router.selection_bias",
                   f"{p}.ffn.shared_gate.weight"]
+    else:  # a learned activation's parameters
+        extra += [f"{p}.ffn.act.{n}" for n in LEARNED_ACTIVATION_WEIGHTS]
     return ([f"{p}.{n}.{part}" for n in norms for part in ("weight", "bias")]
             + [f"{name}.{part}" for name in linears for part in ("weight", "bias")] + extra)
 
@@ -278,6 +293,9 @@ def _mlp(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
     elif cfg.mlp == "geglu":
         hidden = _activation("gelu_tanh", _linear(h, w, f"{name}.w1")) * _linear(h, w,
                                                                                  f"{name}.w3")
+    elif cfg.mlp == "xielu":  # its parameters learned per layer
+        hidden = _xielu(_linear(h, w, f"{name}.w1"), w[f"{name}.act.alpha_p"],
+                        w[f"{name}.act.alpha_n"])
     else:
         hidden = _activation(cfg.mlp, _linear(h, w, f"{name}.w1"))
     return _linear(hidden, w, f"{name}.w2")
@@ -528,6 +546,8 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
             if cfg.shared_expert_gate:
                 names.append(f"{p}.ffn.shared_gate.weight")
         names += [f"{mlp}.{n}.weight" for mlp in mlps for n in matrices]
+        if cfg.mlp == "xielu" and not cfg.routes(layer):
+            names += [f"{p}.ffn.act.{n}" for n in LEARNED_ACTIVATION_WEIGHTS]
     return names + [f"ln_final.{part}" for part in norm_parts]
 
 
