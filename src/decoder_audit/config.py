@@ -26,13 +26,14 @@ from .errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu", "geglu")
-POSITIONS = ("learned", "rope", "none")
+POSITIONS = ("learned", "rope", "alibi", "sinusoidal", "none")
 # Which features of a head RoPE rotates together: "interleaved" pairs (x[2j], x[2j+1]) (the
 # original RoFormer / Llama / CS336 layout, torchtune) or "rotate_half" pairs (x[j], x[j + Dh/2])
 # (Hugging Face Llama and its descendants, GPT-NeoX, litgpt). Pair j turns by the same angle in
 # both; they differ in which weight rows make up a pair, so neither is the other renamed.
 ROPE_LAYOUTS = ("interleaved", "rotate_half")
 QK_NORM_SCOPES = ("head", "projection")
+QK_NORM_KINDS = ("rmsnorm", "layernorm")
 # Each RoPE scaling type's parameters: required, then optional with the default used.
 ROPE_SCALING = {
     "linear": (("factor",), {}),
@@ -96,6 +97,9 @@ class DecoderConfig:
     embedding_scale: float | None = None
     """The token embedding's output multiplied by this, rounded to the model's dtype first (Gemma:
     sqrt(D)); None multiplies by nothing. The tied readout reads the unscaled weight."""
+    embedding_norm: bool = False
+    """A norm of the config's kind on the embedding stream (scaled tokens plus positions) before
+    layer 0 (BLOOM's word_embeddings_layernorm): weights embedding_norm.weight (and .bias)."""
     norm_bias: bool = True
     """A LayerNorm's shift (False: gain only, nanoGPT's bias=False); RMSNorm has none."""
     norm_affine: bool = True
@@ -103,12 +107,27 @@ class DecoderConfig:
     pre_norm: bool = True
     """False: each sublayer reads the stream itself, not a normalised copy (OLMo 2, whose
     sandwich norms normalise only the sublayers' outputs)."""
+    post_norm: bool = False
+    """Each sublayer's output added to the stream, then the sum normalised (the original
+    Transformer's post-LN, GPT-1): x = N1(x + Attn(x)), then x = N2(x + MLP(x)), with weights
+    ln1 and ln2. Needs pre_norm=False (the sublayers read the stream itself)."""
+    final_norm: bool = True
+    """A norm (ln_final) between the last block and the readout; False: the readout reads the
+    last block's output itself (GPT-1, whose post-norm blocks end in a norm)."""
     mlp: str = "gelu"
     """"relu", "relu2" (ReLU squared: Nemotron, Arcee, Persimmon), "gelu" (exact erf),
     "gelu_tanh" (GPT-2's approximation), or a gated MLP w2(act(w1 x) * w3 x): "swiglu" (SiLU) or
     "geglu" (tanh GELU, Gemma's)."""
     pos: str = "learned"
-    """"learned" absolute positions, "rope" (rotary, see rope_layout) or "none"."""
+    """"learned" absolute positions, "rope" (rotary, see rope_layout), "alibi" (a linear bias
+    -m_h * (t - s) on the score of query t and key s, head h's slope m_h from Press et al.'s
+    schedule: BLOOM, MPT), "sinusoidal" (a fixed sin/cos table added to the embeddings, see
+    position_offset: XGLM) or "none"."""
+    position_offset: int = 0
+    """pos="sinusoidal": position t reads row t + this of the table (fairseq's offset past its
+    padding row: XGLM's 2). Row p is [sin(p f_0) .. sin(p f_{n-1}), cos(p f_0) .. cos(p f_{n-1})]
+    with n = D // 2 frequencies f_i = 10000^(-i / (n - 1)) (the sines, then the cosines; an
+    odd D gets a last column of zeros)."""
     rope_theta: float = 10000.0
     """RoPE base: pair j of a head rotates by pos * theta^(-2j/Dh)."""
     rope_layout: str = "interleaved"
@@ -178,6 +197,9 @@ class DecoderConfig:
     Gemma 3) or over the whole projection ("projection": gains of H*Dh and Hkv*Dh, OLMo 2)."""
     qk_norm_scope: str = "head"
     """What one q/k RMSNorm normalises: "head" or "projection" (see qk_norm)."""
+    qk_norm_kind: str = "rmsnorm"
+    """The q/k norms' kind: "rmsnorm", or "layernorm" (Persimmon's per-head LayerNorms), whose
+    shift attn.q_norm.bias, attn.k_norm.bias is there where norm_bias says."""
     mlp_bias: bool | tuple[str, ...] = False
     """Biases on the MLP matrices; or the matrices that have one, any of MLP_MATRICES (w1 the
     gate, w3 the up projection: only in a gated MLP; w2 the down projection). A list naming
@@ -510,7 +532,8 @@ def _validate(cfg: DecoderConfig, absent: frozenset[str] = frozenset()) -> list[
         problems.append(f"head width Dh={cfg.head_dim} is odd; RoPE rotates pairs and needs it "
                         "even")
     return (problems + _attention_problems(cfg, valid, widths) + _bias_problems(cfg, valid)
-            + _expert_problems(cfg, valid) + _latent_problems(cfg, valid))
+            + _placement_problems(cfg, valid) + _expert_problems(cfg, valid)
+            + _latent_problems(cfg, valid))
 
 
 def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
@@ -526,6 +549,7 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
             problems.append((name, f"{name}={_shown(value)} must be a positive integer or None"))
     for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS),
                           ("rope_layout", ROPE_LAYOUTS), ("qk_norm_scope", QK_NORM_SCOPES),
+                          ("qk_norm_kind", QK_NORM_KINDS),
                           ("context_policy", CONTEXT_POLICIES)):
         value = getattr(cfg, name)
         if not isinstance(value, str) or value not in allowed:
@@ -533,6 +557,9 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
     if cfg.embedding_scale is not None and not _is_positive(cfg.embedding_scale):
         problems.append(("embedding_scale", f"embedding_scale={_shown(cfg.embedding_scale)} must "
                          "be a finite number > 0 or null"))
+    if not _is_int(cfg.position_offset) or cfg.position_offset < 0:
+        problems.append(("position_offset", f"position_offset={_shown(cfg.position_offset)} must "
+                         "be an integer >= 0"))
     if not _is_real(cfg.norm_offset) or cfg.norm_offset != cfg.norm_offset or \
             abs(cfg.norm_offset) == float("inf"):
         problems.append(("norm_offset", f"norm_offset={_shown(cfg.norm_offset)} must be a "
@@ -558,7 +585,8 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
             problems.append((name, f"{name}={_shown(value)} must be true, false or a list of "
                              f"distinct projections from {list(names)}"))
     for name in ("tie_embeddings", "qk_norm", "norm_bias", "parallel_residual", "sandwich_norm",
-                 "norm_affine", "pre_norm", "readout_bias", "shared_norm"):
+                 "norm_affine", "pre_norm", "readout_bias", "shared_norm", "embedding_norm",
+                 "post_norm", "final_norm"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             problems.append((name, f"{name}={_shown(value)} must be true or false"))
@@ -690,6 +718,27 @@ def _latent_problems(cfg: DecoderConfig, valid) -> list[str]:
         problems.append(f"{where} (latent attention) takes pos='rope' with the rotary part given "
                         "by rope_head_width, every head its own key and value, no biases and no "
                         f"q/k norm; got {', '.join(clashes)}")
+    return problems
+
+
+def _placement_problems(cfg: DecoderConfig, valid) -> list[str]:
+    """Where the norms sit and how positions enter, against the fields they exclude."""
+    problems = []
+    if cfg.post_norm is True:
+        clashes = [f"{name}={getattr(cfg, name)}" for name, plain in
+                   (("pre_norm", False), ("sandwich_norm", False), ("parallel_residual", False))
+                   if getattr(cfg, name) is not plain]
+        if clashes:
+            problems.append(f"post_norm=True (x = N(x + F(x))) takes pre_norm=False, "
+                            f"sandwich_norm=False and a sequential block; got {', '.join(clashes)}")
+    if valid("position_offset", "pos") and cfg.position_offset and cfg.pos != "sinusoidal":
+        problems.append(f"position_offset={cfg.position_offset} needs pos='sinusoidal', not "
+                        f"{cfg.pos!r}")
+    if valid("pos", "d_model") and cfg.pos == "sinusoidal" and cfg.d_model < 4:
+        problems.append(f"pos='sinusoidal' needs d_model >= 4 (D // 2 frequencies spaced over "
+                        f"D // 2 - 1 steps), got {cfg.d_model}")
+    if valid("qk_norm_kind", "qk_norm") and cfg.qk_norm_kind != "rmsnorm" and not cfg.qk_norm:
+        problems.append(f"qk_norm_kind={cfg.qk_norm_kind!r} needs qk_norm=True")
     return problems
 
 

@@ -139,6 +139,8 @@ def test_presets_pass(name):
                     "rope-linear-gqa", "rope-yarn-partial", "gemma2-like",
                     "window-every-layer", "olmo-like", "olmo2-like", "gemma3-like",
                     "readout-bias-tied", "granite-like", "parallel-one-norm", "nope-layer")
+    + configs.entries("alibi-embedding-norm", "alibi-no-shift", "sinusoidal-offset",
+                      "post-norm-no-final", "qk-layernorm")  # helper fam-positions
     + configs.grid()))
 def test_odd_configs_pass(cfg):
     _passes(zoo.decoder(cfg, seed=3))

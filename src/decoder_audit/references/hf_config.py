@@ -303,8 +303,9 @@ def hf_family(cfg: DecoderConfig) -> str:
     if cfg.readout_bias:
         raise ConfigError("readout_bias=True: the converter's families read out without a bias")
     if not cfg.norm_affine or not cfg.pre_norm:
-        raise ConfigError(f"norm_affine={cfg.norm_affine}, pre_norm={cfg.pre_norm}: the "
-                          "converter writes GPT-2 and Llama, whose sublayers read learned norms")
+        raise ConfigError(f"norm_affine={cfg.norm_affine}, pre_norm={cfg.pre_norm}, post_norm="
+                          f"{cfg.post_norm}: the converter writes GPT-2 and Llama, whose "
+                          "sublayers read learned norms")
     if cfg.rotary_dim is not None or cfg.parallel_residual or cfg.sandwich_norm:
         raise ConfigError(f"rotary_dim={cfg.rotary_dim}, parallel_residual="
                           f"{cfg.parallel_residual}, sandwich_norm={cfg.sandwich_norm}: the "
@@ -347,7 +348,9 @@ def hf_family(cfg: DecoderConfig) -> str:
 
 # Fields no GPT-2 or Llama block computes with, refused where they differ from their default
 # (each later field a DecoderConfig grows for another family joins this list)
-_BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers")
+_BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
+                         "embedding_norm", "post_norm", "final_norm", "position_offset",
+                         "qk_norm_kind")
 
 
 def config_to_hf(cfg: DecoderConfig) -> Any:

@@ -82,6 +82,8 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"token_embeddings.weight": (v, d)}
     if spec.pos == "learned":
         shapes["position_embeddings.weight"] = (t, d)
+    if spec.embedding_norm:  # BLOOM's norm of the embeddings
+        shapes.update({f"embedding_norm.{part}": (d,) for part in norm})
     matrices = {"attn.q_proj": (d_q, d), "attn.k_proj": (d_kv, d), "attn.v_proj": (d_kv, d),
                 "attn.output_proj": (d, d_q)}
     if spec.latent_attention:
@@ -104,9 +106,14 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
                 shapes[f"{p}.ffn.shared_gate.weight"] = (1, d)
         if spec.qk_norm:
             whole = spec.qk_norm_scope == "projection"  # OLMo 2: over the whole projection
-            shapes[f"{p}.attn.q_norm.weight"] = (d_q if whole else spec.head_dim,)
-            shapes[f"{p}.attn.k_norm.weight"] = (d_kv if whole else spec.head_dim,)
-    shapes.update({f"ln_final.{part}": (d,) for part in norm})
+            # a q/k LayerNorm (Persimmon) has a shift where the config's norms have one
+            parts = ("weight", "bias") if spec.qk_norm_kind == "layernorm" and spec.norm_bias \
+                else ("weight",)
+            for which, width in (("q_norm", d_q), ("k_norm", d_kv)):
+                shapes.update({f"{p}.attn.{which}.{part}": (width if whole else spec.head_dim,)
+                               for part in parts})
+    if spec.final_norm:  # GPT-1's post-norm blocks have none
+        shapes.update({f"ln_final.{part}": (d,) for part in norm})
     shapes["lm_head.weight"] = (v, d)
     if spec.readout_bias:
         shapes["lm_head.bias"] = (v,)
@@ -146,9 +153,11 @@ def _latent_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
 
 def block_norms(spec: DecoderConfig) -> tuple[str, ...]:
     """The norms of a block: ln1, ln2 before the sublayers (pre_norm; ln1 alone where one norm
-    feeds both, shared_norm), ln1_post, ln2_post after them (sandwich_norm)."""
-    return (("ln1",) if spec.pre_norm else ()) + (
-        ("ln2",) if spec.pre_norm and not spec.shared_norm else ()) + (
+    feeds both, shared_norm) or after the residual adds (post_norm), ln1_post, ln2_post after
+    the sublayers (sandwich_norm)."""
+    normed = spec.pre_norm or spec.post_norm
+    return (("ln1",) if normed else ()) + (
+        ("ln2",) if normed and not spec.shared_norm else ()) + (
         ("ln1_post", "ln2_post") if spec.sandwich_norm else ())
 
 
@@ -184,6 +193,8 @@ class Layout:
     """The router module's name for the selection bias (ffn.router.selection_bias), where it
     is a buffer rather than a Parameter (DeepSeek-V3's e_score_correction_bias, updated by a
     balancing rule, never by gradients): `placeable` adds such buffers to what is placed."""
+    embedding_norm: str | None = None
+    """The module of the norm on the embeddings (BLOOM's word_embeddings_layernorm)."""
 
     def module_name(self, canonical: str) -> tuple[str, str] | None:
         """(the layout's module name, parameter kind) for a canonical weight name."""
@@ -195,7 +206,8 @@ class Layout:
                      self.parts.get(f"ffn.experts.{{e}}.{expert[2]}", "").format(e=expert[1]))
             return None if not inner else (f"{self.block.format(i=i)}.{inner}", kind)
         top = {"token_embeddings": self.embedding, "position_embeddings": self.positions,
-               "ln_final": self.final_norm, "lm_head": self.head}.get(module)
+               "embedding_norm": self.embedding_norm, "ln_final": self.final_norm,
+               "lm_head": self.head}.get(module)
         if top is None:  # a layout without such a weight (no position table, say)
             return None
         return top, kind
@@ -575,14 +587,15 @@ def rootless(layout: Layout) -> Layout | None:
     it is: the same names a hand-written model keeps at its top (`embed_tokens`,
     `layers.{i}.self_attn.q_proj`, `norm`, `lm_head`). None for a layout without such a root."""
     inner = [name for name in (layout.embedding, layout.positions, layout.block,
-                               layout.final_norm) if name is not None]
+                               layout.final_norm, layout.embedding_norm) if name is not None]
     root = inner[0].split(".")[0] + "."
     if "." not in inner[0] or not all(name.startswith(root) for name in inner):
         return None
     strip = lambda name: None if name is None else name[len(root):]  # noqa: E731
     return replace(layout, name=f"{layout.name}, without its {root.rstrip('.')!r} root",
                    embedding=strip(layout.embedding), positions=strip(layout.positions),
-                   block=strip(layout.block), final_norm=strip(layout.final_norm))
+                   block=strip(layout.block), final_norm=strip(layout.final_norm),
+                   embedding_norm=strip(layout.embedding_norm))
 
 
 # Every layout detect() looks for: as its library names it, and rootless (see `rootless`).
@@ -700,11 +713,13 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
                  mlp="swiglu", pos="learned", qk_norm=True, rotary_dim=None, rope_scaling=None,
                  window_rope_theta=None, sandwich_norm=True, pre_norm=True, norm_affine=True,
                  norm_bias=True, readout_bias=True, shared_norm=False, parallel_residual=False,
-                 nope_layers=None)
+                 nope_layers=None, embedding_norm=True, final_norm=True, post_norm=False,
+                 qk_norm_kind="layernorm", position_offset=0)
     if spec.routed:  # experts without biases; every layer's dense MLP and experts alike
         every.update(mlp_bias=False)
     if spec.latent_attention:  # latent attention's RoPE, and neither biases nor q/k norms
-        every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope")
+        every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope",
+                     qk_norm_kind="rmsnorm")
     names = expected_weights(spec.replace(**every))
     if spec.routed:  # a dense MLP where the spec routes, or the reverse, is found and named
         names.update(expected_weights(spec.replace(**every, n_experts=None, **UNROUTED)))
@@ -738,7 +753,8 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     """Where `canonical` lies in this layout, or None when the layout has no such weight."""
     module, _, kind = canonical.rpartition(".")
     part = module.split(".", 2)[2] if module.startswith("layers.") else module
-    if part in ("ln1", "ln2", "ln1_post", "ln2_post", "ln_final", "attn.q_norm", "attn.k_norm"):
+    if part in ("ln1", "ln2", "ln1_post", "ln2_post", "ln_final", "attn.q_norm", "attn.k_norm",
+                "embedding_norm"):
         kind = layout.norm_params[0 if kind == "weight" else 1]
         if kind is None:  # the layout's norms have no shift
             return None
@@ -800,6 +816,12 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
         return f"attn_output_bias={spec.attn_output_bias}, attn_bias={spec.attn_bias}"
     if name.endswith(".bias") and ".attn." in name:
         return f"attn_bias={_flag(spec.attn_bias)}"
+    if name.startswith("embedding_norm."):
+        return f"embedding_norm={spec.embedding_norm}"
+    if name.startswith("ln_final.") and not spec.final_norm:
+        return "final_norm=False"
+    if "_norm.bias" in name and spec.qk_norm:
+        return f"qk_norm_kind={spec.qk_norm_kind!r}, norm_bias={spec.norm_bias}"
     if "_norm." in name:
         return f"qk_norm={spec.qk_norm}"
     if "_post." in name:
@@ -808,7 +830,7 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
         return f"mlp_bias={_flag(spec.mlp_bias)}"
     if name.split(".")[-2].startswith("ln") and not spec.norm_affine:
         return "norm_affine=False"
-    if name.split(".")[-2] in ("ln1", "ln2") and not spec.pre_norm:
+    if name.split(".")[-2] in ("ln1", "ln2") and not (spec.pre_norm or spec.post_norm):
         return "pre_norm=False"
     if name.split(".")[-2] == "ln2" and spec.shared_norm:
         return "shared_norm=True"
