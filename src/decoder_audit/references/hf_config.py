@@ -180,8 +180,18 @@ def _sizes(c: Any, grouped: bool) -> dict[str, Any]:
     return dict(vocab_size=c.vocab_size, d_model=width, n_layers=c.num_hidden_layers,
                 n_heads=heads, n_kv_heads=None if kv_heads in (None, heads) else kv_heads,
                 head_width=None if head_dim * heads == width else head_dim,
-                d_ff=getattr(c, "intermediate_size", None), max_seq_len=c.max_position_embeddings,
+                d_ff=getattr(c, "intermediate_size", None),
+                # a family whose config names its length otherwise reads it in its entry
+                max_seq_len=getattr(c, "max_position_embeddings", None),
                 tie_embeddings=bool(c.tie_word_embeddings))
+
+
+def attribute(c: Any, name: str) -> Any:
+    """The config's attribute `name`, a dotted path into a part of it (MPT's
+    attn_config.clip_qkv), or None where it has none."""
+    for part in name.split("."):
+        c = getattr(c, part, None)
+    return c
 
 
 def read_source(c: Any, source: families.Source, problems: list[str]) -> Any:
@@ -207,9 +217,12 @@ def _cast(name: str, value: Any) -> Any:
     return value
 
 
-def _mlp(c: Any, family: families.Family, problems: list[str]) -> str:
-    """Our `mlp` for the activation the config names, where the family's MLP computes it."""
+def _mlp(c: Any, family: families.Family, problems: list[str]) -> str | None:
+    """Our `mlp` for the activation the config names, where the family's MLP computes it; None
+    for a family whose MLP names none (its entry fixes `mlp`: BLOOM's tanh GELU)."""
     names = family.activation
+    if not names:
+        return None
     name = next((n for n in names if getattr(c, n, None) is not None), names[0])
     value = getattr(c, name, None)
     if value not in family.activations:
@@ -238,7 +251,7 @@ def refusals(c: Any, family: families.Family) -> list[str]:
     """The options of `family.refused` this config sets, each naming its value and why."""
     found = []
     for name, why, *rule in family.refused:
-        value = getattr(c, name, None)
+        value = attribute(c, name)
         if (rule[0] if rule else bool)(value):
             found.append(f"{name}={value!r} ({why})")
     return found

@@ -45,6 +45,14 @@ Layouts detected from the parameter names (`detect`):
                         feed_forward.w1/w2/w3, ffn_norm, norm, lm_head (torchtitan 0.3)
     TransformerLens     embed.W_E, blocks.{i}.attn.W_Q (H, D, Dh), W_O (H, Dh, D), b_Q (H, Dh),
                         mlp.W_in (D, F), unembed.W_U (D, V) and its bias b_U (HookedTransformer)
+    Hugging Face BLOOM  transformer.word_embeddings and its word_embeddings_layernorm,
+                        h.{i}.self_attention.query_key_value (q, k, v fused head by head)
+    Hugging Face MPT    transformer.wte, blocks.{i}.attn.Wqkv (q, k, v stacked), norm_1 (no shift)
+    Hugging Face XGLM   model.embed_tokens, layers.{i}.self_attn_layer_norm, fc1, fc2
+    Hugging Face        transformer.tokens_embed, positions_embed, h.{i}.attn.c_attn (Conv1D),
+      OpenAI GPT        ln_1 and ln_2 after the adds, no final norm
+    Hugging Face        model.layers.{i}.self_attn.query_key_value (head by head),
+      Persimmon         q_layernorm, k_layernorm, mlp.dense_h_to_4h
 each possibly under a wrapper's prefix (`model.`, `net.`), and each also without its root module
 (`embed_tokens`, `layers.{i}.self_attn.q_proj`, `norm`, `lm_head` at the top: `rootless`). Anything else takes a user function
 (`weights_map=`): state dict -> {canonical name: tensor}.
@@ -170,7 +178,7 @@ class Layout:
     embedding: str
     positions: str | None
     block: str
-    final_norm: str
+    final_norm: str | None
     head: str
     parts: dict[str, str]
     fused_qkv: str | None = None
@@ -334,6 +342,40 @@ LAYOUTS: tuple[Layout, ...] = (
             "attn.k_norm": "attention.k_norm", "ffn.w1": "feed_forward.w1",
             "ffn.w2": "feed_forward.w2", "ffn.w3": "feed_forward.w3"},
            fused_qkv="attention.qkv_linear.wqkv", qkv_per_head=True, norm_params=("weight", None)),
+    # ---- position and norm placements (helper fam-positions) ----
+    # BLOOM: q, k, v fused head by head ((H, 3, Dh) rows, as GPT-NeoX), its embedding norm
+    Layout("Hugging Face BLOOM", "transformer.word_embeddings", None, "transformer.h.{i}",
+           "transformer.ln_f", "lm_head",
+           {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+            "attn.output_proj": "self_attention.dense", "ffn.w1": "mlp.dense_h_to_4h",
+            "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="self_attention.query_key_value",
+           qkv_per_head=True, embedding_norm="transformer.word_embeddings_layernorm"),
+    # MPT: q, k, v stacked in Wqkv (all q rows, then k, then v: its chunk(3)); norms without a
+    # shift (their bias set to None)
+    Layout("Hugging Face MPT", "transformer.wte", None, "transformer.blocks.{i}",
+           "transformer.norm_f", "lm_head",
+           {"ln1": "norm_1", "ln2": "norm_2", "attn.output_proj": "attn.out_proj",
+            "ffn.w1": "ffn.up_proj", "ffn.w2": "ffn.down_proj"}, fused_qkv="attn.Wqkv"),
+    # XGLM (fairseq's names): the norms before attention and the MLP, fc1 / fc2
+    Layout("Hugging Face XGLM", "model.embed_tokens", None, "model.layers.{i}", "model.layer_norm",
+           "lm_head",
+           {"ln1": "self_attn_layer_norm", "ln2": "final_layer_norm",
+            "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
+            "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.out_proj",
+            "ffn.w1": "fc1", "ffn.w2": "fc2"}),
+    # GPT-1: GPT-2's block names and Conv1D weights, its own embedding names, no final norm
+    Layout("Hugging Face OpenAI GPT", "transformer.tokens_embed", "transformer.positions_embed",
+           "transformer.h.{i}", None, "lm_head",
+           {"ln1": "ln_1", "ln2": "ln_2", "attn.output_proj": "attn.c_proj",
+            "ffn.w1": "mlp.c_fc", "ffn.w2": "mlp.c_proj"}, fused_qkv="attn.c_attn"),
+    # Persimmon: Llama's norm names, q, k, v fused head by head, per-head q/k LayerNorms
+    Layout("Hugging Face Persimmon", "model.embed_tokens", None, "model.layers.{i}",
+           "model.final_layernorm", "lm_head",
+           {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+            "attn.output_proj": "self_attn.dense", "attn.q_norm": "self_attn.q_layernorm",
+            "attn.k_norm": "self_attn.k_layernorm", "ffn.w1": "mlp.dense_h_to_4h",
+            "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="self_attn.query_key_value",
+           qkv_per_head=True),
 )
 
 
