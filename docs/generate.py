@@ -128,7 +128,8 @@ def layouts_block() -> str:
     from decoder_audit.references.layouts import LAYOUTS
 
     rows = [[layout.name, f"`{layout.embedding}`", f"`{layout.block}`",
-             f"`{layout.final_norm}`", f"`{layout.head}`"] for layout in LAYOUTS]
+             f"`{layout.final_norm}`" if layout.final_norm else "none (GPT-1)",
+             f"`{layout.head}`"] for layout in LAYOUTS]
     return _table(["layout", "embedding", "blocks", "final norm", "readout"], rows)
 
 

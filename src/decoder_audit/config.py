@@ -192,11 +192,12 @@ class DecoderConfig:
     """The output projection's bias: None follows attn_bias; False with attn_bias=True is
     Qwen2's attention (q/k/v biases, none on the output). Left None when attn_bias is a list."""
     qk_norm: bool = False
-    """RMSNorm (eps norm_eps) on the queries and keys, before RoPE: weights attn.q_norm and
-    attn.k_norm, over each head (qk_norm_scope "head": a gain of Dh shared by the heads, Qwen3,
-    Gemma 3) or over the whole projection ("projection": gains of H*Dh and Hkv*Dh, OLMo 2)."""
+    """RMSNorm (or a LayerNorm, qk_norm_kind; eps norm_eps) on the queries and keys, before
+    RoPE: weights attn.q_norm and attn.k_norm, over each head (qk_norm_scope "head": a gain of
+    Dh shared by the heads, Qwen3, Gemma 3) or over the whole projection ("projection": gains
+    of H*Dh and Hkv*Dh, OLMo 2)."""
     qk_norm_scope: str = "head"
-    """What one q/k RMSNorm normalises: "head" or "projection" (see qk_norm)."""
+    """What one q/k norm normalises: "head" or "projection" (see qk_norm)."""
     qk_norm_kind: str = "rmsnorm"
     """The q/k norms' kind: "rmsnorm", or "layernorm" (Persimmon's per-head LayerNorms), whose
     shift attn.q_norm.bias, attn.k_norm.bias is there where norm_bias says."""
