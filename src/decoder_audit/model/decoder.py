@@ -146,10 +146,12 @@ class Block(nn.Module):
         pre = not self.post_norm  # a post-norm block's sublayers read the stream itself
         normed = self.ln1(resid_pre) if self.ln1 is not None and pre else resid_pre
         _record(trace, f"{prefix}.ln1", normed)
+        # ALiBi's bias only where there is one (an attention written without it still runs)
+        alibi = {} if bias is None else {"bias": bias}
         if allowed is None and cache is None:  # the full causal square
-            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn", bias=bias)
+            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn", **alibi)
         else:  # padded or cached: the generation path (same weights)
-            attn_out = self.attn.attend(normed, rope, allowed, cache, layer, bias=bias)
+            attn_out = self.attn.attend(normed, rope, allowed, cache, layer, **alibi)
         if self.ln1_post is not None:
             attn_out = self.ln1_post(attn_out)
         if self.residual_multiplier != 1.0:
