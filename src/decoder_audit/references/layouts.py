@@ -592,6 +592,8 @@ def _lens_spot(prefix: str, canonical: str, shapes: Mapping[str, tuple[int, ...]
     module = canonical.split(".")
     if module[0] != "layers":
         name = _LENS_TOP.get(canonical)
+        if name is None:  # a weight TransformerLens has no place for (an embedding norm)
+            return None
         transposed = canonical == "lm_head.weight"  # W_U is (D, V)
         return Spot(prefix + name, transposed) if prefix + name in shapes else None
     block, part = f"{prefix}blocks.{module[1]}.", ".".join(module[2:])
