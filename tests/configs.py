@@ -292,6 +292,12 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                    n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
                                    mlp="swiglu", pos="rope", rope_layout="rotate_half",
                                    nope_layers=(1,), tie_embeddings=True),
+    # ---- GPT-style families (helper fam-gpt) ----
+    # OPT / BioGPT: a learned position table that keeps two rows before position 0's
+    "opt-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4, d_ff=24,
+                                 max_seq_len=6, norm="layernorm", mlp="relu", pos="learned",
+                                 position_offset=2, attn_bias=True, mlp_bias=True,
+                                 tie_embeddings=True),
     # TransformerLens' readout: a bias on the logits, beside a tied matrix
     "readout-bias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3,
                                           d_ff=20, max_seq_len=5, mlp="gelu_tanh",

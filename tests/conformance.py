@@ -471,19 +471,29 @@ def verdict_problems(row: Row) -> list[str]:
 
 
 def _oracle_paragraph(built: list[Row], tf) -> str:
-    """Which families the white-box checks (params, oracle) ran on: those of a class whose
-    config is read as their spec (references.hf_config.spec_classes)."""
+    """Which families the white-box checks (params, oracle) ran on: those whose config is read
+    as their spec (references/families.py, one entry per family)."""
     white = [r for r in built if "oracle" in r.ran]
     names = ", ".join(f"{r.family} ({r.cls})" for r in white)
-    from decoder_audit.references.hf_config import spec_classes
+    return (f"**The float64 oracle and the parameter ledger ran on {len(white)} families**: "
+            f"{names}. Each is an entry of the families table (references/families.py; "
+            "[the table](families.md) says what each changes relative to Llama's block): its "
+            "config is its spec (`da.audit(hf_model)` needs no argument) and its weights are "
+            "checked where they lie. Every other family is audited black-box; the next section "
+            "says what each lacks, and `da.audit(model, spec=cfg)` gives it the same white-box "
+            "checks where a DecoderConfig expresses its architecture.")
 
-    classes = ", ".join(cls.__name__ for cls in spec_classes(tf).values())
-    return (f"**The float64 oracle and the parameter ledger ran on {len(white)} families**, "
-            f"{names}: a model of {classes} or a subclass declares its "
-            "architecture in its config, which is its spec (`da.audit(hf_model)` needs no "
-            "argument); its weights are checked where they lie. Every other family is audited "
-            "black-box (the skipped column says why), and gets the same white-box checks from "
-            "`da.audit(model, spec=cfg)` where a DecoderConfig expresses its architecture.")
+
+def _black_box_section(built: list[Row]) -> list[str]:
+    """Every built family the oracle did not run on, with what it lacks: the oracle's skip
+    reason (what the reader refused, or references.families.BLACK_BOX)."""
+    rows = [r for r in built if "oracle" not in r.ran]
+    lines = ["", f"## Left black-box ({len(rows)} families)", "",
+             "| family | class | what it lacks |", "|---|---|---|"]
+    for r in rows:
+        why = r.skipped.get("oracle") or r.failed.get("oracle", "")
+        lines.append(f"| {r.family} | {r.cls} | {_cell(why.replace(r.cls, '(its class)'), 300)} |")
+    return lines
 
 
 def write_docs(rows: list[Row], path: Path | None = None) -> Path:
@@ -537,6 +547,7 @@ def write_docs(rows: list[Row], path: Path | None = None) -> Path:
         skipped = ", ".join(r.skipped) or ""
         lines.append(f"| {r.family} | {r.cls} | {r.params:,} | {r.verdict} | {fails} | "
                      f"{len(r.ran)} | {skipped} |")
+    lines += _black_box_section(built)
     lines += ["", "## Why checks were skipped", "",
               "| check | reason | families |", "|---|---|---:|"]
     reasons: dict[tuple[str, str], list[str]] = {}

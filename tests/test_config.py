@@ -82,15 +82,18 @@ def test_non_positive_or_non_integer_sizes_are_rejected_by_name(field, value):
      "sliding_window"),
     (dict(pos="rope", sliding_window=2, window_rope_theta=-1.0), "window_rope_theta=-1.0 must "
      "be a finite number > 0"),
+    (dict(position_offset=-2), "position_offset=-2 must be an integer >= 0"),
+    (dict(position_offset=1.5), "position_offset=1.5 must be an integer >= 0"),
+    (dict(pos="rope", position_offset=2), "position_offset=2 needs pos='learned' or "
+     "'sinusoidal'"),
     # the positions and norm placements of BLOOM, MPT, XGLM, GPT-1 and Persimmon
     (dict(embedding_norm="yes"), "embedding_norm='yes' must be true or false"),
     (dict(final_norm=1), "final_norm=1 must be true or false"),
     (dict(post_norm=True), "post_norm=True (x = N(x + F(x))) takes pre_norm=False"),
     (dict(post_norm=True, pre_norm=False, sandwich_norm=True), "got sandwich_norm=True"),
     (dict(post_norm=True, pre_norm=False, parallel_residual=True), "got parallel_residual=True"),
-    (dict(position_offset=2), "position_offset=2 needs pos='sinusoidal', not 'learned'"),
-    (dict(pos="sinusoidal", position_offset=-1), "position_offset=-1 must be an integer >= 0"),
-    (dict(pos="sinusoidal", position_offset=1.5), "position_offset=1.5 must be an integer >= 0"),
+    (dict(pos="alibi", position_offset=2), "position_offset=2 needs pos='learned' or "
+     "'sinusoidal'"),
     (dict(pos="sinusoidal", d_model=3, n_heads=1), "pos='sinusoidal' needs d_model >= 4"),
     (dict(qk_norm_kind="layernorm"), "qk_norm_kind='layernorm' needs qk_norm=True"),
     (dict(qk_norm=True, qk_norm_kind="batchnorm"), "qk_norm_kind='batchnorm' is not one of"),

@@ -122,6 +122,10 @@ FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2"
                 "GPT-NeoX": "gpt_neox", "OLMo": "olmo", "OLMo 2": "olmo2",
                 "Mixtral": "mixtral", "Qwen2-MoE": "qwen2_moe", "Qwen3-MoE": "qwen3_moe",
                 "OLMoE": "olmoe", "DeepSeek-V2": "deepseek_v2", "DeepSeek-V3": "deepseek_v3",
+                # ---- GPT-style families (helper fam-gpt) ----
+                "GPT-Neo": "gpt_neo", "GPT-BigCode": "gpt_bigcode", "OPT": "opt",
+                "BioGPT": "biogpt", "GPT-J": "gptj", "CodeGen": "codegen", "Phi": "phi",
+                "Falcon": "falcon",
                 # positions and norm placements (helper fam-positions)
                 "BLOOM": "bloom", "MPT": "mpt", "XGLM": "xglm", "GPT-1": "openai-gpt",
                 "Persimmon": "persimmon"}

@@ -591,13 +591,6 @@ def _sinusoids_interleaved(model: da.Decoder) -> None:
     model._position_rows = interleaved
 
 
-def _sinusoid_offset_dropped(model: da.Decoder) -> None:
-    """Position t reads row t of the table, not row t + position_offset."""
-    rows, offset = model._position_rows, model.config.position_offset
-    model._position_rows = lambda positions, seq_len, like: rows(
-        (torch.arange(seq_len) if positions is None else positions) - offset, seq_len, like)
-
-
 def _final_norm_added(model: da.Decoder) -> None:
     """A final norm (with learned weights) where the config declares none."""
     model.ln_final = make_norm(model.config)
@@ -646,6 +639,11 @@ VARIANT_MUTANTS = [
     Case("relu2_not_squared", _variant_mutant("parallel-one-norm",
                                               _set("layers.0.ffn.activation", torch.relu)),
          "oracle", first=False, defect="I (squared ReLU)", says="differ from the slow oracle"),
+    # ---- GPT-style families (helper fam-gpt) ----
+    # OPT's table read from row 0: position t gets the row of position t - 2
+    Case("position_offset_ignored", _variant_mutant("opt-like", _set("position_offset", 0)),
+         "oracle", first=False, defect="I (position table offset)",
+         says="differ from the slow oracle"),
     # ---- position and norm placements (helper fam-positions) ----
     Case("alibi_ignored_in_a_layer", _variant_mutant("alibi-embedding-norm",
                                                      _alibi_ignored_in_layer_1),
@@ -659,8 +657,9 @@ VARIANT_MUTANTS = [
     Case("sinusoids_interleaved", _variant_mutant("sinusoidal-offset", _sinusoids_interleaved),
          "oracle", first=False, defect="I (sinusoidal positions)",
          says="differ from the slow oracle"),
+    # XGLM's table read from row t, not t + 2
     Case("sinusoid_offset_dropped", _variant_mutant("sinusoidal-offset",
-                                                    _sinusoid_offset_dropped),
+                                                    _set("position_offset", 0)),
          "oracle", first=False, defect="I (sinusoidal position offset)",
          says="differ from the slow oracle"),
     Case("post_norm_run_as_pre_norm", _variant_mutant("post-norm-no-final",

@@ -121,13 +121,15 @@ class DecoderConfig:
     pos: str = "learned"
     """"learned" absolute positions, "rope" (rotary, see rope_layout), "alibi" (a linear bias
     -m_h * (t - s) on the score of query t and key s, head h's slope m_h from Press et al.'s
-    schedule: BLOOM, MPT), "sinusoidal" (a fixed sin/cos table added to the embeddings, see
-    position_offset: XGLM) or "none"."""
+    schedule: BLOOM, MPT), "sinusoidal" (a fixed table added to the embeddings, XGLM's: row p is
+    [sin(p f_0) .. sin(p f_{n-1}), cos(p f_0) .. cos(p f_{n-1})] with n = D // 2 frequencies
+    f_i = 10000^(-i / (n - 1)), the sines then the cosines, an odd D's last column 0) or
+    "none"."""
     position_offset: int = 0
-    """pos="sinusoidal": position t reads row t + this of the table (fairseq's offset past its
-    padding row: XGLM's 2). Row p is [sin(p f_0) .. sin(p f_{n-1}), cos(p f_0) .. cos(p f_{n-1})]
-    with n = D // 2 frequencies f_i = 10000^(-i / (n - 1)) (the sines, then the cosines; an
-    odd D gets a last column of zeros)."""
+    """Rows a position table keeps before position 0's, which no position reads (fairseq's 2:
+    OPT's and BioGPT's learned table, XGLM's sinusoidal one): position t reads row
+    position_offset + t, and a learned table is (position_offset + max_seq_len, D). 0 with
+    RoPE, ALiBi or no positions."""
     rope_theta: float = 10000.0
     """RoPE base: pair j of a head rotates by pos * theta^(-2j/Dh)."""
     rope_layout: str = "interleaved"
@@ -558,9 +560,6 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
     if cfg.embedding_scale is not None and not _is_positive(cfg.embedding_scale):
         problems.append(("embedding_scale", f"embedding_scale={_shown(cfg.embedding_scale)} must "
                          "be a finite number > 0 or null"))
-    if not _is_int(cfg.position_offset) or cfg.position_offset < 0:
-        problems.append(("position_offset", f"position_offset={_shown(cfg.position_offset)} must "
-                         "be an integer >= 0"))
     if not _is_real(cfg.norm_offset) or cfg.norm_offset != cfg.norm_offset or \
             abs(cfg.norm_offset) == float("inf"):
         problems.append(("norm_offset", f"norm_offset={_shown(cfg.norm_offset)} must be a "
@@ -732,9 +731,6 @@ def _placement_problems(cfg: DecoderConfig, valid) -> list[str]:
         if clashes:
             problems.append(f"post_norm=True (x = N(x + F(x))) takes pre_norm=False, "
                             f"sandwich_norm=False and a sequential block; got {', '.join(clashes)}")
-    if valid("position_offset", "pos") and cfg.position_offset and cfg.pos != "sinusoidal":
-        problems.append(f"position_offset={cfg.position_offset} needs pos='sinusoidal', not "
-                        f"{cfg.pos!r}")
     if valid("pos", "d_model") and cfg.pos == "sinusoidal" and cfg.d_model < 4:
         problems.append(f"pos='sinusoidal' needs d_model >= 4 (D // 2 frequencies spaced over "
                         f"D // 2 - 1 steps), got {cfg.d_model}")
@@ -870,6 +866,12 @@ def _attention_problems(cfg: DecoderConfig, valid, widths: bool) -> list[str]:
     if rotary and widths and (cfg.rotary_dim % 2 or cfg.rotary_dim > cfg.head_dim):
         problems.append(f"rotary_dim={cfg.rotary_dim} must be even and at most the head width "
                         f"Dh={cfg.head_dim}")
+    offset = cfg.position_offset
+    if not _is_int(offset) or offset < 0:
+        problems.append(f"position_offset={_shown(offset)} must be an integer >= 0")
+    elif offset and valid("pos") and cfg.pos not in ("learned", "sinusoidal"):
+        problems.append(f"position_offset={offset} needs pos='learned' or 'sinusoidal' (a table "
+                        f"of positions), not {cfg.pos!r}")
     if valid("pos") and cfg.pos != "rope" and (cfg.rotary_dim is not None
                                                or cfg.rope_scaling is not None):
         problems.append(f"rotary_dim={_shown(cfg.rotary_dim)}, rope_scaling="

@@ -85,8 +85,10 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
         2 if cfg.sandwich_norm else 0)
     blocks = sum(norms * norm + attn + (_routed_count(cfg) if _routes(cfg, i) else mlp)
                  for i in range(L))
+    # a learned table of T positions, after the rows OPT's keeps before position 0's
+    positions = (cfg.position_offset + T) * D if cfg.pos == "learned" else 0
     outer = (cfg.embedding_norm + cfg.final_norm) * norm  # BLOOM's embedding norm; GPT-1: none
-    return (V * D + (T * D if cfg.pos == "learned" else 0) + blocks + outer
+    return (V * D + positions + blocks + outer
             + (0 if cfg.tie_embeddings else V * D) + (V if cfg.readout_bias else 0))
 
 

@@ -138,7 +138,8 @@ def test_presets_pass(name):
                     "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3",
                     "rope-linear-gqa", "rope-yarn-partial", "gemma2-like",
                     "window-every-layer", "olmo-like", "olmo2-like", "gemma3-like",
-                    "readout-bias-tied", "granite-like", "parallel-one-norm", "nope-layer")
+                    "readout-bias-tied", "granite-like", "parallel-one-norm", "nope-layer",
+                    "opt-like")
     + configs.entries("alibi-embedding-norm", "alibi-no-shift", "sinusoidal-offset",
                       "post-norm-no-final", "qk-layernorm")  # helper fam-positions
     + configs.grid()))

@@ -21,7 +21,7 @@ ORACLE = configs.grid() + configs.entries(
     "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3", "rope-linear-gqa",
     "rope-yarn-partial", "rope-dynamic", "gemma2-like", "window-every-layer", "olmo-like",
     "olmo2-like", "gemma3-like", "readout-bias-tied", "granite-like", "parallel-one-norm",
-    "nope-layer") + configs.entries(  # positions and norm placements (helper fam-positions)
+    "nope-layer", "opt-like") + configs.entries(  # helper fam-positions
     "alibi-embedding-norm", "alibi-no-shift", "sinusoidal-offset", "post-norm-no-final",
     "qk-layernorm")
 
@@ -55,7 +55,7 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
                                                                 "readout-bias-tied",
                                                                 "granite-like",
                                                                 "parallel-one-norm",
-                                                                "nope-layer")
+                                                                "nope-layer", "opt-like")
                                           + configs.entries("alibi-embedding-norm",
                                                             "alibi-no-shift", "sinusoidal-offset",
                                                             "post-norm-no-final",

@@ -18,15 +18,16 @@ it back where a family holds it (transformers is the independent reference of ou
 from __future__ import annotations
 
 import functools
-import sys
 
+import families_gpt
+import families_positions
 import pytest
 import torch
 import torch.nn.functional as F
 from conformance import Unbuildable, build_tiny
 
 import decoder_audit as da
-from decoder_audit.references.families import FAMILIES
+from decoder_audit.references.families import BLACK_BOX, FAMILIES
 from decoder_audit.references.hf import from_hf, to_hf
 from decoder_audit.references.hf_models import eager_experts
 
@@ -153,82 +154,11 @@ def test_a_generic_defect_planted_in_each_family_fails_the_oracle(model_type, de
 
 # ---- what each family changes, planted wrong ----------------------------------------------------
 
-# ---- position and norm placements (helper fam-positions) ----
-
-def _bloom_slopes_reversed(model: torch.nn.Module) -> None:
-    """Every layer's ALiBi tensor (B*H, 1, S) handed to its heads in reverse order."""
-    heads = model.config.n_head
-
-    def reverse(_module, args, kwargs):
-        alibi = kwargs["alibi"]
-        kwargs["alibi"] = alibi.unflatten(0, (-1, heads)).flip(1).flatten(0, 1)
-        return args, kwargs
-    for block in model.transformer.h:
-        block.self_attention.register_forward_pre_hook(reverse, with_kwargs=True)
-
-
-def _mpt_bias_max(model: torch.nn.Module) -> None:
-    """MPT's slopes built with alibi_bias_max 16 (2^(-16 i / H)), not the 8 transformers uses."""
-    build = sys.modules[type(model).__module__].build_mpt_alibi_tensor
-    model.transformer.build_mpt_alibi_tensor = \
-        lambda heads, length, alibi_bias_max=8, device=None: build(heads, length, 16, device)
-
-
-def _mpt_norm_shift(model: torch.nn.Module) -> None:
-    """Layer 0's first LayerNorm given a shift, where MPT's norms have none."""
-    norm = model.transformer.blocks[0].norm_1
-    norm.bias = torch.nn.Parameter(torch.zeros_like(norm.weight))
-
-
-def _gpt1_pre_norm(model: torch.nn.Module) -> None:
-    """Block 0 normalises each sublayer's input (pre-LN) instead of the sum after it."""
-    block = model.transformer.h[0]
-
-    def forward(x, attention_mask=None, output_attentions=False):
-        attended = block.attn(block.ln_1(x), attention_mask=attention_mask,
-                              output_attentions=output_attentions)
-        n = x + attended[0]
-        return [n + block.mlp(block.ln_2(n))] + attended[1:]
-    block.forward = forward
-
-
-def _gpt1_norm_of_the_sublayer(model: torch.nn.Module) -> None:
-    """Block 0 normalises the sublayers' outputs and adds them to the unnormalised stream (a
-    sandwich norm's place), instead of normalising the sum."""
-    block = model.transformer.h[0]
-
-    def forward(x, attention_mask=None, output_attentions=False):
-        attended = block.attn(x, attention_mask=attention_mask,
-                              output_attentions=output_attentions)
-        n = x + block.ln_1(attended[0])
-        return [n + block.ln_2(block.mlp(n))] + attended[1:]
-    block.forward = forward
-
-
-def _persimmon_qk_shift_dropped(model: torch.nn.Module) -> None:
-    """Every q and k LayerNorm normalises and scales but never adds its shift (still a weight)."""
-    for layer in model.model.layers:
-        for norm in (layer.self_attn.q_layernorm, layer.self_attn.k_layernorm):
-            norm.forward = functools.partial(
-                lambda x, norm: F.layer_norm(x, norm.normalized_shape, norm.weight, None,
-                                             norm.eps), norm=norm)
-
-
 SPECIFIC: dict[tuple[str, str], tuple] = {
-    # ---- position and norm placements (helper fam-positions) ----
-    ("bloom", "alibi slopes in reverse head order"): (_bloom_slopes_reversed, "oracle"),
-    ("bloom", "embedding norm skipped"): (
-        lambda m: setattr(m.transformer.word_embeddings_layernorm, "forward", lambda x: x),
-        "oracle"),
-    ("mpt", "alibi_bias_max 16"): (_mpt_bias_max, "oracle"),
-    ("mpt", "a norm with a shift"): (_mpt_norm_shift, "params"),
-    ("xglm", "sinusoid offset dropped"): (
-        lambda m: setattr(m.model.embed_positions, "offset", 0), "oracle"),
-    ("xglm", "embedding scale dropped"): (
-        lambda m: setattr(m.model.embed_tokens, "embed_scale", 1.0), "oracle"),
-    ("openai-gpt", "pre-norm block"): (_gpt1_pre_norm, "oracle"),
-    ("openai-gpt", "norm of the sublayer, not the sum"): (_gpt1_norm_of_the_sublayer, "oracle"),
-    ("persimmon", "q/k layernorm shift dropped"): (_persimmon_qk_shift_dropped, "oracle"),
+    # ---- GPT-style families (helper fam-gpt): tests/families_gpt.py ----
+    **families_gpt.SPECIFIC,
+    # ---- position and norm placements (helper fam-positions): tests/families_positions.py ----
+    **families_positions.SPECIFIC,
 }
 """(family, defect) -> (plant(model) in transformers' own module, the check that must fail)."""
 
@@ -239,7 +169,7 @@ def test_a_defect_of_what_the_family_changes_fails_its_check(family, defect):
     model = _tiny(family)
     with torch.no_grad():
         plant(model)
-    report = _audit(model)
+    report = da.audit(model, checks=sorted({"params", "oracle", check}))
     assert not report[check].passed, f"{family}: {defect} passed {check}"
     if check == "oracle":  # a numerics defect: every weight is where the spec puts it
         assert report["params"].passed, report["params"].detail
@@ -258,8 +188,9 @@ FLOAT32_ONLY = {
 @pytest.mark.parametrize("model_type", _present())
 def test_each_family_reads_into_a_decoder_whose_logits_are_its_own(model_type):
     """from_hf places the family's weights into a Decoder of its config (our model, written
-    from the DecoderConfig alone): its logits equal transformers' in float64; to_hf writes it
-    back as the first family holding the config (not always the same one), logits equal."""
+    from the DecoderConfig alone): its logits equal transformers' in float64 (float32 for
+    FLOAT32_ONLY); to_hf writes it back as the first family holding the config (not always the
+    same one), logits equal."""
     dtype, atol = (torch.float32, 1e-5) if model_type in FLOAT32_ONLY else (torch.float64, 1e-6)
     model = _tiny(model_type).to(dtype)
     eager_experts(model)  # transformers' grouped expert kernel refuses float64
@@ -274,3 +205,24 @@ def test_each_family_reads_into_a_decoder_whose_logits_are_its_own(model_type):
             assert "holds this config" in str(exc) or "converter" in str(exc), exc
             return
         torch.testing.assert_close(back(input_ids=ids).logits, theirs, atol=atol, rtol=0)
+
+
+# ---- the families left black-box -----------------------------------------------------------------
+
+def test_no_family_is_both_read_as_a_spec_and_left_black_box():
+    assert not {f.model_type for f in FAMILIES} & set(BLACK_BOX)
+
+
+@pytest.mark.parametrize("model_type, words", [("jetmoe", "mixture of attention heads"),
+                                               ("mamba", "recurrent")])
+def test_a_family_left_black_box_says_what_it_lacks(model_type, words):
+    """The oracle's skip names what the family has that no DecoderConfig expresses."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        model, _ = build_tiny(model_type, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    except Unbuildable as exc:
+        pytest.skip(f"{model_type} does not build here: {exc}")
+    report = _audit(model)
+    assert report.facts.spec is None and report["oracle"].skipped
+    assert words in report["oracle"].detail and model_type in report["oracle"].detail

@@ -489,10 +489,11 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
                               "needs spec= (--spec) too")
         if not hf_readable:
             return {} if whitebox else _peer_facts(model, declared, origin)
-        from ..references.hf import hf_spec
+        from ..references.hf import hf_layout, hf_spec
 
         spec = hf_spec(model)
-        return {"spec": spec, **dict(zip(("placement", "reason"), place(model, spec, None)))}
+        return {"spec": spec, **dict(zip(("placement", "reason"),
+                                         place(model, spec, None, hf_layout(model))))}
     own = getattr(model, "config", None)
     if isinstance(own, DecoderConfig) and own != spec:
         differ = sorted(k for k, v in spec.to_dict().items() if own.to_dict()[k] != v)
@@ -503,7 +504,15 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
         return {}  # our own layout: its DecoderConfig is the spec, checked as ours
     _declare_values(spec.vocab_size, spec.max_seq_len if spec.pos == "learned" else None,
                     declared, origin)
-    return {"spec": spec, **dict(zip(("placement", "reason"), place(model, spec, weights_map)))}
+    # a Hugging Face family whose weights' names do not tell their layout (GPT-BigCode) keeps
+    # them in its own whatever spec is declared
+    layout = None
+    if weights_map is None and _is_hugging_face(model):
+        from ..references.hf import hf_layout
+
+        layout = hf_layout(model)
+    return {"spec": spec, **dict(zip(("placement", "reason"),
+                                     place(model, spec, weights_map, layout)))}
 
 
 def _declare_values(vocab_size: int, max_seq_len: int | None, declared: dict[str, Any],

@@ -191,9 +191,12 @@ class Decoder(nn.Module):
         # (V, D)
         self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, init_std=INIT_STD,
                                           **factory)
-        self.position_embeddings = (  # (max_seq_len, D)
-            Embedding(cfg.max_seq_len, cfg.d_model, init_std=INIT_STD, **factory)
+        self.position_embeddings = (  # (position_offset + max_seq_len, D)
+            Embedding(cfg.position_offset + cfg.max_seq_len, cfg.d_model, init_std=INIT_STD,
+                      **factory)
             if cfg.pos == "learned" else None)
+        # the table's row of position 0 (OPT's learned table and XGLM's sinusoidal one: 2)
+        self.position_offset = cfg.position_offset
         # BLOOM: the embedding stream normalised before layer 0
         self.embedding_norm = make_norm(cfg, **factory) if cfg.embedding_norm else None
         residual_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
@@ -301,13 +304,14 @@ class Decoder(nn.Module):
     def _position_rows(self, positions: torch.Tensor | None, seq_len: int,
                        like: torch.Tensor) -> torch.Tensor:
         """The learned table's rows, or the sinusoidal table's, of positions 0..T-1 (T, D) or
-        of the given positions (B|1, T) -> (B|1, T, D); every position < max_seq_len."""
-        if self.position_embeddings is not None:
-            table = self.position_embeddings.weight  # (max_seq_len, D)
-            return table[:seq_len] if positions is None else table[positions]
+        of the given positions (B|1, T) -> (B|1, T, D); position t's row is position_offset + t
+        (OPT's and XGLM's tables keep 2 before it), every position < max_seq_len."""
         if positions is None:
-            positions = torch.arange(seq_len, device=like.device)
-        return sinusoids(self.config, positions, like.dtype)
+            positions = torch.arange(seq_len, device=like.device)  # (T,)
+        rows = positions + self.position_offset
+        if self.position_embeddings is not None:
+            return self.position_embeddings.weight[rows]  # (offset + max_seq_len, D) table
+        return sinusoids(self.config, rows, like.dtype)
 
     def _alibi(self, positions: torch.Tensor | None, key_positions: torch.Tensor | None,
                seq_len: int, like: torch.Tensor) -> torch.Tensor:

@@ -18,15 +18,15 @@ import torch
 from ..config import DecoderConfig
 
 
-def sinusoids(cfg: DecoderConfig, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The sinusoidal rows of `positions` (..., T) -> (..., T, D): row p = t + position_offset
-    holds [sin(p f_i) for i < n] then [cos(p f_i) for i < n], n = D // 2, f_i =
-    10000^(-i / (n - 1)) (fairseq's and tensor2tensor's layout: the sines, then the cosines, not
-    interleaved); an odd D gets a last column of zeros."""
+def sinusoids(cfg: DecoderConfig, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The sinusoidal table's `rows` (..., T) -> (..., T, D) (position t's row is t +
+    position_offset): row p holds [sin(p f_i) for i < n] then [cos(p f_i) for i < n], n = D // 2,
+    f_i = 10000^(-i / (n - 1)) (fairseq's and tensor2tensor's layout: the sines, then the
+    cosines, not interleaved); an odd D gets a last column of zeros."""
     half = cfg.d_model // 2
-    frequencies = torch.exp(torch.arange(half, dtype=torch.float64, device=positions.device)
+    frequencies = torch.exp(torch.arange(half, dtype=torch.float64, device=rows.device)
                             * -(math.log(10000.0) / (half - 1)))  # (n,)
-    angles = (positions.to(torch.float64) + cfg.position_offset)[..., None] * frequencies
+    angles = rows.to(torch.float64)[..., None] * frequencies
     rows = torch.cat((angles.sin(), angles.cos()), dim=-1)  # (..., T, 2n)
     if cfg.d_model % 2:
         rows = torch.cat((rows, torch.zeros_like(rows[..., :1])), dim=-1)

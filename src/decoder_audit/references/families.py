@@ -23,7 +23,10 @@ rotated halves, no biases unless `attention_bias` / `mlp_bias` say so), then tak
                  audited black-box, never against a spec that leaves the option out;
     experts      how its routed experts are declared ("mixtral", "qwen_moe", "olmoe", or None
                  for a dense MLP); `block` the reader of a block unlike Llama's ("gpt2",
-                 "gpt_neox", "latent": DeepSeek's latent attention in front of routed experts).
+                 "gpt_neox", "latent": DeepSeek's latent attention in front of routed experts);
+    rope_config  False where its modules fix RoPE and the entry says it (GPT-J's base 10000);
+    layout       the layout its weights lie in where the names alone do not tell it
+                 (GPT-BigCode's c_attn: GPT-2's name and shape, its rows by KV group).
 
 Adding a family is one entry here, a correct tiny model that passes and a planted defect that
 fails (tests/references/test_families.py walks the table). Nothing in this module imports
@@ -106,6 +109,14 @@ class Family:
     legacy_rope: Mapping[str, str] = field(default_factory=dict)
     """transformers 4's names for RoPE fields this family spelled its own way (rope_theta,
     partial_rotary_factor, window_rope_theta: the windowed layers' base)."""
+    rope_config: bool = True
+    """Its RoPE is read from the config's RoPE fields (rope_parameters, or rope_theta and
+    rope_scaling); False: its modules fix the base and the entry fixes or reads every RoPE
+    field itself (GPT-J and CodeGen: base 10000, never scaled, rotary_dim features)."""
+    layout: str | None = None
+    """The name of the layout (`layouts.LAYOUTS`) its weights lie in, where the names alone do
+    not tell it from another's (GPT-BigCode's c_attn is GPT-2's name and shape, its rows in
+    another order); None: detected from the names."""
 
     def fixes(self) -> dict[str, Any]:
         """Every field the family fixes: Llama's (for a Llama-derived block), then its own."""
@@ -131,6 +142,17 @@ def takes(config_class: type, field: str) -> bool:
 def llama(model_type: str, model_class: str, **changes: Any) -> Family:
     """A family written as its diff from Llama's block."""
     return Family(model_type, model_class, **changes)
+
+
+def _gpt2_inner(config: Any) -> int:
+    """GPT-2's MLP width: n_inner, or 4 D where it is None."""
+    return config.n_inner if config.n_inner is not None else 4 * config.n_embd
+
+
+def _neox_attention_bias(config: Any) -> bool:
+    """GPT-NeoX's q/k/v and output biases: attention_bias, on unless a config says otherwise
+    (releases before it always had them)."""
+    return bool(getattr(config, "attention_bias", True))
 
 
 def _gemma_scale(config: Any) -> float:
@@ -196,6 +218,131 @@ _QWEN_MOE = {"n_experts": "num_experts", "experts_per_token": "num_experts_per_t
              "first_dense_layers": _qwen_dense_layers, "moe_every": "decoder_sparse_step"}
 
 
+# ---- GPT-style families (helper fam-gpt) --------------------------------------------------------
+# Their MLPs are plain (no gate), their activation named as GPT-2's activation_function names it
+GPT_ACTIVATIONS = MappingProxyType({"gelu": "gelu", "gelu_new": "gelu_tanh",
+                                    "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+                                    "relu": "relu"})
+# Not Llama's block: every field is the entry's own; each head D / H wide, the window where the
+# entry reads one
+_GPT_STYLE = dict(block="gpt2", windows=False, grouped=False, activations=GPT_ACTIVATIONS)
+
+
+def _n_inner(config: Any) -> int:
+    """GPT-2's convention for the MLP width: n_inner, or 4 D when unset."""
+    return config.n_inner if config.n_inner is not None else 4 * config.hidden_size
+
+
+def _neo_window(config: Any) -> int | None:
+    """GPT-Neo's window: window_size keys on its "local" layers (attention_layers)."""
+    return config.window_size if "local" in config.attention_layers else None
+
+
+def _neo_window_layers(config: Any) -> tuple[int, ...] | None:
+    local = tuple(i for i, kind in enumerate(config.attention_layers) if kind == "local")
+    return local if local and len(local) < len(config.attention_layers) else None
+
+
+def _neo_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    kinds = ["local" if cfg.window(i) is not None else "global" for i in range(cfg.n_layers)]
+    return {"attention_types": [[kinds, 1]], "window_size": cfg.sliding_window or 256}
+
+
+def _bigcode_kv_heads(config: Any) -> int | None:
+    """GPT-BigCode's one key/value head (multi_query), or one per query head."""
+    return 1 if config.multi_query and config.num_attention_heads > 1 else None
+
+
+def _unscaled(config: Any) -> float | None:
+    """Scores q.k unscaled where scale_attn_weights is off (GPT-BigCode), else 1/sqrt(Dh)."""
+    return None if config.scale_attn_weights else 1.0
+
+
+def _bigcode_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    return {"n_inner": cfg.d_ff, "multi_query": cfg.kv_heads == 1,
+            "scale_attn_weights": cfg.attn_scale is None}
+
+
+def _opt_width(config: Any) -> int:
+    """OPT's residual width, where its embedding has the same (OPT-350m's project_in and
+    project_out map between an embedding of word_embed_proj_dim and the blocks)."""
+    if config.word_embed_proj_dim != config.hidden_size:
+        raise Unexpressed(f"word_embed_proj_dim={config.word_embed_proj_dim} != hidden_size="
+                          f"{config.hidden_size} (project_in and project_out between the "
+                          "embedding's width and the blocks': not expressed)")
+    return config.hidden_size
+
+
+def _biogpt_scale(config: Any) -> float | None:
+    return float(config.hidden_size) ** 0.5 if config.scale_embedding else None
+
+
+def _rotary_dim(config: Any) -> int | None:
+    """GPT-J's and CodeGen's rotated width: rotary_dim features of each head (None where that
+    is all of them). Unset, their table is hidden_size wide, which only one head of D fits."""
+    heads, width = config.num_attention_heads, config.hidden_size
+    if config.rotary_dim is None:
+        if heads == 1:
+            return None
+        raise InvalidHFConfig(f"rotary_dim=None with num_attention_heads={heads}: the rotary "
+                              f"table is hidden_size={width} wide, wider than a head of "
+                              f"{width // heads} (the forward fails)")
+    return None if config.rotary_dim == width // heads else config.rotary_dim
+
+
+def _gptj_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    return {"n_inner": cfg.d_ff, "rotary_dim": cfg.rotary_dim or cfg.head_dim}
+
+
+_GPTJ = dict(_GPT_STYLE, rope_config=False, activation=("activation_function",), write=_gptj_write,
+             # one LayerNorm feeding attention and the MLP beside each other; RoPE on
+             # interleaved pairs (rotate_every_two) of the first rotary_dim features, base 10000
+             fixed={"norm": "layernorm", "pos": "rope", "rope_layout": "interleaved",
+                    "rope_theta": 10000.0, "parallel_residual": True, "shared_norm": True,
+                    "attn_bias": False, "mlp_bias": True, "readout_bias": True},
+             read={"norm_eps": "layer_norm_epsilon", "d_ff": _n_inner,
+                   "rotary_dim": _rotary_dim})
+
+
+def _falcon_kv_heads(config: Any) -> int | None:
+    """Falcon's key/value heads: num_kv_heads in the new architecture, one with multi_query,
+    else one per query head."""
+    heads = config.num_attention_heads
+    kv = (config.num_kv_heads if config.new_decoder_architecture else
+          1 if config.multi_query else heads)
+    return None if kv == heads else kv
+
+
+def _falcon_parallel(config: Any) -> bool:
+    """Whether Falcon's block is parallel (its MLP reads the block's input, not the stream
+    after attention), for the forms its layer both builds and runs."""
+    norms = config.num_ln_in_parallel_attn
+    if config.new_decoder_architecture and not config.parallel_attn:
+        raise Unexpressed("new_decoder_architecture=True with parallel_attn=False (its layer "
+                          "builds the sequential norms and reads the parallel ones)")
+    if config.new_decoder_architecture and norms not in (None, 1, 2):
+        raise Unexpressed(f"num_ln_in_parallel_attn={norms} (its layer reads 1 or 2 norms)")
+    if not config.new_decoder_architecture and config.parallel_attn and norms == 2:
+        raise Unexpressed("num_ln_in_parallel_attn=2 without new_decoder_architecture (its "
+                          "layer builds ln_attn, ln_mlp and reads input_layernorm)")
+    return bool(config.parallel_attn)
+
+
+def _falcon_shared_norm(config: Any) -> bool:
+    """One norm in front of both sublayers: the original parallel block (Falcon-7B), or the
+    new architecture's with num_ln_in_parallel_attn=1 (Falcon-11B)."""
+    if not config.parallel_attn:
+        return False
+    return not config.new_decoder_architecture or config.num_ln_in_parallel_attn == 1
+
+
+def _falcon_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    if cfg.parallel_residual:  # the new architecture holds any KV heads, one norm or two
+        return {"new_decoder_architecture": True, "parallel_attn": True,
+                "num_ln_in_parallel_attn": 1 if cfg.shared_norm else 2,
+                "num_kv_heads": cfg.kv_heads}
+    return {"new_decoder_architecture": False, "parallel_attn": False,
+            "multi_query": cfg.kv_heads == 1, "num_kv_heads": cfg.n_heads}
 # ---- position and norm placements (helper fam-positions) ----
 # The plain (non-gated) MLPs' activations, by transformers' ACT2FN names: gelu_new, gelu_fast and
 # gelu_pytorch_tanh are the tanh approximation written three ways
@@ -289,7 +436,7 @@ FAMILIES: tuple[Family, ...] = (
                         "gelu": "gelu", "relu": "relu"},
            fixed={"norm": "layernorm", "pos": "learned", "attn_bias": True, "mlp_bias": True},
            read={"norm_eps": "layer_norm_epsilon",
-                 "d_ff": lambda c: c.n_inner if c.n_inner is not None else 4 * c.n_embd},
+                 "d_ff": _gpt2_inner},
            refused=(("scale_attn_weights", "unscaled scores: we always scale by 1/sqrt(Dh)",
                      lambda value: not value),
                     ("scale_attn_by_inverse_layer_idx", "scores scaled per layer by 1/(i+1)"),
@@ -326,7 +473,7 @@ FAMILIES: tuple[Family, ...] = (
                         "gelu_fast": "gelu_tanh", "relu": "relu"},
            fixed={"norm": "layernorm", "mlp_bias": True},
            read={"norm_eps": "layer_norm_eps", "parallel_residual": "use_parallel_residual",
-                 "attn_bias": lambda c: bool(getattr(c, "attention_bias", True))},
+                 "attn_bias": _neox_attention_bias},
            write=lambda cfg, cls: {"attention_bias": cfg.attn_bias},
            legacy_rope={"rope_theta": "rotary_emb_base", "partial_rotary_factor": "rotary_pct"}),
     # routed families: Llama's attention with a router, softmax then top k, in front of E experts
@@ -349,6 +496,62 @@ FAMILIES: tuple[Family, ...] = (
            windows=False),
     Family("deepseek_v2", "DeepseekV2ForCausalLM", block="latent", experts="deepseek_v2",
            windows=False),
+    # ---- GPT-style families (helper fam-gpt) ----
+    # GPT-Neo: GPT-2's block with unscaled scores, a bias on the output projection only, and
+    # windowed "local" layers
+    Family("gpt_neo", "GPTNeoForCausalLM", **_GPT_STYLE, activation=("activation_function",),
+           fixed={"norm": "layernorm", "pos": "learned", "attn_scale": 1.0,
+                  "attn_bias": ("output_proj",), "mlp_bias": True},
+           read={"norm_eps": "layer_norm_epsilon",
+                 "d_ff": lambda c: (c.intermediate_size if c.intermediate_size is not None
+                                    else 4 * c.hidden_size),
+                 "sliding_window": _neo_window, "window_layers": _neo_window_layers},
+           write=_neo_write),
+    # GPT-BigCode (StarCoder): GPT-2's block, one key/value head with multi_query, its c_attn
+    # rows KV group by KV group (its own layout: GPT-2's names and shape)
+    Family("gpt_bigcode", "GPTBigCodeForCausalLM", **_GPT_STYLE,
+           activation=("activation_function",), layout="Hugging Face GPT-BigCode",
+           fixed={"norm": "layernorm", "pos": "learned", "attn_bias": True, "mlp_bias": True},
+           read={"norm_eps": "layer_norm_epsilon", "d_ff": _n_inner,
+                 "n_kv_heads": _bigcode_kv_heads, "attn_scale": _unscaled},
+           write=_bigcode_write,
+           refused=(("add_cross_attention", "a decoder-only model has no cross attention"),)),
+    # OPT: fairseq's pre-norm decoder, LayerNorms of eps 1e-5, learned positions from row 2
+    Family("opt", "OPTForCausalLM", **_GPT_STYLE, activation=("activation_function",),
+           fixed={"norm": "layernorm", "norm_eps": 1e-5, "pos": "learned",
+                  "position_offset": 2},
+           read={"d_model": _opt_width, "d_ff": "ffn_dim", "attn_bias": "enable_bias",
+                 "mlp_bias": "enable_bias", "norm_affine": "layer_norm_elementwise_affine",
+                 "norm_bias": "layer_norm_elementwise_affine"},
+           refused=(("do_layer_norm_before", "post-norm blocks (each sublayer's sum "
+                     "normalised, no final norm: OPT-350m)", lambda value: not value),
+                    ("_remove_final_layer_norm", "no norm before the readout"))),
+    # BioGPT: OPT's block with biases everywhere and an embedding scaled by sqrt(D)
+    Family("biogpt", "BioGptForCausalLM", **_GPT_STYLE,
+           fixed={"norm": "layernorm", "norm_eps": 1e-5, "pos": "learned",
+                  "position_offset": 2, "attn_bias": True, "mlp_bias": True},
+           read={"embedding_scale": _biogpt_scale},
+           write=lambda cfg, cls: {"scale_embedding": cfg.embedding_scale is not None}),
+    Family("gptj", "GPTJForCausalLM", **_GPTJ),
+    # CodeGen: GPT-J with q, k, v fused (qkv_proj in 4 shards of q, v, k rows: its layout)
+    Family("codegen", "CodeGenForCausalLM", **_GPTJ),
+    # Phi-1, Phi-2: Llama's names for q/k/v, one LayerNorm in front of a parallel block, partial
+    # rotary, biases everywhere, a plain MLP fc1 -> fc2, a bias on the logits
+    llama("phi", "PhiForCausalLM", partial_rotary=True, windows=False,
+          activations=GPT_ACTIVATIONS,
+          fixed={"norm": "layernorm", "attn_bias": True, "mlp_bias": True,
+                 "parallel_residual": True, "shared_norm": True, "readout_bias": True},
+          read={"norm_eps": "layer_norm_eps"},
+          refused=(("qk_layernorm", "per-head LayerNorms of q and k, with a shift"),)),
+    # Falcon: its new architecture (two norms beside each other, or one; grouped KV heads) and
+    # the original (Falcon-7B: one norm, a parallel block, one KV head), q/k/v fused
+    Family("falcon", "FalconForCausalLM", **_GPT_STYLE, activation=("activation",),
+           fixed={"norm": "layernorm", "pos": "rope"},
+           read={"norm_eps": "layer_norm_epsilon", "attn_bias": "bias", "mlp_bias": "bias",
+                 "d_ff": "ffn_hidden_size", "n_kv_heads": _falcon_kv_heads,
+                 "parallel_residual": _falcon_parallel, "shared_norm": _falcon_shared_norm},
+           write=_falcon_write,
+           refused=(("alibi", "ALiBi's linear distance biases on the scores instead of RoPE"),)),
     *_POSITION_FAMILIES,  # helper fam-positions
 )
 """Every family read as a spec, in the order the writer tries them: where two families read
@@ -375,3 +578,77 @@ def present(module: Any, *, converter: bool | None = None) -> dict[str, type]:
         if cls is not None:
             found[entry.model_type] = cls
     return found
+
+
+# ---- the families left black-box, with what they lack -------------------------------------------
+
+_HYBRID = "recurrent, convolutional or linear-attention layers beside (or instead of) attention"
+_ENCODER = ("an encoder block run causally: LayerNorm after each residual add (post-norm), an "
+            "embedding LayerNorm, token-type embeddings, an MLM head transform before the readout")
+_SEQ2SEQ = ("the decoder of an encoder-decoder family: cross-attention blocks, an embedding "
+            "LayerNorm, positions offset by 2 or sinusoidal")
+_SPARSE_INDEX = ("a learned indexer choosing each query's keys (DeepSeek sparse attention), "
+                 "beside latent attention")
+_GEMMA_3N = "key/value sharing across layers, per-layer inputs and AltUp (Gemma 3n, Gemma 4)"
+
+BLACK_BOX: Mapping[str, str] = MappingProxyType({
+    # hybrids, recurrent and state-space models
+    **{t: _HYBRID for t in (
+        "mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm", "jamba", "bamba",
+        "zamba", "zamba2", "falcon_h1", "granitemoehybrid", "nemotron_h", "olmo_hybrid",
+        "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp",
+        "qwen4_exp_text", "lfm2", "lfm2_moe", "lfm3", "kimi_linear", "minimax", "lara_mini",
+        "bailing_hybrid", "inkling_text", "inkling2_text", "inkling2_loop_text")},
+    # encoder blocks run causally, and seq2seq decoders
+    **{t: _ENCODER for t in (
+        "bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie",
+        "megatron-bert", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "xlm-roberta",
+        "xlm-roberta-xl", "xmod", "xlm")},
+    **{t: _SEQ2SEQ for t in (
+        "bart", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus", "plbart",
+        "trocr", "whisper")},
+    **{t: _SPARSE_INDEX for t in ("deepseek_v32", "glm_moe_dsa", "axk2", "dots3_note",
+                                  "dots3_note_text", "minimax_m3_vl_text")},
+    **{t: _GEMMA_3N for t in ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text",
+                              "gemma4_assistant", "gemma4_unified", "gemma4_unified_text",
+                              "gemma4_unified_assistant")},
+    "big_bird": "block-sparse attention", "bigbird_pegasus": "block-sparse attention",
+    "reformer": "LSH and chunked attention", "prophetnet": "n-gram prediction streams",
+    "xlnet": "two-stream permutation attention", "blt": "byte latent patches",
+    "cpmant": "a relative-position bucket bias on the scores (T5-style), prompt embeddings",
+    "ctrl": "sinusoidal positions (sines of the even columns, cosines of the odd ones)",
+    "diffllama": "differential attention (two softmax maps subtracted with a learned lambda)",
+    "doge": "dynamic-mask attention (a value-dependent bias on every key)",
+    "dory": "nGPT's normalised residual (unit-norm interpolation) and shared keys and values",
+    "jetmoe": "a mixture of attention heads (routed q and o projections)",
+    "longcat_flash": "two attention and MLP sublayers per layer with a shortcut MoE and zero "
+                     "experts",
+    "zaya": "convolution-mixed queries and keys (CCA) and delayed recurrent values",
+    "hrm_text": "two weight-shared stacks iterated in cycles",
+    "deepseek_v4": "hyper-connections and compressed keys and values",
+    "hy_v4": "hyper-connections and compressed keys and values",
+    "bitnet": "ternary quantised weights and activations, and norms inside attention and MLP",
+    "phimoe": "sparsemixer routing (a masked two-stage top 2) and LongRoPE scaling",
+    "dbrx": "q, k and v clamped (clip_qkv), experts renormalised by a p-norm",
+    "afmoe": "a gated attention output (the heads times a sigmoid of x) and NoPE layers",
+    "laguna": "a gated attention output, heads per layer, a soft-capped router",
+    "mimo_v2_flash": "value heads of another width, a value scale, windowed layers with their "
+                     "own key/value heads, attention sinks",
+    "beam": "a gated attention output, query scaling by position, a depth-scaled residual",
+    "axk1": "a norm on the routed MLP's output only",
+    "nanochat": "norms without gains, a norm of the embeddings, RoPE turned the other way",
+    "modernbert-decoder": "an embedding norm, a readout transform (dense, GELU, LayerNorm), no "
+                          "attention norm in layer 0",
+    "mllama": "cross-attention layers to image features",
+    "gemma3": "the text model inside an image-text model (Gemma3ForConditionalGeneration)",
+    "fuyu": "the text model inside an image-text model (FuyuForCausalLM)",
+    "phi4_multimodal": "modality adapters around the text model",
+    "git": "an image encoder in front", "got_ocr2": "an image encoder in front",
+    "moss_transcribe_diarize": "an audio encoder in front",
+    "moshi": "multi-codebook audio streams", "musicgen": "multi-codebook audio streams",
+    "musicgen_melody": "multi-codebook audio streams",
+    "csm": "two stacks fed by audio codebooks",
+})
+"""model_type -> what its decoder has that no DecoderConfig expresses: the families audited
+black-box on purpose (`hf.hf_reference` says why; docs/conformance.md lists them). A family
+joins FAMILIES, and leaves this table, when a DecoderConfig expresses it."""

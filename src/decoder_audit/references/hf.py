@@ -39,11 +39,12 @@ from ..errors import CheckpointError, ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import copy_into_parameters, decoder_from_tensors
 from ..storage.folder import write_folder_atomically
-from .families import InvalidHFConfig
+from .families import BLACK_BOX, InvalidHFConfig
 from .hf_config import (
     _transformers,
     config_from_hf,
     config_to_hf,
+    family_layout,
     family_of,
     hf_family,
     model_classes,
@@ -113,6 +114,12 @@ def hf_spec(hf_model: Any) -> DecoderConfig:
     tf = _transformers()
     family = family_of(hf_model, spec_classes(tf))
     return config_from_hf(hf_model.config, family)
+
+
+def hf_layout(hf_model: Any) -> str | None:
+    """The name of the layout the model's family keeps its weights in, where its names alone
+    would not tell (`families.Family.layout`: GPT-BigCode's c_attn), else None (detected)."""
+    return family_layout(hf_model)
 
 
 def export_changes(cfg: DecoderConfig) -> list[str]:
@@ -187,8 +194,12 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
     classes = spec_classes(tf)
     family = family_of(model, classes)
     if family is None:
-        known = " or ".join(cls.__name__ for cls in classes.values())
-        return None, f"{name} is not a class whose config is read as a spec ({known}, or a subclass)"
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        lacks = BLACK_BOX.get(model_type)
+        if lacks is not None:
+            return None, f"{name} ({model_type}) has what no DecoderConfig expresses: {lacks}"
+        return None, (f"{name} is not the class of a family whose config is read as a spec "
+                      f"({len(classes)} families: references/families.py)")
     try:
         config_from_hf(model.config, family)
     except InvalidHFConfig:
@@ -294,5 +305,5 @@ def max_logit_difference(decoder: Decoder, hf_model: Any, ids: torch.Tensor) -> 
     theirs = hf_model(input_ids=ids).logits
     return (ours - theirs.to(ours.dtype)).abs().max().item()
 
-__all__ = ["export_changes", "from_hf", "hf_spec", "is_hf_folder", "load_hf_folder", "max_logit_difference",
+__all__ = ["export_changes", "from_hf", "hf_layout", "hf_spec", "is_hf_folder", "load_hf_folder", "max_logit_difference",
     "save_hf_folder", "to_hf"]

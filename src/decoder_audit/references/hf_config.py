@@ -128,6 +128,14 @@ def family_of(model: Any, classes: dict[str, type]) -> str | None:
     return None
 
 
+def family_layout(model: Any) -> str | None:
+    """The layout its family's entry names for a model of `spec_classes` (`Family.layout`:
+    where the weights' names alone would not tell), or None: detected from the names."""
+    found = family_of(model, spec_classes(_transformers()))
+    entry = families.family(found) if found is not None else None
+    return entry.layout if entry is not None else None
+
+
 # ---- the one reader ---------------------------------------------------------------------------
 
 # DecoderConfig fields read as flags or numbers (a config may hold an int or None for them)
@@ -239,7 +247,8 @@ def _positions(c: Any, family: families.Family, fields: dict[str, Any],
     if fields.get("pos", "rope") != "rope":
         return {}
     head_dim = fields["head_width"] or fields["d_model"] // fields["n_heads"]
-    rope = rope_fields(c, family, head_dim, problems)
+    # a family whose modules fix its RoPE (GPT-J's base 10000) has it among the entry's fields
+    rope = rope_fields(c, family, head_dim, problems) if family.rope_config else {}
     window = _window_fields(c, family, problems) if family.windows else {}
     if not window:  # no layer windowed (Gemma 3 with sliding_window_pattern=1): one base
         rope.pop("window_rope_theta", None)

@@ -13,9 +13,10 @@ Writing: each family's config is written from a DecoderConfig by reading its ent
 that DecoderConfig, so a field a family cannot hold (Qwen3's q/k norm in Mistral, a window in
 OLMo) is never lost: the next family is tried, and when none holds it the ConfigError names the
 families tried. The weights are then written into the new model's own tensors where its layout
-puts them (a fused q/k/v matrix row block by row block). Our RoPE must rotate halves here (the
-families' own layout; DeepSeek's latent attention holds either, as V3's rope_interleave says);
-the converter's Llama path is the one that permutes interleaved rows.
+puts them (a fused q/k/v matrix row block by row block). Our RoPE keeps the family's own pairs:
+rotated halves for most, interleaved pairs for GPT-J and CodeGen (DeepSeek's latent attention
+holds either, as V3's rope_interleave says); the converter's Llama path is the one that permutes
+interleaved rows into halves.
 """
 
 from __future__ import annotations
@@ -29,10 +30,17 @@ from ..errors import ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import decoder_from_tensors
 from .families import FAMILIES, Family, takes
-from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, spec_classes
+from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, family_layout, spec_classes
 from .hf_rope import rope_config_fields
 from .hf_models import eager_experts
-from .layouts import detect, placeable
+from .layouts import Placement, detect, named_layouts, placeable
+
+
+def placed(hf_model: Any, spec: DecoderConfig) -> Placement | None:
+    """Where the model's weights lie on the spec's names: in the layout its family names, or
+    the one detected from the names (`layouts.detect`)."""
+    layout = family_layout(hf_model)
+    return detect(placeable(hf_model), spec, named_layouts(layout) if layout else None)
 
 
 def placed_weights(hf_model: Any, spec: DecoderConfig) -> dict[str, torch.Tensor]:
@@ -40,7 +48,7 @@ def placed_weights(hf_model: Any, spec: DecoderConfig) -> dict[str, torch.Tensor
     `spec`, or ConfigError naming every weight that does not fit it (a buffer that holds a
     weight, DeepSeek-V3's selection bias, is read as the Parameter it is in our Decoder)."""
     named = placeable(hf_model)
-    placement = detect(named, spec)
+    placement = placed(hf_model, spec)
     if placement is None:
         raise ConfigError(f"{type(hf_model).__name__}'s weights are in no known layout (first: "
                           f"{list(named)[:3]})")
@@ -65,11 +73,6 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
     """The model of the first family whose config reads back as the decoder's own (eval mode,
     eager attention), holding copies of its weights; ConfigError naming the families tried."""
     cfg = decoder.config
-    # latent attention's families (DeepSeek) hold either layout (V3's rope_interleave)
-    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half" and not cfg.latent_attention:
-        raise ConfigError("rope_layout='interleaved': these families rotate halves; write "
-                          "rope_layout='rotate_half' (the same weights, rows reordered per head, "
-                          "as from_hf's Llama path does)")
     classes = spec_classes(tf)
     tried = []
     for family in FAMILIES:
@@ -86,6 +89,11 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
         if _write_weights(hf_model, cfg, decoder):
             return hf_model
         tried.append(family.model_type)  # its modules are not the shapes it reads back as
+    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half" and not cfg.latent_attention:
+        # the families that rotate interleaved pairs (GPT-J, CodeGen) did not hold it either
+        raise ConfigError(f"rope_layout='interleaved': no family holds this config with it "
+                          f"(tried {tried}); write rope_layout='rotate_half' (the same weights, "
+                          "rows reordered per head, as from_hf's Llama path does)")
     raise ConfigError(f"no Hugging Face family holds this config exactly (tried {tried}; each "
                       "reads back as another config)")
 
@@ -119,7 +127,7 @@ def _write_weights(hf_model: Any, cfg: DecoderConfig, decoder: Decoder) -> bool:
     written) when its weights do not fit cfg exactly (DeepSeek-V3's selection bias into its
     buffer)."""
     named = placeable(hf_model)
-    placement = detect(named, cfg)
+    placement = placed(hf_model, cfg)
     if placement is None or placement.problems or placement.leftover:
         return False
     ours = dict(decoder.named_parameters(remove_duplicate=False))
@@ -141,7 +149,7 @@ def config_fields(cfg: DecoderConfig, config_class: type, family: Family) -> dic
         return _deepseek(cfg, config_class, family)
     fields: dict[str, Any] = ({"num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim}
                               if family.grouped else {})
-    if cfg.pos == "rope":
+    if cfg.pos == "rope" and family.rope_config:
         fields.update(rope_config_fields(cfg, config_class, family))
     names = [name for name, ours in family.activations.items() if ours == cfg.mlp]
     if names:  # else the family computes another MLP: it reads back as another config

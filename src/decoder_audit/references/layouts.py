@@ -88,8 +88,8 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     norm = ("weight", "bias") if spec.norm == "layernorm" and spec.norm_bias else ("weight",)
     norm = norm if spec.norm_affine else ()  # OLMo's norms learn nothing
     shapes: dict[str, tuple[int, ...]] = {"token_embeddings.weight": (v, d)}
-    if spec.pos == "learned":
-        shapes["position_embeddings.weight"] = (t, d)
+    if spec.pos == "learned":  # OPT's keeps position_offset rows before position 0's
+        shapes["position_embeddings.weight"] = (spec.position_offset + t, d)
     if spec.embedding_norm:  # BLOOM's norm of the embeddings
         shapes.update({f"embedding_norm.{part}": (d,) for part in norm})
     matrices = {"attn.q_proj": (d_q, d), "attn.k_proj": (d_kv, d), "attn.v_proj": (d_kv, d),
@@ -201,6 +201,15 @@ class Layout:
     """The router module's name for the selection bias (ffn.router.selection_bias), where it
     is a buffer rather than a Parameter (DeepSeek-V3's e_score_correction_bias, updated by a
     balancing rule, never by gradients): `placeable` adds such buffers to what is placed."""
+    qkv_shards: int = 1
+    """The fused q/k/v rows are split in this many equal shards, each holding its share of q, k
+    and v (in `qkv_order`): CodeGen's qkv_proj is 4 shards (its mp_num) of q, v, k rows."""
+    qkv_order: tuple[str, str, str] = ("q_proj", "k_proj", "v_proj")
+    """The order of q, k and v rows in a fused matrix (in each shard)."""
+    detected: bool = True
+    """False: placed only where a family's entry names it (`families.Family.layout`), never
+    detected from the names, which are another layout's with the same shapes in another row
+    order (GPT-BigCode's c_attn is GPT-2's name and shape, its rows per KV group)."""
     embedding_norm: str | None = None
     """The module of the norm on the embeddings (BLOOM's word_embeddings_layernorm)."""
 
@@ -265,6 +274,18 @@ _FROM_SCRATCH_ATTN = {"ln1": "norm1", "ln2": "norm2", "attn.q_proj": "att.W_quer
 
 _LITGPT_ATTN = {"ln1": "norm_1", "ln2": "norm_2", "attn.output_proj": "attn.proj",
                 "attn.q_norm": "attn.norm_q", "attn.k_norm": "attn.norm_k"}
+
+# ---- GPT-style families (helper fam-gpt) ----
+# fairseq's decoder layer (OPT, BioGPT): self_attn_layer_norm before attention,
+# final_layer_norm before the MLP fc1 -> fc2
+_FAIRSEQ = {"ln1": "self_attn_layer_norm", "ln2": "final_layer_norm",
+            "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
+            "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.out_proj",
+            "ffn.w1": "fc1", "ffn.w2": "fc2"}
+_GPTJ = {"ln1": "ln_1", "attn.output_proj": "attn.out_proj", "ffn.w1": "mlp.fc_in",
+         "ffn.w2": "mlp.fc_out"}
+_FALCON = {"attn.output_proj": "self_attention.dense", "ffn.w1": "mlp.dense_h_to_4h",
+           "ffn.w2": "mlp.dense_4h_to_h"}
 
 LAYOUTS: tuple[Layout, ...] = (
     Layout("decoder-audit", "token_embeddings", "position_embeddings", "layers.{i}", "ln_final",
@@ -342,6 +363,54 @@ LAYOUTS: tuple[Layout, ...] = (
             "attn.k_norm": "attention.k_norm", "ffn.w1": "feed_forward.w1",
             "ffn.w2": "feed_forward.w2", "ffn.w3": "feed_forward.w3"},
            fused_qkv="attention.qkv_linear.wqkv", qkv_per_head=True, norm_params=("weight", None)),
+    # ---- GPT-style families (helper fam-gpt) ----
+    # GPT-BigCode: GPT-2's names and c_attn's shape (an nn.Linear), its rows KV group by KV
+    # group: with multi_query every q row then one k and one v head (GPT-2's order), without it
+    # head by head (q, k, v of head 0, then head 1, ...). Named by its family's entry, never
+    # detected: the names and shapes are GPT-2's, whose rows are q, k, v whole
+    Layout("Hugging Face GPT-BigCode", "transformer.wte", "transformer.wpe", "transformer.h.{i}",
+           "transformer.ln_f", "lm_head",
+           {"ln1": "ln_1", "ln2": "ln_2", "attn.output_proj": "attn.c_proj",
+            "ffn.w1": "mlp.c_fc", "ffn.w2": "mlp.c_proj"}, fused_qkv="attn.c_attn",
+           qkv_per_head=True, detected=False),
+    Layout("Hugging Face GPT-Neo", "transformer.wte", "transformer.wpe", "transformer.h.{i}",
+           "transformer.ln_f", "lm_head",
+           {"ln1": "ln_1", "ln2": "ln_2", "attn.q_proj": "attn.attention.q_proj",
+            "attn.k_proj": "attn.attention.k_proj", "attn.v_proj": "attn.attention.v_proj",
+            "attn.output_proj": "attn.attention.out_proj", "ffn.w1": "mlp.c_fc",
+            "ffn.w2": "mlp.c_proj"}),
+    # OPT and BioGPT: fairseq's names (their position tables keep two rows before position 0's:
+    # the spec's position_offset)
+    Layout("Hugging Face OPT", "model.decoder.embed_tokens", "model.decoder.embed_positions",
+           "model.decoder.layers.{i}", "model.decoder.final_layer_norm", "lm_head", _FAIRSEQ),
+    Layout("Hugging Face BioGPT", "biogpt.embed_tokens", "biogpt.embed_positions",
+           "biogpt.layers.{i}", "biogpt.layer_norm", "output_projection", _FAIRSEQ),
+    # GPT-J and CodeGen: one norm ln_1 in front of a parallel block; CodeGen fuses q, k, v in
+    # qkv_proj as 4 shards (its mp_num) of q, v, k rows
+    Layout("Hugging Face GPT-J", "transformer.wte", None, "transformer.h.{i}",
+           "transformer.ln_f", "lm_head", {**_GPTJ, "attn.q_proj": "attn.q_proj",
+                                           "attn.k_proj": "attn.k_proj",
+                                           "attn.v_proj": "attn.v_proj"}),
+    Layout("Hugging Face CodeGen", "transformer.wte", None, "transformer.h.{i}",
+           "transformer.ln_f", "lm_head", _GPTJ, fused_qkv="attn.qkv_proj", qkv_shards=4,
+           qkv_order=("q_proj", "v_proj", "k_proj")),
+    Layout("Hugging Face Phi", "model.embed_tokens", None, "model.layers.{i}",
+           "model.final_layernorm", "lm_head",
+           {"ln1": "input_layernorm", "attn.q_proj": "self_attn.q_proj",
+            "attn.k_proj": "self_attn.k_proj", "attn.v_proj": "self_attn.v_proj",
+            "attn.output_proj": "self_attn.dense", "ffn.w1": "mlp.fc1", "ffn.w2": "mlp.fc2"}),
+    # Falcon: query_key_value KV group by KV group (the new architecture's (Hkv, H/Hkv + 2, Dh);
+    # multi_query's q, k, v is one group, the MHA's (H, 3, Dh) one group a head); its norms
+    # input_layernorm (the only one of a parallel block that shares it) and
+    # post_attention_layernorm, or ln_attn and ln_mlp beside each other (the new architecture's)
+    Layout("Hugging Face Falcon", "transformer.word_embeddings", None, "transformer.h.{i}",
+           "transformer.ln_f", "lm_head",
+           {**_FALCON, "ln1": "input_layernorm", "ln2": "post_attention_layernorm"},
+           fused_qkv="self_attention.query_key_value", qkv_per_head=True),
+    Layout("Hugging Face Falcon (two parallel norms)", "transformer.word_embeddings", None,
+           "transformer.h.{i}", "transformer.ln_f", "lm_head",
+           {**_FALCON, "ln1": "ln_attn", "ln2": "ln_mlp"},
+           fused_qkv="self_attention.query_key_value", qkv_per_head=True),
     # ---- position and norm placements (helper fam-positions) ----
     # BLOOM: q, k, v fused head by head ((H, 3, Dh) rows, as GPT-NeoX), its embedding norm
     Layout("Hugging Face BLOOM", "transformer.word_embeddings", None, "transformer.h.{i}",
@@ -553,9 +622,11 @@ def placeable(model: nn.Module) -> dict[str, torch.Tensor]:
     return named
 
 
-def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
-          ) -> tuple[Placement | None, str]:
-    """(where the module's weights lie on the spec's names, "") or (None, why not)."""
+def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None,
+          layout: str | None = None) -> tuple[Placement | None, str]:
+    """(where the module's weights lie on the spec's names, "") or (None, why not). `layout`:
+    the name of the layout its weights lie in (a Hugging Face family's own, where its names
+    alone would not tell), instead of the one detected from the names."""
     named = placeable(model)
     if weights_map is not None:
         if not callable(weights_map):
@@ -563,9 +634,11 @@ def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
                               "state dict to {canonical name: tensor}")
         detached = {name: tensor.detach() for name, tensor in named.items()}
         return user_placement(weights_map, detached, spec), ""
-    placement = detect(named, spec)
+    among = named_layouts(layout) if layout is not None else None
+    placement = detect(named, spec, among)
     if placement is None:
-        looked = sorted({f"{layout.embedding}.weight" for layout in DETECTED} | {"embed.W_E"})
+        looked = sorted({f"{layout.embedding}.weight" for layout in (among or DETECTED)}
+                        | ({"embed.W_E"} if among is None else set()))
         return None, (f"token_embeddings.weight not found: no known layout's embedding is among "
                       f"{type(model).__name__}'s parameter names (first: {list(named)[:3]}; "
                       f"looked for {', '.join(looked)}, at the root or under a prefix): pass "
@@ -642,20 +715,36 @@ def rootless(layout: Layout) -> Layout | None:
                    embedding_norm=strip(layout.embedding_norm))
 
 
+def _with_rootless(layouts: tuple[Layout, ...]) -> tuple[Layout, ...]:
+    return layouts + tuple(bare for layout in layouts if (bare := rootless(layout)) is not None)
+
+
 # Every layout detect() looks for: as its library names it, and rootless (see `rootless`).
-DETECTED: tuple[Layout, ...] = LAYOUTS + tuple(
-    bare for layout in LAYOUTS if (bare := rootless(layout)) is not None)
+DETECTED: tuple[Layout, ...] = _with_rootless(tuple(layout for layout in LAYOUTS
+                                                    if layout.detected))
+BY_NAME: Mapping[str, Layout] = {layout.name: layout for layout in LAYOUTS}
 
 
-def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement | None:
+def named_layouts(name: str) -> tuple[Layout, ...]:
+    """The layout of this name and its rootless form (ConfigError for a name no layout has)."""
+    if name not in BY_NAME:
+        raise ConfigError(f"layout {name!r} is not one of {sorted(BY_NAME)}")
+    return _with_rootless((BY_NAME[name],))
+
+
+def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig,
+           among: tuple[Layout, ...] | None = None) -> Placement | None:
     """The layout of a module with these parameters (every name, `named_parameters(
     remove_duplicate=False)`: a tied weight under each of its names), placed on the spec; None
     when no known layout's embedding is among them, at the root or under any prefix. Where
     several layouts find the embedding, the one that leaves the fewest problems wins
-    (LLMs-from-scratch's GPT and Llama share their names)."""
-    found = [_place(layout, prefix, named, spec) for layout in DETECTED
+    (LLMs-from-scratch's GPT and Llama share their names). `among`: only these layouts (a
+    family's own, `named_layouts`), instead of every detected one and TransformerLens'."""
+    found = [_place(layout, prefix, named, spec) for layout in (among or DETECTED)
              for prefix in _prefixes(named, f"{layout.embedding}.weight")]
-    found += [_lens_placement(prefix, named, spec) for prefix in _prefixes(named, "embed.W_E")]
+    if among is None:
+        found += [_lens_placement(prefix, named, spec)
+                  for prefix in _prefixes(named, "embed.W_E")]
     if not found:
         return None
     return min(found, key=lambda p: len(p.problems) + len(p.leftover))
@@ -780,6 +869,24 @@ def _qkv_rows(spec: DecoderConfig) -> dict[str, tuple[int, int]]:
     return {"q_proj": (0, d_q), "k_proj": (d_q, d_q + d_kv), "v_proj": (d_q + d_kv, d_q + 2 * d_kv)}
 
 
+def _fused_qkv_rows(layout: Layout, spec: DecoderConfig, which: str
+                    ) -> tuple[tuple[int, int], int]:
+    """(rows, groups) of q, k or v (`which`) in the layout's fused matrix: rows [start, stop)
+    of each of `groups` equal row groups (Spot). Per KV group (qkv_per_head): the group's query
+    heads, its key head, its value head; else `qkv_shards` shards each holding its share of q,
+    k and v in `qkv_order` (one shard: every q row, then every k row, then every v row)."""
+    if layout.qkv_per_head:  # each KV group's q heads, k and v rows together
+        per, width = spec.n_heads // spec.kv_heads, spec.head_dim
+        start = {"q_proj": 0, "k_proj": per, "v_proj": per + 1}[which]
+        stop = start + (per if which == "q_proj" else 1)
+        return (start * width, stop * width), spec.kv_heads
+    shards = layout.qkv_shards
+    d_q, d_kv = spec.n_heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    widths = {"q_proj": d_q // shards, "k_proj": d_kv // shards, "v_proj": d_kv // shards}
+    start = sum(widths[name] for name in layout.qkv_order[:layout.qkv_order.index(which)])
+    return (start, start + widths[which]), shards
+
+
 def _conv1d(layout: Layout, prefix: str, shapes: Mapping[str, tuple[int, ...]],
             spec: DecoderConfig) -> bool:
     """A fused layout's matrices are stored (in, out) (GPT-2's Conv1D) when its first fused
@@ -813,12 +920,7 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     which = part.split(".")[-1]
     fused, rows, groups = None, None, 1
     if layout.fused_qkv and part.startswith("attn.") and which in ("q_proj", "k_proj", "v_proj"):
-        fused, rows = layout.fused_qkv, _qkv_rows(spec)[which]
-        if layout.qkv_per_head:  # each KV group's q heads, k and v rows together
-            per, width = spec.n_heads // spec.kv_heads, spec.head_dim
-            start = {"q_proj": 0, "k_proj": per, "v_proj": per + 1}[which]
-            stop = start + (per if which == "q_proj" else 1)
-            rows, groups = (start * width, stop * width), spec.kv_heads
+        fused, (rows, groups) = layout.fused_qkv, _fused_qkv_rows(layout, spec, which)
     elif layout.fused_gate_up and part in ("ffn.w1", "ffn.w3"):
         fused = layout.fused_gate_up
         rows = (0, spec.d_ff) if part == "ffn.w1" else (spec.d_ff, 2 * spec.d_ff)

@@ -254,6 +254,12 @@ def _embed(cfg: DecoderConfig, ids: torch.Tensor, row: Callable[[int], torch.Ten
     return _norm(cfg, x, norm, "embedding_norm") if cfg.embedding_norm else x
 
 
+def _position_rows(cfg: DecoderConfig, ids: torch.Tensor) -> slice:
+    """The position table's rows of positions 0..T-1: from row position_offset (OPT's table
+    keeps two rows before position 0's)."""
+    return slice(cfg.position_offset, cfg.position_offset + ids.shape[1])
+
+
 def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
            x: torch.Tensor) -> torch.Tensor:
     """One pre-norm block on x (B, T, D). The norms, projections and MLP act on each position
@@ -587,8 +593,8 @@ def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
     table = get("token_embeddings.weight")
     positions = get("position_embeddings.weight") if cfg.pos == "learned" else None
     x = _embed(cfg, ids.cpu(), lambda v: read.wide(table[v]),
-               None if positions is None else read.wide(positions[:ids.shape[1]]), table,
-               read.load(EMBED_NORM_NAMES))
+               None if positions is None else read.wide(positions[_position_rows(cfg, ids)]),
+               table, read.load(EMBED_NORM_NAMES))
     for layer in range(cfg.n_layers):
         x = _block(cfg, read.load(layer_weight_names(cfg, layer)), layer, x)
     x = _final_norm(cfg, x, read.load(FINAL_NORM_NAMES))
@@ -657,7 +663,8 @@ class StreamedOracle:
     def _positions(self, read: _Reader) -> torch.Tensor | None:
         if self.cfg.pos != "learned":
             return None
-        return read.wide(self.get("position_embeddings.weight")[:self.ids.shape[1]])
+        return read.wide(self.get("position_embeddings.weight")[_position_rows(self.cfg,
+                                                                               self.ids)])
 
     def backward_stages(self) -> list[tuple[str, dict[str, torch.Tensor | None]]]:
         """(stage, {weight name: the rows it reads, None for all}) in the order `backward`
@@ -670,7 +677,8 @@ class StreamedOracle:
                    for i in reversed(range(cfg.n_layers))]
         embed = {"token_embeddings.weight": torch.unique(self.ids)}
         if cfg.pos == "learned":
-            embed["position_embeddings.weight"] = torch.arange(self.ids.shape[1])
+            rows = _position_rows(cfg, self.ids)
+            embed["position_embeddings.weight"] = torch.arange(rows.start, rows.stop)
         return stages + [("embed", {**embed, **present(EMBED_NORM_NAMES)})]
 
     def backward(self, grad_logits: torch.Tensor) -> Iterator[tuple[str, str, torch.Tensor | None,
@@ -738,7 +746,8 @@ class StreamedOracle:
         yield "embed", "token_embeddings.weight", looked_up, torch.stack([rows[int(v)].grad
                                                                            for v in looked_up])
         if positions is not None:
-            yield ("embed", "position_embeddings.weight", torch.arange(positions.shape[0]),
+            rows = _position_rows(self.cfg, self.ids)
+            yield ("embed", "position_embeddings.weight", torch.arange(rows.start, rows.stop),
                    positions.grad)
         for name, leaf in norm.items():  # the embedding norm's gain and shift
             yield "embed", name, None, leaf.grad
