@@ -54,9 +54,14 @@ def test_the_sinusoidal_table_is_xglm_s(width):
     read from row t + 2."""
     xglm = pytest.importorskip("transformers.models.xglm.modeling_xglm")
     theirs = xglm.XGLMSinusoidalPositionalEmbedding.get_embedding(12, width).double()  # float32
-    cfg = configs.named("sinusoidal-offset").replace(d_model=width, n_heads=1)
-    ours = sinusoids(cfg, torch.arange(10), torch.float64)
-    torch.testing.assert_close(ours, theirs[2:], rtol=0, atol=5e-6)
+    cfg = configs.named("sinusoidal-offset").replace(d_model=width, n_heads=1, max_seq_len=10)
+    model = da.Decoder(cfg, dtype=torch.float64)
+    with torch.no_grad():  # the rows positions 0..9 add, the table's rows 2..11
+        ours = model._position_rows(None, 10, model.token_embeddings.weight)
+        torch.testing.assert_close(ours, theirs[2:], rtol=0, atol=5e-6)
+        # and the table itself, row by row
+        torch.testing.assert_close(sinusoids(cfg, torch.arange(12), torch.float64), theirs,
+                                   rtol=0, atol=5e-6)
 
 
 def test_our_alibi_and_sinusoidal_decoders_reject_past_max_seq_len():
