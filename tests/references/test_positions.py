@@ -18,6 +18,7 @@ from hf_compat import hf_class
 import decoder_audit as da
 from decoder_audit.model.positions import alibi_slopes, sinusoids
 from decoder_audit.references import hf as hfref
+from decoder_audit.references.hf import from_hf, to_hf
 from decoder_audit.references.hf_config import config_to_hf
 from decoder_audit.references.torch_twin import twin_unsupported
 
@@ -133,6 +134,48 @@ def test_persimmon_without_q_k_norms_reads_as_none():
     report = da.audit(tf.PersimmonForCausalLM(config).eval(), checks=["params", "oracle"])
     assert report.facts.spec.qk_norm is False and report.facts.spec.qk_norm_kind == "rmsnorm"
     assert report["params"].passed and report["oracle"].passed
+
+
+# forms of other groups' families the new fields express: OPT-350m's post-norm blocks (no final
+# norm), an OPT without its final norm, Phi with per-head q/k LayerNorms (Persimmon's)
+FORMS = {"opt post-norm": ("opt", "OPTForCausalLM", {"do_layer_norm_before": False}),
+         "opt without a final norm": ("opt", "OPTForCausalLM",
+                                      {"_remove_final_layer_norm": True}),
+         "phi q/k layernorm": ("phi", "PhiForCausalLM", {"qk_layernorm": True})}
+
+
+def _form(name: str) -> torch.nn.Module:
+    from conformance import tiny_config
+
+    model_type, class_name, fields = FORMS[name]
+    small = tiny_config(model_type)
+    torch.manual_seed(0)
+    return hf_class(class_name)(type(small)(**{**small.to_dict(), **fields})).eval()
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_forms_of_other_families_the_new_fields_express_are_read_and_pass(name):
+    model = _form(name)
+    report = da.audit(model, checks=["params", "oracle"])
+    assert report.facts.spec is not None, report["oracle"].detail
+    assert report["params"].passed and report["oracle"].passed, report["oracle"].detail
+    model = model.double()
+    ids = torch.randint(0, model.config.vocab_size, (2, 7),
+                        generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = model(input_ids=ids).logits
+        ours = from_hf(model)
+        torch.testing.assert_close(ours(ids), theirs, atol=1e-6, rtol=0)
+        torch.testing.assert_close(to_hf(ours)(input_ids=ids).logits, theirs, atol=1e-6, rtol=0)
+
+
+def test_a_post_norm_opt_run_as_pre_norm_fails_the_oracle():
+    """OPT-350m's layer 0 normalising its sublayers' inputs instead of the sums: the oracle of
+    its post-norm spec fails (the weights stay where they are)."""
+    model = _form("opt post-norm")
+    model.model.decoder.layers[0].do_layer_norm_before = True
+    report = da.audit(model, checks=["params", "oracle"])
+    assert report["params"].passed and not report["oracle"].passed
 
 
 @pytest.mark.parametrize("family, config, sizes, limit, horizon", [

@@ -273,6 +273,22 @@ def _opt_width(config: Any) -> int:
     return config.hidden_size
 
 
+def _opt_post_norm(config: Any) -> bool:
+    """OPT's norms after each residual add (OPT-350m's do_layer_norm_before=False)."""
+    return not config.do_layer_norm_before
+
+
+def _opt_final_norm(config: Any) -> bool:
+    """OPT's final norm: only in front of pre-norm blocks, and not where a config removes it
+    (_remove_final_layer_norm, kept for old checkpoints)."""
+    return bool(config.do_layer_norm_before) and not getattr(config, "_remove_final_layer_norm",
+                                                                False)
+
+
+def _opt_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    return {"_remove_final_layer_norm": cfg.pre_norm and not cfg.final_norm}
+
+
 def _biogpt_scale(config: Any) -> float | None:
     return float(config.hidden_size) ** 0.5 if config.scale_embedding else None
 
@@ -375,8 +391,8 @@ def _xglm_scale(config: Any) -> float | None:
     return float(config.hidden_size) ** 0.5 if config.scale_embedding else None
 
 
-def _persimmon_qk_kind(config: Any) -> str:
-    """Persimmon's q/k norms are LayerNorms (where qk_layernorm gives it any)."""
+def _qk_layernorm_kind(config: Any) -> str:
+    """Persimmon's and Phi's q/k norms are LayerNorms (where qk_layernorm gives them any)."""
     return "layernorm" if config.qk_layernorm else "rmsnorm"
 
 
@@ -423,7 +439,7 @@ _POSITION_FAMILIES = (
            windows=False, grouped=False, activations=_PLAIN_ACTIVATIONS,
            fixed={"norm": "layernorm", "pos": "rope", "attn_bias": True, "mlp_bias": True},
            read={"norm_eps": "layer_norm_eps", "qk_norm": "qk_layernorm",
-                 "qk_norm_kind": _persimmon_qk_kind}),
+                 "qk_norm_kind": _qk_layernorm_kind}),
 )
 
 
@@ -522,10 +538,11 @@ FAMILIES: tuple[Family, ...] = (
                   "position_offset": 2},
            read={"d_model": _opt_width, "d_ff": "ffn_dim", "attn_bias": "enable_bias",
                  "mlp_bias": "enable_bias", "norm_affine": "layer_norm_elementwise_affine",
-                 "norm_bias": "layer_norm_elementwise_affine"},
-           refused=(("do_layer_norm_before", "post-norm blocks (each sublayer's sum "
-                     "normalised, no final norm: OPT-350m)", lambda value: not value),
-                    ("_remove_final_layer_norm", "no norm before the readout"))),
+                 "norm_bias": "layer_norm_elementwise_affine",
+                 # OPT-350m's post-norm blocks (do_layer_norm_before=False), without a final norm
+                 "pre_norm": "do_layer_norm_before", "post_norm": _opt_post_norm,
+                 "final_norm": _opt_final_norm},
+           write=_opt_write),
     # BioGPT: OPT's block with biases everywhere and an embedding scaled by sqrt(D)
     Family("biogpt", "BioGptForCausalLM", **_GPT_STYLE,
            fixed={"norm": "layernorm", "norm_eps": 1e-5, "pos": "learned",
@@ -541,8 +558,9 @@ FAMILIES: tuple[Family, ...] = (
           activations=GPT_ACTIVATIONS,
           fixed={"norm": "layernorm", "attn_bias": True, "mlp_bias": True,
                  "parallel_residual": True, "shared_norm": True, "readout_bias": True},
-          read={"norm_eps": "layer_norm_eps"},
-          refused=(("qk_layernorm", "per-head LayerNorms of q and k, with a shift"),)),
+          # per-head LayerNorms of q and k (with a shift) where qk_layernorm says, as Persimmon
+          read={"norm_eps": "layer_norm_eps", "qk_norm": "qk_layernorm",
+                "qk_norm_kind": _qk_layernorm_kind}),
     # Falcon: its new architecture (two norms beside each other, or one; grouped KV heads) and
     # the original (Falcon-7B: one norm, a parallel block, one KV head), q/k/v fused
     Family("falcon", "FalconForCausalLM", **_GPT_STYLE, activation=("activation",),

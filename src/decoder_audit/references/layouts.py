@@ -398,7 +398,8 @@ LAYOUTS: tuple[Layout, ...] = (
            "model.final_layernorm", "lm_head",
            {"ln1": "input_layernorm", "attn.q_proj": "self_attn.q_proj",
             "attn.k_proj": "self_attn.k_proj", "attn.v_proj": "self_attn.v_proj",
-            "attn.output_proj": "self_attn.dense", "ffn.w1": "mlp.fc1", "ffn.w2": "mlp.fc2"}),
+            "attn.output_proj": "self_attn.dense", "attn.q_norm": "self_attn.q_layernorm",
+            "attn.k_norm": "self_attn.k_layernorm", "ffn.w1": "mlp.fc1", "ffn.w2": "mlp.fc2"}),
     # Falcon: query_key_value KV group by KV group (the new architecture's (Hkv, H/Hkv + 2, Dh);
     # multi_query's q, k, v is one group, the MHA's (H, 3, Dh) one group a head); its norms
     # input_layernorm (the only one of a parallel block that shares it) and
