@@ -288,7 +288,8 @@ EXPECTED: dict[str, Expected] = {
     # inputs and shapes mishandled
     "rwkv": Expected({"inputs": ("T=1: logits (3, 3, 99)",), "prefix": ("shape (2, 2, 99)",),
                       "padding": ("left-padded", "pads' content reaches"),
-                      "grad_causal": ("inplace operation",)},
+                      "grad_causal": ("inplace operation",),
+                      "dead_parameters": ("inplace operation",)},
                      "a single-token input comes back (B, B, V) (the time axis is squeezed), "
                      "left pads enter its recurrent state, and its backward raises in eval mode"),
     "opt": Expected({"inputs": ("rank-3 ids", "output (6, 1, 99)")},

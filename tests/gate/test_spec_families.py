@@ -429,6 +429,50 @@ def test_a_config_the_spec_cannot_express_leaves_the_model_black_box_saying_why(
     assert "qk_layernorm" in report["oracle"].detail
 
 
+def test_a_mixtral_folder_whose_router_is_zero_passes_the_oracle_under_verify_hf(tmp_path,
+                                                                                 capsys):
+    """Every router weight 0: every expert scores alike, and the oracle breaks the ties as the
+    model's torch.topk does (it failed, taking the first k experts by index)."""
+    import json
+
+    from decoder_audit.cli import main
+
+    model = _model("mixtral")
+    with torch.no_grad():
+        for layer in range(2):
+            _routed_block(model, layer).gate.weight.zero_()
+    model.save_pretrained(tmp_path / "mixtral")
+    main(["verify", "--hf", str(tmp_path / "mixtral"), "--json", "--no-progress"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["oracle"]["passed"] and not checks["oracle"]["skipped"], checks["oracle"]
+
+
+@pytest.mark.parametrize("k", [0, 5])
+def test_experts_per_token_outside_one_to_the_experts_is_refused_naming_the_field(k, tmp_path,
+                                                                                    capsys):
+    """A Mixtral folder routing each token to 0 of its 4 experts passed verify --hf (its oracle
+    skip even said the config is invalid), and one routing to 5 failed `inputs` (torch.topk
+    raising): both are configs no router computes with, refused with status 2 naming the field
+    and its limit, as InvalidHFConfig refuses others."""
+    import json
+
+    from decoder_audit.cli import main
+    from decoder_audit.references.hf_config import InvalidHFConfig
+
+    folder = tmp_path / "mixtral"
+    _model("mixtral").save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_experts_per_tok": k}))
+    assert main(["verify", "--hf", str(folder), "--no-progress"]) == 2
+    line = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(line) == 1 and f"num_experts_per_tok={k}" in line[0], line
+    assert "num_local_experts=4" in line[0], line
+    model = _model("mixtral")
+    model.config.num_experts_per_tok = k  # the same config on a built model: the Python API
+    with pytest.raises(InvalidHFConfig, match=f"num_experts_per_tok={k}.*num_local_experts=4"):
+        da.audit(model)
+
+
 def test_experts_declared_other_than_the_fused_tensors_hold_fail_params():
     """transformers 5 keeps every expert in two tensors: a spec of other experts (one more, or
     another width) places none of them, and params names the tensors as left over."""

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import (alignment, attention, generation, inputs, invariance, kv_cache, model_loss,
-               packing, reference, router_loss, routing, training, weights, window)
+               packing, reference, router_loss, routing, spec, training, weights, window)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -35,10 +35,6 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "has_ledger": lambda f: ("black-box: needs a DecoderConfig and the Decoder's weight names, "
                              "or the architecture declared with spec= (verify --spec cfg.json)"),
     "tied": lambda f: "untied: no shared weight",
-    "own_module": lambda f: "a Hugging Face class carries parameters for inputs and losses a "
-                            "text-only next-token call does not give (cross-attention, vision "
-                            "towers, auxiliary losses): their missing gradients say nothing of the "
-                            "causal path",
     "has_readout": lambda f: "no input embedding and readout found (get_input_embeddings / "
                              "get_output_embeddings, token_embeddings / lm_head, an nn.Embedding "
                              "and a Linear with V outputs)",
@@ -68,7 +64,11 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
                                f"takes ({f.length_bound}): it never excludes a token"),
     "has_attention_layers": lambda f: (f"the {len(f.windows or ())} layers' attention modules "
                                        "could not be told apart (no module class named like "
-                                       "attention per layer), so no layer's span can be read"),
+                                       "attention per layer), so no layer's span can be read"
+                                       + ("; the spec's oracle runs past the window instead "
+                                          f"(T = {f.window_size + 1})"
+                                          if f.reference == "spec" and f.window_size is not None
+                                          and f.window_size <= spec.WINDOW_ORACLE_MAX else "")),
     "runs_in_train_mode": lambda f: f"{f.train_mode_reason}; a training path declared with its "
                                     "length (train declares one) has it checked there",
     "computes_loss": lambda f: "the forward takes no labels=: the loss is the caller's "
@@ -185,7 +185,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
                   "weights (a declared spec's module also with stress, quiet and capped "
                   "weights)"),
     Check("dead_parameters", "every trainable parameter gets a gradient from the loss",
-          "weights", weights.check_dead_parameters, needs=("own_module", "has_backward"),
+          "weights", weights.check_dead_parameters, needs=("has_input_gradient", "has_backward"),
           paths=("training",),
           expects="a rule: a nonzero gradient for every trainable parameter"),
     Check("expert_gradients", "every routed expert gets a gradient when routed to", "routing",

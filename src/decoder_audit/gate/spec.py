@@ -27,8 +27,9 @@ module we did not write: its weights placed on the spec's canonical names
 
 A weights_map is user code: it is run guarded (`references.layouts.run_weights_map`), and the
 module's parameters are compared bit for bit before and after its first run on them: an
-exception, an exit, an in-place edit or a result that is not {name: tensor} fails params and
-oracle naming the map. Stress weights reach the module through a map whose tensors are views of
+exception, an exit or an in-place edit fails params and oracle naming the map. What it returns
+is input: a result that is not {name: tensor} (a list, None, a non-tensor value) is refused when
+the facts are decided, `WeightsMapReturnError`, a ConfigError, before any check runs. Stress weights reach the module through a map whose tensors are views of
 its own, and through one that copies them (found by probing the map with parameters that hold
 their own indices); a map that computes its tensors gets the gradients compared as initialised,
 and the report says no stress weights were written.
@@ -55,6 +56,16 @@ from .result import CheckResult
 from .stress import (capped_spreads, capped_values, declares_softcap, quiet_values,
                      quiet_variance, stress_values)
 from .subject import Subject
+
+WINDOW_ORACLE_MAX = 64
+"""A declared sliding window of at most this many positions that the `window` check cannot read
+is held by the oracle: it runs at T = W + 1, the first length at which the window leaves a token
+out, where its usual T <= 8 never reaches it. The `window` check reads each layer's span at its
+attention module; a module whose attention is no module of its own (nanoGPT's attention as a
+method beside a ModuleDict) leaves it skipped, and a full-attention module then passed a spec
+declaring a window of 16. Where the window check runs it holds the window at any size, and the
+oracle keeps its short probe; a wider window it cannot read stays unchecked, and the window
+check's skip says why (the oracle's loops grow as T^2)."""
 
 GRADIENT_MAX_PARAMETERS = 50_000_000
 """The gradients are compared up to this many parameters: the oracle's side holds a float64
@@ -124,7 +135,7 @@ def check_spec_oracle(s: Subject) -> CheckResult:
     spec, placement = s.facts.spec, s.facts.placement
     if placement is None:
         return unplaced(s, "oracle")
-    seq_len = min(s.short_len(8), spec.max_seq_len)  # the oracle runs within the spec
+    seq_len = min(_oracle_len(s), spec.max_seq_len)  # the oracle runs within the spec
     ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(13))
     tol = tolerances.hf_oracle(s.dtype, spec)
     evidence: dict = {"layout": placement.layout, "batch": ids.shape[0], "seq_len": seq_len,
@@ -145,6 +156,16 @@ def check_spec_oracle(s: Subject) -> CheckResult:
     return CheckResult("oracle", True, f"logits = the spec's float64 oracle fed the module's "
                        f"weights, as initialised {_coverage(evidence)}; layout "
                        f"{placement.layout}", evidence, tol)
+
+
+def _oracle_len(s: Subject) -> int:
+    """The oracle's length: 8 (or the model's limit), or W + 1 past a declared window of W <=
+    WINDOW_ORACLE_MAX positions whose layers the window check cannot read, so that the window
+    changes what the oracle computes."""
+    window, readable = s.facts.window_size, bool(s.facts.attention_layers)
+    if window is not None and window <= WINDOW_ORACLE_MAX and not readable:
+        return s.short_len(max(8, window + 1))
+    return s.short_len(8)
 
 
 def _compare_all(s: Subject, ids: torch.Tensor, tol: float, evidence: dict,

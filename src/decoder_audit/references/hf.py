@@ -183,7 +183,8 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
         # An instance of a transformers class implies transformers is loaded; importing it here
         # only to answer "no" would cost seconds on every audit of a plain module.
         why = ("transformers is not installed" if find_spec("transformers") is None
-               else "transformers is not loaded")
+               else "transformers is installed but nothing imported it, so no object of its "
+                    "classes exists")
         return None, f"{name} is not a Hugging Face model ({why})"
     base = sys.modules.get("transformers.modeling_utils")
     if base is None or not isinstance(model, base.PreTrainedModel):

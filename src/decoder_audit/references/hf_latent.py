@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import DecoderConfig
 from ..errors import ConfigError
-from .families import Family
+from .families import Family, InvalidHFConfig
 from .hf_rope import holds_rope_parameters, rope_fields, rope_parameters_of
 
 
@@ -99,6 +99,10 @@ def _routing(c: Any, router: str, problems: list[str]) -> dict[str, Any]:
     dense = c.first_k_dense_replace or 0
     if dense >= c.num_hidden_layers:
         return {}
+    k, experts = c.num_experts_per_tok, c.n_routed_experts
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= (experts or 0):
+        raise InvalidHFConfig(f"num_experts_per_tok={k!r} must be an integer from 1 to "
+                              f"n_routed_experts={experts!r} (the experts each token is sent to)")
     fields: dict[str, Any] = {
         "n_experts": c.n_routed_experts, "experts_per_token": c.num_experts_per_tok,
         "expert_width": c.moe_intermediate_size, "n_shared_experts": c.n_shared_experts,

@@ -531,6 +531,14 @@ class WeightsMapError(ConfigError):
     something other than {canonical name: tensor}; the message names the map and what it did."""
 
 
+class WeightsMapReturnError(WeightsMapError):
+    """A weights_map that returned something other than {canonical name: tensor} (a list,
+    None, a dict holding a non-tensor or a key that is not a name). What a map returns is
+    input, checked as an argument is: `audit()` raises this (the command line exits 2 with its
+    one line), where what the map does when run (raises, exits, edits the module) is
+    evidence, a failing params and oracle."""
+
+
 class _Exited(BaseException):
     """os._exit called inside a weights_map (a BaseException: the map's own `except Exception`
     does not swallow it)."""
@@ -572,22 +580,25 @@ def run_weights_map(weights_map: WeightsMap, state: Mapping[str, torch.Tensor],
 
 
 def _tensors_of(label: str, mapped) -> dict[str, torch.Tensor]:
-    """A map's output as {canonical name: tensor}, or WeightsMapError naming what it is."""
+    """A map's output as {canonical name: tensor}, or WeightsMapReturnError naming what it
+    is."""
     if not isinstance(mapped, Mapping):
         what = "None (no return statement?)" if mapped is None else \
             f"a {type(mapped).__name__}"
-        raise WeightsMapError(f"{label} returned {what}, not a dict {{canonical name: tensor}}")
+        raise WeightsMapReturnError(f"{label} returned {what}, not a dict "
+                                    "{canonical name: tensor}")
     keys = [key for key in mapped if not isinstance(key, str)]
     if keys:
-        raise WeightsMapError(f"{label} returned keys that are not names: {keys[:3]!r}")
+        raise WeightsMapReturnError(f"{label} returned keys that are not names: {keys[:3]!r}")
     bad = [(key, value) for key, value in mapped.items() if not isinstance(value, torch.Tensor)]
     if bad:
         key, value = bad[0]
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise WeightsMapError(f"{label} returned a {type(value).__name__} for {key!r}{more}: "
-                              "each value must be a torch.Tensor computed from the state dict's "
-                              "tensors (a list or a numpy array has left torch: the gate can "
-                              "neither follow it to the module's parameters nor write through it)")
+        raise WeightsMapReturnError(
+            f"{label} returned a {type(value).__name__} for {key!r}{more}: each value must be a "
+            "torch.Tensor computed from the state dict's tensors (a list or a numpy array has "
+            "left torch: the gate can neither follow it to the module's parameters nor write "
+            "through it)")
     return dict(mapped)
 
 
@@ -766,6 +777,8 @@ def user_placement(weights_map: WeightsMap, named: Mapping[str, torch.Tensor],
             " on shape-only (meta) stand-ins of the module's parameters, which it is first run "
             "on to follow what each canonical weight is made of (a map computes with tensor "
             "operations; it reads no values)"))
+    except WeightsMapReturnError:
+        raise  # what it returned is input: refused as a bad argument is (audit raises it)
     except WeightsMapError as exc:
         return Placement(label, user_map=weights_map, problems=(str(exc),), map_error=str(exc))
     first_name = {}

@@ -353,10 +353,13 @@ def _route_token(cfg: DecoderConfig, logits: torch.Tensor, bias: torch.Tensor | 
         return exps / exps.sum()
 
     scores = logits if cfg.router_order == "topk_score" else score(logits)
-    ranked = [float(v) for v in (scores if bias is None else scores + bias).detach()]
-    allowed = _best_groups(cfg, ranked)
-    order = sorted(allowed, key=lambda e: -ranked[e])
-    chosen = order[:cfg.experts_per_token]
+    ranked = (scores if bias is None else scores + bias).detach()  # (E,)
+    allowed = _best_groups(cfg, ranked)  # (E,) bool
+    # Equal scores (a router of zeros scores every expert alike) leave the choice to a rule:
+    # torch.topk's, the rule the routers it is compared with apply (ours, transformers'), on
+    # the order of the scores the oracle computed itself.
+    chosen = ranked.masked_fill(~allowed, float("-inf")).topk(
+        cfg.experts_per_token).indices.tolist()
     picked = scores[chosen]  # (k,)
     if cfg.router_order == "topk_score":
         picked = score(picked)
@@ -365,20 +368,23 @@ def _route_token(cfg: DecoderConfig, logits: torch.Tensor, bias: torch.Tensor | 
     return chosen, list(picked * cfg.routed_scaling)
 
 
-def _best_groups(cfg: DecoderConfig, ranked: list[float]) -> list[int]:
-    """The experts a token may choose from: every one, or those of its groups_per_token best
-    groups of E / G consecutive experts, a group worth its two best `ranked` values summed
-    ("top2_sum") or its best ("max")."""
+def _best_groups(cfg: DecoderConfig, ranked: torch.Tensor) -> torch.Tensor:
+    """Which experts (E,) a token may choose from: every one, or those of its groups_per_token
+    best groups of E / G consecutive experts, a group worth its two best `ranked` values summed
+    ("top2_sum") or its best ("max"); groups of equal worth chosen by torch.topk's rule."""
+    allowed = torch.ones(cfg.n_experts, dtype=torch.bool)
     if cfg.expert_groups is None:
-        return list(range(cfg.n_experts))
+        return allowed
     size = cfg.n_experts // cfg.expert_groups
-    members = [list(range(g * size, (g + 1) * size)) for g in range(cfg.expert_groups)]
     worth = []
-    for group in members:
-        best = sorted((ranked[e] for e in group), reverse=True)
+    for g in range(cfg.expert_groups):
+        best = sorted((float(v) for v in ranked[g * size:(g + 1) * size]), reverse=True)
         worth.append(best[0] + best[1] if cfg.group_score == "top2_sum" else best[0])
-    kept = sorted(range(cfg.expert_groups), key=lambda g: -worth[g])[:cfg.groups_per_token]
-    return [e for g in sorted(kept) for e in members[g]]
+    kept = torch.tensor(worth, dtype=torch.float64).topk(cfg.groups_per_token).indices
+    allowed[:] = False
+    for g in kept.tolist():
+        allowed[g * size:(g + 1) * size] = True
+    return allowed
 
 
 def _latent_qkv(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], p: str, h: torch.Tensor
