@@ -140,7 +140,10 @@ FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2"
                 "GLM-4": "glm4", "SmolLM3": "smollm3", "EXAONE 4": "exaone4", "Arcee": "arcee",
                 "Jais 2": "jais2", "Nemotron": "nemotron", "Granite": "granite",
                 "HyperCLOVAX": "hyperclovax", "Cohere": "cohere", "Cohere 2": "cohere2",
-                "Apertus": "apertus"}
+                "Apertus": "apertus",
+                # positions and norm placements (helper fam-positions)
+                "BLOOM": "bloom", "MPT": "mpt", "XGLM": "xglm", "GPT-1": "openai-gpt",
+                "Persimmon": "persimmon"}
 
 
 def test_every_list_of_the_families_with_a_spec_names_exactly_them():

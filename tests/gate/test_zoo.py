@@ -141,6 +141,8 @@ def test_presets_pass(name):
                     "readout-bias-tied", "granite-like", "parallel-one-norm", "nope-layer",
                     "opt-like", "mla-latent-eps",
                     "xielu-like")
+    + configs.entries("alibi-embedding-norm", "alibi-no-shift", "sinusoidal-offset",
+                      "post-norm-no-final", "qk-layernorm")  # helper fam-positions
     + configs.grid()))
 def test_odd_configs_pass(cfg):
     _passes(zoo.decoder(cfg, seed=3))
