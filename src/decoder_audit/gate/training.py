@@ -14,9 +14,10 @@ a training batch.
   autocast    the same interventions under torch.autocast in the dtype training uses (bfloat16),
               with the noise floor measured under autocast; the logits finite, also with the
               attention scores scaled up (white-box).
-  the shape   (in `causal`: invariance.training_shape_probe, when the facts carry the training
-              path) one batch at the batch size and length training uses: a kernel that
-              changes with the batch size (a leak only at B >= 16) is in reach.
+  the shape   (in `causal` and again in `train_mode`: trainshape.py, when the facts carry the
+              training path) batches at the batch size and length training uses: a kernel
+              that changes with the batch size (a leak only at B >= 16) or with the length (a
+              leak only past the audit's own 64 tokens) is in reach.
 
 The user's train/eval flags come back as they were (`Subject.in_train_mode`, and the runner's
 release), and the user's RNG streams are untouched (the runner forks them for the whole audit).
@@ -32,18 +33,8 @@ import torch
 from torch import nn
 
 from ..objective import logits_of
-from . import tolerances
-from .invariance import (
-    bits_fingerprint,
-    clean_batch,
-    copies_noise,
-    cut_changes,
-    leaks_at,
-    training_shape_batch,
-    training_shape_noise,
-    training_shape_probe,
-    training_shape_said,
-)
+from . import tolerances, trainshape
+from .invariance import clean_batch, copies_noise, cut_changes, leaks_at
 from .measure import all_finite, sample_positions, value_scale
 from .result import CheckResult
 from .sharding import on_every_rank
@@ -198,7 +189,7 @@ def check_train_mode(s: Subject) -> CheckResult:
     # The kernels' own rounding noise, in eval mode: every comparison below is at one batch
     # index under one dropout mask, so that noise is all a correct model can show.
     noise = copies_noise(s)
-    shape_noise = training_shape_noise(s) if s.facts.training is not None else 0.0
+    shape_noise = trainshape.noise(s) if s.facts.training is not None else 0.0
     with in_train_mode(s):
         call = _seeded(s)
         in_train = call(ids)
@@ -233,7 +224,7 @@ def check_train_mode(s: Subject) -> CheckResult:
     moved = "move no more than identical calls do" if bounded else "unchanged"
     shape = evidence["training_shape"]
     at_shape = "" if shape is None else (
-        f"; so does one batch at the training shape (B={shape['batch']}, T={shape['seq_len']})"
+        f"; so do {shape['cuts']} cuts at {shape['named']}"
         + (", whose train-mode logits are the eval-mode ones `causal` probed, bit for bit"
            if shape.get("as_in_eval_mode") else ""))
     return CheckResult("train_mode", True, f"in train mode ({how}): {len(evidence['cuts'])} cuts "
@@ -244,27 +235,33 @@ def check_train_mode(s: Subject) -> CheckResult:
 
 def _at_training_shape(s: Subject, call, how: str, noise: float, evidence: dict,
                        steady: bool) -> list[str]:
-    """The training-shape probe (invariance.training_shape_probe) through the train-mode `call`,
-    when a training path is declared: a leak only `if self.training and B >= 16` is caught
-    here, at the batch size training uses.
+    """The training-shape probe (trainshape.py) through the train-mode `call`, when a training
+    path is declared: a leak only `if self.training and B >= 16` is caught here, at the batch
+    size training uses.
 
     Where `causal` probed that shape in eval mode and passed, and a `steady` train mode gives
-    the eval-mode logits bit for bit on the probe's intervention batch (no dropout, no branch
-    on self.training there), that verdict is train mode's too: its one call replaces the
-    probe's two. Any other outcome runs the probe, that call its first."""
-    kept, first = s.training_shape_eval, None  # kept only where a training shape is declared
+    the eval-mode logits bit for bit on each of the probe's intervention batches (no dropout,
+    no branch on self.training there), that verdict is train mode's too: one call per batch
+    replaces the probe's copies and batches. Any other outcome runs the probe, the batch that
+    differed reused."""
+    kept, done = s.training_shape_eval, {}  # kept only where a training shape is declared
     if steady and kept is not None and kept["shape"]["passed"]:
-        _, ids, _ = training_shape_batch(s)
-        first = call(ids)  # (B, T, V)
-        like = next(iter(s.parameters()), first)
-        if on_every_rank(bits_fingerprint(first) == kept["fingerprint"], like):
+        _, _, interventions = trainshape.batches(s)
+        like = next(iter(s.parameters()), None)
+        for k, (ids, _) in enumerate(interventions):
+            logits = call(ids)  # (B, T, V)
+            same = trainshape.fingerprint(logits) == kept["fingerprints"][k]
+            if not (on_every_rank(same, logits if like is None else like)):
+                done = {k: logits}
+                break
+        else:
             evidence["training_shape"] = {**kept["shape"], "as_in_eval_mode": True}
             return []
-    shape = training_shape_probe(s, call, noise, first)
+    shape = trainshape.probe(s, call, noise, done)
     evidence["training_shape"] = shape
     if shape is None or shape["passed"]:
         return []
-    return [f"{how}: {training_shape_said(shape)}; the eval-mode probe of that shape and the "
+    return [f"{how}: {trainshape.said(shape)}; the eval-mode probe of that shape and the "
             f"train-mode cuts at T={evidence['seq_len']} did not show it"]
 
 
