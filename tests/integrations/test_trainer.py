@@ -18,6 +18,7 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 from zoo_integrations import (  # noqa: E402
+    LateLeakLlama,
     LeakyLlama,
     OwnCountLlama,
     ReentrantLlama,
@@ -107,6 +108,23 @@ def test_a_planted_leak_stops_the_trainer_before_its_first_step_naming_causal(tm
     refusal = _refused(tiny_llama(LeakyLlama), tmp_path / "run")
     assert refusal.value.check == "causal" and "causal" in str(refusal.value)
     assert refusal.value.report["causal"].evidence  # the rows that moved, in the report
+
+
+def test_a_leak_only_past_64_tokens_is_refused_at_the_runs_own_length(tmp_path):
+    """Documents of 24 to 30 tokens, four flattened into each row: rows of up to 4 x 30 = 120
+    tokens, past the audit's own 64-token probes. The gate reads that length from the dataset's
+    examples and the collator (the four longest, end to end), probes the model at it, and the
+    leak that starts past 64 tokens is refused naming causal (the report calls that probe the
+    training shape, for it is)."""
+    data = documents(lengths=(24, 30))
+    longest = sum(sorted((len(d["input_ids"]) for d in data), reverse=True)[:4])
+    assert longest > 64
+    refusal = _refused(tiny_llama(LateLeakLlama), tmp_path / "run", data=data)
+    assert refusal.value.check == "causal"
+    shape = refusal.value.report["causal"].evidence["training_shape"]
+    assert (shape["batch"], shape["seq_len"]) == (1, longest) and shape["whole"]
+    assert shape["leaks"] and f"T={longest}" in refusal.value.detail
+    assert refusal.value.report["causal"].evidence["seq_len"] == 64  # its own probe passed it
 
 
 def test_pad_equal_to_eos_masking_every_eos_stops_it_naming_last_token(tmp_path):

@@ -6,6 +6,9 @@ the defects each trainer's gate must stop before the first optimizer step, plant
   LeakyLlama(after=k)       the same leak, switched on after k forwards the trainer takes (train
                             mode, gradients, labels): the gate passes and the loss collapses to
                             near zero within the first steps
+  LateLeakLlama             the leak of LeakyLlama, weaker (its loss stays far from zero) and only in
+                            rows longer than 64 tokens: the audit's own probes (64 tokens) pass
+                            it, the training shape at the run's length fails `causal`
   ReentrantLlama            activation checkpointing through torch.utils.checkpoint with
                             use_reentrant=True and no enable_input_require_grads: with the input
                             embeddings frozen, no gradient reaches a layer's weights (the bug of
@@ -87,6 +90,27 @@ class LeakyLlama(tf.LlamaForCausalLM):
         if input_ids is not None and leaking:
             ahead = torch.roll(input_ids, -1, dims=1)  # (B, T): the target of each position
             out.logits = out.logits + 30.0 * torch.nn.functional.one_hot(ahead, V)
+        if labels is not None:
+            out.loss = self.loss_function(out.logits, labels, V, shift_labels=shift_labels,
+                                          num_items_in_batch=num_items_in_batch)
+        return out
+
+
+class LateLeakLlama(tf.LlamaForCausalLM):
+    """Logits that read the next input id, a little (+3), only in rows longer than `past`."""
+
+    def __init__(self, config, past: int = 64) -> None:
+        super().__init__(config)
+        self.past = past
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None,
+                num_items_in_batch=None, **kwargs):
+        shift_labels = kwargs.pop("shift_labels", None)
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids, **kwargs)
+        if input_ids is not None and input_ids.shape[1] > self.past:
+            ahead = torch.roll(input_ids, -1, dims=1)  # (B, T): the target of each position
+            out.logits = out.logits + 3.0 * torch.nn.functional.one_hot(ahead, V)
         if labels is not None:
             out.loss = self.loss_function(out.logits, labels, V, shift_labels=shift_labels,
                                           num_items_in_batch=num_items_in_batch)

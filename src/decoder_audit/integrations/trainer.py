@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from ..gate import TrainingPath
 from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, facts_of,
                      ranks_of)
+from .lengths import RunLength, row_length
 from .peek import first_batches, preserved_random_state
 
 
@@ -140,8 +141,9 @@ def plan_of(trainer: Trainer, model: nn.Module, batches: Sequence[Mapping]) -> R
     args = trainer.args
     if not batches:
         raise ConfigError("the trainer's dataloader yielded no batch: nothing to train or audit")
-    rows, length = batch_size_and_length(batches[0])
-    notes = []
+    rows, _ = batch_size_and_length(batches[0])
+    length = run_length(trainer, batches)
+    notes = [f"the run's rows are up to T={length.seq_len} tokens long: {length.how}"]
     if args.fp16:
         notes.append("fp16 autocast is not audited: the gate's autocast check runs bfloat16; "
                      "the checks ran in the model's dtype")
@@ -152,7 +154,7 @@ def plan_of(trainer: Trainer, model: nn.Module, batches: Sequence[Mapping]) -> R
         notes.append(why)
     checkpointing = getattr(args, "activation_checkpointing",  # transformers >= 5.x's name
                             getattr(args, "gradient_checkpointing", False))
-    path = TrainingPath(rows, length, "bf16" if args.bf16 else "fp32",
+    path = TrainingPath(rows, length.seq_len, "bf16" if args.bf16 else "fp32",
                         checkpointing=bool(checkpointing),
                         pack=pack_form is not None, pack_form=pack_form)
     world, accumulation = args.world_size, args.gradient_accumulation_steps
@@ -160,6 +162,14 @@ def plan_of(trainer: Trainer, model: nn.Module, batches: Sequence[Mapping]) -> R
                    global_batch=args.per_device_train_batch_size * accumulation * world,
                    accumulation=accumulation, world_size=world,
                    trainer=type(trainer).__name__, notes=tuple(notes))
+
+
+def run_length(trainer: Trainer, batches: Sequence[Mapping]) -> RunLength:
+    """The longest row the trainer's dataloader can yield (lengths.py): from its dataset's
+    examples and its collator, or its declared max_length (SFTConfig's), never below the first
+    batches'."""
+    return row_length(trainer.train_dataset, trainer.data_collator, trainer.args.train_batch_size,
+                      batches, declared=getattr(trainer.args, "max_length", None))
 
 
 def _pack_form(collator: Any, model: nn.Module, batch: Mapping) -> tuple[str | None, list[str]]:
