@@ -87,7 +87,7 @@ def test_packing_with_the_cache_left_on_is_refused_naming_packing(tmp_path):
     documents from restarting position_ids only where no cache is in play; a LightningModule
     that does not turn the cache off, as the Trainer does, trains that leak."""
     refusal = _refused(Module(tiny_llama(), use_cache=True), tmp_path)
-    assert refusal.failed == ("packing",)
+    assert refusal.failed == ("packing", "batch_as_sent")  # the probe rows, and the run's own
     assert "position_ids" in refusal.detail
 
 

@@ -71,7 +71,9 @@ def test_a_tiny_llama_trains_gated_and_the_gate_changes_nothing_of_the_run(tmp_p
     assert gate.verdict.report.dtype == "float32"
     for name in ("packing", "checkpointing", "autocast", "model_loss"):
         assert not gate.verdict.report[name].skipped, name  # the paths it takes were audited
-    assert [c.name for c in gate.verdict.checks if c.passed] == ["batch_loss", "first_loss"]
+    assert [c.name for c in gate.verdict.checks if c.passed] == [
+        "batch_as_sent", "batch_loss", "first_loss"]
+    assert gate.verdict.checks[0].evidence["documents"]  # the packed documents, each alone
     folder = tmp_path / "gated" / "decoder-audit"
     assert {"report.md", "report.json", "gate.json", "batches.md"} <= {
         p.name for p in folder.iterdir()}
@@ -197,7 +199,7 @@ def test_a_trainer_that_computes_the_loss_itself_does_not_take_the_model_loss_pa
     trainer.train()
     assert gate.verdict.plan.paths == ("training",) and trainer.state.global_step == 2
     assert not gate.verdict.report["model_loss"].passed
-    assert [c.name for c in gate.verdict.checks] == ["first_loss"]
+    assert [c.name for c in gate.verdict.checks] == ["batch_as_sent", "first_loss"]
 
 
 def test_a_count_of_batches_that_is_not_positive_is_refused():

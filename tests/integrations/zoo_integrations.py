@@ -18,6 +18,17 @@ the defects each trainer's gate must stop before the first optimizer step, plant
                             (transformers#34191): `model_loss` and `batch_loss` fail
   shifted_twice_collator    labels the collator shifted already, which the model shifts again
                             (transformers#47395): audit_batch's `shift` fails
+  masked_flattening_collator  DataCollatorWithFlattening's packed rows (restarting position_ids)
+                            with an all-ones attention_mask beside them: transformers reads the
+                            documents from the restarts only where no mask is passed, so each
+                            document attends to the ones before it: `batch_as_sent` fails
+  block_mask_collator       DataCollatorWithFlattening's packed rows with a 4-D additive
+                            attention_mask (1, 1, T, T): block-diagonal (correct), or causal over
+                            the whole row (`blocks=False`, a collator bug: every document reads
+                            the ones before it): `batch_as_sent` fails
+  NarrowLlama(takes)        a forward that names only `takes` (no **kwargs): a batch entry it
+                            does not name (position_ids, cu_seq_lens_q, labels) raises
+                            TypeError, which the gate reports as `batch_as_sent`, naming the form
 A tokenizer whose pad is its eos with transformers' own DataCollatorForLanguageModeling masks
 every eos label (transformers#23530): audit_batch's `last_token` fails.
 """
@@ -25,6 +36,7 @@ every eos label (transformers#23530): audit_batch's `last_token` fails.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 import transformers as tf
@@ -146,6 +158,44 @@ def shifted_twice_collator(features: list[dict]) -> dict:
         mask[row, :n] = 1
         labels[row, :n - 1] = ids[row, 1:n]
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def masked_flattening_collator(features: list[dict]) -> dict:
+    """DataCollatorWithFlattening's batch with an all-ones attention_mask added."""
+    batch = tf.DataCollatorWithFlattening()(features)
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    return batch
+
+
+def block_mask_collator(features: list[dict], *, blocks: bool = True) -> dict:
+    """DataCollatorWithFlattening's batch with a 4-D additive mask: 0 where a token may attend
+    (causal, within its document when `blocks`), float32's lowest value elsewhere."""
+    batch = tf.DataCollatorWithFlattening()(features)
+    positions = batch["position_ids"][0]  # (T,)
+    document = torch.cumsum(positions == 0, 0)  # (T,): which document each token is in
+    length = len(positions)
+    allowed = torch.ones(length, length, dtype=torch.bool).tril()  # (T, T)
+    if blocks:
+        allowed &= document[:, None] == document[None, :]
+    mask = torch.zeros(length, length).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    batch["attention_mask"] = mask[None, None]  # (1, 1, T, T)
+    return batch
+
+
+def narrow_llama(*takes: str) -> tf.LlamaForCausalLM:
+    """A tiny Llama whose forward names only `takes` (input_ids first): nothing else can be
+    passed to it, as Python refuses a keyword a function does not name."""
+    def forward(self, input_ids=None, **given):
+        unknown = [name for name in given if name not in takes]
+        if unknown:
+            raise TypeError(f"forward() got an unexpected keyword argument {unknown[0]!r}")
+        return tf.LlamaForCausalLM.forward(self, input_ids=input_ids, **given)
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    forward.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", kind)] + [inspect.Parameter(name, kind, default=None)
+                                             for name in takes])
+    return tiny_llama(type("NarrowLlama", (tf.LlamaForCausalLM,), {"forward": forward}))
 
 
 class LabelReadingLlama(tf.LlamaForCausalLM):

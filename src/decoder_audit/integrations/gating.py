@@ -28,7 +28,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..console import console, literal
-from ..errors import LeakageSuspected
+from ..errors import ConfigError, LeakageSuspected
 from ..gate import AuditReport, BatchReport, CheckResult, TrainingPath, audit_batch, model_facts
 from ..objective import logits_of
 from ..storage.folder import write_folder_atomically
@@ -45,6 +45,7 @@ from ..training.distributed import RankInfo
 from ..training.gatekeeper import GateRefusal, run_gate
 from ..training.run import refuse_below_floor
 from .losses import LossCall, check_batch_loss, model_inputs, summed_loss
+from .sent import check_batch_as_sent, in_eval_mode, sent_outputs
 
 REPORT_FOLDER = "decoder-audit"
 """The folder of the run's output directory the gate's evidence goes into (nothing else there
@@ -164,32 +165,20 @@ class RunGate:
         """The gate before any step (module docstring), said on rank 0 (through `say`, or the
         console) and silent elsewhere. `loss_call` calls the model's own loss
         as the trainer will (None: the trainer does not take it); `forward` calls the model for
-        logits (default: model(**batch) without its labels, as a Hugging Face model is fed)."""
+        logits as the trainer does (default: model(**batch) without its labels, as a Hugging
+        Face model is fed)."""
         self.ranks = ranks
         self.say = (self._say or console(stderr=True).print) if ranks.is_main else _silent
-        facts = facts_of(model, training=plan.path, **self.audit_options)
-        adapters = adapters_of(model)
+        facts, plan = self._facts(model, plan)
         self.vocab_size = facts.vocab_size
-        refused: list[tuple[str, str]] = []
-        report = None
-        try:
-            # a PEFT model is audited with its zero adapter factors drawn (peft.py): a fresh
-            # adapter adds nothing to check, and its other factor would get no gradient
-            with nullcontext() if adapters is None else adapters.drawn_adapters(model, self.seed):
-                report = run_gate(model, ranks, facts, seed=self.seed, say=self.say,
-                                  paths=plan.paths)
-        except GateRefusal as refusal:
-            report = refusal.report
-            failed = refusal.failed
-            refused += [(c.name, c.detail) for c in report.checks if c.name in failed] \
-                if report is not None else [(refusal.check, refusal.detail)]
+        report, refused = self._model_gate(model, facts, plan)
         audited = [audit_batch(b, self.tokenizer, labels_shifted=self.labels_shifted)
                    for b in batches]
         forward = forward or (lambda batch: model(**model_inputs(batch, model)))
-        checks = self._loss_checks(batches, loss_call, forward, facts.vocab_size)
+        checks = self._run_checks(model, batches, loss_call, forward, facts.vocab_size)
         mine = [(c.name, f"batch {i} of the trainer's dataloader: {c.detail}")
                 for i, b in enumerate(audited) for c in b.checks if not c.passed]
-        mine += [(c.name, c.detail) for c in checks if not c.passed]
+        mine += [(c.name, c.detail) for c in checks if not c.passed and not c.skipped]
         refused += _agreed(ranks, mine)
         self.verdict = Verdict(plan, report, audited, checks, refused)
         written = self._write(out_dir) if ranks.is_main else None
@@ -202,21 +191,60 @@ class RunGate:
                  + (f"; evidence in {literal(written)}" if written else ""))
         return self.verdict
 
-    def _loss_checks(self, batches: Sequence[Mapping], loss_call: LossCall | None,
-                     forward: Forward, vocab_size: int) -> list[CheckResult]:
-        """batch_loss (the model's own loss on the first batches, where the trainer takes it)
-        and first_loss (their mean token loss before any step, from the logits of the call the
-        trainer makes: with the labels where it steps on the model's own loss, so a model that
-        reads them shows it here)."""
-        with torch.no_grad():
-            if loss_call is None:
-                results, logits = [], [logits_of(forward(batch)) for batch in batches]
-            else:
-                outputs = [loss_call(batch) for batch in batches]
-                results = [check_batch_loss(batches, outputs)]
-                logits = [logits_of(out) for out, _ in outputs]
-            losses = [summed_loss(batch, found, self.labels_shifted)
-                      for batch, found in zip(batches, logits)]
+    def _facts(self, model: nn.Module, plan: RunPlan) -> tuple[Any, RunPlan]:
+        """The model's facts on the plan's path. A packed form the forward does not declare is
+        not an error here: the packing check then sends the forms it does declare, and
+        batch_as_sent judges the batches in the form the collator sends (the plan's notes say
+        so)."""
+        try:
+            return facts_of(model, training=plan.path, **self.audit_options), plan
+        except ConfigError as exc:
+            if plan.path.pack_form is None or "pack_form" not in str(exc):
+                raise
+            path = replace(plan.path, pack_form=None)
+            said = (f"the collator sends packed rows as {plan.path.pack_form}, which "
+                    f"{type(model).__name__}'s forward does not declare ({exc}): batch_as_sent "
+                    "judges whether it takes them")
+            plan = replace(plan, path=path, notes=plan.notes + (said,))
+            return facts_of(model, training=path, **self.audit_options), plan
+
+    def _model_gate(self, model: nn.Module, facts: Any, plan: RunPlan
+                    ) -> tuple[AuditReport | None, list[tuple[str, str]]]:
+        """run_gate on the model (a PEFT model with its zero adapter factors drawn: peft.py, a
+        fresh adapter adds nothing to check, and its other factor would get no gradient): its
+        report and the failures of the paths the trainer takes."""
+        adapters = adapters_of(model)
+        try:
+            with nullcontext() if adapters is None else adapters.drawn_adapters(model, self.seed):
+                return run_gate(model, self.ranks, facts, seed=self.seed, say=self.say,
+                                paths=plan.paths), []
+        except GateRefusal as refusal:
+            report = refusal.report
+            if report is None:
+                return None, [(refusal.check, refusal.detail)]
+            return report, [(c.name, c.detail) for c in report.checks
+                            if c.name in refusal.failed]
+
+    def _run_checks(self, model: nn.Module, batches: Sequence[Mapping],
+                    loss_call: LossCall | None, forward: Forward, vocab_size: int
+                    ) -> list[CheckResult]:
+        """batch_as_sent, then batch_loss (the model's own loss on the first batches, where the
+        trainer takes it) and first_loss (their mean token loss before any step), all from one
+        call of each batch as the trainer makes it (with the labels where it steps on the
+        model's own loss, so a model that reads them shows it), in eval mode."""
+        call = loss_call or (lambda batch: (forward(batch), None))
+        with in_eval_mode(model):
+            outputs, refused = sent_outputs(batches, call)
+            sent = check_batch_as_sent(batches, [out for out, _ in outputs], refused,
+                                       lambda ids: forward({"input_ids": ids}))
+        if refused is not None:
+            why = "skipped: the model cannot take the batches as sent (batch_as_sent)"
+            return [sent] + [CheckResult(name, True, why, {}, skipped=True)
+                             for name in ("batch_loss",) * (loss_call is not None)
+                             + ("first_loss",)]
+        results = [sent] + ([check_batch_loss(batches, outputs)] if loss_call else [])
+        losses = [summed_loss(batch, logits_of(out), self.labels_shifted)
+                  for batch, (out, _) in zip(batches, outputs)]
         return results + [self._check_first_loss(losses, vocab_size)]
 
     def _check_first_loss(self, losses: list[tuple[float, int]], vocab_size: int

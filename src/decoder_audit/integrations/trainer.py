@@ -32,6 +32,7 @@ from ..gate import TrainingPath
 from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, facts_of,
                      ranks_of)
 from .lengths import RunLength, row_length
+from .losses import model_inputs
 from .peek import first_batches, preserved_random_state
 
 
@@ -77,9 +78,12 @@ class TrainerGate(TrainerCallback):
             plan = plan_of(trainer, model, batches)
             call = model_loss_call(trainer, model, batches) if "model loss" in plan.paths \
                 else None
+            flags = trainer_flags(trainer)
             self.gate.before_training(model, plan, batches,
                                       ranks_of(args.process_index, args.world_size),
-                                      args.output_dir, loss_call=call)
+                                      args.output_dir, loss_call=call,
+                                      forward=lambda batch: model(**model_inputs(batch, model),
+                                                                  **flags))
         self._first_step = state.global_step
         self._record_step_losses()
 
@@ -175,17 +179,23 @@ def run_length(trainer: Trainer, batches: Sequence[Mapping]) -> RunLength:
 def _pack_form(collator: Any, model: nn.Module, batch: Mapping) -> tuple[str | None, list[str]]:
     """The form of packed rows the model reads from this collator's batches (gate.packing),
     or None when it does not pack; and what the report should say about it."""
-    positions = batch.get("position_ids")
+    positions, mask = batch.get("position_ids"), batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        return "4d_mask", []
     restarts = isinstance(positions, torch.Tensor) and bool((positions[:, 1:] == 0).any())
     flattening = isinstance(collator, DataCollatorWithFlattening) or getattr(
         collator, "padding_free", False)
     if not (restarts or flattening) or positions is None:
         return None, []
+    said = [f"the collator ({type(collator).__name__}) sends an attention_mask beside the "
+            "restarting position_ids: the packing probe sends the position_ids alone, and "
+            "batch_as_sent judges the rows with the mask, as sent"] \
+        if isinstance(mask, torch.Tensor) else []
     if "cu_seq_lens_q" not in batch:
-        return "position_ids", []
+        return "position_ids", said
     if "flash_kwargs" in facts_of(model, **_vocab(model)).packing_forms:
-        return "flash_kwargs", []
-    return "position_ids", [f"the collator ({type(collator).__name__}) sends cu_seq_lens too; "
+        return "flash_kwargs", said
+    return "position_ids", said + [f"the collator ({type(collator).__name__}) sends cu_seq_lens too; "
                             f"{type(model).__name__} does not run a flash attention "
                             "implementation, so its attention reads the documents from the "
                             "position_ids: that form is audited"]
@@ -196,6 +206,17 @@ def _vocab(model: nn.Module) -> dict[str, Any]:
     config = getattr(model, "config", None)
     return {} if hasattr(config, "vocab_size") or hasattr(model, "get_base_model") \
         else {"vocab_size": 1}
+
+
+def trainer_flags(trainer: Trainer) -> dict[str, Any]:
+    """The keywords the trainer adds to every batch it passes the model, beside the collator's:
+    TRL's SFTTrainer passes use_cache=False, and output_router_logits=True where its router
+    aux loss is on (its compute_loss). transformers' Trainer adds none (it turns the cache off
+    in the config: TrainingArguments.use_cache)."""
+    if not any(cls.__name__ == "SFTTrainer" for cls in type(trainer).__mro__):
+        return {}
+    return {"use_cache": False} | ({"output_router_logits": True}
+                                   if getattr(trainer, "aux_loss_enabled", False) else {})
 
 
 def takes_model_loss(trainer: Trainer, batch: Mapping) -> tuple[bool, str]:
