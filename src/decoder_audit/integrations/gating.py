@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -93,17 +93,19 @@ class RunPlan:
 class Verdict:
     """What the gate found before training (rank 0's model report; this rank's batches)."""
 
-    plan: RunPlan
+    plan: RunPlan | None
+    """None when the path could not be read (a refusal before it: `RunGate.refusing`)."""
     report: AuditReport | None
     batches: list[BatchReport]
     checks: list[CheckResult]
-    """The run's own checks: batch_loss, first_loss."""
+    """The run's own checks: batch_as_sent, batch_loss, first_loss."""
     refused: list[tuple[str, str]] = field(default_factory=list)
     """(check, detail) of every failure on a path the trainer takes, in order."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "trainer gate", "passed": not self.refused,
-                "refused": [name for name, _ in self.refused], "plan": self.plan.to_dict(),
+                "refused": [name for name, _ in self.refused],
+                "plan": None if self.plan is None else self.plan.to_dict(),
                 "model": None if self.report is None else {"passed": self.report.passed,
                                                            "summary": self.report.summary()},
                 "checks": [c.to_dict() for c in self.checks],
@@ -117,6 +119,18 @@ def _silent(*args: Any, **kwargs: Any) -> None:
 def ranks_of(rank: int, world_size: int) -> RankInfo:
     """This process's place, as the trainer says it (the process group is the trainer's)."""
     return RankInfo(rank=rank, world_size=world_size)
+
+
+def readable(batches: Sequence[Any], source: str) -> list[Mapping]:
+    """The first batches, each a collator's mapping holding input_ids (B, T); TypeError naming
+    what `source` (where they came from) gave otherwise."""
+    for i, batch in enumerate(batches):
+        if not isinstance(batch, Mapping) or "input_ids" not in batch:
+            held = f" with keys {sorted(map(str, batch))}" if isinstance(batch, Mapping) else ""
+            raise TypeError(f"{source} batch {i} as a {type(batch).__name__}{held}, not a "
+                            "mapping holding input_ids (B, T)")
+        batch_size_and_length(batch)
+    return list(batches)
 
 
 def batch_size_and_length(batch: Mapping[str, Any]) -> tuple[int, int]:
@@ -278,6 +292,27 @@ class RunGate:
                     "targets (target leakage or an incorrect shift)"), limit
         return None
 
+    @contextmanager
+    def refusing(self, check: str, what: str, ranks: RankInfo, out_dir: str | Path | None
+                 ) -> Iterator[None]:
+        """Within the block (a callback's work before the first step), any exception but the
+        gate's own verdicts becomes a GateRefusal naming `check`, its detail `what` and the
+        exception, with the evidence written (gate.json: the refusal and the error): nothing
+        raw leaves a callback, and nothing trains."""
+        try:
+            yield
+        except (GateRefusal, LeakageSuspected):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every problem before step 1 is a refusal
+            said = (str(exc).strip().splitlines() or [""])[0][:300]
+            detail = f"{what}: {type(exc).__name__}: {said}"
+            self.ranks = ranks
+            self.verdict = Verdict(None, None, [], [CheckResult(check, False, detail, {
+                "error": type(exc).__name__, "message": str(exc)[:2000]})], [(check, detail)])
+            written = self._write(out_dir) if ranks.is_main else None
+            where = f"; the evidence is in {written}" if written else ""
+            raise GateRefusal(check, detail + where, None) from exc
+
     # ---- while training ----------------------------------------------------------------------
     def after_step(self, step: int, loss: float) -> None:
         """LeakageSuspected with the figures when this step's loss (averaged over the ranks,
@@ -311,8 +346,12 @@ class RunGate:
                 f"## batch {i}\n\n```\n" + "\n".join(b.lines()) + "\n```"
                 for i, b in enumerate(verdict.batches)) + "\n")
 
-        return write_folder_atomically(Path(out_dir) / REPORT_FOLDER, write,
-                                       same_kind=_is_gate_folder, what="trainer gate report")
+        folder = Path(out_dir) / REPORT_FOLDER
+        # an earlier gate's report and pictures may be dropped: a refusal before the model was
+        # audited writes none
+        earlier = [p.name for p in folder.iterdir()] if _is_gate_folder(folder) else []
+        return write_folder_atomically(folder, write, same_kind=_is_gate_folder,
+                                       what="trainer gate report", superseded=earlier)
 
 
 def adapters_of(model: nn.Module) -> Any:

@@ -29,7 +29,8 @@ from torch import nn
 from ..errors import ConfigError
 from ..gate import TrainingPath
 from ..objective import logits_of
-from .gating import NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, ranks_of
+from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, ranks_of,
+                     readable)
 from .peek import first_batches, preserved_random_state
 
 # Lightning's precision names -> the gate's ("fp16" is said, not audited)
@@ -65,18 +66,24 @@ class LightningGate(lightning.Callback):
 
     def on_train_start(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule
                        ) -> None:
-        decoder = find_decoder(pl_module, self.decoder_name)
+        ranks = ranks_of(trainer.global_rank, trainer.world_size)
+        out, refusing = trainer.default_root_dir, self.gate.refusing
         loader = trainer.train_dataloader
+        with refusing("training_path", "finding the decoder", ranks, out):
+            decoder = find_decoder(pl_module, self.decoder_name)
         with preserved_random_state(loader):
-            raw = first_batches(loader, self.batches or trainer.accumulate_grad_batches)
-            batches = [self.to_batch(item) for item in raw]
-            plan = plan_of(trainer, decoder, batches, model_loss=self.model_loss)
+            with refusing("batch_as_sent", "the train dataloader's first batches", ranks, out):
+                raw = first_batches(loader, self.batches or trainer.accumulate_grad_batches)
+                source = "to_batch= made" if self.to_batch is not _as_batch else \
+                    "the train dataloader yielded"
+                batches = readable([self.to_batch(item) for item in raw], source)
+            with refusing("training_path", "reading the path the trainer takes", ranks, out):
+                plan = plan_of(trainer, decoder, batches, model_loss=self.model_loss)
             call = (lambda batch: (decoder(**_on_device(batch, decoder)), None)) \
                 if self.model_loss else None
-            self.gate.before_training(decoder, plan, batches,
-                                      ranks_of(trainer.global_rank, trainer.world_size),
-                                      trainer.default_root_dir, loss_call=call,
-                                      forward=lambda batch: _logits(decoder, batch))
+            with refusing("gate", "the gate itself raised", ranks, out):
+                self.gate.before_training(decoder, plan, batches, ranks, out, loss_call=call,
+                                          forward=lambda batch: _logits(decoder, batch))
         self._seen = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

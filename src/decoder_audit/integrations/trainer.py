@@ -30,7 +30,7 @@ from transformers import DataCollatorWithFlattening, Trainer, TrainerCallback
 from ..errors import ConfigError
 from ..gate import TrainingPath
 from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, facts_of,
-                     ranks_of)
+                     ranks_of, readable)
 from .lengths import RunLength, row_length
 from .losses import model_inputs
 from .peek import first_batches, preserved_random_state
@@ -72,18 +72,22 @@ class TrainerGate(TrainerCallback):
                        **kwargs):
         trainer = self.trainer
         model = model if model is not None else trainer.model
+        ranks, out = ranks_of(args.process_index, args.world_size), args.output_dir
+        refusing = self.gate.refusing
         with preserved_random_state(train_dataloader), without_mixed_precision(model):
-            batches = first_batches(train_dataloader, self.batches or
-                                    args.gradient_accumulation_steps)
-            plan = plan_of(trainer, model, batches)
-            call = model_loss_call(trainer, model, batches) if "model loss" in plan.paths \
-                else None
-            flags = trainer_flags(trainer)
-            self.gate.before_training(model, plan, batches,
-                                      ranks_of(args.process_index, args.world_size),
-                                      args.output_dir, loss_call=call,
-                                      forward=lambda batch: model(**model_inputs(batch, model),
-                                                                  **flags))
+            with refusing("batch_as_sent", "the trainer's first batches", ranks, out):
+                batches = readable(first_batches(train_dataloader, self.batches or
+                                                 args.gradient_accumulation_steps),
+                                   "the trainer's dataloader yielded")
+            with refusing("training_path", "reading the path the trainer takes", ranks, out):
+                plan = plan_of(trainer, model, batches)
+                call = model_loss_call(trainer, model, batches) if "model loss" in plan.paths \
+                    else None
+                flags = trainer_flags(trainer)
+            with refusing("gate", "the gate itself raised", ranks, out):
+                self.gate.before_training(model, plan, batches, ranks, out, loss_call=call,
+                                          forward=lambda batch: model(
+                                              **model_inputs(batch, model), **flags))
         self._first_step = state.global_step
         self._record_step_losses()
 
