@@ -128,3 +128,25 @@ def test_hugging_face_checkpointing_enabled_is_read_from_the_model():
     check = da.audit(model, checks=["checkpointing"])["checkpointing"]
     assert check.passed and not check.skipped, check.detail
     assert model.is_gradient_checkpointing
+
+
+def test_checkpointing_is_judged_with_the_weights_the_run_freezes():
+    """Reentrant checkpointing behind a stem the run freezes with the embedding: the layer's
+    input needs no gradient, so its weights never get one (the run trains nothing there). With
+    every weight trainable, the stem carries the gradient through and nothing is lost; the
+    check runs with the run's own frozen weights (requires_grad as found), and fails there."""
+    def stemmed() -> PathLM:
+        model = PathLM("checkpointing_reentrant", dropout=0.0)
+        torch.manual_seed(1)
+        model.embed = torch.nn.Sequential(torch.nn.Embedding(V, 16), torch.nn.Linear(16, 16))
+        return model
+
+    path = da.TrainingPath(2, T, checkpointing=True)
+    assert da.audit(stemmed(), checks=["checkpointing"], training=path, **FACTS).passed
+    frozen = stemmed()
+    frozen.embed.requires_grad_(False)
+    check = da.audit(frozen, checks=["checkpointing"], training=path, **FACTS)["checkpointing"]
+    assert not check.passed and check.evidence["frozen_by_the_run"] == 3  # E, W, b
+    assert check.evidence["grad_max_abs_diff"] == float("inf")  # a gradient lost, not moved
+    assert check.evidence["worst_grad"].startswith(("qkv", "proj"))
+    assert not any(p.requires_grad for p in frozen.embed.parameters())  # as the run froze them

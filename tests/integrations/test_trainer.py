@@ -22,6 +22,7 @@ from zoo_integrations import (  # noqa: E402
     LeakyLlama,
     OwnCountLlama,
     ReentrantLlama,
+    config,
     documents,
     shifted_twice_collator,
     tiny_llama,
@@ -148,6 +149,45 @@ def test_a_checkpointing_bug_stops_it_naming_checkpointing(tmp_path):
                        gradient_checkpointing=True)
     assert refusal.value.failed == ("checkpointing",)
     assert refusal.value.report["checkpointing"].evidence
+
+
+@pytest.mark.parametrize("preserve_rng_state", [False, True])
+def test_checkpointing_is_audited_under_the_trainers_own_kwargs(tmp_path, preserve_rng_state):
+    """gradient_checkpointing_kwargs={"use_reentrant": False, "preserve_rng_state": False} on a
+    model with attention dropout: the recomputation draws other dropout masks, so the gradients
+    are not the forward's. The gate audits the checkpointing the Trainer switched on, with those
+    kwargs (it once re-enabled it with defaults, and passed), and refuses; with the RNG state
+    preserved it trains, and every module keeps the function the Trainer gave it."""
+    kwargs = {"use_reentrant": False, "preserve_rng_state": preserve_rng_state}
+    torch.manual_seed(0)
+    model = type(tiny_llama())(config(attention_dropout=0.1))
+    options = dict(gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs)
+    if not preserve_rng_state:
+        refusal = _refused(model, tmp_path / "run", **options)
+        assert refusal.value.failed == ("checkpointing",)
+        evidence = refusal.value.report["checkpointing"].evidence
+        assert evidence["configured"] and evidence["grad_max_abs_diff"] > evidence["grad_allowed"]
+        return
+    trainer, gate = gated(model, tmp_path / "run", **options)
+    trainer.train()
+    assert gate.verdict.report["checkpointing"].evidence["configured"]
+    functions = [m._gradient_checkpointing_func for m in model.modules()
+                 if getattr(m, "gradient_checkpointing", False)]
+    assert functions and all(f.keywords == kwargs for f in functions)
+
+
+def test_the_weights_the_run_freezes_stay_frozen_and_are_the_only_ones_left_out(tmp_path):
+    """The run freezes the embeddings: the gate's gradient checks run with them frozen (the
+    checkpointed gradients of the other weights compared), and after it they are still."""
+    model = tiny_llama()
+    model.model.embed_tokens.requires_grad_(False)
+    trainer, gate = gated(model, tmp_path / "run", gradient_checkpointing=True)
+    trainer.train()
+    check = gate.verdict.report["checkpointing"]
+    trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    assert check.passed and check.evidence["frozen_by_the_run"] == 1
+    assert f"{trainable} trainable weights" in check.detail
+    assert not model.model.embed_tokens.weight.requires_grad
 
 
 def test_a_loss_that_ignores_the_trainers_item_count_stops_it_on_the_model_loss_path(tmp_path):

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import (alignment, attention, generation, inputs, invariance, kv_cache, model_loss,
-               packing, reference, routing, training, weights, window)
+from . import (alignment, attention, checkpointing, generation, inputs, invariance, kv_cache,
+               model_loss, packing, reference, routing, training, weights, window)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -167,7 +167,7 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("packing", "packed documents = each document alone; none reads another", "training",
           packing.check_packing, needs=("trains_packed", "packs"), paths=("training",)),
     Check("checkpointing", "checkpointed logits and gradients = plain ones", "training",
-          training.check_checkpointing, needs=("trains_with_checkpointing",),
+          checkpointing.check_checkpointing, needs=("trains_with_checkpointing",),
           paths=("training",)),
     Check("autocast", "under bf16 autocast: causal, batch-independent, finite", "training",
           training.check_autocast, needs=("trains_in_bf16",), paths=("training",)),

@@ -7,10 +7,7 @@ a training batch.
               shape), so a correct model's earlier rows still come out of identical arithmetic.
               A model that declares no dropout must give the same logits in train and eval mode;
               one with dropout modules must not (dropout left at 0 after an eval forward).
-  checkpointing  with activation checkpointing on (`gradient_checkpointing_enable()`, Hugging
-              Face's name, ours too), in train mode, the logits and every weight's gradient equal
-              those without it, and with the input embeddings frozen every other trainable weight
-              still gets a gradient (reentrant checkpointing loses them: transformers#26221).
+  checkpointing  (checkpointing.py) the checkpointed path as the run configured it.
   autocast    the same interventions under torch.autocast in the dtype training uses (bfloat16),
               with the noise floor measured under autocast; the logits finite, also with the
               attention scores scaled up (white-box).
@@ -340,87 +337,3 @@ def _stressed_finite(s: Subject, call, evidence: dict) -> list[str]:
 STRESSED_SCORE = 1e4
 """Largest attention score of the autocast stress probe: far above a trained model's (tens), well
 inside bfloat16's range (3e38), so only an overflowing formulation gives inf or NaN."""
-
-
-def check_checkpointing(s: Subject) -> CheckResult:
-    model = s.work
-    enable = getattr(model, "gradient_checkpointing_enable", None)
-    disable = getattr(model, "gradient_checkpointing_disable", None)
-    if not (callable(enable) and callable(disable)):
-        return CheckResult("checkpointing", False, f"training asks for activation checkpointing but "
-                           f"{type(model).__name__} has no gradient_checkpointing_enable() / "
-                           "_disable()", {})
-    was_on = bool(getattr(model, "is_gradient_checkpointing",
-                          getattr(model, "gradient_checkpointing", False)))
-    seq_len = s.short_len(8)
-    gen = s.generator(41)
-    ids = s.random_ids(2, seq_len, gen).to(s.device)
-    projection = torch.randn(2, seq_len, s.vocab_size, generator=gen).to(s.device)
-    embedding = s.input_embedding
-    frozen = {id(p) for p in embedding.parameters()} if embedding is not None else set()
-    try:
-        plain = _projected_backward(s, ids, projection, disable)
-        checked = _projected_backward(s, ids, projection, enable)
-        no_embedding = _projected_backward(s, ids, projection, enable, frozen)
-    finally:
-        (enable if was_on else disable)()
-    return _checkpointing_verdict(s, plain, checked, no_embedding, frozen)
-
-
-def _projected_backward(s: Subject, ids: torch.Tensor, projection: torch.Tensor,
-                        switch: Callable[[], None], frozen: set[int] = frozenset()
-                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
-    """(logits, {weight name: gradient}) of sum(logits * projection) in train mode with the
-    dropout masks fixed, after `switch()`; the weights in `frozen` get no gradient."""
-    switch()
-    params = [p for p in s.parameters() if id(p) not in frozen]
-    with in_train_mode(s), s.gradients_for(params), torch.random.fork_rng(
-            devices=[s.device] if s.device.type == "cuda" else []):
-        torch.manual_seed(DROPOUT_SEED)
-        s.count(ids)
-        logits = logits_of(s.work(ids))
-        (logits.double() * projection.double()).sum().backward()
-        grads = {name: (None if p.grad is None else p.grad.detach().clone())
-                 for name, p in s.work.named_parameters() if id(p) not in frozen}
-    return logits.detach(), grads
-
-
-def _checkpointing_verdict(s: Subject, plain, checked, no_embedding, frozen) -> CheckResult:
-    (logits0, grads0), (logits1, grads1), (_, grads2) = plain, checked, no_embedding
-    tol = s.shape_tolerance()
-    logit_diff = float((logits1 - logits0).abs().max())
-    logit_allowed = tol * value_scale(logits0)
-    scale = max((float(g.abs().max()) for g in grads0.values() if g is not None), default=0.0)
-    grad_diff, worst = 0.0, None
-    for name, g0 in grads0.items():
-        g1 = grads1.get(name)
-        if (g0 is None) != (g1 is None):
-            grad_diff, worst = float("inf"), name
-            break
-        if g0 is not None and float((g1 - g0).abs().max()) > grad_diff:
-            grad_diff, worst = float((g1 - g0).abs().max()), name
-    starved = [name for name, g in grads2.items()
-               if name in grads0 and grads0[name] is not None and bool(grads0[name].any())
-               and (g is None or not bool(g.any()))]
-    evidence = {"logits_max_abs_diff": logit_diff, "logits_allowed": logit_allowed,
-                "grad_max_abs_diff": grad_diff, "worst_grad": worst, "grad_allowed": tol * scale,
-                "frozen_input_embedding": len(frozen), "no_gradient_when_frozen": starved}
-    if not logit_diff <= logit_allowed:
-        return CheckResult("checkpointing", False, f"with checkpointing on, the logits differ from "
-                           f"the plain forward's by up to {logit_diff:.3g} (allowed "
-                           f"{logit_allowed:.1e}): the checkpointed path computes another "
-                           "function (a mask or a branch it skips)", evidence, tol)
-    if not grad_diff <= tol * scale:
-        return CheckResult("checkpointing", False, f"with checkpointing on, the gradient of {worst} "
-                           f"differs by up to {grad_diff:.3g} (allowed {tol * scale:.1e})",
-                           evidence, tol)
-    if starved:
-        return CheckResult("checkpointing", False, f"with checkpointing on and the input embeddings "
-                           f"frozen, {len(starved)} trainable weights get no gradient "
-                           f"({', '.join(starved[:4])}): the recomputation is cut off from the "
-                           "loss (reentrant checkpointing of inputs that need no gradient)",
-                           evidence, tol)
-    return CheckResult("checkpointing", True, f"checkpointed logits and the gradients of "
-                       f"{len(grads0)} weights equal the plain ones (max {grad_diff:.1e}); with the "
-                       "input embeddings frozen every other weight still gets its gradient",
-                       evidence, tol)
