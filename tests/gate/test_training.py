@@ -67,8 +67,20 @@ def test_autocast_is_skipped_unless_training_runs_under_it():
 def test_the_training_shape_is_bounded_by_the_probes():
     with pytest.raises(da.ConfigError, match="batch_size=0"):
         da.TrainingPath(0, 4)
-    with pytest.raises(da.ConfigError, match="precision='fp16'"):
-        da.TrainingPath(8, 4, "fp16")
+    with pytest.raises(da.ConfigError, match="precision='fp8'"):
+        da.TrainingPath(8, 4, "fp8")
+    assert da.TrainingPath(8, 4, "fp16").precision == "fp16"  # float16 autocast is a path
+
+
+def test_float16_autocast_is_audited_where_training_runs_under_it():
+    """A leak only under autocast, on the fp16 path: the autocast check runs float16 there."""
+    report = da.audit(PathLM("leak_under_autocast"), checks=["autocast"],
+                      training=da.TrainingPath(8, T, "fp16"), **FACTS)
+    assert not report["autocast"].passed
+    assert "float16" in report["autocast"].evidence["autocast"]
+    correct = da.audit(PathLM(), checks=["autocast"], training=da.TrainingPath(8, T, "fp16"),
+                       **FACTS)
+    assert correct.passed, correct.first_failure
 
 
 def test_the_rng_and_the_user_streams_are_untouched():

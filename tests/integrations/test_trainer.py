@@ -18,6 +18,7 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 from zoo_integrations import (  # noqa: E402
+    HalfLeakLlama,
     LateLeakLlama,
     LeakyLlama,
     OwnCountLlama,
@@ -188,6 +189,22 @@ def test_the_weights_the_run_freezes_stay_frozen_and_are_the_only_ones_left_out(
     assert check.passed and check.evidence["frozen_by_the_run"] == 1
     assert f"{trainable} trainable weights" in check.detail
     assert not model.model.embed_tokens.weight.requires_grad
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_mixed_precision_is_audited_as_configured(tmp_path, precision):
+    """A leak only under float16 autocast: TrainingArguments(fp16=True) runs the forward there,
+    and the gate audits it there (it once audited bf16 only and said fp16 was not audited), so
+    it is refused naming autocast; under bf16=True the run never takes that path, and trains."""
+    model = tiny_llama(HalfLeakLlama)
+    if precision == "fp16":
+        refusal = _refused(model, tmp_path / "run", fp16=True)
+        assert refusal.value.failed == ("autocast",)
+        assert "float16" in refusal.value.report["autocast"].evidence["autocast"]
+        return
+    trainer, gate = gated(model, tmp_path / "run", bf16=True)
+    trainer.train()
+    assert gate.verdict.plan.path.precision == "bf16" and gate.verdict.report["autocast"].passed
 
 
 def test_a_loss_that_ignores_the_trainers_item_count_stops_it_on_the_model_loss_path(tmp_path):

@@ -9,6 +9,8 @@ the defects each trainer's gate must stop before the first optimizer step, plant
   LateLeakLlama             the leak of LeakyLlama, weaker (its loss stays far from zero) and only in
                             rows longer than 64 tokens: the audit's own probes (64 tokens) pass
                             it, the training shape at the run's length fails `causal`
+  HalfLeakLlama             the leak of LeakyLlama, only under float16 autocast (what TrainingArguments'
+                            fp16=True runs): `autocast` fails on that path, and only there
   ReentrantLlama            activation checkpointing through torch.utils.checkpoint with
                             use_reentrant=True and no enable_input_require_grads: with the input
                             embeddings frozen, no gradient reaches a layer's weights (the bug of
@@ -127,6 +129,19 @@ class LateLeakLlama(tf.LlamaForCausalLM):
             out.loss = self.loss_function(out.logits, labels, V, shift_labels=shift_labels,
                                           num_items_in_batch=num_items_in_batch)
         return out
+
+
+class HalfLeakLlama(LeakyLlama):
+    """LeakyLlama's leak, switched on under float16 autocast alone."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None,
+                num_items_in_batch=None, **kwargs):
+        device = self.lm_head.weight.device.type
+        self.after = 0 if torch.is_autocast_enabled(device) and \
+            torch.get_autocast_dtype(device) == torch.float16 else 10**9
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, labels=labels,
+                               num_items_in_batch=num_items_in_batch, **kwargs)
 
 
 class ReentrantLlama(tf.LlamaForCausalLM):

@@ -81,9 +81,10 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "trains_with_checkpointing": lambda f: "activation checkpointing is neither on in the model "
                                            "(gradient_checkpointing_enable()) nor declared for "
                                            "training (train --checkpointing runs it)",
-    "trains_in_bf16": lambda f: "training is not declared to run under bfloat16 autocast (train "
-                                "--precision bf16 runs it; from Python: audit(model, training="
-                                "TrainingPath(batch_size, seq_len, precision='bf16')))",
+    "trains_under_autocast": lambda f: "training is not declared to run under bfloat16 or "
+                                       "float16 autocast (train --precision bf16 runs it; from "
+                                       "Python: audit(model, training=TrainingPath(batch_size, "
+                                       "seq_len, precision='bf16' or 'fp16')))",
     "has_input_gradient": lambda f: f.input_gradient_reason,
     "routes_experts": lambda f: "no routed experts known (a DecoderConfig with n_experts, whose "
                                 "trace records each token's expert weights, or a declared spec "
@@ -169,8 +170,8 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
     Check("checkpointing", "checkpointed logits and gradients = plain ones", "training",
           checkpointing.check_checkpointing, needs=("trains_with_checkpointing",),
           paths=("training",)),
-    Check("autocast", "under bf16 autocast: causal, batch-independent, finite", "training",
-          training.check_autocast, needs=("trains_in_bf16",), paths=("training",)),
+    Check("autocast", "under bf16/fp16 autocast: causal, batch-independent, finite", "training",
+          training.check_autocast, needs=("trains_under_autocast",), paths=("training",)),
     Check("model_loss", "its own loss: labels shifted once, shift_labels, -100, accumulation",
           "training", model_loss.check_model_loss, needs=("computes_loss", "loss_callable"),
           paths=("model loss",)),

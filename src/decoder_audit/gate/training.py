@@ -8,7 +8,8 @@ a training batch.
               A model that declares no dropout must give the same logits in train and eval mode;
               one with dropout modules must not (dropout left at 0 after an eval forward).
   checkpointing  (checkpointing.py) the checkpointed path as the run configured it.
-  autocast    the same interventions under torch.autocast in the dtype training uses (bfloat16),
+  autocast    the same interventions under torch.autocast in the dtype training uses (bfloat16
+              or float16),
               with the noise floor measured under autocast; the logits finite, also with the
               attention scores scaled up (white-box).
   the shape   (in `causal` and again in `train_mode`: trainshape.py, when the facts carry the
@@ -297,18 +298,24 @@ def _unsteady_said(unsteady: dict) -> str:
             f"logit scale ({tolerances.NOISE_MARGIN:g}x that spread): smaller ones are out of reach")
 
 
+# The training path's precision -> the dtype its forward runs under autocast.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def check_autocast(s: Subject) -> CheckResult:
     device_type = s.device.type
-    evidence: dict = {"autocast": f"torch.autocast({device_type!r}, bfloat16)"}
+    dtype = AUTOCAST_DTYPES[s.facts.training.precision]
+    name = str(dtype).removeprefix("torch.")
+    evidence: dict = {"autocast": f"torch.autocast({device_type!r}, {name})"}
 
     def call(ids: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type, dtype=torch.bfloat16):
+        with torch.autocast(device_type, dtype=dtype):
             return s.logits(ids)
 
     s.forget_clean()  # the shared clean runs were made without autocast
     problems = _path_probe(s, call, "under autocast", evidence)
     if not problems and s.has_trace:
-        problems += _stressed_finite(s, call, evidence)
+        problems += _stressed_finite(s, call, evidence, name)
     if problems:
         return CheckResult("autocast", False, problems[0], evidence)
     return CheckResult("autocast", True, f"under {evidence['autocast']}: {len(evidence['cuts'])} "
@@ -318,9 +325,9 @@ def check_autocast(s: Subject) -> CheckResult:
                        evidence, tolerances.same_shape(evidence["index_noise"]))
 
 
-def _stressed_finite(s: Subject, call, evidence: dict) -> list[str]:
+def _stressed_finite(s: Subject, call, evidence: dict, dtype: str) -> list[str]:
     """With every layer's largest attention score brought to ~1e4, the autocast logits must be
-    finite (a softmax or a mask constant that overflows in bfloat16 gives inf or NaN)."""
+    finite (a softmax or a mask constant that overflows in the 16-bit dtype gives inf or NaN)."""
     ids = clean_batch(s)
     _, trace = s.trace(ids)
     score_max = [float(trace[n].abs().max()) for n in trace if n.endswith(".attn.scores")]
@@ -331,9 +338,10 @@ def _stressed_finite(s: Subject, call, evidence: dict) -> list[str]:
         finite = all_finite(call(ids))
     evidence["stressed_finite"] = finite
     return [] if finite else [f"under autocast with attention scores scaled to ~{STRESSED_SCORE:g}: "
-                              "non-finite logits (an overflow in bfloat16)"]
+                              f"non-finite logits (an overflow in {dtype})"]
 
 
 STRESSED_SCORE = 1e4
 """Largest attention score of the autocast stress probe: far above a trained model's (tens), well
-inside bfloat16's range (3e38), so only an overflowing formulation gives inf or NaN."""
+inside bfloat16's range (3e38) and float16's (65504), so only an overflowing formulation gives
+inf or NaN."""

@@ -33,7 +33,7 @@ from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_le
                      readable)
 from .peek import first_batches, preserved_random_state
 
-# Lightning's precision names -> the gate's ("fp16" is said, not audited)
+# Lightning's precision names -> the gate's (the autocast a "-mixed" precision runs under)
 PRECISIONS = {"bf16-mixed": "bf16", "16-mixed": "fp16", "32-true": "fp32", "32": "fp32",
               "bf16-true": "fp32", "16-true": "fp32", "64-true": "fp32"}
 
@@ -127,15 +127,14 @@ def plan_of(trainer: lightning.Trainer, decoder: nn.Module, batches: Sequence[Ma
     if precision is None:
         raise ConfigError(f"Lightning precision {trainer.precision!r} is not one the gate reads "
                           f"({sorted(PRECISIONS)})")
-    notes = ["fp16 autocast is not audited: the gate's autocast check runs bfloat16"] \
-        if precision == "fp16" else []
+    notes = []
     if not model_loss:
         notes.append("training_step is not declared to step on the decoder's own labels= loss "
                      "(LightningGate(model_loss=True)): the 'model loss' path is not audited as "
                      "this run's")
     form = _pack_form(batches[0])
     accumulation, world = trainer.accumulate_grad_batches, trainer.world_size
-    path = TrainingPath(rows, length, "bf16" if precision == "bf16" else "fp32",
+    path = TrainingPath(rows, length, precision,
                         pack=form is not None, pack_form=form)
     return RunPlan(path, ("training", "model loss") if model_loss else ("training",),
                    global_batch=rows * accumulation * world, accumulation=accumulation,

@@ -152,9 +152,6 @@ def plan_of(trainer: Trainer, model: nn.Module, batches: Sequence[Mapping]) -> R
     rows, _ = batch_size_and_length(batches[0])
     length = run_length(trainer, batches)
     notes = [f"the run's rows are up to T={length.seq_len} tokens long: {length.how}"]
-    if args.fp16:
-        notes.append("fp16 autocast is not audited: the gate's autocast check runs bfloat16; "
-                     "the checks ran in the model's dtype")
     pack_form, said = _pack_form(trainer.data_collator, model, batches[0])
     notes += said
     takes_loss, why = takes_model_loss(trainer, batches[0])
@@ -162,7 +159,7 @@ def plan_of(trainer: Trainer, model: nn.Module, batches: Sequence[Mapping]) -> R
         notes.append(why)
     checkpointing = getattr(args, "activation_checkpointing",  # transformers >= 5.x's name
                             getattr(args, "gradient_checkpointing", False))
-    path = TrainingPath(rows, length.seq_len, "bf16" if args.bf16 else "fp32",
+    path = TrainingPath(rows, length.seq_len, precision_of(args),
                         checkpointing=bool(checkpointing),
                         pack=pack_form is not None, pack_form=pack_form)
     world, accumulation = args.world_size, args.gradient_accumulation_steps
@@ -170,6 +167,12 @@ def plan_of(trainer: Trainer, model: nn.Module, batches: Sequence[Mapping]) -> R
                    global_batch=args.per_device_train_batch_size * accumulation * world,
                    accumulation=accumulation, world_size=world,
                    trainer=type(trainer).__name__, notes=tuple(notes))
+
+
+def precision_of(args: Any) -> str:
+    """The autocast the Trainer's forward runs under (accelerate's mixed precision): "bf16",
+    "fp16", or "fp32" (none)."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
 def run_length(trainer: Trainer, batches: Sequence[Mapping]) -> RunLength:
