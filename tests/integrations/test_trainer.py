@@ -18,6 +18,7 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 from zoo_integrations import (  # noqa: E402
+    AuxTwiceMixtral,
     HalfLeakLlama,
     LateLeakLlama,
     LeakyLlama,
@@ -27,6 +28,7 @@ from zoo_integrations import (  # noqa: E402
     documents,
     shifted_twice_collator,
     tiny_llama,
+    tiny_mixtral,
     tokenizer,
 )
 
@@ -205,6 +207,29 @@ def test_mixed_precision_is_audited_as_configured(tmp_path, precision):
     trainer, gate = gated(model, tmp_path / "run", bf16=True)
     trainer.train()
     assert gate.verdict.plan.path.precision == "bf16" and gate.verdict.report["autocast"].passed
+
+
+@pytest.mark.parametrize("router_aux", [True, False], ids=["aux-on", "aux-off"])
+def test_the_router_aux_loss_is_audited_where_it_is_configured(tmp_path, router_aux):
+    """A correct Mixtral with output_router_logits on: its loss is the cross entropy plus
+    router_aux_loss_coef x aux_loss, which batch_loss holds it to (it once read the sum as the
+    cross entropy alone, and refused it). The aux loss added twice is refused where the run
+    adds it, and only reported where output_router_logits is off: the run never adds it."""
+    trainer, gate = gated(tiny_mixtral(router_aux=router_aux), tmp_path / "correct")
+    trainer.train()
+    assert gate.verdict.plan.router_aux is router_aux and not gate.verdict.refused
+    assert gate.verdict.report["router_aux_loss"].passed
+    (batch_loss,) = [c for c in gate.verdict.checks if c.name == "batch_loss"]
+    added = [row["router_aux_added"] for row in batch_loss.evidence["rows"]]
+    assert all(a > 0 for a in added) if router_aux else added == [0.0]
+    twice = tiny_mixtral(AuxTwiceMixtral, router_aux=router_aux)
+    if router_aux:
+        refusal = _refused(twice, tmp_path / "twice")
+        assert "router_aux_loss" in refusal.value.failed
+        return
+    trainer, gate = gated(twice, tmp_path / "twice")
+    trainer.train()
+    assert not gate.verdict.report["router_aux_loss"].passed and not gate.verdict.refused
 
 
 def test_a_loss_that_ignores_the_trainers_item_count_stops_it_on_the_model_loss_path(tmp_path):

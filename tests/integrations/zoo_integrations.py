@@ -11,6 +11,10 @@ the defects each trainer's gate must stop before the first optimizer step, plant
                             it, the training shape at the run's length fails `causal`
   HalfLeakLlama             the leak of LeakyLlama, only under float16 autocast (what TrainingArguments'
                             fp16=True runs): `autocast` fails on that path, and only there
+  tiny_mixtral(cls, on)      a tiny Mixtral (4 experts, 2 a token) whose config turns the router aux
+                            loss on or off (output_router_logits, router_aux_loss_coef 0.02)
+  AuxTwiceMixtral           adds coef x aux_loss to its loss a second time: `router_aux_loss`
+                            fails; the run steps on it only where output_router_logits is on
   ReentrantLlama            activation checkpointing through torch.utils.checkpoint with
                             use_reentrant=True and no enable_input_require_grads: with the input
                             embeddings frozen, no gradient reaches a layer's weights (the bug of
@@ -142,6 +146,30 @@ class HalfLeakLlama(LeakyLlama):
         return super().forward(input_ids=input_ids, attention_mask=attention_mask,
                                position_ids=position_ids, labels=labels,
                                num_items_in_batch=num_items_in_batch, **kwargs)
+
+
+def tiny_mixtral(cls=None, *, router_aux: bool = True) -> tf.MixtralForCausalLM:
+    torch.manual_seed(0)
+    cfg = tf.MixtralConfig(vocab_size=V, hidden_size=16, intermediate_size=24,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=64, num_local_experts=4,
+                           num_experts_per_tok=2, output_router_logits=router_aux,
+                           router_aux_loss_coef=0.02, eos_token_id=EOS, bos_token_id=None,
+                           pad_token_id=None)
+    return (cls or tf.MixtralForCausalLM)(cfg)
+
+
+class AuxTwiceMixtral(tf.MixtralForCausalLM):
+    """Its router aux loss added twice where it is on."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None,
+                output_router_logits=None, **kwargs):
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids, labels=labels,
+                              output_router_logits=output_router_logits, **kwargs)
+        if out.loss is not None and out.aux_loss is not None:
+            out.loss = out.loss + self.config.router_aux_loss_coef * out.aux_loss
+        return out
 
 
 class ReentrantLlama(tf.LlamaForCausalLM):

@@ -77,11 +77,16 @@ class RunPlan:
     trainer: str = ""
     """The trainer's class name."""
     notes: tuple[str, ...] = ()
-    """What the plan could not audit, said in the report (fp16 autocast, say)."""
+    """How the plan was read and what it could not audit, said in the report."""
+    router_aux: bool = True
+    """A routed model's load-balancing loss is added to the loss the trainer steps on (its
+    config's output_router_logits, or the flag the trainer passes). Where it is not, a failure
+    of `router_aux_loss` is reported and does not refuse: the run never adds that term."""
 
     def to_dict(self) -> dict[str, Any]:
         p = self.path
         return {"trainer": self.trainer, "paths": list(self.paths),
+                "router_aux": self.router_aux,
                 "global_batch": self.global_batch, "accumulation": self.accumulation,
                 "world_size": self.world_size, "notes": list(self.notes),
                 "training": {"batch_size": p.batch_size, "seq_len": p.seq_len,
@@ -168,6 +173,7 @@ class RunGate:
         self.tokenizer, self.labels_shifted = tokenizer, labels_shifted
         self._say = say
         self.vocab_size: int | None = None
+        self.router_aux_coef: float | None = None
         self.verdict: Verdict | None = None
         self.ranks = RankInfo()
 
@@ -184,7 +190,7 @@ class RunGate:
         self.ranks = ranks
         self.say = (self._say or console(stderr=True).print) if ranks.is_main else _silent
         facts, plan = self._facts(model, plan)
-        self.vocab_size = facts.vocab_size
+        self.vocab_size, self.router_aux_coef = facts.vocab_size, facts.router_aux_coef
         report, refused = self._model_gate(model, facts, plan)
         audited = [audit_batch(b, self.tokenizer, labels_shifted=self.labels_shifted)
                    for b in batches]
@@ -236,8 +242,12 @@ class RunGate:
             report = refusal.report
             if report is None:
                 return None, [(refusal.check, refusal.detail)]
+            off = () if plan.router_aux else ("router_aux_loss",)  # a term the run never adds
+            for name in (n for n in refusal.failed if n in off):
+                self.say(f"  note: {name} failed, but this run's loss does not add the router "
+                         "aux loss (output_router_logits is off): not refused")
             return report, [(c.name, c.detail) for c in report.checks
-                            if c.name in refusal.failed]
+                            if c.name in refusal.failed and c.name not in off]
 
     def _run_checks(self, model: nn.Module, batches: Sequence[Mapping],
                     loss_call: LossCall | None, forward: Forward, vocab_size: int
@@ -256,7 +266,8 @@ class RunGate:
             return [sent] + [CheckResult(name, True, why, {}, skipped=True)
                              for name in ("batch_loss",) * (loss_call is not None)
                              + ("first_loss",)]
-        results = [sent] + ([check_batch_loss(batches, outputs)] if loss_call else [])
+        results = [sent] + ([check_batch_loss(batches, outputs, self.router_aux_coef)]
+                            if loss_call else [])
         losses = [summed_loss(batch, logits_of(out), self.labels_shifted)
                   for batch, (out, _) in zip(batches, outputs)]
         return results + [self._check_first_loss(losses, vocab_size)]

@@ -138,7 +138,9 @@ def plan_of(trainer: lightning.Trainer, decoder: nn.Module, batches: Sequence[Ma
                         pack=form is not None, pack_form=form)
     return RunPlan(path, ("training", "model loss") if model_loss else ("training",),
                    global_batch=rows * accumulation * world, accumulation=accumulation,
-                   world_size=world, trainer=type(trainer).__name__, notes=tuple(notes))
+                   world_size=world, trainer=type(trainer).__name__, notes=tuple(notes),
+                   router_aux=bool(getattr(getattr(decoder, "config", None),
+                                           "output_router_logits", False)))
 
 
 def _pack_form(batch: Mapping) -> str | None:

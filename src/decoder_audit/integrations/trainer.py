@@ -166,7 +166,8 @@ def plan_of(trainer: Trainer, model: nn.Module, batches: Sequence[Mapping]) -> R
     return RunPlan(path, ("training", "model loss") if takes_loss else ("training",),
                    global_batch=args.per_device_train_batch_size * accumulation * world,
                    accumulation=accumulation, world_size=world,
-                   trainer=type(trainer).__name__, notes=tuple(notes))
+                   trainer=type(trainer).__name__, notes=tuple(notes),
+                   router_aux=adds_router_aux(trainer, model))
 
 
 def precision_of(args: Any) -> str:
@@ -224,6 +225,15 @@ def trainer_flags(trainer: Trainer) -> dict[str, Any]:
         return {}
     return {"use_cache": False} | ({"output_router_logits": True}
                                    if getattr(trainer, "aux_loss_enabled", False) else {})
+
+
+def adds_router_aux(trainer: Trainer, model: nn.Module) -> bool:
+    """Whether the loss the trainer steps on adds a routed model's load-balancing loss: the
+    model's config turns output_router_logits on (transformers' MoE families add coef x aux_loss
+    to their own loss then), or the trainer passes it (SFTTrainer, router_aux_loss_coef)."""
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "output_router_logits", False)) or \
+        "output_router_logits" in trainer_flags(trainer)
 
 
 def takes_model_loss(trainer: Trainer, batch: Mapping) -> tuple[bool, str]:
