@@ -232,6 +232,17 @@ def test_the_router_aux_loss_is_audited_where_it_is_configured(tmp_path, router_
     assert not gate.verdict.report["router_aux_loss"].passed and not gate.verdict.refused
 
 
+def test_neftune_noise_the_trainer_switches_on_is_train_modes_declared_noise(tmp_path):
+    """neftune_noise_alpha: the Trainer hooks noise onto the input embedding in train mode, a
+    flag the trainer sets on the model. train_mode read it as a forward that branches on
+    self.training with no dropout declared, and refused a correct model; it is declared noise,
+    held fixed per call like dropout's masks, and the run trains."""
+    trainer, gate = gated(tiny_llama(), tmp_path / "run", neftune_noise_alpha=5.0)
+    trainer.train()
+    check = gate.verdict.report["train_mode"]
+    assert check.passed and any("NEFTune" in d for d in check.evidence["dropout"])
+
+
 def test_a_loss_that_ignores_the_trainers_item_count_stops_it_on_the_model_loss_path(tmp_path):
     """Two micro-batches of unequal label counts: the trainer passes their total, the model
     divides by its own: the gate's model_loss and the run's batch_loss (on the trainer's own

@@ -110,10 +110,17 @@ def _dropout_off(s: Subject) -> Iterator[list[str]]:
 
 
 def declared_dropout(model: nn.Module) -> list[str]:
-    """What declares dropout: Dropout modules with p > 0, config fields (dropout, pdrop) > 0."""
+    """What declares dropout or other train-mode noise: Dropout modules with p > 0, a
+    trainer's NEFTune noise on the input embedding, config fields (dropout, pdrop) > 0."""
     found = [f"{name or type(model).__name__}: {type(m).__name__}(p={m.p})"
              for name, m in model.named_modules()
              if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+    # noise a trainer switches on in train mode: transformers' NEFTune (neftune_noise_alpha)
+    # hooks the input embedding and marks it with its alpha
+    found += [f"{name}: NEFTune embedding noise (alpha={m.neftune_noise_alpha})"
+              for name, m in model.named_modules()
+              if isinstance(getattr(m, "neftune_noise_alpha", None), (int, float))
+              and m.neftune_noise_alpha > 0]
     config = getattr(model, "config", None)
     fields = vars(config) if config is not None and hasattr(config, "__dict__") else {}
     found += [f"config.{key}={value}" for key, value in sorted(fields.items())
