@@ -76,7 +76,7 @@ def test_a_tiny_llama_trains_gated_and_the_gate_changes_nothing_of_the_run(tmp_p
     for name in ("packing", "checkpointing", "autocast", "model_loss"):
         assert not gate.verdict.report[name].skipped, name  # the paths it takes were audited
     assert [c.name for c in gate.verdict.checks if c.passed] == [
-        "batch_as_sent", "batch_loss", "first_loss"]
+        "batch_as_sent", "batch_loss", "first_loss", "lineage"]
     assert gate.verdict.checks[0].evidence["documents"]  # the packed documents, each alone
     folder = tmp_path / "gated" / "decoder-audit"
     assert {"report.md", "report.json", "gate.json", "batches.md"} <= {
@@ -140,6 +140,23 @@ def test_pad_equal_to_eos_masking_every_eos_stops_it_naming_last_token(tmp_path)
     refusal = _refused(tiny_llama(), tmp_path / "run", collator=collator)
     assert refusal.value.failed == ("last_token",)
     assert "batch 0" in refusal.value.detail
+
+
+def test_examples_a_collator_cuts_without_declaring_it_are_refused_naming_lineage(tmp_path):
+    """A collator that keeps each example's first 8 tokens: no truncation is declared (the
+    Trainer's collators take whole examples), yet the first batches' documents are prefixes of
+    their examples: refused naming lineage, with each document's origin in the evidence."""
+    def first_eight(features):
+        return DataCollatorWithFlattening()([{"input_ids": f["input_ids"][:8]}
+                                             for f in features])
+
+    data = documents(lengths=(10, 12))
+    refusal = _refused(tiny_llama(), tmp_path / "run", collator=first_eight, data=data)
+    assert refusal.value.failed == ("lineage",)
+    evidence = json.loads((tmp_path / "run" / "decoder-audit" / "gate.json").read_text())
+    (lineage,) = [c for c in evidence["checks"] if c["name"] == "lineage"]
+    assert lineage["evidence"]["counts"]["cut"] == 4  # the first batch's four examples
+    assert all(d[2] == 0 and d[3] == 8 for d in lineage["evidence"]["documents"])
 
 
 def test_labels_shifted_twice_stop_it_naming_shift(tmp_path):
@@ -292,7 +309,7 @@ def test_a_trainer_that_computes_the_loss_itself_does_not_take_the_model_loss_pa
     trainer.train()
     assert gate.verdict.plan.paths == ("training",) and trainer.state.global_step == 2
     assert not gate.verdict.report["model_loss"].passed
-    assert [c.name for c in gate.verdict.checks] == ["batch_as_sent", "first_loss"]
+    assert [c.name for c in gate.verdict.checks] == ["batch_as_sent", "first_loss", "lineage"]
 
 
 def test_a_count_of_batches_that_is_not_positive_is_refused():

@@ -181,12 +181,14 @@ class RunGate:
     def before_training(self, model: nn.Module, plan: RunPlan, batches: Sequence[Mapping],
                         ranks: RankInfo, out_dir: str | Path | None, *,
                         loss_call: LossCall | None = None,
-                        forward: Forward | None = None) -> Verdict:
+                        forward: Forward | None = None,
+                        extra: Sequence[CheckResult] = ()) -> Verdict:
         """The gate before any step (module docstring), said on rank 0 (through `say`, or the
         console) and silent elsewhere. `loss_call` calls the model's own loss
         as the trainer will (None: the trainer does not take it); `forward` calls the model for
         logits as the trainer does (default: model(**batch) without its labels, as a Hugging
-        Face model is fed)."""
+        Face model is fed); `extra`: the trainer's own checks of its data (lineage), judged
+        with the others."""
         self.ranks = ranks
         self.say = (self._say or console(stderr=True).print) if ranks.is_main else _silent
         facts, plan = self._facts(model, plan)
@@ -196,6 +198,7 @@ class RunGate:
                    for b in batches]
         forward = forward or (lambda batch: model(**model_inputs(batch, model)))
         checks = self._run_checks(model, batches, loss_call, forward, facts.vocab_size)
+        checks += list(extra)
         mine = [(c.name, f"batch {i} of the trainer's dataloader: {c.detail}")
                 for i, b in enumerate(audited) for c in b.checks if not c.passed]
         mine += [(c.name, c.detail) for c in checks if not c.passed and not c.skipped]
@@ -354,8 +357,12 @@ class RunGate:
             (folder / "gate.json").write_text(json.dumps(verdict.to_dict(), indent=2,
                                                          default=str) + "\n")
             (folder / "batches.md").write_text("\n\n".join(
-                f"## batch {i}\n\n```\n" + "\n".join(b.lines()) + "\n```"
-                for i, b in enumerate(verdict.batches)) + "\n")
+                [f"## batch {i}\n\n```\n" + "\n".join(b.lines()) + "\n```"
+                 for i, b in enumerate(verdict.batches)]
+                + [f"## lineage: {c.status}\n\n{c.detail}\n\n```\n"
+                   + "\n".join(c.evidence["lines"]) + "\n```"
+                   for c in verdict.checks if c.name == "lineage" and "lines" in c.evidence])
+                + "\n")
 
         folder = Path(out_dir) / REPORT_FOLDER
         # an earlier gate's report and pictures may be dropped: a refusal before the model was

@@ -32,13 +32,14 @@ from ..gate import TrainingPath
 from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, facts_of,
                      ranks_of, readable)
 from .lengths import RunLength, row_length
+from .lineage import batch_lineage, check_lineage, sft_lineage
 from .losses import model_inputs
 from .peek import first_batches, preserved_random_state
 
 
 def gate_trainer(trainer: Trainer, **options: Any) -> TrainerGate:
     """Add a TrainerGate (with `options`: loss_floor=, near_zero=, watch_steps=, batches=,
-    audit_options=, say=) to `trainer`'s callbacks; returns it."""
+    audit_options=, say=, source=) to `trainer`'s callbacks; returns it."""
     gate = TrainerGate(trainer, **options)
     trainer.add_callback(gate)
     return gate
@@ -46,16 +47,17 @@ def gate_trainer(trainer: Trainer, **options: Any) -> TrainerGate:
 
 class TrainerGate(TrainerCallback):
     """The gate of a `Trainer` run (module docstring). `batches`: how many first batches are
-    audited (default: one optimizer step's, gradient_accumulation_steps); the other options are
+    audited (default: one optimizer step's, gradient_accumulation_steps); `source`: the dataset
+    an SFTTrainer was given, for the data's lineage (lineage.py); the other options are
     RunGate's. `gate.verdict` keeps what was found."""
 
     def __init__(self, trainer: Trainer, *, batches: int | None = None,
                  loss_floor: float | None = None, near_zero: float | None = NEAR_ZERO,
                  watch_steps: int = WATCH_STEPS, audit_options: Mapping[str, Any] | None = None,
-                 seed: int = 0, say: Any = None) -> None:
+                 seed: int = 0, say: Any = None, source: Any = None) -> None:
         if batches is not None and batches < 1:
             raise ValueError(f"batches={batches!r} must be a positive count")
-        self.trainer, self.batches = trainer, batches
+        self.trainer, self.batches, self.source = trainer, batches, source
         self.gate = RunGate(loss_floor=loss_floor, near_zero=near_zero, watch_steps=watch_steps,
                             seed=seed, audit_options=audit_options,
                             tokenizer=getattr(trainer, "processing_class", None),
@@ -84,10 +86,12 @@ class TrainerGate(TrainerCallback):
                 call = model_loss_call(trainer, model, batches) if "model loss" in plan.paths \
                     else None
                 flags = trainer_flags(trainer)
+                lineage = lineage_check(trainer, batches, self.source)
             with refusing("gate", "the gate itself raised", ranks, out):
                 self.gate.before_training(model, plan, batches, ranks, out, loss_call=call,
                                           forward=lambda batch: model(
-                                              **model_inputs(batch, model), **flags))
+                                              **model_inputs(batch, model), **flags),
+                                          extra=[lineage])
         self._first_step = state.global_step
         self._record_step_losses()
 
@@ -216,12 +220,30 @@ def _vocab(model: nn.Module) -> dict[str, Any]:
         else {"vocab_size": 1}
 
 
+def lineage_check(trainer: Trainer, batches: Sequence[Mapping], source: Any) -> Any:
+    """`lineage` (lineage.py): an SFTTrainer's rows against the source examples it was given
+    (`source=`), or transformers' Trainer's first batches against its dataset."""
+    if _is_sft(trainer):
+        found = None if source is None else sft_lineage(trainer, source)
+        why = ("SFTTrainer keeps only its packed rows: pass gate_trainer(trainer, source=the "
+               "dataset it was given) to count what packing and truncation did to it"
+               if source is None else "the source's tokens or the rows could not be read")
+        return check_lineage(found, why)
+    return check_lineage(batch_lineage(trainer.train_dataset, list(batches)),
+                         "the dataset's input_ids cannot be read (not a datasets.Dataset or a "
+                         "list of examples)")
+
+
+def _is_sft(trainer: Trainer) -> bool:
+    return any(cls.__name__ == "SFTTrainer" for cls in type(trainer).__mro__)
+
+
 def trainer_flags(trainer: Trainer) -> dict[str, Any]:
     """The keywords the trainer adds to every batch it passes the model, beside the collator's:
     TRL's SFTTrainer passes use_cache=False, and output_router_logits=True where its router
     aux loss is on (its compute_loss). transformers' Trainer adds none (it turns the cache off
     in the config: TrainingArguments.use_cache)."""
-    if not any(cls.__name__ == "SFTTrainer" for cls in type(trainer).__mro__):
+    if not _is_sft(trainer):
         return {}
     return {"use_cache": False} | ({"output_router_logits": True}
                                    if getattr(trainer, "aux_loss_enabled", False) else {})
