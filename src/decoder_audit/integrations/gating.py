@@ -38,7 +38,8 @@ from torch import nn
 
 from ..console import console, literal
 from ..errors import ConfigError, LeakageSuspected
-from ..gate import AuditReport, BatchReport, CheckResult, TrainingPath, audit_batch, model_facts
+from ..gate import (CHECK_ORDER, CHECKS, AuditReport, BatchReport, CheckResult, TrainingPath,
+                    audit_batch, model_facts)
 from ..objective import logits_of
 from ..storage.folder import write_folder_atomically
 from ..training.distributed import RankInfo
@@ -240,7 +241,7 @@ class RunGate:
         try:
             with nullcontext() if adapters is None else adapters.drawn_adapters(model, self.seed):
                 return run_gate(model, self.ranks, facts, seed=self.seed, say=self.say,
-                                paths=plan.paths), []
+                                paths=plan.paths, checks=checks_on(plan.paths)), []
         except GateRefusal as refusal:
             report = refusal.report
             if report is None:
@@ -352,8 +353,8 @@ class RunGate:
         verdict = self.verdict
 
         def write(folder: Path) -> None:
-            if verdict.report is not None:
-                verdict.report.write(folder)
+            if verdict.report is not None:  # its pictures where the run is refused
+                verdict.report.write(folder, draw=bool(verdict.refused))
             (folder / "gate.json").write_text(json.dumps(verdict.to_dict(), indent=2,
                                                          default=str) + "\n")
             (folder / "batches.md").write_text("\n\n".join(
@@ -370,6 +371,13 @@ class RunGate:
         earlier = [p.name for p in folder.iterdir()] if _is_gate_folder(folder) else []
         return write_folder_atomically(folder, write, same_kind=_is_gate_folder,
                                        what="trainer gate report", superseded=earlier)
+
+
+def checks_on(paths: tuple[str, ...]) -> tuple[str, ...]:
+    """The gate's checks whose failure affects one of `paths` (the ones the trainer takes): a
+    training run's gate leaves out the generation path's alone (kv_cache, padding), which
+    refuse no training and `decoder-audit verify` runs; they are reported as not requested."""
+    return tuple(name for name in CHECK_ORDER if set(CHECKS[name].paths) & set(paths))
 
 
 def adapters_of(model: nn.Module) -> Any:

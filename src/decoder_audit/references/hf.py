@@ -47,7 +47,9 @@ from .hf_config import (
     hf_family,
     model_classes,
     quiet,
+    spec_class_names,
     spec_classes,
+    spec_family,
 )
 from .hf_families import decoder_from_spec_model, hf_model_for
 from .hf_models import read_hf_config
@@ -105,8 +107,7 @@ def hf_spec(hf_model: Any) -> DecoderConfig:
     rows into our interleaved default); DeepSeek's config says its own (rope_interleave), which
     `config_from_hf` reads. Raises ConfigError naming any field we cannot express."""
     tf = _transformers()
-    family = next((name for name, cls in spec_classes(tf).items() if isinstance(hf_model, cls)),
-                  None)
+    family = spec_family(hf_model, tf)
     cfg = config_from_hf(hf_model.config, family)
     if cfg.pos != "rope" or cfg.latent_attention:  # latent attention: DeepSeek's own layout
         return cfg
@@ -182,10 +183,9 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
         # modeling files (seconds) only to answer "no".
         return None, (f"{name} is not a Hugging Face model, so its config declares no spec "
                       "(pass spec=)")
-    classes = spec_classes(tf)
-    family = next((fam for fam, cls in classes.items() if isinstance(model, cls)), None)
+    family = spec_family(model, tf)
     if family is None:
-        known = " or ".join(cls.__name__ for cls in classes.values())
+        known = " or ".join(spec_class_names())
         return None, f"{name} is not a class whose config is read as a spec ({known}, or a subclass)"
     try:
         config_from_hf(model.config, family)

@@ -155,6 +155,26 @@ def spec_classes(tf: Any) -> dict[str, type]:
     return {**model_classes(tf), **present_classes(tf, _SPEC_CLASSES)}
 
 
+def spec_family(model: Any, tf: Any) -> str | None:
+    """The family among `spec_classes` that `model` is an instance of (its class or a
+    subclass), or None. Found by the class names along the model's MRO first, so that only
+    the one modeling file it needs is touched (asking for every spec class imports ~20 of
+    them: a second on a loaded CPU, in every process that audits a Hugging Face model)."""
+    names = {**_CONVERTER_CLASSES, **_SPEC_CLASSES}
+    ancestry = {cls.__name__ for cls in type(model).__mro__}
+    for family, name in names.items():
+        if name in ancestry:
+            cls = getattr(tf, name, None)
+            if cls is not None and isinstance(model, cls):
+                return family
+    return None
+
+
+def spec_class_names() -> list[str]:
+    """The class names of `spec_classes`, without importing any of them."""
+    return [*_CONVERTER_CLASSES.values(), *_SPEC_CLASSES.values()]
+
+
 # ---- the forms a config field took across the transformers releases this project supports ----
 # (docs/transformers-range.md lists them with the release each changed in.) Each is decided from
 # the config's own class (what its release's modeling code reads), never from a version string.
