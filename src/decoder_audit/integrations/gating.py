@@ -38,8 +38,7 @@ from torch import nn
 
 from ..console import console, literal
 from ..errors import ConfigError, LeakageSuspected
-from ..gate import (CHECK_ORDER, CHECKS, AuditReport, BatchReport, CheckResult, TrainingPath,
-                    audit_batch, model_facts)
+from ..gate import AuditReport, BatchReport, CheckResult, TrainingPath, audit_batch, model_facts
 from ..objective import logits_of
 from ..storage.folder import write_folder_atomically
 from ..training.distributed import RankInfo
@@ -241,7 +240,7 @@ class RunGate:
         try:
             with nullcontext() if adapters is None else adapters.drawn_adapters(model, self.seed):
                 return run_gate(model, self.ranks, facts, seed=self.seed, say=self.say,
-                                paths=plan.paths, checks=checks_on(plan.paths)), []
+                                paths=plan.paths), []
         except GateRefusal as refusal:
             report = refusal.report
             if report is None:
@@ -371,13 +370,6 @@ class RunGate:
         earlier = [p.name for p in folder.iterdir()] if _is_gate_folder(folder) else []
         return write_folder_atomically(folder, write, same_kind=_is_gate_folder,
                                        what="trainer gate report", superseded=earlier)
-
-
-def checks_on(paths: tuple[str, ...]) -> tuple[str, ...]:
-    """The gate's checks whose failure affects one of `paths` (the ones the trainer takes): a
-    training run's gate leaves out the generation path's alone (kv_cache, padding), which
-    refuse no training and `decoder-audit verify` runs; they are reported as not requested."""
-    return tuple(name for name in CHECK_ORDER if set(CHECKS[name].paths) & set(paths))
 
 
 def adapters_of(model: nn.Module) -> Any:

@@ -65,20 +65,18 @@ def failures_on(report: AuditReport, paths: tuple[str, ...]) -> list[Any]:
 
 
 def run_gate(model: nn.Module, ranks: RankInfo, facts: ModelFacts, *, seed: int,
-             say: Say, paths: tuple[str, ...] = TRAIN_PATHS,
-             checks: tuple[str, ...] | None = None) -> AuditReport | None:
+             say: Say, paths: tuple[str, ...] = TRAIN_PATHS) -> AuditReport | None:
     """Rank 0 audits the model with its facts (every rank decided the same facts before, from
     the same model: `prepare`); every rank learns the verdict; a failure of a check on one of
     `paths` (the ones the trainer takes) raises GateRefusal everywhere. A sharded model (FSDP2)
     is audited by every rank alike (each forward needs them all: gate/sharding.py), and rank 0
-    says the summary. `checks`: only those run (audit's checks=; the rest reported as not
-    requested). The report is rank 0's (None elsewhere)."""
+    says the summary. The report is rank 0's (None elsewhere)."""
     report, verdict, failed = None, [True, "", ""], ()
     if ranks.is_main or ranks.sharded:
         say("[bold]gate[/bold]: running the full audit before any training ...")
         start = time.perf_counter()
         try:
-            report = audit(model, facts=facts, progress=False, seed=seed, checks=checks)
+            report = audit(model, facts=facts, progress=False, seed=seed)
         except Exception as exc:  # the gate should never crash; if it does, nothing trains
             # sharded, a peer may be inside a collective: no verdict shared, the error raised
             if not ranks.distributed or ranks.sharded:
