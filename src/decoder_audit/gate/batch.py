@@ -467,8 +467,7 @@ def _check_bos(ids, mask, special) -> CheckResult:
 
 def _check_packed(begins, read, shifted: bool) -> CheckResult:
     if begins is None:
-        return skipped("packed", "the batch declares no packed documents (no restarting "
-                       "position_ids, cu_seq_lens_q, 4-D attention_mask or document_ids)")
+        return skipped("packed", "the batch declares no packed documents")
     inner = begins.clone()
     inner[:, 0] = False  # a row's first token begins its first document anyway
     crossing = inner & read if not shifted else torch.zeros_like(read)

@@ -6,7 +6,8 @@
 When training starts, `LightningGate` finds the decoder (the module's attribute it names, or the
 one child module that is a decoder: it maps ids to logits), reads the path from the trainer
 (rows and length of the first batch; rows per step = rows x accumulate_grad_batches x world
-size; "bf16-mixed" is bf16 autocast; packing from the batch: restarting position_ids, or our
+size; the length: the longest row the dataloader can yield, lengths.py; "bf16-mixed" is bf16
+autocast, "16-mixed" fp16; packing from the batch: restarting position_ids, or our
 Decoder's document_ids; checkpointing from the decoder itself), takes the first batches of the
 train dataloader (every random state put back after) and hands them to `RunGate` (gating.py).
 The batches are collators' mappings (input_ids, labels, ...), (inputs, targets) pairs whose
@@ -31,6 +32,7 @@ from ..gate import TrainingPath
 from ..objective import logits_of
 from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, ranks_of,
                      readable)
+from .lengths import row_length
 from .peek import first_batches, preserved_random_state
 
 # Lightning's precision names -> the gate's (the autocast a "-mixed" precision runs under)
@@ -122,12 +124,17 @@ def plan_of(trainer: lightning.Trainer, decoder: nn.Module, batches: Sequence[Ma
     """The path a Lightning trainer takes, read from it and from its first batch."""
     if not batches:
         raise ConfigError("the train dataloader yielded no batch: nothing to train or audit")
-    rows, length = batch_size_and_length(batches[0])
+    rows, _ = batch_size_and_length(batches[0])
+    loader = trainer.train_dataloader
+    # (inputs, targets) pairs and to_batch= mappings: the collate_fn's rows are not the batches'
+    found = row_length(getattr(loader, "dataset", None), getattr(loader, "collate_fn", None),
+                       getattr(loader, "batch_size", None) or rows, batches)
+    length = found.seq_len
     precision = PRECISIONS.get(str(trainer.precision))
     if precision is None:
         raise ConfigError(f"Lightning precision {trainer.precision!r} is not one the gate reads "
                           f"({sorted(PRECISIONS)})")
-    notes = []
+    notes = [f"the run's rows are up to T={length} tokens long: {found.how}"]
     if not model_loss:
         notes.append("training_step is not declared to step on the decoder's own labels= loss "
                      "(LightningGate(model_loss=True)): the 'model loss' path is not audited as "
