@@ -8,6 +8,7 @@ decoder-audit's own `train` (`training.gatekeeper.run_gate`), so there is one wa
                  document against itself alone
     lengths.py   the length a run trains at: the longest row its dataloader can yield
     lineage.py   what packing and truncation did to the source examples, judged (lineage)
+    evidence.py  <output_dir>/decoder-audit: the report, gate.json, batches.md
     peek.py      the first batches of a dataloader, taken without moving the run
     trainer.py   transformers' Trainer and TRL's SFTTrainer: TrainerGate, gate_trainer
     lightning.py Lightning: LightningGate, a Callback for a LightningModule holding a decoder

@@ -7,12 +7,15 @@ dataloader yields, and hands them to `RunGate`:
 
   before_training  the full gate on the model on that path (`training.gatekeeper.run_gate`, the
                    one `decoder-audit train` runs: rank 0 audits, every rank learns the
-                   verdict), `audit_batch` on each first batch, the model's own loss on them
-                   where the trainer takes it (`batch_loss`), and the loss before any step
-                   (`first_loss`: not near zero, not below a declared floor). The evidence is
-                   written once, by rank 0, into `<output_dir>/decoder-audit/`; any failure of
-                   a path the trainer takes raises `GateRefusal` naming every failing check,
-                   before the first optimizer step.
+                   verdict), `audit_batch` on each first batch, the batches as sent
+                   (`batch_as_sent`, sent.py), the model's own loss on them where the trainer
+                   takes it (`batch_loss`), the loss before any step (`first_loss`: not near
+                   zero, not below a declared floor), and the trainer's own checks of its data
+                   (`lineage`). The evidence is written once, by rank 0, into
+                   `<output_dir>/decoder-audit/` (evidence.py); any failure of a path the
+                   trainer takes raises `GateRefusal` naming every failing check, before the
+                   first optimizer step, and so does any other problem met before it
+                   (`RunGate.refusing`: nothing raw leaves a callback).
   after_step       each step's loss against the declared floor, and in the first
                    `watch_steps` steps against near zero: `LeakageSuspected` with the figures.
 
@@ -23,7 +26,6 @@ refuse together.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,16 +42,12 @@ from ..console import console, literal
 from ..errors import ConfigError, LeakageSuspected
 from ..gate import AuditReport, BatchReport, CheckResult, TrainingPath, audit_batch, model_facts
 from ..objective import logits_of
-from ..storage.folder import write_folder_atomically
 from ..training.distributed import RankInfo
 from ..training.gatekeeper import GateRefusal, run_gate
 from ..training.run import refuse_below_floor
+from .evidence import write_evidence
 from .losses import LossCall, check_batch_loss, model_inputs, summed_loss
 from .sent import check_batch_as_sent, in_eval_mode, sent_outputs
-
-REPORT_FOLDER = "decoder-audit"
-"""The folder of the run's output directory the gate's evidence goes into (nothing else there
-is written)."""
 
 NEAR_ZERO = 0.01
 """A loss below this fraction of ln V in the first steps is near zero: the model puts about
@@ -204,7 +202,7 @@ class RunGate:
         mine += [(c.name, c.detail) for c in checks if not c.passed and not c.skipped]
         refused += _agreed(ranks, mine)
         self.verdict = Verdict(plan, report, audited, checks, refused)
-        written = self._write(out_dir) if ranks.is_main else None
+        written = write_evidence(self.verdict, out_dir) if ranks.is_main else None
         if refused:
             where = f"; the evidence is in {written}" if written else ""
             name, detail = refused[0]
@@ -323,7 +321,7 @@ class RunGate:
             self.ranks = ranks
             self.verdict = Verdict(None, None, [], [CheckResult(check, False, detail, {
                 "error": type(exc).__name__, "message": str(exc)[:2000]})], [(check, detail)])
-            written = self._write(out_dir) if ranks.is_main else None
+            written = write_evidence(self.verdict, out_dir) if ranks.is_main else None
             where = f"; the evidence is in {written}" if written else ""
             raise GateRefusal(check, detail + where, None) from exc
 
@@ -344,32 +342,7 @@ class RunGate:
                                                step <= self.watch_steps)
 
     # ---- the evidence ------------------------------------------------------------------------
-    def _write(self, out_dir: str | Path | None) -> Path | None:
-        """The report (the one `decoder-audit verify --report` writes), the batches and the
-        run's verdict into <out_dir>/decoder-audit, swapped in whole; None without out_dir."""
-        if out_dir is None or self.verdict is None:
-            return None
-        verdict = self.verdict
 
-        def write(folder: Path) -> None:
-            if verdict.report is not None:  # its pictures where the run is refused
-                verdict.report.write(folder, draw=bool(verdict.refused))
-            (folder / "gate.json").write_text(json.dumps(verdict.to_dict(), indent=2,
-                                                         default=str) + "\n")
-            (folder / "batches.md").write_text("\n\n".join(
-                [f"## batch {i}\n\n```\n" + "\n".join(b.lines()) + "\n```"
-                 for i, b in enumerate(verdict.batches)]
-                + [f"## lineage: {c.status}\n\n{c.detail}\n\n```\n"
-                   + "\n".join(c.evidence["lines"]) + "\n```"
-                   for c in verdict.checks if c.name == "lineage" and "lines" in c.evidence])
-                + "\n")
-
-        folder = Path(out_dir) / REPORT_FOLDER
-        # an earlier gate's report and pictures may be dropped: a refusal before the model was
-        # audited writes none
-        earlier = [p.name for p in folder.iterdir()] if _is_gate_folder(folder) else []
-        return write_folder_atomically(folder, write, same_kind=_is_gate_folder,
-                                       what="trainer gate report", superseded=earlier)
 
 
 def adapters_of(model: nn.Module) -> Any:
@@ -387,13 +360,6 @@ def facts_of(model: nn.Module, **options: Any) -> Any:
     through its base model: peft.adapted_facts)."""
     adapters = adapters_of(model)
     return (model_facts if adapters is None else adapters.adapted_facts)(model, **options)
-
-
-def _is_gate_folder(folder: Path) -> bool:
-    try:
-        return json.loads((folder / "gate.json").read_text()).get("kind") == "trainer gate"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _mean_over_ranks(ranks: RankInfo, value: float) -> float:
