@@ -30,19 +30,20 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..gate import CheckResult, declared_documents
+from .lengths import example_lengths
 
 ANCHOR = 8
 """Tokens a document is looked up by in the source (its first ones): a match is then compared
 token by token, so a collision costs a comparison, never a wrong answer."""
-MAX_EXAMPLES = 200_000
-"""Examples read at most: a larger dataset's lineage is not counted here (said as a skip)."""
+MAX_TOKENS = 2_000_000
+"""Tokens read at most (a dataset's, and again its source's): a larger dataset's lineage is not
+counted before the first step (its matching would cost more than the gate), said as a skip."""
 SHOWN = 32
 """Documents whose origin the evidence lists one by one (the counts cover every one)."""
 
@@ -97,7 +98,7 @@ def sft_lineage(trainer: Any, source: Any) -> Lineage | None:
     where its rows or the source's tokens cannot be read."""
     args, packed = trainer.args, trainer.train_dataset
     try:
-        if len(source) > MAX_EXAMPLES:
+        if sum(example_lengths(packed) or [MAX_TOKENS + 1]) > MAX_TOKENS:
             return None
         plain = copy.copy(args)
         plain.max_length, plain.packing = None, False
@@ -210,15 +211,13 @@ def batch_lineage(dataset: Any, batches: list[Any]) -> Lineage | None:
 
 def example_tokens(dataset: Any) -> list[list[int]] | None:
     """Each example's input ids: a `datasets.Dataset`'s column or a list of mappings, at most
-    MAX_EXAMPLES of them; None for anything else."""
-    if type(dataset).__name__ == "Dataset" and hasattr(dataset, "column_names"):
-        if "input_ids" not in dataset.column_names or len(dataset) > MAX_EXAMPLES:
-            return None
-        return [list(ids) for ids in dataset["input_ids"]]
-    if isinstance(dataset, (list, tuple)) and 0 < len(dataset) <= MAX_EXAMPLES and all(
-            isinstance(e, Mapping) and "input_ids" in e for e in dataset):
+    MAX_TOKENS of them in all; None for anything else."""
+    lengths = example_lengths(dataset)
+    if not lengths or sum(lengths) > MAX_TOKENS:
+        return None
+    if isinstance(dataset, (list, tuple)):
         return [list(map(int, e["input_ids"])) for e in dataset]
-    return None
+    return [list(ids) for ids in dataset["input_ids"]]
 
 
 def check_lineage(lineage: Lineage | None, why_not: str) -> CheckResult:
@@ -251,4 +250,5 @@ def check_lineage(lineage: Lineage | None, why_not: str) -> CheckResult:
     return CheckResult("lineage", True, said, evidence)
 
 
-__all__ = ["Lineage", "check_lineage", "match", "sft_lineage"]
+__all__ = ["MAX_TOKENS", "Lineage", "batch_lineage", "check_lineage", "example_tokens", "match",
+           "sft_lineage"]

@@ -32,7 +32,7 @@ from ..gate import TrainingPath
 from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, facts_of,
                      ranks_of, readable)
 from .lengths import RunLength, row_length
-from .lineage import batch_lineage, check_lineage, sft_lineage
+from .lineage import MAX_TOKENS, batch_lineage, check_lineage, sft_lineage
 from .losses import model_inputs
 from .peek import first_batches, preserved_random_state
 
@@ -227,11 +227,12 @@ def lineage_check(trainer: Trainer, batches: Sequence[Mapping], source: Any) -> 
         found = None if source is None else sft_lineage(trainer, source)
         why = ("SFTTrainer keeps only its packed rows: pass gate_trainer(trainer, source=the "
                "dataset it was given) to count what packing and truncation did to it"
-               if source is None else "the source's tokens or the rows could not be read")
+               if source is None else "the source's tokens or the rows could not be read, or "
+               f"hold more than {MAX_TOKENS:,} tokens (too many to match before the first step)")
         return check_lineage(found, why)
     return check_lineage(batch_lineage(trainer.train_dataset, list(batches)),
                          "the dataset's input_ids cannot be read (not a datasets.Dataset or a "
-                         "list of examples)")
+                         f"list of examples), or hold more than {MAX_TOKENS:,} tokens")
 
 
 def _is_sft(trainer: Trainer) -> bool:
