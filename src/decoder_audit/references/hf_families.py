@@ -83,7 +83,12 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
             tried.append(family.model_type)
             continue
         like = decoder.token_embeddings.weight
-        hf_model = classes[family.model_type](config).to(device=like.device, dtype=like.dtype).eval()
+        try:
+            hf_model = classes[family.model_type](config).to(device=like.device,
+                                                              dtype=like.dtype).eval()
+        except Exception:  # noqa: BLE001 - its modules refuse the config (GraniteMoE built
+            tried.append(family.model_type)  # without experts): it cannot hold cfg
+            continue
         if like.dtype == torch.float64:  # its default expert kernel refuses float64
             eager_experts(hf_model)
         if _write_weights(hf_model, cfg, decoder):
