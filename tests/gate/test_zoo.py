@@ -137,7 +137,9 @@ def test_presets_pass(name):
                     "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3",
                     "rope-linear-gqa", "rope-yarn-partial", "gemma2-like",
                     "window-every-layer", "olmo-like", "olmo2-like", "gemma3-like",
-                    "readout-bias-tied", "granite-like", "parallel-one-norm", "nope-layer")
+                    "readout-bias-tied", "granite-like", "parallel-one-norm", "nope-layer",
+                    "sinks-windowed", "gpt-oss-like", "qk-norm-after-rope",
+                    "query-position-scale")
     + configs.grid()))
 def test_odd_configs_pass(cfg):
     _passes(zoo.decoder(cfg, seed=3))

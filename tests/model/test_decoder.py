@@ -21,7 +21,7 @@ ORACLE = configs.grid() + configs.entries(
     "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3", "rope-linear-gqa",
     "rope-yarn-partial", "rope-dynamic", "gemma2-like", "window-every-layer", "olmo-like",
     "olmo2-like", "gemma3-like", "readout-bias-tied", "granite-like", "parallel-one-norm",
-    "nope-layer")
+    "nope-layer", "sinks-windowed", "gpt-oss-like", "qk-norm-after-rope", "query-position-scale")
 
 
 @pytest.mark.parametrize("cfg", configs.params(ORACLE))
@@ -53,7 +53,10 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
                                                                 "readout-bias-tied",
                                                                 "granite-like",
                                                                 "parallel-one-norm",
-                                                                "nope-layer")))
+                                                                "nope-layer",
+                                                                "sinks-windowed",
+                                                                "qk-norm-after-rope",
+                                                                "query-position-scale")))
 def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))

@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config import DecoderConfig
 from ..errors import ContextLengthError, InputShapeError, TokenIdError
-from .attention import CausalSelfAttention, LatentAttention, rope_rotations
+from .attention import CausalSelfAttention, LatentAttention, query_scales, rope_rotations
 from .cache import KVCache, attention_allowed, check_mask, windowed_allowed
 from .layers import INIT_STD, Embedding, Linear, make_norm
 from .mlp import FeedForward, RoutedExperts
@@ -132,13 +132,14 @@ class Block(nn.Module):
 
     def forward(self, resid_pre: torch.Tensor, rope, trace: Trace | None = None,
                 prefix: str = "", *, allowed: torch.Tensor | None = None,
-                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+                cache: KVCache | None = None, layer: int = 0,
+                query_scale: torch.Tensor | None = None) -> torch.Tensor:
         normed = resid_pre if self.ln1 is None else self.ln1(resid_pre)
         _record(trace, f"{prefix}.ln1", normed)
         if allowed is None and cache is None:  # the full causal square
-            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn")
+            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn", query_scale)
         else:  # padded or cached: the generation path (same weights)
-            attn_out = self.attn.attend(normed, rope, allowed, cache, layer)
+            attn_out = self.attn.attend(normed, rope, allowed, cache, layer, query_scale)
         if self.ln1_post is not None:
             attn_out = self.ln1_post(attn_out)
         if self.residual_multiplier != 1.0:
@@ -309,6 +310,9 @@ class Decoder(nn.Module):
         # Gemma 3's windowed layers turn by their own base
         rope_windowed = (self._rotations(positions, seq_len, x, windowed=True)
                          if cfg.window_rope_theta is not None else rope)
+        # Ministral 3: each query's multiplier by its position, for the layers that scale
+        scales = (None if cfg.query_position_scale is None else
+                  query_scales(cfg, seq_len, x.device, x.dtype, positions))
         recompute = (self.gradient_checkpointing and self.training and torch.is_grad_enabled()
                      and trace is None and cache is None)
         windowed = None  # what a windowed layer's queries may read on the generation path
@@ -320,9 +324,10 @@ class Decoder(nn.Module):
             turns = rope_windowed if block.attn.window is not None else rope
             if recompute:  # keep only each block's input; its activations are recomputed in backward
                 x = checkpoint(block, x, turns, None, f"layers.{i}", allowed=reads, layer=i,
-                               use_reentrant=False)
+                               query_scale=scales, use_reentrant=False)
             else:
-                x = block(x, turns, trace, f"layers.{i}", allowed=reads, cache=cache, layer=i)
+                x = block(x, turns, trace, f"layers.{i}", allowed=reads, cache=cache, layer=i,
+                          query_scale=scales)
         if last_only:
             x = x[:, -1:]  # (B, 1, D): generation reads the next-token row only
         x = self.ln_final(x)

@@ -347,7 +347,9 @@ def hf_family(cfg: DecoderConfig) -> str:
 
 # Fields no GPT-2 or Llama block computes with, refused where they differ from their default
 # (each later field a DecoderConfig grows for another family joins this list)
-_BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers")
+_BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
+                         "attn_sinks", "qk_norm_position", "query_position_scale",
+                         "swiglu_alpha", "swiglu_limit", "router_bias", "expert_bias")
 
 
 def config_to_hf(cfg: DecoderConfig) -> Any:

@@ -92,12 +92,19 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
             shapes.update({f"{p}.{name}.{part}": (d,) for part in norm})
         for name, shape in {**matrices, **_mlp_matrices(spec, i)}.items():
             shapes[f"{p}.{name}.weight"] = shape
-            if spec.has_bias(name.split(".")[-1]):  # each projection's own (attn_bias, mlp_bias)
+            # each projection's own (attn_bias, mlp_bias); a routed expert's, expert_bias
+            biased = spec.expert_bias if name.startswith("ffn.experts.") else \
+                spec.has_bias(name.split(".")[-1])
+            if biased:
                 shapes[f"{p}.{name}.bias"] = shape[:1]
+        if spec.attn_sinks:
+            shapes[f"{p}.attn.sinks"] = (spec.n_heads,)
         if spec.latent_attention:
             shapes.update({f"{p}.{name}": shape for name, shape in _latent_weights(spec).items()})
         if spec.routes(i):
             shapes[f"{p}.ffn.router.weight"] = (spec.n_experts, d)
+            if spec.router_bias:
+                shapes[f"{p}.ffn.router.bias"] = (spec.n_experts,)
             if spec.router_selection_bias:
                 shapes[f"{p}.ffn.router.selection_bias"] = (spec.n_experts,)
             if spec.shared_expert_gate:
@@ -201,7 +208,8 @@ class Layout:
         return top, kind
 
 
-_OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn.q_proj", "attn.k_proj", "attn.v_proj",
+_OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn", "attn.q_proj",
+                                 "attn.k_proj", "attn.v_proj",
                                  "attn.output_proj", "attn.q_norm", "attn.k_norm", "ffn.w1",
                                  "ffn.w2", "ffn.w3",
                                  # routed experts (expert {e}) and latent attention
@@ -211,6 +219,7 @@ _OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn.q_p
                                  "attn.q_b_proj", "attn.kv_a_proj", "attn.kv_a_norm",
                                  "attn.kv_b_proj")}
 _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+             "attn": "self_attn",  # the attention module's own parameters: sinks
              "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
              "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
              "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
@@ -700,14 +709,15 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
                  mlp="swiglu", pos="learned", qk_norm=True, rotary_dim=None, rope_scaling=None,
                  window_rope_theta=None, sandwich_norm=True, pre_norm=True, norm_affine=True,
                  norm_bias=True, readout_bias=True, shared_norm=False, parallel_residual=False,
-                 nope_layers=None)
-    if spec.routed:  # experts without biases; every layer's dense MLP and experts alike
-        every.update(mlp_bias=False)
-    if spec.latent_attention:  # latent attention's RoPE, and neither biases nor q/k norms
-        every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope")
+                 nope_layers=None, attn_sinks=True, swiglu_alpha=1.702, swiglu_limit=7.0)
+    if spec.routed:  # the dense MLP without biases; the experts' and the router's
+        every.update(mlp_bias=False, expert_bias=True, router_bias=True)
+    if spec.latent_attention:  # latent attention's RoPE, and neither biases, q/k norms nor sinks
+        every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope",
+                     attn_sinks=False)
     names = expected_weights(spec.replace(**every))
     if spec.routed:  # a dense MLP where the spec routes, or the reverse, is found and named
-        names.update(expected_weights(spec.replace(**every, n_experts=None, **UNROUTED)))
+        names.update(expected_weights(spec.replace(**{**every, "n_experts": None, **UNROUTED})))
         names.update(expected_weights(spec.replace(**every, router_selection_bias=True,
                                                    first_dense_layers=0, moe_every=1,
                                                    n_shared_experts=max(1, spec.n_shared_experts),
@@ -802,6 +812,12 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
         return f"attn_bias={_flag(spec.attn_bias)}"
     if "_norm." in name:
         return f"qk_norm={spec.qk_norm}"
+    if name.endswith(".attn.sinks"):
+        return f"attn_sinks={spec.attn_sinks}"
+    if name.endswith(".router.bias"):
+        return f"router_bias={spec.router_bias}"
+    if name.endswith(".bias") and ".ffn.experts." in name:
+        return f"expert_bias={spec.expert_bias}"
     if "_post." in name:
         return f"sandwich_norm={spec.sandwich_norm}"
     if name.endswith(".bias") and ".ffn." in name:
