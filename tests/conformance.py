@@ -104,6 +104,32 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "xlnet": {"mem_len": None},
     "gemma3n_text": {"num_kv_shared_layers": 0},
     "longcat_flash": {"zero_expert_num": 2},
+    # ---- what makes each feature bite at tiny size (helper fam-sinks) ----
+    # GPT-OSS's clamp where the tiny model's gate and up units reach it
+    "gpt_oss": {"swiglu_limit": 0.05},
+    # Hunyuan's checkpoints' RoPE: "dynamic" with an alpha, a static NTK base
+    "hunyuan_v1_dense": {"rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0,
+                                             "factor": 1.0, "rope_theta": 10000.0}},
+    "hunyuan_v1_moe": {"rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0,
+                                           "factor": 1.0, "rope_theta": 10000.0}},
+    # Ministral 3's query scale from position 4 on (its original context, shrunk)
+    "ministral3": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0,
+                                       "factor": 16.0, "original_max_position_embeddings": 4,
+                                       "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                       "mscale_all_dim": 1.0, "llama_4_scaling_beta": 1.0}},
+    # Granite's multipliers, and a NoPE full layer, a windowed layer and a full layer of
+    # another base
+    "granite_swa": {"num_hidden_layers": 3, "embedding_multiplier": 3.0,
+                    "attention_multiplier": 0.25, "residual_multiplier": 0.5,
+                    "logits_scaling": 2.0, "layer_rope_theta": [0, 10000.0, 500000.0],
+                    "layer_types": ["full_attention", "sliding_attention", "full_attention"]},
+    "granitemoe_swa": {"num_hidden_layers": 3, "embedding_multiplier": 3.0,
+                       "attention_multiplier": 0.25, "residual_multiplier": 0.5,
+                       "logits_scaling": 2.0, "layer_rope_theta": [0, 10000.0, 500000.0],
+                       "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+                       "shared_intermediate_size": 16},
+    # Flint: a routed windowed (rotary) layer after a dense full (NoPE) one
+    "flint": {"mlp_only_layers": [0], "layer_types": ["full_attention", "sliding_attention"]},
 }
 # Calls a family needs after it is built (a default it refuses to guess).
 FAMILY_SETUP: dict[str, Any] = {

@@ -622,7 +622,8 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
 UNROUTED = {"experts_per_token": None, "expert_width": None, "n_shared_experts": 0,
                     "shared_expert_width": None, "shared_expert_gate": False, "router_scoring": "softmax",
                     "router_order": "score_topk", "normalize_topk": True,
-                    "router_selection_bias": False, "router_bias": False, "expert_bias": False, "expert_groups": None,
+                    "router_selection_bias": False, "router_bias": False, "expert_bias": False,
+                    "expert_groups": None,
                     "groups_per_token": None, "group_score": "top2_sum", "routed_scaling": 1.0,
                     "first_dense_layers": 0, "moe_every": 1, "capacity_factor": None}
 _LATENT_WIDTHS = ("rope_head_width", "nope_head_width", "value_head_width")
@@ -865,8 +866,8 @@ def _attention_problems(cfg: DecoderConfig, valid, widths: bool) -> list[str]:
     if cfg.qk_norm_position == "after_rope" and (cfg.qk_norm is not True
                                                  or cfg.qk_norm_scope != "head"):
         problems.append(f"qk_norm_position='after_rope' needs qk_norm=True with qk_norm_scope="
-                        f"'head' (each rotated head normalised), got qk_norm={_shown(cfg.qk_norm)}, "
-                        f"qk_norm_scope={_shown(cfg.qk_norm_scope)}")
+                        f"'head' (each rotated head normalised), got qk_norm="
+                        f"{_shown(cfg.qk_norm)}, qk_norm_scope={_shown(cfg.qk_norm_scope)}")
     clamped = [f"{name}={_shown(getattr(cfg, name))}" for name, default in
                (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)) if getattr(cfg, name) != default]
     if clamped and valid("mlp") and cfg.mlp != "swiglu_clamped":

@@ -16,7 +16,9 @@ rotated halves, no biases unless `attention_bias` / `mlp_bias` say so), then tak
                  config says (OLMo's norms learn nothing: norm_affine=False);
     read         DecoderConfig fields read from the config: the attribute that holds each (a
                  name, or names tried in order until one is set), or a function of the config
-                 where the family derives it (Gemma's embedding scale sqrt(D));
+                 where the family derives it (Gemma's embedding scale sqrt(D)); a RoPE field
+                 read here (Granite SWA's per-layer bases) takes the place of the RoPE reader's
+                 where it is not None;
     activations  the config's activation names the family's MLP computes, each as our `mlp`;
     refused      config attributes the family's modules read that no DecoderConfig expresses,
                  each with why: set (truthy), the config is refused naming it, and the model is
@@ -84,7 +86,8 @@ class Family:
     family's attention applies it, or a window it declares and ignores is a defect to find."""
     experts: str | None = None
     """How its routed experts are declared: "mixtral", "qwen_moe", "olmoe", "deepseek_v3",
-    "deepseek_v2" (the router's form), None for a dense MLP."""
+    "deepseek_v2", "gpt_oss", "hunyuan", "granitemoe" (the router's form), None for a dense
+    MLP."""
     refused: tuple[tuple, ...] = ()
     """(config attribute, why[, rule]): the option the family's modules read and no
     DecoderConfig expresses, refused where rule(value) holds (default: the value is truthy)."""
@@ -99,13 +102,18 @@ class Family:
     `hf_families` with its own layout kept."""
     write: Callable[[Any, type], dict[str, Any]] | None = None
     """The config fields for what the entry reads through a function of the config, from a
-    DecoderConfig and the config class (the inverse of those functions, for the writer)."""
+    DecoderConfig and the config class (the inverse of those functions, for the writer); a dict
+    it gives for a field the writer fills too (rope_parameters) adds the keys that one lacks."""
     layout_written: bool = True
     """Written by `hf_families` with the layouts (False: only the rename tables write it,
     GPT-2 and a plain Llama; Mistral is both, the tables for a windowless config)."""
     legacy_rope: Mapping[str, str] = field(default_factory=dict)
     """transformers 4's names for RoPE fields this family spelled its own way (rope_theta,
     partial_rotary_factor, window_rope_theta: the windowed layers' base)."""
+    rope_form: Callable[[dict, Any], dict] | None = None
+    """The family's own RoPE form rewritten as a standard one before it is read: (the config's
+    rope_parameters, the config) -> rope_parameters (Hunyuan's "dynamic" with an alpha is a
+    static base, NTK-stretched once)."""
 
     def fixes(self) -> dict[str, Any]:
         """Every field the family fixes: Llama's (for a Llama-derived block), then its own."""
@@ -196,6 +204,129 @@ _QWEN_MOE = {"n_experts": "num_experts", "experts_per_token": "num_experts_per_t
              "first_dense_layers": _qwen_dense_layers, "moe_every": "decoder_sparse_step"}
 
 
+# ---- helper fam-sinks: what GPT-OSS, Hunyuan, Ministral 3, Granite SWA and Flint derive ----
+
+def _ntk_alpha(rope: dict, config: Any) -> dict:
+    """Hunyuan's "dynamic" RoPE with an alpha is static NTK (compute_ntk_alpha_rope_parameters):
+    the base theta * alpha ** (Dh / (Dh - 2)), on every position, never stretched again."""
+    if rope.get("rope_type") != "dynamic" or not rope.get("alpha"):
+        return rope
+    dim = config.head_dim
+    theta = rope["rope_theta"] * rope["alpha"] ** (dim / (dim - 2))
+    return {"rope_type": "default", "rope_theta": theta,
+            "partial_rotary_factor": rope.get("partial_rotary_factor", 1.0)}
+
+
+def _hunyuan_experts(config: Any) -> int:
+    """Hunyuan-MoE's E; a list (E and k per layer) is not expressed."""
+    experts, k = config.num_experts, config.moe_topk
+    if isinstance(experts, list) or isinstance(k, list):
+        raise Unexpressed(f"num_experts={experts!r}, moe_topk={k!r} (experts per layer: one E "
+                          "and one k for every routed layer)")
+    return experts
+
+
+def _hunyuan_topk(config: Any) -> int | None:
+    """Hunyuan-MoE's k (a list: refused with its E, by `_hunyuan_experts`)."""
+    return None if isinstance(config.moe_topk, list) else config.moe_topk
+
+
+def _rope_dict(config: Any) -> dict:
+    return dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+                or {})
+
+
+def _ministral3_query_scale(config: Any) -> dict | None:
+    """Ministral 3's queries times 1 + beta ln(1 + floor(pos / original)) in every layer
+    (get_llama_4_attn_scale: llama_4_scaling_beta over original_max_position_embeddings, both
+    in rope_parameters; its attention multiplies by whatever they are, so a missing one is no
+    model at all). beta 0 scales nothing."""
+    rope = _rope_dict(config)
+    beta, length = rope.get("llama_4_scaling_beta"), rope.get("original_max_position_embeddings")
+    if beta is None or not length:
+        raise InvalidHFConfig(f"rope_parameters llama_4_scaling_beta={beta!r}, "
+                              f"original_max_position_embeddings={length!r}: Ministral 3's "
+                              "attention scales its queries by both")
+    return {"beta": float(beta), "length": int(length)} if beta else None
+
+
+def _ministral3_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    """Ministral 3's rope_parameters keys of the query scale, beta and length, beside the RoPE
+    fields (a RoPE with its own original length keeps it: the read-back decides whether the two
+    agree)."""
+    scale = cfg.query_position_scale or {"beta": 0.0, "length": cfg.max_seq_len}
+    return {"rope_parameters": {"llama_4_scaling_beta": scale["beta"],
+                                "original_max_position_embeddings": scale["length"]}}
+
+
+def _layer_bases(config: Any) -> dict[str, Any]:
+    """Granite SWA's layer_rope_theta (a RoPE base per layer, 0: no RoPE) as nope_layers,
+    rope_theta and window_rope_theta: one base for the full layers and one for the windowed
+    ones (whose RoPE is then never scaled), or it is not expressed."""
+    thetas = list(getattr(config, "layer_rope_theta", None) or [])
+    if not thetas:
+        return {}
+    kinds = list(getattr(config, "layer_types", None) or [])
+    windowed = {i for i, kind in enumerate(kinds) if kind == "sliding_attention"} \
+        if getattr(config, "sliding_window", None) is not None else set()
+    full = {float(t) for i, t in enumerate(thetas) if t and i not in windowed}
+    local = {float(t) for i, t in enumerate(thetas) if t and i in windowed}
+    scaled = _rope_dict(config).get("rope_type", "default") != "default"
+    if len(thetas) != config.num_hidden_layers or len(full) > 1 or len(local) > 1 or (
+            full and local and full != local and scaled):
+        raise Unexpressed(f"layer_rope_theta={thetas} (one RoPE base for the full layers and "
+                          "one, never scaled, for the windowed layers: rope_theta, "
+                          "window_rope_theta)")
+    bases = {"nope_layers": tuple(i for i, t in enumerate(thetas) if not t) or None}
+    if full or local:
+        bases["rope_theta"] = next(iter(full or local))
+    if full and local and full != local:
+        bases["window_rope_theta"] = next(iter(local))
+    return bases
+
+
+def _swa_embedding_scale(config: Any) -> float | None:
+    """Granite's embedding_multiplier (1: nothing)."""
+    scale = float(config.embedding_multiplier)
+    return None if scale == 1.0 else scale
+
+
+def _swa_logit_scale(config: Any) -> float:
+    """Granite divides its logits by logits_scaling."""
+    if not config.logits_scaling:
+        raise InvalidHFConfig(f"logits_scaling={config.logits_scaling!r}: the logits are divided "
+                              "by it")
+    return 1.0 / float(config.logits_scaling)
+
+
+_SWA_READ = {"embedding_scale": _swa_embedding_scale, "attn_scale": "attention_multiplier",
+             "residual_multiplier": "residual_multiplier", "logit_scale": _swa_logit_scale,
+             "nope_layers": lambda c: _layer_bases(c).get("nope_layers"),
+             "rope_theta": lambda c: _layer_bases(c).get("rope_theta"),
+             "window_rope_theta": lambda c: _layer_bases(c).get("window_rope_theta")}
+
+
+def _swa_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    """Granite SWA's multipliers and per-layer bases for cfg (the inverse of _SWA_READ)."""
+    bases = [0.0 if not cfg.rotates(i) else
+             (cfg.window_rope_theta if cfg.window(i) and cfg.window_rope_theta else cfg.rope_theta)
+             for i in range(cfg.n_layers)]
+    fields: dict[str, Any] = {"embedding_multiplier": cfg.embedding_scale or 1.0,
+                              "logits_scaling": 1.0 / cfg.logit_scale, "layer_rope_theta": bases}
+    if cfg.routed:
+        fields["shared_intermediate_size"] = cfg.shared_dim
+    return fields
+
+
+def _windowed_rope_only(config: Any) -> tuple[int, ...] | None:
+    """Flint rotates only in its windowed layers: every other layer is NoPE (all of them
+    without a window)."""
+    kinds = list(getattr(config, "layer_types", None) or [])
+    window = getattr(config, "sliding_window", None)
+    nope = tuple(i for i, kind in enumerate(kinds) if kind != "sliding_attention" or window is None)
+    return nope or None
+
+
 FAMILIES: tuple[Family, ...] = (
     # the converter's families (rename tables; Llama's RoPE rows permuted)
     Family("gpt2", "GPT2LMHeadModel", block="gpt2", converter=True, windows=False, grouped=False,
@@ -265,6 +396,51 @@ FAMILIES: tuple[Family, ...] = (
            windows=False),
     Family("deepseek_v2", "DeepseekV2ForCausalLM", block="latent", experts="deepseek_v2",
            windows=False),
+    # ---- sinks, the clamped SwiGLU, biased routers and experts, q/k norms after RoPE,
+    # position-scaled queries (helper fam-sinks) ----
+    # GPT-OSS: sinks in every layer, alternating windows, YaRN; the router's biased logits, top
+    # k of them, then their softmax; experts with biases on the clamped SwiGLU (its config's
+    # hidden_act is read by no module: silu is the only value taken, the experts compute theirs)
+    llama("gpt_oss", "GptOssForCausalLM", experts="gpt_oss",
+          activations={"silu": "swiglu_clamped"},
+          fixed={"router_scoring": "softmax", "router_order": "topk_score",
+                 "normalize_topk": True, "attn_sinks": True, "router_bias": True,
+                 "expert_bias": True, "mlp_bias": False},
+          read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                "swiglu_alpha": "swiglu_alpha", "swiglu_limit": "swiglu_limit"}),
+    # Hunyuan: per-head q/k RMSNorms on the rotated heads; no window (Llama's model); its
+    # "dynamic" RoPE with an alpha a static NTK base; the MoE's router (softmax, top k,
+    # renormalised) in front of E experts and one shared MLP, all intermediate_size wide
+    llama("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", windows=False, rope_form=_ntk_alpha,
+          fixed={"qk_norm": True, "qk_norm_position": "after_rope", "mlp_bias": False}),
+    llama("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", windows=False, rope_form=_ntk_alpha,
+          experts="hunyuan",
+          fixed={**_ROUTED["fixed"], "qk_norm": True, "qk_norm_position": "after_rope",
+                 "mlp_bias": False, "normalize_topk": True, "n_shared_experts": 1},
+          read={"n_experts": _hunyuan_experts, "experts_per_token": _hunyuan_topk},
+          write=lambda cfg, cls: {"num_experts": cfg.n_experts, "moe_topk": cfg.experts_per_token}),
+    # Ministral 3: Mistral's block, each query times 1 + beta ln(1 + floor(pos / L)) after RoPE
+    llama("ministral3", "Ministral3ForCausalLM", write=_ministral3_write,
+          read={"query_position_scale": _ministral3_query_scale}),
+    # Granite SWA: Granite's multipliers, sinks in every layer, windows on layer_types, a RoPE
+    # base per layer (0: NoPE); GraniteMoe SWA: its routed block (top k of the logits, then
+    # their softmax) and optional shared MLP
+    llama("granite_swa", "GraniteSWAForCausalLM", write=_swa_write,
+          fixed={"attn_sinks": True}, read=_SWA_READ),
+    llama("granitemoe_swa", "GraniteMoeSWAForCausalLM", experts="granitemoe", write=_swa_write,
+          fixed={"attn_sinks": True, "router_scoring": "softmax", "router_order": "topk_score",
+                 "normalize_topk": True, "mlp_bias": False},
+          read={**_SWA_READ, "n_experts": "num_local_experts",
+                "experts_per_token": "num_experts_per_tok",
+                "n_shared_experts": lambda c: 1 if c.shared_intermediate_size else 0,
+                "shared_expert_width": lambda c: c.shared_intermediate_size or None}),
+    # Flint: Qwen3-MoE's attention with sinks, RoPE only in its windowed layers; sigmoid
+    # routing, an ungated shared expert, dense layers first
+    llama("flint", "FlintForCausalLM", experts="qwen_moe", write=_qwen_moe_write,
+          fixed={"qk_norm": True, "attn_sinks": True, "router_scoring": "sigmoid",
+                 "router_order": "score_topk", "n_shared_experts": 1},
+          read={**_QWEN_MOE, "shared_expert_width": "shared_expert_intermediate_size",
+                "nope_layers": _windowed_rope_only}),
 )
 """Every family read as a spec, in the order the writer tries them: where two families read
 back the same DecoderConfig the first is written (Mistral before Phi-3 and Qwen2 for a plain

@@ -159,10 +159,14 @@ def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
         return latent_config(hf_config, entry)
     problems: list[str] = []
     fields = {**_sizes(hf_config, entry.grouped), "mlp": _mlp(hf_config, entry, problems)}
-    for name, source in entry.reads().items():
-        fields[name] = _cast(name, read_source(hf_config, source, problems))
+    read = {name: _cast(name, read_source(hf_config, source, problems))
+            for name, source in entry.reads().items()}
+    fields.update(read)
     fields.update(entry.fixes())
-    fields.update(_positions(hf_config, entry, fields, problems))
+    # a RoPE field the entry reads itself (Granite SWA's per-layer bases) where it gives one
+    fields.update({name: value for name, value in _positions(hf_config, entry, fields,
+                                                             problems).items()
+                   if read.get(name) is None})
     problems += refusals(hf_config, entry)
     _routed(fields, hf_config, entry)
     _refuse(entry.model_type, problems)

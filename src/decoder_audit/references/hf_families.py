@@ -150,7 +150,10 @@ def config_fields(cfg: DecoderConfig, config_class: type, family: Family) -> dic
         if isinstance(source, (str, tuple)):
             fields[source if isinstance(source, str) else source[0]] = getattr(cfg, name)
     if family.write is not None:
-        fields.update(family.write(cfg, config_class))
+        for name, value in family.write(cfg, config_class).items():
+            if isinstance(value, dict) and isinstance(fields.get(name), dict):
+                value = {**value, **fields[name]}  # Ministral 3's query scale beside RoPE's
+            fields[name] = value
     if family.windows:
         fields.update(_windows(cfg, config_class, family))
     return fields

@@ -179,6 +179,8 @@ class Layout:
     torchtitan's fused wqkv), instead of all q rows, then all k rows, then all v rows."""
     fused_gate_up: str | None = None
     """The in-block module whose weight stacks the gated MLP's w1 (gate) rows, then w3 (up)."""
+    fused_shared_gate_up: str | None = None
+    """The same for the shared experts' MLP (GraniteMoe's shared_mlp.input_linear)."""
     norm_params: tuple[str, str | None] = ("weight", "bias")
     """The layout's names for a norm's gain and shift (None: its norms have no shift)."""
     head_aliases: tuple[str, ...] = ()
@@ -187,6 +189,15 @@ class Layout:
     fused_experts: tuple[str, str] | None = None
     """The in-block parameters that hold every routed expert's matrices at once (transformers
     5): (gate_up (E, 2 Fe, D): each expert's w1 rows then its w3 rows, down (E, D, Fe): w2)."""
+    experts_in_out: bool = False
+    """The fused experts are stored in -> out, gate_up (E, D, 2 Fe) and down (E, Fe, D): each
+    expert's matrices transposed (GPT-OSS)."""
+    gate_up_interleaved: bool = False
+    """The fused gate_up's units alternate, gate, up, gate, up (GPT-OSS: w1 the even units, w3
+    the odd ones), instead of every gate unit, then every up unit."""
+    fused_expert_biases: tuple[str, str] | None = None
+    """The in-block parameters that hold every routed expert's biases (expert_bias): gate_up
+    (E, 2 Fe), laid out as the fused gate_up's units, and down (E, D) (GPT-OSS)."""
     selection_bias: str | None = None
     """The router module's name for the selection bias (ffn.router.selection_bias), where it
     is a buffer rather than a Parameter (DeepSeek-V3's e_score_correction_bias, updated by a
@@ -331,6 +342,31 @@ LAYOUTS: tuple[Layout, ...] = (
             "attn.k_norm": "attention.k_norm", "ffn.w1": "feed_forward.w1",
             "ffn.w2": "feed_forward.w2", "ffn.w3": "feed_forward.w3"},
            fused_qkv="attention.qkv_linear.wqkv", qkv_per_head=True, norm_params=("weight", None)),
+    # ---- GPT-OSS, Hunyuan, GraniteMoe SWA (helper fam-sinks) ----
+    # GPT-OSS: the router mlp.router (weight and bias), the experts fused in -> out with
+    # interleaved gate/up units and their biases; sinks under self_attn (as _HF_LLAMA's)
+    Layout("Hugging Face GPT-OSS", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA, "ffn.router": "mlp.router"},
+           fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
+           experts_in_out=True, gate_up_interleaved=True,
+           fused_expert_biases=("mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias")),
+    # Hunyuan: per-head q/k norms named query_layernorm / key_layernorm; its MoE layers' router
+    # mlp.gate.wg, shared MLP mlp.shared_mlp, experts fused as transformers 5 keeps them
+    Layout("Hugging Face Hunyuan", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA, "attn.q_norm": "self_attn.query_layernorm",
+                       "attn.k_norm": "self_attn.key_layernorm", "ffn.router": "mlp.gate.wg",
+                       "ffn.shared.w1": "mlp.shared_mlp.gate_proj",
+                       "ffn.shared.w3": "mlp.shared_mlp.up_proj",
+                       "ffn.shared.w2": "mlp.shared_mlp.down_proj"},
+           fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
+    # GraniteMoe (and its SWA variant): block_sparse_moe's router and fused experts, the shared
+    # experts' gate and up rows in shared_mlp.input_linear, their down in output_linear
+    Layout("Hugging Face GraniteMoe", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA, "ffn.router": "block_sparse_moe.router",
+                       "ffn.shared.w2": "shared_mlp.output_linear"},
+           fused_experts=("block_sparse_moe.experts.gate_up_proj",
+                          "block_sparse_moe.experts.down_proj"),
+           fused_shared_gate_up="shared_mlp.input_linear"),
 )
 
 
@@ -351,6 +387,8 @@ class Spot:
     expert: int | None = None
     """A weight stored with every expert's in one tensor (E, out, in) (transformers 5's
     gate_up_proj and down_proj): this expert's matrix, tensor[expert], before the rows."""
+    step: int = 1
+    """Every step-th row of [start, stop) (GPT-OSS's interleaved gate and up units: step 2)."""
 
     def _target(self, tensor: torch.Tensor) -> torch.Tensor:
         """A view of the weight's place in `tensor`: (rows, ...), or (groups, rows, ...) whose
@@ -368,7 +406,7 @@ class Spot:
             return out
         start, stop = self.rows
         if self.groups == 1:
-            return out[start:stop]
+            return out[start:stop:self.step]
         return out.unflatten(0, (self.groups, -1))[:, start:stop]
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -772,24 +810,47 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     elif layout.fused_gate_up and part in ("ffn.w1", "ffn.w3"):
         fused = layout.fused_gate_up
         rows = (0, spec.d_ff) if part == "ffn.w1" else (spec.d_ff, 2 * spec.d_ff)
+    elif layout.fused_shared_gate_up and part in ("ffn.shared.w1", "ffn.shared.w3"):
+        fused, width = layout.fused_shared_gate_up, spec.shared_dim
+        rows = (0, width) if part == "ffn.shared.w1" else (width, 2 * width)
     expert = re.fullmatch(r"ffn\.experts\.(\d+)\.(w[123])", part)
-    if layout.fused_experts and expert and kind == "weight":
-        gate_up, down = layout.fused_experts
-        width, which = spec.expert_dim, expert[2]
-        source = f"{prefix}{layout.block.format(i=module.split('.')[1])}." + (
-            down if which == "w2" else gate_up)
-        whole = (spec.n_experts, spec.d_model, width) if which == "w2" else \
-            (spec.n_experts, 2 * width, spec.d_model)
-        if shapes.get(source) != whole:  # another E or Fe: no expert's rows are known, and the
-            return None                  # tensor is named as left over beside the missing ones
-        rows = {"w1": (0, width), "w3": (width, 2 * width), "w2": None}[which]
-        return Spot(source, rows=rows, expert=int(expert[1]))
+    if layout.fused_experts and expert:
+        return _fused_expert_spot(layout, f"{prefix}{layout.block.format(i=module.split('.')[1])}.",
+                                  int(expert[1]), expert[2], kind, shapes, spec)
     if fused is not None:
         layer = module.split(".")[1]
         source = f"{prefix}{layout.block.format(i=layer)}.{fused}.{kind}"
         if source in shapes and (groups == 1 or shapes[source][0] % groups == 0):
             return Spot(source, conv1d and matrix, rows, groups)
     return None
+
+
+def _fused_expert_spot(layout: Layout, block: str, expert: int, which: str, kind: str,
+                       shapes: Mapping[str, tuple[int, ...]], spec: DecoderConfig
+                       ) -> Spot | None:
+    """Where routed expert `expert`'s matrix `which` (w1, w3, w2) or its bias lies in the
+    tensors that hold every expert's at once (`block`: the layer's prefix), or None."""
+    names = layout.fused_experts if kind == "weight" else layout.fused_expert_biases
+    if names is None or kind not in ("weight", "bias"):
+        return None
+    E, D, width = spec.n_experts, spec.d_model, spec.expert_dim
+    source = block + (names[1] if which == "w2" else names[0])
+    if kind == "bias":
+        whole = (E, D) if which == "w2" else (E, 2 * width)
+    elif layout.experts_in_out:
+        whole = (E, width, D) if which == "w2" else (E, D, 2 * width)
+    else:
+        whole = (E, D, width) if which == "w2" else (E, 2 * width, D)
+    if shapes.get(source) != whole:  # another E or Fe: no expert's rows are known, and the
+        return None                  # tensor is named as left over beside the missing ones
+    if which == "w2":
+        rows, step = None, 1
+    elif layout.gate_up_interleaved:  # gate, up, gate, up, ...
+        rows, step = (0 if which == "w1" else 1, 2 * width), 2
+    else:  # every gate unit, then every up unit
+        rows, step = ((0, width) if which == "w1" else (width, 2 * width)), 1
+    return Spot(source, transposed=kind == "weight" and layout.experts_in_out, rows=rows,
+                step=step, expert=expert)
 
 
 def _misfits(found: Mapping[str, tuple[int, ...]], spec: DecoderConfig) -> list[str]:
