@@ -121,7 +121,12 @@ FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2"
                 "Gemma 3 (text)": "gemma3_text", "StableLM": "stablelm", "Phi-3": "phi3",
                 "GPT-NeoX": "gpt_neox", "OLMo": "olmo", "OLMo 2": "olmo2",
                 "Mixtral": "mixtral", "Qwen2-MoE": "qwen2_moe", "Qwen3-MoE": "qwen3_moe",
-                "OLMoE": "olmoe", "DeepSeek-V2": "deepseek_v2", "DeepSeek-V3": "deepseek_v3"}
+                "OLMoE": "olmoe", "DeepSeek-V2": "deepseek_v2", "DeepSeek-V3": "deepseek_v3",
+                # ---- helper fam-sinks ----
+                "GPT-OSS": "gpt_oss", "Hunyuan": "hunyuan_v1_dense",
+                "Hunyuan-MoE": "hunyuan_v1_moe", "Ministral 3": "ministral3",
+                "Granite SWA": "granite_swa", "GraniteMoE SWA": "granitemoe_swa",
+                "Flint": "flint"}
 
 
 def test_every_list_of_the_families_with_a_spec_names_exactly_them():
