@@ -433,6 +433,19 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                              query_position_scale={"beta": 0.5, "length": 2,
                                                                    "offset": 1, "layers": [0]},
                                              tie_embeddings=True),
+    # Cohere 2 MoE: one shift-free LayerNorm before a parallel block, interleaved RoPE but in
+    # the full NoPE layer 2, a dense first layer, top 2 of 4 logits then their softmax, one
+    # shared expert averaged with the routed sum (both halved), logits times 0.25
+    "cohere2-moe-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=3, n_heads=4,
+                                         n_kv_heads=2, d_ff=12, max_seq_len=7, norm="layernorm",
+                                         norm_bias=False, mlp="swiglu", pos="rope",
+                                         parallel_residual=True, shared_norm=True,
+                                         sliding_window=3, window_layers=(1,), nope_layers=(2,),
+                                         logit_scale=0.25, n_experts=4, experts_per_token=2,
+                                         expert_width=8, n_shared_experts=1,
+                                         router_order="topk_score", routed_scaling=0.5,
+                                         shared_expert_scale=0.5, first_dense_layers=1,
+                                         tie_embeddings=True),
 }
 
 

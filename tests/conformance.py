@@ -130,6 +130,11 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
                        "shared_intermediate_size": 16},
     # Flint: a routed windowed (rotary) layer after a dense full (NoPE) one
     "flint": {"mlp_only_layers": [0], "layer_types": ["full_attention", "sliding_attention"]},
+    # Cohere 2 MoE: a dense prefix layer (rotary), a windowed layer and a full NoPE one; a
+    # shared expert averaged with the routed sum
+    "cohere2_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1,
+                    "prefix_dense_intermediate_size": 24, "sliding_window_pattern": 2,
+                    "num_shared_experts": 1},
 }
 # Calls a family needs after it is built (a default it refuses to guess).
 FAMILY_SETUP: dict[str, Any] = {

@@ -126,7 +126,7 @@ FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2"
                 "GPT-OSS": "gpt_oss", "Hunyuan": "hunyuan_v1_dense",
                 "Hunyuan-MoE": "hunyuan_v1_moe", "Ministral 3": "ministral3",
                 "Granite SWA": "granite_swa", "GraniteMoE SWA": "granitemoe_swa",
-                "Flint": "flint"}
+                "Flint": "flint", "Cohere 2 MoE": "cohere2_moe"}
 
 
 def test_every_list_of_the_families_with_a_spec_names_exactly_them():

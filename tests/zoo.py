@@ -605,6 +605,12 @@ def _swiglu_unclamped(model: da.Decoder) -> None:
         expert.clamped = (expert.clamped[0], float("inf"))
 
 
+def _shared_experts_unscaled(model: da.Decoder) -> None:
+    """Layer 1's shared experts join the routed sum whole, their scale (0.5) never applied."""
+    ffn = model.layers[1].ffn
+    ffn.shared_output = lambda tokens: ffn.shared(tokens)
+
+
 def _qk_norm_before_rope(model: da.Decoder) -> None:
     """Layer 1 normalises q and k before RoPE; gains a trained model would hold (a gain of 1
     commutes with the rotation)."""
@@ -663,6 +669,10 @@ VARIANT_MUTANTS = [
          "oracle", first=False, defect="I (clamped SwiGLU)", says="differ from the slow oracle"),
     Case("qk_norm_before_rope", _variant_mutant("qk-norm-after-rope", _qk_norm_before_rope),
          "oracle", first=False, defect="I (q/k norm after RoPE)",
+         says="differ from the slow oracle"),
+    Case("shared_expert_scale_dropped", _variant_mutant("cohere2-moe-like",
+                                                        _shared_experts_unscaled),
+         "oracle", first=False, defect="I (shared experts' scale)",
          says="differ from the slow oracle"),
     Case("query_position_scale_dropped", _variant_mutant("query-position-scale",
                                                          _set("layers.0.attn.scales_queries",

@@ -267,6 +267,9 @@ class DecoderConfig:
     routed_scaling: float = 1.0
     """The routed experts' weighted sum multiplied by this before the shared experts join it
     (DeepSeek's routed_scaling_factor: 2.5 in V3)."""
+    shared_expert_scale: float = 1.0
+    """The shared experts' output multiplied by this as it joins the routed sum (Cohere 2 MoE's
+    "average" combination, (routed + shared) / 2: 0.5 here and in routed_scaling)."""
     first_dense_layers: int = 0
     """The first layers keep a dense MLP of width d_ff (DeepSeek's first_k_dense_replace)."""
     moe_every: int = 1
@@ -625,6 +628,7 @@ UNROUTED = {"experts_per_token": None, "expert_width": None, "n_shared_experts":
                     "router_selection_bias": False, "router_bias": False, "expert_bias": False,
                     "expert_groups": None,
                     "groups_per_token": None, "group_score": "top2_sum", "routed_scaling": 1.0,
+                    "shared_expert_scale": 1.0,
                     "first_dense_layers": 0, "moe_every": 1, "capacity_factor": None}
 _LATENT_WIDTHS = ("rope_head_width", "nope_head_width", "value_head_width")
 
@@ -656,9 +660,10 @@ def _expert_field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
         if not _is_positive(getattr(cfg, name)):
             problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be a finite "
                              "number > 0"))
-    if not _is_positive(cfg.routed_scaling):
-        problems.append(("routed_scaling", f"routed_scaling={_shown(cfg.routed_scaling)} must "
-                         "be a finite number > 0"))
+    for name in ("routed_scaling", "shared_expert_scale"):
+        if not _is_positive(getattr(cfg, name)):
+            problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be a finite number "
+                             "> 0"))
     if cfg.capacity_factor is not None and not _is_positive(cfg.capacity_factor):
         problems.append(("capacity_factor", f"capacity_factor={_shown(cfg.capacity_factor)} "
                          "must be a finite number > 0 or null"))
@@ -678,8 +683,9 @@ def _expert_problems(cfg: DecoderConfig, valid) -> list[str]:
             problems.append(f"n_experts={experts} needs experts_per_token (k, 1 <= k <= E)")
         elif k > experts:
             problems.append(f"experts_per_token={k} exceeds n_experts={experts}")
-    for name in ("shared_expert_width", "shared_expert_gate"):
-        if valid("n_shared_experts", name) and getattr(cfg, name) not in (None, False) and \
+    for name, unset in (("shared_expert_width", None), ("shared_expert_gate", False),
+                        ("shared_expert_scale", 1.0)):
+        if valid("n_shared_experts", name) and getattr(cfg, name) != unset and \
                 cfg.n_shared_experts == 0:
             problems.append(f"{name}={_shown(getattr(cfg, name))} needs n_shared_experts >= 1")
     if valid("n_layers", "first_dense_layers", "moe_every") and not any(

@@ -139,7 +139,7 @@ def test_presets_pass(name):
                     "window-every-layer", "olmo-like", "olmo2-like", "gemma3-like",
                     "readout-bias-tied", "granite-like", "parallel-one-norm", "nope-layer",
                     "sinks-windowed", "gpt-oss-like", "qk-norm-after-rope",
-                    "query-position-scale")
+                    "query-position-scale", "cohere2-moe-like")
     + configs.grid()))
 def test_odd_configs_pass(cfg):
     _passes(zoo.decoder(cfg, seed=3))

@@ -21,7 +21,8 @@ ORACLE = configs.grid() + configs.entries(
     "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3", "rope-linear-gqa",
     "rope-yarn-partial", "rope-dynamic", "gemma2-like", "window-every-layer", "olmo-like",
     "olmo2-like", "gemma3-like", "readout-bias-tied", "granite-like", "parallel-one-norm",
-    "nope-layer", "sinks-windowed", "gpt-oss-like", "qk-norm-after-rope", "query-position-scale")
+    "nope-layer", "sinks-windowed", "gpt-oss-like", "qk-norm-after-rope", "query-position-scale",
+    "cohere2-moe-like")
 
 
 @pytest.mark.parametrize("cfg", configs.params(ORACLE))

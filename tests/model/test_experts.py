@@ -17,7 +17,7 @@ from decoder_audit.model.mlp import RoutedExperts
 
 ROUTED = ("moe-softmax-shared", "moe-sigmoid-bias", "moe-topk-softmax-relu", "moe-unnormalised",
           "moe-capacity", "mla-moe", "moe-grouped", "moe-grouped-max", "moe-shared-gate",
-          "gpt-oss-like")
+          "gpt-oss-like", "cohere2-moe-like")
 LATENT = ("mla-q-latent", "mla-moe")
 EVERY = configs.params(configs.entries(*dict.fromkeys(ROUTED + LATENT)))
 

@@ -301,6 +301,16 @@ def _flint_unnormalised(model: torch.nn.Module) -> None:
     _layer(model, 1).mlp.gate.norm_topk_prob = False
 
 
+def _cohere2_moe_summed(model: torch.nn.Module) -> None:
+    """Cohere 2 MoE's shared experts added to the routed sum, not averaged with it."""
+    _layer(model, 1).mlp.shared_expert_combination_strategy = "sum"
+
+
+def _cohere2_moe_nope_rotated(model: torch.nn.Module) -> None:
+    """Cohere 2 MoE's full layer 2 (NoPE) rotates as if it were forced to."""
+    _layer(model, 2).self_attn.force_rope = True
+
+
 def _zero_output(module: torch.nn.Module) -> None:
     module.forward = lambda x: torch.zeros_like(x)
 
@@ -335,6 +345,8 @@ SPECIFIC: dict[tuple[str, str], tuple] = {
     ("flint", "sinks ignored"): (_sinks_ignored, "oracle"),
     ("flint", "NoPE layer rotated"): (_nope_layer_rotated, "oracle"),
     ("flint", "top-k weights unrenormalised"): (_flint_unnormalised, "oracle"),
+    ("cohere2_moe", "shared experts summed, not averaged"): (_cohere2_moe_summed, "oracle"),
+    ("cohere2_moe", "NoPE layer rotated"): (_cohere2_moe_nope_rotated, "oracle"),
 }
 """(family, defect) -> (plant(model) in transformers' own module, the check that must fail)."""
 

@@ -242,6 +242,8 @@ class RoutedExperts(nn.Module):
         shared = self.shared(tokens)  # (N, D)
         if self.shared_gate is not None:
             shared = shared * torch.sigmoid(self.shared_gate(tokens))  # (N, 1) gate
+        if self.cfg.shared_expert_scale != 1.0:  # Cohere 2 MoE's average: (routed + shared) / 2
+            shared = shared * self.cfg.shared_expert_scale
         return shared
 
     def _gathered(self, tokens: torch.Tensor, chosen: torch.Tensor,

@@ -327,6 +327,62 @@ def _windowed_rope_only(config: Any) -> tuple[int, ...] | None:
     return nope or None
 
 
+def _cohere2_moe_prefix(config: Any) -> int:
+    """Cohere 2 MoE's dense layers (mlp_layer_types "dense"), which must be the first ones."""
+    kinds = list(config.mlp_layer_types)
+    dense = [i for i, kind in enumerate(kinds) if kind == "dense"]
+    if dense != list(range(len(dense))) or not set(kinds) <= {"dense", "sparse"}:
+        raise Unexpressed(f"mlp_layer_types={kinds} (the dense layers must be the first ones: "
+                          "first_dense_layers)")
+    return len(dense)
+
+
+def _cohere2_moe_dense_width(config: Any) -> int:
+    """The dense prefix's width: prefix_dense_intermediate_size, or intermediate_size."""
+    return config.prefix_dense_intermediate_size or config.intermediate_size
+
+
+def _cohere2_moe_scoring(config: Any) -> str:
+    if config.expert_selection_fn not in ("softmax", "sigmoid"):
+        raise InvalidHFConfig(f"expert_selection_fn={config.expert_selection_fn!r} (its router "
+                              "computes softmax or sigmoid)")
+    return config.expert_selection_fn
+
+
+def _cohere2_moe_average(config: Any) -> float | None:
+    """0.5 where the shared experts are averaged with the routed sum ((routed + shared) / 2:
+    both halved), None where they are added (or there are none)."""
+    strategy = config.shared_expert_combination_strategy
+    if strategy not in ("average", "sum"):
+        raise InvalidHFConfig(f"shared_expert_combination_strategy={strategy!r} (average or "
+                              "sum)")
+    return 0.5 if config.num_shared_experts and strategy == "average" else None
+
+
+def _cohere2_moe_nope(config: Any) -> tuple[int, ...] | None:
+    """Cohere 2 MoE rotates in its windowed layers, and in its dense prefix where
+    prefix_dense_sliding_window_pattern is 1 (force_rope): the other layers are NoPE."""
+    kinds, mlps = list(config.layer_types), list(config.mlp_layer_types)
+    forced = config.prefix_dense_sliding_window_pattern == 1
+    nope = tuple(i for i, kind in enumerate(kinds)
+                 if (kind != "sliding_attention" or config.sliding_window is None)
+                 and not (forced and mlps[i] == "dense"))
+    return nope or None
+
+
+def _cohere2_moe_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    """Cohere 2 MoE's fields for cfg (the inverse of its function reads): norms, the dense
+    prefix, the router's scoring, the shared experts' combination, the layers' kinds."""
+    dense = ["dense" if i < cfg.first_dense_layers else "sparse" for i in range(cfg.n_layers)]
+    rms = cfg.norm == "rmsnorm"
+    averaged = cfg.shared_expert_scale == 0.5 and cfg.routed_scaling == 0.5
+    return {"rms_norm_eps": cfg.norm_eps if rms else None,
+            "layer_norm_eps": 1e-5 if rms else cfg.norm_eps,
+            "prefix_dense_intermediate_size": cfg.d_ff, "mlp_layer_types": dense,
+            "expert_selection_fn": cfg.router_scoring, "norm_topk_prob": cfg.normalize_topk,
+            "shared_expert_combination_strategy": "average" if averaged else "sum"}
+
+
 FAMILIES: tuple[Family, ...] = (
     # the converter's families (rename tables; Llama's RoPE rows permuted)
     Family("gpt2", "GPT2LMHeadModel", block="gpt2", converter=True, windows=False, grouped=False,
@@ -441,6 +497,30 @@ FAMILIES: tuple[Family, ...] = (
                  "router_order": "score_topk", "n_shared_experts": 1},
           read={**_QWEN_MOE, "shared_expert_width": "shared_expert_intermediate_size",
                 "nope_layers": _windowed_rope_only}),
+    # Cohere 2 MoE: Cohere 2's parallel block with one norm (RMSNorm where rms_norm_eps is set,
+    # else a LayerNorm without shift), interleaved RoPE only in the windowed and dense-prefix
+    # layers, logits times logit_scale; top k of the logits, then their softmax (or sigmoids,
+    # renormalised), shared experts intermediate_size wide each, averaged with the routed sum
+    # (its own block: the norm's kind is read, not Llama's RMSNorm)
+    Family("cohere2_moe", "Cohere2MoeForCausalLM", block="cohere", experts="cohere2_moe",
+           write=_cohere2_moe_write,
+           fixed={"pos": "rope", "parallel_residual": True, "shared_norm": True,
+                  "rope_layout": "interleaved", "router_order": "topk_score", "mlp_bias": False},
+           read={"attn_bias": "attention_bias",
+                 "norm": lambda c: "layernorm" if c.rms_norm_eps is None else "rmsnorm",
+                 "norm_eps": lambda c: c.layer_norm_eps if c.rms_norm_eps is None
+                 else c.rms_norm_eps,
+                 "norm_bias": lambda c: c.rms_norm_eps is not None,
+                 "logit_scale": "logit_scale", "n_experts": "num_experts",
+                 "experts_per_token": "num_experts_per_tok", "expert_width": "intermediate_size",
+                 "d_ff": _cohere2_moe_dense_width, "first_dense_layers": _cohere2_moe_prefix,
+                 "router_scoring": _cohere2_moe_scoring,
+                 "normalize_topk": lambda c: c.expert_selection_fn == "softmax"
+                 or c.norm_topk_prob,
+                 "n_shared_experts": "num_shared_experts",
+                 "routed_scaling": lambda c: _cohere2_moe_average(c) or 1.0,
+                 "shared_expert_scale": lambda c: _cohere2_moe_average(c) or 1.0,
+                 "nope_layers": _cohere2_moe_nope}),
 )
 """Every family read as a spec, in the order the writer tries them: where two families read
 back the same DecoderConfig the first is written (Mistral before Phi-3 and Qwen2 for a plain

@@ -138,7 +138,8 @@ _NUMBERS = ("norm_eps", "attn_scale", "attn_softcap", "logit_softcap", "embeddin
 ROUTED_FIELDS = ("n_experts", "experts_per_token", "expert_width", "n_shared_experts",
                  "shared_expert_width", "shared_expert_gate", "router_scoring", "router_order",
                  "normalize_topk", "router_selection_bias", "expert_groups", "groups_per_token",
-                 "group_score", "routed_scaling", "first_dense_layers", "moe_every")
+                 "group_score", "routed_scaling", "first_dense_layers", "moe_every",
+                 "router_bias", "expert_bias", "shared_expert_scale")
 
 
 def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
@@ -353,7 +354,8 @@ def hf_family(cfg: DecoderConfig) -> str:
 # (each later field a DecoderConfig grows for another family joins this list)
 _BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
                          "attn_sinks", "qk_norm_position", "query_position_scale",
-                         "swiglu_alpha", "swiglu_limit", "router_bias", "expert_bias")
+                         "swiglu_alpha", "swiglu_limit", "router_bias", "expert_bias",
+                         "shared_expert_scale")
 
 
 def config_to_hf(cfg: DecoderConfig) -> Any:

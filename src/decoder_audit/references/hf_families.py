@@ -65,11 +65,6 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
     """The model of the first family whose config reads back as the decoder's own (eval mode,
     eager attention), holding copies of its weights; ConfigError naming the families tried."""
     cfg = decoder.config
-    # latent attention's families (DeepSeek) hold either layout (V3's rope_interleave)
-    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half" and not cfg.latent_attention:
-        raise ConfigError("rope_layout='interleaved': these families rotate halves; write "
-                          "rope_layout='rotate_half' (the same weights, rows reordered per head, "
-                          "as from_hf's Llama path does)")
     classes = spec_classes(tf)
     tried = []
     for family in FAMILIES:
@@ -86,6 +81,13 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
         if _write_weights(hf_model, cfg, decoder):
             return hf_model
         tried.append(family.model_type)  # its modules are not the shapes it reads back as
+    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half":
+        # most families rotate halves; latent attention's (DeepSeek) and Cohere 2 MoE's pairs
+        # are interleaved, and were tried above
+        raise ConfigError(f"rope_layout='interleaved': no family that rotates interleaved pairs "
+                          f"holds this config (tried {tried}); the others rotate halves: write "
+                          "rope_layout='rotate_half' (the same weights, rows reordered per head, "
+                          "as from_hf's Llama path does)")
     raise ConfigError(f"no Hugging Face family holds this config exactly (tried {tried}; each "
                       "reads back as another config)")
 
@@ -94,13 +96,14 @@ def _written(model_class: type, family: Family, cfg: DecoderConfig) -> Any:
     """The family's config for cfg, or None when it does not read back as cfg."""
     config_class = model_class.config_class
     try:
-        config = config_class(**config_fields(cfg, config_class, family),
-                              vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
-                              num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                              intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_seq_len,
-                              tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None,
-                              eos_token_id=None, pad_token_id=None,
-                              attn_implementation=ATTN_IMPLEMENTATION)
+        shared = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
+                      num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                      intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_seq_len,
+                      tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None,
+                      eos_token_id=None, pad_token_id=None,
+                      attn_implementation=ATTN_IMPLEMENTATION)
+        # the family's own fields win (Cohere 2 MoE's intermediate_size is its experts' width)
+        config = config_class(**{**shared, **config_fields(cfg, config_class, family)})
         back = config_from_hf(config, family.model_type)
     except Exception:  # noqa: BLE001 - the family's config refuses the fields (each family
         return None    # raises its own validation error types): it cannot hold cfg

@@ -367,6 +367,15 @@ LAYOUTS: tuple[Layout, ...] = (
            fused_experts=("block_sparse_moe.experts.gate_up_proj",
                           "block_sparse_moe.experts.down_proj"),
            fused_shared_gate_up="shared_mlp.input_linear"),
+    # Cohere 2 MoE: Llama's attention names, one norm (input_layernorm), the router mlp.gate,
+    # the shared experts as one MLP in mlp.shared_experts, the experts fused
+    Layout("Hugging Face Cohere 2 MoE", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head",
+           {**_HF_LLAMA, "ffn.router": "mlp.gate",
+            "ffn.shared.w1": "mlp.shared_experts.gate_proj",
+            "ffn.shared.w3": "mlp.shared_experts.up_proj",
+            "ffn.shared.w2": "mlp.shared_experts.down_proj"},
+           fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
 )
 
 

@@ -313,7 +313,7 @@ def _routed(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
             shared = _mlp(cfg, w, f"{name}.shared", x)
             if cfg.shared_expert_gate:  # Qwen2-MoE: times sigmoid(w_g . x)
                 shared = shared / (1.0 + torch.exp(-(w[f"{name}.shared_gate.weight"][0] @ x)))
-            out = out + shared
+            out = out + cfg.shared_expert_scale * shared
         rows.append(out)
     return torch.stack(rows).reshape(batch, seq_len, d_model)
 
