@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conformance import Unbuildable, build_tiny
+from conformance import Unbuildable, build_tiny, tiny_config
 
 import decoder_audit as da
 from decoder_audit.references.families import FAMILIES
+from decoder_audit.references.families import InvalidHFConfig
 from decoder_audit.references.hf import from_hf, to_hf
+from decoder_audit.references.hf_config import config_from_hf
 from decoder_audit.references.hf_models import eager_experts
 
 tf = pytest.importorskip("transformers")
@@ -349,6 +352,40 @@ SPECIFIC: dict[tuple[str, str], tuple] = {
     ("cohere2_moe", "NoPE layer rotated"): (_cohere2_moe_nope_rotated, "oracle"),
 }
 """(family, defect) -> (plant(model) in transformers' own module, the check that must fail)."""
+
+
+# ---- what a family's config sets beyond a DecoderConfig (helper fam-sinks) ----
+
+REFUSED = {
+    # per-layer k (experts_per_layer): one E and one k for every routed layer
+    "hunyuan_v1_moe": ({"moe_topk": [2, 1]}, "moe_topk=[2, 1]"),
+    # two bases among the full layers: one rope_theta, one window_rope_theta only
+    "granite_swa": ({"layer_rope_theta": [10000.0, 10000.0, 30000.0]}, "layer_rope_theta="),
+    # a dense layer after a routed one: the dense layers come first (first_dense_layers)
+    "cohere2_moe": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, "mlp_layer_types="),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_an_option_no_decoder_config_expresses_is_refused_by_name(model_type):
+    """The family's tiny config with one option no DecoderConfig holds: the reader refuses it
+    naming the option and its value (the model is then black-box, never audited against a spec
+    that leaves the option out)."""
+    change, says = REFUSED[model_type]
+    config = tiny_config(model_type)
+    config = type(config)(**{**config.to_dict(), **change})
+    with pytest.raises(da.ConfigError, match=re.escape(says)):
+        config_from_hf(config, model_type)
+
+
+def test_ministral3_without_its_query_scale_is_no_model():
+    """Ministral 3's attention multiplies its queries by llama_4_scaling_beta's scale whatever
+    it is: a config without it runs no forward, and is refused as invalid (not black-box)."""
+    config = tiny_config("ministral3")
+    rope = {k: v for k, v in config.rope_parameters.items() if k != "llama_4_scaling_beta"}
+    config = type(config)(**{**config.to_dict(), "rope_parameters": rope})
+    with pytest.raises(InvalidHFConfig, match="llama_4_scaling_beta=None"):
+        config_from_hf(config, "ministral3")
 
 
 @pytest.mark.parametrize("family, defect", sorted(SPECIFIC))
