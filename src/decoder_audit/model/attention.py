@@ -188,7 +188,8 @@ class CausalSelfAttention(nn.Module):
                 query_scale: torch.Tensor | None = None) -> torch.Tensor:
         """The full causal square: x (B, T, D) -> (B, T, D), fused or traced (eager).
         `query_scale` (T, 1): each position's query multiplier (query_position_scale)."""
-        q, k, v = self._project(x, rope, query_scale)
+        q, k, v = self._project(x, rope)
+        q = self._position_scaled(q, query_scale)
         if trace is None and not self._needs_eager:
             band = self._band(q.shape[-2], q.device)  # None: plain causal
             z = F.scaled_dot_product_attention(
@@ -197,6 +198,12 @@ class CausalSelfAttention(nn.Module):
         else:  # SDPA cannot soft-cap scores nor take a sink: the explicit path
             z = self._eager(q, k, v, trace, prefix)
         return self._merge(z)
+
+    def _position_scaled(self, q: torch.Tensor, query_scale: torch.Tensor | None
+                         ) -> torch.Tensor:
+        """q (B, H, T, Dh) times each position's multiplier (T, 1) or (B|1, 1, T, 1) in a layer
+        whose queries query_position_scale scales (after RoPE and the q/k norms)."""
+        return q if query_scale is None or not self.scales_queries else q * query_scale
 
     @property
     def _needs_eager(self) -> bool:
@@ -218,7 +225,8 @@ class CausalSelfAttention(nn.Module):
         """The generation path: x (B, T, D) holds new tokens; with a cache they read every key
         it holds too. `allowed` (B|1, 1, T, S) says which keys each query reads; None means
         is_causal for a square (no cache yet) or no mask for one new token (cache.py)."""
-        q, k, v = self._project(x, rope, query_scale)
+        q, k, v = self._project(x, rope)
+        q = self._position_scaled(q, query_scale)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, Hkv, S, Dh): every filled slot
         if not self._needs_eager:
@@ -233,8 +241,7 @@ class CausalSelfAttention(nn.Module):
                                       self.score_scale, self.score_softcap, self.sinks)
         return self._merge(z)
 
-    def _project(self, x: torch.Tensor, rope: torch.Tensor | None,
-                 query_scale: torch.Tensor | None = None
+    def _project(self, x: torch.Tensor, rope: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, seq_len, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)  # (B, T, H*Dh), (B, T, Hkv*Dh)
@@ -251,8 +258,6 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, rope, self.rope_layout), apply_rope(k, rope, self.rope_layout)
         if per_head and self.norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
-        if query_scale is not None and self.scales_queries:
-            q = q * query_scale  # (T, 1) or (B|1, 1, T, 1): one multiplier per position
         return q, k, v
 
     def _merge(self, z: torch.Tensor) -> torch.Tensor:
@@ -319,10 +324,9 @@ class LatentAttention(CausalSelfAttention):
                                 **factory)
         self.output_proj = Linear(H * self.value, D, False, init_std=residual_std, **factory)
 
-    def _project(self, x: torch.Tensor, rope: torch.Tensor | None,
-                 query_scale: torch.Tensor | None = None
+    def _project(self, x: torch.Tensor, rope: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        batch, seq_len, _ = x.shape  # (its config scales no query: query_scale is None)
+        batch, seq_len, _ = x.shape
         H, Dn, R = self.n_heads, self.nope, self.rope
         q = (self.q_proj(x) if hasattr(self, "q_proj")
              else self.q_b_proj(self.q_a_norm(self.q_a_proj(x))))  # (B, T, H*Dh)

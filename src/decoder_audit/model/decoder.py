@@ -136,10 +136,12 @@ class Block(nn.Module):
                 query_scale: torch.Tensor | None = None) -> torch.Tensor:
         normed = resid_pre if self.ln1 is None else self.ln1(resid_pre)
         _record(trace, f"{prefix}.ln1", normed)
+        # Ministral 3's position-scaled queries (passed only where the config scales them)
+        scaled = {} if query_scale is None else {"query_scale": query_scale}
         if allowed is None and cache is None:  # the full causal square
-            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn", query_scale)
+            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn", **scaled)
         else:  # padded or cached: the generation path (same weights)
-            attn_out = self.attn.attend(normed, rope, allowed, cache, layer, query_scale)
+            attn_out = self.attn.attend(normed, rope, allowed, cache, layer, **scaled)
         if self.ln1_post is not None:
             attn_out = self.ln1_post(attn_out)
         if self.residual_multiplier != 1.0:
