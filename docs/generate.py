@@ -10,11 +10,16 @@ this. `tests/test_docs.py` fails while a committed page differs from what this w
 pages always say what the code does.
 
     checks    the gate's checks (gate/registry.py CHECKS): name, what it holds, family, paths
+    expectations  each check, what it compares, and where its expectation comes from (CHECKS'
+              `expects`)
     config    DecoderConfig's fields (config.py): name, type, default, its attribute docstring
     commands  the subcommands and their one-line help (cli/)
     sources   which model-source flag each subcommand takes (cli/, from its parser)
     layouts   the weight layouts a --spec finds by their names (references/layouts.py LAYOUTS)
     presets   the named configurations and their analytic parameter counts
+    families  the Hugging Face families read as a spec (references/families.py FAMILIES): what
+              each changes relative to Llama's block
+    black-box the families left black-box on purpose (FAMILIES' BLACK_BOX): what each lacks
 """
 
 from __future__ import annotations
@@ -144,9 +149,62 @@ def presets_block() -> str:
                   rows, "---|--:|--:|--:|--:|--:|--:|---|--:")
 
 
+def expectations_block() -> str:
+    from decoder_audit.gate import CHECKS
+
+    rows = [[f"`{c.name}`", c.title, c.expects] for c in CHECKS.values()]
+    return _table(["check", "what it compares", "where its expectation comes from"], rows)
+
+
+def _source(source) -> str:
+    if isinstance(source, str):
+        return f"`{source}`"
+    if isinstance(source, tuple):
+        return " or ".join(f"`{name}`" for name in source)
+    return f"`{source.__name__.strip('_')}()`"
+
+
+def _changes(family) -> str:
+    """What an entry of the families table changes relative to Llama's block, from its data."""
+    parts = [f"{name}={value!r}" for name, value in family.fixes().items()
+             if (name, value) not in (("norm", "rmsnorm"), ("pos", "rope"))]
+    parts += [f"{name} from {_source(source)}" for name, source in family.read.items()]
+    acts = ", ".join(f"{name}: {ours}" for name, ours in family.activations.items())
+    if dict(family.activations) != {"silu": "swiglu"}:
+        parts.append(f"activation ({', '.join(family.activation)}) {acts}")
+    parts += [flag for flag, on in (("partial rotary", family.partial_rotary),
+                                    ("no window", not family.windows),
+                                    ("heads D / H, no grouped keys", not family.grouped)) if on]
+    if family.experts:
+        parts.append(f"experts: {family.experts}")
+    if family.refused:
+        parts.append("refused: " + ", ".join(f"`{r[0]}`" for r in family.refused))
+    return "; ".join(parts) or "Llama's block"
+
+
+def families_block() -> str:
+    from decoder_audit.references.families import FAMILIES
+
+    rows = [[f"`{f.model_type}`", f"`{f.model_class}`",
+             {"llama": "Llama", "gpt2": "GPT-2"}.get(f.block, f.block), _changes(f)]
+            for f in FAMILIES]
+    return _table(["family", "class", "block", "what it changes"], rows)
+
+
+def black_box_block() -> str:
+    from decoder_audit.references.families import BLACK_BOX
+
+    lacks: dict[str, list[str]] = {}
+    for model_type, why in BLACK_BOX.items():
+        lacks.setdefault(why, []).append(f"`{model_type}`")
+    return _table(["families", "what no DecoderConfig expresses"],
+                  [[", ".join(names), why] for why, names in lacks.items()])
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
-    "checks": checks_block, "config": config_block, "commands": commands_block,
-    "sources": sources_block, "layouts": layouts_block, "presets": presets_block,
+    "checks": checks_block, "expectations": expectations_block, "config": config_block,
+    "commands": commands_block, "sources": sources_block, "layouts": layouts_block,
+    "presets": presets_block, "families": families_block, "black-box": black_box_block,
 }
 
 

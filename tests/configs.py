@@ -292,6 +292,17 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                    n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
                                    mlp="swiglu", pos="rope", rope_layout="rotate_half",
                                    nope_layers=(1,), tie_embeddings=True),
+    # ---- GPT-style families (helper fam-gpt) ----
+    # OPT / BioGPT: a learned position table that keeps two rows before position 0's
+    "opt-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4, d_ff=24,
+                                 max_seq_len=6, norm="layernorm", mlp="relu", pos="learned",
+                                 position_offset=2, attn_bias=True, mlp_bias=True,
+                                 tie_embeddings=True),
+    # Apertus: a plain MLP whose xIELU learns its two numbers per layer, q/k norms per head
+    "xielu-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                   n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                   mlp="xielu", pos="rope", rope_layout="rotate_half",
+                                   qk_norm=True, tie_embeddings=False),
     # TransformerLens' readout: a bias on the logits, beside a tied matrix
     "readout-bias-tied": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3,
                                           d_ff=20, max_seq_len=5, mlp="gelu_tanh",
@@ -400,6 +411,16 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                                  mlp="swiglu", pos="rope", rope_theta=10000.0,
                                                  rope_layout="rotate_half",
                                                  tie_embeddings=False),
+    # ---- routed families (helper fam-moe) ----
+    # GLM-4.7-Flash / MiniCPM3: the latent norms on an eps of their own (transformers' 1e-6
+    # beside the block norms' 1e-5; here 1e-2, so that the latents' mean square, ~6e-3 at
+    # initialisation, feels it)
+    "mla-latent-eps": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=3,
+                                       d_ff=24, max_seq_len=7, norm="rmsnorm", mlp="swiglu",
+                                       pos="rope", rope_layout="rotate_half", kv_latent_rank=10,
+                                       q_latent_rank=9, rope_head_width=4, nope_head_width=6,
+                                       value_head_width=5, latent_norm_eps=1e-2,
+                                       tie_embeddings=True),
     # ---- attention sinks, the clamped SwiGLU, router and expert biases, q/k norms after RoPE,
     # position-scaled queries (helper fam-sinks) ----
     # Granite SWA / Flint: a sink logit per head in every softmax, layer 0 windowed to 3

@@ -104,6 +104,34 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "xlnet": {"mem_len": None},
     "gemma3n_text": {"num_kv_shared_layers": 0},
     "longcat_flash": {"zero_expert_num": 2},
+    # ---- routed families (helper fam-moe): what each changes, exercised at tiny size ----
+    "dots1": {"n_group": 2, "topk_group": 1},  # group-limited routing: 2 groups of 2 experts
+    "glm4_moe": {"routed_scaling_factor": 2.5},
+    "minimax_m2": {"rotary_dim": 4},  # half of each 8-wide head rotated
+    "mellum": {"layer_types": ["sliding_attention", "full_attention"],
+               "mlp_layer_types": ["dense", "sparse"]},
+    "granitemoe": {"embedding_multiplier": 12.0, "attention_multiplier": 0.25,
+                   "residual_multiplier": 0.22, "logits_scaling": 6.0},
+    "granitemoeshared": {"embedding_multiplier": 12.0, "attention_multiplier": 0.25,
+                         "residual_multiplier": 0.22, "logits_scaling": 6.0,
+                         "shared_intermediate_size": 16},
+    "exaone_moe": {"sliding_window_pattern": 2},  # layer 1 full, and so without RoPE
+    "kolibri1": {"layer_types": ["sliding_attention", "full_attention"]},
+    "glm4_moe_lite": {"n_group": 2, "topk_group": 1},
+    # ---- dense Llama-named families (helper fam-llama): what their defaults leave unexercised
+    # in two layers (a full layer beside a windowed one, a NoPE layer, multipliers of 1)
+    # OLMo 3's full layers scaled, its windowed ones not (the legacy rope_scaling: every release
+    # reads it, 5.x from 5.2x as the full layers' entry of its RoPE per layer kind)
+    "olmo3": {"layer_types": ["sliding_attention", "full_attention"],
+              "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    "exaone4": {"sliding_window_pattern": 2},
+    "cohere2": {"sliding_window_pattern": 2,  # its rule before layer_types, and the kinds
+                "layer_types": ["sliding_attention", "full_attention"]},
+    "smollm3": {"no_rope_layer_interval": 2},
+    "granite": {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 4.0,
+                "attention_multiplier": 0.25},
+    "hyperclovax": {"embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+                    "logits_scaling": 0.25, "attention_multiplier": 0.25},
     # ---- what makes each feature bite at tiny size (helper fam-sinks) ----
     # GPT-OSS's clamp where the tiny model's gate and up units reach it
     "gpt_oss": {"swiglu_limit": 0.05},
@@ -293,9 +321,11 @@ EXPECTED: dict[str, Expected] = {
     "cpmant": Expected({"inputs": ("float ids",), "causal": ("reads future tokens",),
                         "prefix": ("depend on what follows",),
                         "attention_rows": ("future key", "fails `causal` too"),
-                        "kv_cache": (), "padding": ()},
-                       _BIDIRECTIONAL + "; it also accepts float ids and its cache and padding "
-                       "paths raise (its prompt tokens change the key count)"),
+                        "kv_cache": (), "padding": ("one masked forward", "pads' content "
+                                                    "reaches")},
+                       _BIDIRECTIONAL + "; it also accepts float ids, its cache path raises (its "
+                       "prompt tokens change the key count) and its attention_mask is a dummy "
+                       "parameter: a left-padded row reads its pads"),
     "xlm": Expected({"causal": ("reads future tokens",), "prefix": ("depend on what follows",),
                      "attention_rows": ("future key", "fails `causal` too"), "grad_causal": ()},
                     _BIDIRECTIONAL + " (causal=False)"),
@@ -312,7 +342,8 @@ EXPECTED: dict[str, Expected] = {
     # inputs and shapes mishandled
     "rwkv": Expected({"inputs": ("T=1: logits (3, 3, 99)",), "prefix": ("shape (2, 2, 99)",),
                       "padding": ("left-padded", "pads' content reaches"),
-                      "grad_causal": ("inplace operation",)},
+                      "grad_causal": ("inplace operation",),
+                      "dead_parameters": ("inplace operation",)},
                      "a single-token input comes back (B, B, V) (the time axis is squeezed), "
                      "left pads enter its recurrent state, and its backward raises in eval mode"),
     "opt": Expected({"inputs": ("rank-3 ids", "output (6, 1, 99)")},
@@ -320,12 +351,13 @@ EXPECTED: dict[str, Expected] = {
     "bert-generation": Expected({"inputs": ("rank-3 ids", "output (2, 3, 3, 99)")},
                                 "(B, T, 1) ids are accepted and give (B, T, T, V) logits"),
     "dory": Expected({"inputs": ("inside the context",), "prefix": ("depend on what follows",),
-                      "kv_cache": (), "padding": ()},
+                      "kv_cache": (), "padding": ("raised", "without pads run")},
                      "it raises RuntimeError from T = its sliding window on (8 here, 1024 by "
                      "default), inside the context its config declares (a defect `inputs` "
-                     "names); the gate audits the rest within that limit, where "
-                     "a one-token prefix alone differs from the full run and its cached and "
-                     "padded paths raise"),
+                     "names); the gate audits the rest within that limit, where a one-token "
+                     "prefix alone differs from the full run, its cached path raises, and a "
+                     "left-padded batch raises in the cached steps that run without pads "
+                     "(generate(attention_mask=...) raises too); its masked forward is right"),
     # recurrent caches fed chunks, pads through a recurrent state
     "mamba": Expected({"kv_cache": ("chunks",), "padding": ("left-padded", "through the cache")},
                       _CHUNKED_STATE + "; after a left-padded prefill its cached steps differ "
@@ -494,19 +526,29 @@ def verdict_problems(row: Row) -> list[str]:
 
 
 def _oracle_paragraph(built: list[Row], tf) -> str:
-    """Which families the white-box checks (params, oracle) ran on: those of a class whose
-    config is read as their spec (references.hf_config.spec_classes)."""
+    """Which families the white-box checks (params, oracle) ran on: those whose config is read
+    as their spec (references/families.py, one entry per family)."""
     white = [r for r in built if "oracle" in r.ran]
     names = ", ".join(f"{r.family} ({r.cls})" for r in white)
-    from decoder_audit.references.hf_config import spec_classes
+    return (f"**The float64 oracle and the parameter ledger ran on {len(white)} families**: "
+            f"{names}. Each is an entry of the families table (references/families.py; "
+            "[the table](families.md) says what each changes relative to Llama's block): its "
+            "config is its spec (`da.audit(hf_model)` needs no argument) and its weights are "
+            "checked where they lie. Every other family is audited black-box; the next section "
+            "says what each lacks, and `da.audit(model, spec=cfg)` gives it the same white-box "
+            "checks where a DecoderConfig expresses its architecture.")
 
-    classes = ", ".join(cls.__name__ for cls in spec_classes(tf).values())
-    return (f"**The float64 oracle and the parameter ledger ran on {len(white)} families**, "
-            f"{names}: a model of {classes} or a subclass declares its "
-            "architecture in its config, which is its spec (`da.audit(hf_model)` needs no "
-            "argument); its weights are checked where they lie. Every other family is audited "
-            "black-box (the skipped column says why), and gets the same white-box checks from "
-            "`da.audit(model, spec=cfg)` where a DecoderConfig expresses its architecture.")
+
+def _black_box_section(built: list[Row]) -> list[str]:
+    """Every built family the oracle did not run on, with what it lacks: the oracle's skip
+    reason (what the reader refused, or references.families.BLACK_BOX)."""
+    rows = [r for r in built if "oracle" not in r.ran]
+    lines = ["", f"## Left black-box ({len(rows)} families)", "",
+             "| family | class | what it lacks |", "|---|---|---|"]
+    for r in rows:
+        why = r.skipped.get("oracle") or r.failed.get("oracle", "")
+        lines.append(f"| {r.family} | {r.cls} | {_cell(why.replace(r.cls, '(its class)'), 300)} |")
+    return lines
 
 
 def write_docs(rows: list[Row], path: Path | None = None) -> Path:
@@ -560,6 +602,7 @@ def write_docs(rows: list[Row], path: Path | None = None) -> Path:
         skipped = ", ".join(r.skipped) or ""
         lines.append(f"| {r.family} | {r.cls} | {r.params:,} | {r.verdict} | {fails} | "
                      f"{len(r.ran)} | {skipped} |")
+    lines += _black_box_section(built)
     lines += ["", "## Why checks were skipped", "",
               "| check | reason | families |", "|---|---|---:|"]
     reasons: dict[tuple[str, str], list[str]] = {}

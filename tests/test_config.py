@@ -82,6 +82,9 @@ def test_non_positive_or_non_integer_sizes_are_rejected_by_name(field, value):
      "sliding_window"),
     (dict(pos="rope", sliding_window=2, window_rope_theta=-1.0), "window_rope_theta=-1.0 must "
      "be a finite number > 0"),
+    (dict(position_offset=-2), "position_offset=-2 must be an integer >= 0"),
+    (dict(position_offset=1.5), "position_offset=1.5 must be an integer >= 0"),
+    (dict(pos="rope", position_offset=2), "position_offset=2 needs pos='learned'"),
 ])
 def test_each_bad_field_is_named_with_its_value(changes, message):
     with pytest.raises(ConfigError) as info:

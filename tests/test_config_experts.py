@@ -73,6 +73,9 @@ def make(**changes):
     (dict(MLA, qk_norm=True), "qk_norm=True"),
     (dict(q_latent_rank=6, value_head_width=5), "q_latent_rank=6, value_head_width=5 need "
      "kv_latent_rank"),
+    (dict(latent_norm_eps=1e-6), "latent_norm_eps=1e-06 needs kv_latent_rank"),
+    (dict(MLA, latent_norm_eps=-1.0), "latent_norm_eps=-1.0 must be a finite number >= 0"),
+    (dict(MLA, latent_norm_eps=float("inf")), "latent_norm_eps=inf must be a finite number"),
 ])
 def test_each_bad_field_is_named_with_its_value(changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -122,6 +122,25 @@ FAMILY_NAMES = {"GPT-2": "gpt2", "Llama": "llama", "Mistral": "mistral", "Qwen2"
                 "GPT-NeoX": "gpt_neox", "OLMo": "olmo", "OLMo 2": "olmo2",
                 "Mixtral": "mixtral", "Qwen2-MoE": "qwen2_moe", "Qwen3-MoE": "qwen3_moe",
                 "OLMoE": "olmoe", "DeepSeek-V2": "deepseek_v2", "DeepSeek-V3": "deepseek_v3",
+                # ---- GPT-style families (helper fam-gpt) ----
+                "GPT-Neo": "gpt_neo", "GPT-BigCode": "gpt_bigcode", "OPT": "opt",
+                "BioGPT": "biogpt", "GPT-J": "gptj", "CodeGen": "codegen", "Phi": "phi",
+                "Falcon": "falcon",
+                # ---- routed families (helper fam-moe) ----
+                "FlexOlmo": "flex_olmo", "Dots1": "dots1", "GLM-4-MoE": "glm4_moe",
+                "Solar Open": "solar_open", "HY-V3": "hy_v3", "MiniMax-M2": "minimax_m2",
+                "Aria (text)": "aria_text", "Ernie MoE": "ernie4_5_moe", "Mellum": "mellum",
+                "GraniteMoE": "granitemoe", "GraniteMoeShared": "granitemoeshared",
+                "EXAONE-MoE": "exaone_moe", "Kolibri1": "kolibri1", "Youtu": "youtu",
+                "GLM-4-MoE-Lite": "glm4_moe_lite", "MiniCPM3": "minicpm3",
+                # ---- dense Llama-named families (helper fam-llama) ----
+                "Ministral": "ministral", "Seed-OSS": "seed_oss", "Helium": "helium",
+                "Ernie4_5": "ernie4_5", "OLMo 3": "olmo3", "CWM": "cwm", "Emu3 (text)": "emu3",
+                "VaultGemma": "vaultgemma", "Starcoder2": "starcoder2", "GLM": "glm",
+                "GLM-4": "glm4", "SmolLM3": "smollm3", "EXAONE 4": "exaone4", "Arcee": "arcee",
+                "Jais 2": "jais2", "Nemotron": "nemotron", "Granite": "granite",
+                "HyperCLOVAX": "hyperclovax", "Cohere": "cohere", "Cohere 2": "cohere2",
+                "Apertus": "apertus",
                 # ---- helper fam-sinks ----
                 "GPT-OSS": "gpt_oss", "Hunyuan": "hunyuan_v1_dense",
                 "Hunyuan-MoE": "hunyuan_v1_moe", "Ministral 3": "ministral3",

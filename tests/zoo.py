@@ -545,6 +545,18 @@ def _set(path: str, value: Any) -> Callable[[da.Decoder], None]:
     return plant
 
 
+def _xielu_raw_alphas(model: da.Decoder) -> None:
+    """Layer 0's xIELU takes alpha_p and alpha_n as its coefficients, without the softplus
+    that keeps them positive (a fresh layer's 0.8 becomes 0.19 and 0.35)."""
+    act = model.layers[0].ffn.act
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        negative = (torch.expm1(torch.clamp(x, max=act.EPS)) - x) * (act.BETA + act.alpha_n)
+        return torch.where(x > 0, act.alpha_p * x * x, negative) + act.BETA * x
+
+    act.forward = forward
+
+
 def _softcap_dropped_at_scale(model: da.Decoder) -> None:
     with torch.no_grad():
         for layer in model.layers:
@@ -654,6 +666,19 @@ VARIANT_MUTANTS = [
     Case("relu2_not_squared", _variant_mutant("parallel-one-norm",
                                               _set("layers.0.ffn.activation", torch.relu)),
          "oracle", first=False, defect="I (squared ReLU)", says="differ from the slow oracle"),
+    # ---- GPT-style families (helper fam-gpt) ----
+    # OPT's table read from row 0: position t gets the row of position t - 2
+    Case("position_offset_ignored", _variant_mutant("opt-like", _set("position_offset", 0)),
+         "oracle", first=False, defect="I (position table offset)",
+         says="differ from the slow oracle"),
+    # ---- routed families (helper fam-moe) ----
+    Case("latent_norm_on_the_block_eps", _variant_mutant("mla-latent-eps",
+                                                         _set("layers.1.attn.kv_a_norm.eps",
+                                                              1e-5)),
+         "oracle", first=False, defect="I (norm eps)", says="differ from the slow oracle"),
+    Case("xielu_without_softplus", _variant_mutant("xielu-like", _xielu_raw_alphas),
+         "oracle", first=False, defect="I (learned activation)",
+         says="differ from the slow oracle"),
     # ---- helper fam-sinks ----
     Case("attention_sinks_ignored", _variant_mutant("sinks-windowed", _sinks_ignored),
          "oracle", first=False, defect="I (attention sinks)", says="differ from the slow oracle"),

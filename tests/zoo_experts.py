@@ -163,6 +163,28 @@ def _quiet(capacity_factor: float | None) -> Callable[[], nn.Module]:
     return build
 
 
+def _router_of_zeros(model: da.Decoder) -> None:
+    """Every router weight (and selection bias) 0: every expert scores alike for every token,
+    so which k are chosen is decided by the tie rule alone."""
+    with torch.no_grad():
+        for layer in model.layers:
+            router = getattr(layer.ffn, "router", None)
+            if router is not None:
+                router.weight.zero_()
+                if router.selection_bias is not None:
+                    router.selection_bias.zero_()
+
+
+def tied(name: str, plant: Callable[[da.Decoder], None] | None = None) -> nn.Module:
+    """The named config's correct Decoder with a router of zeros (every score tied), and with
+    `plant` planted on top where one is given."""
+    model = correct(name)
+    _router_of_zeros(model)
+    if plant is not None:
+        plant(model)
+    return model
+
+
 # correct models the routing checks must pass beside their mutants
 UNCHOSEN_EXPERT = _mutant("moe-sigmoid-bias", _never_chosen(1, 3))
 QUIET_EXPERTS = _quiet(None)

@@ -7,13 +7,22 @@
                              zoo_styles.RootLlama) whose attention is a module of its own, applying
                              `window` (None: full attention); audited against a spec that declares
                              a window of 16.
+    learner_gpt(window)      examples/learner's tied GPT (nanoGPT's names, its attention a method
+                             of the block: no attention module the window check could read),
+                             applying `window` (None: the example as written); LEARNER_SPEC is
+                             its spec.json declaring a window of 16.
 
-Each window is wider than the oracle's probes (T <= 12), so only the window check can see it.
+Each window is wider than the oracle's usual probes (T <= 12), so the window check sees it where
+it can read the layers (the first three, WindowLlama); where it cannot (learner_gpt), the oracle
+runs past the window (gate/spec.py, WINDOW_ORACLE_MAX).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import types
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -115,3 +124,32 @@ class WindowLlama(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return self.lm_head(self.norm(x))
+
+
+LEARNER = Path(__file__).resolve().parents[1] / "examples" / "learner"
+LEARNER_SPEC = da.DecoderConfig.load(LEARNER / "spec.json").replace(sliding_window=16)
+
+
+def learner_gpt(window: int | None) -> nn.Module:
+    """examples/learner's GPT, its blocks' attention reading at most `window` positions back."""
+    loaded = importlib.util.spec_from_file_location("learner_model", LEARNER / "model.py")
+    learner = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(learner)
+    model = learner.build()
+    for block in model.transformer.h:
+        block.attention = types.MethodType(_windowed_attention(window), block)
+    return model
+
+
+def _windowed_attention(window: int | None):
+    def attention(self, x):  # the learner's Block.attention with the window applied
+        b, t, d = x.shape
+        heads = 4
+        q, k, v = self.attn.c_attn(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads)
+        back = torch.arange(t)[:, None] - torch.arange(t)[None, :]  # (T, T): query - key
+        hidden = (back < 0) | (back >= (window or t + 1))
+        y = scores.masked_fill(hidden, float("-inf")).softmax(-1) @ v  # (B, H, T, Dh)
+        return self.attn.c_proj(y.transpose(1, 2).reshape(b, t, d))
+    return attention

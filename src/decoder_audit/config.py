@@ -25,7 +25,9 @@ from typing import Any
 from .errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu", "geglu", "swiglu_clamped")
+MLPS = ("relu", "relu2", "gelu", "gelu_tanh", "xielu", "swiglu", "geglu", "swiglu_clamped")
+# Activations with parameters of their own, learned per layer (ffn.act.*)
+LEARNED_ACTIVATIONS = ("xielu",)
 # The gated MLPs: w2(act(w1 x) * w3 x), and GPT-OSS's clamped SwiGLU of the same three matrices.
 GATED_MLPS = ("swiglu", "geglu", "swiglu_clamped")
 POSITIONS = ("learned", "rope", "none")
@@ -112,10 +114,12 @@ class DecoderConfig:
     sandwich norms normalise only the sublayers' outputs)."""
     mlp: str = "gelu"
     """"relu", "relu2" (ReLU squared: Nemotron, Arcee, Persimmon), "gelu" (exact erf),
-    "gelu_tanh" (GPT-2's approximation), or a gated MLP w2(act(w1 x) * w3 x): "swiglu" (SiLU) or
-    "geglu" (tanh GELU, Gemma's); or "swiglu_clamped", GPT-OSS's: with g = min(w1 x, limit) and
-    u = clamp(w3 x, -limit, limit), w2((u + 1) * g * sigmoid(alpha * g)) (swiglu_alpha,
-    swiglu_limit)."""
+    "gelu_tanh" (GPT-2's approximation), "xielu" (Apertus' xIELU, learned per layer: with
+    a_p = softplus(alpha_p), a_n = 0.5 + softplus(alpha_n), x > 0 gives a_p x^2 + x / 2, else
+    a_n (expm1(min(x, -1e-6)) - x) + x / 2; weights ffn.act.alpha_p and ffn.act.alpha_n, one
+    number each), or a gated MLP w2(act(w1 x) * w3 x): "swiglu" (SiLU) or "geglu" (tanh GELU,
+    Gemma's); or "swiglu_clamped", GPT-OSS's: with g = min(w1 x, limit) and u = clamp(w3 x,
+    -limit, limit), w2((u + 1) * g * sigmoid(alpha * g)) (swiglu_alpha, swiglu_limit)."""
     swiglu_alpha: float = 1.702
     """alpha of mlp="swiglu_clamped": the gate's sigmoid reads alpha * g (GPT-OSS: 1.702)."""
     swiglu_limit: float = 7.0
@@ -123,6 +127,10 @@ class DecoderConfig:
     [-limit, limit] (GPT-OSS: 7)."""
     pos: str = "learned"
     """"learned" absolute positions, "rope" (rotary, see rope_layout) or "none"."""
+    position_offset: int = 0
+    """Rows a learned position table keeps before position 0's, which no position reads (OPT's
+    and BioGPT's 2, fairseq's): the table is (position_offset + max_seq_len, D) and position t
+    reads row position_offset + t. 0 with any other pos."""
     rope_theta: float = 10000.0
     """RoPE base: pair j of a head rotates by pos * theta^(-2j/Dh)."""
     rope_layout: str = "interleaved"
@@ -297,6 +305,10 @@ class DecoderConfig:
     value_head_width: int | None = None
     """Dv: each value head's width (v_head_dim); output_proj reads H x Dv. Latent attention
     only."""
+    latent_norm_eps: float | None = None
+    """The epsilon of the latent norms (q_a_norm, kv_a_norm) where it is not norm_eps:
+    transformers builds DeepSeek's, GLM-4.7-Flash's and MiniCPM3's with 1e-6 whatever their
+    config's rms_norm_eps (1e-5 in the last two). None: norm_eps. Latent attention only."""
     tie_embeddings: bool = True
     """Readout uses the token-embedding Parameter itself (one object, one gradient)."""
     context_policy: str = "reject"
@@ -371,6 +383,11 @@ class DecoderConfig:
         if self.latent_attention:
             return self.rope_head_width
         return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    @property
+    def latent_eps(self) -> float:
+        """The latent norms' epsilon: latent_norm_eps, or norm_eps."""
+        return self.norm_eps if self.latent_norm_eps is None else self.latent_norm_eps
 
     @property
     def latent_attention(self) -> bool:
@@ -590,6 +607,10 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
         value = getattr(cfg, name)
         if not _is_real(value) or not value >= 0 or value == float("inf"):
             problems.append((name, f"{name}={_shown(value)} must be a finite number >= 0"))
+    eps = cfg.latent_norm_eps
+    if eps is not None and (not _is_real(eps) or not eps >= 0 or eps == float("inf")):
+        problems.append(("latent_norm_eps", f"latent_norm_eps={_shown(eps)} must be a finite "
+                         "number >= 0 or null"))
     if _is_real(cfg.rope_theta) and cfg.pos == "rope" and not cfg.rope_theta > 0:
         problems.append(("rope_theta", f"rope_theta={cfg.rope_theta!r} must be > 0 with "
                          "pos='rope'"))
@@ -612,13 +633,18 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
         if not isinstance(value, bool):
             problems.append((name, f"{name}={_shown(value)} must be true or false"))
     problems += [("rope_scaling", problem) for problem in _rope_scaling_problems(cfg.rope_scaling)]
-    problems += [("query_position_scale", problem) for problem in
-                 _query_scale_problems(cfg.query_position_scale, cfg.n_layers)]
+    return problems + _scale_field_problems(cfg) + _expert_field_problems(cfg)
+
+
+def _scale_field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
+    """(field, problem) for the clamped SwiGLU's numbers and the queries' position scale."""
+    problems = [("query_position_scale", problem) for problem in
+                _query_scale_problems(cfg.query_position_scale, cfg.n_layers)]
     for name in ("swiglu_alpha", "swiglu_limit"):
         if not _is_positive(getattr(cfg, name)):
             problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be a finite number "
                              "> 0"))
-    return problems + _expert_field_problems(cfg)
+    return problems
 
 
 # The fields of routed experts (besides n_experts) and the values they hold without experts.
@@ -697,6 +723,9 @@ def _expert_problems(cfg: DecoderConfig, valid) -> list[str]:
         problems.append(f"mlp_bias={_flag_shown(cfg.mlp_bias)} with n_experts={experts}: routed "
                         "and shared experts have no biases here (mlp_bias=false; expert_bias "
                         "gives the routed experts theirs)")
+    if valid("mlp") and cfg.mlp in LEARNED_ACTIVATIONS:
+        problems.append(f"mlp={cfg.mlp!r} with n_experts={experts}: its learned parameters are "
+                        "one pair per dense layer, not per expert")
     return problems
 
 
@@ -728,7 +757,7 @@ def _group_problems(cfg: DecoderConfig, valid) -> list[str]:
 
 def _latent_problems(cfg: DecoderConfig, valid) -> list[str]:
     """Latent attention's fields against each other and the attention they replace."""
-    latent = ["q_latent_rank", *_LATENT_WIDTHS]
+    latent = ["q_latent_rank", *_LATENT_WIDTHS, "latent_norm_eps"]
     if cfg.kv_latent_rank is None:
         given = [f"{name}={_shown(getattr(cfg, name))}" for name in latent
                  if getattr(cfg, name) is not None]
@@ -892,6 +921,12 @@ def _attention_problems(cfg: DecoderConfig, valid, widths: bool) -> list[str]:
     if rotary and widths and (cfg.rotary_dim % 2 or cfg.rotary_dim > cfg.head_dim):
         problems.append(f"rotary_dim={cfg.rotary_dim} must be even and at most the head width "
                         f"Dh={cfg.head_dim}")
+    offset = cfg.position_offset
+    if not _is_int(offset) or offset < 0:
+        problems.append(f"position_offset={_shown(offset)} must be an integer >= 0")
+    elif offset and valid("pos") and cfg.pos != "learned":
+        problems.append(f"position_offset={offset} needs pos='learned' (a table of positions), "
+                        f"not {cfg.pos!r}")
     if valid("pos") and cfg.pos != "rope" and (cfg.rotary_dim is not None
                                                or cfg.rope_scaling is not None):
         problems.append(f"rotary_dim={_shown(cfg.rotary_dim)}, rope_scaling="

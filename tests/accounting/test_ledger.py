@@ -76,13 +76,16 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
         attn = _latent_attention_count(cfg)
     n_mat = 3 if cfg.mlp in ("swiglu", "geglu", "swiglu_clamped") else 2  # gated: w1, w3, w2
     mlp = n_mat * D * F + ((n_mat - 1) * F + D if cfg.mlp_bias else 0)
+    mlp += 2 if cfg.mlp == "xielu" else 0  # Apertus' activation learns a_p and a_n per layer
     # before each sublayer unless OLMo 2's (one before both of GPT-J's parallel sublayers),
     # after it too in Gemma 2's and OLMo 2's
     norms = ((1 if cfg.shared_norm else 2) if cfg.pre_norm else 0) + (
         2 if cfg.sandwich_norm else 0)
     blocks = sum(norms * norm + attn + (_routed_count(cfg) if _routes(cfg, i) else mlp)
                  for i in range(L))
-    return (V * D + (T * D if cfg.pos == "learned" else 0) + blocks + norm
+    # a learned table of T positions, after the rows OPT's keeps before position 0's
+    positions = (cfg.position_offset + T) * D if cfg.pos == "learned" else 0
+    return (V * D + positions + blocks + norm
             + (0 if cfg.tie_embeddings else V * D) + (V if cfg.readout_bias else 0))
 
 

@@ -20,6 +20,7 @@ wording."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -47,6 +48,32 @@ class Confident(Running):
 def confident():
     torch.manual_seed(0)
     return Confident()
+
+
+class Knows(nn.Module):
+    """Causal, and trained already on the counting task (<bos> x next(x) next(next(x)) <eos>):
+    its logits at a letter favour the letter after it and <eos>, at <bos> the four first
+    letters, so the task's loss starts far below ln V (about 0.9 against ln 8 = 2.08)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = nn.Embedding(8, 8)
+        with torch.no_grad():
+            self.table.weight.mul_(0.1)  # every token's row its own: each token is read
+            for x in range(3, 8):  # A..E: the next letter (E wraps to A) or the end
+                self.table.weight[x, 3 + (x - 2) % 5] = 8.0
+                self.table.weight[x, 2] = 8.0
+            self.table.weight[1, 3:7] = 8.0  # <bos>: any of A..D
+
+    def forward(self, ids):
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (B, T), got {tuple(ids.shape)}")
+        return self.table(ids)
+
+
+def knows():
+    return Knows()
 
 
 def sequential():
@@ -149,21 +176,37 @@ def test_a_value_with_a_leading_dash_reruns_as_it_was_given(tmp_path, monkeypatc
 def test_the_initial_loss_refusal_names_the_train_command_that_reproduces_it(modules, tmp_path,
                                                                              monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    argv = ["train", "--model", f"{modules}:confident", "--vocab-size", "8",
+    argv = ["train", "--model", f"{modules}:knows", "--vocab-size", "8",
             "--intervention-len", "4", "--seed", "3", "--out", "run", *TRAIN]
     assert main(argv) == 1
     said = capsys.readouterr().out.replace("\n", " ")
-    assert "initial loss" in said
+    assert "initial loss" in said and "below ln V" in said
     commands = [c for c in re.findall(r"`(decoder-audit [^`]+)`", said) if " train " in c]
     assert len(commands) == 1, said
     words = shlex.split(commands[0])
-    assert words[1] == "train" and f"{modules}:confident" in words and "3" in words, words
-    assert main(["verify", "--model", f"{modules}:confident", "--vocab-size", "8",
+    assert words[1] == "train" and f"{modules}:knows" in words and "3" in words, words
+    assert main(["verify", "--model", f"{modules}:knows", "--vocab-size", "8",
                  "--intervention-len", "4", "--no-progress"]) == 0  # verify passes it
     capsys.readouterr()
     assert main([*words[1:], "--no-progress"]) == 1  # the command named reproduces it
     assert "initial loss" in capsys.readouterr().out
     assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_correct_model_initialised_at_a_large_scale_with_no_length_limit_trains(
+        modules, tmp_path, capsys):
+    """The running mean at PyTorch's N(0, 1), scaled: correct (verify passes it), no hard length
+    limit, and a loss that starts far above ln V (2.70 against ln 8 = 2.08) because of its
+    initialisation's scale, which its logits' spread accounts for. It was refused at the
+    initial-loss check; it trains, and the scale is said."""
+    argv = ["train", "--model", f"{modules}:confident", "--vocab-size", "8",
+            "--intervention-len", "4", "--seed", "3", "--out", str(tmp_path / "run"), *TRAIN]
+    assert main(argv) == 0
+    said = capsys.readouterr().out.replace("\n", " ")
+    loss = float(re.search(r"initial loss ([0-9.]+) vs ln V", said)[1])
+    assert loss > 1.1 * math.log(8)  # outside the 10% band, so judged: and not refused
+    assert "standard deviation" in said and "training refused" not in said
+    assert (tmp_path / "run" / "checkpoint").is_dir()
 
 
 def test_a_finished_run_resumed_says_so_with_its_last_figures(tmp_path, capsys):

@@ -53,6 +53,25 @@ def test_pad_equal_to_eos_masks_every_eos():
     assert report["last_token"].evidence["real_eos_ignored"]
 
 
+def test_pad_equal_to_eos_is_named_when_the_padding_shows_it_and_the_tokenizer_its_eos():
+    """Newcomer item 3: a tokenizer that knows its eos (2) and no pad id, a batch padded with 2
+    whose every 2 has its label ignored: the cause is pad = eos (the padding holds the eos id),
+    not a loss mask off by one."""
+    from decoder_audit.text.tokenizer import Tokenizer
+
+    tok = Tokenizer("tiny-vocab")
+    ids = torch.tensor([[1, 3, 4, 5, 2],    # <bos> A B C <eos>
+                        [1, 3, 2, 2, 2]])   # <bos> A <eos>, padded with <eos>
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    labels = ids.masked_fill(ids == tok.eos_id, -100)  # every pad id's label, so every eos's
+    check = da.audit_batch({"input_ids": ids, "attention_mask": mask, "labels": labels},
+                           tok)["last_token"]
+    assert not check.passed
+    assert check.evidence["pad_is_eos"] and check.evidence["pad_id"] == tok.eos_id == 2
+    assert check.evidence["real_eos_ignored"] == [[0, 4], [1, 2]]
+    assert "pad = eos" in check.detail and "off by one" not in check.detail, check.detail
+
+
 def test_a_row_whose_labels_are_all_ignored_fails():
     tok = _tokenizer()
     batch = _lm_batch(tok)

@@ -56,6 +56,34 @@ def test_each_planted_defect_fails_its_check(case):
     assert "exception" not in check.evidence, check.detail
 
 
+@pytest.mark.parametrize("name", ["moe-softmax-shared", "moe-sigmoid-bias", "moe-grouped",
+                                  "moe-topk-softmax-relu", "mla-moe"])
+def test_a_router_of_zeros_ties_every_score_and_the_correct_model_passes_the_oracle(name):
+    """With every router weight 0 each token's experts all score alike: which k are chosen is
+    the tie rule's, not a defect. The oracle breaks ties by torch.topk's rule on its own float64
+    scores, as the model's router does on its own (the oracle chose the first k by index, and a
+    correct model failed by 2e-4 against 2.9e-6 allowed)."""
+    model = zoo_experts.tied(name)
+    _, trace = model.run_with_trace(torch.zeros(1, 3, dtype=torch.long))
+    routed = [i for i in range(model.config.n_layers) if model.config.routes(i)]
+    scores = trace[f"layers.{routed[0]}.ffn.router"][0, 0]  # (E,) one token's router logits
+    assert bool((scores == scores[0]).all())  # the premise: every score tied
+    check = da.audit(model, checks=["oracle"])["oracle"]
+    assert check.passed and not check.skipped, check.detail
+
+
+@pytest.mark.parametrize("defect", ["topk_weights_not_renormalised", "expert_left_out_of_the_sum",
+                                    "routed_scaling_ignored"])
+def test_with_every_score_tied_a_routing_defect_still_fails_the_oracle(defect):
+    case = next(case for case in zoo_experts.MUTANTS if case.name == defect)
+    name = {"routed_scaling_ignored": "moe-sigmoid-bias"}.get(defect, "moe-softmax-shared")
+    plant = {"topk_weights_not_renormalised": zoo_experts._routing(1, normalize_topk=False),
+             "expert_left_out_of_the_sum": zoo_experts._silenced("layers.1.ffn.experts.2"),
+             "routed_scaling_ignored": zoo_experts._routing(1, routed_scaling=1.0)}[defect]
+    check = da.audit(zoo_experts.tied(name, plant), checks=["oracle"])["oracle"]
+    assert not check.passed and case.says in check.detail, check.detail
+
+
 def test_dropping_tokens_over_a_declared_capacity_is_caught_reading_the_batch():
     """capacity_factor=1.0: each expert takes ceil(B*T*k/E) tokens of a forward, in batch-major
     order; a row's later tokens are dropped when earlier rows filled the expert. A correct

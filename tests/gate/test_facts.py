@@ -59,3 +59,16 @@ def test_a_black_box_needs_v_and_facts_come_whole_or_one_by_one():
     facts = model_facts(da.Decoder(da.preset("tiny-368")))
     with pytest.raises(da.ConfigError, match=r"vocab_size"):
         da.audit(da.Decoder(da.preset("tiny-368")), facts=facts, vocab_size=8)
+
+
+def test_a_plain_modules_oracle_skip_says_transformers_is_installed_when_it_is(monkeypatch):
+    """transformers installed but not imported (as in a process that never touched it): the
+    reason the oracle is skipped says it is installed, not that it is missing or "not loaded"."""
+    from torch import nn
+
+    from decoder_audit.references.hf import hf_reference
+
+    monkeypatch.delitem(__import__("sys").modules, "transformers")
+    reference, why = hf_reference(nn.Linear(3, 3))
+    assert reference is None
+    assert "installed" in why and "not installed" not in why and "not loaded" not in why, why

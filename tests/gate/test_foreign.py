@@ -184,6 +184,8 @@ def test_sdpa_models_are_checked_on_an_eager_path_and_given_back_unchanged():
     assert rows.evidence["path"] == "eager" and rows.evidence["default_path"] == "sdpa"
     assert "switched from the model's default sdpa" in rows.detail
     assert "already passed `causal`" in rows.detail
+    # a passing check found no leak, so its evidence speaks of none (newcomer item 2)
+    assert "leak" not in rows.detail and "leak" not in rows.evidence["plain_forward"]
     assert model.config._attn_implementation == "sdpa"
     with torch.no_grad():
         assert torch.equal(model(ids).logits, before)

@@ -199,3 +199,10 @@ def test_an_output_that_leaves_its_cache_field_empty_fails_kv_cache():
 def test_an_output_without_a_cache_field_is_skipped_with_the_reason():
     check = _check(_llama(KeepsItsCacheElsewhere))
     assert check.skipped and "CausalLMOutput" in check.detail
+
+
+def test_one_caller_cache_is_counted_in_the_singular():
+    """tiny-368 decodes through one cache a caller builds: "1 cache", never "1 caches"."""
+    check = da.audit(da.Decoder(da.preset("tiny-368")), checks=["kv_cache"])["kv_cache"]
+    assert check.passed and len(check.evidence["caller_caches"]) == 1, check.detail
+    assert "1 cache a caller builds" in check.detail, check.detail

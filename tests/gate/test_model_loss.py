@@ -103,3 +103,26 @@ def test_a_hugging_face_loss_that_drops_its_kwargs_fails_on_shift_labels():
     assert not check.passed
     got = check.evidence["shift_labels"]
     assert got["loss"] == pytest.approx(check.evidence["shifted_once"], rel=1e-5)
+
+
+def test_a_loss_from_other_logits_than_the_plain_forward_fails():
+    """Given labels=, the forward computes its logits another way (a temperature of 1.1 applied
+    on that path alone) and returns them beside a loss that agrees with them: held to the
+    logits returned beside it, the loss agreed with itself; held to the plain forward's
+    logits (a second call, the one the oracle judges), it does not."""
+    tf = pytest.importorskip("transformers")
+    model = tf.LlamaForCausalLM(_tiny_llama(tf)).eval()
+
+    def labels_path_tempered(module, args, kwargs, output):
+        labels = kwargs.get("labels")
+        if labels is not None:
+            output.logits = output.logits * 1.1
+            output.loss = F.cross_entropy(output.logits[:, :-1].reshape(-1, 37).float(),
+                                          labels[:, 1:].reshape(-1), ignore_index=-100)
+        return output
+
+    model.register_forward_hook(labels_path_tempered, with_kwargs=True)
+    check = _audit(model, vocab_size=37)["model_loss"]
+    assert not check.passed
+    ids_loss = check.evidence["loss"]
+    assert ids_loss != pytest.approx(check.evidence["shifted_once"], rel=1e-4)

@@ -429,6 +429,50 @@ def test_a_config_the_spec_cannot_express_leaves_the_model_black_box_saying_why(
     assert "qk_layernorm" in report["oracle"].detail
 
 
+def test_a_mixtral_folder_whose_router_is_zero_passes_the_oracle_under_verify_hf(tmp_path,
+                                                                                 capsys):
+    """Every router weight 0: every expert scores alike, and the oracle breaks the ties as the
+    model's torch.topk does (it failed, taking the first k experts by index)."""
+    import json
+
+    from decoder_audit.cli import main
+
+    model = _model("mixtral")
+    with torch.no_grad():
+        for layer in range(2):
+            _routed_block(model, layer).gate.weight.zero_()
+    model.save_pretrained(tmp_path / "mixtral")
+    main(["verify", "--hf", str(tmp_path / "mixtral"), "--json", "--no-progress"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["oracle"]["passed"] and not checks["oracle"]["skipped"], checks["oracle"]
+
+
+@pytest.mark.parametrize("k", [0, 5])
+def test_experts_per_token_outside_one_to_the_experts_is_refused_naming_the_field(k, tmp_path,
+                                                                                    capsys):
+    """A Mixtral folder routing each token to 0 of its 4 experts passed verify --hf (its oracle
+    skip even said the config is invalid), and one routing to 5 failed `inputs` (torch.topk
+    raising): both are configs no router computes with, refused with status 2 naming the field
+    and its limit, as InvalidHFConfig refuses others."""
+    import json
+
+    from decoder_audit.cli import main
+    from decoder_audit.references.hf_config import InvalidHFConfig
+
+    folder = tmp_path / "mixtral"
+    _model("mixtral").save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_experts_per_tok": k}))
+    assert main(["verify", "--hf", str(folder), "--no-progress"]) == 2
+    line = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(line) == 1 and f"num_experts_per_tok={k}" in line[0], line
+    assert "num_local_experts=4" in line[0], line
+    model = _model("mixtral")
+    model.config.num_experts_per_tok = k  # the same config on a built model: the Python API
+    with pytest.raises(InvalidHFConfig, match=f"num_experts_per_tok={k}.*num_local_experts=4"):
+        da.audit(model)
+
+
 def test_experts_declared_other_than_the_fused_tensors_hold_fail_params():
     """transformers 5 keeps every expert in two tensors: a spec of other experts (one more, or
     another width) places none of them, and params names the tensors as left over."""
@@ -466,46 +510,6 @@ def test_a_router_that_drops_tokens_over_a_capacity_fails_routing_independence()
         "routing_independence"].skipped
 
 
-def _aux_model():
-    """Mixtral configured to train with its load-balancing loss (output_router_logits=True)."""
-    return _model("mixtral", output_router_logits=True, router_aux_loss_coef=0.02)
-
-
-def test_a_model_trained_with_its_load_balancing_loss_passes_both_loss_checks():
-    """model_loss judges the cross entropy alone (the call asks for no router logits), and
-    router_aux_loss the term: E * sum_e F_e P_e of the router logits, added 0.02 times."""
-    report = da.audit(_aux_model(), checks=["model_loss", "router_aux_loss"])
-    assert report["model_loss"].passed, report["model_loss"].detail
-    aux = report["router_aux_loss"]
-    assert aux.passed and not aux.skipped, aux.detail
-    assert aux.evidence["added"] == pytest.approx(0.02 * aux.evidence["aux_loss"], rel=1e-4)
-    # a dense model, or a routed one whose forward returns no such loss, skips it
-    assert da.audit(_model("linear"), checks=["router_aux_loss"])["router_aux_loss"].skipped
-
-
-def test_a_load_balancing_loss_left_out_of_the_loss_fails_router_aux_loss(monkeypatch):
-    model = _aux_model()
-    model.router_aux_loss_coef = 0.0  # the config says 0.02: the forward adds nothing
-    report = da.audit(model, checks=["model_loss", "router_aux_loss"])
-    assert not report["router_aux_loss"].passed and report["model_loss"].passed
-    assert report["router_aux_loss"].evidence["added"] == 0.0
-
-
-def test_a_load_balancing_loss_off_its_formula_fails_router_aux_loss(monkeypatch):
-    """The formula without its factor E (the mean over experts instead of the sum times E)."""
-    modeling = __import__(type(_aux_model()).__module__, fromlist=["load_balancing_loss_func"])
-    stock = modeling.load_balancing_loss_func
-
-    def unscaled(*args, **kwargs):
-        loss = stock(*args, **kwargs)
-        return loss / 4 if isinstance(loss, torch.Tensor) else loss  # E = 4
-
-    monkeypatch.setattr(modeling, "load_balancing_loss_func", unscaled)
-    result = da.audit(_aux_model(), checks=["router_aux_loss"])["router_aux_loss"]
-    assert not result.passed
-    assert result.evidence["aux_loss"] == pytest.approx(result.evidence["expected"] / 4, rel=1e-4)
-
-
 def test_latent_ranks_declared_other_than_the_module_holds_fail_params():
     """A spec of another latent width (keys and values, or queries) expects kv_a_proj, kv_a_norm
     and kv_b_proj (or q_a_proj, q_a_norm, q_b_proj) of other shapes: params names them."""
@@ -538,14 +542,26 @@ def test_the_selection_bias_buffer_is_placed_counted_and_read():
     assert not report["oracle"].passed
 
 
-@pytest.mark.parametrize("field, value", [("rms_norm_eps", 1e-5), ("attention_bias", True)])
+@pytest.mark.parametrize("field, value", [("attention_bias", True)])
 def test_a_deepseek_config_the_spec_cannot_express_is_named(field, value):
-    """The latent norms keep transformers' eps of 1e-6 whatever rms_norm_eps says, and latent
-    attention with biases is not expressed: the spec is refused naming the field."""
+    """Latent attention with biases is not expressed: the spec is refused naming the field."""
     model = _model("deepseek_v3", **{field: value})
     report = da.audit(model, checks=["params", "oracle"])
     assert report.facts.spec is None
     assert field in report["oracle"].detail
+
+
+def test_a_deepseek_latent_norm_keeps_its_own_eps():
+    """The latent norms keep transformers' eps of 1e-6 whatever rms_norm_eps says: a config of
+    rms_norm_eps 1e-5 is read with latent_norm_eps 1e-6 and passes; the spec with the latent
+    norms on 1e-5 fails the oracle."""
+    model = _model("deepseek_v3", rms_norm_eps=1e-5)
+    report = da.audit(model, checks=["params", "oracle"])
+    spec = report.facts.spec
+    assert (spec.norm_eps, spec.latent_norm_eps) == (1e-5, 1e-6)
+    assert report["params"].passed and report["oracle"].passed, report.first_failure
+    one_eps = da.audit(model, spec=spec.replace(latent_norm_eps=None), checks=["oracle"])
+    assert not one_eps["oracle"].passed
 
 
 @pytest.mark.parametrize("family, other", [("deepseek_v3", "rotate_half"),

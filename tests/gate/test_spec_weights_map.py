@@ -53,9 +53,54 @@ def _calls_exit_with_a_message(state):
     raise SystemExit("done")
 
 
-BROKEN = {_returns_list: "list", _returns_none: "None", _holds_a_list: "list",
-          _holds_numpy: "ndarray", _via_tolist: "meta", _calls_sys_exit: "sys.exit(0)",
+def _holds_a_number(state):
+    return {**_views(state), "ln_final.weight": 1.0}
+
+
+def _keyed_by_numbers(state):
+    return dict(enumerate(_views(state).values()))
+
+
+# What a map returns is input: anything but {name: tensor} is refused as a bad argument is.
+RETURNS = {_returns_list: "list", _returns_none: "None", _holds_a_list: "list",
+           _holds_numpy: "ndarray", _holds_a_number: "float", _keyed_by_numbers: "not names"}
+# What a map does when run (raises, exits) is evidence: a failing params and oracle.
+BROKEN = {_via_tolist: "meta", _calls_sys_exit: "sys.exit(0)",
           _calls_exit_with_a_message: "sys.exit('done')"}
+
+
+@pytest.mark.parametrize("weights_map", list(RETURNS), ids=[f.__name__ for f in RETURNS])
+def test_a_map_returning_no_dict_of_tensors_is_a_config_error_naming_what_it_returned(
+        weights_map):
+    model = zoo_styles.TuneLlama()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with pytest.raises(da.ConfigError) as raised:
+        da.audit(model, spec=SPEC, weights_map=weights_map)
+    assert isinstance(raised.value, layouts.WeightsMapError)
+    said = str(raised.value)
+    assert weights_map.__name__ in said and RETURNS[weights_map] in said, said
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("weights_map", ["_returns_list", "_returns_none", "_holds_a_list"])
+def test_verify_exits_2_with_one_line_for_a_map_returning_no_dict_of_tensors(weights_map,
+                                                                            tmp_path, capsys):
+    from cli_support import error_line
+
+    from decoder_audit.cli import main
+
+    tests = Path(__file__).resolve().parents[1]
+    (tmp_path / "maps.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(tests)!r})\n"
+        "import zoo_styles\nfrom gate import test_spec_weights_map as maps\n"
+        f"{weights_map} = maps.{weights_map}\n"
+        "def build():\n    return zoo_styles.TuneLlama()\n")
+    SPEC.save(tmp_path / "spec.json")
+    assert main(["verify", "--model", f"{tmp_path / 'maps.py'}:build", "--spec",
+                 str(tmp_path / "spec.json"), "--weights-map",
+                 f"{tmp_path / 'maps.py'}:{weights_map}", "--no-progress"]) == 2
+    line = error_line(capsys, "verify")
+    assert weights_map in line and "returned" in line, line
 
 
 @pytest.mark.parametrize("weights_map", list(BROKEN), ids=[f.__name__ for f in BROKEN])

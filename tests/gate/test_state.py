@@ -178,3 +178,59 @@ def test_hooks_the_model_installs_on_itself_go_with_their_flag():
     assert model._hooks_installed and len(model.att._forward_hooks) == 1
     held.restore()
     assert not hasattr(model, "_hooks_installed") and len(model.att._forward_hooks) == 0
+
+
+# ---- the process's settings (issue 44: the process left as found) ----------------------------
+
+def _settings() -> tuple:
+    return (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+            torch.get_num_threads(), torch.is_anomaly_enabled())
+
+
+class _SetsInForward(nn.Module):
+    """tiny-368 whose forward calls a process-wide setter first (and then raises, `raises`)."""
+
+    SETTERS = {
+        "torch.set_default_dtype": lambda: torch.set_default_dtype(torch.float64),
+        "torch.use_deterministic_algorithms": lambda: torch.use_deterministic_algorithms(True),
+        "torch.set_num_threads": lambda: torch.set_num_threads(torch.get_num_threads() + 1),
+        "torch.autograd.set_detect_anomaly": lambda: torch.autograd.set_detect_anomaly(True),
+    }
+
+    def __init__(self, setter: str, raises: bool = False) -> None:
+        super().__init__()
+        self.setter, self.raises = setter, raises
+        torch.manual_seed(0)
+        self.inner = da.Decoder(da.preset("tiny-368"))
+
+    def forward(self, ids):
+        self.SETTERS[self.setter]()
+        if self.raises:
+            raise RuntimeError("the forward fails after changing the setting")
+        return self.inner(ids)
+
+
+@pytest.mark.parametrize("setter", list(_SetsInForward.SETTERS))
+def test_a_forward_changing_a_process_setting_fails_determinism_and_is_put_back(setter):
+    before = _settings()
+    report = da.audit(_SetsInForward(setter), vocab_size=8, max_seq_len=4)
+    assert _settings() == before  # the process is given back as found
+    assert [c.name for c in report.failures] == ["determinism"], report.first_failure
+    check = report["determinism"]
+    assert setter in check.detail and check.evidence["process_settings"], check.detail
+    assert any(setter in note for note in report.notes)
+
+
+@pytest.mark.parametrize("setter", ["torch.set_default_dtype", "torch.set_num_threads"])
+def test_a_forward_that_raises_after_changing_a_setting_leaves_the_process_as_found(setter):
+    before = _settings()
+    report = da.audit(_SetsInForward(setter, raises=True), vocab_size=8, max_seq_len=4,
+                      checks=["shapes", "determinism"])
+    assert _settings() == before
+    assert not report["shapes"].passed
+
+
+def test_a_model_that_touches_no_setting_says_nothing_of_them():
+    report = da.audit(da.Decoder(da.preset("tiny-368")), checks=["determinism", "oracle"])
+    assert report.passed and report["determinism"].evidence["process_settings"] == []
+    assert not any("process-wide" in note for note in report.notes)

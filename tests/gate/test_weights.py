@@ -127,3 +127,95 @@ def test_a_factor_behind_a_zero_initialised_partner_is_reached_not_dead():
     dead = da.audit(_ZeroInitBranch(dead=True), vocab_size=8, max_seq_len=4,
                     checks=["dead_parameters"])["dead_parameters"]
     assert not dead.passed and dead.evidence["dead"] == ["unused.weight", "unused.bias"]
+
+
+# ---- dead_parameters on Hugging Face classes (newcomer item 17) --------------------------------
+
+def _hf_llama(tf):
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=37, hidden_size=16, intermediate_size=24,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            max_position_embeddings=12)
+    return tf.LlamaForCausalLM(config).eval()
+
+
+def test_a_plain_hugging_face_llama_runs_dead_parameters_and_passes():
+    """It was skipped for every Hugging Face class; a LlamaForCausalLM takes nothing but text,
+    so all of its parameters are judged, and each gets a gradient."""
+    tf = pytest.importorskip("transformers")
+    model = _hf_llama(tf)
+    check = da.audit(model, checks=["dead_parameters"])["dead_parameters"]
+    assert check.passed and not check.skipped, check.detail
+    assert check.evidence["trainable"] == len(list(model.parameters()))
+    assert check.evidence["other_inputs"] == [] and check.evidence["not_reached"] == []
+
+
+def test_a_dead_parameter_planted_in_a_hugging_face_llama_fails():
+    """A norm bias registered and never applied: the loss reads the norm's output, not the
+    bias. (A Linear attached and never called is named as a part whose output the loss never
+    reads, as a released class's pooler is, and not judged.)"""
+    tf = pytest.importorskip("transformers")
+    model = _hf_llama(tf)
+    model.model.layers[0].input_layernorm.register_parameter(
+        "bias", torch.nn.Parameter(torch.zeros(16)))
+    model.model.spare = torch.nn.Linear(16, 16)
+    check = da.audit(model, checks=["dead_parameters"])["dead_parameters"]
+    assert not check.passed
+    assert check.evidence["dead"] == ["model.layers.0.input_layernorm.bias"], check.detail
+    assert check.evidence["not_reached"] == ["model.spare.weight", "model.spare.bias"]
+
+
+def test_parts_for_another_input_or_objective_are_named_not_judged():
+    """GPT-2 built with cross-attention: a text-only call never runs it (it needs
+    encoder_hidden_states), so the loss never reads its output; its parameters are named and
+    not judged. Every other parameter is, and a dead one among them still fails."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=37, n_embd=16, n_layer=2, n_head=2,
+                                             n_positions=12, add_cross_attention=True)).eval()
+    check = da.audit(model, checks=["dead_parameters"])["dead_parameters"]
+    assert check.passed and not check.skipped, check.detail
+    cross = [name for name, _ in model.named_parameters()
+             if "crossattention" in name or "ln_cross_attn" in name]
+    assert sorted(check.evidence["not_reached"]) == sorted(cross)
+    model.transformer.ln_f.register_parameter("shift", torch.nn.Parameter(torch.zeros(16)))
+    check = da.audit(model, checks=["dead_parameters"])["dead_parameters"]
+    assert not check.passed and check.evidence["dead"] == ["transformer.ln_f.shift"]
+
+
+def test_a_table_looked_up_at_its_padding_index_alone_is_inert_not_dead():
+    """RoCBert's shape and pronunciation tables are fed zeros, their padding_idx, when their ids
+    are not given: that row never learns, by nn.Embedding's definition."""
+    from decoder_audit.gate import reach
+
+    table = torch.nn.Embedding(5, 3, padding_idx=0)
+    with reach.reached(table) as ran:
+        table(torch.zeros(2, 4, dtype=torch.long))
+    assert ran.padding_only("weight")
+    with reach.reached(table) as ran:
+        table(torch.tensor([[0, 2]]))
+    assert not ran.padding_only("weight")
+
+
+def test_a_factor_behind_a_scale_started_at_zero_is_reached_not_dead():
+    """Gemma 3n's correct_output_scale starts at 0: the per-layer path behind it gets no
+    gradient until the scale leaves zero. A scale vector of zeros, like a zero matrix, is tried
+    with small values before anything behind it is called dead."""
+    class Gated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(8, 4)
+            self.branch = torch.nn.Linear(4, 4)
+            self.scale = torch.nn.Parameter(torch.zeros(4))  # a gate started closed
+            self.head = torch.nn.Linear(4, 8)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            return self.head(x + self.scale * self.branch(x))
+
+    check = da.audit(Gated(), vocab_size=8, max_seq_len=4,
+                     checks=["dead_parameters"])["dead_parameters"]
+    assert check.passed, check.detail
+    assert check.evidence["behind_zero_init"] == {"branch.weight": ["scale"],
+                                                  "branch.bias": ["scale"]}

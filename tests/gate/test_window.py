@@ -72,6 +72,20 @@ def test_a_spec_declared_window_is_held_against_a_module_of_its_own():
     assert [c.name for c in full.failures] == ["window"], full.first_failure
 
 
+def test_a_spec_window_the_window_check_cannot_read_is_held_by_the_oracle():
+    """examples/learner's GPT keeps its attention in a method: no module per layer, so `window`
+    is skipped. A spec declaring a window of 16 passed the full-attention model (the oracle ran
+    at T = 8); the oracle now runs past the window (T = 17), so the full model fails it and the
+    windowed one passes."""
+    full = da.audit(zoo_windows.learner_gpt(None), spec=zoo_windows.LEARNER_SPEC)
+    assert full["window"].skipped and "T = 17" in full["window"].detail
+    assert [c.name for c in full.failures] == ["oracle"], full.first_failure
+    assert full["oracle"].evidence["seq_len"] == 17
+    windowed = da.audit(zoo_windows.learner_gpt(16), spec=zoo_windows.LEARNER_SPEC)
+    assert windowed.passed, windowed.first_failure
+    assert windowed["oracle"].evidence["seq_len"] == 17
+
+
 def _gemma2(tf, window):
     torch.manual_seed(0)
     config = tf.Gemma2Config(vocab_size=37, hidden_size=16, intermediate_size=24,
@@ -105,6 +119,28 @@ def test_a_gemma2_layer_that_ignores_its_window_of_16_fails_window_not_the_oracl
     assert report["oracle"].passed and report["params"].passed
     assert not report["window"].passed
     assert report["window"].evidence["layers"][0]["read_outside"][0] == 16
+
+
+def test_a_gemma2_whose_config_no_longer_windows_layer_0_fails_window_at_that_layer():
+    """Layer 0 built as a sliding layer of 16 (its attention module says so), then the config
+    edited to call it full: the model's masks follow the edited config, so layer 0 attends every
+    earlier token. The config alone declared no window there, and the model passed; the layer's
+    own declaration holds it to 16."""
+    tf = pytest.importorskip("transformers")
+    model = _gemma2(tf, 16)
+    if getattr(model.model.layers[0].self_attn, "layer_type", None) != "sliding_attention":
+        pytest.skip("this release's attention module does not record the kind it was built as")
+    model.config.layer_types = ["full_attention", "full_attention"]
+    report = da.audit(model, checks=["window"])
+    check = report["window"]
+    assert not check.passed and check.evidence["windows"] == [16, None], check.detail
+    assert check.evidence["layers"][0]["read_outside"][0] == 16
+    assert any("model.layers.0.self_attn" in note and "16" in note for note in report.notes)
+    built_full = _gemma2(tf, 16)  # the same layers built full from the start: nothing declared
+    built_full.config.layer_types = ["full_attention", "full_attention"]
+    for layer in built_full.model.layers:
+        layer.self_attn.layer_type, layer.self_attn.sliding_window = "full_attention", None
+    assert da.audit(built_full, checks=["window"])["window"].skipped
 
 
 def _full_mask(_module, args, kwargs):

@@ -22,8 +22,9 @@ PLANTED_ELSEWHERE = {
     "autocast": "zoo_training.py", "packing": "zoo_training.py, zoo_packing.py",
     "model_loss": "zoo_training.py, zoo_losses.py",
     "routing_independence": "zoo_experts.py", "expert_gradients": "zoo_experts.py",
-    "router_aux_loss": "gate/test_spec_families.py: Mixtral's load-balancing loss left out of "
-                       "the loss, and off its formula",
+    "router_aux_loss": "gate/test_router_aux_loss.py: router logits returned other than the "
+                       "router computed or softmaxed, the aux loss left out, added with another "
+                       "coefficient, detached, or off its formula (Mixtral, Qwen2-MoE, OLMoE)",
 }
 # train_mode reruns the causal cuts and batch independence in train mode: a model that leaks in
 # eval mode leaks there too, so an "only" mutant of those checks fails train_mode beside them.
@@ -138,6 +139,8 @@ def test_presets_pass(name):
                     "rope-linear-gqa", "rope-yarn-partial", "gemma2-like",
                     "window-every-layer", "olmo-like", "olmo2-like", "gemma3-like",
                     "readout-bias-tied", "granite-like", "parallel-one-norm", "nope-layer",
+                    "opt-like", "mla-latent-eps",
+                    "xielu-like",
                     "sinks-windowed", "gpt-oss-like", "qk-norm-after-rope",
                     "query-position-scale", "cohere2-moe-like")
     + configs.grid()))

@@ -21,7 +21,8 @@ ORACLE = configs.grid() + configs.entries(
     "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3", "rope-linear-gqa",
     "rope-yarn-partial", "rope-dynamic", "gemma2-like", "window-every-layer", "olmo-like",
     "olmo2-like", "gemma3-like", "readout-bias-tied", "granite-like", "parallel-one-norm",
-    "nope-layer", "sinks-windowed", "gpt-oss-like", "qk-norm-after-rope", "query-position-scale",
+    "nope-layer", "opt-like", "mla-latent-eps", "xielu-like",
+    "sinks-windowed", "gpt-oss-like", "qk-norm-after-rope", "query-position-scale",
     "cohere2-moe-like")
 
 
@@ -54,7 +55,9 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
                                                                 "readout-bias-tied",
                                                                 "granite-like",
                                                                 "parallel-one-norm",
-                                                                "nope-layer",
+                                                                "nope-layer", "opt-like",
+                                                                "mla-latent-eps",
+                                                                "xielu-like",
                                                                 "sinks-windowed",
                                                                 "qk-norm-after-rope",
                                                                 "query-position-scale")))

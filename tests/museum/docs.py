@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .entries import ENTRIES, NOT_REBUILT, Entry
+from .entries import ENTRIES, NOT_REBUILT, TODAY, Entry
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "museum.md"
 
@@ -76,6 +76,14 @@ def _row(entry: Entry) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
+def _tally() -> str:
+    """How many rows' buggy release the plain call fails with the expected check."""
+    counts = {kind: sum(e.today == kind for e in ENTRIES) for kind in TODAY}
+    said = ", ".join(f"{counts[kind]} {kind}" for kind in TODAY if counts[kind])
+    return (f"The plain call fails the expected check on the buggy release in "
+            f"{counts['caught'] + counts['both']} of {len(ENTRIES)} rows ({said}).")
+
+
 def render() -> str:
     header = ("| id | library | buggy → fixed | ref | bug | symptom (measured without the gate) "
               "| check | today |\n|---|---|---|---|---|---|---|---|")
@@ -85,6 +93,6 @@ def render() -> str:
     refs = len({e.ref for e in ENTRIES})
     missing = "\n".join(f"- {ref}: {why}" for ref, why in NOT_REBUILT)
     return (f"{INTRO}\n## The rows ({len(ENTRIES)} rows, {refs} distinct references)\n\n"
-            f"{header}\n{rows}\n\n## Notes\n\n{notes}\n\n"
+            f"{_tally()}\n\n{header}\n{rows}\n\n## Notes\n\n{notes}\n\n"
             + (f"{TRIAL_INTRO}\n\n{trials}\n\n" if trials else "") +
             f"## Looked at and not rebuilt\n\n{missing}\n")

@@ -156,10 +156,12 @@ ENTRIES: tuple[Entry, ...] = (
                   "IndexError in its HybridCache for any input longer than sliding_window (the "
                   "window was no longer passed to the cache update)",
           builder="gemma2_windowed", symptom="forward_raises", check="inputs",
-          today="caught", control="fail", standing=(),
+          today="caught", control="fail", standing=("oracle",),
           note="the control fails kv_cache for another genuine bug, not this one: the chunk "
                "bug of gemma2-hybrid-cache-chunk (a chunk of several tokens into the "
-               "HybridCache), still in 4.48.2"),
+               "HybridCache), still in 4.48.2; both releases fail oracle too: Gemma 2's "
+               "default SDPA path drops attn_logit_softcapping in every release before "
+               "5.21.0 (the bug of gemma2-sdpa-drops-softcap), a standing finding"),
     Entry("gemma2-sdpa-drops-softcap", "transformers", _t("5.20.2"), _t("5.21.0"),
           ref="huggingface/transformers#31887 (SDPA cannot soft-cap, said there; found by "
               "diffing the 5.20.2 and 5.21.0 wheels)", fix="5.21.0",
@@ -167,9 +169,7 @@ ENTRIES: tuple[Entry, ...] = (
                   "attn_logit_softcapping (50): scores beyond the cap are not squashed; 5.21.0 "
                   "makes eager the default and SDPA refuses a soft-cap",
           builder="gemma2_windowed", symptom="softcap_dropped", check="oracle",
-          today="missed", pending="soft-cap liveness: the oracle at scores past the declared "
-                                  "cap (random-init scores stay far below 50, where tanh "
-                                  "capping changes a logit by less than the tolerance)"),
+          today="caught"),
     # --- caches -----------------------------------------------------------------------------
     Entry("gemma2-hybrid-cache-past-window", "transformers", _t("4.51.3"), _t("4.52.1"),
           ref="huggingface/transformers#37574", fix="#38046 (4.52.1)",
@@ -178,10 +178,12 @@ ENTRIES: tuple[Entry, ...] = (
                   "past it): every later token attends a wrong set of keys",
           builder="gemma2_windowed", symptom="cached_vs_full",
           args={"prefill": 3, "cache": "hybrid"}, check="kv_cache", today="both",
-          control="fail",
+          control="fail", standing=("oracle",),
           note="the control fails kv_cache for another genuine bug, the chunk bug of "
                "gemma2-hybrid-cache-chunk (still in 4.52.1): the gate tells the two releases "
-               "apart by nothing"),
+               "apart by nothing; both releases fail oracle too: Gemma 2's default SDPA "
+               "path drops attn_logit_softcapping in every release before 5.21.0 (the bug of "
+               "gemma2-sdpa-drops-softcap), a standing finding"),
     Entry("litgpt-window-cache", "litgpt", ("litgpt==0.5.11", "transformers==4.57.6"),
           ("litgpt==0.5.12", "transformers==4.57.6"),
           ref="Lightning-AI/litgpt#2145", fix="#2153 (0.5.12)",
@@ -206,7 +208,10 @@ ENTRIES: tuple[Entry, ...] = (
                   "cache) overwrites the window wrongly (4.56 raises IndexError instead)",
           builder="gemma2_windowed", symptom="cached_vs_full",
           args={"prefill": 3, "chunk": 3, "cache": "hybrid"}, check="kv_cache",
-          today="caught"),
+          today="caught", standing=("oracle",),
+          note="both releases fail oracle: Gemma 2's default SDPA path drops "
+               "attn_logit_softcapping in every release before 5.21.0 (the bug of "
+               "gemma2-sdpa-drops-softcap), a standing finding"),
     Entry("nemotron-prefill-no-cache", "transformers", _t("4.46.3"), _t("4.47.0"),
           ref="huggingface/transformers#34739", fix="#34742 (4.47.0)",
           summary="NemotronModel never creates a cache when called with use_cache=True and no "

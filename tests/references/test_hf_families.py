@@ -190,3 +190,32 @@ def test_a_latent_decoder_deepseek_cannot_hold_is_refused():
     ours = random_decoder(da.DecoderConfig(**{**_LATENT, "norm_eps": 1e-5}), dtype=torch.float64)
     with pytest.raises(da.ConfigError, match="deepseek_v3"):
         hfref.to_hf(ours)
+
+
+# ---- routed families (helper fam-moe) ----
+
+def test_a_decoder_rotating_interleaved_pairs_is_written_by_the_family_that_does():
+    """Ernie 4.5 MoE rotates interleaved pairs: a routed Decoder with rope_layout='interleaved'
+    (softmax scores chosen with a selection bias, a shared expert, a dense first layer) is
+    written as it, not refused for its RoPE layout, and read back bitwise; transformers' logits
+    are ours (its RoPE in float32)."""
+    hf_class("Ernie4_5_MoeForCausalLM")
+    cfg = da.DecoderConfig(vocab_size=37, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2,
+                           d_ff=24, max_seq_len=12, norm="rmsnorm", mlp="swiglu", pos="rope",
+                           rope_layout="interleaved", n_experts=4, experts_per_token=2,
+                           expert_width=8, n_shared_experts=1, router_selection_bias=True,
+                           first_dense_layers=1)
+    ours = random_decoder(cfg, dtype=torch.float64)
+    model = hfref.to_hf(ours)
+    assert type(model).__name__ == "Ernie4_5_MoeForCausalLM"
+    ids = torch.randint(0, 37, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ours(ids)
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0,
+                                   atol=1e-6 * scale)
+    back = hfref.from_hf(model)
+    assert back.config == cfg
+    theirs = dict(back.named_parameters())
+    for name, param in ours.named_parameters():
+        assert torch.equal(theirs[name], param), name

@@ -98,7 +98,11 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
                         f"{type(cfg).__name__}; e.g. da.preset('tiny-368')")
     V, D, T = cfg.vocab_size, cfg.d_model, cfg.max_seq_len
     rows = [LedgerRow("token_embeddings", V * D, f"V*D = {V}*{D}")]
-    if cfg.pos == "learned":
+    if cfg.pos == "learned" and cfg.position_offset:  # rows before position 0's (OPT's 2)
+        offset = cfg.position_offset
+        rows.append(LedgerRow("position_embeddings", (offset + T) * D,
+                              f"(position_offset+max_seq_len)*D = ({offset}+{T})*{D}"))
+    elif cfg.pos == "learned":
         rows.append(LedgerRow("position_embeddings", T * D, f"max_seq_len*D = {T}*{D}"))
     else:
         rows.append(LedgerRow("position_embeddings", 0, f"pos={cfg.pos}: nothing learned"))
@@ -177,6 +181,9 @@ def _dense_mlp(cfg: DecoderConfig, width: int | None = None, expert: bool = Fals
     elif biased:
         formula += f" + biases {'+'.join(str(D if n == 'w2' else F) for n in biased)} " \
                    f"({'/'.join(biased)})"
+    if cfg.mlp == "xielu":  # its activation's two learned numbers (a dense layer's only)
+        ffn += 2
+        formula += " + xIELU's alpha_p, alpha_n 2"
     return ffn, formula
 
 

@@ -356,7 +356,7 @@ def _check_exposed(s: Subject, ids: torch.Tensor, seq_len: int, batch: int) -> C
                                         extra_keys=[layer.extra_keys for layer in judged],
                                         layer_ids=[layer.index for layer in judged])
     where = _path_text(path, own)
-    plain = _plain_verdict(s, path, own)
+    plain = _plain_verdict(s, path, own, failed=bool(problems))
     evidence: dict = {"batch": batch, "seq_len": seq_len, "second_seq_len": other_len,
                       "dtype": str(judged[0].pattern.dtype), "path": path, "default_path": own,
                       "path_checked": where, "plain_forward": plain, "sinks": sinks,
@@ -384,15 +384,16 @@ def _path_text(path: str, own: str | None) -> str:
     return f"the path output_attentions=True takes ({path} attention)"
 
 
-def _plain_verdict(s: Subject, path: str, own: str | None) -> str:
+def _plain_verdict(s: Subject, path: str, own: str | None, *, failed: bool) -> str:
     """What `causal` said of the plain forward, which may run another path than the one judged
-    here: so a leak in the output_attentions path alone is reported as that."""
+    here: so a leak in the output_attentions path alone is reported as that (`failed`: this
+    check found one; a passing check speaks of no leak)."""
     causal = s.results.get("causal")
     if causal is None or causal.skipped:
         return ""
     plain = f"the plain forward ({own or 'its own'} attention)"
     if causal.passed:
-        alone = " so the leak is in this path only" if path != own else ""
+        alone = " so the leak is in this path only" if failed and path != own else ""
         return f"{plain} already passed `causal`,{alone}".rstrip(",")
     return f"{plain} fails `causal` too"
 

@@ -410,7 +410,8 @@ def _targets_read(read, shifted: bool) -> torch.Tensor:
 
 def _check_last_token(ids, mask, read, special) -> CheckResult:
     """Right-padded rows keep their last real token's label; with pad = eos, real eos tokens
-    keep theirs. `read` says, per input position, whether the label targeting it is read."""
+    keep theirs. `read` says, per input position, whether the label targeting it is read. The
+    pad id is the declared or the tokenizer's, else the one id every padded position holds."""
     dropped = []
     for b in range(ids.shape[0]):
         real = mask[b].nonzero().flatten()
@@ -420,12 +421,18 @@ def _check_last_token(ids, mask, read, special) -> CheckResult:
         if not bool(read[b, last]) and bool(read[b, real[:-1]].any()):
             dropped.append([b, last])
     eos, pad = special["eos"], special["pad"]
+    padded = ids[mask == 0].unique().tolist()
+    if pad is None and len(padded) == 1:  # the batch shows its pad id: the id padding holds
+        pad = padded[0]
+    pad_is_eos = eos is not None and eos == pad
     masked_eos = []
-    if eos is not None and eos == pad:
+    if pad_is_eos:
         real_eos = (ids == eos) & (mask == 1)
         masked_eos = (real_eos & ~read).nonzero().tolist()
     evidence = {"last_real_label_ignored": dropped, "real_eos_ignored": masked_eos[:16],
-                "pad_is_eos": eos is not None and eos == pad}
+                "pad_is_eos": pad_is_eos, "pad_id": pad}
+    # With pad = eos an ignored end label is the collator masking every pad id, which masks
+    # every eos too (transformers#23530): named before any off-by-one mask is suspected.
     if masked_eos:
         return CheckResult("last_token", False, f"pad = eos (id {eos}) and the real end tokens "
                            f"at {masked_eos[:4]} have ignored labels: masking every pad id masked "

@@ -260,11 +260,6 @@ class ModelFacts:
         return self.tie is not None
 
     @property
-    def own_module(self) -> bool:
-        """Not a Hugging Face class: ours, or a module its user wrote."""
-        return not self.hugging_face
-
-    @property
     def has_max_seq_len(self) -> bool:
         return self.max_seq_len is not None
 
@@ -405,7 +400,7 @@ def model_facts(model: nn.Module, *, vocab_size: int | None = None,
         notes.append(f"{spec_facts['peer']} {type(model).__name__}: its config read as the spec"
                      + ("" if spec is not None else f" failed: {spec_facts['reason']}"))
     readout = _readout_facts(model, values["vocab_size"], _declared_tie(model, spec))
-    windows, window_size = _declared_windows(base, config or spec)
+    windows, window_size = _declared_windows(base, config or spec, notes)
     return ModelFacts(
         model=class_name(model), vocab_size=values["vocab_size"],
         input_vocab_size=values["input_vocab_size"] or values["vocab_size"],
@@ -489,10 +484,11 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
                               "needs spec= (--spec) too")
         if not hf_readable:
             return {} if whitebox else _peer_facts(model, declared, origin)
-        from ..references.hf import hf_spec
+        from ..references.hf import hf_layout, hf_spec
 
         spec = hf_spec(model)
-        return {"spec": spec, **dict(zip(("placement", "reason"), place(model, spec, None)))}
+        return {"spec": spec, **dict(zip(("placement", "reason"),
+                                         place(model, spec, None, hf_layout(model))))}
     own = getattr(model, "config", None)
     if isinstance(own, DecoderConfig) and own != spec:
         differ = sorted(k for k, v in spec.to_dict().items() if own.to_dict()[k] != v)
@@ -503,7 +499,15 @@ def _spec_facts(model: nn.Module, spec: DecoderConfig | None, weights_map: Any,
         return {}  # our own layout: its DecoderConfig is the spec, checked as ours
     _declare_values(spec.vocab_size, spec.max_seq_len if spec.pos == "learned" else None,
                     declared, origin)
-    return {"spec": spec, **dict(zip(("placement", "reason"), place(model, spec, weights_map)))}
+    # a Hugging Face family whose weights' names do not tell their layout (GPT-BigCode) keeps
+    # them in its own whatever spec is declared
+    layout = None
+    if weights_map is None and _is_hugging_face(model):
+        from ..references.hf import hf_layout
+
+        layout = hf_layout(model)
+    return {"spec": spec, **dict(zip(("placement", "reason"),
+                                     place(model, spec, weights_map, layout)))}
 
 
 def _declare_values(vocab_size: int, max_seq_len: int | None, declared: dict[str, Any],
@@ -710,15 +714,17 @@ def packing_interface(model: nn.Module) -> str | None:
     return None
 
 
-def _declared_windows(model: nn.Module, cfg: DecoderConfig | None
+def _declared_windows(model: nn.Module, cfg: DecoderConfig | None, notes: list[str]
                       ) -> tuple[tuple[int | None, ...] | None, int | None]:
     """(the window each layer declares, the window's size): by a Hugging Face model's own config
     in any of its forms (a window it declares on no layer included: every layer is then full),
-    else by the DecoderConfig that is the model's architecture (its own, or a declared spec)."""
+    and by the attention modules it built from it (`_built_windows`), else by the DecoderConfig
+    that is the model's architecture (its own, or a declared spec)."""
     if _is_hugging_face(model):
         from ..references.hf_windows import declared_windows, window_size
 
         found, size = declared_windows(model.config), window_size(model.config)
+        found, size = _built_windows(model, found, size, notes)
     elif cfg is not None and cfg.sliding_window is not None:
         found = tuple(cfg.window(layer) for layer in range(cfg.n_layers))
         size = cfg.sliding_window
@@ -727,6 +733,35 @@ def _declared_windows(model: nn.Module, cfg: DecoderConfig | None
     if not found or size is None:
         return None, None
     return found, min((w for w in found if w is not None), default=size)
+
+
+def _built_windows(model: nn.Module, found: tuple[int | None, ...] | None, size: int | None,
+                   notes: list[str]) -> tuple[tuple[int | None, ...] | None, int | None]:
+    """The windows with each layer's own declaration where its attention module carries one:
+    transformers 5 builds a sliding layer's attention with layer_type "sliding_attention" and
+    its sliding_window. A config edited after the model was built (layer_types[0] set to
+    "full_attention", sliding_window set to None) changes the masks the model makes, not the
+    layers it built: such a layer still declares its window, and is held to it (a Gemma 2 whose
+    layer 0 ignored its window of 16 passed, the edited config declaring no window there)."""
+    layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    names = attention_layers(model, len(found) if found else layers or 0)
+    built = [getattr(model.get_submodule(name), "sliding_window", None)
+             if getattr(model.get_submodule(name), "layer_type", None) == "sliding_attention"
+             else None for name in names]
+    differ = [i for i, window in enumerate(built) if isinstance(window, int) and window > 0
+              and (found is None or found[i] != window)]
+    if not differ:
+        return found, size
+    merged = [built[i] if i in differ else (found[i] if found else None)
+              for i in range(len(names))]
+    first = differ[0]
+    says = "full attention" if not found or found[first] is None else f"a window of {found[first]}"
+    notes.append(f"layer {first}'s attention module ({names[first]}) was built as a sliding layer "
+                 f"of {built[first]} positions, where the config now declares {says}: the config "
+                 "was edited after the model was built, and the window check holds each such "
+                 "layer to the window it was built with"
+                 + (f" (and {len(differ) - 1} more layers)" if len(differ) > 1 else ""))
+    return tuple(merged), size if size is not None else built[first]
 
 
 def attention_layers(model: nn.Module, layers: int) -> tuple[str, ...]:

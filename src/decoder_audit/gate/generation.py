@@ -32,7 +32,7 @@ from ..objective import logits_of
 from . import tolerances
 from .measure import all_finite, sample_positions, scaled_excess
 from .result import CheckResult
-from .subject import Subject
+from .subject import Subject, model_failures_carried
 
 # Tokens the padding probes cover (capped by max_seq_len).
 PAD_LEN = 12
@@ -86,7 +86,7 @@ def check_padding(s: Subject) -> CheckResult:
     probe = _PaddingProbe(s, conv, x, torch.stack(rows), torch.stack(masks), layout)
     records = probe.run()
     tol = probe.tol
-    failures = [r for r in records if not r["max_abs_diff"] <= r["allowed"]]
+    failures = [r for r in records if _failed(r)]
     evidence = {"seq_len": seq_len, "pads": pads, "dtype": str(s.dtype),
                 "convention": probe.conv.name, "rows": records,
                 "position_origin": origin}
@@ -99,11 +99,22 @@ def check_padding(s: Subject) -> CheckResult:
         return CheckResult("padding", False, _padding_failure(probe, failures[0], origin),
                            evidence, tol,
                            paths=("training", "generation") if training else ("generation",))
-    cached = (" and through the cache" if any(r["how"].startswith("prefill") for r in records)
-              else "")
+    raised = next((r for r in records if "raised" in r), None)
+    cached = (" and through the cache" if any(r["how"].startswith("prefill") and "raised" not in r
+                                              for r in records) else "")
+    if raised is not None:  # raising without pads too: the cache path is kv_cache's to judge
+        cached = (f"; through the cache not judged: its prefill and cached steps raise without "
+                  f"pads too ({raised['raises_without_pads']}), which kv_cache judges")
     return CheckResult("padding", True, f"rows left-padded by k in {pads} (positions from the "
                        f"mask) equal the row alone on their real tokens{cached}; right padding "
                        "leaves them unchanged", evidence, tol)
+
+
+def _failed(record: dict) -> bool:
+    """A compared record beyond its tolerance, or a raise that only the pads bring about."""
+    if "raised" in record:
+        return not record["raises_without_pads"]
+    return not record["max_abs_diff"] <= record["allowed"]
 
 
 def _padding_failure(probe: _PaddingProbe, r: dict, origin: int | None) -> str:
@@ -111,6 +122,11 @@ def _padding_failure(probe: _PaddingProbe, r: dict, origin: int | None) -> str:
     tokens (measured: a second filling of the pads tells read pads from counted ones)."""
     conv, seq_len = probe.conv, probe.seq_len
     head = f"{r['how']}: "
+    if "raised" in r:
+        return (head + f"the left-padded rows raised {r['raised']}, while the same prefill and "
+                "cached steps of the row without pads run: the "
+                "model's cache path breaks on a padded batch (the path generate takes for a "
+                "batch of prompts); its one masked forward was measured")
     if r["pad"] == 0:
         given = "" if not conv.position_ids else (
             f" (with position_ids {origin}..{origin + seq_len - 1}, which reproduce its own "
@@ -162,7 +178,10 @@ class _PaddingProbe:
             for k in sorted({k for _, k in layout}):  # each real prefix alone (T - k, V)
                 prefix = self.x[None, :seq_len - k].to(s.device)
                 s.count(prefix)
-                alone[k] = logits_of(model(prefix))[0]
+                # called as the masked batch is (use_cache=False where it takes it), only the
+                # mask and pads differing: a model whose logits move with use_cache (Dory) is
+                # not a padding defect; the cached rows are held to the plain call instead
+                alone[k] = Stepper(model, self.conv, 1, seq_len - k, use_cache=False)(prefix)[0]
             s.count(self.ids)
             padded = Stepper(model, self.conv, len(layout), seq_len,
                              use_cache=False)(self.ids, self.mask)  # (rows, T, V)
@@ -170,8 +189,38 @@ class _PaddingProbe:
                 real = padded[i, k:] if side != "right" else padded[i, :seq_len - k]
                 records.append(self._judge("one masked forward", side, k, real, alone[k], tol))
             if s.has_cache:  # the facts say its cache can be stepped
-                records += self._through_cache(model, alone, tol)
+                records += self._cached_or_raised(model, alone, tol)
         return records
+
+    def _cached_or_raised(self, model, alone, tol) -> list[dict]:
+        """`_through_cache`, or where the model raises on it, one record of the raise: a
+        failure when the same cached steps run without pads (the padded batch breaks them),
+        not judged when they raise without pads too (the cache path itself, which kv_cache
+        judges). Either way the masked forward's records stand."""
+        try:
+            with model_failures_carried(self.s):
+                return self._through_cache(model, alone, tol)
+        except Exception as exc:  # noqa: BLE001 - the model raised: evidence, not a crash
+            said = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+        unpadded = self._unpadded_cache_error()
+        return [{"how": "prefill + cached steps", "side": "left", "pad": self.layout[1][1],
+                 "max_abs_diff": None, "allowed": None, "raised": said,
+                 "raises_without_pads": unpadded}]
+
+    def _unpadded_cache_error(self) -> str:
+        """What the cached steps `_through_cache` takes raise on the row without pads (its
+        mask all ones), "" when they run."""
+        cut, row = self.seq_len - 2, self.x[None].to(self.s.device)  # (1, T)
+        stepper = Stepper(self.s.work, self.conv, 1, self.seq_len)
+        self.s.count(row)
+        try:
+            with model_failures_carried(self.s):
+                stepper(row[:, :cut], torch.ones_like(row[:, :cut]))
+                stepper(row[:, cut:cut + 1])
+                stepper(row[:, cut + 1:])
+        except Exception as exc:  # noqa: BLE001 - the model's own error
+            return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+        return ""
 
     def _through_cache(self, model, alone, tol) -> list[dict]:
         """The left-padded rows whose prefill holds a real token: prefill all but the last two
@@ -187,6 +236,12 @@ class _PaddingProbe:
         self.s.count(rows)
         out = torch.cat([stepper(rows[:, :cut], row_mask[:, :cut]), stepper(rows[:, cut:cut + 1]),
                          stepper(rows[:, cut + 1:])], 1)  # (picks, T, V)
+        if self.conv.name == "hugging face":  # cached calls keep the plain call's use_cache
+            alone = {}
+            for k in {self.layout[i][1] for i in picks}:
+                prefix = self.x[None, :seq_len - k].to(self.s.device)
+                self.s.count(prefix)
+                alone[k] = logits_of(model(prefix))[0]
         return [self._judge("prefill + cached steps", "left", self.layout[i][1],
                             out[j, self.layout[i][1]:], alone[self.layout[i][1]], tol)
                 for j, i in enumerate(picks)]

@@ -68,7 +68,10 @@ def check_determinism(s: Subject) -> CheckResult:
     diff = (first - second).abs()
     worst = float(diff.max()) if diff.numel() else 0.0
     evidence = {"batch": batch, "seq_len": seq_len, "max_abs_diff": worst,
-                "positions_differing": int((diff.amax(-1) > 0).sum()), "state_moved": moved}
+                "positions_differing": int((diff.amax(-1) > 0).sum()), "state_moved": moved,
+                "process_settings": s.settings_changed()}
+    if evidence["process_settings"]:
+        return _settings_changed(evidence)
     if _identical(first, second):
         return CheckResult("determinism", True, f"two eval-mode runs of ({batch}, {seq_len}) ids "
                            "are bitwise identical"
@@ -86,6 +89,21 @@ def check_determinism(s: Subject) -> CheckResult:
     return CheckResult("determinism", False, f"the same ids gave different logits twice in eval "
                        f"mode (max difference {worst:.3g} at {evidence['positions_differing']} "
                        "positions): dropout or noise left on", evidence, tolerances.DETERMINISM)
+
+
+def _settings_changed(evidence: dict) -> CheckResult:
+    """A forward that changes process-wide settings (gate/state.py's SETTINGS) fails
+    determinism, whether or not its own next answer moved: a note would let `train` go on in a
+    process whose default dtype, kernels, threads or anomaly mode the model switched mid-run, so
+    every later computation (its own next call, the training loop, any other model) differs from
+    the first. The gate put each setting back after every call; the failure names them."""
+    changed = evidence["process_settings"]
+    return CheckResult("determinism", False, f"the model's forward changes process-wide "
+                       f"settings: {'; '.join(changed[:3])}"
+                       + (f" (and {len(changed) - 3} more)" if len(changed) > 3 else "")
+                       + ": every later computation in the process runs under them (its own "
+                       "next call, the training loop, other models); the gate put them back "
+                       "after each call", evidence, tolerances.DETERMINISM)
 
 
 def _identical(first: torch.Tensor, second: torch.Tensor) -> bool:

@@ -169,8 +169,9 @@ def check_kv_cache(s: Subject) -> CheckResult:
     return CheckResult("kv_cache", True, f"{len(own)} schedules (prefill lengths "
                        f"{sorted({r['sizes'][0] for r in own})}, one-token steps and chunks) "
                        f"through the model's own cache"
-                       + (f", {len(callers)} caches a caller builds "
-                          f"({', '.join(evidence['caller_caches'])})" if callers else "")
+                       + (f", {len(callers)} {'cache' if len(callers) == 1 else 'caches'} a "
+                          f"caller builds ({', '.join(evidence['caller_caches'])})"
+                          if callers else "")
                        + f" equal the full T={seq_len} forward at every position, and row 0 "
                        f"decodes the same beside other rows (max {worst:.1e})", evidence, tol)
 

@@ -14,6 +14,10 @@ every way targets reach it:
                       loss (transformers#34191, #35438);
   ignore index        -100 in labels and in shift_labels is never scored.
 
+The definitions are applied to the logits of a second call, the plain forward without labels
+(the forward every other check and the oracle judge), never to the logits returned beside the
+loss: a loss computed from other logits than the plain call's (a labels= path of its own) fails.
+
 The call goes through the model's call convention (`Subject.call`), like every other check's; a
 forward that takes `labels=` but cannot be called so, or returns no loss, is found once before the
 checks (`probe_loss`, a fact) and the check is skipped with that reason. A Hugging Face class
@@ -36,7 +40,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..generation.convention import is_signature_error
-from ..objective import logits_of
 from . import tolerances
 from .result import CheckResult
 from .subject import Subject
@@ -149,7 +152,10 @@ def check_model_loss(s: Subject) -> CheckResult:
     if loss is None:
         return CheckResult("model_loss", False, f"given labels=, {type(s.work).__name__} returned "
                            "no loss", {})
-    logits = logits_of(out).double()  # (2, T, V)
+    # the logits the loss is held to come from a second call, the plain forward (the one the
+    # oracle holds to the weights), not from the output that carries the loss: a labels= path
+    # that computes other logits than the plain call cannot agree with itself here
+    logits = s.run(ids).double()  # (2, T, V)
     found = _definitions(logits, labels, ids)
     readings = ("shifted_once",) if s.facts.hugging_face else ("shifted_once", "aligned")
     convention = next((r for r in readings if _close(float(loss), found[r], tol)), None)
@@ -230,50 +236,3 @@ def _accumulated(s: Subject, ids, labels, whole: float, convention: str, tol: fl
     return (f"two micro-batches given num_items_in_batch={count} add up to {sum(parts):.6g}, "
             f"not the whole batch's {whole:.6g}: each is normalised by its own token count, so "
             "gradient accumulation over unequal micro-batches weights their tokens unequally")
-
-
-def check_router_aux_loss(s: Subject) -> CheckResult:
-    """The load-balancing loss a routed model returns (output_router_logits=True) against its
-    definition (Switch Transformer's, over the top k, as transformers' MoE families write it):
-    over every routed layer's N tokens together, P_e the mean router probability of expert e
-    (a softmax of the returned router logits) and F_e the share of tokens whose k chosen
-    experts include e, aux = E * sum_e F_e * P_e. And the loss must be the cross entropy plus
-    router_aux_loss_coef times it: the two calls, with the term and without, differ by exactly
-    that much."""
-    coef, spec = s.facts.router_aux_coef, s.facts.spec
-    seq_len = s.short_len(8)
-    ids = s.random_ids(2, seq_len, s.generator(48)).to(s.device)  # (2, T)
-    with torch.no_grad():
-        s.count(ids)
-        plain = loss_of(s.call(ids, labels=ids, output_router_logits=False))
-        s.count(ids)
-        out = s.call(ids, labels=ids, output_router_logits=True)
-    aux, router_logits, loss = getattr(out, "aux_loss", None), getattr(
-        out, "router_logits", None), loss_of(out)
-    if not isinstance(aux, torch.Tensor) or not router_logits or loss is None or plain is None:
-        return CheckResult("router_aux_loss", False, "given output_router_logits=True and labels=, "
-                           f"{type(s.work).__name__} returned no aux_loss, router_logits and loss "
-                           "together", {"aux_loss": aux is not None,
-                                        "router_logits": bool(router_logits)})
-    logits = torch.cat([layer.reshape(-1, spec.n_experts) for layer in router_logits]).double()
-    probs = logits.softmax(-1)  # (L N, E)
-    chosen = probs.topk(spec.experts_per_token, dim=-1).indices  # (L N, k)
-    share = F.one_hot(chosen, spec.n_experts).sum(1).double().mean(0)  # (E,): F_e
-    expected = float(spec.n_experts * (share * probs.mean(0)).sum())
-    added = float(loss) - float(plain)
-    tol = max(s.shape_tolerance(), tolerances.eps(s.dtype) * 64)
-    evidence = {"aux_loss": float(aux), "expected": expected, "coef": coef,
-                "loss": float(loss), "loss_without": float(plain), "added": added,
-                "tokens": int(logits.shape[0]), "allowed": tol}
-    if not _close(float(aux), expected, tol):
-        return CheckResult("router_aux_loss", False, f"the model's aux_loss {float(aux):.6g} is not "
-                           f"the load-balancing loss of its router logits, E x sum_e F_e P_e = "
-                           f"{expected:.6g} (E={spec.n_experts}, k={spec.experts_per_token}, "
-                           f"{logits.shape[0]} routed tokens)", evidence, tol)
-    if not _close(added, coef * float(aux), tol):
-        return CheckResult("router_aux_loss", False, f"with output_router_logits=True the loss "
-                           f"grows by {added:.6g}, not router_aux_loss_coef x aux_loss = {coef:g} x "
-                           f"{float(aux):.6g} = {coef * float(aux):.6g}", evidence, tol)
-    return CheckResult("router_aux_loss", True, f"aux_loss = E x sum_e F_e P_e over the returned "
-                       f"router logits ({float(aux):.4g}), and the loss adds {coef:g} x it",
-                       evidence, tol)

@@ -24,6 +24,7 @@ from . import tolerances
 from .measure import batch_not_equal, largest, scaled_excess
 from .result import CheckResult
 from .sharding import whole
+from .stress import declares_softcap
 from .spec import check_spec_oracle
 from .subject import Subject, own_weight
 
@@ -65,6 +66,8 @@ def check_oracle(s: Subject) -> CheckResult:
                         f"{int((rows > allowed).nonzero()[0])}")
     if s.has_trace and not problems:
         problems += _compare_paths(s, ids, fast, tol, evidence)
+    if s.has_trace and not problems and declares_softcap(s.cfg):
+        problems += _compare_capped(s, ids, fast, tol, evidence)
     compared = 0
     if not problems:
         compared, grad_problems = _compare_grads(s, named, oracle, ids, projection, evidence)
@@ -72,6 +75,8 @@ def check_oracle(s: Subject) -> CheckResult:
     if problems:
         return CheckResult("oracle", False, problems[0], evidence, tol)
     grads_note = f"; gradients of {compared} weights agree" if compared else ""
+    if "max_abs_logit_error" in evidence.get("capped", {}):
+        grads_note = f"; and past the declared soft-caps{grads_note}"
     return CheckResult("oracle", True, f"fast logits = oracle on ({batch}, {seq_len}) ids (max "
                        f"error {worst:.1e}){grads_note}", evidence, tol)
 
@@ -107,6 +112,67 @@ def _compare_paths(s: Subject, ids: torch.Tensor, fast: torch.Tensor, tol: float
         return [f"the eager (traced) path differs from the fast path by {worst:.3g} (allowed "
                 f"{allowed:.1e}) with attention scores brought to ~{SHARPENED_SCORE:g}"]
     return []
+
+
+CAPPED_REACH = 3.0
+"""The capped comparison brings each layer's largest attention score and the largest logit to
+this many times the declared cap (stress.py says why past the cap and not below it)."""
+
+
+def _compare_capped(s: Subject, ids: torch.Tensor, fast: torch.Tensor, tol: float,
+                    evidence: dict) -> list[str]:
+    """Our Decoder with a declared soft-cap, fast against the oracle once more with its scores and
+    logits driven past the caps: each layer's queries and keys (their projections, or their q/k
+    norm gains) scaled so its largest score is CAPPED_REACH caps, and the final norm's gain (or an
+    untied readout) so the largest logit is; the weights are changed in place and put back bit for
+    bit. Fresh weights keep scores near 1e-3, where c tanh(x / c) = x to 1e-8."""
+    cfg = s.cfg
+    if s.dtype in tolerances.LOW_PRECISION:  # scores of a cap rounded to 16 bits: see spec.py
+        evidence["capped"] = {"skipped": f"{s.dtype} rounds scores at the cap by more than the "
+                                         "tolerance"}
+        return []
+    named = dict(s.work.named_parameters())
+    factors = {}
+    if cfg.attn_softcap is not None:
+        _, trace = s.trace(ids)
+        for i in range(cfg.n_layers):
+            top = float(trace[f"layers.{i}.attn.scores"].abs().max())
+            part = ("q_norm", "k_norm") if cfg.qk_norm else ("q_proj", "k_proj")
+            for name in part:
+                factors.update({key: (CAPPED_REACH * cfg.attn_softcap / max(top, 1e-30)) ** 0.5
+                                for key in (f"layers.{i}.attn.{name}.weight",
+                                            f"layers.{i}.attn.{name}.bias") if key in named})
+        del trace
+    if cfg.logit_softcap is not None:
+        reach = CAPPED_REACH * cfg.logit_softcap / max(float(fast.abs().max()), 1e-30)
+        readout = "ln_final" if "ln_final.weight" in named else "lm_head"
+        factors.update({key: reach for key in (f"{readout}.weight", f"{readout}.bias")
+                        if key in named and not (readout == "lm_head" and cfg.tie_embeddings)})
+    saved = {key: named[key].detach().clone() for key in factors}
+    s.forget_clean()
+    try:
+        with torch.no_grad():
+            for key, factor in factors.items():  # a gain (offset + w) scaled as a whole
+                offset = cfg.norm_offset if key.endswith("norm.weight") or \
+                    key == "ln_final.weight" else 0.0
+                named[key].add_(offset).mul_(factor).sub_(offset)
+        capped = s.run(ids).double().cpu()
+        oracle = StreamedOracle(functools.partial(own_weight, dict(
+            s.work.named_parameters(remove_duplicate=False))), cfg, ids, progress=s.progress)
+        worst, allowed = scaled_excess(capped - oracle.logits, oracle.logits, tol)
+    finally:
+        with torch.no_grad():
+            for key, value in saved.items():
+                named[key].copy_(value)
+        s.forget_clean()
+    evidence["capped"] = {"max_abs_logit_error": worst, "allowed": allowed,
+                          "scaled": sorted(factors), "reach": CAPPED_REACH}
+    if worst <= allowed:
+        return []
+    return [f"with scores and logits driven to {CAPPED_REACH:g} times the declared soft-caps "
+            f"(attn_softcap={cfg.attn_softcap}, logit_softcap={cfg.logit_softcap}) the fast "
+            f"logits differ from the slow oracle by up to {worst:.3g} (allowed {allowed:.1e}): a "
+            "declared soft-cap the fast path does not apply shows here first"]
 
 
 @dataclass

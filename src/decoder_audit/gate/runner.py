@@ -221,8 +221,9 @@ def _run_checks(subject: Subject, wanted: set[str],
 
 
 def _state_notes(subject: Subject) -> list[str]:
-    """What the model's own forward changed in itself during the audit, put back each time, and
-    what could not be put back (a tensor too large to copy, written in place)."""
+    """What the model's own forward changed in itself and in the process's settings during the
+    audit, put back each time, and what could not be put back (a tensor too large to copy,
+    written in place)."""
     notes = []
     if subject.state_moved:
         where = "; ".join(f"{after}: {', '.join(moved[:3])}"
@@ -233,6 +234,12 @@ def _state_notes(subject: Subject) -> list[str]:
                      "was given back as it was found")
     if subject.state_lost:
         notes.append("not put back as found: " + "; ".join(subject.state_lost[:4]))
+    if subject.settings_moved:  # determinism fails on it where it runs (invariance.py)
+        where = "; ".join(f"{after}: {', '.join(moved[:3])}"
+                          for after, moved in list(subject.settings_moved.items())[:3])
+        notes.append(f"the model's forward changes process-wide settings ({where}); the gate "
+                     "put them back after every call and when the audit ended, so the process "
+                     "was given back as it was found")
     return notes
 
 

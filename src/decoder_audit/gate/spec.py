@@ -9,7 +9,9 @@ module we did not write: its weights placed on the spec's canonical names
     oracle   the spec's float64 oracle fed the module's own weights equals the module's logits
              and every weight's gradient, three times: with the weights as they are, with
              `stress` weights written into the module (through the canonical views, restored
-             bit for bit afterwards), and with a quiet residual stream. Freshly initialised
+             bit for bit afterwards), and with a quiet residual stream; a fourth time, where
+             the spec declares a soft-cap, with scores and logits driven past it (stress.py:
+             below the cap tanh capping changes nothing the tolerance sees). Freshly initialised
              weights keep every activation small (attention scores ~1e-3: a wrong score scale,
              RoPE base or layout moves the logits by a few ulps), so the stress weights bring
              them to order 1: embeddings N(0, 1), matrices N(0, 1/fan_in), norm gains
@@ -25,8 +27,9 @@ module we did not write: its weights placed on the spec's canonical names
 
 A weights_map is user code: it is run guarded (`references.layouts.run_weights_map`), and the
 module's parameters are compared bit for bit before and after its first run on them: an
-exception, an exit, an in-place edit or a result that is not {name: tensor} fails params and
-oracle naming the map. Stress weights reach the module through a map whose tensors are views of
+exception, an exit or an in-place edit fails params and oracle naming the map. What it returns
+is input: a result that is not {name: tensor} (a list, None, a non-tensor value) is refused when
+the facts are decided, `WeightsMapReturnError`, a ConfigError, before any check runs. Stress weights reach the module through a map whose tensors are views of
 its own, and through one that copies them (found by probing the map with parameters that hold
 their own indices); a map that computes its tensors gets the gradients compared as initialised,
 and the report says no stress weights were written.
@@ -50,10 +53,19 @@ from ..references.oracle import StreamedOracle, oracle_logits
 from . import tolerances
 from .measure import batch_not_equal, largest, scaled_excess
 from .result import CheckResult
+from .stress import (capped_spreads, capped_values, declares_softcap, quiet_values,
+                     quiet_variance, stress_values)
 from .subject import Subject
 
-STRESS_GAIN_STD = 0.2
-"""Spread of the stress weights' norm gains around 1 and of their biases and shifts around 0."""
+WINDOW_ORACLE_MAX = 64
+"""A declared sliding window of at most this many positions that the `window` check cannot read
+is held by the oracle: it runs at T = W + 1, the first length at which the window leaves a token
+out, where its usual T <= 8 never reaches it. The `window` check reads each layer's span at its
+attention module; a module whose attention is no module of its own (nanoGPT's attention as a
+method beside a ModuleDict) leaves it skipped, and a full-attention module then passed a spec
+declaring a window of 16. Where the window check runs it holds the window at any size, and the
+oracle keeps its short probe; a wider window it cannot read stays unchecked, and the window
+check's skip says why (the oracle's loops grow as T^2)."""
 
 GRADIENT_MAX_PARAMETERS = 50_000_000
 """The gradients are compared up to this many parameters: the oracle's side holds a float64
@@ -123,7 +135,7 @@ def check_spec_oracle(s: Subject) -> CheckResult:
     spec, placement = s.facts.spec, s.facts.placement
     if placement is None:
         return unplaced(s, "oracle")
-    seq_len = min(s.short_len(8), spec.max_seq_len)  # the oracle runs within the spec
+    seq_len = min(_oracle_len(s), spec.max_seq_len)  # the oracle runs within the spec
     ids = s.random_ids(batch_not_equal(seq_len, (2, 3)), seq_len, s.generator(13))
     tol = tolerances.hf_oracle(s.dtype, spec)
     evidence: dict = {"layout": placement.layout, "batch": ids.shape[0], "seq_len": seq_len,
@@ -146,6 +158,16 @@ def check_spec_oracle(s: Subject) -> CheckResult:
                        f"{placement.layout}", evidence, tol)
 
 
+def _oracle_len(s: Subject) -> int:
+    """The oracle's length: 8 (or the model's limit), or W + 1 past a declared window of W <=
+    WINDOW_ORACLE_MAX positions whose layers the window check cannot read, so that the window
+    changes what the oracle computes."""
+    window, readable = s.facts.window_size, bool(s.facts.attention_layers)
+    if window is not None and window <= WINDOW_ORACLE_MAX and not readable:
+        return s.short_len(max(8, window + 1))
+    return s.short_len(8)
+
+
 def _compare_all(s: Subject, ids: torch.Tensor, tol: float, evidence: dict,
                  saved: list | None) -> str:
     """Every comparison, recorded into `evidence`: the logits as initialised, with stress
@@ -163,7 +185,7 @@ def _compare_all(s: Subject, ids: torch.Tensor, tol: float, evidence: dict,
                 f"shape, first {missing[0]} (layout {placement.layout})")
     evidence["as_initialised"] = _compare_values(s, placement, weights, ids, tol)
     small = sum(p.numel() for p in s.parameters()) <= GRADIENT_MAX_PARAMETERS
-    with _stressed(s, placement, weights, live, _stress_values(spec), saved) as stressed:
+    with _stressed(s, placement, weights, live, stress_values(spec), saved) as stressed:
         evidence["stressed"] = stressed
         if stressed:  # the module now holds the stress weights
             stress = _mapped(s, placement, live)
@@ -173,23 +195,52 @@ def _compare_all(s: Subject, ids: torch.Tensor, tol: float, evidence: dict,
     if not stressed and small:  # the gradients at least, as the module holds its weights
         evidence["gradients"] = _compare_grads(s, placement, named, ids)
     if s.dtype != torch.float16:  # its range: a quiet stream's squares would underflow
-        with _stressed(s, placement, weights, live, _quiet_value(spec), saved) as quieted:
+        with _stressed(s, placement, weights, live, quiet_values(spec), saved) as quieted:
             if quieted:
                 evidence["quiet"] = _compare_values(s, placement, _mapped(s, placement, live),
                                                     ids, tol)
+    if declares_softcap(spec) and s.dtype in tolerances.LOW_PRECISION:
+        # a score of one cap (50) rounded to a 16-bit dtype moves by 0.2-0.4, an attention
+        # weight by as much: the comparison would judge the dtype, not the cap
+        evidence["capped"] = {"skipped": f"{s.dtype} rounds scores at the cap by more than "
+                                         "the tolerance"}
+    elif declares_softcap(spec):
+        with _stressed(s, placement, weights, live, capped_values(spec), saved) as capped:
+            if capped:
+                evidence["capped"] = {**_compare_values(s, placement, _mapped(
+                    s, placement, live), ids, tol), **_capped_reach(spec, weights)}
     return _first_failure(evidence, spec, placement)
+
+
+def _capped_reach(spec: DecoderConfig, weights: Mapping[str, torch.Tensor]) -> dict:
+    """Which declared caps the capped weights drive past (stress.py): the scores where the
+    queries and keys have projections or norms to scale, the logits where a final gain or an
+    untied readout carries the factor; and the factors."""
+    names = set(weights)
+    scores = spec.attn_softcap is not None and any(
+        name.endswith(("attn.q_proj.weight", "attn.q_norm.weight")) for name in names)
+    logits = spec.logit_softcap is not None and ("ln_final.weight" in names or (
+        not spec.tie_embeddings and "lm_head.weight" in names))
+    return {"scores_past_cap": scores, "logits_past_cap": logits,
+            "factors": capped_spreads(spec)}
 
 
 def _first_failure(evidence: dict, spec: DecoderConfig, placement: Placement) -> str:
     """The sentence of the first comparison that failed, or ""."""
     for key, label in (("as_initialised", "as initialised"), ("stress", "with stress weights"),
                        ("quiet", f"with a quiet residual stream (variance "
-                                 f"{_quiet_variance(spec):.0e}, where a norm's eps weighs as "
-                                 "much as the stream)")):
+                                 f"{quiet_variance(spec):.0e}, where a norm's eps weighs as "
+                                 "much as the stream)"),
+                       ("capped", f"with scores and logits driven past the declared soft-caps "
+                                  f"(attn_softcap={spec.attn_softcap}, logit_softcap="
+                                  f"{spec.logit_softcap}: spread about one cap)")):
         found = evidence.get(key)
-        if found and not found["max_abs_logit_error"] <= found["allowed"]:
-            hint = (f"; a norm eps other than the spec's norm_eps={spec.norm_eps:g} shows here "
-                    "first" if key == "quiet" else "")
+        if found and "skipped" not in found and \
+                not found["max_abs_logit_error"] <= found["allowed"]:
+            hint = {"quiet": f"; a norm eps other than the spec's norm_eps={spec.norm_eps:g} "
+                             "shows here first",
+                    "capped": "; a declared soft-cap the module does not apply shows here "
+                              "first"}.get(key, "")
             return (f"logits {label} differ from the spec's oracle by up to "
                     f"{found['max_abs_logit_error']:.3g} (allowed {found['allowed']:.1e}); first "
                     f"differing stage: {found['first_stage']}{hint} (layout {placement.layout})")
@@ -204,6 +255,8 @@ def _coverage(evidence: dict) -> str:
     """What the passing comparisons covered beyond the weights as initialised."""
     grads = evidence.get("gradients")
     quiet = " and a quiet stream" if "quiet" in evidence else ""
+    if "max_abs_logit_error" in evidence.get("capped", {}):
+        quiet += ", and past the declared soft-caps"
     if evidence["stressed"] and grads:
         return (f"and with stress weights{quiet} (gradients of {grads['compared']} weights "
                 "agree)")
@@ -496,49 +549,3 @@ def _copied_from(s: Subject, placement: Placement, live: Mapping[str, torch.Tens
 
 def _parameters_by_name(s: Subject) -> dict[str, nn.Parameter]:
     return dict(s.work.named_parameters(remove_duplicate=False))
-
-
-def _stress_values(spec: DecoderConfig):
-    """The stress value of each canonical weight (see the module docstring): norm gains are
-    1 + N(0, 0.2^2) as the norm applies them (offset + w), so w is that less norm_offset."""
-    def value_of(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-        noise = torch.randn(shape, generator=gen, dtype=torch.float64)
-        part = name.rsplit(".", 2)
-        if name.startswith(("token_embeddings", "position_embeddings")):
-            return noise
-        if part[-2].startswith("ln") or part[-2].endswith("_norm"):  # a norm's gain or shift
-            if part[-1] == "weight":
-                return 1.0 + STRESS_GAIN_STD * noise - spec.norm_offset
-            return STRESS_GAIN_STD * noise
-        if part[-1] == "bias" or len(shape) == 1:  # a bias (a router's selection bias too)
-            return STRESS_GAIN_STD * noise
-        return noise / shape[1] ** 0.5  # a matrix (out, in): unit-variance outputs
-    return value_of
-
-
-def _quiet_variance(spec: DecoderConfig) -> float:
-    """The residual stream's variance in the quiet comparison: the spec's norm eps (at least
-    1e-6), so an eps ten times larger or smaller than the spec's moves every norm's output by
-    a fifth or more, where the stress weights' order-1 stream hides it below rounding."""
-    return max(float(spec.norm_eps), 1e-6)
-
-
-def _quiet_value(spec: DecoderConfig):
-    """The stress values, with everything that writes into the residual stream (the
-    embeddings, the output projections, the sandwich norms after the sublayers) scaled so
-    the stream keeps the quiet variance: each norm then reads a stream as small as its eps,
-    and normalises it back to order 1 for the sublayer it feeds."""
-    stress, amplitude = _stress_values(spec), _quiet_variance(spec) ** 0.5
-
-    def value_of(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-        value = stress(name, shape, gen)
-        module = name.rsplit(".", 2)[-2]
-        if name.startswith("token_embeddings"):
-            return value * amplitude / (spec.embedding_scale or 1.0)
-        if name.startswith("position_embeddings") or module in ("output_proj", "w2"):
-            return value * amplitude
-        if module in ("ln1_post", "ln2_post"):  # their gains: offset + w = amplitude * gain
-            offset = spec.norm_offset if name.endswith(".weight") else 0.0
-            return (value + offset) * amplitude - offset
-        return value
-    return value_of

@@ -309,6 +309,56 @@ def _brief(value) -> str:
     return text if len(text) <= 40 else f"{type(value).__name__}(...)"
 
 
+# ---- the process's settings ---------------------------------------------------------------
+def _deterministic() -> tuple[bool, bool]:
+    return (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled())
+
+
+def _anomaly() -> tuple[bool, bool]:
+    return torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()
+
+
+# The process-wide settings a forward can change for everything that runs after it, as (name,
+# read, write): the dtype of every tensor made without one, which kernels may run (and whether
+# a nondeterministic one raises), the intra-op threads (speed, and the order float sums are
+# taken in), autograd's anomaly mode (every backward traced and slowed), float32 matmul
+# precision (TF32 on GPUs).
+SETTINGS = (
+    ("torch.set_default_dtype", torch.get_default_dtype, torch.set_default_dtype),
+    ("torch.use_deterministic_algorithms (mode, warn_only)", _deterministic,
+     lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+    ("torch.set_num_threads", torch.get_num_threads, torch.set_num_threads),
+    ("torch.autograd.set_detect_anomaly (mode, check_nan)", _anomaly,
+     lambda v: torch.autograd.set_detect_anomaly(v[0], check_nan=v[1])),
+    ("torch.set_float32_matmul_precision", torch.get_float32_matmul_precision,
+     torch.set_float32_matmul_precision),
+)
+
+
+class ProcessSettings:
+    """The process-wide SETTINGS as taken; `restore()` puts back each one that differs and says
+    which, `changes()` says which differ without touching them."""
+
+    def __init__(self) -> None:
+        self.taken = [read() for _, read, _ in SETTINGS]
+
+    def changes(self) -> list[str]:
+        return [f"{name}: {_shown(then)} -> {_shown(read())}"
+                for (name, read, _), then in zip(SETTINGS, self.taken) if read() != then]
+
+    def restore(self) -> list[str]:
+        changed = self.changes()
+        for (_, read, write), then in zip(SETTINGS, self.taken):
+            if read() != then:
+                write(then)
+        return changed
+
+
+def _shown(value) -> str:
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else repr(value)
+
+
 @contextmanager
 def host_rngs_kept() -> Iterator[None]:
     """Within the block, Python's `random` and (where it is imported) numpy's global RNG may be

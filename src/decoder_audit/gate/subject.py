@@ -38,7 +38,7 @@ from .measure import all_finite, value_scale
 from .probes import ProbeIds
 from .oom import Exhausted, out_of_memory
 from .sharding import agree_on_failure, is_sharded, new_audit_key, several_ranks, whole
-from .state import ModelState
+from .state import ModelState, ProcessSettings
 from .wrappers import is_fsdp, resharded_between_calls, unwrapped
 
 # Cost normaliser of the report when no length is known (report.forward_equivalents).
@@ -93,6 +93,12 @@ class Subject:
         self._eval_modes: list[tuple[nn.Module, bool]] = []
         self.state_moved: dict[str, list[str]] = {}  # probe or check -> what its calls changed
         self.state_lost: list[str] = []  # what could not be put back (too large to copy)
+        # The process-wide settings (state.SETTINGS: default dtype, deterministic algorithms,
+        # threads, anomaly mode, matmul precision) as the audit found them, taken by `prepare`
+        # and put back wherever the model's state is; what the model's calls changed, by the
+        # probe or check they ran in (`determinism` fails on it: see invariance.py).
+        self.settings: ProcessSettings | None = None
+        self.settings_moved: dict[str, list[str]] = {}
         # Sharded with FSDP2 (`verify --shard`): each rank holds 1/N of every weight as a
         # DTensor and gathers a block's weights as it runs; see `whole` and `gradients_by_share`.
         self.sharded = is_fsdp(model) or (first is not None and is_sharded(first))
@@ -152,6 +158,7 @@ class Subject:
             param.requires_grad_(False)
         self._eval_modes = _mode_flags(self.model)
         self.state = ModelState(self.work, keep_parameters=not self.sharded)
+        self.settings = ProcessSettings()
 
     def put_back(self, after: str) -> None:
         """The model as the audit found it again after the probe or check named `after`: its
@@ -162,20 +169,34 @@ class Subject:
         moved = self.state.changes(additions=False)  # additions: lazily built, not news
         if moved:
             self.state_moved[after] = moved
-        self._restore_state(full=True)
+        self._restore_state(full=True, after=after)
         _restore_modes(self._eval_modes)
 
-    def _restore_state(self, *, full: bool = False) -> None:
+    def _restore_state(self, *, full: bool = False, after: str | None = None) -> None:
         if self.state is not None:
             self.state_lost += [lost for lost in self.state.restore(full=full)
                                 if lost not in self.state_lost]
+        if self.settings is not None:  # every call meets the process as the audit found it
+            changed = self.settings.restore()
+            if changed:
+                seen = self.settings_moved.setdefault(after or self.running, [])
+                seen += [change for change in changed if change not in seen]
+
+    def settings_changed(self) -> list[str]:
+        """The process-wide settings the model's calls changed so far (each put back), and any
+        a call changed since the last was put back: "torch.set_num_threads: 2 -> 1"."""
+        found = [change for moved in self.settings_moved.values() for change in moved]
+        if self.settings is not None:
+            found += self.settings.changes()
+        return list(dict.fromkeys(found))
 
     def release(self) -> None:
         """Give the model back as it came: its state (state.py), train/eval flags, requires_grad
-        and .grad (the same tensor objects) of every parameter restored."""
+        and .grad (the same tensor objects) of every parameter restored; and the process's
+        settings its calls changed (state.SETTINGS) as the audit found them."""
         self.forget_clean()
-        self._restore_state(full=True)
-        self.state = None
+        self._restore_state(full=True, after="the audit's end")
+        self.state = self.settings = None
         if self._saved_modes is not None:
             _restore_modes(self._saved_modes)
             self._saved_modes = None

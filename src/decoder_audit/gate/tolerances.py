@@ -208,6 +208,18 @@ def normalised_sum(dtype: torch.dtype) -> float:
     return max(NORMALISED_SUM, 4.0 * eps(dtype))
 
 
+def router_logits(dtype: torch.dtype) -> float:
+    """A router's returned logits against its weight applied in float64 to the input it
+    received, relative to the largest logit: one matmul of D terms rounded in the dtype (and
+    transformers' routers upcast nothing before it), far inside the shape-change tolerance
+    (float32 3.1e-5, a 16-bit dtype 8 eps), which it takes. A returned tensor that is not the
+    router's (a softmax of it, another layer's, a temperature applied) differs by O(1) of the
+    logit scale. Also the gap under which two experts' logits count as tied (`router_loss`):
+    rounding may rank them either way."""
+    return SHAPE_CHANGE_ULPS.get(dtype, SHAPE_CHANGE_ULPS[torch.float32]) * eps(dtype) \
+        if dtype != torch.float64 else SHAPE_CHANGE_FP64
+
+
 HF_ROTARY_FP32 = 1e-5
 """A float64 Hugging Face Llama against the float64 oracle: transformers computes the rotary
 angles (and RMSNorm) in float32 even inside a float64 model, so its logits carry fp32 rounding of

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +16,7 @@ from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
 from ..objective import logits_of
 from . import tolerances
 from .measure import batch_not_equal, largest
+from .reach import other_inputs, reached
 from .result import CheckResult
 from .sharding import is_sharded, whole
 from .spec import check_spec_params
@@ -305,43 +304,75 @@ def check_dead_parameters(s: Subject) -> CheckResult:
         value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
         return value if value.requires_grad else None  # no weight reaches it: every grad is 0
 
-    with _experts_called(s.work) as called:  # which routed experts the probe's tokens reach
+    with reached(s.work) as ran:  # which experts and modules the probe's call runs
         for share in s.gradients_by_share(_shares(trainable, DEAD_SHARE), loss):
             for param in share:
                 largest_grad[names[id(param)]] = (0.0 if param.grad is None
                                                   else largest(whole(param.grad)))
     behind_zeros = _behind_zeros(s, trainable, names, largest_grad, loss)
-    # No gradient is exactly none: a parameter the loss reads gets some, however small (a
-    # fresh model's query weights: 1e-6 of the largest). A parameter inert by the mathematics
-    # (INERT) gets exactly 0 or the rounding of terms that cancel (1e-12 of the largest here):
-    # reported as inert either way, never failed.
-    rounding = tolerances.eps(s.dtype) * max(largest_grad.values(), default=0.0)
-    dead, inert, unrouted = [], {}, sorted(called.missed)
-    for name, size in largest_grad.items():
-        why = next((w for pattern, w in INERT.items() if re.search(pattern, name)), None)
-        if why is not None and size <= rounding:
-            inert[name] = why
-        elif size == 0.0 and name not in behind_zeros and not _under(name, unrouted):
-            dead.append(name)
-    evidence = {"trainable": len(trainable), "batch": 3, "seq_len": seq_len, "dead": dead,
-                "inert": inert, "behind_zero_init": behind_zeros, "unrouted_experts": unrouted}
+    evidence = {"trainable": len(trainable), "batch": 3, "seq_len": seq_len,
+                **_sorted_out(s, ran, largest_grad, behind_zeros),
+                "behind_zero_init": behind_zeros}
+    dead = evidence["dead"]
     if dead:
         return CheckResult("dead_parameters", False, f"{len(dead)} of {len(trainable)} trainable "
                            f"parameters get no gradient from the loss: {', '.join(dead[:6])}"
                            + (" ..." if len(dead) > 6 else "") + " (unused, never applied, or "
                            "cut off from the loss)", evidence)
+    return CheckResult("dead_parameters", True, _passed(evidence, largest_grad), evidence)
+
+
+def _sorted_out(s: Subject, ran, largest_grad: dict[str, float],
+                behind_zeros: dict[str, list[str]]) -> dict:
+    """The parameters with no gradient, sorted: inert (INERT, or a table looked up at its
+    padding index alone), out of this call's reach (reach.py), behind a routed expert no token
+    chose, or dead."""
+    # No gradient is exactly none: a parameter the loss reads gets some, however small (a
+    # fresh model's query weights: 1e-6 of the largest). A parameter inert by the mathematics
+    # (INERT) gets exactly 0 or the rounding of terms that cancel (1e-12 of the largest here):
+    # reported as inert either way, never failed.
+    rounding = tolerances.eps(s.dtype) * max(largest_grad.values(), default=0.0)
+    dead, inert, unrouted, unreached = [], {}, sorted(ran.missed_experts), []
+    elsewhere = other_inputs(s.work)  # inputs that could run what this call did not (reach.py)
+    released = s.facts.hugging_face  # a released class: its parts off the loss are by design
+    for name, size in largest_grad.items():
+        why = next((w for pattern, w in INERT.items() if re.search(pattern, name)), None)
+        if why is None and size == 0.0 and ran.padding_only(name):
+            why = "an nn.Embedding looked up at its padding_idx alone, whose row never learns"
+        if why is not None and size <= rounding:
+            inert[name] = why
+        elif size == 0.0 and name not in behind_zeros and (
+                (released and not ran.read(name)) or (elsewhere and not ran.ran(name))):
+            unreached.append(name)
+        elif size == 0.0 and name not in behind_zeros and not _under(name, unrouted):
+            dead.append(name)
+    return {"dead": dead, "inert": inert, "unrouted_experts": unrouted,
+            "other_inputs": elsewhere, "not_reached": unreached, "released_class": released}
+
+
+def _passed(evidence: dict, largest_grad: dict[str, float]) -> str:
+    """The passing sentence: how many were judged, and what was not, and why."""
+    inert, unreached, unrouted = (evidence[k] for k in ("inert", "not_reached",
+                                                        "unrouted_experts"))
+    behind_zeros, elsewhere = evidence["behind_zero_init"], evidence["other_inputs"]
     said = f"; inert by the mathematics: {', '.join(sorted(inert)[:3])}" if inert else ""
+    if unreached:  # parts for another input or objective: not this call's to judge (reach.py)
+        how = (f"a text-only call never runs (reached through {', '.join(elsewhere[:3])})"
+               if not evidence["released_class"] else "whose output the next-token loss "
+               "never reads (parts for another input or objective: cross-attention, a pooler, "
+               "an indexer)")
+        said += (f"; {len(unreached)} in modules {how}, so not judged here "
+                 f"({', '.join(unreached[:2])}" + (" ..." if len(unreached) > 2 else "") + ")")
     if behind_zeros:
         first = next(iter(behind_zeros))
         said += (f"; {len(behind_zeros)} reached only once a zero-initialised partner leaves zero "
                  f"(e.g. {first} behind {behind_zeros[first][0]})")
     if unrouted:  # no token was sent there: their gradient is 0 by the routing, not the wiring
         said += (f"; {len(unrouted)} routed experts not chosen for any of the probe's "
-                 f"{3 * seq_len} tokens, so not judged here ({', '.join(unrouted[:3])}"
-                 + (" ..." if len(unrouted) > 3 else "") + ")")
-    judged = sum(not _under(n, unrouted) for n in largest_grad)
-    return CheckResult("dead_parameters", True, f"all {judged - len(inert)} trainable "
-                       f"parameters get a gradient from the loss{said}", evidence)
+                 f"{3 * evidence['seq_len']} tokens, so not judged here "
+                 f"({', '.join(unrouted[:3])}" + (" ..." if len(unrouted) > 3 else "") + ")")
+    judged = sum(not _under(n, unrouted) for n in largest_grad) - len(unreached)
+    return f"all {judged - len(inert)} trainable parameters get a gradient from the loss{said}"
 
 
 def _under(name: str, modules: list[str]) -> bool:
@@ -352,18 +383,33 @@ def _under(name: str, modules: list[str]) -> bool:
 def _behind_zeros(s: Subject, trainable: list[nn.Parameter], names: dict[int, str],
                   largest_grad: dict[str, float], loss) -> dict[str, list[str]]:
     """{name: the zero-initialised parameters behind it}: the parameters with no gradient that
-    get one once every trainable matrix that is exactly zero (LoRA's B factor, a projection
-    initialised to zero so a new branch starts as the identity) is given small random values,
-    restored to zero after. Such a parameter is reached from the first step on, not dead."""
+    get one once every trainable tensor that is exactly zero (LoRA's B factor, a projection
+    initialised to zero so a new branch starts as the identity, a scale or gate started at 0)
+    is given small random values, restored to zero after. Such a parameter is reached from the
+    first step on, not dead."""
     if s.sharded:  # a shard's rows cannot be drawn here; the zero factors stay as they are
         return {}
-    # matrices only: a zero bias adds, it starves nothing; a zero factor multiplies
-    zeros = [p for p in trainable if p.is_floating_point() and p.dim() >= 2
-             and not bool(whole(p).any())]
+    zeros = [p for p in trainable if p.is_floating_point() and not bool(whole(p).any())]
     starved = [p for p in trainable if largest_grad.get(names[id(p)]) == 0.0
                and all(p is not z for z in zeros)]
-    if not zeros or not starved:
-        return {}
+    found: dict[str, list[str]] = {}
+    # The zero matrices first (LoRA's B, a zero-started projection), then, for what is still
+    # starved, the other zero tensors: a scale or gate started at 0 (Gemma 3n's
+    # correct_output_scale) multiplies what lies behind it too, where a zero bias, which adds,
+    # reaches nothing more and is not named.
+    for group in ([z for z in zeros if z.dim() >= 2], [z for z in zeros if z.dim() < 2]):
+        still = [p for p in starved if names[id(p)] not in found]
+        if group and still:
+            partners = [names[id(z)] for z in group]
+            found.update({name: partners for name in _reached_with(s, group, still, names,
+                                                                   loss)})
+    return found
+
+
+def _reached_with(s: Subject, zeros: list[nn.Parameter], starved: list[nn.Parameter],
+                  names: dict[int, str], loss) -> list[str]:
+    """The names of the `starved` parameters that get a gradient once `zeros` hold small random
+    values (put back to zero after)."""
     gen = s.generator(47)
     with torch.no_grad():
         for param in zeros:
@@ -377,42 +423,7 @@ def _behind_zeros(s: Subject, trainable: list[nn.Parameter], names: dict[int, st
         with torch.no_grad():
             for param in zeros:
                 param.zero_()
-    partners = [names[id(z)] for z in zeros]
-    return {name: partners for name in reached}
-
-
-class _Called:
-    """The routed expert modules (named `...experts.{e}`) a forward sends tokens to, and those
-    it does not: an expert no token is sent to is called on no rows (ours) or not at all (a
-    loop that skips it)."""
-
-    def __init__(self, experts: dict[str, nn.Module]) -> None:
-        self.experts, self.seen = experts, set()
-
-    @property
-    def missed(self) -> set[str]:
-        return set(self.experts) - self.seen
-
-
-_EXPERT = re.compile(r"(^|\.)experts\.\d+$")
-
-
-@contextmanager
-def _experts_called(model: nn.Module) -> Iterator[_Called]:
-    """Within the block, which of the model's routed experts its forwards call."""
-    called = _Called({name: module for name, module in model.named_modules()
-                      if _EXPERT.search(name)})
-    def seen(name: str, inputs: tuple) -> None:
-        if not inputs or not isinstance(inputs[0], torch.Tensor) or inputs[0].numel():
-            called.seen.add(name)
-
-    hooks = [module.register_forward_hook(lambda _, inputs, __, name=name: seen(name, inputs))
-             for name, module in called.experts.items()]
-    try:
-        yield called
-    finally:
-        for hook in hooks:
-            hook.remove()
+    return reached
 
 
 def _shares(params: list[nn.Parameter], share: float) -> list[list[nn.Parameter]]:

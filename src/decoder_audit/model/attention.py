@@ -309,7 +309,7 @@ class LatentAttention(CausalSelfAttention):
         self._settings(cfg, layer)
         D, H = cfg.d_model, cfg.n_heads
         self.nope, self.rope, self.value = cfg.nope_head_width, cfg.rope_head_width, cfg.value_dim
-        norm = dict(eps=cfg.norm_eps, offset=cfg.norm_offset, **factory)
+        norm = dict(eps=cfg.latent_eps, offset=cfg.norm_offset, **factory)
         d_q, rank = H * cfg.head_dim, cfg.q_latent_rank
         if rank is None:
             self.q_proj = Linear(D, d_q, False, init_std=INIT_STD, **factory)

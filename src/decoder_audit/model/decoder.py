@@ -177,9 +177,11 @@ class Decoder(nn.Module):
         # (V, D)
         self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, init_std=INIT_STD,
                                           **factory)
-        self.position_embeddings = (  # (max_seq_len, D)
-            Embedding(cfg.max_seq_len, cfg.d_model, init_std=INIT_STD, **factory)
+        self.position_embeddings = (  # (position_offset + max_seq_len, D)
+            Embedding(cfg.position_offset + cfg.max_seq_len, cfg.d_model, init_std=INIT_STD,
+                      **factory)
             if cfg.pos == "learned" else None)
+        self.position_offset = cfg.position_offset  # the table's row of position 0
         residual_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
         self.layers = nn.ModuleList(Block(cfg, residual_std=residual_std, layer=i, **factory)
                                     for i in range(cfg.n_layers))
@@ -302,7 +304,8 @@ class Decoder(nn.Module):
             x = x * torch.tensor(cfg.embedding_scale, dtype=x.dtype, device=x.device)
         _record(trace, "tokens", x)
         if self.position_embeddings is not None:
-            table = self.position_embeddings.weight  # (max_seq_len, D)
+            # (max_seq_len, D): position t's row is offset + t (OPT's table keeps 2 before it)
+            table = self.position_embeddings.weight[self.position_offset:]
             # rows 0..T-1 (T, D), or the given positions' rows (B|1, T, D); all < max_seq_len
             rows = table[:seq_len] if positions is None else table[positions]
             _record(trace, "positions", rows)

@@ -24,6 +24,8 @@ N = B*T tokens, Fe an expert's width.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -51,6 +53,31 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: fl
     return (up + 1) * gate * torch.sigmoid(alpha * gate)
 
 
+class XIELU(nn.Module):
+    """Apertus' xIELU (Huang et al. 2024), learned per layer: a_p = softplus(alpha_p) and
+    a_n = 1/2 + softplus(alpha_n); x > 0 gives a_p x^2 + x/2, otherwise
+    a_n (expm1(min(x, -1e-6)) - x) + x/2 (alpha_p, alpha_n: one number each, (1,))."""
+
+    BETA, EPS = 0.5, -1e-6
+
+    def __init__(self, **factory) -> None:
+        super().__init__()
+        self.alpha_p = nn.Parameter(torch.empty(1, **factory))
+        self.alpha_n = nn.Parameter(torch.empty(1, **factory))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """A fresh layer's a_p and a_n are 0.8 (softplus inverted: log(expm1(a)))."""
+        self.alpha_p.fill_(math.log(math.expm1(0.8)))
+        self.alpha_n.fill_(math.log(math.expm1(0.8 - self.BETA)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a_p = F.softplus(self.alpha_p)
+        a_n = self.BETA + F.softplus(self.alpha_n)
+        negative = (torch.expm1(torch.clamp(x, max=self.EPS)) - x) * a_n
+        return torch.where(x > 0, a_p * x * x, negative) + self.BETA * x
+
+
 def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
     if trace is not None:
         trace.record(name, value)
@@ -68,8 +95,10 @@ class FeedForward(nn.Module):
         self.rowwise = rowwise
         self.clamped = (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.mlp == "swiglu_clamped" \
             else None  # GPT-OSS's (alpha, limit)
+        # a learned activation is a module of its own (its weights ffn.act.*)
+        self.act = XIELU(**factory) if cfg.mlp == "xielu" else None
         self.activation = (self._clamped_unit if self.clamped is not None
-                           else _ACTIVATIONS[cfg.mlp])
+                           else _ACTIVATIONS.get(cfg.mlp))
         D, F_ = cfg.d_model, cfg.d_ff if width is None else width
         # per matrix biases (mlp_bias); `biased`: every matrix or none (a routed expert's)
         bias = cfg.has_bias if biased is None else (lambda name: biased)
@@ -89,8 +118,9 @@ class FeedForward(nn.Module):
         wide = (lambda t: t.double()) if self.rowwise else (lambda t: t)
         if self.clamped is not None:  # the up projection goes inside the clamped unit
             hidden = self.activation(wide(gate), wide(linear(self.w3, x))).to(gate.dtype)
-        else:
-            hidden = self.activation(wide(gate)).to(gate.dtype)
+        else:  # a learned activation is a dense layer's only: never rowwise
+            hidden = self.act(gate) if self.act is not None else \
+                self.activation(wide(gate)).to(gate.dtype)
             if self.w3 is not None:
                 hidden = hidden * linear(self.w3, x)
         _record(trace, f"{prefix}.hidden", hidden)

@@ -39,11 +39,12 @@ from ..errors import CheckpointError, ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import copy_into_parameters, decoder_from_tensors
 from ..storage.folder import write_folder_atomically
-from .families import InvalidHFConfig
+from .families import BLACK_BOX, InvalidHFConfig
 from .hf_config import (
     _transformers,
     config_from_hf,
     config_to_hf,
+    family_layout,
     family_of,
     hf_family,
     model_classes,
@@ -64,7 +65,7 @@ def _check_tie_flag(hf_model: Any) -> None:
     """The declared tie flag must agree with the aliasing actually present (DEFECTS.md A5)."""
     embed, head = hf_model.get_input_embeddings(), hf_model.get_output_embeddings()
     actually_tied = embed is not None and head is not None and head.weight is embed.weight
-    declared = bool(hf_model.config.tie_word_embeddings)
+    declared = bool(getattr(hf_model.config, "tie_word_embeddings", False))  # as transformers reads it
     if declared != actually_tied:
         raise ConfigError(f"tie_word_embeddings={declared} but lm_head.weight is "
                           f"{'' if actually_tied else 'not '}the embedding Parameter")
@@ -113,6 +114,12 @@ def hf_spec(hf_model: Any) -> DecoderConfig:
     tf = _transformers()
     family = family_of(hf_model, spec_classes(tf))
     return config_from_hf(hf_model.config, family)
+
+
+def hf_layout(hf_model: Any) -> str | None:
+    """The name of the layout the model's family keeps its weights in, where its names alone
+    would not tell (`families.Family.layout`: GPT-BigCode's c_attn), else None (detected)."""
+    return family_layout(hf_model)
 
 
 def export_changes(cfg: DecoderConfig) -> list[str]:
@@ -176,7 +183,8 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
         # An instance of a transformers class implies transformers is loaded; importing it here
         # only to answer "no" would cost seconds on every audit of a plain module.
         why = ("transformers is not installed" if find_spec("transformers") is None
-               else "transformers is not loaded")
+               else "transformers is installed but nothing imported it, so no object of its "
+                    "classes exists")
         return None, f"{name} is not a Hugging Face model ({why})"
     base = sys.modules.get("transformers.modeling_utils")
     if base is None or not isinstance(model, base.PreTrainedModel):
@@ -187,8 +195,12 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
     classes = spec_classes(tf)
     family = family_of(model, classes)
     if family is None:
-        known = " or ".join(cls.__name__ for cls in classes.values())
-        return None, f"{name} is not a class whose config is read as a spec ({known}, or a subclass)"
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        lacks = BLACK_BOX.get(model_type)
+        if lacks is not None:
+            return None, f"{name} ({model_type}) has what no DecoderConfig expresses: {lacks}"
+        return None, (f"{name} is not the class of a family whose config is read as a spec "
+                      f"({len(classes)} families: references/families.py)")
     try:
         config_from_hf(model.config, family)
     except InvalidHFConfig:
@@ -294,5 +306,5 @@ def max_logit_difference(decoder: Decoder, hf_model: Any, ids: torch.Tensor) -> 
     theirs = hf_model(input_ids=ids).logits
     return (ours - theirs.to(ours.dtype)).abs().max().item()
 
-__all__ = ["export_changes", "from_hf", "hf_spec", "is_hf_folder", "load_hf_folder", "max_logit_difference",
+__all__ = ["export_changes", "from_hf", "hf_layout", "hf_spec", "is_hf_folder", "load_hf_folder", "max_logit_difference",
     "save_hf_folder", "to_hf"]

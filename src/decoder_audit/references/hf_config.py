@@ -128,12 +128,20 @@ def family_of(model: Any, classes: dict[str, type]) -> str | None:
     return None
 
 
+def family_layout(model: Any) -> str | None:
+    """The layout its family's entry names for a model of `spec_classes` (`Family.layout`:
+    where the weights' names alone would not tell), or None: detected from the names."""
+    found = family_of(model, spec_classes(_transformers()))
+    entry = families.family(found) if found is not None else None
+    return entry.layout if entry is not None else None
+
+
 # ---- the one reader ---------------------------------------------------------------------------
 
 # DecoderConfig fields read as flags or numbers (a config may hold an int or None for them)
-_FLAGS = ("attn_bias", "mlp_bias", "parallel_residual", "normalize_topk")
+_FLAGS = ("attn_bias", "mlp_bias", "parallel_residual", "normalize_topk", "sandwich_norm")
 _NUMBERS = ("norm_eps", "attn_scale", "attn_softcap", "logit_softcap", "embedding_scale",
-            "routed_scaling")
+            "routed_scaling", "residual_multiplier", "logit_scale")
 # What a routed family's dense config (no experts: Qwen-MoE's num_experts=0) leaves out
 ROUTED_FIELDS = ("n_experts", "experts_per_token", "expert_width", "n_shared_experts",
                  "shared_expert_width", "shared_expert_gate", "router_scoring", "router_order",
@@ -154,20 +162,22 @@ def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
     if entry is None:
         raise ConfigError(f"model_type={model_type!r} is not supported; supported are "
                           f"{list(families.BY_TYPE)} (their causal-LM classes)")
-    if entry.block == "latent":
-        from .hf_latent import latent_config
-
-        return latent_config(hf_config, entry)
     problems: list[str] = []
-    fields = {**_sizes(hf_config, entry.grouped), "mlp": _mlp(hf_config, entry, problems)}
+    if entry.block == "latent":  # latent attention's own fields, RoPE on its rotary part
+        from .hf_latent import latent_fields
+
+        fields = latent_fields(hf_config, entry, problems)
+    else:
+        fields = {**_sizes(hf_config, entry.grouped), "mlp": _mlp(hf_config, entry, problems)}
     read = {name: _cast(name, read_source(hf_config, source, problems))
             for name, source in entry.reads().items()}
     fields.update(read)
     fields.update(entry.fixes())
-    # a RoPE field the entry reads itself (Granite SWA's per-layer bases) where it gives one
-    fields.update({name: value for name, value in _positions(hf_config, entry, fields,
-                                                             problems).items()
-                   if read.get(name) is None})
+    if entry.block != "latent":
+        # a RoPE field the entry reads itself (Granite SWA's per-layer bases) where it gives one
+        fields.update({name: value for name, value in _positions(hf_config, entry, fields,
+                                                                 problems).items()
+                       if read.get(name) is None})
     problems += refusals(hf_config, entry)
     _routed(fields, hf_config, entry)
     _refuse(entry.model_type, problems)
@@ -186,7 +196,9 @@ def _sizes(c: Any, grouped: bool) -> dict[str, Any]:
                 n_heads=heads, n_kv_heads=None if kv_heads in (None, heads) else kv_heads,
                 head_width=None if head_dim * heads == width else head_dim,
                 d_ff=getattr(c, "intermediate_size", None), max_seq_len=c.max_position_embeddings,
-                tie_embeddings=bool(c.tie_word_embeddings))
+                # a config without the field (Emu3's text config in 5.0) is untied, as
+                # transformers ties it: getattr(config, "tie_word_embeddings", False)
+                tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)))
 
 
 def read_source(c: Any, source: families.Source, problems: list[str]) -> Any:
@@ -231,7 +243,8 @@ def _positions(c: Any, family: families.Family, fields: dict[str, Any],
     if fields.get("pos", "rope") != "rope":
         return {}
     head_dim = fields["head_width"] or fields["d_model"] // fields["n_heads"]
-    rope = rope_fields(c, family, head_dim, problems)
+    # a family whose modules fix its RoPE (GPT-J's base 10000) has it among the entry's fields
+    rope = rope_fields(c, family, head_dim, problems) if family.rope_config else {}
     window = _window_fields(c, family, problems) if family.windows else {}
     if not window:  # no layer windowed (Gemma 3 with sliding_window_pattern=1): one base
         rope.pop("window_rope_theta", None)
@@ -256,14 +269,26 @@ def _routed(fields: dict[str, Any], c: Any, family: families.Family) -> None:
     if family.experts is None:
         return
     experts, k = fields.get("n_experts"), fields.get("experts_per_token")
-    if not experts:
+    if not experts or not _some_layer_routes(fields):
         for name in ROUTED_FIELDS:
             fields.pop(name, None)
         return
-    names = family.reads()
+    names = family.reads()  # a latent block's are DeepSeek's names
+    k_name = names.get("experts_per_token", "num_experts_per_tok")
+    e_name = names.get("n_experts", "n_routed_experts")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= experts:
-        raise InvalidHFConfig(f"{names['experts_per_token']}={k!r} must be an integer from 1 to "
-                              f"{names['n_experts']}={experts} (the experts each token is sent to)")
+        raise InvalidHFConfig(f"{k_name}={k!r} must be an integer from 1 to {e_name}="
+                              f"{experts} (the experts each token is sent to)")
+
+
+def _some_layer_routes(fields: dict[str, Any]) -> bool:
+    """Whether a layer routes past the dense ones (a DeepSeek config whose
+    first_k_dense_replace covers every layer is a dense model); True where the fields are not
+    integers, for DecoderConfig to name."""
+    dense, every = fields.get("first_dense_layers", 0), fields.get("moe_every", 1)
+    if not (isinstance(dense, int) and isinstance(every, int) and every >= 1):
+        return True
+    return any(i >= dense and (i + 1) % every == 0 for i in range(fields["n_layers"]))
 
 
 def _refuse(family: str, problems: list[str]) -> None:
@@ -353,6 +378,7 @@ def hf_family(cfg: DecoderConfig) -> str:
 # Fields no GPT-2 or Llama block computes with, refused where they differ from their default
 # (each later field a DecoderConfig grows for another family joins this list)
 _BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
+                         "position_offset", "latent_norm_eps",
                          "attn_sinks", "qk_norm_position", "query_position_scale",
                          "swiglu_alpha", "swiglu_limit", "router_bias", "expert_bias",
                          "shared_expert_scale")

@@ -13,9 +13,10 @@ Writing: each family's config is written from a DecoderConfig by reading its ent
 that DecoderConfig, so a field a family cannot hold (Qwen3's q/k norm in Mistral, a window in
 OLMo) is never lost: the next family is tried, and when none holds it the ConfigError names the
 families tried. The weights are then written into the new model's own tensors where its layout
-puts them (a fused q/k/v matrix row block by row block). Our RoPE must rotate halves here (the
-families' own layout; DeepSeek's latent attention holds either, as V3's rope_interleave says);
-the converter's Llama path is the one that permutes interleaved rows.
+puts them (a fused q/k/v matrix row block by row block). RoPE is written in the family's own
+layout: most rotate halves, a few pair features interleaved (GPT-J, CodeGen, Cohere, GLM, Helium,
+Ernie 4.5; DeepSeek's latent attention holds either, as V3's rope_interleave says); the
+converter's Llama path is the one that permutes interleaved rows.
 """
 
 from __future__ import annotations
@@ -29,10 +30,17 @@ from ..errors import ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import decoder_from_tensors
 from .families import FAMILIES, Family, takes
-from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, spec_classes
+from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, family_layout, spec_classes
 from .hf_rope import rope_config_fields
 from .hf_models import eager_experts
-from .layouts import detect, placeable
+from .layouts import Placement, detect, named_layouts, placeable
+
+
+def placed(hf_model: Any, spec: DecoderConfig) -> Placement | None:
+    """Where the model's weights lie on the spec's names: in the layout its family names, or
+    the one detected from the names (`layouts.detect`)."""
+    layout = family_layout(hf_model)
+    return detect(placeable(hf_model), spec, named_layouts(layout) if layout else None)
 
 
 def placed_weights(hf_model: Any, spec: DecoderConfig) -> dict[str, torch.Tensor]:
@@ -40,7 +48,7 @@ def placed_weights(hf_model: Any, spec: DecoderConfig) -> dict[str, torch.Tensor
     `spec`, or ConfigError naming every weight that does not fit it (a buffer that holds a
     weight, DeepSeek-V3's selection bias, is read as the Parameter it is in our Decoder)."""
     named = placeable(hf_model)
-    placement = detect(named, spec)
+    placement = placed(hf_model, spec)
     if placement is None:
         raise ConfigError(f"{type(hf_model).__name__}'s weights are in no known layout (first: "
                           f"{list(named)[:3]})")
@@ -81,15 +89,12 @@ def hf_model_for(decoder: Decoder, tf: Any) -> Any:
         if _write_weights(hf_model, cfg, decoder):
             return hf_model
         tried.append(family.model_type)  # its modules are not the shapes it reads back as
-    if cfg.pos == "rope" and cfg.rope_layout != "rotate_half":
-        # most families rotate halves; latent attention's (DeepSeek) and Cohere 2 MoE's pairs
-        # are interleaved, and were tried above
-        raise ConfigError(f"rope_layout='interleaved': no family that rotates interleaved pairs "
-                          f"holds this config (tried {tried}); the others rotate halves: write "
-                          "rope_layout='rotate_half' (the same weights, rows reordered per head, "
-                          "as from_hf's Llama path does)")
+    # most families rotate halves: a config only their RoPE tells apart is said so
+    hint = ("; rope_layout='interleaved': most families rotate halves (write rope_layout="
+            "'rotate_half': the same weights, rows reordered per head, as from_hf's Llama path "
+            "does)") if cfg.pos == "rope" and cfg.rope_layout == "interleaved" else ""
     raise ConfigError(f"no Hugging Face family holds this config exactly (tried {tried}; each "
-                      "reads back as another config)")
+                      f"reads back as another config){hint}")
 
 
 def _written(model_class: type, family: Family, cfg: DecoderConfig) -> Any:
@@ -122,7 +127,7 @@ def _write_weights(hf_model: Any, cfg: DecoderConfig, decoder: Decoder) -> bool:
     written) when its weights do not fit cfg exactly (DeepSeek-V3's selection bias into its
     buffer)."""
     named = placeable(hf_model)
-    placement = detect(named, cfg)
+    placement = placed(hf_model, cfg)
     if placement is None or placement.problems or placement.leftover:
         return False
     ours = dict(decoder.named_parameters(remove_duplicate=False))
@@ -144,7 +149,7 @@ def config_fields(cfg: DecoderConfig, config_class: type, family: Family) -> dic
         return _deepseek(cfg, config_class, family)
     fields: dict[str, Any] = ({"num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim}
                               if family.grouped else {})
-    if cfg.pos == "rope":
+    if cfg.pos == "rope" and family.rope_config:
         fields.update(rope_config_fields(cfg, config_class, family))
     names = [name for name, ours in family.activations.items() if ours == cfg.mlp]
     if names:  # else the family computes another MLP: it reads back as another config
@@ -180,22 +185,25 @@ def _windows(cfg: DecoderConfig, config_class: type, family: Family) -> dict[str
 
 
 def _deepseek(cfg: DecoderConfig, config_class: type, family: Family) -> dict[str, Any]:
-    """DeepSeek's config for a latent Decoder, as `hf_latent.latent_config` reads it back:
-    every layer dense (first_k_dense_replace = L) without experts; V3's groups (one group when
-    there are none), V2's topk_method. A Decoder they do not hold (V3 without a sigmoid and a
-    selection bias, V2 renormalising, shared experts of another width) reads back otherwise and
-    is not written."""
+    """The config of a latent attention family for a latent Decoder, as `hf_latent` reads it
+    back: every layer dense (first_k_dense_replace = L) without experts; V3's groups (one group
+    when there are none), V2's topk_method; what the entry derives itself by its `write`. A
+    Decoder they do not hold (V3 without a sigmoid and a selection bias, V2 renormalising,
+    shared experts of another width) reads back otherwise and is not written."""
     fields: dict[str, Any] = {
         **rope_config_fields(cfg, config_class, family), "num_key_value_heads": cfg.n_heads,
         "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu", "attention_bias": False,
         "kv_lora_rank": cfg.kv_latent_rank, "q_lora_rank": cfg.q_latent_rank,
         "qk_rope_head_dim": cfg.rope_head_width, "qk_nope_head_dim": cfg.nope_head_width,
-        "v_head_dim": cfg.value_head_width,
-        "first_k_dense_replace": cfg.first_dense_layers if cfg.routed else cfg.n_layers}
-    v3 = family.experts == "deepseek_v3"
-    if v3:
+        "v_head_dim": cfg.value_head_width}
+    if takes(config_class, "first_k_dense_replace"):
+        fields["first_k_dense_replace"] = cfg.first_dense_layers if cfg.routed else cfg.n_layers
+    if takes(config_class, "rope_interleave"):
         fields["rope_interleave"] = cfg.rope_layout == "interleaved"
-    if not cfg.routed:
+    if family.write is not None:
+        fields.update(family.write(cfg, config_class))
+    v3 = family.experts == "deepseek_v3"
+    if not cfg.routed or family.experts is None:
         return fields
     fields.update(n_routed_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token,
                   moe_intermediate_size=cfg.expert_dim, n_shared_experts=cfg.n_shared_experts,

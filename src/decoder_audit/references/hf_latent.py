@@ -1,9 +1,10 @@
-"""Latent attention's families (DeepSeek-V2 and V3): their config read as a DecoderConfig.
+"""Latent attention's families (DeepSeek-V2 and V3, and those built on their attention:
+Youtu, GLM-4.7-Flash's glm4_moe_lite, MiniCPM3): their config read as DecoderConfig fields.
 
-Latent attention in front of routed experts is a block unlike Llama's, so its reader is its
-own; which router the entry names (`Family.experts`: "deepseek_v3" scores by a sigmoid and
-chooses within groups, "deepseek_v2" by a softmax, greedily or within groups) decides the
-routed fields.
+Latent attention is a block unlike Llama's, so its fields are read here; which router the entry
+names (`Family.experts`: "deepseek_v3" scores by a sigmoid and chooses within groups,
+"deepseek_v2" by a softmax, greedily or within groups, None: dense MLPs) decides the routed
+fields; the entry's reads and fixes then apply as for every family (`hf_config`).
 """
 
 from __future__ import annotations
@@ -13,27 +14,21 @@ from typing import Any
 
 from ..config import DecoderConfig
 from ..errors import ConfigError
-from .families import Family
+from .families import Family, InvalidHFConfig
 from .hf_rope import holds_rope_parameters, rope_fields, rope_parameters_of
 
 
-# transformers' RMSNorm default: the latent norms (q_a_layernorm, kv_a_layernorm) are built
-# without the config's rms_norm_eps, the block norms with it
-_LATENT_NORM_EPS = 1e-6
-
-
-def latent_config(c: Any, entry: Family) -> DecoderConfig:
-    """DeepseekV2Config or DeepseekV3Config as transformers' modules compute it: latent
-    attention (q_lora_rank None: one q_proj), each head its nope features then its rope ones,
-    RoPE on the rope part (V2 on interleaved pairs, as complex numbers; V3 interleaved or on
-    halves as rope_interleave says), scores scaled by (nope + rope)^-0.5 (times YaRN's mscale
-    squared where mscale_all_dim is set); the first first_k_dense_replace layers dense, every
-    later one routed with n_shared_experts shared experts of moe_intermediate_size, their
-    weights times routed_scaling_factor. V3 scores by a sigmoid, chooses by the score plus its
-    e_score_correction_bias within its topk_group best of n_group groups (each worth its two
-    best), renormalises as norm_topk_prob says; V2 scores by a softmax, chooses greedily or
-    within groups each worth its best (topk_method), and never renormalises (its router
-    ignores norm_topk_prob).
+def latent_fields(c: Any, entry: Family, problems: list[str]) -> dict[str, Any]:
+    """The DecoderConfig fields of latent attention's block as transformers' modules compute
+    it (DeepseekV2Config, DeepseekV3Config and the configs of the families built on their
+    attention), appending what we cannot express to `problems`: latent attention (q_lora_rank
+    None: one q_proj), each head its nope features then its rope ones, RoPE on the rope part
+    (interleaved or on halves as rope_interleave says, where the entry fixes neither), scores
+    scaled by (nope + rope)^-0.5 (times YaRN's mscale squared where mscale_all_dim is set); a
+    dense MLP of intermediate_size; the routed experts by the router's form the entry names
+    (`Family.experts`: `_routing`). The entry's own reads and fixes are applied after these
+    (`hf_config.config_from_hf`): its dense layers, DeepSeek-V2's interleaved pairs, MiniCPM3's
+    multipliers.
 
     Read in transformers 5's form only (a config holding rope_parameters): before it,
     DeepSeek's router returned (indices, weights), each expert was a module of its own, and its
@@ -45,7 +40,7 @@ def latent_config(c: Any, entry: Family) -> DecoderConfig:
                           "rope_scaling): its modules are read as a spec in transformers 5's "
                           "form only (a router returning logits, weights and indices; the "
                           "experts in two tensors)")
-    problems = _unexpressed(c)
+    problems += _unexpressed(c)
     rope = rope_fields(c, entry, c.qk_rope_head_dim, problems)
     rope.pop("rotary_dim")  # the rotary part is rope_head_width (a factor is refused above)
     head = c.qk_nope_head_dim + c.qk_rope_head_dim
@@ -56,20 +51,16 @@ def latent_config(c: Any, entry: Family) -> DecoderConfig:
         factor = params.get("factor") or 1.0
         mscale = 0.1 * params["mscale_all_dim"] * math.log(factor) + 1.0 if factor > 1 else 1.0
         attn_scale = head ** -0.5 * mscale * mscale
-    routed = _routing(c, entry.experts, problems)
-    if problems:
-        raise ConfigError(f"cannot convert this {family} config: " + "; ".join(problems))
-    # V2 rotates interleaved pairs (as complex numbers); V3 as rope_interleave says
-    interleaved = entry.experts == "deepseek_v2" or bool(getattr(c, "rope_interleave", True))
-    return DecoderConfig(
+    interleaved = bool(getattr(c, "rope_interleave", True))
+    return dict(
         vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
         n_heads=c.num_attention_heads, d_ff=c.intermediate_size,
         max_seq_len=c.max_position_embeddings, norm="rmsnorm", norm_eps=float(c.rms_norm_eps),
         mlp="swiglu", pos="rope", rope_layout="interleaved" if interleaved else "rotate_half",
         **rope, attn_scale=attn_scale, kv_latent_rank=c.kv_lora_rank,
         q_latent_rank=c.q_lora_rank, rope_head_width=c.qk_rope_head_dim,
-        nope_head_width=c.qk_nope_head_dim, value_head_width=c.v_head_dim, **routed,
-        tie_embeddings=bool(c.tie_word_embeddings))
+        nope_head_width=c.qk_nope_head_dim, value_head_width=c.v_head_dim,
+        **_routing(c, entry.experts, problems), tie_embeddings=bool(c.tie_word_embeddings))
 
 
 def _unexpressed(c: Any) -> list[str]:
@@ -86,23 +77,23 @@ def _unexpressed(c: Any) -> list[str]:
         problems.append(f"num_key_value_heads={c.num_key_value_heads} != num_attention_heads="
                         f"{c.num_attention_heads} (kv_b_proj gives every head its own key and "
                         "value; transformers repeats them again and fails)")
-    if float(c.rms_norm_eps) != _LATENT_NORM_EPS:
-        problems.append(f"rms_norm_eps={c.rms_norm_eps} (the latent norms q_a_layernorm and "
-                        f"kv_a_layernorm keep transformers' {_LATENT_NORM_EPS}: one norm_eps "
-                        "cannot hold both)")
     return problems
 
 
-def _routing(c: Any, router: str, problems: list[str]) -> dict[str, Any]:
-    """The routed fields of a DeepSeek config by its router's form (see `latent_config`); none
-    where no layer routes (first_k_dense_replace >= num_hidden_layers)."""
-    dense = c.first_k_dense_replace or 0
-    if dense >= c.num_hidden_layers:
+def _routing(c: Any, router: str | None, problems: list[str]) -> dict[str, Any]:
+    """The routed fields of a DeepSeek router's form (see `latent_fields`): "deepseek_v3",
+    "deepseek_v2", or None for a block whose every MLP is dense (Youtu, MiniCPM3). Which
+    layers are dense is the entry's to read (first_k_dense_replace, mlp_layer_types)."""
+    if router is None:
         return {}
+    k, experts = c.num_experts_per_tok, c.n_routed_experts
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= (experts or 0):
+        raise InvalidHFConfig(f"num_experts_per_tok={k!r} must be an integer from 1 to "
+                              f"n_routed_experts={experts!r} (the experts each token is sent to)")
     fields: dict[str, Any] = {
         "n_experts": c.n_routed_experts, "experts_per_token": c.num_experts_per_tok,
         "expert_width": c.moe_intermediate_size, "n_shared_experts": c.n_shared_experts,
-        "routed_scaling": float(c.routed_scaling_factor), "first_dense_layers": dense}
+        "routed_scaling": float(c.routed_scaling_factor)}
     if router == "deepseek_v3":
         if c.n_group is None or c.topk_group is None:
             problems.append(f"n_group={c.n_group}, topk_group={c.topk_group} (V3's router "

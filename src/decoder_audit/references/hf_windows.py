@@ -66,7 +66,7 @@ def layer_kinds(config: Any, family: str | None = None) -> list[str] | None:
 
 
 # Families whose windowed layers a release before `layer_types` decided by a rule of its own.
-_LEGACY = ("gemma2", "gemma3", "gemma3_text", "qwen2")
+_LEGACY = ("gemma2", "gemma3", "gemma3_text", "qwen2", "cohere2")
 
 
 def window_size(config: Any) -> int | None:

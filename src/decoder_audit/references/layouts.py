@@ -45,6 +45,22 @@ Layouts detected from the parameter names (`detect`):
                         feed_forward.w1/w2/w3, ffn_norm, norm, lm_head (torchtitan 0.3)
     TransformerLens     embed.W_E, blocks.{i}.attn.W_Q (H, D, Dh), W_O (H, Dh, D), b_Q (H, Dh),
                         mlp.W_in (D, F), unembed.W_U (D, V) and its bias b_U (HookedTransformer)
+    Hugging Face MoE    Llama's attention names with DeepSeek's MoE names (mlp.gate and its
+      (DeepSeek's       e_score_correction_bias, mlp.shared_experts, fused experts); variants
+      names), ...       with the selection bias held by the block (MiniMax-M2, HY-V3) or as
+                        Ernie 4.5's (1, E) mlp.gate.moe_statics Parameter, GLM-4's sandwich
+                        norms (Kolibri 1), OLMo 2's norms (FlexOlmo), Aria's router mlp.router
+                        and its experts stored in -> out, GraniteMoE's block_sparse_moe router
+                        and experts with the shared MLP's gate and up fused in input_linear
+    Hugging Face        Llama's attention and norms with a plain MLP mlp.c_fc -> mlp.c_proj
+      Starcoder2
+    Hugging Face GLM    Llama's attention and norms, gate and up fused in mlp.gate_up_proj
+    Hugging Face GLM-4  GLM's, with post_self_attn_layernorm and post_mlp_layernorm after the
+                        sublayers (post_attention_layernorm stays the MLP's input norm)
+    Hugging Face        Llama's names with post_norm1 and post_norm2 after the sublayers
+      HyperCLOVAX
+    Hugging Face        Llama's attention, attention_layernorm and feedforward_layernorm, a plain
+      Apertus           MLP up_proj -> down_proj whose xIELU learns mlp.act_fn.alpha_p, alpha_n
 each possibly under a wrapper's prefix (`model.`, `net.`), and each also without its root module
 (`embed_tokens`, `layers.{i}.self_attn.q_proj`, `norm`, `lm_head` at the top: `rootless`). Anything else takes a user function
 (`weights_map=`): state dict -> {canonical name: tensor}.
@@ -80,8 +96,8 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     norm = ("weight", "bias") if spec.norm == "layernorm" and spec.norm_bias else ("weight",)
     norm = norm if spec.norm_affine else ()  # OLMo's norms learn nothing
     shapes: dict[str, tuple[int, ...]] = {"token_embeddings.weight": (v, d)}
-    if spec.pos == "learned":
-        shapes["position_embeddings.weight"] = (t, d)
+    if spec.pos == "learned":  # OPT's keeps position_offset rows before position 0's
+        shapes["position_embeddings.weight"] = (spec.position_offset + t, d)
     matrices = {"attn.q_proj": (d_q, d), "attn.k_proj": (d_kv, d), "attn.v_proj": (d_kv, d),
                 "attn.output_proj": (d, d_q)}
     if spec.latent_attention:
@@ -101,6 +117,7 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{p}.attn.sinks"] = (spec.n_heads,)
         if spec.latent_attention:
             shapes.update({f"{p}.{name}": shape for name, shape in _latent_weights(spec).items()})
+        shapes.update(_activation_weights(spec, i))
         if spec.routes(i):
             shapes[f"{p}.ffn.router.weight"] = (spec.n_experts, d)
             if spec.router_bias:
@@ -136,6 +153,15 @@ def _mlp_matrices(spec: DecoderConfig, layer: int) -> dict[str, tuple[int, ...]]
         if spec.gated:
             out[f"{name}.w3"] = (width, d)
     return out
+
+
+def _activation_weights(spec: DecoderConfig, layer: int, *, every: bool = False
+                        ) -> dict[str, tuple[int, ...]]:
+    """A learned activation's parameters in a dense layer (xIELU's two numbers); `every`: those
+    a module might hold whatever the spec's activation (so an extra one is found and named)."""
+    if not every and (spec.mlp != "xielu" or spec.routes(layer)):
+        return {}
+    return {f"layers.{layer}.ffn.act.alpha_p": (1,), f"layers.{layer}.ffn.act.alpha_n": (1,)}
 
 
 def _latent_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
@@ -179,8 +205,6 @@ class Layout:
     torchtitan's fused wqkv), instead of all q rows, then all k rows, then all v rows."""
     fused_gate_up: str | None = None
     """The in-block module whose weight stacks the gated MLP's w1 (gate) rows, then w3 (up)."""
-    fused_shared_gate_up: str | None = None
-    """The same for the shared experts' MLP (GraniteMoe's shared_mlp.input_linear)."""
     norm_params: tuple[str, str | None] = ("weight", "bias")
     """The layout's names for a norm's gain and shift (None: its norms have no shift)."""
     head_aliases: tuple[str, ...] = ()
@@ -189,9 +213,6 @@ class Layout:
     fused_experts: tuple[str, str] | None = None
     """The in-block parameters that hold every routed expert's matrices at once (transformers
     5): (gate_up (E, 2 Fe, D): each expert's w1 rows then its w3 rows, down (E, D, Fe): w2)."""
-    experts_in_out: bool = False
-    """The fused experts are stored in -> out, gate_up (E, D, 2 Fe) and down (E, Fe, D): each
-    expert's matrices transposed (GPT-OSS)."""
     gate_up_interleaved: bool = False
     """The fused gate_up's units alternate, gate, up, gate, up (GPT-OSS: w1 the even units, w3
     the odd ones), instead of every gate unit, then every up unit."""
@@ -202,6 +223,27 @@ class Layout:
     """The router module's name for the selection bias (ffn.router.selection_bias), where it
     is a buffer rather than a Parameter (DeepSeek-V3's e_score_correction_bias, updated by a
     balancing rule, never by gradients): `placeable` adds such buffers to what is placed."""
+    selection_bias_at: str | None = None
+    """The selection bias's in-block name where it is no tensor of the router module's own
+    (MiniMax-M2's and HY-V3's buffer mlp.e_score_correction_bias, held by the block and handed
+    to the router; Ernie 4.5's (1, E) Parameter mlp.gate.moe_statics.e_score_correction_bias,
+    read flattened)."""
+    experts_transposed: bool = False
+    """The fused experts are stored in -> out (Aria, GPT-OSS): gate_up (E, D, 2 Fe) whose
+    first Fe columns are an expert's w1 (or its even ones, gate_up_interleaved), down
+    (E, Fe, D); each expert's matrix is read transposed."""
+    fused_shared_gate_up: str | None = None
+    """The in-block module whose weight stacks the shared experts' w1 (gate) rows, then their w3
+    (up) rows (GraniteMoeShared's shared_mlp.input_linear)."""
+    qkv_shards: int = 1
+    """The fused q/k/v rows are split in this many equal shards, each holding its share of q, k
+    and v (in `qkv_order`): CodeGen's qkv_proj is 4 shards (its mp_num) of q, v, k rows."""
+    qkv_order: tuple[str, str, str] = ("q_proj", "k_proj", "v_proj")
+    """The order of q, k and v rows in a fused matrix (in each shard)."""
+    detected: bool = True
+    """False: placed only where a family's entry names it (`families.Family.layout`), never
+    detected from the names, which are another layout's with the same shapes in another row
+    order (GPT-BigCode's c_attn is GPT-2's name and shape, its rows per KV group)."""
 
     def module_name(self, canonical: str) -> tuple[str, str] | None:
         """(the layout's module name, parameter kind) for a canonical weight name."""
@@ -228,13 +270,15 @@ _OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn", "
                                  "ffn.experts.{e}.w2", "ffn.experts.{e}.w3", "ffn.shared.w1",
                                  "ffn.shared.w2", "ffn.shared.w3", "attn.q_a_proj", "attn.q_a_norm",
                                  "attn.q_b_proj", "attn.kv_a_proj", "attn.kv_a_norm",
-                                 "attn.kv_b_proj")}
+                                 "attn.kv_b_proj", "ffn.act")}
 _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
              "attn": "self_attn",  # the attention module's own parameters: sinks
              "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
              "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
              "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
              "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj"}
+# Llama's norms and attention without its MLP (families whose MLP is named otherwise)
+_HF_LLAMA_ATTN = {k: v for k, v in _HF_LLAMA.items() if not k.startswith("ffn.")}
 # transformers' routed layers (Mixtral from 5.0, Qwen2-MoE, Qwen3-MoE, OLMoE): the router in
 # mlp.gate, Qwen2-MoE's shared expert and its gate; each expert a module of its own before
 # transformers 5, all of them in two tensors from it (Layout.fused_experts)
@@ -259,12 +303,30 @@ _HF_DEEPSEEK = {**{k: v for k, v in _HF_LLAMA.items() if not k.startswith("attn.
                 "ffn.shared.w2": "mlp.shared_experts.down_proj",
                 # releases whose experts are one module each, as _HF_MOE names them
                 **{k: v for k, v in _HF_MOE.items() if k.startswith("ffn.experts.")}}
+# ---- routed families (helper fam-moe) ----
+_FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+# Llama's attention (and q/k norms) with DeepSeek's MoE names: the router mlp.gate, the shared
+# experts as one MLP in mlp.shared_experts, a dense layer's MLP in mlp.*, the experts fused
+_HF_SHARED_EXPERTS = {**_HF_LLAMA, "ffn.router": "mlp.gate",
+                      **{k: v for k, v in _HF_DEEPSEEK.items() if k.startswith("ffn.shared.")}}
 _FROM_SCRATCH_ATTN = {"ln1": "norm1", "ln2": "norm2", "attn.q_proj": "att.W_query",
                       "attn.k_proj": "att.W_key", "attn.v_proj": "att.W_value",
                       "attn.output_proj": "att.out_proj"}
 
 _LITGPT_ATTN = {"ln1": "norm_1", "ln2": "norm_2", "attn.output_proj": "attn.proj",
                 "attn.q_norm": "attn.norm_q", "attn.k_norm": "attn.norm_k"}
+
+# ---- GPT-style families (helper fam-gpt) ----
+# fairseq's decoder layer (OPT, BioGPT): self_attn_layer_norm before attention,
+# final_layer_norm before the MLP fc1 -> fc2
+_FAIRSEQ = {"ln1": "self_attn_layer_norm", "ln2": "final_layer_norm",
+            "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
+            "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.out_proj",
+            "ffn.w1": "fc1", "ffn.w2": "fc2"}
+_GPTJ = {"ln1": "ln_1", "attn.output_proj": "attn.out_proj", "ffn.w1": "mlp.fc_in",
+         "ffn.w2": "mlp.fc_out"}
+_FALCON = {"attn.output_proj": "self_attention.dense", "ffn.w1": "mlp.dense_h_to_4h",
+           "ffn.w2": "mlp.dense_4h_to_h"}
 
 LAYOUTS: tuple[Layout, ...] = (
     Layout("decoder-audit", "token_embeddings", "position_embeddings", "layers.{i}", "ln_final",
@@ -342,13 +404,124 @@ LAYOUTS: tuple[Layout, ...] = (
             "attn.k_norm": "attention.k_norm", "ffn.w1": "feed_forward.w1",
             "ffn.w2": "feed_forward.w2", "ffn.w3": "feed_forward.w3"},
            fused_qkv="attention.qkv_linear.wqkv", qkv_per_head=True, norm_params=("weight", None)),
-    # ---- GPT-OSS, Hunyuan, GraniteMoe SWA (helper fam-sinks) ----
+    # ---- GPT-style families (helper fam-gpt) ----
+    # GPT-BigCode: GPT-2's names and c_attn's shape (an nn.Linear), its rows KV group by KV
+    # group: with multi_query every q row then one k and one v head (GPT-2's order), without it
+    # head by head (q, k, v of head 0, then head 1, ...). Named by its family's entry, never
+    # detected: the names and shapes are GPT-2's, whose rows are q, k, v whole
+    Layout("Hugging Face GPT-BigCode", "transformer.wte", "transformer.wpe", "transformer.h.{i}",
+           "transformer.ln_f", "lm_head",
+           {"ln1": "ln_1", "ln2": "ln_2", "attn.output_proj": "attn.c_proj",
+            "ffn.w1": "mlp.c_fc", "ffn.w2": "mlp.c_proj"}, fused_qkv="attn.c_attn",
+           qkv_per_head=True, detected=False),
+    Layout("Hugging Face GPT-Neo", "transformer.wte", "transformer.wpe", "transformer.h.{i}",
+           "transformer.ln_f", "lm_head",
+           {"ln1": "ln_1", "ln2": "ln_2", "attn.q_proj": "attn.attention.q_proj",
+            "attn.k_proj": "attn.attention.k_proj", "attn.v_proj": "attn.attention.v_proj",
+            "attn.output_proj": "attn.attention.out_proj", "ffn.w1": "mlp.c_fc",
+            "ffn.w2": "mlp.c_proj"}),
+    # OPT and BioGPT: fairseq's names (their position tables keep two rows before position 0's:
+    # the spec's position_offset)
+    Layout("Hugging Face OPT", "model.decoder.embed_tokens", "model.decoder.embed_positions",
+           "model.decoder.layers.{i}", "model.decoder.final_layer_norm", "lm_head", _FAIRSEQ),
+    Layout("Hugging Face BioGPT", "biogpt.embed_tokens", "biogpt.embed_positions",
+           "biogpt.layers.{i}", "biogpt.layer_norm", "output_projection", _FAIRSEQ),
+    # GPT-J and CodeGen: one norm ln_1 in front of a parallel block; CodeGen fuses q, k, v in
+    # qkv_proj as 4 shards (its mp_num) of q, v, k rows
+    Layout("Hugging Face GPT-J", "transformer.wte", None, "transformer.h.{i}",
+           "transformer.ln_f", "lm_head", {**_GPTJ, "attn.q_proj": "attn.q_proj",
+                                           "attn.k_proj": "attn.k_proj",
+                                           "attn.v_proj": "attn.v_proj"}),
+    Layout("Hugging Face CodeGen", "transformer.wte", None, "transformer.h.{i}",
+           "transformer.ln_f", "lm_head", _GPTJ, fused_qkv="attn.qkv_proj", qkv_shards=4,
+           qkv_order=("q_proj", "v_proj", "k_proj")),
+    Layout("Hugging Face Phi", "model.embed_tokens", None, "model.layers.{i}",
+           "model.final_layernorm", "lm_head",
+           {"ln1": "input_layernorm", "attn.q_proj": "self_attn.q_proj",
+            "attn.k_proj": "self_attn.k_proj", "attn.v_proj": "self_attn.v_proj",
+            "attn.output_proj": "self_attn.dense", "ffn.w1": "mlp.fc1", "ffn.w2": "mlp.fc2"}),
+    # Falcon: query_key_value KV group by KV group (the new architecture's (Hkv, H/Hkv + 2, Dh);
+    # multi_query's q, k, v is one group, the MHA's (H, 3, Dh) one group a head); its norms
+    # input_layernorm (the only one of a parallel block that shares it) and
+    # post_attention_layernorm, or ln_attn and ln_mlp beside each other (the new architecture's)
+    Layout("Hugging Face Falcon", "transformer.word_embeddings", None, "transformer.h.{i}",
+           "transformer.ln_f", "lm_head",
+           {**_FALCON, "ln1": "input_layernorm", "ln2": "post_attention_layernorm"},
+           fused_qkv="self_attention.query_key_value", qkv_per_head=True),
+    Layout("Hugging Face Falcon (two parallel norms)", "transformer.word_embeddings", None,
+           "transformer.h.{i}", "transformer.ln_f", "lm_head",
+           {**_FALCON, "ln1": "ln_attn", "ln2": "ln_mlp"},
+           fused_qkv="self_attention.query_key_value", qkv_per_head=True),
+    # ---- routed families (helper fam-moe) ----
+    # DeepSeek's MoE names behind Llama's attention (Dots1, GLM-4.5, Solar Open, EXAONE MoE)
+    Layout("Hugging Face MoE, DeepSeek's names", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head", _HF_SHARED_EXPERTS, fused_experts=_FUSED_EXPERTS,
+           selection_bias="e_score_correction_bias"),
+    # MiniMax-M2 and HY-V3: the selection bias a buffer of the block, handed to its router
+    Layout("Hugging Face MoE, the selection bias on the block", "model.embed_tokens", None,
+           "model.layers.{i}", "model.norm", "lm_head", _HF_SHARED_EXPERTS,
+           fused_experts=_FUSED_EXPERTS, selection_bias_at="mlp.e_score_correction_bias"),
+    # Ernie 4.5 MoE: the selection bias a (1, E) Parameter of the router's moe_statics
+    Layout("Hugging Face Ernie 4.5 MoE", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head", _HF_SHARED_EXPERTS, fused_experts=_FUSED_EXPERTS,
+           selection_bias_at="mlp.gate.moe_statics.e_score_correction_bias"),
+    # Kolibri 1: GLM-4's sandwich block (post_self_attn_layernorm on the attention output,
+    # post_attention_layernorm the MLP's input norm, post_mlp_layernorm on its output)
+    Layout("Hugging Face GLM-4 sandwich MoE", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head",
+           {**_HF_SHARED_EXPERTS, "ln1_post": "post_self_attn_layernorm",
+            "ln2_post": "post_mlp_layernorm"}, fused_experts=_FUSED_EXPERTS,
+           selection_bias="e_score_correction_bias"),
+    # FlexOlmo: OLMo 2's norms after the sublayers, OLMoE's router and experts
+    Layout("Hugging Face OLMo 2 MoE", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head",
+           {**_HF_MOE, "ln1_post": "post_attention_layernorm", "ln2": "pre_feedforward_layernorm",
+            "ln2_post": "post_feedforward_layernorm"}, fused_experts=_FUSED_EXPERTS),
+    # Aria's text model: the router mlp.router, the experts stored in -> out
+    Layout("Hugging Face Aria", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_SHARED_EXPERTS, "ffn.router": "mlp.router"},
+           fused_experts=_FUSED_EXPERTS, experts_transposed=True),
+    # GraniteMoE (and GraniteMoeShared): block_sparse_moe's router and fused experts, the shared
+    # MLP's gate and up rows fused in shared_mlp.input_linear
+    Layout("Hugging Face GraniteMoE", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head",
+           {**_HF_LLAMA, "ffn.router": "block_sparse_moe.router",
+            "ffn.shared.w2": "shared_mlp.output_linear"},
+           fused_experts=("block_sparse_moe.experts.gate_up_proj",
+                          "block_sparse_moe.experts.down_proj"),
+           fused_shared_gate_up="shared_mlp.input_linear"),
+    # ---- dense Llama-named families (helper fam-llama) ----
+    # Starcoder2: Llama's attention, a plain MLP c_fc -> c_proj, LayerNorms with a shift
+    Layout("Hugging Face Starcoder2", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ffn.w1": "mlp.c_fc", "ffn.w2": "mlp.c_proj"}),
+    # GLM: Llama's attention, Phi-3's MLP (gate rows then up rows in mlp.gate_up_proj)
+    Layout("Hugging Face GLM", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ffn.w2": "mlp.down_proj"},
+           fused_gate_up="mlp.gate_up_proj"),
+    # GLM-4: GLM's with sandwich norms; post_attention_layernorm keeps Llama's meaning (the
+    # MLP's input norm), the sublayers' outputs normalised by post_self_attn / post_mlp
+    Layout("Hugging Face GLM-4", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ffn.w2": "mlp.down_proj",
+                       "ln1_post": "post_self_attn_layernorm", "ln2_post": "post_mlp_layernorm"},
+           fused_gate_up="mlp.gate_up_proj"),
+    # HyperCLOVAX: Llama's names with its post norms (post_norm1 after attention, post_norm2
+    # after the MLP)
+    Layout("Hugging Face HyperCLOVAX", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head", {**_HF_LLAMA, "ln1_post": "post_norm1",
+                                     "ln2_post": "post_norm2"}),
+    # Apertus: Llama's attention (q/k norms), its own norms' names, a plain MLP whose xIELU
+    # learns alpha_p and alpha_n
+    Layout("Hugging Face Apertus", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA_ATTN, "ln1": "attention_layernorm",
+                       "ln2": "feedforward_layernorm", "ffn.w1": "mlp.up_proj",
+                       "ffn.w2": "mlp.down_proj", "ffn.act": "mlp.act_fn"}),
+    # ---- GPT-OSS, Hunyuan, Cohere 2 MoE (helper fam-sinks) ----
     # GPT-OSS: the router mlp.router (weight and bias), the experts fused in -> out with
     # interleaved gate/up units and their biases; sinks under self_attn (as _HF_LLAMA's)
     Layout("Hugging Face GPT-OSS", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
            "lm_head", {**_HF_LLAMA, "ffn.router": "mlp.router"},
            fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
-           experts_in_out=True, gate_up_interleaved=True,
+           experts_transposed=True, gate_up_interleaved=True,
            fused_expert_biases=("mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias")),
     # Hunyuan: per-head q/k norms named query_layernorm / key_layernorm; its MoE layers' router
     # mlp.gate.wg, shared MLP mlp.shared_mlp, experts fused as transformers 5 keeps them
@@ -359,14 +532,6 @@ LAYOUTS: tuple[Layout, ...] = (
                        "ffn.shared.w3": "mlp.shared_mlp.up_proj",
                        "ffn.shared.w2": "mlp.shared_mlp.down_proj"},
            fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
-    # GraniteMoe (and its SWA variant): block_sparse_moe's router and fused experts, the shared
-    # experts' gate and up rows in shared_mlp.input_linear, their down in output_linear
-    Layout("Hugging Face GraniteMoe", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
-           "lm_head", {**_HF_LLAMA, "ffn.router": "block_sparse_moe.router",
-                       "ffn.shared.w2": "shared_mlp.output_linear"},
-           fused_experts=("block_sparse_moe.experts.gate_up_proj",
-                          "block_sparse_moe.experts.down_proj"),
-           fused_shared_gate_up="shared_mlp.input_linear"),
     # Cohere 2 MoE: Llama's attention names, one norm (input_layernorm), the router mlp.gate,
     # the shared experts as one MLP in mlp.shared_experts, the experts fused
     Layout("Hugging Face Cohere 2 MoE", "model.embed_tokens", None, "model.layers.{i}",
@@ -398,12 +563,17 @@ class Spot:
     gate_up_proj and down_proj): this expert's matrix, tensor[expert], before the rows."""
     step: int = 1
     """Every step-th row of [start, stop) (GPT-OSS's interleaved gate and up units: step 2)."""
+    flat: bool = False
+    """A vector stored with unit axes around it (Ernie 4.5's (1, E) selection bias): read
+    flattened."""
 
     def _target(self, tensor: torch.Tensor) -> torch.Tensor:
         """A view of the weight's place in `tensor`: (rows, ...), or (groups, rows, ...) whose
         first two axes flattened give the canonical weight."""
         if self.expert is not None:
             tensor = tensor[self.expert]  # (out, in): a view
+        if self.flat:
+            return tensor.flatten()  # (1, E) -> (E,): a view of a contiguous tensor
         if self.heads == "in":
             return tensor.transpose(1, 2)  # (heads, Dh, in)
         if self.heads == "out":
@@ -463,6 +633,14 @@ class WeightsMapError(ConfigError):
     something other than {canonical name: tensor}; the message names the map and what it did."""
 
 
+class WeightsMapReturnError(WeightsMapError):
+    """A weights_map that returned something other than {canonical name: tensor} (a list,
+    None, a dict holding a non-tensor or a key that is not a name). What a map returns is
+    input, checked as an argument is: `audit()` raises this (the command line exits 2 with its
+    one line), where what the map does when run (raises, exits, edits the module) is
+    evidence, a failing params and oracle."""
+
+
 class _Exited(BaseException):
     """os._exit called inside a weights_map (a BaseException: the map's own `except Exception`
     does not swallow it)."""
@@ -504,22 +682,25 @@ def run_weights_map(weights_map: WeightsMap, state: Mapping[str, torch.Tensor],
 
 
 def _tensors_of(label: str, mapped) -> dict[str, torch.Tensor]:
-    """A map's output as {canonical name: tensor}, or WeightsMapError naming what it is."""
+    """A map's output as {canonical name: tensor}, or WeightsMapReturnError naming what it
+    is."""
     if not isinstance(mapped, Mapping):
         what = "None (no return statement?)" if mapped is None else \
             f"a {type(mapped).__name__}"
-        raise WeightsMapError(f"{label} returned {what}, not a dict {{canonical name: tensor}}")
+        raise WeightsMapReturnError(f"{label} returned {what}, not a dict "
+                                    "{canonical name: tensor}")
     keys = [key for key in mapped if not isinstance(key, str)]
     if keys:
-        raise WeightsMapError(f"{label} returned keys that are not names: {keys[:3]!r}")
+        raise WeightsMapReturnError(f"{label} returned keys that are not names: {keys[:3]!r}")
     bad = [(key, value) for key, value in mapped.items() if not isinstance(value, torch.Tensor)]
     if bad:
         key, value = bad[0]
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise WeightsMapError(f"{label} returned a {type(value).__name__} for {key!r}{more}: "
-                              "each value must be a torch.Tensor computed from the state dict's "
-                              "tensors (a list or a numpy array has left torch: the gate can "
-                              "neither follow it to the module's parameters nor write through it)")
+        raise WeightsMapReturnError(
+            f"{label} returned a {type(value).__name__} for {key!r}{more}: each value must be a "
+            "torch.Tensor computed from the state dict's tensors (a list or a numpy array has "
+            "left torch: the gate can neither follow it to the module's parameters nor write "
+            "through it)")
     return dict(mapped)
 
 
@@ -539,8 +720,11 @@ def _exit_refused() -> Iterator[None]:
         os._exit = real
 
 
-# The buffers a layout places (`Layout.selection_bias`), by the last part of their names.
-PLACED_BUFFERS = frozenset(layout.selection_bias for layout in LAYOUTS if layout.selection_bias)
+# The buffers a layout places (`Layout.selection_bias`, `selection_bias_at`), by the last part
+# of their names.
+PLACED_BUFFERS = frozenset(
+    name.rpartition(".")[2] for layout in LAYOUTS
+    for name in (layout.selection_bias, layout.selection_bias_at) if name)
 
 
 def placeable(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -555,9 +739,11 @@ def placeable(model: nn.Module) -> dict[str, torch.Tensor]:
     return named
 
 
-def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
-          ) -> tuple[Placement | None, str]:
-    """(where the module's weights lie on the spec's names, "") or (None, why not)."""
+def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None,
+          layout: str | None = None) -> tuple[Placement | None, str]:
+    """(where the module's weights lie on the spec's names, "") or (None, why not). `layout`:
+    the name of the layout its weights lie in (a Hugging Face family's own, where its names
+    alone would not tell), instead of the one detected from the names."""
     named = placeable(model)
     if weights_map is not None:
         if not callable(weights_map):
@@ -565,9 +751,11 @@ def place(model: nn.Module, spec: DecoderConfig, weights_map: WeightsMap | None
                               "state dict to {canonical name: tensor}")
         detached = {name: tensor.detach() for name, tensor in named.items()}
         return user_placement(weights_map, detached, spec), ""
-    placement = detect(named, spec)
+    among = named_layouts(layout) if layout is not None else None
+    placement = detect(named, spec, among)
     if placement is None:
-        looked = sorted({f"{layout.embedding}.weight" for layout in DETECTED} | {"embed.W_E"})
+        looked = sorted({f"{layout.embedding}.weight" for layout in (among or DETECTED)}
+                        | ({"embed.W_E"} if among is None else set()))
         return None, (f"token_embeddings.weight not found: no known layout's embedding is among "
                       f"{type(model).__name__}'s parameter names (first: {list(named)[:3]}; "
                       f"looked for {', '.join(looked)}, at the root or under a prefix): pass "
@@ -641,20 +829,36 @@ def rootless(layout: Layout) -> Layout | None:
                    block=strip(layout.block), final_norm=strip(layout.final_norm))
 
 
+def _with_rootless(layouts: tuple[Layout, ...]) -> tuple[Layout, ...]:
+    return layouts + tuple(bare for layout in layouts if (bare := rootless(layout)) is not None)
+
+
 # Every layout detect() looks for: as its library names it, and rootless (see `rootless`).
-DETECTED: tuple[Layout, ...] = LAYOUTS + tuple(
-    bare for layout in LAYOUTS if (bare := rootless(layout)) is not None)
+DETECTED: tuple[Layout, ...] = _with_rootless(tuple(layout for layout in LAYOUTS
+                                                    if layout.detected))
+BY_NAME: Mapping[str, Layout] = {layout.name: layout for layout in LAYOUTS}
 
 
-def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig) -> Placement | None:
+def named_layouts(name: str) -> tuple[Layout, ...]:
+    """The layout of this name and its rootless form (ConfigError for a name no layout has)."""
+    if name not in BY_NAME:
+        raise ConfigError(f"layout {name!r} is not one of {sorted(BY_NAME)}")
+    return _with_rootless((BY_NAME[name],))
+
+
+def detect(named: Mapping[str, torch.Tensor], spec: DecoderConfig,
+           among: tuple[Layout, ...] | None = None) -> Placement | None:
     """The layout of a module with these parameters (every name, `named_parameters(
     remove_duplicate=False)`: a tied weight under each of its names), placed on the spec; None
     when no known layout's embedding is among them, at the root or under any prefix. Where
     several layouts find the embedding, the one that leaves the fewest problems wins
-    (LLMs-from-scratch's GPT and Llama share their names)."""
-    found = [_place(layout, prefix, named, spec) for layout in DETECTED
+    (LLMs-from-scratch's GPT and Llama share their names). `among`: only these layouts (a
+    family's own, `named_layouts`), instead of every detected one and TransformerLens'."""
+    found = [_place(layout, prefix, named, spec) for layout in (among or DETECTED)
              for prefix in _prefixes(named, f"{layout.embedding}.weight")]
-    found += [_lens_placement(prefix, named, spec) for prefix in _prefixes(named, "embed.W_E")]
+    if among is None:
+        found += [_lens_placement(prefix, named, spec)
+                  for prefix in _prefixes(named, "embed.W_E")]
     if not found:
         return None
     return min(found, key=lambda p: len(p.problems) + len(p.leftover))
@@ -675,6 +879,8 @@ def user_placement(weights_map: WeightsMap, named: Mapping[str, torch.Tensor],
             " on shape-only (meta) stand-ins of the module's parameters, which it is first run "
             "on to follow what each canonical weight is made of (a map computes with tensor "
             "operations; it reads no values)"))
+    except WeightsMapReturnError:
+        raise  # what it returned is input: refused as a bad argument is (audit raises it)
     except WeightsMapError as exc:
         return Placement(label, user_map=weights_map, problems=(str(exc),), map_error=str(exc))
     first_name = {}
@@ -763,6 +969,8 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
         every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope",
                      attn_sinks=False)
     names = expected_weights(spec.replace(**every))
+    for layer in range(spec.n_layers):
+        names.update(_activation_weights(spec, layer, every=True))
     if spec.routed:  # a dense MLP where the spec routes, or the reverse, is found and named
         names.update(expected_weights(spec.replace(**{**every, "n_experts": None, **UNROUTED})))
         names.update(expected_weights(spec.replace(**every, router_selection_bias=True,
@@ -776,6 +984,24 @@ def _qkv_rows(spec: DecoderConfig) -> dict[str, tuple[int, int]]:
     """Rows of q, k and v in a fused matrix that stacks them in this order."""
     d_q, d_kv = spec.n_heads * spec.head_dim, spec.kv_heads * spec.head_dim
     return {"q_proj": (0, d_q), "k_proj": (d_q, d_q + d_kv), "v_proj": (d_q + d_kv, d_q + 2 * d_kv)}
+
+
+def _fused_qkv_rows(layout: Layout, spec: DecoderConfig, which: str
+                    ) -> tuple[tuple[int, int], int]:
+    """(rows, groups) of q, k or v (`which`) in the layout's fused matrix: rows [start, stop)
+    of each of `groups` equal row groups (Spot). Per KV group (qkv_per_head): the group's query
+    heads, its key head, its value head; else `qkv_shards` shards each holding its share of q,
+    k and v in `qkv_order` (one shard: every q row, then every k row, then every v row)."""
+    if layout.qkv_per_head:  # each KV group's q heads, k and v rows together
+        per, width = spec.n_heads // spec.kv_heads, spec.head_dim
+        start = {"q_proj": 0, "k_proj": per, "v_proj": per + 1}[which]
+        stop = start + (per if which == "q_proj" else 1)
+        return (start * width, stop * width), spec.kv_heads
+    shards = layout.qkv_shards
+    d_q, d_kv = spec.n_heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    widths = {"q_proj": d_q // shards, "k_proj": d_kv // shards, "v_proj": d_kv // shards}
+    start = sum(widths[name] for name in layout.qkv_order[:layout.qkv_order.index(which)])
+    return (start, start + widths[which]), shards
 
 
 def _conv1d(layout: Layout, prefix: str, shapes: Mapping[str, tuple[int, ...]],
@@ -799,6 +1025,9 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
         kind = layout.norm_params[0 if kind == "weight" else 1]
         if kind is None:  # the layout's norms have no shift
             return None
+    if kind == "selection_bias" and layout.selection_bias_at:  # held beside the router
+        source = f"{prefix}{layout.block.format(i=module.split('.')[1])}.{layout.selection_bias_at}"
+        return Spot(source, flat=len(shapes[source]) > 1) if source in shapes else None
     if kind == "selection_bias" and layout.selection_bias:  # the router's own name for it
         kind = layout.selection_bias
     matrix = kind == "weight" and part.startswith(("attn.", "ffn."))
@@ -810,12 +1039,7 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     which = part.split(".")[-1]
     fused, rows, groups = None, None, 1
     if layout.fused_qkv and part.startswith("attn.") and which in ("q_proj", "k_proj", "v_proj"):
-        fused, rows = layout.fused_qkv, _qkv_rows(spec)[which]
-        if layout.qkv_per_head:  # each KV group's q heads, k and v rows together
-            per, width = spec.n_heads // spec.kv_heads, spec.head_dim
-            start = {"q_proj": 0, "k_proj": per, "v_proj": per + 1}[which]
-            stop = start + (per if which == "q_proj" else 1)
-            rows, groups = (start * width, stop * width), spec.kv_heads
+        fused, (rows, groups) = layout.fused_qkv, _fused_qkv_rows(layout, spec, which)
     elif layout.fused_gate_up and part in ("ffn.w1", "ffn.w3"):
         fused = layout.fused_gate_up
         rows = (0, spec.d_ff) if part == "ffn.w1" else (spec.d_ff, 2 * spec.d_ff)
@@ -846,7 +1070,7 @@ def _fused_expert_spot(layout: Layout, block: str, expert: int, which: str, kind
     source = block + (names[1] if which == "w2" else names[0])
     if kind == "bias":
         whole = (E, D) if which == "w2" else (E, 2 * width)
-    elif layout.experts_in_out:
+    elif layout.experts_transposed:
         whole = (E, width, D) if which == "w2" else (E, D, 2 * width)
     else:
         whole = (E, D, width) if which == "w2" else (E, 2 * width, D)
@@ -858,7 +1082,7 @@ def _fused_expert_spot(layout: Layout, block: str, expert: int, which: str, kind
         rows, step = (0 if which == "w1" else 1, 2 * width), 2
     else:  # every gate unit, then every up unit
         rows, step = ((0, width) if which == "w1" else (width, 2 * width)), 1
-    return Spot(source, transposed=kind == "weight" and layout.experts_in_out, rows=rows,
+    return Spot(source, transposed=kind == "weight" and layout.experts_transposed, rows=rows,
                 step=step, expert=expert)
 
 

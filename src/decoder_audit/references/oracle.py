@@ -72,6 +72,18 @@ def _activation(kind: str, x: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"no plain activation {kind!r}")
 
 
+def _softplus(a: torch.Tensor) -> torch.Tensor:
+    return torch.where(a > 30, a, torch.log(1.0 + torch.exp(torch.clamp(a, max=30))))
+
+
+def _xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor) -> torch.Tensor:
+    """xIELU (Huang et al. 2024) as Apertus learns it: a_p = softplus(alpha_p), a_n = 1/2 +
+    softplus(alpha_n); x > 0: a_p x^2 + x/2; otherwise a_n (e^min(x, -1e-6) - 1 - x) + x/2."""
+    a_p, a_n = _softplus(alpha_p), 0.5 + _softplus(alpha_n)
+    clipped = torch.where(x < -1e-6, x, torch.full_like(x, -1e-6))
+    return torch.where(x > 0, a_p * x * x + 0.5 * x, a_n * (torch.expm1(clipped) - x) + 0.5 * x)
+
+
 def _pair_frequency(cfg: DecoderConfig, j: int, seq_len: int, windowed: bool = False) -> float:
     """The angle per position of rotated pair j (0 <= j < R/2), R = rotary_dim or Dh, in a
     sequence of seq_len tokens: theta^(-2j/R), stretched as cfg.rope_scaling defines it; in a
@@ -187,6 +199,7 @@ def _norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
 # ---- the stages: embedding, one layer, final norm and readout ----------------------------------
 
 ROUTED_MLPS = ("experts.{e}", "shared")  # a routed layer's MLPs, under ffn.
+LEARNED_ACTIVATION_WEIGHTS = ("alpha_p", "alpha_n")  # xIELU's, under ffn.act.
 LATENT_LINEARS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj", "output_proj")
 
 
@@ -207,6 +220,8 @@ def layer_weight_names(cfg: DecoderConfig, layer: int) -> list[str]:
     if cfg.routes(layer):
         extra += [f"{p}.ffn.router.weight", f"{p}.ffn.router.bias",
                   f"{p}.ffn.router.selection_bias", f"{p}.ffn.shared_gate.weight"]
+    else:  # a learned activation's parameters
+        extra += [f"{p}.ffn.act.{n}" for n in LEARNED_ACTIVATION_WEIGHTS]
     if cfg.attn_sinks:
         extra.append(f"{p}.attn.sinks")
     return ([f"{p}.{n}.{part}" for n in norms for part in ("weight", "bias")]
@@ -227,6 +242,12 @@ def _embed(cfg: DecoderConfig, ids: torch.Tensor, row: Callable[[int], torch.Ten
     if cfg.pos == "learned":
         x = x + positions[:seq_len]
     return x
+
+
+def _position_rows(cfg: DecoderConfig, ids: torch.Tensor) -> slice:
+    """The position table's rows of positions 0..T-1: from row position_offset (OPT's table
+    keeps two rows before position 0's)."""
+    return slice(cfg.position_offset, cfg.position_offset + ids.shape[1])
 
 
 def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
@@ -283,6 +304,9 @@ def _mlp(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
     elif cfg.mlp == "geglu":
         hidden = _activation("gelu_tanh", _linear(h, w, f"{name}.w1")) * _linear(h, w,
                                                                                  f"{name}.w3")
+    elif cfg.mlp == "xielu":  # its parameters learned per layer
+        hidden = _xielu(_linear(h, w, f"{name}.w1"), w[f"{name}.act.alpha_p"],
+                        w[f"{name}.act.alpha_n"])
     else:
         hidden = _activation(cfg.mlp, _linear(h, w, f"{name}.w1"))
     return _linear(hidden, w, f"{name}.w2")
@@ -332,10 +356,13 @@ def _route_token(cfg: DecoderConfig, logits: torch.Tensor, bias: torch.Tensor | 
         return exps / exps.sum()
 
     scores = logits if cfg.router_order == "topk_score" else score(logits)
-    ranked = [float(v) for v in (scores if bias is None else scores + bias).detach()]
-    allowed = _best_groups(cfg, ranked)
-    order = sorted(allowed, key=lambda e: -ranked[e])
-    chosen = order[:cfg.experts_per_token]
+    ranked = (scores if bias is None else scores + bias).detach()  # (E,)
+    allowed = _best_groups(cfg, ranked)  # (E,) bool
+    # Equal scores (a router of zeros scores every expert alike) leave the choice to a rule:
+    # torch.topk's, the rule the routers it is compared with apply (ours, transformers'), on
+    # the order of the scores the oracle computed itself.
+    chosen = ranked.masked_fill(~allowed, float("-inf")).topk(
+        cfg.experts_per_token).indices.tolist()
     picked = scores[chosen]  # (k,)
     if cfg.router_order == "topk_score":
         picked = score(picked)
@@ -344,20 +371,23 @@ def _route_token(cfg: DecoderConfig, logits: torch.Tensor, bias: torch.Tensor | 
     return chosen, list(picked * cfg.routed_scaling)
 
 
-def _best_groups(cfg: DecoderConfig, ranked: list[float]) -> list[int]:
-    """The experts a token may choose from: every one, or those of its groups_per_token best
-    groups of E / G consecutive experts, a group worth its two best `ranked` values summed
-    ("top2_sum") or its best ("max")."""
+def _best_groups(cfg: DecoderConfig, ranked: torch.Tensor) -> torch.Tensor:
+    """Which experts (E,) a token may choose from: every one, or those of its groups_per_token
+    best groups of E / G consecutive experts, a group worth its two best `ranked` values summed
+    ("top2_sum") or its best ("max"); groups of equal worth chosen by torch.topk's rule."""
+    allowed = torch.ones(cfg.n_experts, dtype=torch.bool)
     if cfg.expert_groups is None:
-        return list(range(cfg.n_experts))
+        return allowed
     size = cfg.n_experts // cfg.expert_groups
-    members = [list(range(g * size, (g + 1) * size)) for g in range(cfg.expert_groups)]
     worth = []
-    for group in members:
-        best = sorted((ranked[e] for e in group), reverse=True)
+    for g in range(cfg.expert_groups):
+        best = sorted((float(v) for v in ranked[g * size:(g + 1) * size]), reverse=True)
         worth.append(best[0] + best[1] if cfg.group_score == "top2_sum" else best[0])
-    kept = sorted(range(cfg.expert_groups), key=lambda g: -worth[g])[:cfg.groups_per_token]
-    return [e for g in sorted(kept) for e in members[g]]
+    kept = torch.tensor(worth, dtype=torch.float64).topk(cfg.groups_per_token).indices
+    allowed[:] = False
+    for g in kept.tolist():
+        allowed[g * size:(g + 1) * size] = True
+    return allowed
 
 
 def _latent_qkv(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], p: str, h: torch.Tensor
@@ -366,7 +396,8 @@ def _latent_qkv(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], p: str, h: to
     through its latent (or one projection), the keys' and values' latent normalised and
     expanded head by head, each head's key its own non-rotary part then the rotary key every
     head shares (RoPE turns it, and the query's last R features, in `_attention`)."""
-    attn, eps, offset = f"{p}.attn", cfg.norm_eps, cfg.norm_offset
+    attn, offset = f"{p}.attn", cfg.norm_offset
+    eps = cfg.norm_eps if cfg.latent_norm_eps is None else cfg.latent_norm_eps  # the latents
     if cfg.q_latent_rank is not None:
         q_latent = _rmsnorm(_linear(h, w, f"{attn}.q_a_proj"), w[f"{attn}.q_a_norm.weight"], eps,
                             offset)
@@ -556,6 +587,8 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
             if cfg.shared_expert_gate:
                 names.append(f"{p}.ffn.shared_gate.weight")
         names += [f"{mlp}.{n}.weight" for mlp in mlps for n in matrices]
+        if cfg.mlp == "xielu" and not cfg.routes(layer):
+            names += [f"{p}.ffn.act.{n}" for n in LEARNED_ACTIVATION_WEIGHTS]
     return names + [f"ln_final.{part}" for part in norm_parts]
 
 
@@ -581,7 +614,8 @@ def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
     table = get("token_embeddings.weight")
     positions = get("position_embeddings.weight") if cfg.pos == "learned" else None
     x = _embed(cfg, ids.cpu(), lambda v: read.wide(table[v]),
-               None if positions is None else read.wide(positions[:ids.shape[1]]), table)
+               None if positions is None else read.wide(positions[_position_rows(cfg, ids)]),
+               table)
     for layer in range(cfg.n_layers):
         x = _block(cfg, read.load(layer_weight_names(cfg, layer)), layer, x)
     x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
@@ -643,7 +677,8 @@ class StreamedOracle:
     def _positions(self, read: _Reader) -> torch.Tensor | None:
         if self.cfg.pos != "learned":
             return None
-        return read.wide(self.get("position_embeddings.weight")[:self.ids.shape[1]])
+        return read.wide(self.get("position_embeddings.weight")[_position_rows(self.cfg,
+                                                                               self.ids)])
 
     def backward_stages(self) -> list[tuple[str, dict[str, torch.Tensor | None]]]:
         """(stage, {weight name: the rows it reads, None for all}) in the order `backward`
@@ -656,7 +691,8 @@ class StreamedOracle:
                    for i in reversed(range(cfg.n_layers))]
         embed = {"token_embeddings.weight": torch.unique(self.ids)}
         if cfg.pos == "learned":
-            embed["position_embeddings.weight"] = torch.arange(self.ids.shape[1])
+            rows = _position_rows(cfg, self.ids)
+            embed["position_embeddings.weight"] = torch.arange(rows.start, rows.stop)
         return stages + [("embed", embed)]
 
     def backward(self, grad_logits: torch.Tensor) -> Iterator[tuple[str, str, torch.Tensor | None,
@@ -722,5 +758,6 @@ class StreamedOracle:
         yield "embed", "token_embeddings.weight", looked_up, torch.stack([rows[int(v)].grad
                                                                            for v in looked_up])
         if positions is not None:
-            yield ("embed", "position_embeddings.weight", torch.arange(positions.shape[0]),
+            rows = _position_rows(self.cfg, self.ids)
+            yield ("embed", "position_embeddings.weight", torch.arange(rows.start, rows.stop),
                    positions.grad)

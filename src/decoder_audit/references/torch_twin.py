@@ -89,7 +89,8 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
         problems.append(f"mlp_bias={list(cfg.mlp_bias)}: the twin's MLP biases both of its "
                         "Linears or neither")
     beyond = cfg.changed(("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
-                          "attn_sinks", "qk_norm_position", "query_position_scale"))
+                          "position_offset", "latent_norm_eps", "attn_sinks",
+                          "qk_norm_position", "query_position_scale"))
     if beyond:
         problems.append(f"{', '.join(beyond)}: the twin's block is seed 000's, with none of these")
     if cfg.norm_offset:
