@@ -131,7 +131,8 @@ def layouts_block() -> str:
     from decoder_audit.references.layouts import LAYOUTS
 
     rows = [[layout.name, f"`{layout.embedding}`", f"`{layout.block}`",
-             f"`{layout.final_norm}`", f"`{layout.head}`"] for layout in LAYOUTS]
+             f"`{layout.final_norm}`" if layout.final_norm else "none (GPT-1)",
+             f"`{layout.head}`"] for layout in LAYOUTS]
     return _table(["layout", "embedding", "blocks", "final norm", "readout"], rows)
 
 
@@ -170,7 +171,7 @@ def _changes(family) -> str:
              if (name, value) not in (("norm", "rmsnorm"), ("pos", "rope"))]
     parts += [f"{name} from {_source(source)}" for name, source in family.read.items()]
     acts = ", ".join(f"{name}: {ours}" for name, ours in family.activations.items())
-    if dict(family.activations) != {"silu": "swiglu"}:
+    if family.activation and dict(family.activations) != {"silu": "swiglu"}:  # () : fixed mlp
         parts.append(f"activation ({', '.join(family.activation)}) {acts}")
     parts += [flag for flag, on in (("partial rotary", family.partial_rotary),
                                     ("no window", not family.windows),

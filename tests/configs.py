@@ -421,6 +421,35 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                        q_latent_rank=9, rope_head_width=4, nope_head_width=6,
                                        value_head_width=5, latent_norm_eps=1e-2,
                                        tie_embeddings=True),
+    # ---- position and norm placements (helper fam-positions) ----
+    # BLOOM: ALiBi over 6 heads (not a power of two: Press's interleaved schedule), a norm of the
+    # embeddings; MPT: ALiBi over 4 heads, LayerNorms without a shift, its own score scale;
+    # XGLM: a sinusoidal table read from row t + 2 of an odd width, the embedding scaled;
+    # GPT-1: post-norm blocks and no final norm; Persimmon: per-head LayerNorms of q and k
+    # (BLOOM's, MPT's and GPT-1's MLPs are 4 D wide, so each family holds its config)
+    "alibi-embedding-norm": da.DecoderConfig(vocab_size=13, d_model=18, n_layers=2, n_heads=6,
+                                             d_ff=72, max_seq_len=6, norm="layernorm",
+                                             mlp="gelu_tanh", pos="alibi", embedding_norm=True,
+                                             attn_bias=True, mlp_bias=True, tie_embeddings=True),
+    "alibi-no-shift": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                       d_ff=64, max_seq_len=6, norm="layernorm", norm_bias=False,
+                                       mlp="gelu", pos="alibi", attn_scale=0.3,
+                                       tie_embeddings=True),
+    "sinusoidal-offset": da.DecoderConfig(vocab_size=13, d_model=15, n_layers=2, n_heads=3,
+                                          d_ff=20, max_seq_len=6, norm="layernorm", mlp="gelu",
+                                          pos="sinusoidal", position_offset=2,
+                                          embedding_scale=15 ** 0.5, attn_bias=True,
+                                          mlp_bias=True, tie_embeddings=True),
+    "post-norm-no-final": da.DecoderConfig(vocab_size=13, d_model=12, n_layers=2, n_heads=3,
+                                           d_ff=48, max_seq_len=5, norm="layernorm",
+                                           mlp="gelu_tanh", pos="learned", pre_norm=False,
+                                           post_norm=True, final_norm=False, attn_bias=True,
+                                           mlp_bias=True, tie_embeddings=True),
+    "qk-layernorm": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=24,
+                                     max_seq_len=6, norm="layernorm", mlp="relu2", pos="rope",
+                                     rope_layout="rotate_half", rotary_dim=4, qk_norm=True,
+                                     qk_norm_kind="layernorm", attn_bias=True, mlp_bias=True,
+                                     tie_embeddings=False),
     # ---- attention sinks, the clamped SwiGLU, router and expert biases, q/k norms after RoPE,
     # position-scaled queries (helper fam-sinks) ----
     # Granite SWA / Flint: a sink logit per head in every softmax, layer 0 windowed to 3

@@ -132,6 +132,11 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
                 "attention_multiplier": 0.25},
     "hyperclovax": {"embedding_multiplier": 3.0, "residual_multiplier": 0.5,
                     "logits_scaling": 0.25, "attention_multiplier": 0.25},
+    # ---- position and norm placements (helper fam-positions) ----
+    # six heads: ALiBi's slopes for a head count that is no power of two (Press's interleaving);
+    # MPT's own score scale read from attn_config
+    "bloom": {"n_head": 6, "hidden_size": 48},
+    "mpt": {"n_heads": 6, "d_model": 48, "attn_config": {"softmax_scale": 0.2}},
     # ---- what makes each feature bite at tiny size (helper fam-sinks) ----
     # GPT-OSS's clamp where the tiny model's gate and up units reach it
     "gpt_oss": {"swiglu_limit": 0.05},

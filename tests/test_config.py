@@ -40,7 +40,7 @@ def test_non_positive_or_non_integer_sizes_are_rejected_by_name(field, value):
     (dict(norm_offset=float("nan")), "norm_offset=nan"),
     (dict(norm="batchnorm"), "norm='batchnorm' is not one of"),
     (dict(mlp="reglu"), "mlp='reglu' is not one of"),
-    (dict(pos="alibi"), "pos='alibi' is not one of"),
+    (dict(pos="xpos"), "pos='xpos' is not one of"),
     (dict(context_policy="crop"), "context_policy='crop' is not one of ['reject']"),
     (dict(norm_eps=-1e-5), "norm_eps=-1e-05 must be a finite number >= 0"),
     (dict(rope_theta=-10.0), "rope_theta=-10.0 must be a finite number >= 0"),
@@ -84,7 +84,21 @@ def test_non_positive_or_non_integer_sizes_are_rejected_by_name(field, value):
      "be a finite number > 0"),
     (dict(position_offset=-2), "position_offset=-2 must be an integer >= 0"),
     (dict(position_offset=1.5), "position_offset=1.5 must be an integer >= 0"),
-    (dict(pos="rope", position_offset=2), "position_offset=2 needs pos='learned'"),
+    (dict(pos="rope", position_offset=2), "position_offset=2 needs pos='learned' or "
+     "'sinusoidal'"),
+    # the positions and norm placements of BLOOM, MPT, XGLM, GPT-1 and Persimmon
+    (dict(embedding_norm="yes"), "embedding_norm='yes' must be true or false"),
+    (dict(final_norm=1), "final_norm=1 must be true or false"),
+    (dict(post_norm=True), "post_norm=True (x = N(x + F(x))) takes pre_norm=False"),
+    (dict(post_norm=True, pre_norm=False, sandwich_norm=True), "got sandwich_norm=True"),
+    (dict(post_norm=True, pre_norm=False, parallel_residual=True), "got parallel_residual=True"),
+    (dict(pos="alibi", position_offset=2), "position_offset=2 needs pos='learned' or "
+     "'sinusoidal'"),
+    (dict(pos="sinusoidal", d_model=3, n_heads=1), "pos='sinusoidal' needs d_model >= 4"),
+    (dict(qk_norm_kind="layernorm"), "qk_norm_kind='layernorm' needs qk_norm=True"),
+    (dict(qk_norm=True, qk_norm_kind="batchnorm"), "qk_norm_kind='batchnorm' is not one of"),
+    (dict(pos="alibi", rotary_dim=2), "need pos='rope', not 'alibi'"),
+    (dict(pos="alibi", nope_layers=(1,)), "nope_layers=[1] needs pos='rope'"),
 ])
 def test_each_bad_field_is_named_with_its_value(changes, message):
     with pytest.raises(ConfigError) as info:

@@ -21,7 +21,7 @@ from torch import nn
 
 import decoder_audit as da
 from decoder_audit.model.attention import CausalSelfAttention, apply_rope
-from decoder_audit.model.layers import Embedding, Linear
+from decoder_audit.model.layers import Embedding, Linear, make_norm
 
 # A small grouped-query config: H=4 query heads over Hkv=2 KV heads (group 2; Hkv=1 would hide
 # a wrong repeat order), RoPE, RMSNorm, SwiGLU, untied, odd widths and length.
@@ -570,6 +570,52 @@ def _logits_unscaled(model: da.Decoder) -> None:
     model.lm_head.forward = lambda x: readout(x) / scale
 
 
+# ---- position and norm placements (helper fam-positions) ----
+
+def _alibi_ignored_in_layer_1(model: da.Decoder) -> None:
+    """Layer 1 drops the ALiBi bias it is handed: its scores carry no distance at all."""
+    block = model.layers[1]
+    forward = block.forward
+    block.forward = lambda *args, bias=None, **kwargs: forward(*args, **kwargs)
+
+
+def _alibi_heads_reversed(model: da.Decoder) -> None:
+    """The slopes handed to the heads in reverse order: head 0 gets the gentlest slope."""
+    alibi = model._alibi
+    model._alibi = lambda *args: alibi(*args).flip(1)  # (B|1, H, T, S): heads reversed
+
+
+def _embedding_norm_skipped(model: da.Decoder) -> None:
+    """The embedding norm's module is there (its weights placed) but never applied."""
+    model.embedding_norm.forward = lambda x: x
+
+
+def _sinusoids_interleaved(model: da.Decoder) -> None:
+    """The table's sines and cosines interleaved (sin f0, cos f0, sin f1, ...) instead of the
+    sines, then the cosines: the other layout of "Attention is all you need"'s table."""
+    rows = model._position_rows
+
+    def interleaved(*args):
+        table = rows(*args)  # (..., T, D), D odd: the last column is zeros
+        half = model.config.d_model // 2
+        pairs = torch.stack((table[..., :half], table[..., half:2 * half]), dim=-1)
+        return torch.cat((pairs.flatten(-2), table[..., 2 * half:]), dim=-1)
+    model._position_rows = interleaved
+
+
+def _final_norm_added(model: da.Decoder) -> None:
+    """A final norm (with learned weights) where the config declares none."""
+    model.ln_final = make_norm(model.config)
+    model.ln_final.reset_parameters()  # a gain of 1, a shift of 0
+
+
+def _qk_layernorm_as_rmsnorm(model: da.Decoder) -> None:
+    """Layer 0's q norm keeps its weights but divides by the root mean square, never
+    subtracting the mean: an RMSNorm where the config declares a LayerNorm."""
+    norm = model.layers[0].attn.q_norm
+    norm.forward = lambda x: F.rms_norm(x, norm.shape, norm.weight, norm.eps) + norm.bias
+
+
 # ---- attention sinks, the clamped SwiGLU, router and expert biases, q/k norms after RoPE,
 # position-scaled queries (helper fam-sinks) ----
 
@@ -679,6 +725,32 @@ VARIANT_MUTANTS = [
     Case("xielu_without_softplus", _variant_mutant("xielu-like", _xielu_raw_alphas),
          "oracle", first=False, defect="I (learned activation)",
          says="differ from the slow oracle"),
+    # ---- position and norm placements (helper fam-positions) ----
+    Case("alibi_ignored_in_a_layer", _variant_mutant("alibi-embedding-norm",
+                                                     _alibi_ignored_in_layer_1),
+         "oracle", first=False, defect="I (ALiBi)", says="differ from the slow oracle"),
+    Case("alibi_slopes_in_reverse_head_order", _variant_mutant("alibi-no-shift",
+                                                               _alibi_heads_reversed),
+         "oracle", first=False, defect="I (ALiBi slopes)", says="differ from the slow oracle"),
+    Case("embedding_norm_skipped", _variant_mutant("alibi-embedding-norm",
+                                                   _embedding_norm_skipped),
+         "oracle", first=False, defect="I (embedding norm)", says="differ from the slow oracle"),
+    Case("sinusoids_interleaved", _variant_mutant("sinusoidal-offset", _sinusoids_interleaved),
+         "oracle", first=False, defect="I (sinusoidal positions)",
+         says="differ from the slow oracle"),
+    # XGLM's table read from row t, not t + 2
+    Case("sinusoid_offset_dropped", _variant_mutant("sinusoidal-offset",
+                                                    _set("position_offset", 0)),
+         "oracle", first=False, defect="I (sinusoidal position offset)",
+         says="differ from the slow oracle"),
+    Case("post_norm_run_as_pre_norm", _variant_mutant("post-norm-no-final",
+                                                      _set("layers.1.post_norm", False)),
+         "oracle", first=False, defect="I (post-norm)", says="differ from the slow oracle"),
+    Case("final_norm_where_none_is_declared", _variant_mutant("post-norm-no-final",
+                                                             _final_norm_added),
+         "params", first=False, defect="I (no final norm)", says="ln_final"),
+    Case("qk_layernorm_as_rmsnorm", _variant_mutant("qk-layernorm", _qk_layernorm_as_rmsnorm),
+         "oracle", first=False, defect="I (q/k LayerNorm)", says="differ from the slow oracle"),
     # ---- helper fam-sinks ----
     Case("attention_sinks_ignored", _variant_mutant("sinks-windowed", _sinks_ignored),
          "oracle", first=False, defect="I (attention sinks)", says="differ from the slow oracle"),

@@ -30,13 +30,14 @@ MLPS = ("relu", "relu2", "gelu", "gelu_tanh", "xielu", "swiglu", "geglu", "swigl
 LEARNED_ACTIVATIONS = ("xielu",)
 # The gated MLPs: w2(act(w1 x) * w3 x), and GPT-OSS's clamped SwiGLU of the same three matrices.
 GATED_MLPS = ("swiglu", "geglu", "swiglu_clamped")
-POSITIONS = ("learned", "rope", "none")
+POSITIONS = ("learned", "rope", "alibi", "sinusoidal", "none")
 # Which features of a head RoPE rotates together: "interleaved" pairs (x[2j], x[2j+1]) (the
 # original RoFormer / Llama / CS336 layout, torchtune) or "rotate_half" pairs (x[j], x[j + Dh/2])
 # (Hugging Face Llama and its descendants, GPT-NeoX, litgpt). Pair j turns by the same angle in
 # both; they differ in which weight rows make up a pair, so neither is the other renamed.
 ROPE_LAYOUTS = ("interleaved", "rotate_half")
 QK_NORM_SCOPES = ("head", "projection")
+QK_NORM_KINDS = ("rmsnorm", "layernorm")
 # Where the q/k norms act: on the projections before RoPE turns them (Qwen3, OLMo 2, Gemma 3),
 # or on the rotated heads (Hunyuan's query_layernorm / key_layernorm).
 QK_NORM_POSITIONS = ("before_rope", "after_rope")
@@ -105,6 +106,9 @@ class DecoderConfig:
     embedding_scale: float | None = None
     """The token embedding's output multiplied by this, rounded to the model's dtype first (Gemma:
     sqrt(D)); None multiplies by nothing. The tied readout reads the unscaled weight."""
+    embedding_norm: bool = False
+    """A norm of the config's kind on the embedding stream (scaled tokens plus positions) before
+    layer 0 (BLOOM's word_embeddings_layernorm): weights embedding_norm.weight (and .bias)."""
     norm_bias: bool = True
     """A LayerNorm's shift (False: gain only, nanoGPT's bias=False); RMSNorm has none."""
     norm_affine: bool = True
@@ -112,6 +116,13 @@ class DecoderConfig:
     pre_norm: bool = True
     """False: each sublayer reads the stream itself, not a normalised copy (OLMo 2, whose
     sandwich norms normalise only the sublayers' outputs)."""
+    post_norm: bool = False
+    """Each sublayer's output added to the stream, then the sum normalised (the original
+    Transformer's post-LN, GPT-1): x = N1(x + Attn(x)), then x = N2(x + MLP(x)), with weights
+    ln1 and ln2. Needs pre_norm=False (the sublayers read the stream itself)."""
+    final_norm: bool = True
+    """A norm (ln_final) between the last block and the readout; False: the readout reads the
+    last block's output itself (GPT-1, whose post-norm blocks end in a norm)."""
     mlp: str = "gelu"
     """"relu", "relu2" (ReLU squared: Nemotron, Arcee, Persimmon), "gelu" (exact erf),
     "gelu_tanh" (GPT-2's approximation), "xielu" (Apertus' xIELU, learned per layer: with
@@ -126,11 +137,17 @@ class DecoderConfig:
     """limit of mlp="swiglu_clamped": the gate clamped above at it, the up projection to
     [-limit, limit] (GPT-OSS: 7)."""
     pos: str = "learned"
-    """"learned" absolute positions, "rope" (rotary, see rope_layout) or "none"."""
+    """"learned" absolute positions, "rope" (rotary, see rope_layout), "alibi" (a linear bias
+    -m_h * (t - s) on the score of query t and key s, head h's slope m_h from Press et al.'s
+    schedule: BLOOM, MPT), "sinusoidal" (a fixed table added to the embeddings, XGLM's: row p is
+    [sin(p f_0) .. sin(p f_{n-1}), cos(p f_0) .. cos(p f_{n-1})] with n = D // 2 frequencies
+    f_i = 10000^(-i / (n - 1)), the sines then the cosines, an odd D's last column 0) or
+    "none"."""
     position_offset: int = 0
-    """Rows a learned position table keeps before position 0's, which no position reads (OPT's
-    and BioGPT's 2, fairseq's): the table is (position_offset + max_seq_len, D) and position t
-    reads row position_offset + t. 0 with any other pos."""
+    """Rows a position table keeps before position 0's, which no position reads (fairseq's 2:
+    OPT's and BioGPT's learned table, XGLM's sinusoidal one): position t reads row
+    position_offset + t, and a learned table is (position_offset + max_seq_len, D). 0 with
+    RoPE, ALiBi or no positions."""
     rope_theta: float = 10000.0
     """RoPE base: pair j of a head rotates by pos * theta^(-2j/Dh)."""
     rope_layout: str = "interleaved"
@@ -206,11 +223,15 @@ class DecoderConfig:
     """The output projection's bias: None follows attn_bias; False with attn_bias=True is
     Qwen2's attention (q/k/v biases, none on the output). Left None when attn_bias is a list."""
     qk_norm: bool = False
-    """RMSNorm (eps norm_eps) on the queries and keys, before RoPE: weights attn.q_norm and
-    attn.k_norm, over each head (qk_norm_scope "head": a gain of Dh shared by the heads, Qwen3,
-    Gemma 3) or over the whole projection ("projection": gains of H*Dh and Hkv*Dh, OLMo 2)."""
+    """RMSNorm (or a LayerNorm, qk_norm_kind; eps norm_eps) on the queries and keys, before
+    RoPE: weights attn.q_norm and attn.k_norm, over each head (qk_norm_scope "head": a gain of
+    Dh shared by the heads, Qwen3, Gemma 3) or over the whole projection ("projection": gains
+    of H*Dh and Hkv*Dh, OLMo 2)."""
     qk_norm_scope: str = "head"
-    """What one q/k RMSNorm normalises: "head" or "projection" (see qk_norm)."""
+    """What one q/k norm normalises: "head" or "projection" (see qk_norm)."""
+    qk_norm_kind: str = "rmsnorm"
+    """The q/k norms' kind: "rmsnorm", or "layernorm" (Persimmon's per-head LayerNorms), whose
+    shift attn.q_norm.bias, attn.k_norm.bias is there where norm_bias says."""
     qk_norm_position: str = "before_rope"
     """Where the q/k norms act: "before_rope" (Qwen3, OLMo 2, Gemma 3) or "after_rope", on each
     rotated head (Hunyuan's query_layernorm / key_layernorm; a learned gain does not commute
@@ -575,7 +596,8 @@ def _validate(cfg: DecoderConfig, absent: frozenset[str] = frozenset()) -> list[
         problems.append(f"head width Dh={cfg.head_dim} is odd; RoPE rotates pairs and needs it "
                         "even")
     return (problems + _attention_problems(cfg, valid, widths) + _bias_problems(cfg, valid)
-            + _expert_problems(cfg, valid) + _latent_problems(cfg, valid))
+            + _placement_problems(cfg, valid) + _expert_problems(cfg, valid)
+            + _latent_problems(cfg, valid))
 
 
 def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
@@ -592,6 +614,7 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
     for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS),
                           ("rope_layout", ROPE_LAYOUTS), ("qk_norm_scope", QK_NORM_SCOPES),
                           ("qk_norm_position", QK_NORM_POSITIONS),
+                          ("qk_norm_kind", QK_NORM_KINDS),
                           ("context_policy", CONTEXT_POLICIES)):
         value = getattr(cfg, name)
         if not isinstance(value, str) or value not in allowed:
@@ -628,7 +651,8 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
             problems.append((name, f"{name}={_shown(value)} must be true, false or a list of "
                              f"distinct projections from {list(names)}"))
     for name in ("tie_embeddings", "qk_norm", "norm_bias", "parallel_residual", "sandwich_norm",
-                 "norm_affine", "pre_norm", "readout_bias", "shared_norm", "attn_sinks"):
+                 "norm_affine", "pre_norm", "readout_bias", "shared_norm", "embedding_norm",
+                 "post_norm", "final_norm", "attn_sinks"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             problems.append((name, f"{name}={_shown(value)} must be true or false"))
@@ -784,6 +808,24 @@ def _latent_problems(cfg: DecoderConfig, valid) -> list[str]:
     return problems
 
 
+def _placement_problems(cfg: DecoderConfig, valid) -> list[str]:
+    """Where the norms sit and how positions enter, against the fields they exclude."""
+    problems = []
+    if cfg.post_norm is True:
+        clashes = [f"{name}={getattr(cfg, name)}" for name, plain in
+                   (("pre_norm", False), ("sandwich_norm", False), ("parallel_residual", False))
+                   if getattr(cfg, name) is not plain]
+        if clashes:
+            problems.append(f"post_norm=True (x = N(x + F(x))) takes pre_norm=False, "
+                            f"sandwich_norm=False and a sequential block; got {', '.join(clashes)}")
+    if valid("pos", "d_model") and cfg.pos == "sinusoidal" and cfg.d_model < 4:
+        problems.append(f"pos='sinusoidal' needs d_model >= 4 (D // 2 frequencies spaced over "
+                        f"D // 2 - 1 steps), got {cfg.d_model}")
+    if valid("qk_norm_kind", "qk_norm") and cfg.qk_norm_kind != "rmsnorm" and not cfg.qk_norm:
+        problems.append(f"qk_norm_kind={cfg.qk_norm_kind!r} needs qk_norm=True")
+    return problems
+
+
 def _need(given: list[str]) -> str:
     return "needs" if len(given) == 1 else "need"
 
@@ -924,9 +966,9 @@ def _attention_problems(cfg: DecoderConfig, valid, widths: bool) -> list[str]:
     offset = cfg.position_offset
     if not _is_int(offset) or offset < 0:
         problems.append(f"position_offset={_shown(offset)} must be an integer >= 0")
-    elif offset and valid("pos") and cfg.pos != "learned":
-        problems.append(f"position_offset={offset} needs pos='learned' (a table of positions), "
-                        f"not {cfg.pos!r}")
+    elif offset and valid("pos") and cfg.pos not in ("learned", "sinusoidal"):
+        problems.append(f"position_offset={offset} needs pos='learned' or 'sinusoidal' (a table "
+                        f"of positions), not {cfg.pos!r}")
     if valid("pos") and cfg.pos != "rope" and (cfg.rotary_dim is not None
                                                or cfg.rope_scaling is not None):
         problems.append(f"rotary_dim={_shown(cfg.rotary_dim)}, rope_scaling="

@@ -70,6 +70,8 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
     norm = 2 * D if cfg.norm == "layernorm" and cfg.norm_bias else D
     norm = norm if cfg.norm_affine else 0  # OLMo's norms learn nothing
     qk = (q + kv if cfg.qk_norm_scope == "projection" else 2 * dh) if cfg.qk_norm else 0
+    if cfg.qk_norm_kind == "layernorm" and cfg.norm_bias:
+        qk *= 2  # Persimmon's q/k LayerNorms: a shift beside each gain
     attn = (2 * D * q + 2 * D * kv + (q + 2 * kv if cfg.attn_bias else 0)
             + (D if cfg.output_bias else 0) + qk + (cfg.n_heads if cfg.attn_sinks else 0))
     if cfg.kv_latent_rank is not None:  # DeepSeek's MLA, as its modeling file builds it
@@ -79,13 +81,15 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
     mlp += 2 if cfg.mlp == "xielu" else 0  # Apertus' activation learns a_p and a_n per layer
     # before each sublayer unless OLMo 2's (one before both of GPT-J's parallel sublayers),
     # after it too in Gemma 2's and OLMo 2's
-    norms = ((1 if cfg.shared_norm else 2) if cfg.pre_norm else 0) + (
+    # after each add instead in GPT-1's post-norm blocks
+    norms = ((1 if cfg.shared_norm else 2) if cfg.pre_norm or cfg.post_norm else 0) + (
         2 if cfg.sandwich_norm else 0)
     blocks = sum(norms * norm + attn + (_routed_count(cfg) if _routes(cfg, i) else mlp)
                  for i in range(L))
     # a learned table of T positions, after the rows OPT's keeps before position 0's
     positions = (cfg.position_offset + T) * D if cfg.pos == "learned" else 0
-    return (V * D + positions + blocks + norm
+    outer = (cfg.embedding_norm + cfg.final_norm) * norm  # BLOOM's embedding norm; GPT-1: none
+    return (V * D + positions + blocks + outer
             + (0 if cfg.tie_embeddings else V * D) + (V if cfg.readout_bias else 0))
 
 

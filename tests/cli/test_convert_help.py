@@ -20,6 +20,6 @@ def test_convert_help_lists_every_family_of_the_converter_and_no_other(capsys):
         main(["convert", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
     table = {model_type: cls.__name__ for model_type, cls in spec_classes(tf).items()}
-    listed = dict(re.findall(r"(\w+) \((\w+ForCausalLM|GPT2LMHeadModel)\)", text))
+    listed = dict(re.findall(r"([\w-]+) \((\w+ForCausalLM|\w+LMHeadModel)\)", text))
     assert listed == table
     assert f"reads {len(table)} families" in text

@@ -21,7 +21,9 @@ ORACLE = configs.grid() + configs.entries(
     "ln-nobias-tied", "gemma-like", "neox-like", "rope-llama3", "rope-linear-gqa",
     "rope-yarn-partial", "rope-dynamic", "gemma2-like", "window-every-layer", "olmo-like",
     "olmo2-like", "gemma3-like", "readout-bias-tied", "granite-like", "parallel-one-norm",
-    "nope-layer", "opt-like", "mla-latent-eps", "xielu-like",
+    "nope-layer", "opt-like", "mla-latent-eps", "xielu-like") + configs.entries(  # helper fam-positions
+    "alibi-embedding-norm", "alibi-no-shift", "sinusoidal-offset", "post-norm-no-final",
+    "qk-layernorm") + configs.entries(  # helper fam-sinks
     "sinks-windowed", "gpt-oss-like", "qk-norm-after-rope", "query-position-scale",
     "cohere2-moe-like")
 
@@ -57,10 +59,14 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
                                                                 "parallel-one-norm",
                                                                 "nope-layer", "opt-like",
                                                                 "mla-latent-eps",
-                                                                "xielu-like",
-                                                                "sinks-windowed",
-                                                                "qk-norm-after-rope",
-                                                                "query-position-scale")))
+                                                                "xielu-like")
+                                          + configs.entries("alibi-embedding-norm",
+                                                            "alibi-no-shift", "sinusoidal-offset",
+                                                            "post-norm-no-final",
+                                                            "qk-layernorm")
+                                          + configs.entries("sinks-windowed",
+                                                            "qk-norm-after-rope",
+                                                            "query-position-scale")))
 def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))

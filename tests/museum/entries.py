@@ -244,8 +244,10 @@ ENTRIES: tuple[Entry, ...] = (
           note="TransformerLens 2.x needs a transformers 4 (its environment holds 4.57.6); "
                "both releases accept negative ids (inputs) and keep a learned W_pos that ALiBi "
                "never reads (dead_parameters), standing findings of that library; their config "
-               "is read as a spec, and ALiBi is a position scheme no DecoderConfig expresses: "
-               "params and oracle fail closed, naming positional_embedding_type='alibi'"),
+               "is read as a spec, and the TransformerLens reader reads learned and rotary "
+               "positions only (DecoderConfig's pos='alibi' is read from Hugging Face's BLOOM "
+               "and MPT): params and oracle fail closed, naming "
+               "positional_embedding_type='alibi'"),
     # --- packing ----------------------------------------------------------------------------
     Entry("llama-packed-position-ids", "transformers", _t("4.53.0"), _t("4.53.1"),
           ref="huggingface/transformers#39194", fix="#39194 (4.53.1)",

@@ -41,6 +41,8 @@ def parameter_counts(cfg: DecoderConfig) -> ParameterCounts:
         ComponentCount("token_embeddings", rows["token_embeddings"], formulas["token_embeddings"]),
         ComponentCount("position_embeddings", rows["position_embeddings"],
                        formulas["position_embeddings"]),
+        *([ComponentCount("embedding_norm", rows["embedding_norm"], formulas["embedding_norm"])]
+          if "embedding_norm" in rows else []),
         ComponentCount("attention (all blocks)", over_layers("attn"),
                        f"L x ({formulas['layers.0.attn']})" if L else ""),
         ComponentCount("MLP (all blocks)", over_layers("ffn"),

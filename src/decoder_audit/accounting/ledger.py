@@ -53,8 +53,9 @@ class Ledger:
         formulas = {row.name: row.formula for row in self.rows}
         n_layers = len({name.split(".")[1] for name in counts if name.startswith("layers.")})
         out: list[tuple[str, int, str]] = []
-        for name in ("token_embeddings", "position_embeddings"):
-            out.append((name, counts.get(name, 0), formulas.get(name, "")))
+        for name in ("token_embeddings", "position_embeddings", "embedding_norm"):
+            if name != "embedding_norm" or name in counts:  # a row only where there is one
+                out.append((name, counts.get(name, 0), formulas.get(name, "")))
         per_layer = [tuple(counts.get(f"layers.{i}.{part}", 0) for part in BLOCK_PARTS)
                      for i in range(n_layers)]
         if n_layers and len(set(per_layer)) == 1:
@@ -108,11 +109,15 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
         rows.append(LedgerRow("position_embeddings", 0, f"pos={cfg.pos}: nothing learned"))
 
     norm, norm_formula = _norm_count(cfg)
+    if cfg.embedding_norm:  # a row only where the config has one (BLOOM)
+        rows.append(LedgerRow("embedding_norm", norm, norm_formula))
     attn, attn_formula = _latent_attention(cfg) if cfg.latent_attention else _attention(cfg)
     dense, dense_formula = _dense_mlp(cfg)
     routed, routed_formula = _routed_mlp(cfg) if cfg.routed else (0, "")
-    # ln1, ln2 (ln1 alone where one norm feeds both sublayers), ln1_post, ln2_post
-    norms = (1 if cfg.shared_norm else 2) * cfg.pre_norm + (2 if cfg.sandwich_norm else 0)
+    # ln1, ln2 (ln1 alone where one norm feeds both sublayers; before the sublayers or after
+    # the adds), ln1_post, ln2_post
+    norms = (1 if cfg.shared_norm else 2) * (cfg.pre_norm or cfg.post_norm) + (
+        2 if cfg.sandwich_norm else 0)
     for i in range(cfg.n_layers):
         rows += [
             LedgerRow(f"layers.{i}.norms", norms * norm, f"{norms} norms x {norm_formula}"),
@@ -120,7 +125,8 @@ def parameter_ledger(cfg: DecoderConfig | Mapping[str, Any]) -> Ledger:
             LedgerRow(f"layers.{i}.ffn", *((routed, routed_formula) if cfg.routes(i)
                                            else (dense, dense_formula))),
         ]
-    rows.append(LedgerRow("ln_final", norm, norm_formula))
+    rows.append(LedgerRow("ln_final", norm, norm_formula) if cfg.final_norm else
+                LedgerRow("ln_final", 0, "final_norm=False: none"))
     bias, bias_formula = (V, f" + bias V = {V}") if cfg.readout_bias else (0, "")
     if cfg.tie_embeddings:
         rows.append(LedgerRow("lm_head", bias, "tied: the token_embeddings Parameter, 0 "
@@ -143,6 +149,10 @@ def _attention(cfg: DecoderConfig) -> tuple[int, str]:
     elif cfg.qk_norm:
         attn += 2 * cfg.head_dim
         formula += f" + q/k norm gains 2*Dh = 2*{cfg.head_dim}"
+    if cfg.qk_norm and cfg.qk_norm_kind == "layernorm" and cfg.norm_bias:
+        shifts = d_q + d_kv if cfg.qk_norm_scope == "projection" else 2 * cfg.head_dim
+        attn += shifts  # a q/k LayerNorm's shifts, as many as its gains (Persimmon)
+        formula += f" + their shifts {shifts}"
     if cfg.attn_sinks:
         attn += cfg.n_heads
         formula += f" + sinks H = {cfg.n_heads}"
@@ -248,7 +258,8 @@ def _component(name: str) -> str:
         part = "norms" if parts[2] in ("ln1", "ln2", "ln1_post", "ln2_post") else parts[2]
         if part in BLOCK_PARTS:
             return f"layers.{parts[1]}.{part}"
-    if parts[0] in ("token_embeddings", "position_embeddings", "ln_final", "lm_head"):
+    if parts[0] in ("token_embeddings", "position_embeddings", "embedding_norm", "ln_final",
+                    "lm_head"):
         return parts[0]
     return "other"
 

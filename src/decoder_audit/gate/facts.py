@@ -514,9 +514,9 @@ def _declare_values(vocab_size: int, max_seq_len: int | None, declared: dict[str
                     origin: dict[str, str]) -> None:
     """A spec's V (and input vocabulary), and max_seq_len where it has a learned position table,
     become the model's (origin "spec"). A learned table has max_seq_len rows: a hard limit.
-    Rotary and position-free models (Llama, torchtune) run past their config's length by
-    design: there the spec's max_seq_len is a horizon, and a hard limit is the caller's to
-    declare (max_seq_len=)."""
+    Rotary, ALiBi, sinusoidal and position-free models (Llama, torchtune, BLOOM and MPT, XGLM's
+    table extended on demand) run past their config's length by design: there the spec's
+    max_seq_len is a horizon, and a hard limit is the caller's to declare (max_seq_len=)."""
     values = [("vocab_size", vocab_size), ("input_vocab_size", vocab_size)]
     if max_seq_len is not None:
         values.append(("max_seq_len", max_seq_len))

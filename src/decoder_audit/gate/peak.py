@@ -262,7 +262,7 @@ class _Shape:
         readout = self.vocab_rows if cfg.tie_embeddings else rows["lm_head"]
         self.stages = [("final", readout + rows["ln_final"])]
         self.stages += [(f"layers.{i}", self.layer_numel[i]) for i in reversed(range(cfg.n_layers))]
-        self.stages += [("embed", rows["position_embeddings"]
+        self.stages += [("embed", rows["position_embeddings"] + rows.get("embedding_norm", 0)
                          + (0 if cfg.tie_embeddings else rows["token_embeddings"]))]
         self.root_numel = self.P - sum(self.layer_numel)
 

@@ -71,10 +71,14 @@ def quiet_variance(spec: DecoderConfig) -> float:
 
 def quiet_values(spec: DecoderConfig):
     """The stress values, with everything that writes into the residual stream (the
-    embeddings, the output projections, the sandwich norms after the sublayers) scaled so
-    the stream keeps the quiet variance: each norm then reads a stream as small as its eps,
-    and normalises it back to order 1 for the sublayer it feeds."""
+    embeddings, the output projections, the norms whose output is the stream: sandwich norms
+    after the sublayers, a post-norm block's norms, the embedding norm) scaled so the stream
+    keeps the quiet variance: each norm then reads a stream as small as its eps, and
+    normalises it back to order 1 for the sublayer it feeds. (A fixed sinusoidal table is no
+    weight: added to the embeddings it keeps the first stream of order 1.)"""
     stress, amplitude = stress_values(spec), quiet_variance(spec) ** 0.5
+    into_stream = ("ln1_post", "ln2_post", "embedding_norm") + (
+        ("ln1", "ln2") if spec.post_norm else ())
 
     def value_of(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
         value = stress(name, shape, gen)
@@ -83,7 +87,7 @@ def quiet_values(spec: DecoderConfig):
             return value * amplitude / (spec.embedding_scale or 1.0)
         if name.startswith("position_embeddings") or module in ("output_proj", "w2"):
             return value * amplitude
-        if module in ("ln1_post", "ln2_post"):  # their gains: offset + w = amplitude * gain
+        if module in into_stream:  # their gains: offset + w = amplitude * gain
             offset = spec.norm_offset if name.endswith(".weight") else 0.0
             return (value + offset) * amplitude - offset
         return value
@@ -120,8 +124,8 @@ def capped_values(spec: DecoderConfig):
     def value_of(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
         value = stress(name, shape, gen)
         module, part = name.rsplit(".", 2)[-2:]
-        if spec.qk_norm and module in ("q_norm", "k_norm"):
-            return gain(value, a)
+        if spec.qk_norm and module in ("q_norm", "k_norm"):  # a LayerNorm's shift scaled too
+            return gain(value, a) if part == "weight" else value * a
         if not spec.qk_norm and module in ("q_proj", "k_proj"):  # weight and bias alike
             return value * a
         if name == "ln_final.weight":

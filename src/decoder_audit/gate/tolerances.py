@@ -225,12 +225,17 @@ HF_ROTARY_FP32 = 1e-5
 angles (and RMSNorm) in float32 even inside a float64 model, so its logits carry fp32 rounding of
 the angles (eps 1.2e-7 times positions up to the oracle's 12 and a few layers); measured 4e-7
 on O(1) random weights. 1e-5 keeps a 25x margin; a wrong architecture (missing norm, RoPE layout,
-GQA order) moves logits by O(1)."""
+GQA order) moves logits by O(1). The same holds for the positions transformers tables in float32
+whatever the model's dtype: BLOOM's and MPT's ALiBi slopes (float32 powers), XGLM's sinusoidal
+table (made in float32 at construction, then cast)."""
+
+HF_FLOAT32_POSITIONS = ("rope", "alibi", "sinusoidal")
+"""The position kinds whose angles, slopes or tables transformers computes in float32."""
 
 
 def hf_oracle(dtype: torch.dtype, cfg) -> float:
     """Tolerance of a Hugging Face model against the oracle fed its converted weights."""
-    if dtype == torch.float64 and cfg.pos == "rope":
+    if dtype == torch.float64 and cfg.pos in HF_FLOAT32_POSITIONS:
         return HF_ROTARY_FP32
     return oracle(dtype)
 

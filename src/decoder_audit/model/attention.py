@@ -22,7 +22,7 @@ from torch import nn
 
 from ..config import DecoderConfig
 from .cache import KVCache, bottom_right_causal
-from .layers import INIT_STD, Linear, RMSNorm
+from .layers import INIT_STD, LayerNorm, Linear, RMSNorm
 from .trace import Trace
 
 
@@ -152,13 +152,16 @@ class CausalSelfAttention(nn.Module):
         # writes into the residual stream
         self.output_proj = Linear(d_q, cfg.d_model, bias("output_proj"), init_std=residual_std,
                                   **factory)
-        # RMSNorm of q and k before RoPE: per head (a gain of Dh shared by the heads) or over
-        # the whole projection (H*Dh and Hkv*Dh)
+        # RMSNorm (or LayerNorm) of q and k before RoPE: per head (a gain of Dh shared by the
+        # heads) or over the whole projection (H*Dh and Hkv*Dh)
         norm = dict(eps=cfg.norm_eps, offset=cfg.norm_offset, **factory)
+        if cfg.qk_norm_kind == "layernorm":  # Persimmon's: a LayerNorm, its shift as norm_bias
+            norm["bias"] = cfg.norm_bias
+        kind = LayerNorm if cfg.qk_norm_kind == "layernorm" else RMSNorm
         self.norm_whole = cfg.qk_norm_scope == "projection"
         widths = (d_q, d_kv) if self.norm_whole else (cfg.head_dim, cfg.head_dim)
-        self.q_norm = RMSNorm(widths[0], **norm) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(widths[1], **norm) if cfg.qk_norm else None
+        self.q_norm = kind(widths[0], **norm) if cfg.qk_norm else None
+        self.k_norm = kind(widths[1], **norm) if cfg.qk_norm else None
         # Hunyuan: the norms act on the rotated heads instead
         self.norm_after_rope = cfg.qk_norm_position == "after_rope"
         # a learned logit per head in every softmax row's denominator (GPT-OSS); zero at init,
@@ -185,18 +188,23 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
                 trace: Trace | None = None, prefix: str = "",
+                bias: torch.Tensor | None = None,
                 query_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """The full causal square: x (B, T, D) -> (B, T, D), fused or traced (eager).
-        `query_scale` (T, 1): each position's query multiplier (query_position_scale)."""
+        """The full causal square: x (B, T, D) -> (B, T, D), fused or traced (eager); `bias`
+        (1|B, H, T, T) is added to the scores (ALiBi); `query_scale` (T, 1): each position's
+        query multiplier (query_position_scale)."""
         q, k, v = self._project(x, rope)
         q = self._position_scaled(q, query_scale)
         if trace is None and not self._needs_eager:
             band = self._band(q.shape[-2], q.device)  # None: plain causal
+            if bias is not None:  # a float mask: the bias where a key is read, -inf elsewhere
+                allowed = band if band is not None else _causal(q.shape[-2], q.device)
+                band = bias.masked_fill(~allowed, float("-inf"))
             z = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=band, is_causal=band is None, scale=self.score_scale,
                 enable_gqa=self.kv_heads != self.n_heads)
         else:  # SDPA cannot soft-cap scores nor take a sink: the explicit path
-            z = self._eager(q, k, v, trace, prefix)
+            z = self._eager(q, k, v, trace, prefix, bias)
         return self._merge(z)
 
     def _position_scaled(self, q: torch.Tensor, query_scale: torch.Tensor | None
@@ -221,24 +229,29 @@ class CausalSelfAttention(nn.Module):
 
     def attend(self, x: torch.Tensor, rope: torch.Tensor | None, allowed: torch.Tensor | None,
                cache: KVCache | None = None, layer: int = 0,
+               bias: torch.Tensor | None = None,
                query_scale: torch.Tensor | None = None) -> torch.Tensor:
         """The generation path: x (B, T, D) holds new tokens; with a cache they read every key
         it holds too. `allowed` (B|1, 1, T, S) says which keys each query reads; None means
-        is_causal for a square (no cache yet) or no mask for one new token (cache.py)."""
+        is_causal for a square (no cache yet) or no mask for one new token (cache.py). `bias`
+        (B|1, H, T, S): ALiBi's, for the keys the cache holds and the new ones."""
         q, k, v = self._project(x, rope)
         q = self._position_scaled(q, query_scale)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, Hkv, S, Dh): every filled slot
+        if bias is not None and allowed is None:
+            allowed = bottom_right_causal(q.shape[-2], k.shape[-2], q.device)
         if not self._needs_eager:
+            mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
             z = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=allowed, is_causal=allowed is None and q.shape[-2] > 1,
+                q, k, v, attn_mask=mask, is_causal=mask is None and q.shape[-2] > 1,
                 scale=self.score_scale, enable_gqa=self.kv_heads != self.n_heads)
         else:
             if allowed is None:
                 allowed = bottom_right_causal(q.shape[-2], k.shape[-2], q.device)
             z, _, _ = eager_attention(q, k.repeat_interleave(self.group, dim=1),
                                       v.repeat_interleave(self.group, dim=1), allowed,
-                                      self.score_scale, self.score_softcap, self.sinks)
+                                      self.score_scale, self.score_softcap, bias, self.sinks)
         return self._merge(z)
 
     def _project(self, x: torch.Tensor, rope: torch.Tensor | None
@@ -266,19 +279,18 @@ class CausalSelfAttention(nn.Module):
         return self.output_proj(z.transpose(1, 2).reshape(batch, seq_len, -1))
 
     def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trace: Trace | None,
-               prefix: str) -> torch.Tensor:
-        """The inspectable path: explicit scores, -inf strictly above the diagonal (and
-        outside the window), softmax; recorded into `trace` when one is given."""
+               prefix: str, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The inspectable path: explicit scores (plus ALiBi's bias), -inf strictly above the
+        diagonal (and outside the window), softmax; recorded into `trace` when one is given."""
         group = self.group
         # repeat_interleave gives KV order [k0, k0, k1, k1] for group 2: query head h -> h // group
         k = k.repeat_interleave(group, dim=1)  # (B, H, T, Dh)
         v = v.repeat_interleave(group, dim=1)  # (B, H, T, Dh)
         seq_len = q.shape[-2]
         band = self._band(seq_len, q.device)
-        allowed = band if band is not None else torch.ones(
-            seq_len, seq_len, dtype=torch.bool, device=q.device).tril()  # (T, T)
+        allowed = band if band is not None else _causal(seq_len, q.device)  # (T, T)
         z, scores, pattern, sink = attention_rows(q, k, v, allowed, self.score_scale,
-                                                  self.score_softcap, self.sinks)
+                                                  self.score_softcap, bias, self.sinks)
         if trace is not None:
             for name, value in (("q", q), ("k", k[:, ::group]), ("v", v[:, ::group]),
                                 ("scores", scores), ("pattern", pattern), ("z", z)):
@@ -345,23 +357,29 @@ class LatentAttention(CausalSelfAttention):
         return q, k, v
 
 
+def _causal(seq_len: int, device: torch.device) -> torch.Tensor:
+    """(T, T) True on and below the diagonal: query t reads keys 0..t."""
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+
+
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                     scale: float | None = None, softcap: float | None = None,
-                    sinks: torch.Tensor | None = None
+                    bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale, masked) v for q (..., Tq, Dh), k and v (..., Tk, Dh), and a
     boolean `allowed` (..., Tq, Tk) where True means "may attend" (SDPA's convention, the
-    opposite of nn.MultiheadAttention's); scale None is 1/sqrt(Dh), and a `softcap` c turns
-    the scores into c * tanh(scores / c) first; `sinks` (H,): a logit per head joins each row's
-    denominator (`attention_rows`). Returns (z, scores, pattern); a disallowed key gets -inf,
-    hence exactly zero probability. Every query row must allow at least one key."""
-    z, scores, pattern, _ = attention_rows(q, k, v, allowed, scale, softcap, sinks)
+    opposite of nn.MultiheadAttention's); scale None is 1/sqrt(Dh); a `bias` (..., Tq, Tk) is
+    added to the scaled scores (ALiBi), and a `softcap` c turns the scores into
+    c * tanh(scores / c) after it; `sinks` (H,): a logit per head joins each row's denominator
+    (`attention_rows`). Returns (z, scores, pattern); a disallowed key gets -inf, hence exactly
+    zero probability. Every query row must allow at least one key."""
+    z, scores, pattern, _ = attention_rows(q, k, v, allowed, scale, softcap, bias, sinks)
     return z, scores, pattern
 
 
 def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                    scale: float | None = None, softcap: float | None = None,
-                   sinks: torch.Tensor | None = None
+                   bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """`eager_attention`'s (z, scores, pattern) and the sink's share of each row (..., Tq), None
     without sinks. With sinks (H,) for q (B, H, Tq, Dh), head h's rows are softmaxed over their
@@ -369,6 +387,8 @@ def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: t
     pattern over the keys sums to 1 minus the sink's share."""
     products = q @ k.transpose(-2, -1)  # (..., Tq, Tk)
     scores = products / math.sqrt(q.shape[-1]) if scale is None else products * scale
+    if bias is not None:
+        scores = scores + bias
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     masked = scores.masked_fill(~allowed, float("-inf"))

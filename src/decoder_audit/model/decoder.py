@@ -8,8 +8,12 @@ The config's variants change the block where it says: a routed layer's MLP is a 
 experts (mlp.py), latent attention compresses keys and values (attention.py); a parallel block's
 MLP reads N2(resid_pre);
 sandwich norms normalise each sublayer's output before it is added (Gemma 2, OLMo 2); without
-pre-norms N1 and N2 are the identity (OLMo 2); a windowed layer's attention reads the last W
-tokens only, on its own RoPE table where the config gives the windowed layers a base.
+pre-norms N1 and N2 are the identity (OLMo 2); post-norm blocks normalise the stream after each
+add instead, resid_mid = N1(resid_pre + Attn(resid_pre)) (GPT-1); a windowed layer's attention
+reads the last W tokens only, on its own RoPE table where the config gives the windowed layers a
+base. Positions enter as a learned table, a fixed sinusoidal one (positions.py), RoPE's turn of
+q and k, or ALiBi's bias on the scores; an embedding norm may follow the embeddings (BLOOM) and
+the final norm may be absent (GPT-1).
 
 Shape letters: B batch, T sequence, D d_model, H query heads, Hkv KV heads, Dh head width,
 F FFN width, V vocabulary. Every component is built from `nn.Parameter` and tensor ops, here
@@ -42,6 +46,7 @@ from .attention import CausalSelfAttention, LatentAttention, query_scales, rope_
 from .cache import KVCache, attention_allowed, check_mask, windowed_allowed
 from .layers import INIT_STD, Embedding, Linear, make_norm
 from .mlp import FeedForward, RoutedExperts
+from .positions import alibi_bias, sinusoids
 from .trace import Trace
 
 _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -110,19 +115,22 @@ def _record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
 
 class Block(nn.Module):
     """One pre-norm block: two residual updates, each reading a normalised copy of the stream
-    (in a parallel block both read the block's input: x + Attn(N1(x)) + MLP(N2(x)))."""
+    (in a parallel block both read the block's input: x + Attn(N1(x)) + MLP(N2(x))); or a
+    post-norm block, each update normalised after the add: N1(x + Attn(x)), N2(. + MLP(.))."""
 
     def __init__(self, cfg: DecoderConfig, *, residual_std: float, layer: int = 0,
                  **factory) -> None:
         super().__init__()
         self.parallel, self.shared_norm = cfg.parallel_residual, cfg.shared_norm
+        self.post_norm = cfg.post_norm  # ln1 and ln2 after the adds, not before the sublayers
         self.residual_multiplier = cfg.residual_multiplier  # Granite's m: x + m * sublayer
         # no pre-norms (OLMo 2): the sublayers read the stream itself
-        self.ln1 = make_norm(cfg, **factory) if cfg.pre_norm else None
+        norms = cfg.pre_norm or cfg.post_norm
+        self.ln1 = make_norm(cfg, **factory) if norms else None
         attention = LatentAttention if cfg.latent_attention else CausalSelfAttention
         self.attn = attention(cfg, residual_std=residual_std, layer=layer, **factory)
         # a parallel block with one norm (GPT-J, Phi): the MLP reads ln1's output too
-        self.ln2 = make_norm(cfg, **factory) if cfg.pre_norm and not cfg.shared_norm else None
+        self.ln2 = make_norm(cfg, **factory) if norms and not cfg.shared_norm else None
         # routed experts where the config routes this layer, else one dense MLP of width F
         mlp = RoutedExperts if cfg.routes(layer) else FeedForward
         self.ffn = mlp(cfg, residual_std=residual_std, **factory)
@@ -133,25 +141,33 @@ class Block(nn.Module):
     def forward(self, resid_pre: torch.Tensor, rope, trace: Trace | None = None,
                 prefix: str = "", *, allowed: torch.Tensor | None = None,
                 cache: KVCache | None = None, layer: int = 0,
+                bias: torch.Tensor | None = None,
                 query_scale: torch.Tensor | None = None) -> torch.Tensor:
-        normed = resid_pre if self.ln1 is None else self.ln1(resid_pre)
+        """`bias`: ALiBi's score bias (1|B, H, T, S), or None; `query_scale`: each query's
+        multiplier by its position (query_position_scale), or None."""
+        pre = not self.post_norm  # a post-norm block's sublayers read the stream itself
+        normed = self.ln1(resid_pre) if self.ln1 is not None and pre else resid_pre
         _record(trace, f"{prefix}.ln1", normed)
-        # Ministral 3's position-scaled queries (passed only where the config scales them)
-        scaled = {} if query_scale is None else {"query_scale": query_scale}
+        # ALiBi's bias and Ministral 3's query scale only where there is one (an attention
+        # written without them still runs)
+        extra = {name: value for name, value in (("bias", bias), ("query_scale", query_scale))
+                 if value is not None}
         if allowed is None and cache is None:  # the full causal square
-            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn", **scaled)
+            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn", **extra)
         else:  # padded or cached: the generation path (same weights)
-            attn_out = self.attn.attend(normed, rope, allowed, cache, layer, **scaled)
+            attn_out = self.attn.attend(normed, rope, allowed, cache, layer, **extra)
         if self.ln1_post is not None:
             attn_out = self.ln1_post(attn_out)
         if self.residual_multiplier != 1.0:
             attn_out = attn_out * self.residual_multiplier
         _record(trace, f"{prefix}.attn.out", attn_out)
         resid_mid = resid_pre + attn_out
+        if not pre:  # post-LN: the sum normalised
+            resid_mid = self.ln1(resid_mid)
         _record(trace, f"{prefix}.resid_mid", resid_mid)
         if not self.shared_norm:  # a parallel block's MLP reads the block's input
             normed = resid_pre if self.parallel else resid_mid
-            normed = normed if self.ln2 is None else self.ln2(normed)
+            normed = self.ln2(normed) if self.ln2 is not None and pre else normed
         _record(trace, f"{prefix}.ln2", normed)
         ffn_out = self.ffn(normed, trace, f"{prefix}.ffn")
         if self.ln2_post is not None:
@@ -160,6 +176,8 @@ class Block(nn.Module):
             ffn_out = ffn_out * self.residual_multiplier
         _record(trace, f"{prefix}.ffn.out", ffn_out)
         resid_post = resid_mid + ffn_out
+        if not pre:
+            resid_post = self.ln2(resid_post)
         _record(trace, f"{prefix}.resid_post", resid_post)
         return resid_post
 
@@ -181,11 +199,15 @@ class Decoder(nn.Module):
             Embedding(cfg.position_offset + cfg.max_seq_len, cfg.d_model, init_std=INIT_STD,
                       **factory)
             if cfg.pos == "learned" else None)
-        self.position_offset = cfg.position_offset  # the table's row of position 0
+        # the table's row of position 0 (OPT's learned table and XGLM's sinusoidal one: 2)
+        self.position_offset = cfg.position_offset
+        # BLOOM: the embedding stream normalised before layer 0
+        self.embedding_norm = make_norm(cfg, **factory) if cfg.embedding_norm else None
         residual_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
         self.layers = nn.ModuleList(Block(cfg, residual_std=residual_std, layer=i, **factory)
                                     for i in range(cfg.n_layers))
-        self.ln_final = make_norm(cfg, **factory)
+        # GPT-1's post-norm blocks end normalised: no final norm
+        self.ln_final = make_norm(cfg, **factory) if cfg.final_norm else None
         # Tying: the readout *is* the embedding Parameter, so both paths add into one .grad
         # (and the embedding, its owner, initialises it).
         shared = self.token_embeddings.weight if cfg.tie_embeddings else None
@@ -283,6 +305,27 @@ class Decoder(nn.Module):
         return rope_rotations(self.config, seq_len, like.device, like.dtype, positions,
                               windowed=windowed)[:, None]
 
+    def _position_rows(self, positions: torch.Tensor | None, seq_len: int,
+                       like: torch.Tensor) -> torch.Tensor:
+        """The learned table's rows, or the sinusoidal table's, of positions 0..T-1 (T, D) or
+        of the given positions (B|1, T) -> (B|1, T, D); position t's row is position_offset + t
+        (OPT's and XGLM's tables keep 2 before it), every position < max_seq_len."""
+        if positions is None:
+            positions = torch.arange(seq_len, device=like.device)  # (T,)
+        rows = positions + self.position_offset
+        if self.position_embeddings is not None:
+            return self.position_embeddings.weight[rows]  # (offset + max_seq_len, D) table
+        return sinusoids(self.config, rows, like.dtype)
+
+    def _alibi(self, positions: torch.Tensor | None, key_positions: torch.Tensor | None,
+               seq_len: int, like: torch.Tensor) -> torch.Tensor:
+        """ALiBi's score bias (B|1, H, T, S) for queries at `positions` (None: 0..T-1) and keys
+        at `key_positions` (None: the queries' own)."""
+        if positions is None:
+            positions = torch.arange(seq_len, device=like.device)[None]  # (1, T)
+        keys = positions if key_positions is None else key_positions
+        return alibi_bias(self.config, positions, keys, like.dtype)
+
     def run_with_trace(self, ids: torch.Tensor) -> tuple[torch.Tensor, Trace]:
         """Like forward, through the eager attention path, recording every named site."""
         check_ids(ids, self.config)
@@ -303,15 +346,15 @@ class Decoder(nn.Module):
         if cfg.embedding_scale is not None:  # rounded to the model's dtype, as Gemma does
             x = x * torch.tensor(cfg.embedding_scale, dtype=x.dtype, device=x.device)
         _record(trace, "tokens", x)
-        if self.position_embeddings is not None:
-            # (max_seq_len, D): position t's row is offset + t (OPT's table keeps 2 before it)
-            table = self.position_embeddings.weight[self.position_offset:]
-            # rows 0..T-1 (T, D), or the given positions' rows (B|1, T, D); all < max_seq_len
-            rows = table[:seq_len] if positions is None else table[positions]
+        if cfg.pos in ("learned", "sinusoidal"):
+            rows = self._position_rows(positions, seq_len, x)  # (T, D) or (B|1, T, D)
             _record(trace, "positions", rows)
             x = x + rows
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
         _record(trace, "embed", x)
         rope = self._rotations(positions, seq_len, x) if cfg.pos == "rope" else None
+        bias = self._alibi(positions, key_positions, seq_len, x) if cfg.pos == "alibi" else None
         # Gemma 3's windowed layers turn by their own base
         rope_windowed = (self._rotations(positions, seq_len, x, windowed=True)
                          if cfg.window_rope_theta is not None else rope)
@@ -329,14 +372,15 @@ class Decoder(nn.Module):
             turns = rope_windowed if block.attn.window is not None else rope
             if recompute:  # keep only each block's input; its activations are recomputed in backward
                 x = checkpoint(block, x, turns, None, f"layers.{i}", allowed=reads, layer=i,
-                               query_scale=scales, use_reentrant=False)
+                               bias=bias, query_scale=scales, use_reentrant=False)
             else:
                 x = block(x, turns, trace, f"layers.{i}", allowed=reads, cache=cache, layer=i,
-                          query_scale=scales)
+                          bias=bias, query_scale=scales)
         if last_only:
             x = x[:, -1:]  # (B, 1, D): generation reads the next-token row only
-        x = self.ln_final(x)
-        _record(trace, "ln_final", x)
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        _record(trace, "ln_final", x)  # the readout's input
         logits = self.lm_head(x)  # (B, T, V): h @ E^T when tied
         if cfg.logit_scale != 1.0:
             logits = logits * cfg.logit_scale

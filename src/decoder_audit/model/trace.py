@@ -22,7 +22,7 @@ Shape = tuple[str, ...]
 # Recording a name that is not here raises, so the table and the model cannot drift apart.
 INPUT_SITES: dict[str, Shape] = {
     "tokens": ("B", "T", "D"),
-    "positions": ("T", "D"),  # pos = learned only
+    "positions": ("T", "D"),  # pos = learned or sinusoidal only
     "embed": ("B", "T", "D"),  # the residual stream entering block 0
 }
 BLOCK_SITES: dict[str, Shape] = {  # each under "layers.{i}."
@@ -30,7 +30,7 @@ BLOCK_SITES: dict[str, Shape] = {  # each under "layers.{i}."
     "attn.q": ("B", "H", "T", "Dh"),  # after RoPE, when pos = rope
     "attn.k": ("B", "Hkv", "T", "Dh"),
     "attn.v": ("B", "Hkv", "T", "Dv"),  # Dv = Dh but in latent attention
-    "attn.scores": ("B", "H", "T", "T"),  # scaled, before the mask
+    "attn.scores": ("B", "H", "T", "T"),  # scaled (plus ALiBi's bias), before the mask
     "attn.pattern": ("B", "H", "T", "T"),  # softmax rows; zero above the diagonal
     "attn.sink": ("B", "H", "T"),  # the sink's share of each row (attn_sinks only)
     "attn.z": ("B", "H", "T", "Dv"),  # pattern @ v, per head
@@ -54,7 +54,7 @@ OUTPUT_SITES: dict[str, Shape] = {
 def declared_shapes(cfg: DecoderConfig) -> dict[str, Shape]:
     """Every trace site of a decoder with this config, in forward order, with symbolic shapes."""
     sites = {name: shape for name, shape in INPUT_SITES.items()
-             if name != "positions" or cfg.pos == "learned"}
+             if name != "positions" or cfg.pos in ("learned", "sinusoidal")}
     for i in range(cfg.n_layers):
         sites.update({f"layers.{i}.{name}": shape for name, shape in BLOCK_SITES.items()
                       if (name != "ffn.hidden" or not cfg.routes(i))

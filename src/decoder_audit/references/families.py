@@ -281,6 +281,22 @@ def _opt_width(config: Any) -> int:
     return config.hidden_size
 
 
+def _opt_post_norm(config: Any) -> bool:
+    """OPT's norms after each residual add (OPT-350m's do_layer_norm_before=False)."""
+    return not config.do_layer_norm_before
+
+
+def _opt_final_norm(config: Any) -> bool:
+    """OPT's final norm: only in front of pre-norm blocks, and not where a config removes it
+    (_remove_final_layer_norm, kept for old checkpoints)."""
+    return bool(config.do_layer_norm_before) and not getattr(config, "_remove_final_layer_norm",
+                                                                False)
+
+
+def _opt_write(cfg: Any, config_class: type) -> dict[str, Any]:
+    return {"_remove_final_layer_norm": cfg.pre_norm and not cfg.final_norm}
+
+
 def _biogpt_scale(config: Any) -> float | None:
     return float(config.hidden_size) ** 0.5 if config.scale_embedding else None
 
@@ -351,6 +367,88 @@ def _falcon_write(cfg: Any, config_class: type) -> dict[str, Any]:
                 "num_kv_heads": cfg.kv_heads}
     return {"new_decoder_architecture": False, "parallel_attn": False,
             "multi_query": cfg.kv_heads == 1, "num_kv_heads": cfg.n_heads}
+# ---- position and norm placements (helper fam-positions) ----
+# The plain (non-gated) MLPs' activations, by transformers' ACT2FN names: gelu_new, gelu_fast and
+# gelu_pytorch_tanh are the tanh approximation written three ways
+_PLAIN_ACTIVATIONS = MappingProxyType({
+    "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu", "relu2": "relu2"})
+_ALIBI_HORIZON = 2048
+"""BLOOM's training length: the max_seq_len of a BLOOM spec, whose config declares none (ALiBi
+runs at any length: the gate audits it with no hard limit, `facts.py`)."""
+
+
+def _alibi_horizon(config: Any) -> int:
+    """The length a config without one of its own is read with (BLOOM's: `_ALIBI_HORIZON`)."""
+    return getattr(config, "max_position_embeddings", None) or _ALIBI_HORIZON
+
+
+def _four_times(config: Any) -> int:
+    """The MLP width BLOOM, MPT and GPT-1 fix at 4 D (MPT's expansion_ratio, BLOOM's n_inner
+    are never read by transformers' modules)."""
+    return 4 * config.hidden_size
+
+
+def _mpt_scale(config: Any) -> float | None:
+    """MPT's score scale: attn_config.softmax_scale, None for 1/sqrt(Dh)."""
+    return config.attn_config.softmax_scale
+
+
+def _xglm_scale(config: Any) -> float | None:
+    """XGLM's embedding scale: sqrt(D) where scale_embedding is set."""
+    return float(config.hidden_size) ** 0.5 if config.scale_embedding else None
+
+
+def _qk_layernorm_kind(config: Any) -> str:
+    """Persimmon's and Phi's q/k norms are LayerNorms (where qk_layernorm gives them any)."""
+    return "layernorm" if config.qk_layernorm else "rmsnorm"
+
+
+# transformers' BLOOM and MPT add the slopes of Press et al. (MPT's alibi_bias_max is fixed at
+# 8 by transformers, whatever attn_config says: the same slopes), after the score scale
+_POSITION_FAMILIES = (
+    Family("bloom", "BloomForCausalLM", block="bloom", windows=False, grouped=False,
+           activation=(), activations={},  # its own tanh GELU, whatever the config says
+           fixed={"norm": "layernorm", "pos": "alibi", "embedding_norm": True, "attn_bias": True,
+                  "mlp_bias": True, "mlp": "gelu_tanh"},
+           read={"norm_eps": "layer_norm_epsilon", "d_ff": _four_times,
+                 "max_seq_len": _alibi_horizon},
+           refused=(("apply_residual_connection_post_layernorm",
+                     "the residual taken after the norm, not before it"),)),
+    Family("mpt", "MptForCausalLM", block="mpt", windows=False, grouped=False,
+           activation=(), activations={},  # exact GELU, fixed
+           fixed={"norm": "layernorm", "norm_bias": False, "pos": "alibi", "attn_bias": False,
+                  "mlp_bias": False, "mlp": "gelu"},
+           read={"norm_eps": "layer_norm_epsilon", "d_ff": _four_times,
+                 "max_seq_len": "max_seq_len", "attn_scale": _mpt_scale},
+           write=lambda cfg, cls: {"attn_config": {"softmax_scale": cfg.attn_scale}},
+           refused=(("attn_config.clip_qkv", "q, k and v clamped to [-clip_qkv, clip_qkv]: not "
+                     "expressed"),)),
+    # XGLM: fairseq's sinusoidal table from row 2, the embedding scaled by sqrt(D)
+    Family("xglm", "XGLMForCausalLM", block="xglm", windows=False, grouped=False,
+           activation=("activation_function",), activations=_PLAIN_ACTIVATIONS,
+           fixed={"norm": "layernorm", "norm_eps": 1e-5, "pos": "sinusoidal",
+                  "position_offset": 2, "attn_bias": True, "mlp_bias": True},
+           read={"d_ff": "ffn_dim", "embedding_scale": _xglm_scale},
+           write=lambda cfg, cls: {"scale_embedding": cfg.embedding_scale is not None},
+           refused=(("add_cross_attention", "a decoder-only model has no cross attention"),
+                    ("pad_token_id", "its sinusoidal table's row pad_token_id is zeroed, so "
+                     "position pad_token_id - 2 adds nothing",
+                     lambda value: isinstance(value, int) and value >= 2))),
+    # GPT-1: post-norm blocks, no final norm, learned positions, GPT-2's tanh GELU as "gelu"
+    Family("openai-gpt", "OpenAIGPTLMHeadModel", block="openai-gpt", windows=False,
+           grouped=False, activation=("afn",),
+           activations={"gelu": "gelu_tanh", "relu": "relu"},
+           fixed={"norm": "layernorm", "pos": "learned", "attn_bias": True, "mlp_bias": True,
+                  "pre_norm": False, "post_norm": True, "final_norm": False},
+           read={"norm_eps": "layer_norm_epsilon", "d_ff": _four_times}),
+    # Persimmon: per-head LayerNorms of q and k (with a shift), partial rotary, ReLU squared
+    Family("persimmon", "PersimmonForCausalLM", block="persimmon", partial_rotary=True,
+           windows=False, grouped=False, activations=_PLAIN_ACTIVATIONS,
+           fixed={"norm": "layernorm", "pos": "rope", "attn_bias": True, "mlp_bias": True},
+           read={"norm_eps": "layer_norm_eps", "qk_norm": "qk_layernorm",
+                 "qk_norm_kind": _qk_layernorm_kind}),
+)
 
 
 # ---- routed families (helper fam-moe) ----------------------------------------------------------
@@ -717,10 +815,11 @@ FAMILIES: tuple[Family, ...] = (
                   "position_offset": 2},
            read={"d_model": _opt_width, "d_ff": "ffn_dim", "attn_bias": "enable_bias",
                  "mlp_bias": "enable_bias", "norm_affine": "layer_norm_elementwise_affine",
-                 "norm_bias": "layer_norm_elementwise_affine"},
-           refused=(("do_layer_norm_before", "post-norm blocks (each sublayer's sum "
-                     "normalised, no final norm: OPT-350m)", lambda value: not value),
-                    ("_remove_final_layer_norm", "no norm before the readout"))),
+                 "norm_bias": "layer_norm_elementwise_affine",
+                 # OPT-350m's post-norm blocks (do_layer_norm_before=False), without a final norm
+                 "pre_norm": "do_layer_norm_before", "post_norm": _opt_post_norm,
+                 "final_norm": _opt_final_norm},
+           write=_opt_write),
     # BioGPT: OPT's block with biases everywhere and an embedding scaled by sqrt(D)
     Family("biogpt", "BioGptForCausalLM", **_GPT_STYLE,
            fixed={"norm": "layernorm", "norm_eps": 1e-5, "pos": "learned",
@@ -736,8 +835,9 @@ FAMILIES: tuple[Family, ...] = (
           activations=GPT_ACTIVATIONS,
           fixed={"norm": "layernorm", "attn_bias": True, "mlp_bias": True,
                  "parallel_residual": True, "shared_norm": True, "readout_bias": True},
-          read={"norm_eps": "layer_norm_eps"},
-          refused=(("qk_layernorm", "per-head LayerNorms of q and k, with a shift"),)),
+          # per-head LayerNorms of q and k (with a shift) where qk_layernorm says, as Persimmon
+          read={"norm_eps": "layer_norm_eps", "qk_norm": "qk_layernorm",
+                "qk_norm_kind": _qk_layernorm_kind}),
     # Falcon: its new architecture (two norms beside each other, or one; grouped KV heads) and
     # the original (Falcon-7B: one norm, a parallel block, one KV head), q/k/v fused
     Family("falcon", "FalconForCausalLM", **_GPT_STYLE, activation=("activation",),
@@ -861,6 +961,7 @@ FAMILIES: tuple[Family, ...] = (
                  "logit_scale": lambda c: c.dim_model_base / c.hidden_size}),
     # ---- dense Llama-named families (helper fam-llama) ----
     *LLAMA_NAMED,
+    *_POSITION_FAMILIES,  # helper fam-positions
     # ---- sinks, the clamped SwiGLU, biased routers and experts, q/k norms after RoPE,
     # position-scaled queries (helper fam-sinks) ----
     # GPT-OSS: sinks in every layer, alternating windows, YaRN; the router's biased logits, top
@@ -968,6 +1069,11 @@ _SPARSE_INDEX = ("a learned indexer choosing each query's keys (DeepSeek sparse 
                  "beside latent attention")
 _GEMMA_3N = "key/value sharing across layers, per-layer inputs and AltUp (Gemma 3n, Gemma 4)"
 
+_LLAMA4 = ("chunked attention (its RoPE layers read only their own attention_chunk_size block), "
+           "a weightless L2 norm of q and k in its RoPE layers only, experts fed the router's "
+           "score times the token (router weight on the input), and a query temperature counted "
+           "in cache slots, not positions")
+
 BLACK_BOX: Mapping[str, str] = MappingProxyType({
     # hybrids, recurrent and state-space models
     **{t: _HYBRID for t in (
@@ -1010,7 +1116,7 @@ BLACK_BOX: Mapping[str, str] = MappingProxyType({
     "afmoe": "a gated attention output (the heads times a sigmoid of x) and NoPE layers",
     "laguna": "a gated attention output, heads per layer, a soft-capped router",
     "mimo_v2_flash": "value heads of another width, a value scale, windowed layers with their "
-                     "own key/value heads, attention sinks",
+                     "own key/value heads, attention sinks in the windowed layers only",
     "beam": "a gated attention output, query scaling by position, a depth-scaled residual",
     "axk1": "a norm on the routed MLP's output only",
     "nanochat": "norms without gains, a norm of the embeddings, RoPE turned the other way",
@@ -1025,6 +1131,9 @@ BLACK_BOX: Mapping[str, str] = MappingProxyType({
     "moshi": "multi-codebook audio streams", "musicgen": "multi-codebook audio streams",
     "musicgen_melody": "multi-codebook audio streams",
     "csm": "two stacks fed by audio codebooks",
+    # ---- helper fam-sinks: what Llama 4 has beyond NoPE layers, position-scaled queries,
+    # shared experts and experts stored in -> out (all expressed) ----
+    **{t: _LLAMA4 for t in ("llama4_text", "llama4")},
 })
 """model_type -> what its decoder has that no DecoderConfig expresses: the families audited
 black-box on purpose (`hf.hf_reference` says why; docs/conformance.md lists them). A family

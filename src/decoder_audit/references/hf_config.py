@@ -195,10 +195,20 @@ def _sizes(c: Any, grouped: bool) -> dict[str, Any]:
     return dict(vocab_size=c.vocab_size, d_model=width, n_layers=c.num_hidden_layers,
                 n_heads=heads, n_kv_heads=None if kv_heads in (None, heads) else kv_heads,
                 head_width=None if head_dim * heads == width else head_dim,
-                d_ff=getattr(c, "intermediate_size", None), max_seq_len=c.max_position_embeddings,
+                d_ff=getattr(c, "intermediate_size", None),
+                # a family whose config names its length otherwise reads it in its entry
+                max_seq_len=getattr(c, "max_position_embeddings", None),
                 # a config without the field (Emu3's text config in 5.0) is untied, as
                 # transformers ties it: getattr(config, "tie_word_embeddings", False)
                 tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)))
+
+
+def attribute(c: Any, name: str) -> Any:
+    """The config's attribute `name`, a dotted path into a part of it (MPT's
+    attn_config.clip_qkv), or None where it has none."""
+    for part in name.split("."):
+        c = getattr(c, part, None)
+    return c
 
 
 def read_source(c: Any, source: families.Source, problems: list[str]) -> Any:
@@ -224,9 +234,12 @@ def _cast(name: str, value: Any) -> Any:
     return value
 
 
-def _mlp(c: Any, family: families.Family, problems: list[str]) -> str:
-    """Our `mlp` for the activation the config names, where the family's MLP computes it."""
+def _mlp(c: Any, family: families.Family, problems: list[str]) -> str | None:
+    """Our `mlp` for the activation the config names, where the family's MLP computes it; None
+    for a family whose MLP names none (its entry fixes `mlp`: BLOOM's tanh GELU)."""
     names = family.activation
+    if not names:
+        return None
     name = next((n for n in names if getattr(c, n, None) is not None), names[0])
     value = getattr(c, name, None)
     if value not in family.activations:
@@ -256,7 +269,7 @@ def refusals(c: Any, family: families.Family) -> list[str]:
     """The options of `family.refused` this config sets, each naming its value and why."""
     found = []
     for name, why, *rule in family.refused:
-        value = getattr(c, name, None)
+        value = attribute(c, name)
         if (rule[0] if rule else bool)(value):
             found.append(f"{name}={value!r} ({why})")
     return found
@@ -333,8 +346,9 @@ def hf_family(cfg: DecoderConfig) -> str:
     if cfg.readout_bias:
         raise ConfigError("readout_bias=True: the converter's families read out without a bias")
     if not cfg.norm_affine or not cfg.pre_norm:
-        raise ConfigError(f"norm_affine={cfg.norm_affine}, pre_norm={cfg.pre_norm}: the "
-                          "converter writes GPT-2 and Llama, whose sublayers read learned norms")
+        raise ConfigError(f"norm_affine={cfg.norm_affine}, pre_norm={cfg.pre_norm}, post_norm="
+                          f"{cfg.post_norm}: the converter writes GPT-2 and Llama, whose "
+                          "sublayers read learned norms")
     if cfg.rotary_dim is not None or cfg.parallel_residual or cfg.sandwich_norm:
         raise ConfigError(f"rotary_dim={cfg.rotary_dim}, parallel_residual="
                           f"{cfg.parallel_residual}, sandwich_norm={cfg.sandwich_norm}: the "
@@ -378,10 +392,10 @@ def hf_family(cfg: DecoderConfig) -> str:
 # Fields no GPT-2 or Llama block computes with, refused where they differ from their default
 # (each later field a DecoderConfig grows for another family joins this list)
 _BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
-                         "position_offset", "latent_norm_eps",
-                         "attn_sinks", "qk_norm_position", "query_position_scale",
-                         "swiglu_alpha", "swiglu_limit", "router_bias", "expert_bias",
-                         "shared_expert_scale")
+                         "position_offset", "latent_norm_eps", "embedding_norm", "post_norm",
+                         "final_norm", "qk_norm_kind", "attn_sinks", "qk_norm_position",
+                         "query_position_scale", "swiglu_alpha", "swiglu_limit", "router_bias",
+                         "expert_bias", "shared_expert_scale")
 
 
 def config_to_hf(cfg: DecoderConfig) -> Any:

@@ -61,6 +61,14 @@ Layouts detected from the parameter names (`detect`):
       HyperCLOVAX
     Hugging Face        Llama's attention, attention_layernorm and feedforward_layernorm, a plain
       Apertus           MLP up_proj -> down_proj whose xIELU learns mlp.act_fn.alpha_p, alpha_n
+    Hugging Face BLOOM  transformer.word_embeddings and its word_embeddings_layernorm,
+                        h.{i}.self_attention.query_key_value (q, k, v fused head by head)
+    Hugging Face MPT    transformer.wte, blocks.{i}.attn.Wqkv (q, k, v stacked), norm_1 (no shift)
+    Hugging Face XGLM   model.embed_tokens, layers.{i}.self_attn_layer_norm, fc1, fc2
+    Hugging Face        transformer.tokens_embed, positions_embed, h.{i}.attn.c_attn (Conv1D),
+      OpenAI GPT        ln_1 and ln_2 after the adds, no final norm
+    Hugging Face        model.layers.{i}.self_attn.query_key_value (head by head),
+      Persimmon         q_layernorm, k_layernorm, mlp.dense_h_to_4h
 each possibly under a wrapper's prefix (`model.`, `net.`), and each also without its root module
 (`embed_tokens`, `layers.{i}.self_attn.q_proj`, `norm`, `lm_head` at the top: `rootless`). Anything else takes a user function
 (`weights_map=`): state dict -> {canonical name: tensor}.
@@ -98,6 +106,8 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"token_embeddings.weight": (v, d)}
     if spec.pos == "learned":  # OPT's keeps position_offset rows before position 0's
         shapes["position_embeddings.weight"] = (spec.position_offset + t, d)
+    if spec.embedding_norm:  # BLOOM's norm of the embeddings
+        shapes.update({f"embedding_norm.{part}": (d,) for part in norm})
     matrices = {"attn.q_proj": (d_q, d), "attn.k_proj": (d_kv, d), "attn.v_proj": (d_kv, d),
                 "attn.output_proj": (d, d_q)}
     if spec.latent_attention:
@@ -128,9 +138,14 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
                 shapes[f"{p}.ffn.shared_gate.weight"] = (1, d)
         if spec.qk_norm:
             whole = spec.qk_norm_scope == "projection"  # OLMo 2: over the whole projection
-            shapes[f"{p}.attn.q_norm.weight"] = (d_q if whole else spec.head_dim,)
-            shapes[f"{p}.attn.k_norm.weight"] = (d_kv if whole else spec.head_dim,)
-    shapes.update({f"ln_final.{part}": (d,) for part in norm})
+            # a q/k LayerNorm (Persimmon) has a shift where the config's norms have one
+            parts = ("weight", "bias") if spec.qk_norm_kind == "layernorm" and spec.norm_bias \
+                else ("weight",)
+            for which, width in (("q_norm", d_q), ("k_norm", d_kv)):
+                shapes.update({f"{p}.attn.{which}.{part}": (width if whole else spec.head_dim,)
+                               for part in parts})
+    if spec.final_norm:  # GPT-1's post-norm blocks have none
+        shapes.update({f"ln_final.{part}": (d,) for part in norm})
     shapes["lm_head.weight"] = (v, d)
     if spec.readout_bias:
         shapes["lm_head.bias"] = (v,)
@@ -179,9 +194,11 @@ def _latent_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
 
 def block_norms(spec: DecoderConfig) -> tuple[str, ...]:
     """The norms of a block: ln1, ln2 before the sublayers (pre_norm; ln1 alone where one norm
-    feeds both, shared_norm), ln1_post, ln2_post after them (sandwich_norm)."""
-    return (("ln1",) if spec.pre_norm else ()) + (
-        ("ln2",) if spec.pre_norm and not spec.shared_norm else ()) + (
+    feeds both, shared_norm) or after the residual adds (post_norm), ln1_post, ln2_post after
+    the sublayers (sandwich_norm)."""
+    normed = spec.pre_norm or spec.post_norm
+    return (("ln1",) if normed else ()) + (
+        ("ln2",) if normed and not spec.shared_norm else ()) + (
         ("ln1_post", "ln2_post") if spec.sandwich_norm else ())
 
 
@@ -194,7 +211,7 @@ class Layout:
     embedding: str
     positions: str | None
     block: str
-    final_norm: str
+    final_norm: str | None
     head: str
     parts: dict[str, str]
     fused_qkv: str | None = None
@@ -244,6 +261,8 @@ class Layout:
     """False: placed only where a family's entry names it (`families.Family.layout`), never
     detected from the names, which are another layout's with the same shapes in another row
     order (GPT-BigCode's c_attn is GPT-2's name and shape, its rows per KV group)."""
+    embedding_norm: str | None = None
+    """The module of the norm on the embeddings (BLOOM's word_embeddings_layernorm)."""
 
     def module_name(self, canonical: str) -> tuple[str, str] | None:
         """(the layout's module name, parameter kind) for a canonical weight name."""
@@ -255,7 +274,8 @@ class Layout:
                      self.parts.get(f"ffn.experts.{{e}}.{expert[2]}", "").format(e=expert[1]))
             return None if not inner else (f"{self.block.format(i=i)}.{inner}", kind)
         top = {"token_embeddings": self.embedding, "position_embeddings": self.positions,
-               "ln_final": self.final_norm, "lm_head": self.head}.get(module)
+               "embedding_norm": self.embedding_norm, "ln_final": self.final_norm,
+               "lm_head": self.head}.get(module)
         if top is None:  # a layout without such a weight (no position table, say)
             return None
         return top, kind
@@ -439,7 +459,8 @@ LAYOUTS: tuple[Layout, ...] = (
            "model.final_layernorm", "lm_head",
            {"ln1": "input_layernorm", "attn.q_proj": "self_attn.q_proj",
             "attn.k_proj": "self_attn.k_proj", "attn.v_proj": "self_attn.v_proj",
-            "attn.output_proj": "self_attn.dense", "ffn.w1": "mlp.fc1", "ffn.w2": "mlp.fc2"}),
+            "attn.output_proj": "self_attn.dense", "attn.q_norm": "self_attn.q_layernorm",
+            "attn.k_norm": "self_attn.k_layernorm", "ffn.w1": "mlp.fc1", "ffn.w2": "mlp.fc2"}),
     # Falcon: query_key_value KV group by KV group (the new architecture's (Hkv, H/Hkv + 2, Dh);
     # multi_query's q, k, v is one group, the MHA's (H, 3, Dh) one group a head); its norms
     # input_layernorm (the only one of a parallel block that shares it) and
@@ -515,6 +536,40 @@ LAYOUTS: tuple[Layout, ...] = (
            "lm_head", {**_HF_LLAMA_ATTN, "ln1": "attention_layernorm",
                        "ln2": "feedforward_layernorm", "ffn.w1": "mlp.up_proj",
                        "ffn.w2": "mlp.down_proj", "ffn.act": "mlp.act_fn"}),
+    # ---- position and norm placements (helper fam-positions) ----
+    # BLOOM: q, k, v fused head by head ((H, 3, Dh) rows, as GPT-NeoX), its embedding norm
+    Layout("Hugging Face BLOOM", "transformer.word_embeddings", None, "transformer.h.{i}",
+           "transformer.ln_f", "lm_head",
+           {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+            "attn.output_proj": "self_attention.dense", "ffn.w1": "mlp.dense_h_to_4h",
+            "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="self_attention.query_key_value",
+           qkv_per_head=True, embedding_norm="transformer.word_embeddings_layernorm"),
+    # MPT: q, k, v stacked in Wqkv (all q rows, then k, then v: its chunk(3)); norms without a
+    # shift (their bias set to None)
+    Layout("Hugging Face MPT", "transformer.wte", None, "transformer.blocks.{i}",
+           "transformer.norm_f", "lm_head",
+           {"ln1": "norm_1", "ln2": "norm_2", "attn.output_proj": "attn.out_proj",
+            "ffn.w1": "ffn.up_proj", "ffn.w2": "ffn.down_proj"}, fused_qkv="attn.Wqkv"),
+    # XGLM (fairseq's names): the norms before attention and the MLP, fc1 / fc2
+    Layout("Hugging Face XGLM", "model.embed_tokens", None, "model.layers.{i}", "model.layer_norm",
+           "lm_head",
+           {"ln1": "self_attn_layer_norm", "ln2": "final_layer_norm",
+            "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
+            "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.out_proj",
+            "ffn.w1": "fc1", "ffn.w2": "fc2"}),
+    # GPT-1: GPT-2's block names and Conv1D weights, its own embedding names, no final norm
+    Layout("Hugging Face OpenAI GPT", "transformer.tokens_embed", "transformer.positions_embed",
+           "transformer.h.{i}", None, "lm_head",
+           {"ln1": "ln_1", "ln2": "ln_2", "attn.output_proj": "attn.c_proj",
+            "ffn.w1": "mlp.c_fc", "ffn.w2": "mlp.c_proj"}, fused_qkv="attn.c_attn"),
+    # Persimmon: Llama's norm names, q, k, v fused head by head, per-head q/k LayerNorms
+    Layout("Hugging Face Persimmon", "model.embed_tokens", None, "model.layers.{i}",
+           "model.final_layernorm", "lm_head",
+           {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+            "attn.output_proj": "self_attn.dense", "attn.q_norm": "self_attn.q_layernorm",
+            "attn.k_norm": "self_attn.k_layernorm", "ffn.w1": "mlp.dense_h_to_4h",
+            "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="self_attn.query_key_value",
+           qkv_per_head=True),
     # ---- GPT-OSS, Hunyuan, Cohere 2 MoE (helper fam-sinks) ----
     # GPT-OSS: the router mlp.router (weight and bias), the experts fused in -> out with
     # interleaved gate/up units and their biases; sinks under self_attn (as _HF_LLAMA's)
@@ -782,6 +837,8 @@ def _lens_spot(prefix: str, canonical: str, shapes: Mapping[str, tuple[int, ...]
     module = canonical.split(".")
     if module[0] != "layers":
         name = _LENS_TOP.get(canonical)
+        if name is None:  # a weight TransformerLens has no place for (an embedding norm)
+            return None
         transposed = canonical == "lm_head.weight"  # W_U is (D, V)
         return Spot(prefix + name, transposed) if prefix + name in shapes else None
     block, part = f"{prefix}blocks.{module[1]}.", ".".join(module[2:])
@@ -819,14 +876,15 @@ def rootless(layout: Layout) -> Layout | None:
     it is: the same names a hand-written model keeps at its top (`embed_tokens`,
     `layers.{i}.self_attn.q_proj`, `norm`, `lm_head`). None for a layout without such a root."""
     inner = [name for name in (layout.embedding, layout.positions, layout.block,
-                               layout.final_norm) if name is not None]
+                               layout.final_norm, layout.embedding_norm) if name is not None]
     root = inner[0].split(".")[0] + "."
     if "." not in inner[0] or not all(name.startswith(root) for name in inner):
         return None
     strip = lambda name: None if name is None else name[len(root):]  # noqa: E731
     return replace(layout, name=f"{layout.name}, without its {root.rstrip('.')!r} root",
                    embedding=strip(layout.embedding), positions=strip(layout.positions),
-                   block=strip(layout.block), final_norm=strip(layout.final_norm))
+                   block=strip(layout.block), final_norm=strip(layout.final_norm),
+                   embedding_norm=strip(layout.embedding_norm))
 
 
 def _with_rootless(layouts: tuple[Layout, ...]) -> tuple[Layout, ...]:
@@ -962,12 +1020,14 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
                  mlp="swiglu", pos="learned", qk_norm=True, rotary_dim=None, rope_scaling=None,
                  window_rope_theta=None, sandwich_norm=True, pre_norm=True, norm_affine=True,
                  norm_bias=True, readout_bias=True, shared_norm=False, parallel_residual=False,
-                 nope_layers=None, attn_sinks=True, swiglu_alpha=1.702, swiglu_limit=7.0)
+                 nope_layers=None, embedding_norm=True, final_norm=True, post_norm=False,
+                 qk_norm_kind="layernorm", position_offset=0, attn_sinks=True,
+                 swiglu_alpha=1.702, swiglu_limit=7.0)
     if spec.routed:  # the dense MLP without biases; the experts' and the router's
         every.update(mlp_bias=False, expert_bias=True, router_bias=True)
     if spec.latent_attention:  # latent attention's RoPE, and neither biases, q/k norms nor sinks
         every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope",
-                     attn_sinks=False)
+                     qk_norm_kind="rmsnorm", attn_sinks=False)
     names = expected_weights(spec.replace(**every))
     for layer in range(spec.n_layers):
         names.update(_activation_weights(spec, layer, every=True))
@@ -1021,7 +1081,8 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
     """Where `canonical` lies in this layout, or None when the layout has no such weight."""
     module, _, kind = canonical.rpartition(".")
     part = module.split(".", 2)[2] if module.startswith("layers.") else module
-    if part in ("ln1", "ln2", "ln1_post", "ln2_post", "ln_final", "attn.q_norm", "attn.k_norm"):
+    if part in ("ln1", "ln2", "ln1_post", "ln2_post", "ln_final", "attn.q_norm", "attn.k_norm",
+                "embedding_norm"):
         kind = layout.norm_params[0 if kind == "weight" else 1]
         if kind is None:  # the layout's norms have no shift
             return None
@@ -1104,6 +1165,12 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
         return f"attn_output_bias={spec.attn_output_bias}, attn_bias={spec.attn_bias}"
     if name.endswith(".bias") and ".attn." in name:
         return f"attn_bias={_flag(spec.attn_bias)}"
+    if name.startswith("embedding_norm."):
+        return f"embedding_norm={spec.embedding_norm}"
+    if name.startswith("ln_final.") and not spec.final_norm:
+        return "final_norm=False"
+    if "_norm.bias" in name and spec.qk_norm:
+        return f"qk_norm_kind={spec.qk_norm_kind!r}, norm_bias={spec.norm_bias}"
     if "_norm." in name:
         return f"qk_norm={spec.qk_norm}"
     if name.endswith(".attn.sinks"):
@@ -1118,7 +1185,7 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
         return f"mlp_bias={_flag(spec.mlp_bias)}"
     if name.split(".")[-2].startswith("ln") and not spec.norm_affine:
         return "norm_affine=False"
-    if name.split(".")[-2] in ("ln1", "ln2") and not spec.pre_norm:
+    if name.split(".")[-2] in ("ln1", "ln2") and not (spec.pre_norm or spec.post_norm):
         return "pre_norm=False"
     if name.split(".")[-2] == "ln2" and spec.shared_norm:
         return "shared_norm=True"

@@ -3,7 +3,7 @@
 It reads only weights by name (DESIGN.md's weight names) and a config, and shares no code path
 with model/: no fused kernels, no masks (query row t simply reads keys 0..t), LayerNorm and
 RMSNorm from their definitions, GELU from erf or tanh, RoPE as explicit 2x2 rotations pair by
-pair. It computes in float64 on the CPU by default, so a disagreement with the fast model is a
+pair, the sinusoidal table entry by entry, ALiBi's slopes from Press et al.'s recursive rule. It computes in float64 on the CPU by default, so a disagreement with the fast model is a
 bug, not rounding.
 
 Weights come from a state dict or from a function `name -> tensor or None` (None: the model has
@@ -181,6 +181,26 @@ def _rope_rows(cfg: DecoderConfig, rows: torch.Tensor, windowed: bool) -> torch.
                         for t in range(rows.shape[0])])
 
 
+def _sinusoid_row(cfg: DecoderConfig, position: int) -> list[float]:
+    """Row position + position_offset of the sinusoidal table, entry by entry: the sines of the
+    D // 2 frequencies 10000^(-i / (D // 2 - 1)), then their cosines (then a 0 for odd D)."""
+    half, p = cfg.d_model // 2, position + cfg.position_offset
+    frequencies = [10000.0 ** (-i / (half - 1)) for i in range(half)]
+    row = [math.sin(p * f) for f in frequencies] + [math.cos(p * f) for f in frequencies]
+    return row + [0.0] * (cfg.d_model - 2 * half)
+
+
+def _press_slopes(heads: int) -> list[float]:
+    """ALiBi's head slopes as Press et al. define them: for a power of two n, the geometric
+    sequence starting at and multiplied by 2^(-8/n); otherwise the slopes of the power of two
+    below, followed by every other slope of twice that many heads, as many as are missing."""
+    if math.log2(heads).is_integer():
+        first = 2.0 ** (-8.0 / heads)
+        return [first ** (i + 1) for i in range(heads)]
+    below = 2 ** math.floor(math.log2(heads))
+    return _press_slopes(below) + _press_slopes(2 * below)[0::2][:heads - below]
+
+
 def _linear(x: torch.Tensor, w: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
     y = x @ w[f"{name}.weight"].T
     bias = w.get(f"{name}.bias")
@@ -217,6 +237,7 @@ def layer_weight_names(cfg: DecoderConfig, layer: int) -> list[str]:
     linears += [f"{mlp}.{n}" for mlp in mlps for n in ("w1", "w2", "w3")]
     norms = ("ln1", "ln2", "ln1_post", "ln2_post")
     extra = [f"{p}.attn.{n}.weight" for n in ("q_norm", "k_norm", "q_a_norm", "kv_a_norm")]
+    extra += [f"{p}.attn.{n}.bias" for n in ("q_norm", "k_norm")]  # a q/k LayerNorm's shift
     if cfg.routes(layer):
         extra += [f"{p}.ffn.router.weight", f"{p}.ffn.router.bias",
                   f"{p}.ffn.router.selection_bias", f"{p}.ffn.shared_gate.weight"]
@@ -229,19 +250,25 @@ def layer_weight_names(cfg: DecoderConfig, layer: int) -> list[str]:
 
 
 FINAL_NORM_NAMES = ("ln_final.weight", "ln_final.bias")
+EMBED_NORM_NAMES = ("embedding_norm.weight", "embedding_norm.bias")
 
 
 def _embed(cfg: DecoderConfig, ids: torch.Tensor, row: Callable[[int], torch.Tensor],
-           positions: torch.Tensor | None, table: torch.Tensor) -> torch.Tensor:
+           positions: torch.Tensor | None, table: torch.Tensor,
+           norm: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """x (B, T, D): the embedding row of each id (`row(v)`), times the config's embedding scale
-    rounded to the table's dtype (as the model rounds it), plus position t's row."""
+    rounded to the table's dtype (as the model rounds it), plus position t's row (learned, or
+    the sinusoidal table's), normalised where the config has an embedding norm (`norm`: its
+    weights)."""
     seq_len = ids.shape[1]
     x = torch.stack([torch.stack([row(int(i)) for i in seq]) for seq in ids])  # (B, T, D)
     if cfg.embedding_scale is not None:
         x = x * float(torch.tensor(cfg.embedding_scale, dtype=table.dtype))
     if cfg.pos == "learned":
         x = x + positions[:seq_len]
-    return x
+    elif cfg.pos == "sinusoidal":
+        x = x + torch.tensor([_sinusoid_row(cfg, t) for t in range(seq_len)], dtype=x.dtype)
+    return _norm(cfg, x, norm, "embedding_norm") if cfg.embedding_norm else x
 
 
 def _position_rows(cfg: DecoderConfig, ids: torch.Tensor) -> slice:
@@ -257,25 +284,27 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
     gradient is one product, not one per sequence); attention, the only mixing across
     positions, runs one sequence, one head and one query row at a time."""
     p = f"layers.{layer}"
-    h = _norm(cfg, x, w, f"{p}.ln1") if cfg.pre_norm else x  # OLMo 2 reads the stream itself
+    # OLMo 2 and post-norm blocks (GPT-1): attention reads the stream itself
+    h = _norm(cfg, x, w, f"{p}.ln1") if cfg.pre_norm else x
     if cfg.latent_attention:
         q, k, v = _latent_qkv(cfg, w, p, h)
     else:
         q = _linear(h, w, f"{p}.attn.q_proj")  # (B, T, H*Dh)
         k = _linear(h, w, f"{p}.attn.k_proj")  # (B, T, Hkv*Dh)
         v = _linear(h, w, f"{p}.attn.v_proj")
-    if cfg.qk_norm and cfg.qk_norm_scope == "projection":  # over all of q's (k's) features
-        q = _rmsnorm(q, w[f"{p}.attn.q_norm.weight"], cfg.norm_eps, cfg.norm_offset)
-        k = _rmsnorm(k, w[f"{p}.attn.k_norm.weight"], cfg.norm_eps, cfg.norm_offset)
-    elif cfg.qk_norm and cfg.qk_norm_position == "before_rope":  # each head over its Dh
-        q = _head_norm(cfg, q, w[f"{p}.attn.q_norm.weight"])
-        k = _head_norm(cfg, k, w[f"{p}.attn.k_norm.weight"])
+    if cfg.qk_norm and (cfg.qk_norm_scope == "projection" or
+                        cfg.qk_norm_position == "before_rope"):
+        # over all of q's (k's) features, or each head's Dh features before RoPE
+        q = _qk_norm(cfg, q, w, f"{p}.attn.q_norm")
+        k = _qk_norm(cfg, k, w, f"{p}.attn.k_norm")
     mixed = torch.stack([_attention(cfg, q[b], k[b], v[b], layer, w, p)
                          for b in range(x.shape[0])])
     attended = _linear(mixed, w, f"{p}.attn.output_proj")  # mixed: (B, T, H*Dh)
     if cfg.sandwich_norm:  # the sublayer's output normalised before it joins the stream
         attended = _norm(cfg, attended, w, f"{p}.ln1_post")
     after_attention = x + cfg.residual_multiplier * attended
+    if cfg.post_norm:  # GPT-1: the sum normalised, which the MLP then reads
+        after_attention = _norm(cfg, after_attention, w, f"{p}.ln1")
     if not cfg.shared_norm:  # else the MLP reads ln1's output, as attention did
         # a parallel block's MLP reads the block's input x; otherwise the stream after attention
         h = x if cfg.parallel_residual else after_attention
@@ -284,7 +313,8 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
     out = _routed(cfg, w, f"{p}.ffn", h) if cfg.routes(layer) else _mlp(cfg, w, f"{p}.ffn", h)
     if cfg.sandwich_norm:
         out = _norm(cfg, out, w, f"{p}.ln2_post")
-    return x + cfg.residual_multiplier * out  # (B, T, D)
+    x = x + cfg.residual_multiplier * out  # (B, T, D)
+    return _norm(cfg, x, w, f"{p}.ln2") if cfg.post_norm else x
 
 
 def _mlp(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
@@ -418,50 +448,71 @@ def _latent_qkv(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], p: str, h: to
     return q, torch.cat(keys, dim=-1), torch.cat(values, dim=-1)
 
 
-def _head_norm(cfg: DecoderConfig, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
-    """RMSNorm of every head's slice of x (B, T, heads*Dh), one gain (Dh,) for all heads."""
-    heads = x.unflatten(-1, (-1, cfg.head_dim))  # (B, T, heads, Dh)
-    return _rmsnorm(heads, gain, cfg.norm_eps, cfg.norm_offset).flatten(-2)
+def _qk_norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
+             name: str) -> torch.Tensor:
+    """The q (or k) norm `name` of x (B, T, heads*Dh): over the whole projection, or over every
+    head's slice with one gain (Dh,) for all heads; an RMSNorm, or a LayerNorm with its shift
+    where the weights have one."""
+    gain, shift = w[f"{name}.weight"], w.get(f"{name}.bias")
+    whole = cfg.qk_norm_scope == "projection"
+    parts = x if whole else x.unflatten(-1, (-1, cfg.head_dim))  # (B, T, heads, Dh)
+    if cfg.qk_norm_kind == "layernorm":
+        normed = _layernorm(parts, gain, shift, cfg.norm_eps, cfg.norm_offset)
+    else:
+        normed = _rmsnorm(parts, gain, cfg.norm_eps, cfg.norm_offset)
+    return normed if whole else normed.flatten(-2)
 
 
-def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, layer: int, w: Mapping[str, torch.Tensor], p: str) -> torch.Tensor:
+def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               layer: int, w: Mapping[str, torch.Tensor], p: str) -> torch.Tensor:
     """One sequence's causal attention: q (T, H*Dh), k and v (T, Hkv*Dh) -> (T, H*Dh), head by
     head and query row by query row; query head h reads key/value head h // (H / Hkv). In a
     windowed layer row t reads keys t-W+1..t; scores are q.k times attn_scale (1/sqrt(Dh)
-    unless given), soft-capped to c * tanh(score / c) where attn_softcap gives c. After RoPE,
-    the heads' norms where they act on the rotated heads (qk_norm_position), then query t times
-    its position's scale (query_position_scale); with attention sinks, head h's sink logit
-    joins each row's denominator (`_row_weights`)."""
+    unless given), less ALiBi's slope times the distance t - s (pos "alibi"), then soft-capped
+    to c * tanh(score / c) where attn_softcap gives c; with attention sinks, head h's sink
+    logit joins each row's denominator (`_row_weights`). Each head's rows are first rotated,
+    normalised and scaled by position where the config says (`_head_rows`)."""
     group, head_dim, value_dim = cfg.kv_group_size, cfg.head_dim, cfg.value_dim
     window = cfg.window(layer)
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(head_dim)
-    after_rope = cfg.qk_norm and cfg.qk_norm_position == "after_rope"
+    slopes = _press_slopes(cfg.n_heads) if cfg.pos == "alibi" else [0.0] * cfg.n_heads
     head_outputs = []
     for head in range(cfg.n_heads):
         kv = head // group
         q_h = q[:, head * head_dim:(head + 1) * head_dim]  # (T, Dh)
         k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
         v_h = v[:, kv * value_dim:(kv + 1) * value_dim]  # (T, Dv)
-        if cfg.rotates(layer):  # RoPE, but in a NoPE layer
-            windowed = window is not None
-            q_h, k_h = _rope_rows(cfg, q_h, windowed), _rope_rows(cfg, k_h, windowed)
-        if after_rope:  # Hunyuan: each rotated head normalised over its Dh features
-            q_h = _rmsnorm(q_h, w[f"{p}.attn.q_norm.weight"], cfg.norm_eps, cfg.norm_offset)
-            k_h = _rmsnorm(k_h, w[f"{p}.attn.k_norm.weight"], cfg.norm_eps, cfg.norm_offset)
-        if cfg.scales_queries(layer):
-            q_h = torch.stack([_query_scale(cfg, t) * q_h[t] for t in range(q.shape[0])])
+        q_h, k_h = _head_rows(cfg, q_h, k_h, layer, w, p)
         sink = w[f"{p}.attn.sinks"][head] if cfg.attn_sinks else None
         out_rows = []
         for t in range(q.shape[0]):
             # inclusive causal: row t reads keys 0..t only, the last W of them when windowed
             visible = slice(0 if window is None else max(0, t - window + 1), t + 1)
             scores = (k_h[visible] @ q_h[t]) * scale  # (visible,)
+            if cfg.pos == "alibi":  # key s's score lowered by the slope times its distance
+                scores = scores - slopes[head] * torch.tensor(
+                    [float(t - key) for key in range(*visible.indices(t + 1))], dtype=scores.dtype)
             if cfg.attn_softcap is not None:
                 scores = cfg.attn_softcap * torch.tanh(scores / cfg.attn_softcap)
             out_rows.append(_row_weights(scores, sink) @ v_h[visible])  # (Dh,)
         head_outputs.append(torch.stack(out_rows))  # (T, Dh)
     return torch.cat(head_outputs, dim=-1)
+
+
+def _head_rows(cfg: DecoderConfig, q_h: torch.Tensor, k_h: torch.Tensor, layer: int,
+               w: Mapping[str, torch.Tensor], p: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head's query and key rows (T, Dh) as its scores read them: rotated (RoPE, but in a
+    NoPE layer), then normalised where the q/k norms act on the rotated heads (Hunyuan), then
+    each query row t times its position's scale (query_position_scale)."""
+    if cfg.rotates(layer):
+        windowed = cfg.window(layer) is not None
+        q_h, k_h = _rope_rows(cfg, q_h, windowed), _rope_rows(cfg, k_h, windowed)
+    if cfg.qk_norm and cfg.qk_norm_scope == "head" and cfg.qk_norm_position == "after_rope":
+        q_h = _qk_norm(cfg, q_h, w, f"{p}.attn.q_norm")  # (T, Dh): one head
+        k_h = _qk_norm(cfg, k_h, w, f"{p}.attn.k_norm")
+    if cfg.scales_queries(layer):
+        q_h = torch.stack([_query_scale(cfg, t) * q_h[t] for t in range(q_h.shape[0])])
+    return q_h, k_h
 
 
 def _row_weights(scores: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
@@ -566,13 +617,16 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
     matrices = ("w1", "w2", "w3") if cfg.gated else ("w1", "w2")
     for layer in range(cfg.n_layers):
         p = f"layers.{layer}"
-        norms = (("ln1",) if cfg.pre_norm else ()) + (
-            ("ln2",) if cfg.pre_norm and not cfg.shared_norm else ()) + (
+        normed = cfg.pre_norm or cfg.post_norm  # ln1, ln2 before the sublayers or after the adds
+        norms = (("ln1",) if normed else ()) + (
+            ("ln2",) if normed and not cfg.shared_norm else ()) + (
             ("ln1_post", "ln2_post") if cfg.sandwich_norm else ())
         names += [f"{p}.{norm}.{part}" for norm in norms for part in norm_parts]
         names += [f"{p}.attn.{n}.weight" for n in _attention_weights(cfg)]
-        if cfg.qk_norm:
-            names += [f"{p}.attn.q_norm.weight", f"{p}.attn.k_norm.weight"]
+        if cfg.qk_norm:  # a q/k LayerNorm's shift too, where the config's norms have one
+            shifted = cfg.qk_norm_kind == "layernorm" and cfg.norm_bias
+            names += [f"{p}.attn.{n}.{part}" for n in ("q_norm", "k_norm")
+                      for part in (("weight", "bias") if shifted else ("weight",))]
         if cfg.attn_sinks:
             names.append(f"{p}.attn.sinks")
         mlps = [f"{p}.ffn"]
@@ -589,7 +643,9 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
         names += [f"{mlp}.{n}.weight" for mlp in mlps for n in matrices]
         if cfg.mlp == "xielu" and not cfg.routes(layer):
             names += [f"{p}.ffn.act.{n}" for n in LEARNED_ACTIVATION_WEIGHTS]
-    return names + [f"ln_final.{part}" for part in norm_parts]
+    if cfg.embedding_norm:
+        names += [f"embedding_norm.{part}" for part in norm_parts]
+    return names + [f"ln_final.{part}" for part in norm_parts if cfg.final_norm]
 
 
 def _attention_weights(cfg: DecoderConfig) -> tuple[str, ...]:
@@ -615,11 +671,17 @@ def oracle_logits(state_dict: Weights, cfg: DecoderConfig, ids: torch.Tensor,
     positions = get("position_embeddings.weight") if cfg.pos == "learned" else None
     x = _embed(cfg, ids.cpu(), lambda v: read.wide(table[v]),
                None if positions is None else read.wide(positions[_position_rows(cfg, ids)]),
-               table)
+               table, read.load(EMBED_NORM_NAMES))
     for layer in range(cfg.n_layers):
         x = _block(cfg, read.load(layer_weight_names(cfg, layer)), layer, x)
-    x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
+    x = _final_norm(cfg, x, read.load(FINAL_NORM_NAMES))
     return _read_out(cfg, x, read, get)
+
+
+def _final_norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor]
+                ) -> torch.Tensor:
+    """The final norm of x (B, T, D), or x itself where the config has none (GPT-1)."""
+    return _norm(cfg, x, w, "ln_final") if cfg.final_norm else x
 
 
 def _read_out(cfg: DecoderConfig, x: torch.Tensor, read: "_Reader",
@@ -665,13 +727,14 @@ class StreamedOracle:
         read = _Reader(self.get, dtype, leaves=False)
         table = self.get("token_embeddings.weight")
         with torch.no_grad():
-            x = _embed(cfg, self.ids, lambda v: read.wide(table[v]), self._positions(read), table)
+            x = _embed(cfg, self.ids, lambda v: read.wide(table[v]), self._positions(read), table,
+                       read.load(EMBED_NORM_NAMES))
             for layer in range(cfg.n_layers):
                 self.progress(f"oracle forward: layer {layer + 1}/{cfg.n_layers}")
                 self.inputs.append(x)
                 x = _block(cfg, read.load(layer_weight_names(cfg, layer)), layer, x)
             self.inputs.append(x)
-            x = _norm(cfg, x, read.load(FINAL_NORM_NAMES), "ln_final")
+            x = _final_norm(cfg, x, read.load(FINAL_NORM_NAMES))
             self.logits = _read_out(cfg, x, read, self.get)
 
     def _positions(self, read: _Reader) -> torch.Tensor | None:
@@ -693,7 +756,7 @@ class StreamedOracle:
         if cfg.pos == "learned":
             rows = _position_rows(cfg, self.ids)
             embed["position_embeddings.weight"] = torch.arange(rows.start, rows.stop)
-        return stages + [("embed", embed)]
+        return stages + [("embed", {**embed, **present(EMBED_NORM_NAMES)})]
 
     def backward(self, grad_logits: torch.Tensor) -> Iterator[tuple[str, str, torch.Tensor | None,
                                                                     torch.Tensor]]:
@@ -732,7 +795,7 @@ class StreamedOracle:
         x = self.inputs[-1].detach().requires_grad_(True)
         norm = read.load(FINAL_NORM_NAMES)
         with torch.enable_grad():
-            normed = _norm(self.cfg, x, norm, "ln_final")
+            normed = _final_norm(self.cfg, x, norm)
         cut = normed.detach().requires_grad_(True)  # the readout's input, (B, T, D)
         for block in _vocab_blocks(self.cfg.vocab_size):
             w = read.wide(readout[block])  # (rows, D) leaf
@@ -753,11 +816,15 @@ class StreamedOracle:
         looked_up = torch.unique(self.ids)  # sorted
         rows = {int(v): read.wide(table[int(v)]) for v in looked_up}  # (D,) leaves
         positions = self._positions(read)
+        norm = read.load(EMBED_NORM_NAMES)
         with torch.enable_grad():
-            _backward(_embed(self.cfg, self.ids, rows.__getitem__, positions, table), upstream)
+            _backward(_embed(self.cfg, self.ids, rows.__getitem__, positions, table, norm),
+                      upstream)
         yield "embed", "token_embeddings.weight", looked_up, torch.stack([rows[int(v)].grad
                                                                            for v in looked_up])
         if positions is not None:
             rows = _position_rows(self.cfg, self.ids)
             yield ("embed", "position_embeddings.weight", torch.arange(rows.start, rows.stop),
                    positions.grad)
+        for name, leaf in norm.items():  # the embedding norm's gain and shift
+            yield "embed", name, None, leaf.grad

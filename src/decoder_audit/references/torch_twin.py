@@ -55,7 +55,9 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
     if cfg.mlp not in _ACTIVATIONS:
         problems.append(f"mlp={cfg.mlp!r}: the twin's MLP is Linear, {'/'.join(_ACTIVATIONS)}, Linear")
     if cfg.pos not in ("learned", "none"):
-        problems.append(f"pos={cfg.pos!r}: nn.MultiheadAttention cannot rotate q and k (RoPE)")
+        problems.append(f"pos={cfg.pos!r}: the twin adds a learned table or nothing; "
+                        "nn.MultiheadAttention cannot rotate q and k (RoPE) and the twin has no "
+                        "ALiBi bias and no sinusoidal table")
     if cfg.kv_heads != cfg.n_heads:
         problems.append(f"n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}: "
                         "nn.MultiheadAttention has no grouped-query attention")
@@ -89,8 +91,9 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
         problems.append(f"mlp_bias={list(cfg.mlp_bias)}: the twin's MLP biases both of its "
                         "Linears or neither")
     beyond = cfg.changed(("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
-                          "position_offset", "latent_norm_eps", "attn_sinks",
-                          "qk_norm_position", "query_position_scale"))
+                          "position_offset", "latent_norm_eps", "embedding_norm", "post_norm",
+                          "final_norm", "qk_norm_kind", "attn_sinks", "qk_norm_position",
+                          "query_position_scale"))
     if beyond:
         problems.append(f"{', '.join(beyond)}: the twin's block is seed 000's, with none of these")
     if cfg.norm_offset:
