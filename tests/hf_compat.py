@@ -122,7 +122,10 @@ def release_bugs(model: Any) -> dict[str, str]:
     - a model whose own cache raises on a chunk of two tokens after one (StableLM in 5.0);
     - a YaRN model whose frequencies follow max_position_embeddings although the config gives
       its factor and original length (4.51-4.55 replaced the factor by their ratio);
-    - a model whose forward takes num_items_in_batch and ignores it (GPT-NeoX, 4.48)."""
+    - a model whose forward takes num_items_in_batch and ignores it (GPT-NeoX, 4.48);
+    - a routed model whose routers return softmax probabilities as their logits, which the
+      load-balancing loss softmaxes again (transformers#45120: Mixtral, Qwen2-MoE, OLMoE and
+      the families generated from them, 5.0 to 5.5)."""
     bugs = {}
     config = getattr(model, "config", None)
     if getattr(config, "cache_implementation", None) == "hybrid":
@@ -137,7 +140,31 @@ def release_bugs(model: Any) -> dict[str, str]:
         bugs["oracle"] = "YaRN's factor replaced by max_position_embeddings / original"
     if _ignores_num_items(model):
         bugs["model_loss"] = "its forward takes num_items_in_batch and ignores it"
+    if _router_logits_softmaxed(model):
+        bugs["router_aux_loss"] = ("its routers return probabilities as router_logits, "
+                                   "softmaxed again by the load-balancing loss (#45120)")
     return bugs
+
+
+def _router_logits_softmaxed(model: Any) -> bool:
+    """Whether the router_logits a forward returns are distributions (each row non-negative and
+    summing to 1), which no router's raw logits are."""
+    import torch
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "output_router_logits"):
+        return False
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    copy = __import__("copy").deepcopy(model)  # transformers hooks its recorders on first use
+    try:
+        with torch.no_grad():
+            logits = copy(input_ids=ids, output_router_logits=True).router_logits
+    except (TypeError, AttributeError):
+        return False
+    if not logits:
+        return False
+    first = logits[0].float()
+    return bool((first >= 0).all() and torch.allclose(first.sum(-1), torch.ones(1), atol=1e-4))
 
 
 def _ignores_num_items(model: Any) -> bool:

@@ -189,7 +189,8 @@ def _module(path: Path, name: str):
 
 
 @pytest.mark.parametrize("name", ["run", "gate_scale", "gate_peak", "generation",
-                                  "training_step", "shard_memory", "gpu_checks"])
+                                  "training_step", "shard_memory", "gpu_checks",
+                                  "trainer_gate"])
 def test_each_benchmark_command_writes_under_an_ignored_folder_by_default(name, monkeypatch):
     _git_status()  # skips outside a git checkout
     module = _load_run_module() if name == "run" else _bench(name)

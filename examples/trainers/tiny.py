@@ -30,9 +30,9 @@ def tokenizer(*, pad_is_eos: bool = False) -> tf.PreTrainedTokenizerFast:
     return tok
 
 
-def documents(count: int = 32, seed: int = 0) -> list[dict]:
-    """Documents of 6 to 12 random words, each ended by </s>, as token ids."""
+def documents(count: int = 32, seed: int = 0, lengths: tuple[int, int] = (6, 12)) -> list[dict]:
+    """Documents of 6 to 12 (or `lengths`) random words, each ended by </s>, as token ids."""
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(6, 13, (count,), generator=gen).tolist()
+    lengths = torch.randint(lengths[0], lengths[1] + 1, (count,), generator=gen).tolist()
     return [{"input_ids": torch.randint(1, EOS, (n - 1,), generator=gen).tolist() + [EOS]}
             for n in lengths]

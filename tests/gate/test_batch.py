@@ -119,3 +119,31 @@ def test_packed_labels_across_a_boundary_and_a_doubled_bos_fail():
 def test_a_batch_without_labels_names_what_it_needs():
     with pytest.raises(da.DecoderInputError, match="labels"):
         da.audit_batch({"input_ids": [[1, 2]]})
+
+
+@pytest.mark.parametrize("form", ["cu_seq_lens", "4d-additive", "4d-bool"])
+def test_documents_declared_by_flash_lengths_or_a_4d_mask_are_read(form):
+    """Two documents of 3 and 4 tokens in one row, declared without position_ids: by flash
+    attention's cu_seq_lens_q, or by a block-diagonal 4-D mask (additive or boolean), with one
+    pad after them. Both are found, the pad is real in none, and the boundary label read fails
+    `packed`."""
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 0]])  # (1, 8): the last is a pad
+    labels = torch.tensor([[-100, 4, 5, -100, 7, 8, 9, -100]])
+    document = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2])
+    allowed = torch.ones(8, 8, dtype=torch.bool).tril() & (document[:, None] == document[None])
+    allowed[7] = False  # the pad attends to nothing
+    batch = {"input_ids": ids, "labels": labels}
+    if form == "cu_seq_lens":
+        batch |= {"cu_seq_lens_q": torch.tensor([0, 3, 7], dtype=torch.int32),
+                  "attention_mask": torch.tensor([[1] * 7 + [0]])}
+    elif form == "4d-additive":
+        batch["attention_mask"] = torch.zeros(1, 1, 8, 8).masked_fill(~allowed, -3.4e38)
+    else:
+        batch["attention_mask"] = allowed[None, None]
+    report = da.audit_batch(batch)
+    assert report.passed, report.first_failure
+    assert report["packed"].evidence["documents"] == 3  # the pad begins one of its own
+    assert da.gate.declared_documents(batch) == [[(0, 3), (3, 4)]]
+    batch["labels"] = labels.clone()
+    batch["labels"][0, 3] = 6  # the first label of the second document, read
+    assert not da.audit_batch(batch)["packed"].passed

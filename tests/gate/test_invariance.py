@@ -57,8 +57,9 @@ def test_a_leak_of_1e_6_is_still_a_leak_when_confirmed_in_float64():
 
 @pytest.mark.parametrize("batch", [1, 2, 3])
 def test_the_training_shape_probe_takes_batches_of_one_two_and_three(batch):
-    """Two rows give one changed row: the sampled cut positions need a spread of two (a
-    division by zero once); one row has no changed row and proves batch independence only."""
+    """Two rows give one changed row a batch: the sampled cut positions need a spread of two (a
+    division by zero once); one row (a flattened packed batch) is itself the changed row, in as
+    many batches of one as there are cuts (trainshape.MIN_SHAPE_CUTS at least)."""
     report = da.audit(da.Decoder(da.preset("tiny-368")), checks=["causal"],
                       training=da.TrainingPath(batch, 4))
     shape = report["causal"].evidence["training_shape"]

@@ -74,6 +74,16 @@ def test_hugging_face_position_ids_alone_leak_under_its_default_cache(family):
     assert "position_ids (use_cache as the model defaults)" in packing.detail
 
 
+def test_a_cache_off_by_default_is_tried_once():
+    """config.use_cache=False (what the Trainer sets): a call without use_cache is one with
+    use_cache=False, so the position_ids form is sent once, and passes."""
+    model = _hugging_face("llama")
+    model.config.use_cache = False
+    forms = da.audit(model, checks=["packing"], training=PACKED)["packing"].evidence["forms"]
+    assert set(forms) == {"4d_mask", "position_ids, use_cache=False (the model's default)"}
+    assert all(_worst(result) < 1e-6 for result in forms.values())
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_a_trainer_that_sends_one_form_has_that_form_checked(family):
     model = _hugging_face(family)

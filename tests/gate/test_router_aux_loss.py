@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import decoder_audit as da
-from hf_compat import hf_class
+from hf_compat import _router_logits_softmaxed, hf_class
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()
@@ -30,11 +30,33 @@ FAMILIES = {"mixtral": ("Mixtral", dict(num_local_experts=4)),
             "olmoe": ("Olmoe", dict(num_experts=4, norm_topk_prob=False))}
 
 
-def _model(family: str = "mixtral", **config) -> nn.Module:
+def _built(family: str = "mixtral", **config) -> nn.Module:
     torch.manual_seed(0)
     name, fields = FAMILIES[family]
     c = hf_class(f"{name}Config")(**{**COMMON, **fields, **config})
     return hf_class(f"{name}ForCausalLM")(c).eval()
+
+
+def _model(family: str = "mixtral", **config) -> nn.Module:
+    """A correct model of the family; skipped on a release whose routers return probabilities
+    (transformers#45120, 5.0 to 5.5): there the correct model is the defect (below)."""
+    model = _built(family, **config)
+    if _router_logits_softmaxed(model):
+        pytest.skip("this release's routers return probabilities as router_logits "
+                    "(transformers#45120): `test_the_released_double_softmax_fails` holds it")
+    return model
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_released_double_softmax_fails(family):
+    """transformers 5.0 to 5.5 (#45120, fixed in 5.6.0): the routers returned softmax
+    probabilities as router_logits and the load-balancing loss softmaxed them again, a loss
+    with no useful gradient. The gate fails it naming the layer; a release without it skips."""
+    model = _built(family)
+    if not _router_logits_softmaxed(model):
+        pytest.skip("this release's routers return their logits (no #45120 here)")
+    result = _audit(model)
+    assert not result.passed and "layers." in result.detail
 
 
 def _router(model: nn.Module) -> nn.Module:

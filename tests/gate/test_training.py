@@ -67,8 +67,20 @@ def test_autocast_is_skipped_unless_training_runs_under_it():
 def test_the_training_shape_is_bounded_by_the_probes():
     with pytest.raises(da.ConfigError, match="batch_size=0"):
         da.TrainingPath(0, 4)
-    with pytest.raises(da.ConfigError, match="precision='fp16'"):
-        da.TrainingPath(8, 4, "fp16")
+    with pytest.raises(da.ConfigError, match="precision='fp8'"):
+        da.TrainingPath(8, 4, "fp8")
+    assert da.TrainingPath(8, 4, "fp16").precision == "fp16"  # float16 autocast is a path
+
+
+def test_float16_autocast_is_audited_where_training_runs_under_it():
+    """A leak only under autocast, on the fp16 path: the autocast check runs float16 there."""
+    report = da.audit(PathLM("leak_under_autocast"), checks=["autocast"],
+                      training=da.TrainingPath(8, T, "fp16"), **FACTS)
+    assert not report["autocast"].passed
+    assert "float16" in report["autocast"].evidence["autocast"]
+    correct = da.audit(PathLM(), checks=["autocast"], training=da.TrainingPath(8, T, "fp16"),
+                       **FACTS)
+    assert correct.passed, correct.first_failure
 
 
 def test_the_rng_and_the_user_streams_are_untouched():
@@ -151,3 +163,23 @@ def test_the_gate_asks_a_hugging_face_model_about_checkpointing_without_a_deprec
     deprecated = [str(w.message) for w in caught
                   if issubclass(w.category, FutureWarning) and "checkpointing" in str(w.message)]
     assert deprecated == []
+def test_checkpointing_is_judged_with_the_weights_the_run_freezes():
+    """Reentrant checkpointing behind a stem the run freezes with the embedding: the layer's
+    input needs no gradient, so its weights never get one (the run trains nothing there). With
+    every weight trainable, the stem carries the gradient through and nothing is lost; the
+    check runs with the run's own frozen weights (requires_grad as found), and fails there."""
+    def stemmed() -> PathLM:
+        model = PathLM("checkpointing_reentrant", dropout=0.0)
+        torch.manual_seed(1)
+        model.embed = torch.nn.Sequential(torch.nn.Embedding(V, 16), torch.nn.Linear(16, 16))
+        return model
+
+    path = da.TrainingPath(2, T, checkpointing=True)
+    assert da.audit(stemmed(), checks=["checkpointing"], training=path, **FACTS).passed
+    frozen = stemmed()
+    frozen.embed.requires_grad_(False)
+    check = da.audit(frozen, checks=["checkpointing"], training=path, **FACTS)["checkpointing"]
+    assert not check.passed and check.evidence["frozen_by_the_run"] == 3  # E, W, b
+    assert check.evidence["grad_max_abs_diff"] == float("inf")  # a gradient lost, not moved
+    assert check.evidence["worst_grad"].startswith(("qkv", "proj"))
+    assert not any(p.requires_grad for p in frozen.embed.parameters())  # as the run froze them

@@ -63,7 +63,7 @@ def test_a_loss_near_zero_before_any_step_is_refused_naming_first_loss(tmp_path)
     with pytest.raises(da.GateRefusal) as refusal:
         trainer.train()
     assert gate.verdict.report["causal"].passed and "first_loss" in refusal.value.failed
-    first = gate.verdict.checks[-1]
+    (first,) = [c for c in gate.verdict.checks if c.name == "first_loss"]
     assert first.evidence["loss"] < 0.01 * math.log(37) and trainer.state.global_step == 0
 
 

@@ -5,10 +5,13 @@ collapses stops it with the figures."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 lightning = pytest.importorskip("lightning.pytorch")
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from transformers import DataCollatorForLanguageModeling, DataCollatorWithFlattening  # noqa: E402
 from zoo_integrations import (  # noqa: E402
     LeakyLlama,
@@ -63,7 +66,10 @@ def test_a_lightning_module_holding_a_tiny_llama_trains_gated(tmp_path):
                         precision="bf16-mixed")
     plan = gate.verdict.plan
     first = gate.verdict.batches[0].shape
-    assert (plan.path.batch_size, plan.path.seq_len) == first and first[0] == 1
+    # one flattened row; the length: the 4 longest documents end to end, the longest row the
+    # dataloader can yield (a shuffle may put them together)
+    longest = sum(sorted((len(d["input_ids"]) for d in documents()), reverse=True)[:4])
+    assert (plan.path.batch_size, plan.path.seq_len) == (1, longest) and first[0] == 1
     assert plan.global_batch == 1 * 2 * 1 and plan.path.precision == "bf16"
     assert plan.path.pack_form == "position_ids" and plan.paths == ("training", "model loss")
     report = gate.verdict.report
@@ -87,7 +93,7 @@ def test_packing_with_the_cache_left_on_is_refused_naming_packing(tmp_path):
     documents from restarting position_ids only where no cache is in play; a LightningModule
     that does not turn the cache off, as the Trainer does, trains that leak."""
     refusal = _refused(Module(tiny_llama(), use_cache=True), tmp_path)
-    assert refusal.failed == ("packing",)
+    assert refusal.failed == ("packing", "batch_as_sent")  # the probe rows, and the run's own
     assert "position_ids" in refusal.detail
 
 
@@ -175,3 +181,31 @@ def test_our_decoder_fed_input_target_pairs_is_gated_and_an_unshifted_target_ref
     with pytest.raises(da.GateRefusal) as refusal:
         trainer.fit(OwnLoop(), _pairs(shift))
     assert refusal.value.check == "shift" and trainer.global_step == 0
+
+
+class NeedsMask(transformers.LlamaForCausalLM):
+    """A decoder whose forward requires attention_mask (a positional parameter)."""
+
+    def forward(self, input_ids, attention_mask, labels=None, **kwargs):
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                               labels=labels, **kwargs)
+
+
+@pytest.mark.parametrize("case", ["forward-needs-a-mask", "to_batch-tuple", "to_batch-no-ids"])
+def test_nothing_raw_leaves_lightning_gate_a_refusal_names_the_form(tmp_path, case):
+    """A decoder that cannot take the batches as the flattening collator sends them (no
+    attention_mask), and a to_batch= that makes no collator's mapping, were a raw TypeError or
+    KeyError out of the callback: each is a GateRefusal naming batch_as_sent, with its evidence
+    written, before any step."""
+    model = tiny_llama(NeedsMask) if case == "forward-needs-a-mask" else tiny_llama()
+    to_batch = {"to_batch-tuple": lambda item: (item["input_ids"], item["labels"], 1),
+                "to_batch-no-ids": lambda item: {"ids": item["input_ids"]}}.get(case)
+    refusal = _refused(Module(model), tmp_path,
+                       gate_options={"to_batch": to_batch} if to_batch else None)
+    assert "batch_as_sent" in refusal.failed
+    verdict = json.loads((tmp_path / "decoder-audit" / "gate.json").read_text())
+    assert verdict["passed"] is False and "batch_as_sent" in verdict["refused"]
+    (sent,) = [c for c in verdict["checks"] if c["name"] == "batch_as_sent"]
+    said = {"forward-needs-a-mask": "attention_mask", "to_batch-tuple": "to_batch= made batch 0 "
+            "as a tuple", "to_batch-no-ids": "with keys ['ids']"}[case]
+    assert said in sent["detail"]

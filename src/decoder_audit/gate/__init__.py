@@ -18,10 +18,13 @@ One module per family of checks:
     reference.py   oracle
     alignment.py   loss_alignment
     batch.py       audit_batch: a collator's batches (labels, shift, pads, EOS/BOS, packing)
+    documents.py   the documents a batch declares (position_ids, cu_seq_lens, 4-D masks)
+    trainshape.py  the training shape: causal and batch independence at the run's (B, T)
 Nothing outside this package imports a module of it other than through these names.
 """
 
 from .batch import BatchReport, audit_batch
+from .documents import spans as declared_documents
 from .facts import ModelFacts, TrainingPath, input_embedding, model_facts
 from .measure import allocate_large_blocks_apart
 from .packing import packed_call
@@ -33,7 +36,8 @@ from .result import CheckResult
 from .runner import audit
 from .oom import GateOutOfMemory
 from .sharding import RanksDisagree, store_reports
+from .tolerances import shape_change
 
 __all__ = ["AuditReport", "BatchReport", "GatePeak", "allocate_large_blocks_apart", "check_gate_fits", "gate_peak", "CHECKS", "CHECK_ORDER", "CHECK_TITLES", "Check",
-           "CheckResult", "GateOutOfMemory", "ModelFacts", "RanksDisagree", "store_reports", "TrainingPath", "audit", "audit_batch", "input_embedding",
-           "model_facts", "packed_call", "print_report", "to_json"]
+           "CheckResult", "GateOutOfMemory", "ModelFacts", "RanksDisagree", "store_reports", "TrainingPath", "audit", "audit_batch", "declared_documents", "input_embedding",
+           "model_facts", "packed_call", "print_report", "shape_change", "to_json"]

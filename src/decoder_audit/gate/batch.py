@@ -27,13 +27,15 @@ against label t). Checks, each a CheckResult, in this order (the first failure n
                    one drops it: OpenRLHF#973), and with pad = eos the real end token keeps its
                    label (a collator that masks every pad id masks every eos: transformers#23530)
   bos              a row does not open with the begin token twice
-  packed           with position_ids, a row's documents start where they restart at 0, and the
-                   label of each document's first token is ignored (its prediction would read
-                   the previous document)
+  packed           where the batch declares packed documents (restarting position_ids, flash
+                   attention's cu_seq_lens_q, a 4-D block-diagonal attention_mask, document_ids:
+                   documents.py), the label of each document's first token is ignored (its
+                   prediction would read the previous document)
 
 The tokenizer (a Hugging Face tokenizer or ours) gives the eos, bos and pad ids and its size, and
 decodes the first row's aligned pair, as the seeds write it: `input: <bos> A B C` /
-`target: A B C <eos>`. A batch that is not a mapping holding input_ids and labels is no batch at
+`target: A B C <eos>`. A 4-D attention_mask (B, 1, T, T) is read for the tokens that are real
+(those that may attend to themselves) and for the documents it draws. A batch that is not a mapping holding input_ids and labels is no batch at
 all: InputShapeError, naming what it holds.
 """
 
@@ -48,6 +50,7 @@ import torch
 
 from ..errors import InputShapeError
 from .render import passed_line
+from .documents import SIGNALS, real_tokens, starts
 from .result import CheckResult, Verdicts, skipped
 
 IGNORE_INDEX = -100
@@ -61,7 +64,7 @@ CHECK_TITLES = {
     "pads_ignored": "no padded position's label is read (no mask: trailing pad ids)",
     "last_token": "the last real token keeps its label; with pad = eos, the real eos keeps its",
     "bos": "no row opens with the begin token twice",
-    "packed": "with position_ids, no label across a document boundary is read",
+    "packed": "with packed documents declared, no label across a document boundary is read",
 }
 CHECKS = tuple(CHECK_TITLES)
 ENTRIES = ("input_ids", "labels", "attention_mask", "position_ids")
@@ -139,7 +142,8 @@ def audit_batch(batch: Any, tokenizer: Any = None, *, labels_shifted: bool = Fal
         return BatchReport([form] + [skipped(name, why) for name in CHECKS[1:]],
                            entries=list(entries))
     ids, labels = tensors["input_ids"], tensors["labels"]
-    positions = tensors.get("position_ids")
+    begins = starts({**{k: batch[k] for k in SIGNALS if isinstance(batch.get(k), torch.Tensor)},
+                     "input_ids": ids})  # (B, T) or None: the documents the batch declares
     special = _special_ids(tokenizer, pad=pad_id, bos=bos_id)
     read = labels != ignore_index  # (B, T): labels a loss reads
     mask, padding = _padding(ids, tensors.get("attention_mask"), special)
@@ -151,7 +155,7 @@ def audit_batch(batch: Any, tokenizer: Any = None, *, labels_shifted: bool = Fal
         _check_pads(mask, read, padding),
         _check_last_token(ids, mask, _targets_read(read, labels_shifted), special),
         _check_bos(ids, mask, special),
-        _check_packed(positions, read, labels_shifted),
+        _check_packed(begins, read, labels_shifted),
     ]
     return BatchReport(checks, _pair(ids, labels, read, tokenizer, labels_shifted),
                        shape=tuple(ids.shape), entries=list(entries))
@@ -165,7 +169,12 @@ def _entries(batch: Any) -> dict[str, Any]:
                               f"collator returns; got {type(batch).__name__}"
                               + (f" with keys {sorted(map(str, batch.keys()))}"
                                  if hasattr(batch, "keys") else ""))
-    return {name: batch[name] for name in ENTRIES if name in batch and batch[name] is not None}
+    found = {name: batch[name] for name in ENTRIES if name in batch and batch[name] is not None}
+    mask = found.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() in (3, 4) and mask.shape[-1] == \
+            mask.shape[-2]:
+        found["attention_mask"] = real_tokens(mask).long()  # (B, T): a 4-D mask's real tokens
+    return found
 
 
 def _read_tensors(entries: dict[str, Any]) -> tuple[dict[str, torch.Tensor], CheckResult]:
@@ -462,20 +471,20 @@ def _check_bos(ids, mask, special) -> CheckResult:
                        evidence)
 
 
-def _check_packed(positions, read, shifted: bool) -> CheckResult:
-    if positions is None:
-        return skipped("packed", "no position_ids: the batch declares no packed documents")
-    starts = (positions == 0)
-    starts[:, 0] = False  # a row's first token begins its first document anyway
-    crossing = starts & read if not shifted else torch.zeros_like(read)
+def _check_packed(begins, read, shifted: bool) -> CheckResult:
+    if begins is None:
+        return skipped("packed", "the batch declares no packed documents")
+    inner = begins.clone()
+    inner[:, 0] = False  # a row's first token begins its first document anyway
+    crossing = inner & read if not shifted else torch.zeros_like(read)
     if shifted:  # label t is read at t; the label of the token before a start crosses
-        crossing[:, :-1] = starts[:, 1:] & read[:, :-1]
+        crossing[:, :-1] = inner[:, 1:] & read[:, :-1]
     bad = crossing.nonzero().tolist()
-    evidence = {"packed": True, "documents": int(starts.sum() + positions.shape[0]),
+    evidence = {"packed": True, "documents": int(begins.sum()),
                 "labels_across_documents": bad[:16]}
     if bad:
         return CheckResult("packed", False, f"{len(bad)} labels across a document boundary are "
-                           f"read (first (row, position) {bad[0]}): position_ids restart there, "
+                           f"read (first (row, position) {bad[0]}): a document begins there, "
                            "so the prediction would read the previous document", evidence)
     return CheckResult("packed", True, f"{evidence['documents']} packed documents; no label "
                        "across a boundary is read", evidence)

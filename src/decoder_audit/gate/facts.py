@@ -65,7 +65,7 @@ class TrainingPath:
     seq_len: int
     """T of a training row."""
     precision: str = "fp32"
-    """"fp32", or "bf16": the forward runs under torch.autocast(bfloat16)."""
+    """"fp32", or "bf16" / "fp16": the forward runs under torch.autocast(bfloat16 / float16)."""
     checkpointing: bool = False
     """Activation checkpointing on (`gradient_checkpointing_enable()`)."""
     pack: bool = False
@@ -80,8 +80,9 @@ class TrainingPath:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"training {name}={value!r} must be a positive integer")
-        if self.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"training precision={self.precision!r} is not 'fp32' or 'bf16'")
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ConfigError(f"training precision={self.precision!r} is not 'fp32', 'bf16' or "
+                              "'fp16'")
         if self.pack_form is not None:
             if self.pack_form not in PACK_FORMS:
                 raise ConfigError(f"training pack_form={self.pack_form!r} is not one of "
@@ -276,8 +277,8 @@ class ModelFacts:
         return self.reference is not None
 
     @property
-    def trains_in_bf16(self) -> bool:
-        return self.training is not None and self.training.precision == "bf16"
+    def trains_under_autocast(self) -> bool:
+        return self.training is not None and self.training.precision in ("bf16", "fp16")
 
     @property
     def trains_with_checkpointing(self) -> bool:

@@ -13,14 +13,13 @@ shape-change tolerance. See tolerances.py.
 from __future__ import annotations
 
 import copy
-import hashlib
 from collections.abc import Callable
 
 import torch
 
 from ..references.hf_models import eager_experts
-from . import tolerances
-from .measure import batch_not_equal, sample_positions, scaled_excess, value_scale
+from . import tolerances, trainshape
+from .measure import batch_not_equal, index_noise, sample_positions, scaled_excess, value_scale
 from .result import CheckResult
 from .subject import Subject
 
@@ -115,24 +114,13 @@ def _identical(first: torch.Tensor, second: torch.Tensor) -> bool:
         torch.isnan(first).equal(torch.isnan(second))
 
 
-def _index_noise(logits: torch.Tensor) -> float:
-    """The noise floor of a batch of identical rows (B, T, V): the largest |row b - row 0|,
-    relative to the logit scale. Elementwise kernels vectorise over the flat tensor and finish
-    its tail (and each thread's chunk) with other code, so the same row can round differently at
-    another batch index; on most kernels this is exactly 0."""
-    scale = value_scale(logits[0])
-    if logits.shape[0] < 2 or scale == 0.0:
-        return 0.0
-    return float((logits[1:] - logits[:1]).abs().max()) / scale
-
-
 def _row_variants(s: Subject, ids: torch.Tensor) -> tuple[list[tuple[str, torch.Tensor, float]],
                                                              torch.Tensor, float]:
     """([(variant, row 0 under it, relative tolerance)], row 0 of the clean batch, noise)."""
     batch = len(ids)
     base = s.clean_logits(ids)  # (B, T, V)
     copies = s.clean_logits(ids[:1].repeat(batch, 1))  # (B, T, V): row 0 at every index
-    noise = _index_noise(copies)
+    noise = index_noise(copies)
     shape_tol = s.shape_tolerance()
     return [
         ("other rows changed", copies[0], tolerances.same_shape(noise)),
@@ -227,7 +215,7 @@ def cut_changes(s: Subject, cuts: list[int], call: Callable[[torch.Tensor], torc
         moved -= copies  # in place: logits are the check's largest allocation
         rows.append(moved[1:1 + len(some)].abs_().amax(-1))  # (cuts in this batch, T)
         del moved
-    noise = _index_noise(copies)
+    noise = index_noise(copies)
     if call is None:  # eval mode's floor, which train_mode reuses (copies_noise)
         s.copies_noise = noise
     return torch.cat(rows), noise, value_scale(copies[0]), copies[0]
@@ -238,7 +226,7 @@ def copies_noise(s: Subject) -> float:
     measured on those copies (cut_changes), or measured now where it did not run."""
     if s.copies_noise is None:
         clean = clean_batch(s)
-        s.copies_noise = _index_noise(s.logits(clean[:1].repeat(len(clean), 1)))
+        s.copies_noise = index_noise(s.logits(clean[:1].repeat(len(clean), 1)))
     return s.copies_noise
 
 
@@ -278,7 +266,7 @@ def check_causal(s: Subject) -> CheckResult:
             leaks.append(records[-1])
         if not change[k, cut] > self_min:  # strictly: with an exact comparison, > 0
             blind.append(records[-1])
-    shape = training_shape_probe(s)
+    shape = trainshape.probe(s)
     if leaks:
         confirmed = _confirm_in_float64(s, cuts, leaks, scale)
         if confirmed is not None and confirmed["passed"]:
@@ -370,7 +358,7 @@ def _causal_verdict(records: list[dict], leaks: list[dict], blind: list[dict], e
         return CheckResult("causal", False, detail, evidence, tol)
     shape = evidence.get("training_shape")
     if shape is not None and not shape["passed"]:
-        return CheckResult("causal", False, f"{training_shape_said(shape)}; the audit's own "
+        return CheckResult("causal", False, f"{trainshape.said(shape)}; the audit's own "
                            f"shapes (T={seq_len}) did not show it", evidence, tol)
     if blind:
         first = blind[0]
@@ -426,83 +414,3 @@ def check_prefix(s: Subject) -> CheckResult:
         return CheckResult("prefix", True, "max_seq_len is 1: no proper prefix exists", evidence, tol)
     return CheckResult("prefix", True, f"prefixes of length {lengths} alone equal rows of the full "
                        f"T={seq_len} run", evidence, tol)
-
-
-def training_shape_batch(s: Subject) -> tuple[torch.Tensor, torch.Tensor, list[int | None]]:
-    """(copies (B, T) of one row, the intervention batch (B, T), each row's cut) at the training
-    path's (B, T): row b >= 1 is row 0 changed from its cut on."""
-    training = s.facts.training
-    batch, seq_len = training.batch_size, min(training.seq_len, s.probe_max)
-    gen = s.generator(40)
-    base = s.random_ids(1, seq_len, gen)  # (1, T)
-    changed = s.other_ids(base, gen)
-    cuts = sample_positions(seq_len, max(2, batch - 1))  # spread needs two ends
-    ids = base.repeat(batch, 1)  # (B, T)
-    row_cuts = [None] + [cuts[(b - 1) % len(cuts)] for b in range(1, batch)]
-    for b in range(1, batch):
-        ids[b, row_cuts[b]:] = changed[0, row_cuts[b]:]
-    return base.repeat(batch, 1), ids, row_cuts
-
-
-def training_shape_noise(s: Subject) -> float:
-    """The noise floor of identical rows at the training shape, in eval mode (the floor a
-    train-mode probe of that shape is judged by: there, identical rows at two batch indices
-    get two dropout masks): the eval-mode probe's, where `causal` ran it."""
-    if s.training_shape_eval is not None:
-        return s.training_shape_eval["noise"]
-    copies, _, _ = training_shape_batch(s)
-    return _index_noise(s.logits(copies))
-
-
-def training_shape_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                         noise: float | None = None, first: torch.Tensor | None = None
-                         ) -> dict | None:
-    """One batch at the training path's (B, T) (`facts.training`), against a batch of copies of
-    its row 0: row b >= 1 is row 0 changed from a cut on, so rows before the cut must not move
-    (causal), and row 0, beside rows that all differ, must not move (batch independence).
-    None without a training path. Judged exactly, up to the noise floor of the copies (or
-    `noise`). `call` runs the model another way (train mode: training.py); `first` is its
-    result on the intervention batch where the caller has it already. The eval-mode probe is
-    kept on the Subject (`training_shape_eval`: its verdict, noise floor and the bits of its
-    intervention logits) for train_mode to reuse."""
-    if s.facts.training is None:
-        return None
-    run = s.logits if call is None else call
-    copies_ids, ids, row_cuts = training_shape_batch(s)
-    batch, seq_len = ids.shape
-    s.progress(f"the training shape: B={batch}, T={seq_len}")
-    copies = run(copies_ids)  # (B, T, V)
-    noise = _index_noise(copies) if noise is None else noise
-    scale = value_scale(copies[0])
-    moved = run(ids) if first is None else first  # (B, T, V)
-    fingerprint = bits_fingerprint(moved) if call is None else None
-    moved -= copies
-    change = moved.abs_().amax(-1)  # (B, T)
-    del moved, copies
-    allowed = tolerances.same_shape(noise) * scale
-    leaks = [{"row": b, "cut": row_cuts[b], "max_change": float(change[b, :row_cuts[b]].max())}
-             for b in range(1, batch) if row_cuts[b] and not change[b, :row_cuts[b]].max() <= allowed]
-    row0 = float(change[0].max())
-    shape = {"batch": batch, "seq_len": seq_len, "allowed": allowed, "leaks": leaks,
-             "row0_moved": row0, "passed": not leaks and row0 <= allowed}
-    if call is None:  # the eval-mode probe, which train_mode may carry (training.py)
-        s.training_shape_eval = {"shape": shape, "noise": noise, "fingerprint": fingerprint}
-    return shape
-
-
-def bits_fingerprint(tensor: torch.Tensor) -> str:
-    """A digest of a tensor's bits: two runs compared bitwise without keeping the first (the
-    training shape's (B, T, V) logits are hundreds of MB at a real vocabulary)."""
-    data = tensor.detach().contiguous().cpu().flatten()
-    return hashlib.blake2b(data.view(torch.uint8).numpy(), digest_size=16).hexdigest()
-
-
-def training_shape_said(shape: dict) -> str:
-    """What a failed training-shape probe found, with its figures."""
-    where = (f"row {shape['leaks'][0]['row']} moved before its cut c={shape['leaks'][0]['cut']}"
-             f" by up to {shape['leaks'][0]['max_change']:.3g}: the model reads future tokens"
-             if shape["leaks"] else
-             f"row 0 moved by {shape['row0_moved']:.3g} when the other rows changed: rows leak "
-             "across the batch")
-    return (f"at the training shape (B={shape['batch']}, T={shape['seq_len']}), {where} "
-            f"(allowed {shape['allowed']:.1e})")

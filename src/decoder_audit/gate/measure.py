@@ -45,6 +45,17 @@ def value_scale(reference: torch.Tensor) -> float:
     return float(reference.detach().abs().max()) if reference.numel() else 0.0
 
 
+def index_noise(logits: torch.Tensor) -> float:
+    """The noise floor of a batch of identical rows (B, T, V): the largest |row b - row 0|,
+    relative to the logit scale. Elementwise kernels vectorise over the flat tensor and finish
+    its tail (and each thread's chunk) with other code, so the same row can round differently at
+    another batch index; on most kernels this is exactly 0."""
+    scale = value_scale(logits[0])
+    if logits.shape[0] < 2 or scale == 0.0:
+        return 0.0
+    return float((logits[1:] - logits[:1]).abs().max()) / scale
+
+
 def largest(tensor: torch.Tensor) -> float:
     """max |tensor| in one pass (no |tensor| temporary); 0 for an empty one; NaN if any entry
     is NaN. `aminmax` reads float64 about 2.7x faster than the inf-norm on this machine (10M

@@ -97,12 +97,21 @@ def _variants(s: Subject) -> list[tuple[str, str, bool | None]]:
             out.append((form, form, None))
         elif form == "4d_mask":
             out.append((form, form, False if s.facts.takes_use_cache else None))
-        elif s.facts.takes_use_cache:
+        elif s.facts.takes_use_cache and not _cache_off_by_default(s.work):
             out += [(f"{form} (use_cache as the model defaults)", form, None),
                     (f"{form}, use_cache=False", form, False)]
+        elif s.facts.takes_use_cache:  # its default is off: the two settings are one
+            out.append((f"{form}, use_cache=False (the model's default)", form, False))
         else:
             out.append((form, form, None))
     return out
+
+
+def _cache_off_by_default(model: nn.Module) -> bool:
+    """The model's config turns its cache off (Hugging Face's use_cache=False, which the
+    Trainer sets from TrainingArguments.use_cache): a call without use_cache is one with
+    use_cache=False."""
+    return getattr(getattr(model, "config", None), "use_cache", None) is False
 
 
 def check_packing(s: Subject) -> CheckResult:

@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import (alignment, attention, generation, inputs, invariance, kv_cache, model_loss,
-               packing, reference, router_loss, routing, spec, training, weights, window)
+from . import (alignment, attention, checkpointing, generation, inputs, invariance, kv_cache,
+               model_loss, packing, reference, router_loss, routing, spec, training, weights,
+               window)
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject
@@ -82,9 +83,10 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "trains_with_checkpointing": lambda f: "activation checkpointing is neither on in the model "
                                            "(gradient_checkpointing_enable()) nor declared for "
                                            "training (train --checkpointing runs it)",
-    "trains_in_bf16": lambda f: "training is not declared to run under bfloat16 autocast (train "
-                                "--precision bf16 runs it; from Python: audit(model, training="
-                                "TrainingPath(batch_size, seq_len, precision='bf16')))",
+    "trains_under_autocast": lambda f: "training is not declared to run under bfloat16 or "
+                                       "float16 autocast (train --precision bf16 runs it; from "
+                                       "Python: audit(model, training=TrainingPath(batch_size, "
+                                       "seq_len, precision='bf16' or 'fp16')))",
     "has_input_gradient": lambda f: f.input_gradient_reason,
     "has_backward": lambda f: f.backward_reason,
     "routes_experts": lambda f: "no routed experts known (a DecoderConfig with n_experts, whose "
@@ -207,11 +209,12 @@ CHECKS: dict[str, Check] = {check.name: check for check in (
           packing.check_packing, needs=("trains_packed", "packs"), paths=("training",),
           expects="a relation: each document run alone"),
     Check("checkpointing", "checkpointed logits and gradients = plain ones", "training",
-          training.check_checkpointing, needs=("trains_with_checkpointing", "has_backward"),
+          checkpointing.check_checkpointing, needs=("trains_with_checkpointing", "has_backward"),
           paths=("training",),
-          expects="the same forward and backward without checkpointing, a second call"),
-    Check("autocast", "under bf16 autocast: causal, batch-independent, finite", "training",
-          training.check_autocast, needs=("trains_in_bf16",), paths=("training",),
+          expects="the same forward and backward without checkpointing (the run's own "
+                  "checkpoint functions and frozen weights), a second call"),
+    Check("autocast", "under bf16/fp16 autocast: causal, batch-independent, finite", "training",
+          training.check_autocast, needs=("trains_under_autocast",), paths=("training",),
           expects="relations (causal, batch) under autocast, and a rule: finite at scaled-up "
                   "scores"),
     Check("model_loss", "its own loss: labels shifted once, shift_labels, -100, accumulation",

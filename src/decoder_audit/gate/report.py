@@ -93,8 +93,10 @@ class AuditReport(Verdicts):
     def to_markdown(self, command: str | None = None) -> str:
         return render.markdown(self, command)
 
-    def write(self, directory: str | Path, command: str | None = None) -> list[Path]:
-        """report.md, report.json and the PNG pictures into `directory`; returns the paths.
+    def write(self, directory: str | Path, command: str | None = None, *,
+              draw: bool = True) -> list[Path]:
+        """report.md, report.json and the PNG pictures (unless `draw` is False: the figures
+        they draw are in report.json) into `directory`; returns the paths.
 
         Every file is first written to a temporary file in `directory`, and only once all of
         them are complete is each moved over its name (os.replace): a write that fails half way
@@ -118,6 +120,9 @@ class AuditReport(Verdicts):
             "dependency_matrix.png": lambda p: pictures.dependency_png(self["causal"], p),
             "attention_patterns.png": lambda p: pictures.attention_png(self["attention_rows"], p),
         }
+        if not draw:
+            writers = {name: writer for name, writer in writers.items()
+                       if not name.endswith(".png")}
         mask = os.umask(0)
         os.umask(mask)
         staged: dict[str, Path] = {}

@@ -81,7 +81,7 @@ class Subject:
         self._rounding_floor: float | None = None
         # Measured in eval mode by `causal` and reused by train_mode: the index noise of the
         # copies of clean_batch's row 0 (invariance.cut_changes), and the probe at the training
-        # shape (invariance.training_shape_probe: its verdict, noise floor and logits' bits)
+        # shape (trainshape.probe: its verdict, noise floor and the bits of its batches)
         self.copies_noise: float | None = None
         self.training_shape_eval: dict | None = None
         self._clean: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, logits): clean_logits

@@ -7,16 +7,15 @@ a training batch.
               shape), so a correct model's earlier rows still come out of identical arithmetic.
               A model that declares no dropout must give the same logits in train and eval mode;
               one with dropout modules must not (dropout left at 0 after an eval forward).
-  checkpointing  with activation checkpointing on (`gradient_checkpointing_enable()`, Hugging
-              Face's name, ours too), in train mode, the logits and every weight's gradient equal
-              those without it, and with the input embeddings frozen every other trainable weight
-              still gets a gradient (reentrant checkpointing loses them: transformers#26221).
-  autocast    the same interventions under torch.autocast in the dtype training uses (bfloat16),
+  checkpointing  (checkpointing.py) the checkpointed path as the run configured it.
+  autocast    the same interventions under torch.autocast in the dtype training uses (bfloat16
+              or float16),
               with the noise floor measured under autocast; the logits finite, also with the
               attention scores scaled up (white-box).
-  the shape   (in `causal`: invariance.training_shape_probe, when the facts carry the training
-              path) one batch at the batch size and length training uses: a kernel that
-              changes with the batch size (a leak only at B >= 16) is in reach.
+  the shape   (in `causal` and again in `train_mode`: trainshape.py, when the facts carry the
+              training path) batches at the batch size and length training uses: a kernel
+              that changes with the batch size (a leak only at B >= 16) or with the length (a
+              leak only past the audit's own 64 tokens) is in reach.
 
 The user's train/eval flags come back as they were (`Subject.in_train_mode`, and the runner's
 release), and the user's RNG streams are untouched (the runner forks them for the whole audit).
@@ -32,19 +31,8 @@ import torch
 from torch import nn
 
 from ..objective import logits_of
-from . import tolerances
-from .facts import checkpointing_enabled
-from .invariance import (
-    bits_fingerprint,
-    clean_batch,
-    copies_noise,
-    cut_changes,
-    leaks_at,
-    training_shape_batch,
-    training_shape_noise,
-    training_shape_probe,
-    training_shape_said,
-)
+from . import tolerances, trainshape
+from .invariance import clean_batch, copies_noise, cut_changes, leaks_at
 from .measure import all_finite, sample_positions, value_scale
 from .result import CheckResult
 from .sharding import on_every_rank
@@ -122,10 +110,17 @@ def _dropout_off(s: Subject) -> Iterator[list[str]]:
 
 
 def declared_dropout(model: nn.Module) -> list[str]:
-    """What declares dropout: Dropout modules with p > 0, config fields (dropout, pdrop) > 0."""
+    """What declares dropout or other train-mode noise: Dropout modules with p > 0, a
+    trainer's NEFTune noise on the input embedding, config fields (dropout, pdrop) > 0."""
     found = [f"{name or type(model).__name__}: {type(m).__name__}(p={m.p})"
              for name, m in model.named_modules()
              if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+    # noise a trainer switches on in train mode: transformers' NEFTune (neftune_noise_alpha)
+    # hooks the input embedding and marks it with its alpha
+    found += [f"{name}: NEFTune embedding noise (alpha={m.neftune_noise_alpha})"
+              for name, m in model.named_modules()
+              if isinstance(getattr(m, "neftune_noise_alpha", None), (int, float))
+              and m.neftune_noise_alpha > 0]
     config = getattr(model, "config", None)
     fields = vars(config) if config is not None and hasattr(config, "__dict__") else {}
     found += [f"config.{key}={value}" for key, value in sorted(fields.items())
@@ -199,7 +194,7 @@ def check_train_mode(s: Subject) -> CheckResult:
     # The kernels' own rounding noise, in eval mode: every comparison below is at one batch
     # index under one dropout mask, so that noise is all a correct model can show.
     noise = copies_noise(s)
-    shape_noise = training_shape_noise(s) if s.facts.training is not None else 0.0
+    shape_noise = trainshape.noise(s) if s.facts.training is not None else 0.0
     with in_train_mode(s):
         call = _seeded(s)
         in_train = call(ids)
@@ -234,7 +229,7 @@ def check_train_mode(s: Subject) -> CheckResult:
     moved = "move no more than identical calls do" if bounded else "unchanged"
     shape = evidence["training_shape"]
     at_shape = "" if shape is None else (
-        f"; so does one batch at the training shape (B={shape['batch']}, T={shape['seq_len']})"
+        f"; so do {shape['cuts']} cuts at {shape['named']}"
         + (", whose train-mode logits are the eval-mode ones `causal` probed, bit for bit"
            if shape.get("as_in_eval_mode") else ""))
     return CheckResult("train_mode", True, f"in train mode ({how}): {len(evidence['cuts'])} cuts "
@@ -245,27 +240,33 @@ def check_train_mode(s: Subject) -> CheckResult:
 
 def _at_training_shape(s: Subject, call, how: str, noise: float, evidence: dict,
                        steady: bool) -> list[str]:
-    """The training-shape probe (invariance.training_shape_probe) through the train-mode `call`,
-    when a training path is declared: a leak only `if self.training and B >= 16` is caught
-    here, at the batch size training uses.
+    """The training-shape probe (trainshape.py) through the train-mode `call`, when a training
+    path is declared: a leak only `if self.training and B >= 16` is caught here, at the batch
+    size training uses.
 
     Where `causal` probed that shape in eval mode and passed, and a `steady` train mode gives
-    the eval-mode logits bit for bit on the probe's intervention batch (no dropout, no branch
-    on self.training there), that verdict is train mode's too: its one call replaces the
-    probe's two. Any other outcome runs the probe, that call its first."""
-    kept, first = s.training_shape_eval, None  # kept only where a training shape is declared
+    the eval-mode logits bit for bit on each of the probe's intervention batches (no dropout,
+    no branch on self.training there), that verdict is train mode's too: one call per batch
+    replaces the probe's copies and batches. Any other outcome runs the probe, the batch that
+    differed reused."""
+    kept, done = s.training_shape_eval, {}  # kept only where a training shape is declared
     if steady and kept is not None and kept["shape"]["passed"]:
-        _, ids, _ = training_shape_batch(s)
-        first = call(ids)  # (B, T, V)
-        like = next(iter(s.parameters()), first)
-        if on_every_rank(bits_fingerprint(first) == kept["fingerprint"], like):
+        _, _, interventions = trainshape.batches(s)
+        like = next(iter(s.parameters()), None)
+        for k, (ids, _) in enumerate(interventions):
+            logits = call(ids)  # (B, T, V)
+            same = trainshape.fingerprint(logits) == kept["fingerprints"][k]
+            if not (on_every_rank(same, logits if like is None else like)):
+                done = {k: logits}
+                break
+        else:
             evidence["training_shape"] = {**kept["shape"], "as_in_eval_mode": True}
             return []
-    shape = training_shape_probe(s, call, noise, first)
+    shape = trainshape.probe(s, call, noise, done)
     evidence["training_shape"] = shape
     if shape is None or shape["passed"]:
         return []
-    return [f"{how}: {training_shape_said(shape)}; the eval-mode probe of that shape and the "
+    return [f"{how}: {trainshape.said(shape)}; the eval-mode probe of that shape and the "
             f"train-mode cuts at T={evidence['seq_len']} did not show it"]
 
 
@@ -304,18 +305,24 @@ def _unsteady_said(unsteady: dict) -> str:
             f"logit scale ({tolerances.NOISE_MARGIN:g}x that spread): smaller ones are out of reach")
 
 
+# The training path's precision -> the dtype its forward runs under autocast.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def check_autocast(s: Subject) -> CheckResult:
     device_type = s.device.type
-    evidence: dict = {"autocast": f"torch.autocast({device_type!r}, bfloat16)"}
+    dtype = AUTOCAST_DTYPES[s.facts.training.precision]
+    name = str(dtype).removeprefix("torch.")
+    evidence: dict = {"autocast": f"torch.autocast({device_type!r}, {name})"}
 
     def call(ids: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type, dtype=torch.bfloat16):
+        with torch.autocast(device_type, dtype=dtype):
             return s.logits(ids)
 
     s.forget_clean()  # the shared clean runs were made without autocast
     problems = _path_probe(s, call, "under autocast", evidence)
     if not problems and s.has_trace:
-        problems += _stressed_finite(s, call, evidence)
+        problems += _stressed_finite(s, call, evidence, name)
     if problems:
         return CheckResult("autocast", False, problems[0], evidence)
     return CheckResult("autocast", True, f"under {evidence['autocast']}: {len(evidence['cuts'])} "
@@ -325,9 +332,9 @@ def check_autocast(s: Subject) -> CheckResult:
                        evidence, tolerances.same_shape(evidence["index_noise"]))
 
 
-def _stressed_finite(s: Subject, call, evidence: dict) -> list[str]:
+def _stressed_finite(s: Subject, call, evidence: dict, dtype: str) -> list[str]:
     """With every layer's largest attention score brought to ~1e4, the autocast logits must be
-    finite (a softmax or a mask constant that overflows in bfloat16 gives inf or NaN)."""
+    finite (a softmax or a mask constant that overflows in the 16-bit dtype gives inf or NaN)."""
     ids = clean_batch(s)
     _, trace = s.trace(ids)
     score_max = [float(trace[n].abs().max()) for n in trace if n.endswith(".attn.scores")]
@@ -338,95 +345,10 @@ def _stressed_finite(s: Subject, call, evidence: dict) -> list[str]:
         finite = all_finite(call(ids))
     evidence["stressed_finite"] = finite
     return [] if finite else [f"under autocast with attention scores scaled to ~{STRESSED_SCORE:g}: "
-                              "non-finite logits (an overflow in bfloat16)"]
+                              f"non-finite logits (an overflow in {dtype})"]
 
 
 STRESSED_SCORE = 1e4
 """Largest attention score of the autocast stress probe: far above a trained model's (tens), well
-inside bfloat16's range (3e38), so only an overflowing formulation gives inf or NaN."""
-
-
-def check_checkpointing(s: Subject) -> CheckResult:
-    model = s.work
-    # transformers 5's names first: its gradient_checkpointing_* are deprecated aliases that warn
-    enable = getattr(model, "activation_checkpointing_enable", None) or \
-        getattr(model, "gradient_checkpointing_enable", None)
-    disable = getattr(model, "activation_checkpointing_disable", None) or \
-        getattr(model, "gradient_checkpointing_disable", None)
-    if not (callable(enable) and callable(disable)):
-        return CheckResult("checkpointing", False, f"training asks for activation checkpointing but "
-                           f"{type(model).__name__} has no gradient_checkpointing_enable() / "
-                           "_disable()", {})
-    was_on = checkpointing_enabled(model)
-    seq_len = s.short_len(8)
-    gen = s.generator(41)
-    ids = s.random_ids(2, seq_len, gen).to(s.device)
-    projection = torch.randn(2, seq_len, s.vocab_size, generator=gen).to(s.device)
-    embedding = s.input_embedding
-    frozen = {id(p) for p in embedding.parameters()} if embedding is not None else set()
-    try:
-        plain = _projected_backward(s, ids, projection, disable)
-        checked = _projected_backward(s, ids, projection, enable)
-        no_embedding = _projected_backward(s, ids, projection, enable, frozen)
-    finally:
-        (enable if was_on else disable)()
-    return _checkpointing_verdict(s, plain, checked, no_embedding, frozen)
-
-
-def _projected_backward(s: Subject, ids: torch.Tensor, projection: torch.Tensor,
-                        switch: Callable[[], None], frozen: set[int] = frozenset()
-                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
-    """(logits, {weight name: gradient}) of sum(logits * projection) in train mode with the
-    dropout masks fixed, after `switch()`; the weights in `frozen` get no gradient."""
-    switch()
-    params = [p for p in s.parameters() if id(p) not in frozen]
-    with in_train_mode(s), s.gradients_for(params), torch.random.fork_rng(
-            devices=[s.device] if s.device.type == "cuda" else []):
-        torch.manual_seed(DROPOUT_SEED)
-        s.count(ids)
-        logits = logits_of(s.work(ids))
-        (logits.double() * projection.double()).sum().backward()
-        grads = {name: (None if p.grad is None else p.grad.detach().clone())
-                 for name, p in s.work.named_parameters() if id(p) not in frozen}
-    return logits.detach(), grads
-
-
-def _checkpointing_verdict(s: Subject, plain, checked, no_embedding, frozen) -> CheckResult:
-    (logits0, grads0), (logits1, grads1), (_, grads2) = plain, checked, no_embedding
-    tol = s.shape_tolerance()
-    logit_diff = float((logits1 - logits0).abs().max())
-    logit_allowed = tol * value_scale(logits0)
-    scale = max((float(g.abs().max()) for g in grads0.values() if g is not None), default=0.0)
-    grad_diff, worst = 0.0, None
-    for name, g0 in grads0.items():
-        g1 = grads1.get(name)
-        if (g0 is None) != (g1 is None):
-            grad_diff, worst = float("inf"), name
-            break
-        if g0 is not None and float((g1 - g0).abs().max()) > grad_diff:
-            grad_diff, worst = float((g1 - g0).abs().max()), name
-    starved = [name for name, g in grads2.items()
-               if name in grads0 and grads0[name] is not None and bool(grads0[name].any())
-               and (g is None or not bool(g.any()))]
-    evidence = {"logits_max_abs_diff": logit_diff, "logits_allowed": logit_allowed,
-                "grad_max_abs_diff": grad_diff, "worst_grad": worst, "grad_allowed": tol * scale,
-                "frozen_input_embedding": len(frozen), "no_gradient_when_frozen": starved}
-    if not logit_diff <= logit_allowed:
-        return CheckResult("checkpointing", False, f"with checkpointing on, the logits differ from "
-                           f"the plain forward's by up to {logit_diff:.3g} (allowed "
-                           f"{logit_allowed:.1e}): the checkpointed path computes another "
-                           "function (a mask or a branch it skips)", evidence, tol)
-    if not grad_diff <= tol * scale:
-        return CheckResult("checkpointing", False, f"with checkpointing on, the gradient of {worst} "
-                           f"differs by up to {grad_diff:.3g} (allowed {tol * scale:.1e})",
-                           evidence, tol)
-    if starved:
-        return CheckResult("checkpointing", False, f"with checkpointing on and the input embeddings "
-                           f"frozen, {len(starved)} trainable weights get no gradient "
-                           f"({', '.join(starved[:4])}): the recomputation is cut off from the "
-                           "loss (reentrant checkpointing of inputs that need no gradient)",
-                           evidence, tol)
-    return CheckResult("checkpointing", True, f"checkpointed logits and the gradients of "
-                       f"{len(grads0)} weights equal the plain ones (max {grad_diff:.1e}); with the "
-                       "input embeddings frozen every other weight still gets its gradient",
-                       evidence, tol)
+inside bfloat16's range (3e38) and float16's (65504), so only an overflowing formulation gives
+inf or NaN."""

@@ -4,6 +4,11 @@ decoder-audit's own `train` (`training.gatekeeper.run_gate`), so there is one wa
     gating.py    RunGate: the gate of one run, whoever runs the loop (the path, the first
                  batches, the model's own loss on them, the loss of the first steps, the report)
     losses.py    the first batches' loss: the definition, and the model's own loss against it
+    sent.py      batch_as_sent: the first batches sent as the collator built them, each packed
+                 document against itself alone
+    lengths.py   the length a run trains at: the longest row its dataloader can yield
+    lineage.py   what packing and truncation did to the source examples, judged (lineage)
+    evidence.py  <output_dir>/decoder-audit: the report, gate.json, batches.md
     peek.py      the first batches of a dataloader, taken without moving the run
     trainer.py   transformers' Trainer and TRL's SFTTrainer: TrainerGate, gate_trainer
     lightning.py Lightning: LightningGate, a Callback for a LightningModule holding a decoder

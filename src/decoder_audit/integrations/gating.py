@@ -7,12 +7,15 @@ dataloader yields, and hands them to `RunGate`:
 
   before_training  the full gate on the model on that path (`training.gatekeeper.run_gate`, the
                    one `decoder-audit train` runs: rank 0 audits, every rank learns the
-                   verdict), `audit_batch` on each first batch, the model's own loss on them
-                   where the trainer takes it (`batch_loss`), and the loss before any step
-                   (`first_loss`: not near zero, not below a declared floor). The evidence is
-                   written once, by rank 0, into `<output_dir>/decoder-audit/`; any failure of
-                   a path the trainer takes raises `GateRefusal` naming every failing check,
-                   before the first optimizer step.
+                   verdict), `audit_batch` on each first batch, the batches as sent
+                   (`batch_as_sent`, sent.py), the model's own loss on them where the trainer
+                   takes it (`batch_loss`), the loss before any step (`first_loss`: not near
+                   zero, not below a declared floor), and the trainer's own checks of its data
+                   (`lineage`). The evidence is written once, by rank 0, into
+                   `<output_dir>/decoder-audit/` (evidence.py); any failure of a path the
+                   trainer takes raises `GateRefusal` naming every failing check, before the
+                   first optimizer step, and so does any other problem met before it
+                   (`RunGate.refusing`: nothing raw leaves a callback).
   after_step       each step's loss against the declared floor, and in the first
                    `watch_steps` steps against near zero: `LeakageSuspected` with the figures.
 
@@ -23,12 +26,11 @@ refuse together.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +39,15 @@ import torch.distributed as dist
 from torch import nn
 
 from ..console import console, literal
-from ..errors import LeakageSuspected
+from ..errors import ConfigError, LeakageSuspected
 from ..gate import AuditReport, BatchReport, CheckResult, TrainingPath, audit_batch, model_facts
 from ..objective import logits_of
-from ..storage.folder import write_folder_atomically
 from ..training.distributed import RankInfo
 from ..training.gatekeeper import GateRefusal, run_gate
 from ..training.run import refuse_below_floor
+from .evidence import write_evidence
 from .losses import LossCall, check_batch_loss, model_inputs, summed_loss
-
-REPORT_FOLDER = "decoder-audit"
-"""The folder of the run's output directory the gate's evidence goes into (nothing else there
-is written)."""
+from .sent import check_batch_as_sent, in_eval_mode, sent_outputs
 
 NEAR_ZERO = 0.01
 """A loss below this fraction of ln V in the first steps is near zero: the model puts about
@@ -76,11 +75,16 @@ class RunPlan:
     trainer: str = ""
     """The trainer's class name."""
     notes: tuple[str, ...] = ()
-    """What the plan could not audit, said in the report (fp16 autocast, say)."""
+    """How the plan was read and what it could not audit, said in the report."""
+    router_aux: bool = True
+    """A routed model's load-balancing loss is added to the loss the trainer steps on (its
+    config's output_router_logits, or the flag the trainer passes). Where it is not, a failure
+    of `router_aux_loss` is reported and does not refuse: the run never adds that term."""
 
     def to_dict(self) -> dict[str, Any]:
         p = self.path
         return {"trainer": self.trainer, "paths": list(self.paths),
+                "router_aux": self.router_aux,
                 "global_batch": self.global_batch, "accumulation": self.accumulation,
                 "world_size": self.world_size, "notes": list(self.notes),
                 "training": {"batch_size": p.batch_size, "seq_len": p.seq_len,
@@ -92,11 +96,12 @@ class RunPlan:
 class Verdict:
     """What the gate found before training (rank 0's model report; this rank's batches)."""
 
-    plan: RunPlan
+    plan: RunPlan | None
+    """None when the path could not be read (a refusal before it: `RunGate.refusing`)."""
     report: AuditReport | None
     batches: list[BatchReport]
     checks: list[CheckResult]
-    """The run's own checks: batch_loss, first_loss."""
+    """The run's own checks: batch_as_sent, batch_loss, first_loss."""
     refused: list[tuple[str, str]] = field(default_factory=list)
     """(check, detail) of every failure on a path the trainer takes, in order."""
     adapters: Any = None
@@ -106,7 +111,8 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "trainer gate", "passed": not self.refused,
-                "refused": [name for name, _ in self.refused], "plan": self.plan.to_dict(),
+                "refused": [name for name, _ in self.refused],
+                "plan": None if self.plan is None else self.plan.to_dict(),
                 "model": None if self.report is None else {"passed": self.report.passed,
                                                            "summary": self.report.summary()},
                 "checks": [c.to_dict() for c in self.checks],
@@ -121,6 +127,18 @@ def _silent(*args: Any, **kwargs: Any) -> None:
 def ranks_of(rank: int, world_size: int) -> RankInfo:
     """This process's place, as the trainer says it (the process group is the trainer's)."""
     return RankInfo(rank=rank, world_size=world_size)
+
+
+def readable(batches: Sequence[Any], source: str) -> list[Mapping]:
+    """The first batches, each a collator's mapping holding input_ids (B, T); TypeError naming
+    what `source` (where they came from) gave otherwise."""
+    for i, batch in enumerate(batches):
+        if not isinstance(batch, Mapping) or "input_ids" not in batch:
+            held = f" with keys {sorted(map(str, batch))}" if isinstance(batch, Mapping) else ""
+            raise TypeError(f"{source} batch {i} as a {type(batch).__name__}{held}, not a "
+                            "mapping holding input_ids (B, T)")
+        batch_size_and_length(batch)
+    return list(batches)
 
 
 def batch_size_and_length(batch: Mapping[str, Any]) -> tuple[int, int]:
@@ -158,6 +176,7 @@ class RunGate:
         self.tokenizer, self.labels_shifted = tokenizer, labels_shifted
         self._say = say
         self.vocab_size: int | None = None
+        self.router_aux_coef: float | None = None
         self.verdict: Verdict | None = None
         self.ranks = RankInfo()
 
@@ -165,43 +184,34 @@ class RunGate:
     def before_training(self, model: nn.Module, plan: RunPlan, batches: Sequence[Mapping],
                         ranks: RankInfo, out_dir: str | Path | None, *,
                         loss_call: LossCall | None = None,
-                        forward: Forward | None = None) -> Verdict:
+                        forward: Forward | None = None,
+                        extra: Sequence[CheckResult] = ()) -> Verdict:
         """The gate before any step (module docstring), said on rank 0 (through `say`, or the
         console) and silent elsewhere. `loss_call` calls the model's own loss
         as the trainer will (None: the trainer does not take it); `forward` calls the model for
-        logits (default: model(**batch) without its labels, as a Hugging Face model is fed)."""
+        logits as the trainer does (default: model(**batch) without its labels, as a Hugging
+        Face model is fed); `extra`: the trainer's own checks of its data (lineage), judged
+        with the others."""
         self.ranks = ranks
         self.say = (self._say or console(stderr=True).print) if ranks.is_main else _silent
-        facts = facts_of(model, training=plan.path, **self.audit_options)
-        adapters = adapters_of(model)
-        self.vocab_size = facts.vocab_size
-        refused: list[tuple[str, str]] = []
-        report = None
-        try:
-            # a PEFT model's live audit takes its adapters as they stand, a fresh adapter's zero
-            # factors drawn (peft.py): it adds nothing to check, and its other factor would
-            # get no gradient
-            with nullcontext() if adapters is None else adapters.live(model, self.seed):
-                report = run_gate(model, ranks, facts, seed=self.seed, say=self.say,
-                                  paths=plan.paths)
-        except GateRefusal as refusal:
-            report = refusal.report
-            failed = refusal.failed
-            refused += [(c.name, c.detail) for c in report.checks if c.name in failed] \
-                if report is not None else [(refusal.check, refusal.detail)]
-        adapter_gate = None if adapters is None else self._adapter_gate(model, plan, ranks)
+        facts, plan = self._facts(model, plan)
+        self.vocab_size, self.router_aux_coef = facts.vocab_size, facts.router_aux_coef
+        report, refused = self._model_gate(model, facts, plan)
+        adapter_gate = None if adapters_of(model) is None else self._adapter_gate(model, plan,
+                                                                                   ranks)
         audited = [audit_batch(b, self.tokenizer, labels_shifted=self.labels_shifted)
                    for b in batches]
         forward = forward or (lambda batch: model(**model_inputs(batch, model)))
-        checks = self._loss_checks(batches, loss_call, forward, facts.vocab_size)
+        checks = self._run_checks(model, batches, loss_call, forward, facts.vocab_size)
+        checks += list(extra)
         mine = [(c.name, f"batch {i} of the trainer's dataloader: {c.detail}")
                 for i, b in enumerate(audited) for c in b.checks if not c.passed]
-        mine += [(c.name, c.detail) for c in checks if not c.passed]
+        mine += [(c.name, c.detail) for c in checks if not c.passed and not c.skipped]
         if adapter_gate is not None and ranks.is_main:
             mine = adapter_gate.refused(plan.paths) + mine
         refused += _agreed(ranks, mine)
         self.verdict = Verdict(plan, report, audited, checks, refused, adapter_gate)
-        written = self._write(out_dir) if ranks.is_main else None
+        written = write_evidence(self.verdict, out_dir) if ranks.is_main else None
         if refused:
             where = f"; the evidence is in {written}" if written else ""
             name, detail = refused[0]
@@ -232,21 +242,65 @@ class RunGate:
         self.say(literal(gate.summary(plan.paths)))
         return gate
 
-    def _loss_checks(self, batches: Sequence[Mapping], loss_call: LossCall | None,
-                     forward: Forward, vocab_size: int) -> list[CheckResult]:
-        """batch_loss (the model's own loss on the first batches, where the trainer takes it)
-        and first_loss (their mean token loss before any step, from the logits of the call the
-        trainer makes: with the labels where it steps on the model's own loss, so a model that
-        reads them shows it here)."""
-        with torch.no_grad():
-            if loss_call is None:
-                results, logits = [], [logits_of(forward(batch)) for batch in batches]
-            else:
-                outputs = [loss_call(batch) for batch in batches]
-                results = [check_batch_loss(batches, outputs)]
-                logits = [logits_of(out) for out, _ in outputs]
-            losses = [summed_loss(batch, found, self.labels_shifted)
-                      for batch, found in zip(batches, logits)]
+    def _facts(self, model: nn.Module, plan: RunPlan) -> tuple[Any, RunPlan]:
+        """The model's facts on the plan's path. A packed form the forward does not declare is
+        not an error here: the packing check then sends the forms it does declare, and
+        batch_as_sent judges the batches in the form the collator sends (the plan's notes say
+        so)."""
+        try:
+            return facts_of(model, training=plan.path, **self.audit_options), plan
+        except ConfigError as exc:
+            if plan.path.pack_form is None or "pack_form" not in str(exc):
+                raise
+            path = replace(plan.path, pack_form=None)
+            said = (f"the collator sends packed rows as {plan.path.pack_form}, which "
+                    f"{type(model).__name__}'s forward does not declare ({exc}): batch_as_sent "
+                    "judges whether it takes them")
+            plan = replace(plan, path=path, notes=plan.notes + (said,))
+            return facts_of(model, training=path, **self.audit_options), plan
+
+    def _model_gate(self, model: nn.Module, facts: Any, plan: RunPlan
+                    ) -> tuple[AuditReport | None, list[tuple[str, str]]]:
+        """run_gate on the model (a PEFT model with its zero adapter factors drawn: peft.py, a
+        fresh adapter adds nothing to check, and its other factor would get no gradient): its
+        report and the failures of the paths the trainer takes."""
+        adapters = adapters_of(model)
+        try:
+            with nullcontext() if adapters is None else adapters.live(model, self.seed):
+                return run_gate(model, self.ranks, facts, seed=self.seed, say=self.say,
+                                paths=plan.paths), []
+        except GateRefusal as refusal:
+            report = refusal.report
+            if report is None:
+                return None, [(refusal.check, refusal.detail)]
+            off = () if plan.router_aux else ("router_aux_loss",)  # a term the run never adds
+            for name in (n for n in refusal.failed if n in off):
+                self.say(f"  note: {name} failed, but this run's loss does not add the router "
+                         "aux loss (output_router_logits is off): not refused")
+            return report, [(c.name, c.detail) for c in report.checks
+                            if c.name in refusal.failed and c.name not in off]
+
+    def _run_checks(self, model: nn.Module, batches: Sequence[Mapping],
+                    loss_call: LossCall | None, forward: Forward, vocab_size: int
+                    ) -> list[CheckResult]:
+        """batch_as_sent, then batch_loss (the model's own loss on the first batches, where the
+        trainer takes it) and first_loss (their mean token loss before any step), all from one
+        call of each batch as the trainer makes it (with the labels where it steps on the
+        model's own loss, so a model that reads them shows it), in eval mode."""
+        call = loss_call or (lambda batch: (forward(batch), None))
+        with in_eval_mode(model):
+            outputs, refused = sent_outputs(batches, call)
+            sent = check_batch_as_sent(batches, [out for out, _ in outputs], refused,
+                                       lambda ids: forward({"input_ids": ids}))
+        if refused is not None:
+            why = "skipped: the model cannot take the batches as sent (batch_as_sent)"
+            return [sent] + [CheckResult(name, True, why, {}, skipped=True)
+                             for name in ("batch_loss",) * (loss_call is not None)
+                             + ("first_loss",)]
+        results = [sent] + ([check_batch_loss(batches, outputs, self.router_aux_coef)]
+                            if loss_call else [])
+        losses = [summed_loss(batch, logits_of(out), self.labels_shifted)
+                  for batch, (out, _) in zip(batches, outputs)]
         return results + [self._check_first_loss(losses, vocab_size)]
 
     def _check_first_loss(self, losses: list[tuple[float, int]], vocab_size: int
@@ -280,6 +334,27 @@ class RunGate:
                     "targets (target leakage or an incorrect shift)"), limit
         return None
 
+    @contextmanager
+    def refusing(self, check: str, what: str, ranks: RankInfo, out_dir: str | Path | None
+                 ) -> Iterator[None]:
+        """Within the block (a callback's work before the first step), any exception but the
+        gate's own verdicts becomes a GateRefusal naming `check`, its detail `what` and the
+        exception, with the evidence written (gate.json: the refusal and the error): nothing
+        raw leaves a callback, and nothing trains."""
+        try:
+            yield
+        except (GateRefusal, LeakageSuspected):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every problem before step 1 is a refusal
+            said = (str(exc).strip().splitlines() or [""])[0][:300]
+            detail = f"{what}: {type(exc).__name__}: {said}"
+            self.ranks = ranks
+            self.verdict = Verdict(None, None, [], [CheckResult(check, False, detail, {
+                "error": type(exc).__name__, "message": str(exc)[:2000]})], [(check, detail)])
+            written = write_evidence(self.verdict, out_dir) if ranks.is_main else None
+            where = f"; the evidence is in {written}" if written else ""
+            raise GateRefusal(check, detail + where, None) from exc
+
     # ---- while training ----------------------------------------------------------------------
     def after_step(self, step: int, loss: float) -> None:
         """LeakageSuspected with the figures when this step's loss (averaged over the ranks,
@@ -297,26 +372,7 @@ class RunGate:
                                                step <= self.watch_steps)
 
     # ---- the evidence ------------------------------------------------------------------------
-    def _write(self, out_dir: str | Path | None) -> Path | None:
-        """The report (the one `decoder-audit verify --report` writes), the batches and the
-        run's verdict into <out_dir>/decoder-audit, swapped in whole; None without out_dir."""
-        if out_dir is None or self.verdict is None:
-            return None
-        verdict = self.verdict
 
-        def write(folder: Path) -> None:
-            if verdict.report is not None:
-                verdict.report.write(folder)
-            (folder / "gate.json").write_text(json.dumps(verdict.to_dict(), indent=2,
-                                                         default=str) + "\n")
-            if getattr(verdict.adapters, "merged", None) is not None:  # beside the live one
-                verdict.adapters.merged.write(folder / "merged")
-            (folder / "batches.md").write_text("\n\n".join(
-                f"## batch {i}\n\n```\n" + "\n".join(b.lines()) + "\n```"
-                for i, b in enumerate(verdict.batches)) + "\n")
-
-        return write_folder_atomically(Path(out_dir) / REPORT_FOLDER, write,
-                                       same_kind=_is_gate_folder, what="trainer gate report")
 
 
 @dataclass
@@ -368,13 +424,6 @@ def facts_of(model: nn.Module, **options: Any) -> Any:
     through its base model: peft.adapted_facts)."""
     adapters = adapters_of(model)
     return (model_facts if adapters is None else adapters.adapted_facts)(model, **options)
-
-
-def _is_gate_folder(folder: Path) -> bool:
-    try:
-        return json.loads((folder / "gate.json").read_text()).get("kind") == "trainer gate"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _mean_over_ranks(ranks: RankInfo, value: float) -> float:

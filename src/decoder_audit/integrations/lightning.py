@@ -6,7 +6,8 @@
 When training starts, `LightningGate` finds the decoder (the module's attribute it names, or the
 one child module that is a decoder: it maps ids to logits), reads the path from the trainer
 (rows and length of the first batch; rows per step = rows x accumulate_grad_batches x world
-size; "bf16-mixed" is bf16 autocast; packing from the batch: restarting position_ids, or our
+size; the length: the longest row the dataloader can yield, lengths.py; "bf16-mixed" is bf16
+autocast, "16-mixed" fp16; packing from the batch: restarting position_ids, or our
 Decoder's document_ids; checkpointing from the decoder itself), takes the first batches of the
 train dataloader (every random state put back after) and hands them to `RunGate` (gating.py).
 The batches are collators' mappings (input_ids, labels, ...), (inputs, targets) pairs whose
@@ -29,10 +30,12 @@ from torch import nn
 from ..errors import ConfigError
 from ..gate import TrainingPath
 from ..objective import logits_of
-from .gating import NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, ranks_of
+from .gating import (NEAR_ZERO, WATCH_STEPS, RunGate, RunPlan, batch_size_and_length, ranks_of,
+                     readable)
+from .lengths import row_length
 from .peek import first_batches, preserved_random_state
 
-# Lightning's precision names -> the gate's ("fp16" is said, not audited)
+# Lightning's precision names -> the gate's (the autocast a "-mixed" precision runs under)
 PRECISIONS = {"bf16-mixed": "bf16", "16-mixed": "fp16", "32-true": "fp32", "32": "fp32",
               "bf16-true": "fp32", "16-true": "fp32", "64-true": "fp32"}
 
@@ -65,18 +68,24 @@ class LightningGate(lightning.Callback):
 
     def on_train_start(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule
                        ) -> None:
-        decoder = find_decoder(pl_module, self.decoder_name)
+        ranks = ranks_of(trainer.global_rank, trainer.world_size)
+        out, refusing = trainer.default_root_dir, self.gate.refusing
         loader = trainer.train_dataloader
+        with refusing("training_path", "finding the decoder", ranks, out):
+            decoder = find_decoder(pl_module, self.decoder_name)
         with preserved_random_state(loader):
-            raw = first_batches(loader, self.batches or trainer.accumulate_grad_batches)
-            batches = [self.to_batch(item) for item in raw]
-            plan = plan_of(trainer, decoder, batches, model_loss=self.model_loss)
+            with refusing("batch_as_sent", "the train dataloader's first batches", ranks, out):
+                raw = first_batches(loader, self.batches or trainer.accumulate_grad_batches)
+                source = "to_batch= made" if self.to_batch is not _as_batch else \
+                    "the train dataloader yielded"
+                batches = readable([self.to_batch(item) for item in raw], source)
+            with refusing("training_path", "reading the path the trainer takes", ranks, out):
+                plan = plan_of(trainer, decoder, batches, model_loss=self.model_loss)
             call = (lambda batch: (decoder(**_on_device(batch, decoder)), None)) \
                 if self.model_loss else None
-            self.gate.before_training(decoder, plan, batches,
-                                      ranks_of(trainer.global_rank, trainer.world_size),
-                                      trainer.default_root_dir, loss_call=call,
-                                      forward=lambda batch: _logits(decoder, batch))
+            with refusing("gate", "the gate itself raised", ranks, out):
+                self.gate.before_training(decoder, plan, batches, ranks, out, loss_call=call,
+                                          forward=lambda batch: _logits(decoder, batch))
         self._seen = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -115,24 +124,30 @@ def plan_of(trainer: lightning.Trainer, decoder: nn.Module, batches: Sequence[Ma
     """The path a Lightning trainer takes, read from it and from its first batch."""
     if not batches:
         raise ConfigError("the train dataloader yielded no batch: nothing to train or audit")
-    rows, length = batch_size_and_length(batches[0])
+    rows, _ = batch_size_and_length(batches[0])
+    loader = trainer.train_dataloader
+    # (inputs, targets) pairs and to_batch= mappings: the collate_fn's rows are not the batches'
+    found = row_length(getattr(loader, "dataset", None), getattr(loader, "collate_fn", None),
+                       getattr(loader, "batch_size", None) or rows, batches)
+    length = found.seq_len
     precision = PRECISIONS.get(str(trainer.precision))
     if precision is None:
         raise ConfigError(f"Lightning precision {trainer.precision!r} is not one the gate reads "
                           f"({sorted(PRECISIONS)})")
-    notes = ["fp16 autocast is not audited: the gate's autocast check runs bfloat16"] \
-        if precision == "fp16" else []
+    notes = [f"the run's rows are up to T={length} tokens long: {found.how}"]
     if not model_loss:
         notes.append("training_step is not declared to step on the decoder's own labels= loss "
                      "(LightningGate(model_loss=True)): the 'model loss' path is not audited as "
                      "this run's")
     form = _pack_form(batches[0])
     accumulation, world = trainer.accumulate_grad_batches, trainer.world_size
-    path = TrainingPath(rows, length, "bf16" if precision == "bf16" else "fp32",
+    path = TrainingPath(rows, length, precision,
                         pack=form is not None, pack_form=form)
     return RunPlan(path, ("training", "model loss") if model_loss else ("training",),
                    global_batch=rows * accumulation * world, accumulation=accumulation,
-                   world_size=world, trainer=type(trainer).__name__, notes=tuple(notes))
+                   world_size=world, trainer=type(trainer).__name__, notes=tuple(notes),
+                   router_aux=bool(getattr(getattr(decoder, "config", None),
+                                           "output_router_logits", False)))
 
 
 def _pack_form(batch: Mapping) -> str | None:

@@ -54,13 +54,15 @@ def model_inputs(batch: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
             if k not in ("labels", "shift_labels")}
 
 
-def check_batch_loss(batches: Sequence[Mapping], outputs: Sequence[tuple[Any, float | None]]
-                     ) -> CheckResult:
+def check_batch_loss(batches: Sequence[Mapping], outputs: Sequence[tuple[Any, float | None]],
+                     aux_coef: float | None = None) -> CheckResult:
     """The model's own loss on each first batch, called as the trainer calls it (`outputs`: what
     a LossCall returned for each, with the trainer's num_items_in_batch where it passes one),
     equals the cross entropy of the logits it returned against the labels shifted once (or the
     shift_labels), summed and divided by num_items_in_batch, or by the labels it scores when
-    none is passed."""
+    none is passed; plus `aux_coef` x the load-balancing loss a routed model returns beside it
+    where its router aux loss is on (output_router_logits: the term the trainer steps on too,
+    whose own value the gate's router_aux_loss check holds to its router logits)."""
     rows = []
     for i, (batch, (out, items)) in enumerate(zip(batches, outputs)):
         loss = getattr(out, "loss", None)
@@ -69,20 +71,23 @@ def check_batch_loss(batches: Sequence[Mapping], outputs: Sequence[tuple[Any, fl
                                "returned no loss", {"batch": i})
         total, scored = summed_loss(batch, logits_of(out))
         divisor = scored if items is None else float(items)
-        expected = total / divisor if divisor else 0.0
+        aux = getattr(out, "aux_loss", None) if aux_coef is not None else None
+        added = 0.0 if aux is None else aux_coef * float(aux)
+        expected = (total / divisor if divisor else 0.0) + added
         rows.append({"batch": i, "loss": float(loss), "expected": expected,
                      "num_items_in_batch": None if items is None else float(items),
-                     "labels_scored": scored})
+                     "labels_scored": scored, "router_aux_added": added})
         if abs(float(loss) - expected) > BATCH_LOSS_TOLERANCE * max(abs(expected), 1e-12):
             said = "num_items_in_batch" if items is None else f"num_items_in_batch={items:g}"
+            plus = "" if aux is None else f", plus {aux_coef:g} x its aux_loss {float(aux):.6g}"
             return CheckResult(
                 "batch_loss", False, f"batch {i}: the model's own loss is {float(loss):.6g}, "
                 f"not the cross entropy of its logits against the labels shifted once, summed "
-                f"and divided by {said if items is not None else f'the {scored} labels read'} "
-                f"({expected:.6g}): the loss the trainer steps on is not the one its labels "
-                "define", {"rows": rows}, BATCH_LOSS_TOLERANCE)
+                f"and divided by {said if items is not None else f'the {scored} labels read'}"
+                f"{plus} ({expected:.6g}): the loss the trainer steps on is not the one its "
+                "labels define", {"rows": rows}, BATCH_LOSS_TOLERANCE)
+    aux = " plus the router aux loss times its coef" if any(r["router_aux_added"]
+                                                             for r in rows) else ""
     return CheckResult("batch_loss", True, f"the model's own loss on {len(rows)} first batches "
                        "= cross entropy of its logits against the labels shifted once, over "
-                       "the trainer's item count", {"rows": rows}, BATCH_LOSS_TOLERANCE)
-
-
+                       f"the trainer's item count{aux}", {"rows": rows}, BATCH_LOSS_TOLERANCE)

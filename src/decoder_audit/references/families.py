@@ -1037,6 +1037,9 @@ back the same DecoderConfig the first is written (Mistral before Phi-3 and Qwen2
 grouped-query Llama with a window)."""
 
 BY_TYPE: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in FAMILIES})
+# class name -> the first family (in the table's order) whose class it is
+BY_CLASS: Mapping[str, Family] = MappingProxyType(
+    {f.model_class: f for f in reversed(FAMILIES)})
 
 
 def family(model_type: str) -> Family | None:

@@ -39,7 +39,7 @@ from ..errors import CheckpointError, ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import copy_into_parameters, decoder_from_tensors
 from ..storage.folder import write_folder_atomically
-from .families import BLACK_BOX, InvalidHFConfig
+from .families import BLACK_BOX, FAMILIES, InvalidHFConfig, family
 from .hf_config import (
     _transformers,
     config_from_hf,
@@ -79,7 +79,7 @@ def from_hf(hf_model: Any) -> Decoder:
     `spec_classes` is read as its config's spec with its weights placed by `hf_families`
     (rotate-half RoPE kept). Raises ConfigError naming any field we cannot express."""
     tf = _transformers()
-    family = family_of(hf_model, model_classes(tf))
+    family = family_of(hf_model, tf, converter=True)
     cfg = _converter_config(config_from_hf(hf_model.config, family)) if family is not None \
         else None
     _check_tie_flag(hf_model)
@@ -112,7 +112,7 @@ def hf_spec(hf_model: Any) -> DecoderConfig:
     halves; from_hf instead permutes the rows into our interleaved default). Raises
     ConfigError naming any field we cannot express."""
     tf = _transformers()
-    family = family_of(hf_model, spec_classes(tf))
+    family = family_of(hf_model, tf)
     return config_from_hf(hf_model.config, family)
 
 
@@ -192,15 +192,14 @@ def hf_reference(model: Any) -> tuple[str | None, str]:
         # modeling files (seconds) only to answer "no".
         return None, (f"{name} is not a Hugging Face model, so its config declares no spec "
                       "(pass spec=)")
-    classes = spec_classes(tf)
-    family = family_of(model, classes)
+    family = family_of(model, tf)
     if family is None:
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         lacks = BLACK_BOX.get(model_type)
         if lacks is not None:
             return None, f"{name} ({model_type}) has what no DecoderConfig expresses: {lacks}"
         return None, (f"{name} is not the class of a family whose config is read as a spec "
-                      f"({len(classes)} families: references/families.py)")
+                      f"({len(FAMILIES)} families: references/families.py)")
     try:
         config_from_hf(model.config, family)
     except InvalidHFConfig:
@@ -219,9 +218,8 @@ def load_hf_folder(folder: str | os.PathLike) -> Decoder:
     cfg = _converter_config(config_from_hf(hf_config))
     # A family the layouts place goes through its own class, also where its config is one the
     # converter writes: Phi-3 with full rotary reads as Llama's config, not with Llama's names.
-    tf = _transformers()
-    own_class = (hf_config.model_type in spec_classes(tf)
-                 and hf_config.model_type not in model_classes(tf))
+    entry = family(hf_config.model_type)
+    own_class = entry is not None and not entry.converter
     if converter_family(cfg) is None or own_class:
         return from_hf(_spec_model_from_folder(hf_config, folder))
     ours = hf_tensors_to_ours(cfg, _read_hf_weights(folder), source=f"weights in {str(folder)!r}")
@@ -233,7 +231,8 @@ def _spec_model_from_folder(hf_config: Any, folder: Path) -> Any:
     older releases stored, GPT-NeoX's embed_out): safetensors only, never the folder's code;
     CheckpointError naming a weight missing or left over."""
     tf = _transformers()
-    model_class = spec_classes(tf).get(hf_config.model_type)
+    entry = family(hf_config.model_type)
+    model_class = None if entry is None else getattr(tf, entry.model_class, None)
     if model_class is None:
         raise ConfigError(f"model_type={hf_config.model_type!r} in {str(folder)!r} is not a "
                           "family the converter reads")

@@ -117,21 +117,26 @@ def spec_classes(tf: Any) -> dict[str, type]:
     return families.present(tf)
 
 
-def family_of(model: Any, classes: dict[str, type]) -> str | None:
-    """The model_type of the family whose class `model` is, of `classes` (model_type ->
-    class): the nearest in its class's method resolution order, so a subclass of one family's
-    class that is another family's class is read as its own."""
+def family_of(model: Any, tf: Any, *, converter: bool | None = None) -> str | None:
+    """The model_type of the family whose class `model` is (of the table's families, or only the
+    converter's with converter=True), or None: the nearest class in its method resolution order
+    that a family names, so a subclass of one family's class that is another family's class is
+    read as its own. Found by the class names first, so that only the one modeling file it needs
+    is touched (asking transformers for every family's class imports ~80 of them: seconds, in
+    every process that audits a Hugging Face model)."""
     for cls in type(model).__mro__:
-        found = next((family for family, known in classes.items() if known is cls), None)
-        if found is not None:
-            return found
+        family = families.BY_CLASS.get(cls.__name__)
+        if family is None or (converter is not None and family.converter != converter):
+            continue
+        if getattr(tf, cls.__name__, None) is cls:  # a class of this release, not a namesake
+            return family.model_type
     return None
 
 
 def family_layout(model: Any) -> str | None:
     """The layout its family's entry names for a model of `spec_classes` (`Family.layout`:
     where the weights' names alone would not tell), or None: detected from the names."""
-    found = family_of(model, spec_classes(_transformers()))
+    found = family_of(model, _transformers())
     entry = families.family(found) if found is not None else None
     return entry.layout if entry is not None else None
 
