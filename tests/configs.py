@@ -450,6 +450,52 @@ SPECIAL: dict[str, da.DecoderConfig] = {
                                      rope_layout="rotate_half", rotary_dim=4, qk_norm=True,
                                      qk_norm_kind="layernorm", attn_bias=True, mlp_bias=True,
                                      tie_embeddings=False),
+    # ---- attention sinks, the clamped SwiGLU, router and expert biases, q/k norms after RoPE,
+    # position-scaled queries (helper fam-sinks) ----
+    # Granite SWA / Flint: a sink logit per head in every softmax, layer 0 windowed to 3
+    "sinks-windowed": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                       n_kv_heads=2, d_ff=24, max_seq_len=7, norm="rmsnorm",
+                                       mlp="swiglu", pos="rope", rope_layout="rotate_half",
+                                       attn_sinks=True, sliding_window=3, window_layers=(0,),
+                                       tie_embeddings=True),
+    # GPT-OSS's block: sinks, biased attention, alternating windows, the router's bias, top 2
+    # of 4 logits then their softmax, experts with biases on a clamped SwiGLU whose limit (0.05)
+    # bites at initialisation
+    "gpt-oss-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                     n_kv_heads=2, d_ff=24, max_seq_len=7, norm="rmsnorm",
+                                     mlp="swiglu_clamped", swiglu_limit=0.05, pos="rope",
+                                     rope_layout="rotate_half", attn_bias=True, attn_sinks=True,
+                                     sliding_window=3, window_layers=(0,), n_experts=4,
+                                     experts_per_token=2, expert_width=6,
+                                     router_order="topk_score", router_bias=True,
+                                     expert_bias=True, tie_embeddings=False),
+    # Hunyuan: per-head q/k norms on the rotated heads, biased attention
+    "qk-norm-after-rope": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                           n_kv_heads=2, d_ff=24, max_seq_len=6, norm="rmsnorm",
+                                           mlp="swiglu", pos="rope", rope_layout="rotate_half",
+                                           qk_norm=True, qk_norm_position="after_rope",
+                                           attn_bias=True, tie_embeddings=False),
+    # Ministral 3 / Llama 4: layer 0's queries times 1 + 0.5 ln(1 + floor((pos + 1) / 2))
+    "query-position-scale": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4,
+                                             n_kv_heads=2, d_ff=24, max_seq_len=7,
+                                             norm="rmsnorm", mlp="swiglu", pos="rope",
+                                             rope_layout="rotate_half",
+                                             query_position_scale={"beta": 0.5, "length": 2,
+                                                                   "offset": 1, "layers": [0]},
+                                             tie_embeddings=True),
+    # Cohere 2 MoE: one shift-free LayerNorm before a parallel block, interleaved RoPE but in
+    # the full NoPE layer 2, a dense first layer, top 2 of 4 logits then their softmax, one
+    # shared expert averaged with the routed sum (both halved), logits times 0.25
+    "cohere2-moe-like": da.DecoderConfig(vocab_size=13, d_model=16, n_layers=3, n_heads=4,
+                                         n_kv_heads=2, d_ff=12, max_seq_len=7, norm="layernorm",
+                                         norm_bias=False, mlp="swiglu", pos="rope",
+                                         parallel_residual=True, shared_norm=True,
+                                         sliding_window=3, window_layers=(1,), nope_layers=(2,),
+                                         logit_scale=0.25, n_experts=4, experts_per_token=2,
+                                         expert_width=8, n_shared_experts=1,
+                                         router_order="topk_score", routed_scaling=0.5,
+                                         shared_expert_scale=0.5, first_dense_layers=1,
+                                         tie_embeddings=True),
 }
 
 

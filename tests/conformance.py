@@ -137,6 +137,37 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     # MPT's own score scale read from attn_config
     "bloom": {"n_head": 6, "hidden_size": 48},
     "mpt": {"n_heads": 6, "d_model": 48, "attn_config": {"softmax_scale": 0.2}},
+    # ---- what makes each feature bite at tiny size (helper fam-sinks) ----
+    # GPT-OSS's clamp where the tiny model's gate and up units reach it
+    "gpt_oss": {"swiglu_limit": 0.05},
+    # Hunyuan's checkpoints' RoPE: "dynamic" with an alpha, a static NTK base
+    "hunyuan_v1_dense": {"rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0,
+                                             "factor": 1.0, "rope_theta": 10000.0}},
+    "hunyuan_v1_moe": {"rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0,
+                                           "factor": 1.0, "rope_theta": 10000.0}},
+    # Ministral 3's query scale from position 4 on (its original context, shrunk)
+    "ministral3": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0,
+                                       "factor": 16.0, "original_max_position_embeddings": 4,
+                                       "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                       "mscale_all_dim": 1.0, "llama_4_scaling_beta": 1.0}},
+    # Granite's multipliers, and a NoPE full layer, a windowed layer and a full layer of
+    # another base
+    "granite_swa": {"num_hidden_layers": 3, "embedding_multiplier": 3.0,
+                    "attention_multiplier": 0.25, "residual_multiplier": 0.5,
+                    "logits_scaling": 2.0, "layer_rope_theta": [0, 10000.0, 500000.0],
+                    "layer_types": ["full_attention", "sliding_attention", "full_attention"]},
+    "granitemoe_swa": {"num_hidden_layers": 3, "embedding_multiplier": 3.0,
+                       "attention_multiplier": 0.25, "residual_multiplier": 0.5,
+                       "logits_scaling": 2.0, "layer_rope_theta": [0, 10000.0, 500000.0],
+                       "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+                       "shared_intermediate_size": 16},
+    # Flint: a routed windowed (rotary) layer after a dense full (NoPE) one
+    "flint": {"mlp_only_layers": [0], "layer_types": ["full_attention", "sliding_attention"]},
+    # Cohere 2 MoE: a dense prefix layer (rotary), a windowed layer and a full NoPE one; a
+    # shared expert averaged with the routed sum
+    "cohere2_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1,
+                    "prefix_dense_intermediate_size": 24, "sliding_window_pattern": 2,
+                    "num_shared_experts": 1},
 }
 # Calls a family needs after it is built (a default it refuses to guess).
 FAMILY_SETUP: dict[str, Any] = {

@@ -616,6 +616,67 @@ def _qk_layernorm_as_rmsnorm(model: da.Decoder) -> None:
     norm.forward = lambda x: F.rms_norm(x, norm.shape, norm.weight, norm.eps) + norm.bias
 
 
+# ---- attention sinks, the clamped SwiGLU, router and expert biases, q/k norms after RoPE,
+# position-scaled queries (helper fam-sinks) ----
+
+def _unused(module: nn.Module, name: str) -> None:
+    """The module keeps its Parameter `name` (the ledger and the layout still find it) but its
+    forward reads None there: an instance attribute shadows the registered Parameter."""
+    object.__setattr__(module, name, None)
+
+
+def _sinks_ignored(model: da.Decoder) -> None:
+    """Layer 1's softmax without its sink logit (the weight kept, never read)."""
+    _unused(model.layers[1].attn, "sinks")
+
+
+def _sink_model_reads_the_future(model: da.Decoder) -> None:
+    """Layer 1 of a model with sinks attends to every key, the later ones too."""
+    attn = model.layers[1].attn
+    attn._band = lambda seq_len, device: torch.ones(seq_len, seq_len, dtype=torch.bool,
+                                                    device=device)
+
+
+def _trained(*parameters: nn.Parameter) -> None:
+    """Values a trained model's biases would hold (they start at 0, where dropping one changes
+    no value)."""
+    with torch.no_grad():
+        for parameter in parameters:
+            parameter.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(5))
+
+
+def _router_bias_ignored(model: da.Decoder) -> None:
+    router = model.layers[1].ffn.router
+    _trained(router.bias)
+    _unused(router, "bias")
+
+
+def _expert_biases_ignored(model: da.Decoder) -> None:
+    for expert in model.layers[0].ffn.experts:
+        _trained(expert.w1.bias, expert.w2.bias, expert.w3.bias)
+        _unused(expert.w2, "bias")
+
+
+def _swiglu_unclamped(model: da.Decoder) -> None:
+    """Layer 0's experts compute the clamped SwiGLU without its clamps (limit infinite)."""
+    for expert in model.layers[0].ffn.experts:
+        expert.clamped = (expert.clamped[0], float("inf"))
+
+
+def _shared_experts_unscaled(model: da.Decoder) -> None:
+    """Layer 1's shared experts join the routed sum whole, their scale (0.5) never applied."""
+    ffn = model.layers[1].ffn
+    ffn.shared_output = lambda tokens: ffn.shared(tokens)
+
+
+def _qk_norm_before_rope(model: da.Decoder) -> None:
+    """Layer 1 normalises q and k before RoPE; gains a trained model would hold (a gain of 1
+    commutes with the rotation)."""
+    attn = model.layers[1].attn
+    _trained(attn.q_norm.weight, attn.k_norm.weight)
+    attn.norm_after_rope = False
+
+
 # Each runs through the white-box oracle (the model's own config is its spec); a dropped sandwich
 # norm removes a weight the config declares, which the ledger names.
 VARIANT_MUTANTS = [
@@ -690,4 +751,29 @@ VARIANT_MUTANTS = [
          "params", first=False, defect="I (no final norm)", says="ln_final"),
     Case("qk_layernorm_as_rmsnorm", _variant_mutant("qk-layernorm", _qk_layernorm_as_rmsnorm),
          "oracle", first=False, defect="I (q/k LayerNorm)", says="differ from the slow oracle"),
+    # ---- helper fam-sinks ----
+    Case("attention_sinks_ignored", _variant_mutant("sinks-windowed", _sinks_ignored),
+         "oracle", first=False, defect="I (attention sinks)", says="differ from the slow oracle"),
+    Case("sink_model_reads_the_future", _variant_mutant("sinks-windowed",
+                                                        _sink_model_reads_the_future),
+         "attention_rows", first=False, defect="B8 (attention sinks)",
+         says="on a future key"),
+    Case("router_bias_ignored", _variant_mutant("gpt-oss-like", _router_bias_ignored),
+         "oracle", first=False, defect="I (router bias)", says="differ from the slow oracle"),
+    Case("expert_biases_ignored", _variant_mutant("gpt-oss-like", _expert_biases_ignored),
+         "oracle", first=False, defect="I (expert biases)", says="differ from the slow oracle"),
+    Case("swiglu_clamp_dropped", _variant_mutant("gpt-oss-like", _swiglu_unclamped),
+         "oracle", first=False, defect="I (clamped SwiGLU)", says="differ from the slow oracle"),
+    Case("qk_norm_before_rope", _variant_mutant("qk-norm-after-rope", _qk_norm_before_rope),
+         "oracle", first=False, defect="I (q/k norm after RoPE)",
+         says="differ from the slow oracle"),
+    Case("shared_expert_scale_dropped", _variant_mutant("cohere2-moe-like",
+                                                        _shared_experts_unscaled),
+         "oracle", first=False, defect="I (shared experts' scale)",
+         says="differ from the slow oracle"),
+    Case("query_position_scale_dropped", _variant_mutant("query-position-scale",
+                                                         _set("layers.0.attn.scales_queries",
+                                                              False)),
+         "oracle", first=False, defect="I (position-scaled queries)",
+         says="differ from the slow oracle"),
 ]

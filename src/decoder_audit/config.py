@@ -25,9 +25,11 @@ from typing import Any
 from .errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("relu", "relu2", "gelu", "gelu_tanh", "xielu", "swiglu", "geglu")
+MLPS = ("relu", "relu2", "gelu", "gelu_tanh", "xielu", "swiglu", "geglu", "swiglu_clamped")
 # Activations with parameters of their own, learned per layer (ffn.act.*)
 LEARNED_ACTIVATIONS = ("xielu",)
+# The gated MLPs: w2(act(w1 x) * w3 x), and GPT-OSS's clamped SwiGLU of the same three matrices.
+GATED_MLPS = ("swiglu", "geglu", "swiglu_clamped")
 POSITIONS = ("learned", "rope", "alibi", "sinusoidal", "none")
 # Which features of a head RoPE rotates together: "interleaved" pairs (x[2j], x[2j+1]) (the
 # original RoFormer / Llama / CS336 layout, torchtune) or "rotate_half" pairs (x[j], x[j + Dh/2])
@@ -36,6 +38,11 @@ POSITIONS = ("learned", "rope", "alibi", "sinusoidal", "none")
 ROPE_LAYOUTS = ("interleaved", "rotate_half")
 QK_NORM_SCOPES = ("head", "projection")
 QK_NORM_KINDS = ("rmsnorm", "layernorm")
+# Where the q/k norms act: on the projections before RoPE turns them (Qwen3, OLMo 2, Gemma 3),
+# or on the rotated heads (Hunyuan's query_layernorm / key_layernorm).
+QK_NORM_POSITIONS = ("before_rope", "after_rope")
+# query_position_scale's keys: required, then optional with the default used.
+QUERY_POSITION_SCALE = (("beta", "length"), {"offset": 0, "layers": None})
 # Each RoPE scaling type's parameters: required, then optional with the default used.
 ROPE_SCALING = {
     "linear": (("factor",), {}),
@@ -122,7 +129,13 @@ class DecoderConfig:
     a_p = softplus(alpha_p), a_n = 0.5 + softplus(alpha_n), x > 0 gives a_p x^2 + x / 2, else
     a_n (expm1(min(x, -1e-6)) - x) + x / 2; weights ffn.act.alpha_p and ffn.act.alpha_n, one
     number each), or a gated MLP w2(act(w1 x) * w3 x): "swiglu" (SiLU) or "geglu" (tanh GELU,
-    Gemma's)."""
+    Gemma's); or "swiglu_clamped", GPT-OSS's: with g = min(w1 x, limit) and u = clamp(w3 x,
+    -limit, limit), w2((u + 1) * g * sigmoid(alpha * g)) (swiglu_alpha, swiglu_limit)."""
+    swiglu_alpha: float = 1.702
+    """alpha of mlp="swiglu_clamped": the gate's sigmoid reads alpha * g (GPT-OSS: 1.702)."""
+    swiglu_limit: float = 7.0
+    """limit of mlp="swiglu_clamped": the gate clamped above at it, the up projection to
+    [-limit, limit] (GPT-OSS: 7)."""
     pos: str = "learned"
     """"learned" absolute positions, "rope" (rotary, see rope_layout), "alibi" (a linear bias
     -m_h * (t - s) on the score of query t and key s, head h's slope m_h from Press et al.'s
@@ -170,6 +183,17 @@ class DecoderConfig:
     attn_scale: float | None = None
     """What the scores q.k are multiplied by; None: 1/sqrt(Dh). Gemma 2 scales by
     query_pre_attn_scalar^-0.5, which need not be the head width."""
+    attn_sinks: bool = False
+    """A learned logit per head (weight attn.sinks, (H,)) joins every softmax row's denominator
+    and is then dropped: p_s = exp(score_s) / (sum_s' exp(score_s') + exp(sink_h)), so a row's
+    visible keys sum to less than 1 by the sink's share (GPT-OSS, Granite SWA, Flint); in every
+    layer."""
+    query_position_scale: dict | None = None
+    """Queries multiplied, after RoPE, by 1 + beta * ln(1 + floor((pos + offset) / length)) at
+    position pos (Ministral 3's llama_4_scaling_beta over original_max_position_embeddings;
+    Llama 4's temperature tuning of its NoPE layers): a dict with "beta" (> 0), "length" (> 0),
+    "offset" (default 0) and "layers" (the layers it applies to; default every layer). Exactly 1
+    below position length - offset. None: queries unscaled."""
     attn_softcap: float | None = None
     """c: scores become c * tanh(scores / c) before the mask and softmax (Gemma 2: 50)."""
     logit_softcap: float | None = None
@@ -208,6 +232,10 @@ class DecoderConfig:
     qk_norm_kind: str = "rmsnorm"
     """The q/k norms' kind: "rmsnorm", or "layernorm" (Persimmon's per-head LayerNorms), whose
     shift attn.q_norm.bias, attn.k_norm.bias is there where norm_bias says."""
+    qk_norm_position: str = "before_rope"
+    """Where the q/k norms act: "before_rope" (Qwen3, OLMo 2, Gemma 3) or "after_rope", on each
+    rotated head (Hunyuan's query_layernorm / key_layernorm; a learned gain does not commute
+    with the rotation). "after_rope" needs qk_norm with qk_norm_scope "head"."""
     mlp_bias: bool | tuple[str, ...] = False
     """Biases on the MLP matrices; or the matrices that have one, any of MLP_MATRICES (w1 the
     gate, w3 the up projection: only in a gated MLP; w2 the down projection). A list naming
@@ -246,6 +274,12 @@ class DecoderConfig:
     normalize_topk: bool = True
     """The k chosen scores divided by their sum, so a token's expert weights sum to 1 (Mixtral
     always; norm_topk_prob in Qwen-MoE, OLMoE (false in both published models) and DeepSeek)."""
+    router_bias: bool = False
+    """A learned bias (E,) on the router's logits, which choose and weigh alike (GPT-OSS's
+    router.bias): weight ffn.router.bias."""
+    expert_bias: bool = False
+    """Biases on every routed expert's matrices, w1 and w3 (Fe,) and w2 (D,) (GPT-OSS's
+    gate_up_proj_bias and down_proj_bias); the shared experts have none."""
     router_selection_bias: bool = False
     """A learned per-expert bias (E,) added to the scores to choose the top k, not to weigh
     them (DeepSeek-V3's e_score_correction_bias, updated by a balancing rule, not by
@@ -262,6 +296,9 @@ class DecoderConfig:
     routed_scaling: float = 1.0
     """The routed experts' weighted sum multiplied by this before the shared experts join it
     (DeepSeek's routed_scaling_factor: 2.5 in V3)."""
+    shared_expert_scale: float = 1.0
+    """The shared experts' output multiplied by this as it joins the routed sum (Cohere 2 MoE's
+    "average" combination, (routed + shared) / 2: 0.5 here and in routed_scaling)."""
     first_dense_layers: int = 0
     """The first layers keep a dense MLP of width d_ff (DeepSeek's first_k_dense_replace)."""
     moe_every: int = 1
@@ -301,6 +338,11 @@ class DecoderConfig:
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, dict):  # the config's own copy: the caller's may change
             object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
+        if isinstance(self.query_position_scale, dict):  # its own copy, layers as a tuple
+            scale = dict(self.query_position_scale)
+            if isinstance(scale.get("layers"), list):
+                scale["layers"] = tuple(scale["layers"])
+            object.__setattr__(self, "query_position_scale", scale)
         for name in _LISTED:
             if isinstance(getattr(self, name), list):  # as JSON gives it back
                 object.__setattr__(self, name, tuple(getattr(self, name)))
@@ -318,8 +360,8 @@ class DecoderConfig:
 
     @property
     def gated(self) -> bool:
-        """A gated MLP (w1, w3 in, w2 out): SwiGLU or GeGLU."""
-        return self.mlp in ("swiglu", "geglu")
+        """A gated MLP (w1, w3 in, w2 out): SwiGLU, GeGLU or the clamped SwiGLU."""
+        return self.mlp in GATED_MLPS
 
     @property
     def output_bias(self) -> bool:
@@ -404,6 +446,11 @@ class DecoderConfig:
     def rotates(self, layer: int) -> bool:
         """Whether this layer's attention applies RoPE (pos "rope", not one of nope_layers)."""
         return self.pos == "rope" and (self.nope_layers is None or layer not in self.nope_layers)
+
+    def scales_queries(self, layer: int) -> bool:
+        """Whether this layer's queries are multiplied by their position's query_position_scale."""
+        scale = self.query_position_scale
+        return scale is not None and (scale.get("layers") is None or layer in scale["layers"])
 
     def window(self, layer: int) -> int | None:
         """W for this layer, or None where it reads every earlier token."""
@@ -566,6 +613,7 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
             problems.append((name, f"{name}={_shown(value)} must be a positive integer or None"))
     for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS),
                           ("rope_layout", ROPE_LAYOUTS), ("qk_norm_scope", QK_NORM_SCOPES),
+                          ("qk_norm_position", QK_NORM_POSITIONS),
                           ("qk_norm_kind", QK_NORM_KINDS),
                           ("context_policy", CONTEXT_POLICIES)):
         value = getattr(cfg, name)
@@ -604,20 +652,33 @@ def _field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
                              f"distinct projections from {list(names)}"))
     for name in ("tie_embeddings", "qk_norm", "norm_bias", "parallel_residual", "sandwich_norm",
                  "norm_affine", "pre_norm", "readout_bias", "shared_norm", "embedding_norm",
-                 "post_norm", "final_norm"):
+                 "post_norm", "final_norm", "attn_sinks"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             problems.append((name, f"{name}={_shown(value)} must be true or false"))
     problems += [("rope_scaling", problem) for problem in _rope_scaling_problems(cfg.rope_scaling)]
-    return problems + _expert_field_problems(cfg)
+    return problems + _scale_field_problems(cfg) + _expert_field_problems(cfg)
+
+
+def _scale_field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
+    """(field, problem) for the clamped SwiGLU's numbers and the queries' position scale."""
+    problems = [("query_position_scale", problem) for problem in
+                _query_scale_problems(cfg.query_position_scale, cfg.n_layers)]
+    for name in ("swiglu_alpha", "swiglu_limit"):
+        if not _is_positive(getattr(cfg, name)):
+            problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be a finite number "
+                             "> 0"))
+    return problems
 
 
 # The fields of routed experts (besides n_experts) and the values they hold without experts.
 UNROUTED = {"experts_per_token": None, "expert_width": None, "n_shared_experts": 0,
                     "shared_expert_width": None, "shared_expert_gate": False, "router_scoring": "softmax",
                     "router_order": "score_topk", "normalize_topk": True,
-                    "router_selection_bias": False, "expert_groups": None,
+                    "router_selection_bias": False, "router_bias": False, "expert_bias": False,
+                    "expert_groups": None,
                     "groups_per_token": None, "group_score": "top2_sum", "routed_scaling": 1.0,
+                    "shared_expert_scale": 1.0,
                     "first_dense_layers": 0, "moe_every": 1, "capacity_factor": None}
 _LATENT_WIDTHS = ("rope_head_width", "nope_head_width", "value_head_width")
 
@@ -641,16 +702,18 @@ def _expert_field_problems(cfg: DecoderConfig) -> list[tuple[str, str]]:
         value = getattr(cfg, name)
         if not isinstance(value, str) or value not in allowed:
             problems.append((name, f"{name}={_shown(value)} is not one of {list(allowed)}"))
-    for name in ("normalize_topk", "router_selection_bias", "shared_expert_gate"):
+    for name in ("normalize_topk", "router_selection_bias", "shared_expert_gate", "router_bias",
+                 "expert_bias"):
         if not isinstance(getattr(cfg, name), bool):
             problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be true or false"))
     for name in ("residual_multiplier", "logit_scale"):
         if not _is_positive(getattr(cfg, name)):
             problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be a finite "
                              "number > 0"))
-    if not _is_positive(cfg.routed_scaling):
-        problems.append(("routed_scaling", f"routed_scaling={_shown(cfg.routed_scaling)} must "
-                         "be a finite number > 0"))
+    for name in ("routed_scaling", "shared_expert_scale"):
+        if not _is_positive(getattr(cfg, name)):
+            problems.append((name, f"{name}={_shown(getattr(cfg, name))} must be a finite number "
+                             "> 0"))
     if cfg.capacity_factor is not None and not _is_positive(cfg.capacity_factor):
         problems.append(("capacity_factor", f"capacity_factor={_shown(cfg.capacity_factor)} "
                          "must be a finite number > 0 or null"))
@@ -670,8 +733,9 @@ def _expert_problems(cfg: DecoderConfig, valid) -> list[str]:
             problems.append(f"n_experts={experts} needs experts_per_token (k, 1 <= k <= E)")
         elif k > experts:
             problems.append(f"experts_per_token={k} exceeds n_experts={experts}")
-    for name in ("shared_expert_width", "shared_expert_gate"):
-        if valid("n_shared_experts", name) and getattr(cfg, name) not in (None, False) and \
+    for name, unset in (("shared_expert_width", None), ("shared_expert_gate", False),
+                        ("shared_expert_scale", 1.0)):
+        if valid("n_shared_experts", name) and getattr(cfg, name) != unset and \
                 cfg.n_shared_experts == 0:
             problems.append(f"{name}={_shown(getattr(cfg, name))} needs n_shared_experts >= 1")
     if valid("n_layers", "first_dense_layers", "moe_every") and not any(
@@ -681,7 +745,8 @@ def _expert_problems(cfg: DecoderConfig, valid) -> list[str]:
     problems += _group_problems(cfg, valid)
     if valid("mlp_bias") and cfg.mlp_bias is not False:
         problems.append(f"mlp_bias={_flag_shown(cfg.mlp_bias)} with n_experts={experts}: routed "
-                        "and shared experts have no biases here (mlp_bias=false)")
+                        "and shared experts have no biases here (mlp_bias=false; expert_bias "
+                        "gives the routed experts theirs)")
     if valid("mlp") and cfg.mlp in LEARNED_ACTIVATIONS:
         problems.append(f"mlp={cfg.mlp!r} with n_experts={experts}: its learned parameters are "
                         "one pair per dense layer, not per expert")
@@ -731,14 +796,15 @@ def _latent_problems(cfg: DecoderConfig, valid) -> list[str]:
         problems.append(f"rope_head_width={cfg.rope_head_width} is odd; RoPE rotates pairs")
     clashes = [f"{name}={_shown(getattr(cfg, name))}" for name, plain in
                (("pos", "rope"), ("head_width", None), ("rotary_dim", None),
-                ("attn_bias", False), ("attn_output_bias", None), ("qk_norm", False))
+                ("attn_bias", False), ("attn_output_bias", None), ("qk_norm", False),
+                ("attn_sinks", False), ("query_position_scale", None))
                if getattr(cfg, name) != plain]
     if cfg.n_kv_heads not in (None, cfg.n_heads):
         clashes.append(f"n_kv_heads={_shown(cfg.n_kv_heads)}")
     if clashes:
         problems.append(f"{where} (latent attention) takes pos='rope' with the rotary part given "
-                        "by rope_head_width, every head its own key and value, no biases and no "
-                        f"q/k norm; got {', '.join(clashes)}")
+                        "by rope_head_width, every head its own key and value, no biases, no "
+                        f"q/k norm, no sinks and unscaled queries; got {', '.join(clashes)}")
     return problems
 
 
@@ -874,6 +940,16 @@ def _attention_problems(cfg: DecoderConfig, valid, widths: bool) -> list[str]:
     elif nope is not None and valid("pos") and cfg.pos != "rope":
         problems.append(f"nope_layers={_shown(list(nope))} needs pos='rope' (the other layers "
                         "rotate)")
+    if cfg.qk_norm_position == "after_rope" and (cfg.qk_norm is not True
+                                                 or cfg.qk_norm_scope != "head"):
+        problems.append(f"qk_norm_position='after_rope' needs qk_norm=True with qk_norm_scope="
+                        f"'head' (each rotated head normalised), got qk_norm="
+                        f"{_shown(cfg.qk_norm)}, qk_norm_scope={_shown(cfg.qk_norm_scope)}")
+    clamped = [f"{name}={_shown(getattr(cfg, name))}" for name, default in
+               (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)) if getattr(cfg, name) != default]
+    if clamped and valid("mlp") and cfg.mlp != "swiglu_clamped":
+        problems.append(f"{', '.join(clamped)} {_need(clamped)} mlp='swiglu_clamped' (mlp="
+                        f"{cfg.mlp!r} reads neither)")
     if cfg.shared_norm is True and cfg.parallel_residual is not True:
         problems.append("shared_norm=True needs parallel_residual=True (one norm feeds both "
                         "sublayers of a parallel block)")
@@ -931,4 +1007,34 @@ def _rope_scaling_problems(scaling: Any) -> list[str]:
             not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         problems.append(f"{where}: high_freq_factor={scaling['high_freq_factor']} must exceed "
                         f"low_freq_factor={scaling['low_freq_factor']}")
+    return problems
+
+
+def _query_scale_problems(scale: Any, n_layers: Any) -> list[str]:
+    """What is wrong with a query_position_scale dict, each naming the key and value."""
+    if scale is None:
+        return []
+    required, optional = QUERY_POSITION_SCALE
+    if not isinstance(scale, dict):
+        return [f"query_position_scale={_shown(scale)}: a dict with {list(required)} (and "
+                f"optionally {list(optional)}), or null"]
+    problems = [f"query_position_scale needs {name!r}" for name in required if name not in scale]
+    unknown = sorted(map(str, set(scale) - {*required, *optional}))
+    if unknown:
+        problems.append(f"query_position_scale has unknown key(s) {unknown}; it takes "
+                        f"{sorted({*required, *optional})}")
+    beta, length, offset = scale.get("beta"), scale.get("length"), scale.get("offset", 0)
+    if "beta" in scale and not _is_positive(beta):
+        problems.append(f"query_position_scale: beta={_shown(beta)} must be a finite number > 0")
+    if "length" in scale and (not _is_int(length) or length <= 0):
+        problems.append(f"query_position_scale: length={_shown(length)} must be a positive "
+                        "integer")
+    if not _is_int(offset) or offset < 0:
+        problems.append(f"query_position_scale: offset={_shown(offset)} must be an integer >= 0")
+    layers = scale.get("layers")
+    if layers is not None and (not isinstance(layers, tuple) or not all(
+            _is_int(i) and (not _is_int(n_layers) or 0 <= i < n_layers) for i in layers)
+            or len(set(layers)) != len(layers)):
+        problems.append(f"query_position_scale: layers={_shown(layers)} must list distinct layers "
+                        f"in [0, n_layers={_shown(n_layers)})")
     return problems

@@ -73,10 +73,10 @@ def _independent_count(cfg: da.DecoderConfig) -> int:
     if cfg.qk_norm_kind == "layernorm" and cfg.norm_bias:
         qk *= 2  # Persimmon's q/k LayerNorms: a shift beside each gain
     attn = (2 * D * q + 2 * D * kv + (q + 2 * kv if cfg.attn_bias else 0)
-            + (D if cfg.output_bias else 0) + qk)
+            + (D if cfg.output_bias else 0) + qk + (cfg.n_heads if cfg.attn_sinks else 0))
     if cfg.kv_latent_rank is not None:  # DeepSeek's MLA, as its modeling file builds it
         attn = _latent_attention_count(cfg)
-    n_mat = 3 if cfg.mlp in ("swiglu", "geglu") else 2  # gated: w1, w3 in and w2 out
+    n_mat = 3 if cfg.mlp in ("swiglu", "geglu", "swiglu_clamped") else 2  # gated: w1, w3, w2
     mlp = n_mat * D * F + ((n_mat - 1) * F + D if cfg.mlp_bias else 0)
     mlp += 2 if cfg.mlp == "xielu" else 0  # Apertus' activation learns a_p and a_n per layer
     # before each sublayer unless OLMo 2's (one before both of GPT-J's parallel sublayers),
@@ -100,14 +100,17 @@ def _routes(cfg: da.DecoderConfig, layer: int) -> bool:
 
 
 def _routed_count(cfg: da.DecoderConfig) -> int:
-    """A routed MLP: the router (E x D, DeepSeek's correction bias E), E experts of 3 (gated) or
-    2 matrices D x Fe, the shared experts' matrices D x (n_shared x their width) and their
+    """A routed MLP: the router (E x D, DeepSeek's correction bias E, GPT-OSS's logit bias E),
+    E experts of 3 (gated) or 2 matrices D x Fe (and GPT-OSS's biases: Fe per input matrix, D
+    for the output), the shared experts' matrices D x (n_shared x their width) and their
     gate."""
     D, E = cfg.d_model, cfg.n_experts
     width = cfg.expert_width or cfg.d_ff
     shared = cfg.n_shared_experts * (cfg.shared_expert_width or width)
-    matrices = 3 if cfg.mlp in ("swiglu", "geglu") else 2
-    return (E * D + (E if cfg.router_selection_bias else 0) + matrices * D * (E * width + shared)
+    matrices = 3 if cfg.mlp in ("swiglu", "geglu", "swiglu_clamped") else 2
+    biases = E * ((matrices - 1) * width + D) if cfg.expert_bias else 0
+    return (E * D + (E if cfg.router_selection_bias else 0) + (E if cfg.router_bias else 0)
+            + matrices * D * (E * width + shared) + biases
             + (D if cfg.shared_expert_gate else 0))  # Qwen2-MoE's shared_expert_gate (1, D)
 
 

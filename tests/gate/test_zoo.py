@@ -143,6 +143,8 @@ def test_presets_pass(name):
                     "xielu-like")
     + configs.entries("alibi-embedding-norm", "alibi-no-shift", "sinusoidal-offset",
                       "post-norm-no-final", "qk-layernorm")  # helper fam-positions
+    + configs.entries("sinks-windowed", "gpt-oss-like", "qk-norm-after-rope",
+                      "query-position-scale", "cohere2-moe-like")  # helper fam-sinks
     + configs.grid()))
 def test_odd_configs_pass(cfg):
     _passes(zoo.decoder(cfg, seed=3))

@@ -23,7 +23,9 @@ ORACLE = configs.grid() + configs.entries(
     "olmo2-like", "gemma3-like", "readout-bias-tied", "granite-like", "parallel-one-norm",
     "nope-layer", "opt-like", "mla-latent-eps", "xielu-like") + configs.entries(  # helper fam-positions
     "alibi-embedding-norm", "alibi-no-shift", "sinusoidal-offset", "post-norm-no-final",
-    "qk-layernorm")
+    "qk-layernorm") + configs.entries(  # helper fam-sinks
+    "sinks-windowed", "gpt-oss-like", "qk-norm-after-rope", "query-position-scale",
+    "cohere2-moe-like")
 
 
 @pytest.mark.parametrize("cfg", configs.params(ORACLE))
@@ -61,7 +63,10 @@ def test_decoder_equals_slow_oracle_in_float64(cfg):
                                           + configs.entries("alibi-embedding-norm",
                                                             "alibi-no-shift", "sinusoidal-offset",
                                                             "post-norm-no-final",
-                                                            "qk-layernorm")))
+                                                            "qk-layernorm")
+                                          + configs.entries("sinks-windowed",
+                                                            "qk-norm-after-rope",
+                                                            "query-position-scale")))
 def test_gradients_equal_the_oracle(cfg):
     model = random_decoder(cfg, dtype=torch.float64)
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))

@@ -16,7 +16,8 @@ import decoder_audit as da
 from decoder_audit.model.mlp import RoutedExperts
 
 ROUTED = ("moe-softmax-shared", "moe-sigmoid-bias", "moe-topk-softmax-relu", "moe-unnormalised",
-          "moe-capacity", "mla-moe", "moe-grouped", "moe-grouped-max", "moe-shared-gate")
+          "moe-capacity", "mla-moe", "moe-grouped", "moe-grouped-max", "moe-shared-gate",
+          "gpt-oss-like", "cohere2-moe-like")
 LATENT = ("mla-q-latent", "mla-moe")
 EVERY = configs.params(configs.entries(*dict.fromkeys(ROUTED + LATENT)))
 

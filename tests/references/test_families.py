@@ -23,6 +23,7 @@ import re
 import families_gpt
 import families_moe
 import families_positions
+import families_sinks
 import pytest
 import torch
 import family_plants as fp
@@ -93,7 +94,9 @@ class _Function(torch.nn.Module):
 
 
 def _other_activation(model: torch.nn.Module) -> None:
-    """Layer 0's MLP activation replaced: tanh-GELU where it was SiLU, SiLU otherwise."""
+    """Layer 0's MLP activation replaced: tanh-GELU where it was SiLU, SiLU otherwise; where
+    the experts compute their gated unit in one method of the fused gate_up (GPT-OSS's
+    `_apply_gate`, its clamped SwiGLU), Llama's plain SwiGLU of the same units instead."""
     for module in _first_layer(model).modules():
         for name in _ACTIVATION_NAMES:
             act = getattr(module, name, None)
@@ -107,6 +110,9 @@ def _other_activation(model: torch.nn.Module) -> None:
                     setattr(module, name, _Function(other) if isinstance(act, torch.nn.Module)
                             else other)
                 return
+        if callable(getattr(module, "_apply_gate", None)):  # gate, up interleaved units
+            module._apply_gate = lambda gate_up: F.silu(gate_up[..., ::2]) * gate_up[..., 1::2]
+            return
     raise AssertionError(f"{type(model).__name__}: no activation found in layer 0")
 
 
@@ -286,6 +292,9 @@ SPECIFIC: dict[tuple[str, str], tuple] = {
     ("apertus", "xIELU without softplus"): (_xielu_without_softplus, "oracle"),
     # ---- position and norm placements (helper fam-positions): tests/families_positions.py ----
     **families_positions.SPECIFIC,
+    # ---- sinks, the clamped SwiGLU, biased routers and experts, q/k norms after RoPE,
+    # position-scaled queries (helper fam-sinks): tests/families_sinks.py ----
+    **families_sinks.SPECIFIC,
 }
 """(family, defect) -> (plant(model) in transformers' own module, the check that must fail)."""
 

@@ -238,6 +238,19 @@ def test_to_hf_refuses_what_no_family_expresses(change, field):
         hfref.to_hf(da.Decoder(cfg))
 
 
+@pytest.mark.parametrize("change,field", [
+    (dict(attn_sinks=True), "attn_sinks=True"),
+    (dict(query_position_scale={"beta": 0.1, "length": 4}), "query_position_scale="),
+])
+def test_the_converter_refuses_the_fields_llama_lacks_by_name(change, field):
+    """The converter's rename tables write Llama, whose attention has no sinks and scales no
+    query by position: each is refused by name (the families of hf_families may hold them:
+    to_hf tries those next)."""
+    cfg = configs.named("hf-llama-kv2-untied").replace(**change)
+    with pytest.raises(da.ConfigError, match=field.replace("(", r"\(")):
+        hf_family(cfg)
+
+
 def test_weights_that_do_not_fit_are_listed(hf_models):
     cfg = config_from_hf(hf_models["llama-kv3-untied"].config)
     state = dict(hf_models["llama-kv3-untied"].state_dict())

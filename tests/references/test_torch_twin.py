@@ -140,6 +140,8 @@ def test_tie_survives_an_optimizer_step_in_the_twin():
     (dict(pos="rope"), "pos='rope'"),
     (dict(n_kv_heads=2), "n_kv_heads=2"),
     (dict(parallel_residual=True), "parallel_residual=True"),
+    (dict(attn_sinks=True), "attn_sinks=True"),
+    (dict(query_position_scale={"beta": 0.1, "length": 4}), "query_position_scale="),
 ])
 def test_refuses_configs_it_cannot_express(change, field):
     cfg = configs.named("twin-gelutanh-biases-tied").replace(**change)

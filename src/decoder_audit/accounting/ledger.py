@@ -153,6 +153,9 @@ def _attention(cfg: DecoderConfig) -> tuple[int, str]:
         shifts = d_q + d_kv if cfg.qk_norm_scope == "projection" else 2 * cfg.head_dim
         attn += shifts  # a q/k LayerNorm's shifts, as many as its gains (Persimmon)
         formula += f" + their shifts {shifts}"
+    if cfg.attn_sinks:
+        attn += cfg.n_heads
+        formula += f" + sinks H = {cfg.n_heads}"
     return attn, formula
 
 
@@ -172,14 +175,16 @@ def _latent_attention(cfg: DecoderConfig) -> tuple[int, str]:
             f"{q_formula}; {kv_formula}; out H*Dv*D = {H}*{Dv}*{D}")
 
 
-def _dense_mlp(cfg: DecoderConfig, width: int | None = None) -> tuple[int, str]:
+def _dense_mlp(cfg: DecoderConfig, width: int | None = None, expert: bool = False
+               ) -> tuple[int, str]:
     """One MLP of `width` (default d_ff) with the config's matrices and biases (count,
-    formula)."""
+    formula); `expert`: a routed expert's, biased on every matrix where expert_bias says."""
     D, F = cfg.d_model, cfg.d_ff if width is None else width
     n_in = 2 if cfg.gated else 1  # matrices D -> F (w1, and w3 for SwiGLU / GeGLU)
     ffn = n_in * D * F + F * D
     formula = f"{n_in + 1}*D*F = {n_in + 1}*{D}*{F}"
-    biased = [name for name in ("w1", "w3", "w2") if cfg.has_bias(name)]
+    names = ("w1", "w3", "w2") if cfg.gated else ("w1", "w2")
+    biased = [name for name in names if (cfg.expert_bias if expert else cfg.has_bias(name))]
     ffn += sum(D if name == "w2" else F for name in biased)  # F for w1, w3 (D -> F); D for w2
     if len(biased) == n_in + 1:  # every matrix
         formula += f" + biases {n_in}*{F}+{D}"
@@ -194,17 +199,19 @@ def _dense_mlp(cfg: DecoderConfig, width: int | None = None) -> tuple[int, str]:
 
 def expert_parameters(cfg: DecoderConfig) -> int:
     """One routed expert's parameters: an MLP of width Fe (0 for a config without experts)."""
-    return _dense_mlp(cfg, cfg.expert_dim)[0] if cfg.routed else 0
+    return _dense_mlp(cfg, cfg.expert_dim, expert=True)[0] if cfg.routed else 0
 
 
 def _routed_mlp(cfg: DecoderConfig) -> tuple[int, str]:
     """One routed layer's MLP (count, formula): the router (and its selection bias), E experts
     of width Fe, the shared experts as one MLP of their total width."""
     D, E, m = cfg.d_model, cfg.n_experts, 3 if cfg.gated else 2
-    router = E * D + (E if cfg.router_selection_bias else 0)
+    router = E * D + E * (cfg.router_selection_bias + cfg.router_bias)
     formula = f"router E*D = {E}*{D}" + (f" + selection bias {E}" if cfg.router_selection_bias
-                                          else "")
+                                          else "") + (f" + bias {E}" if cfg.router_bias else "")
     formula += f"; {E} experts x {m}*D*Fe = {E} x {m}*{D}*{cfg.expert_dim}"
+    if cfg.expert_bias:
+        formula += f" + biases {m - 1}*{cfg.expert_dim}+{D}"
     count = router + E * expert_parameters(cfg)
     if cfg.n_shared_experts:
         count += _dense_mlp(cfg, cfg.shared_dim)[0]

@@ -12,7 +12,8 @@ Patterns come from our trace (`run_with_trace`) or from a model's `output_attent
 - Attention sinks. A model that declares sinks in its weights (a parameter named `sinks`, a
   learned logit per head that takes part in every softmax row and is then dropped) has rows
   that sum to less than 1 by design: they may, but never to more than 1, and future keys still
-  get exactly 0.
+  get exactly 0. Our trace says each row's sink share (`layers.{i}.attn.sink`, attn_sinks):
+  the visible keys plus that share must sum to 1, so a row short of it is still found.
 - More keys than queries. A pattern (B, H, T, T + k) carries k extra keys (memory or sink keys);
   the future is judged with the extra keys first or last, whichever maps keys to positions; a
   key axis that does not follow T is judged by its rows only, and the report says why.
@@ -136,15 +137,17 @@ def _classify(first: list, second: list | None, batch: int, seq_len: int,
     return layers
 
 
-def _patterns(s: Subject, ids: torch.Tensor) -> tuple[list[torch.Tensor] | None,
-                                                     list[float] | None]:
-    """Attention patterns (B, H, T, T) per layer from our trace, and the largest |score| per
-    layer (for the stressed run)."""
+def _patterns(s: Subject, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[float | None],
+                                                     list[torch.Tensor | None]]:
+    """Attention patterns (B, H, T, T) per layer from our trace, the largest |score| per layer
+    (for the stressed run), and each layer's sink share per row (B, H, T) where the config has
+    attention sinks (None elsewhere)."""
     _, trace = s.trace(ids)
     layers = sorted({int(n.split(".")[1]) for n in trace if n.endswith(".attn.pattern")})
     scores = [float(trace[f"layers.{i}.attn.scores"].abs().max())
               if f"layers.{i}.attn.scores" in trace else None for i in layers]
-    return [trace[f"layers.{i}.attn.pattern"] for i in layers], scores
+    sinks = [trace.get(f"layers.{i}.attn.sink") for i in layers]
+    return [trace[f"layers.{i}.attn.pattern"] for i in layers], scores, sinks
 
 
 def _future_mask(seq_len: int, keys: int, extra_first: bool) -> torch.Tensor:
@@ -159,27 +162,34 @@ def _future_mask(seq_len: int, keys: int, extra_first: bool) -> torch.Tensor:
 
 
 def _judge_patterns(patterns: list[torch.Tensor], seq_len: int, *, sinks: bool = False,
-                    extra_keys: list[int | None] | None = None, layer_ids: list[int] | None = None
+                    extra_keys: list[int | None] | None = None, layer_ids: list[int] | None = None,
+                    sink_shares: list[torch.Tensor | None] | None = None
                     ) -> tuple[list[dict], list[str]]:
-    """Records per (layer, head) and the problems found. `sinks`: rows may sum to less than 1.
-    `extra_keys[i]`: S - T for pattern i (None: the key axis does not map to positions, so the
-    future is not judged)."""
+    """Records per (layer, head) and the problems found. `sinks`: rows may sum to less than 1
+    (sinks a model declares but whose share it does not say). `extra_keys[i]`: S - T for
+    pattern i (None: the key axis does not map to positions, so the future is not judged).
+    `sink_shares[i]` (B, H, T): the share of each row a declared sink took (our trace), added to
+    the row's sum, which must then be 1."""
     records, problems = [], []
     for n, pattern in enumerate(patterns):
         layer = layer_ids[n] if layer_ids is not None else n
         pattern = pattern.detach().cpu()
         keys = pattern.shape[-1]
         extra = (keys - seq_len) if extra_keys is None else extra_keys[n]
-        tol = tolerances.row_sum(pattern.dtype, keys)
         p_all = pattern.double()  # (B, H, T, S)
+        share = None if sink_shares is None or sink_shares[n] is None else \
+            sink_shares[n].detach().cpu().double()  # (B, H, T)
+        tol = tolerances.row_sum(pattern.dtype, keys + (share is not None))
         future, layout = _layout(p_all, seq_len, extra)
         for head in range(pattern.shape[1]):
             p = p_all[:, head]  # (B, T, S)
+            if share is not None:  # the sink as one more key, which no position owns
+                p = torch.cat((p, share[:, head, :, None]), dim=-1)  # (B, T, S + 1)
             finite = bool(torch.isfinite(p).all())
             sums = p.sum(-1).nan_to_num(float("inf"))  # (B, T)
             row_err = (sums - 1).abs()
             if future is not None:
-                on_future = p.masked_select(future.expand_as(p))
+                on_future = p[..., :keys].masked_select(future.expand(p.shape[0], -1, -1))
                 future_max = (float(on_future.abs().nan_to_num(float("inf")).max())
                               if on_future.numel() else 0.0)
             else:
@@ -188,6 +198,8 @@ def _judge_patterns(patterns: list[torch.Tensor], seq_len: int, *, sinks: bool =
                    "max_row_sum_error": float(row_err.max()), "min_row_sum": float(sums.min()),
                    "max_row_sum": float(sums.max()), "max_future_probability": future_max,
                    "row_sum_tolerance": tol, "keys": keys, "key_layout": layout}
+            if share is not None:
+                rec["max_sink_share"] = float(p[..., -1].nan_to_num(float("inf")).max())
             records.append(rec)
             problem = _head_problem(p, rec, future, sinks, tol)
             if problem:
@@ -220,7 +232,7 @@ def _head_problem(p: torch.Tensor, rec: dict, future: torch.Tensor | None, sinks
         rows = sorted({int(t) for t in (~torch.isfinite(p)).any(-1).nonzero()[:, 1]})
         return f"non-finite probabilities in rows {rows[:8]} (a row with every key masked?)"
     if rec["max_future_probability"] > tolerances.FUTURE_PROBABILITY:
-        bad = (p * future).amax(0).nonzero()[0].tolist()
+        bad = (p[..., :future.shape[-1]] * future).amax(0).nonzero()[0].tolist()
         return (f"probability {rec['max_future_probability']:.3g} on a future key (row {bad[0]}, "
                 f"key {bad[1]}); masked keys must get exactly 0")
     if bool((p < 0).any()):
@@ -236,8 +248,8 @@ def _head_problem(p: torch.Tensor, rec: dict, future: torch.Tensor | None, sinks
 
 
 def _judge_stressed(patterns: list[torch.Tensor], seq_len: int, dtype: torch.dtype,
-                    evidence: dict) -> list[str]:
-    records, problems = _judge_patterns(patterns, seq_len)
+                    evidence: dict, sink_shares: list[torch.Tensor | None]) -> list[str]:
+    records, problems = _judge_patterns(patterns, seq_len, sink_shares=sink_shares)
     evidence["stressed"] = {
         "how": f"q_proj and k_proj outputs scaled so attention scores reach "
                f"~{tolerances.stress_score(dtype):.0e}",
@@ -255,11 +267,17 @@ def check_attention_rows(s: Subject) -> CheckResult:
 
 
 def _check_traced(s: Subject, ids: torch.Tensor, seq_len: int, batch: int) -> CheckResult:
-    """Our trace: the eager path `run_with_trace` records, then the stressed run."""
-    patterns, score_max = _patterns(s, ids)
-    records, problems = _judge_patterns(patterns, seq_len)
+    """Our trace: the eager path `run_with_trace` records, then the stressed run. A layer with
+    attention sinks records each row's sink share (layers.{i}.attn.sink): its visible keys and
+    that share together sum to 1."""
+    patterns, score_max, shares = _patterns(s, ids)
+    records, problems = _judge_patterns(patterns, seq_len, sink_shares=shares)
     evidence: dict = {"batch": batch, "seq_len": seq_len, "dtype": str(patterns[0].dtype),
                       "path": "trace", "heads": records}
+    sunk = [i for i, share in enumerate(shares) if share is not None]
+    if sunk:
+        evidence["sinks"] = (f"layers {sunk} have attention sinks: each row's visible keys sum "
+                             "to 1 less the sink's share (layers.{i}.attn.sink), judged with it")
     arrays = {"patterns": [p[0].detach().cpu().double().numpy() for p in patterns], "ids": ids[0].tolist()}
     del patterns
     if not problems:
@@ -267,9 +285,10 @@ def _check_traced(s: Subject, ids: torch.Tensor, seq_len: int, batch: int) -> Ch
         # constant is beaten; -inf is not.
         with s.scaled_scores(score_max, tolerances.stress_score(s.dtype)) as stressed:
             if stressed:
-                stressed_patterns, _ = _patterns(s, ids)
+                stressed_patterns, _, stressed_shares = _patterns(s, ids)
         if stressed:
-            problems += _judge_stressed(stressed_patterns, seq_len, s.dtype, evidence)
+            problems += _judge_stressed(stressed_patterns, seq_len, s.dtype, evidence,
+                                        stressed_shares)
     n_heads = len(records)
     if problems:
         result = CheckResult("attention_rows", False, problems[0], evidence,
@@ -278,9 +297,10 @@ def _check_traced(s: Subject, ids: torch.Tensor, seq_len: int, batch: int) -> Ch
         stress = (f" (also under Q/K scaled to scores ~{tolerances.stress_score(s.dtype):.0e})"
                   if "stressed" in evidence else "")
         worst = max(r["max_row_sum_error"] for r in records)
-        result = CheckResult("attention_rows", True, f"{n_heads} layer-heads: finite, rows sum to 1 "
-                             f"(worst error {worst:.1e}), exactly 0 on future keys{stress}",
-                             evidence, tolerances.FUTURE_PROBABILITY)
+        with_sinks = " with the sinks' share" if sunk else ""
+        result = CheckResult("attention_rows", True, f"{n_heads} layer-heads: finite, rows sum to 1"
+                             f"{with_sinks} (worst error {worst:.1e}), exactly 0 on future keys"
+                             f"{stress}", evidence, tolerances.FUTURE_PROBABILITY)
     result.arrays = arrays
     return result
 

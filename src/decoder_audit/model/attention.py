@@ -101,6 +101,21 @@ def rope_rotations(cfg: DecoderConfig, seq_len: int, device: torch.device,
                          (attention * angles.sin()).to(real_dtype))
 
 
+def query_scales(cfg: DecoderConfig, seq_len: int, device: torch.device, dtype: torch.dtype,
+                 positions: torch.Tensor | None = None) -> torch.Tensor:
+    """query_position_scale's multiplier 1 + beta * ln(1 + floor((pos + offset) / length)) of
+    each query, (T, 1) for pos = 0..T-1 or (..., 1, T, 1) for the given `positions` (..., T),
+    broadcast over heads and features: the floor in integers, the logarithm in float64, then
+    rounded to `dtype` (as the rotation table is)."""
+    scale = cfg.query_position_scale
+    beta, length, offset = scale["beta"], scale["length"], scale.get("offset", 0)
+    positions = (torch.arange(seq_len, device=device) if positions is None
+                 else positions.to(device=device, dtype=torch.long))  # (..., T)
+    steps = torch.div(positions + offset, length, rounding_mode="floor").to(torch.float64)
+    factor = (1.0 + beta * torch.log1p(steps)).to(dtype)  # (..., T)
+    return factor[..., None] if factor.dim() == 1 else factor[..., None, :, None]
+
+
 def apply_rope(x: torch.Tensor, rotations: torch.Tensor, layout: str = "interleaved"
                ) -> torch.Tensor:
     """Rotate the pairs of x (..., T, Dh) by the tabled angles (..., T, R/2), one complex
@@ -147,23 +162,40 @@ class CausalSelfAttention(nn.Module):
         widths = (d_q, d_kv) if self.norm_whole else (cfg.head_dim, cfg.head_dim)
         self.q_norm = kind(widths[0], **norm) if cfg.qk_norm else None
         self.k_norm = kind(widths[1], **norm) if cfg.qk_norm else None
+        # Hunyuan: the norms act on the rotated heads instead
+        self.norm_after_rope = cfg.qk_norm_position == "after_rope"
+        # a learned logit per head in every softmax row's denominator (GPT-OSS); zero at init,
+        # where it still takes exp(0) of each row's mass
+        self.sinks = nn.Parameter(torch.empty(cfg.n_heads, **factory)) if cfg.attn_sinks \
+            else None
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        if self.sinks is not None:
+            self.sinks.zero_()
 
     def _settings(self, cfg: DecoderConfig, layer: int) -> None:
         """What the attention core reads, the same for every way of making q, k and v."""
         self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.group, self.rope_layout = cfg.kv_group_size, cfg.rope_layout
         self.rotates = cfg.rotates(layer)  # False in a NoPE layer of a RoPE model
+        # Ministral 3: queries scaled by their position (the table comes with the call)
+        self.scales_queries = cfg.scales_queries(layer)
+        self.sinks: nn.Parameter | None = None  # attention sinks (CausalSelfAttention's own)
         # W (None: every earlier token), the score multiplier (None: 1/sqrt(Dh)), the soft cap
         self.window, self.score_scale, self.score_softcap = (cfg.window(layer), cfg.attn_scale,
                                                            cfg.attn_softcap)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
                 trace: Trace | None = None, prefix: str = "",
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None,
+                query_scale: torch.Tensor | None = None) -> torch.Tensor:
         """The full causal square: x (B, T, D) -> (B, T, D), fused or traced (eager); `bias`
-        (1|B, H, T, T) is added to the scores (ALiBi)."""
+        (1|B, H, T, T) is added to the scores (ALiBi); `query_scale` (T, 1): each position's
+        query multiplier (query_position_scale)."""
         q, k, v = self._project(x, rope)
-        if trace is None and self.score_softcap is None:
+        q = self._position_scaled(q, query_scale)
+        if trace is None and not self._needs_eager:
             band = self._band(q.shape[-2], q.device)  # None: plain causal
             if bias is not None:  # a float mask: the bias where a key is read, -inf elsewhere
                 allowed = band if band is not None else _causal(q.shape[-2], q.device)
@@ -171,9 +203,20 @@ class CausalSelfAttention(nn.Module):
             z = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=band, is_causal=band is None, scale=self.score_scale,
                 enable_gqa=self.kv_heads != self.n_heads)
-        else:  # SDPA cannot soft-cap scores: the explicit path
+        else:  # SDPA cannot soft-cap scores nor take a sink: the explicit path
             z = self._eager(q, k, v, trace, prefix, bias)
         return self._merge(z)
+
+    def _position_scaled(self, q: torch.Tensor, query_scale: torch.Tensor | None
+                         ) -> torch.Tensor:
+        """q (B, H, T, Dh) times each position's multiplier (T, 1) or (B|1, 1, T, 1) in a layer
+        whose queries query_position_scale scales (after RoPE and the q/k norms)."""
+        return q if query_scale is None or not self.scales_queries else q * query_scale
+
+    @property
+    def _needs_eager(self) -> bool:
+        """Scores SDPA cannot compute: soft-capped, or a softmax with a sink."""
+        return self.score_softcap is not None or self.sinks is not None
 
     def _band(self, seq_len: int, device: torch.device) -> torch.Tensor | None:
         """(T, T) True where query t may read key s: s <= t and t - s < W; None where the
@@ -186,17 +229,19 @@ class CausalSelfAttention(nn.Module):
 
     def attend(self, x: torch.Tensor, rope: torch.Tensor | None, allowed: torch.Tensor | None,
                cache: KVCache | None = None, layer: int = 0,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None = None,
+               query_scale: torch.Tensor | None = None) -> torch.Tensor:
         """The generation path: x (B, T, D) holds new tokens; with a cache they read every key
         it holds too. `allowed` (B|1, 1, T, S) says which keys each query reads; None means
         is_causal for a square (no cache yet) or no mask for one new token (cache.py). `bias`
         (B|1, H, T, S): ALiBi's, for the keys the cache holds and the new ones."""
         q, k, v = self._project(x, rope)
+        q = self._position_scaled(q, query_scale)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, Hkv, S, Dh): every filled slot
         if bias is not None and allowed is None:
             allowed = bottom_right_causal(q.shape[-2], k.shape[-2], q.device)
-        if self.score_softcap is None:
+        if not self._needs_eager:
             mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
             z = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None and q.shape[-2] > 1,
@@ -206,7 +251,7 @@ class CausalSelfAttention(nn.Module):
                 allowed = bottom_right_causal(q.shape[-2], k.shape[-2], q.device)
             z, _, _ = eager_attention(q, k.repeat_interleave(self.group, dim=1),
                                       v.repeat_interleave(self.group, dim=1), allowed,
-                                      self.score_scale, self.score_softcap, bias)
+                                      self.score_scale, self.score_softcap, bias, self.sinks)
         return self._merge(z)
 
     def _project(self, x: torch.Tensor, rope: torch.Tensor | None
@@ -219,10 +264,13 @@ class CausalSelfAttention(nn.Module):
         k = k.view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq_len, self.kv_heads, self.head_dim).transpose(1, 2)
         # q (B, H, T, Dh); k, v (B, Hkv, T, Dh)
-        if self.q_norm is not None and not self.norm_whole:
+        per_head = self.q_norm is not None and not self.norm_whole
+        if per_head and not self.norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None and self.rotates:
             q, k = apply_rope(q, rope, self.rope_layout), apply_rope(k, rope, self.rope_layout)
+        if per_head and self.norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
 
     def _merge(self, z: torch.Tensor) -> torch.Tensor:
@@ -241,12 +289,14 @@ class CausalSelfAttention(nn.Module):
         seq_len = q.shape[-2]
         band = self._band(seq_len, q.device)
         allowed = band if band is not None else _causal(seq_len, q.device)  # (T, T)
-        z, scores, pattern = eager_attention(q, k, v, allowed, self.score_scale,
-                                             self.score_softcap, bias)
+        z, scores, pattern, sink = attention_rows(q, k, v, allowed, self.score_scale,
+                                                  self.score_softcap, bias, self.sinks)
         if trace is not None:
             for name, value in (("q", q), ("k", k[:, ::group]), ("v", v[:, ::group]),
                                 ("scores", scores), ("pattern", pattern), ("z", z)):
                 trace.record(f"{prefix}.{name}", value)
+            if sink is not None:  # the share of each row the sink took (B, H, T)
+                trace.record(f"{prefix}.sink", sink)
         return z
 
 
@@ -314,14 +364,27 @@ def _causal(seq_len: int, device: torch.device) -> torch.Tensor:
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                     scale: float | None = None, softcap: float | None = None,
-                    bias: torch.Tensor | None = None
+                    bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale, masked) v for q (..., Tq, Dh), k and v (..., Tk, Dh), and a
     boolean `allowed` (..., Tq, Tk) where True means "may attend" (SDPA's convention, the
     opposite of nn.MultiheadAttention's); scale None is 1/sqrt(Dh); a `bias` (..., Tq, Tk) is
     added to the scaled scores (ALiBi), and a `softcap` c turns the scores into
-    c * tanh(scores / c) after it. Returns (z, scores, pattern); a disallowed key gets -inf,
-    hence exactly zero probability. Every query row must allow at least one key."""
+    c * tanh(scores / c) after it; `sinks` (H,): a logit per head joins each row's denominator
+    (`attention_rows`). Returns (z, scores, pattern); a disallowed key gets -inf, hence exactly
+    zero probability. Every query row must allow at least one key."""
+    z, scores, pattern, _ = attention_rows(q, k, v, allowed, scale, softcap, bias, sinks)
+    return z, scores, pattern
+
+
+def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                   scale: float | None = None, softcap: float | None = None,
+                   bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`eager_attention`'s (z, scores, pattern) and the sink's share of each row (..., Tq), None
+    without sinks. With sinks (H,) for q (B, H, Tq, Dh), head h's rows are softmaxed over their
+    keys and one more logit, sinks[h], whose column is then dropped (it has no value): the
+    pattern over the keys sums to 1 minus the sink's share."""
     products = q @ k.transpose(-2, -1)  # (..., Tq, Tk)
     scores = products / math.sqrt(q.shape[-1]) if scale is None else products * scale
     if bias is not None:
@@ -330,5 +393,11 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: 
         scores = softcap * torch.tanh(scores / softcap)
     masked = scores.masked_fill(~allowed, float("-inf"))
     # softmax in at least float32 so low-precision models still sum to one
-    pattern = masked.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
-    return pattern @ v, scores, pattern  # z (..., Tq, Dh)
+    wide = torch.promote_types(q.dtype, torch.float32)
+    if sinks is None:
+        pattern = masked.softmax(-1, dtype=wide).to(q.dtype)
+        return pattern @ v, scores, pattern, None  # z (..., Tq, Dh)
+    column = sinks.to(masked.dtype)[:, None, None].expand(*masked.shape[:-1], 1)  # (.., Tq, 1)
+    rows = torch.cat((masked, column), dim=-1).softmax(-1, dtype=wide)  # (..., Tq, Tk + 1)
+    pattern = rows[..., :-1].to(q.dtype)
+    return pattern @ v, scores, pattern, rows[..., -1].to(q.dtype)

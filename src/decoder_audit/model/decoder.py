@@ -42,7 +42,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config import DecoderConfig
 from ..errors import ContextLengthError, InputShapeError, TokenIdError
-from .attention import CausalSelfAttention, LatentAttention, rope_rotations
+from .attention import CausalSelfAttention, LatentAttention, query_scales, rope_rotations
 from .cache import KVCache, attention_allowed, check_mask, windowed_allowed
 from .layers import INIT_STD, Embedding, Linear, make_norm
 from .mlp import FeedForward, RoutedExperts
@@ -141,17 +141,21 @@ class Block(nn.Module):
     def forward(self, resid_pre: torch.Tensor, rope, trace: Trace | None = None,
                 prefix: str = "", *, allowed: torch.Tensor | None = None,
                 cache: KVCache | None = None, layer: int = 0,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`bias`: ALiBi's score bias (1|B, H, T, S), or None."""
+                bias: torch.Tensor | None = None,
+                query_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """`bias`: ALiBi's score bias (1|B, H, T, S), or None; `query_scale`: each query's
+        multiplier by its position (query_position_scale), or None."""
         pre = not self.post_norm  # a post-norm block's sublayers read the stream itself
         normed = self.ln1(resid_pre) if self.ln1 is not None and pre else resid_pre
         _record(trace, f"{prefix}.ln1", normed)
-        # ALiBi's bias only where there is one (an attention written without it still runs)
-        alibi = {} if bias is None else {"bias": bias}
+        # ALiBi's bias and Ministral 3's query scale only where there is one (an attention
+        # written without them still runs)
+        extra = {name: value for name, value in (("bias", bias), ("query_scale", query_scale))
+                 if value is not None}
         if allowed is None and cache is None:  # the full causal square
-            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn", **alibi)
+            attn_out = self.attn(normed, rope, trace, f"{prefix}.attn", **extra)
         else:  # padded or cached: the generation path (same weights)
-            attn_out = self.attn.attend(normed, rope, allowed, cache, layer, **alibi)
+            attn_out = self.attn.attend(normed, rope, allowed, cache, layer, **extra)
         if self.ln1_post is not None:
             attn_out = self.ln1_post(attn_out)
         if self.residual_multiplier != 1.0:
@@ -354,6 +358,9 @@ class Decoder(nn.Module):
         # Gemma 3's windowed layers turn by their own base
         rope_windowed = (self._rotations(positions, seq_len, x, windowed=True)
                          if cfg.window_rope_theta is not None else rope)
+        # Ministral 3: each query's multiplier by its position, for the layers that scale
+        scales = (None if cfg.query_position_scale is None else
+                  query_scales(cfg, seq_len, x.device, x.dtype, positions))
         recompute = (self.gradient_checkpointing and self.training and torch.is_grad_enabled()
                      and trace is None and cache is None)
         windowed = None  # what a windowed layer's queries may read on the generation path
@@ -365,10 +372,10 @@ class Decoder(nn.Module):
             turns = rope_windowed if block.attn.window is not None else rope
             if recompute:  # keep only each block's input; its activations are recomputed in backward
                 x = checkpoint(block, x, turns, None, f"layers.{i}", allowed=reads, layer=i,
-                               bias=bias, use_reentrant=False)
+                               bias=bias, query_scale=scales, use_reentrant=False)
             else:
                 x = block(x, turns, trace, f"layers.{i}", allowed=reads, cache=cache, layer=i,
-                          bias=bias)
+                          bias=bias, query_scale=scales)
         if last_only:
             x = x[:, -1:]  # (B, 1, D): generation reads the next-token row only
         if self.ln_final is not None:

@@ -44,6 +44,15 @@ _ACTIVATIONS = {
 }
 
 
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float
+                   ) -> torch.Tensor:
+    """GPT-OSS's gated unit: the gate clamped above at `limit`, the up projection to [-limit,
+    limit], then (up + 1) * g * sigmoid(alpha * g)."""
+    gate = gate.clamp(max=limit)
+    up = up.clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(alpha * gate)
+
+
 class XIELU(nn.Module):
     """Apertus' xIELU (Huang et al. 2024), learned per layer: a_p = softplus(alpha_p) and
     a_n = 1/2 + softplus(alpha_n); x > 0 gives a_p x^2 + x/2, otherwise
@@ -81,30 +90,39 @@ class FeedForward(nn.Module):
     many rows come with it."""
 
     def __init__(self, cfg: DecoderConfig, *, residual_std: float, width: int | None = None,
-                 rowwise: bool = False, **factory) -> None:
+                 rowwise: bool = False, biased: bool | None = None, **factory) -> None:
         super().__init__()
         self.rowwise = rowwise
+        self.clamped = (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.mlp == "swiglu_clamped" \
+            else None  # GPT-OSS's (alpha, limit)
         # a learned activation is a module of its own (its weights ffn.act.*)
         self.act = XIELU(**factory) if cfg.mlp == "xielu" else None
-        self.activation = _ACTIVATIONS.get(cfg.mlp)
-        D, F_, bias = cfg.d_model, cfg.d_ff if width is None else width, cfg.has_bias
-        self.w1 = Linear(D, F_, bias("w1"), init_std=INIT_STD, **factory)  # per matrix biases
+        self.activation = (self._clamped_unit if self.clamped is not None
+                           else _ACTIVATIONS.get(cfg.mlp))
+        D, F_ = cfg.d_model, cfg.d_ff if width is None else width
+        # per matrix biases (mlp_bias); `biased`: every matrix or none (a routed expert's)
+        bias = cfg.has_bias if biased is None else (lambda name: biased)
+        self.w1 = Linear(D, F_, bias("w1"), init_std=INIT_STD, **factory)
         # writes into the residual stream
         self.w2 = Linear(F_, D, bias("w2"), init_std=residual_std, **factory)
         self.w3 = Linear(D, F_, bias("w3"), init_std=INIT_STD, **factory) if cfg.gated else None
+
+    def _clamped_unit(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return clamped_swiglu(gate, up, *self.clamped)
 
     def forward(self, x: torch.Tensor, trace: Trace | None = None,
                 prefix: str = "") -> torch.Tensor:
         linear = _rowwise if self.rowwise else (lambda layer, rows: layer(rows))
         gate = linear(self.w1, x)  # (B, T, F), an expert's (n, Fe)
-        if self.act is not None:  # learned (dense layers only: never rowwise)
-            hidden = self.act(gate)
-        elif self.rowwise:  # in float64, rounded once (see the note above _rowwise)
-            hidden = self.activation(gate.double()).to(gate.dtype)
-        else:
-            hidden = self.activation(gate)
-        if self.w3 is not None:
-            hidden = hidden * linear(self.w3, x)
+        # a routed expert's activation in float64, rounded once (see the note above _rowwise)
+        wide = (lambda t: t.double()) if self.rowwise else (lambda t: t)
+        if self.clamped is not None:  # the up projection goes inside the clamped unit
+            hidden = self.activation(wide(gate), wide(linear(self.w3, x))).to(gate.dtype)
+        else:  # a learned activation is a dense layer's only: never rowwise
+            hidden = self.act(gate) if self.act is not None else \
+                self.activation(wide(gate)).to(gate.dtype)
+            if self.w3 is not None:
+                hidden = hidden * linear(self.w3, x)
         _record(trace, f"{prefix}.hidden", hidden)
         return linear(self.w2, hidden)
 
@@ -154,6 +172,9 @@ class Router(nn.Module):
     def __init__(self, cfg: DecoderConfig, **factory) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(cfg.n_experts, cfg.d_model, **factory))  # (E, D)
+        # GPT-OSS's bias on the logits (E,): it chooses and weighs, unlike the selection bias
+        self.bias = nn.Parameter(torch.empty(cfg.n_experts, **factory)) if cfg.router_bias \
+            else None
         self.selection_bias = nn.Parameter(torch.empty(cfg.n_experts, **factory),
                                            requires_grad=False) \
             if cfg.router_selection_bias else None
@@ -161,11 +182,12 @@ class Router(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         self.weight.normal_(0.0, INIT_STD)
-        if self.selection_bias is not None:
-            self.selection_bias.zero_()
+        for bias in (self.bias, self.selection_bias):
+            if bias is not None:
+                bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)  # (..., E)
+        return F.linear(x, self.weight, self.bias)  # (..., E)
 
 
 class RoutedExperts(nn.Module):
@@ -177,7 +199,7 @@ class RoutedExperts(nn.Module):
         self.router = Router(cfg, **factory)
         self.experts = nn.ModuleList(
             FeedForward(cfg, residual_std=residual_std, width=cfg.expert_dim, rowwise=True,
-                        **factory) for _ in range(cfg.n_experts))
+                        biased=cfg.expert_bias, **factory) for _ in range(cfg.n_experts))
         self.shared = (FeedForward(cfg, residual_std=residual_std, width=cfg.shared_dim,
                                    **factory) if cfg.n_shared_experts else None)
         # Qwen2-MoE: the shared experts' output scaled by sigmoid(w_g . x), (1, D)
@@ -250,24 +272,37 @@ class RoutedExperts(nn.Module):
         shared = self.shared(tokens)  # (N, D)
         if self.shared_gate is not None:
             shared = shared * torch.sigmoid(self.shared_gate(tokens))  # (N, 1) gate
+        if self.cfg.shared_expert_scale != 1.0:  # Cohere 2 MoE's average: (routed + shared) / 2
+            shared = shared * self.cfg.shared_expert_scale
         return shared
 
     def _gathered(self, tokens: torch.Tensor, chosen: torch.Tensor,
                   weights: torch.Tensor) -> torch.Tensor:
         """The same sum with every token's k experts' matrices gathered, (N, k, Fe, D): shapes
         that do not depend on the routing (the meta device's path)."""
-        def stacked(name: str) -> torch.Tensor:  # (E, out, in)
+        def stacked(name: str, part: str = "weight") -> torch.Tensor:  # (E, out, in), (E, out)
+            one = getattr(getattr(self.experts[0], name), part)
+            if one is None:  # no bias
+                return None
             if tokens.device.type == "meta":  # no values to stack: one expert's shape, E times
-                return getattr(self.experts[0], name).weight.expand(len(self.experts), -1, -1)
-            return torch.stack([getattr(expert, name).weight for expert in self.experts])
+                return one.expand(len(self.experts), *one.shape)
+            return torch.stack([getattr(getattr(expert, name), part) for expert in self.experts])
 
-        act = self.experts[0].activation
-        x = tokens[:, None, None, :]  # (N, 1, 1, D)
-        hidden = act((x @ stacked("w1")[chosen].transpose(-1, -2)).squeeze(-2))  # (N, k, Fe)
-        if self.experts[0].w3 is not None:
-            hidden = hidden * (x @ stacked("w3")[chosen].transpose(-1, -2)).squeeze(-2)
-        out = (hidden[..., None, :] @ stacked("w2")[chosen].transpose(-1, -2)).squeeze(-2)
-        return (out * weights[..., None]).sum(1)  # (N, k, D) -> (N, D)
+        def product(name: str, rows: torch.Tensor) -> torch.Tensor:  # rows (N, k, in)
+            out = (rows[..., None, :] @ stacked(name)[chosen].transpose(-1, -2)).squeeze(-2)
+            bias = stacked(name, "bias")
+            return out if bias is None else out + bias[chosen]  # (N, k, out)
+
+        first = self.experts[0]
+        x = tokens[:, None, :].expand(-1, chosen.shape[1], -1)  # (N, k, D)
+        gate = product("w1", x)  # (N, k, Fe)
+        if first.clamped is not None:
+            hidden = first.activation(gate, product("w3", x))
+        else:
+            hidden = first.activation(gate)
+            if first.w3 is not None:
+                hidden = hidden * product("w3", x)
+        return (product("w2", hidden) * weights[..., None]).sum(1)  # (N, k, D) -> (N, D)
 
 
 def _within_capacity(chosen: torch.Tensor, n_experts: int, capacity: int) -> torch.Tensor:

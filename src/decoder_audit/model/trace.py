@@ -32,6 +32,7 @@ BLOCK_SITES: dict[str, Shape] = {  # each under "layers.{i}."
     "attn.v": ("B", "Hkv", "T", "Dv"),  # Dv = Dh but in latent attention
     "attn.scores": ("B", "H", "T", "T"),  # scaled (plus ALiBi's bias), before the mask
     "attn.pattern": ("B", "H", "T", "T"),  # softmax rows; zero above the diagonal
+    "attn.sink": ("B", "H", "T"),  # the sink's share of each row (attn_sinks only)
     "attn.z": ("B", "H", "T", "Dv"),  # pattern @ v, per head
     "attn.out": ("B", "T", "D"),  # after output_proj
     "resid_mid": ("B", "T", "D"),
@@ -56,7 +57,8 @@ def declared_shapes(cfg: DecoderConfig) -> dict[str, Shape]:
              if name != "positions" or cfg.pos in ("learned", "sinusoidal")}
     for i in range(cfg.n_layers):
         sites.update({f"layers.{i}.{name}": shape for name, shape in BLOCK_SITES.items()
-                      if name != "ffn.hidden" or not cfg.routes(i)})
+                      if (name != "ffn.hidden" or not cfg.routes(i))
+                      and (name != "attn.sink" or cfg.attn_sinks)})
         if cfg.routes(i):  # a routed layer records its router instead of one hidden layer
             sites.update({f"layers.{i}.{name}": shape for name, shape in ROUTED_SITES.items()})
     sites.update(OUTPUT_SITES)

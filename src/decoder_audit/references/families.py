@@ -16,7 +16,9 @@ rotated halves, no biases unless `attention_bias` / `mlp_bias` say so), then tak
                  config says (OLMo's norms learn nothing: norm_affine=False);
     read         DecoderConfig fields read from the config: the attribute that holds each (a
                  name, or names tried in order until one is set), or a function of the config
-                 where the family derives it (Gemma's embedding scale sqrt(D));
+                 where the family derives it (Gemma's embedding scale sqrt(D)); a RoPE field
+                 read here (Granite SWA's per-layer bases) takes the place of the RoPE reader's
+                 where it is not None;
     activations  the config's activation names the family's MLP computes, each as our `mlp`;
     refused      config attributes the family's modules read that no DecoderConfig expresses,
                  each with why: set (truthy), the config is refused naming it, and the model is
@@ -44,18 +46,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import ConfigError
+from .family_errors import InvalidHFConfig, Unexpressed
+from .family_reads import (SWA_READ, cohere2_moe_average, cohere2_moe_dense_width,
+                           cohere2_moe_nope, cohere2_moe_prefix, cohere2_moe_scoring,
+                           cohere2_moe_write, hunyuan_experts, hunyuan_topk,
+                           ministral3_query_scale, ministral3_write, ntk_alpha, swa_write,
+                           windowed_rope_only)
 from .hf_windows import layer_kinds
-
-
-class InvalidHFConfig(ConfigError):
-    """A config whose values no model computes with (not one we merely cannot express): the
-    model is refused, never audited as a black box."""
-
-
-class Unexpressed(Exception):
-    """Raised by an entry's function of the config: what it reads is not expressed (the
-    message names the field and its value); the reader lists it among the refusals."""
 
 
 Source = str | tuple[str, ...] | Callable[[Any], Any]
@@ -91,9 +88,9 @@ class Family:
     family's attention applies it, or a window it declares and ignores is a defect to find."""
     experts: str | None = None
     """How its routed experts are declared: "mixtral", "qwen_moe", "olmoe", "deepseek_v3",
-    "deepseek_v2", "ernie", "kolibri" (the router's form, a label: its fields are `fixed` and
-    `read`, but in a latent block, where "deepseek_v3" / "deepseek_v2" choose `hf_latent`'s
-    reading), None for a dense MLP."""
+    "deepseek_v2", "ernie", "kolibri", "gpt_oss", "hunyuan", "granitemoe", "cohere2_moe"
+    (the router's form, a label: its fields are `fixed` and `read`, but in a latent block,
+    where "deepseek_v3" / "deepseek_v2" choose `hf_latent`'s reading), None for a dense MLP."""
     refused: tuple[tuple, ...] = ()
     """(config attribute, why[, rule]): the option the family's modules read and no
     DecoderConfig expresses, refused where rule(value) holds (default: the value is truthy)."""
@@ -108,7 +105,8 @@ class Family:
     `hf_families` with its own layout kept."""
     write: Callable[[Any, type], dict[str, Any]] | None = None
     """The config fields for what the entry reads through a function of the config, from a
-    DecoderConfig and the config class (the inverse of those functions, for the writer)."""
+    DecoderConfig and the config class (the inverse of those functions, for the writer); a dict
+    it gives for a field the writer fills too (rope_parameters) adds the keys that one lacks."""
     layout_written: bool = True
     """Written by `hf_families` with the layouts (False: only the rename tables write it,
     GPT-2 and a plain Llama; Mistral is both, the tables for a windowless config)."""
@@ -123,6 +121,10 @@ class Family:
     """The name of the layout (`layouts.LAYOUTS`) its weights lie in, where the names alone do
     not tell it from another's (GPT-BigCode's c_attn is GPT-2's name and shape, its rows in
     another order); None: detected from the names."""
+    rope_form: Callable[[dict, Any], dict] | None = None
+    """The family's own RoPE form rewritten as a standard one before it is read: (the config's
+    rope_parameters, the config) -> rope_parameters (Hunyuan's "dynamic" with an alpha is a
+    static base, NTK-stretched once)."""
 
     def fixes(self) -> dict[str, Any]:
         """Every field the family fixes: Llama's (for a Llama-derived block), then its own."""
@@ -960,6 +962,75 @@ FAMILIES: tuple[Family, ...] = (
     # ---- dense Llama-named families (helper fam-llama) ----
     *LLAMA_NAMED,
     *_POSITION_FAMILIES,  # helper fam-positions
+    # ---- sinks, the clamped SwiGLU, biased routers and experts, q/k norms after RoPE,
+    # position-scaled queries (helper fam-sinks) ----
+    # GPT-OSS: sinks in every layer, alternating windows, YaRN; the router's biased logits, top
+    # k of them, then their softmax; experts with biases on the clamped SwiGLU (its config's
+    # hidden_act is read by no module: silu is the only value taken, the experts compute theirs)
+    llama("gpt_oss", "GptOssForCausalLM", experts="gpt_oss",
+          activations={"silu": "swiglu_clamped"},
+          fixed={"router_scoring": "softmax", "router_order": "topk_score",
+                 "normalize_topk": True, "attn_sinks": True, "router_bias": True,
+                 "expert_bias": True, "mlp_bias": False},
+          read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                "swiglu_alpha": "swiglu_alpha", "swiglu_limit": "swiglu_limit"}),
+    # Hunyuan: per-head q/k RMSNorms on the rotated heads; no window (Llama's model); its
+    # "dynamic" RoPE with an alpha a static NTK base; the MoE's router (softmax, top k,
+    # renormalised) in front of E experts and one shared MLP, all intermediate_size wide
+    llama("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", windows=False, rope_form=ntk_alpha,
+          fixed={"qk_norm": True, "qk_norm_position": "after_rope", "mlp_bias": False}),
+    llama("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", windows=False, rope_form=ntk_alpha,
+          experts="hunyuan",
+          fixed={**_ROUTED["fixed"], "qk_norm": True, "qk_norm_position": "after_rope",
+                 "mlp_bias": False, "normalize_topk": True, "n_shared_experts": 1},
+          read={"n_experts": hunyuan_experts, "experts_per_token": hunyuan_topk},
+          write=lambda cfg, cls: {"num_experts": cfg.n_experts, "moe_topk": cfg.experts_per_token}),
+    # Ministral 3: Mistral's block, each query times 1 + beta ln(1 + floor(pos / L)) after RoPE
+    llama("ministral3", "Ministral3ForCausalLM", write=ministral3_write,
+          read={"query_position_scale": ministral3_query_scale}),
+    # Granite SWA: Granite's multipliers, sinks in every layer, windows on layer_types, a RoPE
+    # base per layer (0: NoPE); GraniteMoe SWA: its routed block (top k of the logits, then
+    # their softmax) and optional shared MLP
+    llama("granite_swa", "GraniteSWAForCausalLM", write=swa_write,
+          fixed={"attn_sinks": True}, read=SWA_READ),
+    llama("granitemoe_swa", "GraniteMoeSWAForCausalLM", experts="granitemoe", write=swa_write,
+          fixed={"attn_sinks": True, "router_scoring": "softmax", "router_order": "topk_score",
+                 "normalize_topk": True, "mlp_bias": False},
+          read={**SWA_READ, "n_experts": "num_local_experts",
+                "experts_per_token": "num_experts_per_tok",
+                "n_shared_experts": lambda c: 1 if c.shared_intermediate_size else 0,
+                "shared_expert_width": lambda c: c.shared_intermediate_size or None}),
+    # Flint: Qwen3-MoE's attention with sinks, RoPE only in its windowed layers; sigmoid
+    # routing, an ungated shared expert, dense layers first
+    llama("flint", "FlintForCausalLM", experts="qwen_moe", write=_qwen_moe_write,
+          fixed={"qk_norm": True, "attn_sinks": True, "router_scoring": "sigmoid",
+                 "router_order": "score_topk", "n_shared_experts": 1},
+          read={**_QWEN_MOE, "shared_expert_width": "shared_expert_intermediate_size",
+                "nope_layers": windowed_rope_only}),
+    # Cohere 2 MoE: Cohere 2's parallel block with one norm (RMSNorm where rms_norm_eps is set,
+    # else a LayerNorm without shift), interleaved RoPE only in the windowed and dense-prefix
+    # layers, logits times logit_scale; top k of the logits, then their softmax (or sigmoids,
+    # renormalised), shared experts intermediate_size wide each, averaged with the routed sum
+    # (its own block: the norm's kind is read, not Llama's RMSNorm)
+    Family("cohere2_moe", "Cohere2MoeForCausalLM", block="cohere", experts="cohere2_moe",
+           write=cohere2_moe_write,
+           fixed={"pos": "rope", "parallel_residual": True, "shared_norm": True,
+                  "rope_layout": "interleaved", "router_order": "topk_score", "mlp_bias": False},
+           read={"attn_bias": "attention_bias",
+                 "norm": lambda c: "layernorm" if c.rms_norm_eps is None else "rmsnorm",
+                 "norm_eps": lambda c: c.layer_norm_eps if c.rms_norm_eps is None
+                 else c.rms_norm_eps,
+                 "norm_bias": lambda c: c.rms_norm_eps is not None,
+                 "logit_scale": "logit_scale", "n_experts": "num_experts",
+                 "experts_per_token": "num_experts_per_tok", "expert_width": "intermediate_size",
+                 "d_ff": cohere2_moe_dense_width, "first_dense_layers": cohere2_moe_prefix,
+                 "router_scoring": cohere2_moe_scoring,
+                 "normalize_topk": lambda c: c.expert_selection_fn == "softmax"
+                 or c.norm_topk_prob,
+                 "n_shared_experts": "num_shared_experts",
+                 "routed_scaling": lambda c: cohere2_moe_average(c) or 1.0,
+                 "shared_expert_scale": lambda c: cohere2_moe_average(c) or 1.0,
+                 "nope_layers": cohere2_moe_nope}),
 )
 """Every family read as a spec, in the order the writer tries them: where two families read
 back the same DecoderConfig the first is written (Mistral before Phi-3 and Qwen2 for a plain
@@ -1000,6 +1071,11 @@ _SEQ2SEQ = ("the decoder of an encoder-decoder family: cross-attention blocks, a
 _SPARSE_INDEX = ("a learned indexer choosing each query's keys (DeepSeek sparse attention), "
                  "beside latent attention")
 _GEMMA_3N = "key/value sharing across layers, per-layer inputs and AltUp (Gemma 3n, Gemma 4)"
+
+_LLAMA4 = ("chunked attention (its RoPE layers read only their own attention_chunk_size block), "
+           "a weightless L2 norm of q and k in its RoPE layers only, experts fed the router's "
+           "score times the token (router weight on the input), and a query temperature counted "
+           "in cache slots, not positions")
 
 BLACK_BOX: Mapping[str, str] = MappingProxyType({
     # hybrids, recurrent and state-space models
@@ -1043,7 +1119,7 @@ BLACK_BOX: Mapping[str, str] = MappingProxyType({
     "afmoe": "a gated attention output (the heads times a sigmoid of x) and NoPE layers",
     "laguna": "a gated attention output, heads per layer, a soft-capped router",
     "mimo_v2_flash": "value heads of another width, a value scale, windowed layers with their "
-                     "own key/value heads, attention sinks",
+                     "own key/value heads, attention sinks in the windowed layers only",
     "beam": "a gated attention output, query scaling by position, a depth-scaled residual",
     "axk1": "a norm on the routed MLP's output only",
     "nanochat": "norms without gains, a norm of the embeddings, RoPE turned the other way",
@@ -1058,6 +1134,9 @@ BLACK_BOX: Mapping[str, str] = MappingProxyType({
     "moshi": "multi-codebook audio streams", "musicgen": "multi-codebook audio streams",
     "musicgen_melody": "multi-codebook audio streams",
     "csm": "two stacks fed by audio codebooks",
+    # ---- helper fam-sinks: what Llama 4 has beyond NoPE layers, position-scaled queries,
+    # shared experts and experts stored in -> out (all expressed) ----
+    **{t: _LLAMA4 for t in ("llama4_text", "llama4")},
 })
 """model_type -> what its decoder has that no DecoderConfig expresses: the families audited
 black-box on purpose (`hf.hf_reference` says why; docs/conformance.md lists them). A family

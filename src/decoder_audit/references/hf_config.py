@@ -151,7 +151,8 @@ _NUMBERS = ("norm_eps", "attn_scale", "attn_softcap", "logit_softcap", "embeddin
 ROUTED_FIELDS = ("n_experts", "experts_per_token", "expert_width", "n_shared_experts",
                  "shared_expert_width", "shared_expert_gate", "router_scoring", "router_order",
                  "normalize_topk", "router_selection_bias", "expert_groups", "groups_per_token",
-                 "group_score", "routed_scaling", "first_dense_layers", "moe_every")
+                 "group_score", "routed_scaling", "first_dense_layers", "moe_every",
+                 "router_bias", "expert_bias", "shared_expert_scale")
 
 
 def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
@@ -173,11 +174,15 @@ def config_from_hf(hf_config: Any, family: str | None = None) -> DecoderConfig:
         fields = latent_fields(hf_config, entry, problems)
     else:
         fields = {**_sizes(hf_config, entry.grouped), "mlp": _mlp(hf_config, entry, problems)}
-    for name, source in entry.reads().items():
-        fields[name] = _cast(name, read_source(hf_config, source, problems))
+    read = {name: _cast(name, read_source(hf_config, source, problems))
+            for name, source in entry.reads().items()}
+    fields.update(read)
     fields.update(entry.fixes())
     if entry.block != "latent":
-        fields.update(_positions(hf_config, entry, fields, problems))
+        # a RoPE field the entry reads itself (Granite SWA's per-layer bases) where it gives one
+        fields.update({name: value for name, value in _positions(hf_config, entry, fields,
+                                                                 problems).items()
+                       if read.get(name) is None})
     problems += refusals(hf_config, entry)
     _routed(fields, hf_config, entry)
     _refuse(entry.model_type, problems)
@@ -393,7 +398,9 @@ def hf_family(cfg: DecoderConfig) -> str:
 # (each later field a DecoderConfig grows for another family joins this list)
 _BEYOND_THE_CONVERTER = ("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
                          "position_offset", "latent_norm_eps", "embedding_norm", "post_norm",
-                         "final_norm", "qk_norm_kind")
+                         "final_norm", "qk_norm_kind", "attn_sinks", "qk_norm_position",
+                         "query_position_scale", "swiglu_alpha", "swiglu_limit", "router_bias",
+                         "expert_bias", "shared_expert_scale")
 
 
 def config_to_hf(cfg: DecoderConfig) -> Any:

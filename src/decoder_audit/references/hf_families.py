@@ -106,13 +106,14 @@ def _written(model_class: type, family: Family, cfg: DecoderConfig) -> Any:
     """The family's config for cfg, or None when it does not read back as cfg."""
     config_class = model_class.config_class
     try:
-        config = config_class(**config_fields(cfg, config_class, family),
-                              vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
-                              num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                              intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_seq_len,
-                              tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None,
-                              eos_token_id=None, pad_token_id=None,
-                              attn_implementation=ATTN_IMPLEMENTATION)
+        shared = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
+                      num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                      intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_seq_len,
+                      tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None,
+                      eos_token_id=None, pad_token_id=None,
+                      attn_implementation=ATTN_IMPLEMENTATION)
+        # the family's own fields win (Cohere 2 MoE's intermediate_size is its experts' width)
+        config = config_class(**{**shared, **config_fields(cfg, config_class, family)})
         back = config_from_hf(config, family.model_type)
     except Exception:  # noqa: BLE001 - the family's config refuses the fields (each family
         return None    # raises its own validation error types): it cannot hold cfg
@@ -162,7 +163,10 @@ def config_fields(cfg: DecoderConfig, config_class: type, family: Family) -> dic
         if isinstance(source, (str, tuple)):
             fields[source if isinstance(source, str) else source[0]] = getattr(cfg, name)
     if family.write is not None:
-        fields.update(family.write(cfg, config_class))
+        for name, value in family.write(cfg, config_class).items():
+            if isinstance(value, dict) and isinstance(fields.get(name), dict):
+                value = {**value, **fields[name]}  # Ministral 3's query scale beside RoPE's
+            fields[name] = value
     if family.windows:
         fields.update(_windows(cfg, config_class, family))
     return fields

@@ -38,6 +38,8 @@ def rope_fields(c: Any, family: Family, head_dim: int, problems: list[str]) -> d
     release holds them (`rope_parameters_of`), appending what we cannot express to `problems`;
     window_rope_theta where the windowed layers turn on a base of their own."""
     rope = rope_parameters_of(c, family)
+    if family.rope_form is not None:  # the family's own form, as a standard one
+        rope = family.rope_form(rope, c)
     field = "rope_parameters" if holds_rope_parameters(type(c)) else "rope_scaling"
     window_theta = None
     if "full_attention" in rope:  # per layer type (Gemma 3): the windowed layers' own base

@@ -118,13 +118,20 @@ def expected_weights(spec: DecoderConfig) -> dict[str, tuple[int, ...]]:
             shapes.update({f"{p}.{name}.{part}": (d,) for part in norm})
         for name, shape in {**matrices, **_mlp_matrices(spec, i)}.items():
             shapes[f"{p}.{name}.weight"] = shape
-            if spec.has_bias(name.split(".")[-1]):  # each projection's own (attn_bias, mlp_bias)
+            # each projection's own (attn_bias, mlp_bias); a routed expert's, expert_bias
+            biased = spec.expert_bias if name.startswith("ffn.experts.") else \
+                spec.has_bias(name.split(".")[-1])
+            if biased:
                 shapes[f"{p}.{name}.bias"] = shape[:1]
+        if spec.attn_sinks:
+            shapes[f"{p}.attn.sinks"] = (spec.n_heads,)
         if spec.latent_attention:
             shapes.update({f"{p}.{name}": shape for name, shape in _latent_weights(spec).items()})
         shapes.update(_activation_weights(spec, i))
         if spec.routes(i):
             shapes[f"{p}.ffn.router.weight"] = (spec.n_experts, d)
+            if spec.router_bias:
+                shapes[f"{p}.ffn.router.bias"] = (spec.n_experts,)
             if spec.router_selection_bias:
                 shapes[f"{p}.ffn.router.selection_bias"] = (spec.n_experts,)
             if spec.shared_expert_gate:
@@ -223,6 +230,12 @@ class Layout:
     fused_experts: tuple[str, str] | None = None
     """The in-block parameters that hold every routed expert's matrices at once (transformers
     5): (gate_up (E, 2 Fe, D): each expert's w1 rows then its w3 rows, down (E, D, Fe): w2)."""
+    gate_up_interleaved: bool = False
+    """The fused gate_up's units alternate, gate, up, gate, up (GPT-OSS: w1 the even units, w3
+    the odd ones), instead of every gate unit, then every up unit."""
+    fused_expert_biases: tuple[str, str] | None = None
+    """The in-block parameters that hold every routed expert's biases (expert_bias): gate_up
+    (E, 2 Fe), laid out as the fused gate_up's units, and down (E, D) (GPT-OSS)."""
     selection_bias: str | None = None
     """The router module's name for the selection bias (ffn.router.selection_bias), where it
     is a buffer rather than a Parameter (DeepSeek-V3's e_score_correction_bias, updated by a
@@ -233,8 +246,9 @@ class Layout:
     to the router; Ernie 4.5's (1, E) Parameter mlp.gate.moe_statics.e_score_correction_bias,
     read flattened)."""
     experts_transposed: bool = False
-    """The fused experts are stored in -> out (Aria): gate_up (E, D, 2 Fe) whose first Fe
-    columns are an expert's w1, down (E, Fe, D); each expert's matrix is read transposed."""
+    """The fused experts are stored in -> out (Aria, GPT-OSS): gate_up (E, D, 2 Fe) whose
+    first Fe columns are an expert's w1 (or its even ones, gate_up_interleaved), down
+    (E, Fe, D); each expert's matrix is read transposed."""
     fused_shared_gate_up: str | None = None
     """The in-block module whose weight stacks the shared experts' w1 (gate) rows, then their w3
     (up) rows (GraniteMoeShared's shared_mlp.input_linear)."""
@@ -267,7 +281,8 @@ class Layout:
         return top, kind
 
 
-_OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn.q_proj", "attn.k_proj", "attn.v_proj",
+_OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn", "attn.q_proj",
+                                 "attn.k_proj", "attn.v_proj",
                                  "attn.output_proj", "attn.q_norm", "attn.k_norm", "ffn.w1",
                                  "ffn.w2", "ffn.w3",
                                  # routed experts (expert {e}) and latent attention
@@ -277,6 +292,7 @@ _OURS = {part: part for part in ("ln1", "ln2", "ln1_post", "ln2_post", "attn.q_p
                                  "attn.q_b_proj", "attn.kv_a_proj", "attn.kv_a_norm",
                                  "attn.kv_b_proj", "ffn.act")}
 _HF_LLAMA = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+             "attn": "self_attn",  # the attention module's own parameters: sinks
              "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
              "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
              "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
@@ -554,6 +570,32 @@ LAYOUTS: tuple[Layout, ...] = (
             "attn.k_norm": "self_attn.k_layernorm", "ffn.w1": "mlp.dense_h_to_4h",
             "ffn.w2": "mlp.dense_4h_to_h"}, fused_qkv="self_attn.query_key_value",
            qkv_per_head=True),
+    # ---- GPT-OSS, Hunyuan, Cohere 2 MoE (helper fam-sinks) ----
+    # GPT-OSS: the router mlp.router (weight and bias), the experts fused in -> out with
+    # interleaved gate/up units and their biases; sinks under self_attn (as _HF_LLAMA's)
+    Layout("Hugging Face GPT-OSS", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA, "ffn.router": "mlp.router"},
+           fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
+           experts_transposed=True, gate_up_interleaved=True,
+           fused_expert_biases=("mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias")),
+    # Hunyuan: per-head q/k norms named query_layernorm / key_layernorm; its MoE layers' router
+    # mlp.gate.wg, shared MLP mlp.shared_mlp, experts fused as transformers 5 keeps them
+    Layout("Hugging Face Hunyuan", "model.embed_tokens", None, "model.layers.{i}", "model.norm",
+           "lm_head", {**_HF_LLAMA, "attn.q_norm": "self_attn.query_layernorm",
+                       "attn.k_norm": "self_attn.key_layernorm", "ffn.router": "mlp.gate.wg",
+                       "ffn.shared.w1": "mlp.shared_mlp.gate_proj",
+                       "ffn.shared.w3": "mlp.shared_mlp.up_proj",
+                       "ffn.shared.w2": "mlp.shared_mlp.down_proj"},
+           fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
+    # Cohere 2 MoE: Llama's attention names, one norm (input_layernorm), the router mlp.gate,
+    # the shared experts as one MLP in mlp.shared_experts, the experts fused
+    Layout("Hugging Face Cohere 2 MoE", "model.embed_tokens", None, "model.layers.{i}",
+           "model.norm", "lm_head",
+           {**_HF_LLAMA, "ffn.router": "mlp.gate",
+            "ffn.shared.w1": "mlp.shared_experts.gate_proj",
+            "ffn.shared.w3": "mlp.shared_experts.up_proj",
+            "ffn.shared.w2": "mlp.shared_experts.down_proj"},
+           fused_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
 )
 
 
@@ -574,6 +616,8 @@ class Spot:
     expert: int | None = None
     """A weight stored with every expert's in one tensor (E, out, in) (transformers 5's
     gate_up_proj and down_proj): this expert's matrix, tensor[expert], before the rows."""
+    step: int = 1
+    """Every step-th row of [start, stop) (GPT-OSS's interleaved gate and up units: step 2)."""
     flat: bool = False
     """A vector stored with unit axes around it (Ernie 4.5's (1, E) selection bias): read
     flattened."""
@@ -596,7 +640,7 @@ class Spot:
             return out
         start, stop = self.rows
         if self.groups == 1:
-            return out[start:stop]
+            return out[start:stop:self.step]
         return out.unflatten(0, (self.groups, -1))[:, start:stop]
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -977,17 +1021,18 @@ def _every_canonical(spec: DecoderConfig) -> list[str]:
                  window_rope_theta=None, sandwich_norm=True, pre_norm=True, norm_affine=True,
                  norm_bias=True, readout_bias=True, shared_norm=False, parallel_residual=False,
                  nope_layers=None, embedding_norm=True, final_norm=True, post_norm=False,
-                 qk_norm_kind="layernorm", position_offset=0)
-    if spec.routed:  # experts without biases; every layer's dense MLP and experts alike
-        every.update(mlp_bias=False)
-    if spec.latent_attention:  # latent attention's RoPE, and neither biases nor q/k norms
+                 qk_norm_kind="layernorm", position_offset=0, attn_sinks=True,
+                 swiglu_alpha=1.702, swiglu_limit=7.0)
+    if spec.routed:  # the dense MLP without biases; the experts' and the router's
+        every.update(mlp_bias=False, expert_bias=True, router_bias=True)
+    if spec.latent_attention:  # latent attention's RoPE, and neither biases, q/k norms nor sinks
         every.update(attn_bias=False, attn_output_bias=None, qk_norm=False, pos="rope",
-                     qk_norm_kind="rmsnorm")
+                     qk_norm_kind="rmsnorm", attn_sinks=False)
     names = expected_weights(spec.replace(**every))
     for layer in range(spec.n_layers):
         names.update(_activation_weights(spec, layer, every=True))
     if spec.routed:  # a dense MLP where the spec routes, or the reverse, is found and named
-        names.update(expected_weights(spec.replace(**every, n_experts=None, **UNROUTED)))
+        names.update(expected_weights(spec.replace(**{**every, "n_experts": None, **UNROUTED})))
         names.update(expected_weights(spec.replace(**every, router_selection_bias=True,
                                                    first_dense_layers=0, moe_every=1,
                                                    n_shared_experts=max(1, spec.n_shared_experts),
@@ -1063,24 +1108,43 @@ def _spot(layout: Layout, prefix: str, canonical: str, shapes: Mapping[str, tupl
         fused, width = layout.fused_shared_gate_up, spec.shared_dim
         rows = (0, width) if part == "ffn.shared.w1" else (width, 2 * width)
     expert = re.fullmatch(r"ffn\.experts\.(\d+)\.(w[123])", part)
-    if layout.fused_experts and expert and kind == "weight":
-        gate_up, down = layout.fused_experts
-        width, which = spec.expert_dim, expert[2]
-        source = f"{prefix}{layout.block.format(i=module.split('.')[1])}." + (
-            down if which == "w2" else gate_up)
-        whole = (spec.d_model, width) if which == "w2" else (2 * width, spec.d_model)
-        if layout.experts_transposed:  # stored in -> out: each expert's matrix transposed
-            whole = whole[::-1]
-        if shapes.get(source) != (spec.n_experts, *whole):  # another E or Fe: no expert's rows
-            return None  # are known, and the tensor is named as left over beside the missing ones
-        rows = {"w1": (0, width), "w3": (width, 2 * width), "w2": None}[which]
-        return Spot(source, layout.experts_transposed, rows=rows, expert=int(expert[1]))
+    if layout.fused_experts and expert:
+        return _fused_expert_spot(layout, f"{prefix}{layout.block.format(i=module.split('.')[1])}.",
+                                  int(expert[1]), expert[2], kind, shapes, spec)
     if fused is not None:
         layer = module.split(".")[1]
         source = f"{prefix}{layout.block.format(i=layer)}.{fused}.{kind}"
         if source in shapes and (groups == 1 or shapes[source][0] % groups == 0):
             return Spot(source, conv1d and matrix, rows, groups)
     return None
+
+
+def _fused_expert_spot(layout: Layout, block: str, expert: int, which: str, kind: str,
+                       shapes: Mapping[str, tuple[int, ...]], spec: DecoderConfig
+                       ) -> Spot | None:
+    """Where routed expert `expert`'s matrix `which` (w1, w3, w2) or its bias lies in the
+    tensors that hold every expert's at once (`block`: the layer's prefix), or None."""
+    names = layout.fused_experts if kind == "weight" else layout.fused_expert_biases
+    if names is None or kind not in ("weight", "bias"):
+        return None
+    E, D, width = spec.n_experts, spec.d_model, spec.expert_dim
+    source = block + (names[1] if which == "w2" else names[0])
+    if kind == "bias":
+        whole = (E, D) if which == "w2" else (E, 2 * width)
+    elif layout.experts_transposed:
+        whole = (E, width, D) if which == "w2" else (E, D, 2 * width)
+    else:
+        whole = (E, D, width) if which == "w2" else (E, 2 * width, D)
+    if shapes.get(source) != whole:  # another E or Fe: no expert's rows are known, and the
+        return None                  # tensor is named as left over beside the missing ones
+    if which == "w2":
+        rows, step = None, 1
+    elif layout.gate_up_interleaved:  # gate, up, gate, up, ...
+        rows, step = (0 if which == "w1" else 1, 2 * width), 2
+    else:  # every gate unit, then every up unit
+        rows, step = ((0, width) if which == "w1" else (width, 2 * width)), 1
+    return Spot(source, transposed=kind == "weight" and layout.experts_transposed, rows=rows,
+                step=step, expert=expert)
 
 
 def _misfits(found: Mapping[str, tuple[int, ...]], spec: DecoderConfig) -> list[str]:
@@ -1109,6 +1173,12 @@ def _why_not(name: str, spec: DecoderConfig) -> str:
         return f"qk_norm_kind={spec.qk_norm_kind!r}, norm_bias={spec.norm_bias}"
     if "_norm." in name:
         return f"qk_norm={spec.qk_norm}"
+    if name.endswith(".attn.sinks"):
+        return f"attn_sinks={spec.attn_sinks}"
+    if name.endswith(".router.bias"):
+        return f"router_bias={spec.router_bias}"
+    if name.endswith(".bias") and ".ffn.experts." in name:
+        return f"expert_bias={spec.expert_bias}"
     if "_post." in name:
         return f"sandwich_norm={spec.sandwich_norm}"
     if name.endswith(".bias") and ".ffn." in name:

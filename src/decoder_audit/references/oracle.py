@@ -239,10 +239,12 @@ def layer_weight_names(cfg: DecoderConfig, layer: int) -> list[str]:
     extra = [f"{p}.attn.{n}.weight" for n in ("q_norm", "k_norm", "q_a_norm", "kv_a_norm")]
     extra += [f"{p}.attn.{n}.bias" for n in ("q_norm", "k_norm")]  # a q/k LayerNorm's shift
     if cfg.routes(layer):
-        extra += [f"{p}.ffn.router.weight", f"{p}.ffn.router.selection_bias",
-                  f"{p}.ffn.shared_gate.weight"]
+        extra += [f"{p}.ffn.router.weight", f"{p}.ffn.router.bias",
+                  f"{p}.ffn.router.selection_bias", f"{p}.ffn.shared_gate.weight"]
     else:  # a learned activation's parameters
         extra += [f"{p}.ffn.act.{n}" for n in LEARNED_ACTIVATION_WEIGHTS]
+    if cfg.attn_sinks:
+        extra.append(f"{p}.attn.sinks")
     return ([f"{p}.{n}.{part}" for n in norms for part in ("weight", "bias")]
             + [f"{name}.{part}" for name in linears for part in ("weight", "bias")] + extra)
 
@@ -290,10 +292,13 @@ def _block(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], layer: int,
         q = _linear(h, w, f"{p}.attn.q_proj")  # (B, T, H*Dh)
         k = _linear(h, w, f"{p}.attn.k_proj")  # (B, T, Hkv*Dh)
         v = _linear(h, w, f"{p}.attn.v_proj")
-    if cfg.qk_norm:  # over all of q's (k's) features, or each head's Dh features
+    if cfg.qk_norm and (cfg.qk_norm_scope == "projection" or
+                        cfg.qk_norm_position == "before_rope"):
+        # over all of q's (k's) features, or each head's Dh features before RoPE
         q = _qk_norm(cfg, q, w, f"{p}.attn.q_norm")
         k = _qk_norm(cfg, k, w, f"{p}.attn.k_norm")
-    mixed = torch.stack([_attention(cfg, q[b], k[b], v[b], layer) for b in range(x.shape[0])])
+    mixed = torch.stack([_attention(cfg, q[b], k[b], v[b], layer, w, p)
+                         for b in range(x.shape[0])])
     attended = _linear(mixed, w, f"{p}.attn.output_proj")  # mixed: (B, T, H*Dh)
     if cfg.sandwich_norm:  # the sublayer's output normalised before it joins the stream
         attended = _norm(cfg, attended, w, f"{p}.ln1_post")
@@ -318,6 +323,14 @@ def _mlp(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
     if cfg.mlp == "swiglu":
         gate = _linear(h, w, f"{name}.w1")
         hidden = gate * torch.sigmoid(gate) * _linear(h, w, f"{name}.w3")
+    elif cfg.mlp == "swiglu_clamped":  # GPT-OSS: g <= limit, |u| <= limit, (u + 1) g sigma(a g)
+        limit = cfg.swiglu_limit
+        gate = _linear(h, w, f"{name}.w1")
+        gate = torch.where(gate > limit, torch.full_like(gate, limit), gate)
+        up = _linear(h, w, f"{name}.w3")
+        up = torch.where(up > limit, torch.full_like(up, limit),
+                         torch.where(up < -limit, torch.full_like(up, -limit), up))
+        hidden = (up + 1.0) * gate / (1.0 + torch.exp(-cfg.swiglu_alpha * gate))
     elif cfg.mlp == "geglu":
         hidden = _activation("gelu_tanh", _linear(h, w, f"{name}.w1")) * _linear(h, w,
                                                                                  f"{name}.w3")
@@ -341,8 +354,10 @@ def _routed(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
     taken = [0] * cfg.n_experts
     rows = []
     for x in tokens:
-        chosen, weights = _route_token(cfg, w[f"{name}.router.weight"] @ x,
-                                       w.get(f"{name}.router.selection_bias"))
+        logits = w[f"{name}.router.weight"] @ x  # (E,)
+        if cfg.router_bias:  # GPT-OSS: a bias on the logits, which choose and weigh
+            logits = logits + w[f"{name}.router.bias"]
+        chosen, weights = _route_token(cfg, logits, w.get(f"{name}.router.selection_bias"))
         out = torch.zeros_like(x)
         for expert, weight in zip(chosen, weights):
             taken[expert] += 1
@@ -352,7 +367,7 @@ def _routed(cfg: DecoderConfig, w: Mapping[str, torch.Tensor], name: str,
             shared = _mlp(cfg, w, f"{name}.shared", x)
             if cfg.shared_expert_gate:  # Qwen2-MoE: times sigmoid(w_g . x)
                 shared = shared / (1.0 + torch.exp(-(w[f"{name}.shared_gate.weight"][0] @ x)))
-            out = out + shared
+            out = out + cfg.shared_expert_scale * shared
         rows.append(out)
     return torch.stack(rows).reshape(batch, seq_len, d_model)
 
@@ -448,13 +463,15 @@ def _qk_norm(cfg: DecoderConfig, x: torch.Tensor, w: Mapping[str, torch.Tensor],
     return normed if whole else normed.flatten(-2)
 
 
-def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, layer: int) -> torch.Tensor:
+def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               layer: int, w: Mapping[str, torch.Tensor], p: str) -> torch.Tensor:
     """One sequence's causal attention: q (T, H*Dh), k and v (T, Hkv*Dh) -> (T, H*Dh), head by
     head and query row by query row; query head h reads key/value head h // (H / Hkv). In a
     windowed layer row t reads keys t-W+1..t; scores are q.k times attn_scale (1/sqrt(Dh)
     unless given), less ALiBi's slope times the distance t - s (pos "alibi"), then soft-capped
-    to c * tanh(score / c) where attn_softcap gives c."""
+    to c * tanh(score / c) where attn_softcap gives c; with attention sinks, head h's sink
+    logit joins each row's denominator (`_row_weights`). Each head's rows are first rotated,
+    normalised and scaled by position where the config says (`_head_rows`)."""
     group, head_dim, value_dim = cfg.kv_group_size, cfg.head_dim, cfg.value_dim
     window = cfg.window(layer)
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(head_dim)
@@ -465,9 +482,8 @@ def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
         q_h = q[:, head * head_dim:(head + 1) * head_dim]  # (T, Dh)
         k_h = k[:, kv * head_dim:(kv + 1) * head_dim]
         v_h = v[:, kv * value_dim:(kv + 1) * value_dim]  # (T, Dv)
-        if cfg.rotates(layer):  # RoPE, but in a NoPE layer
-            windowed = window is not None
-            q_h, k_h = _rope_rows(cfg, q_h, windowed), _rope_rows(cfg, k_h, windowed)
+        q_h, k_h = _head_rows(cfg, q_h, k_h, layer, w, p)
+        sink = w[f"{p}.attn.sinks"][head] if cfg.attn_sinks else None
         out_rows = []
         for t in range(q.shape[0]):
             # inclusive causal: row t reads keys 0..t only, the last W of them when windowed
@@ -478,11 +494,41 @@ def _attention(cfg: DecoderConfig, q: torch.Tensor, k: torch.Tensor,
                     [float(t - key) for key in range(*visible.indices(t + 1))], dtype=scores.dtype)
             if cfg.attn_softcap is not None:
                 scores = cfg.attn_softcap * torch.tanh(scores / cfg.attn_softcap)
-            weights = torch.exp(scores - scores.max())
-            weights = weights / weights.sum()
-            out_rows.append(weights @ v_h[visible])  # (Dh,)
+            out_rows.append(_row_weights(scores, sink) @ v_h[visible])  # (Dh,)
         head_outputs.append(torch.stack(out_rows))  # (T, Dh)
     return torch.cat(head_outputs, dim=-1)
+
+
+def _head_rows(cfg: DecoderConfig, q_h: torch.Tensor, k_h: torch.Tensor, layer: int,
+               w: Mapping[str, torch.Tensor], p: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head's query and key rows (T, Dh) as its scores read them: rotated (RoPE, but in a
+    NoPE layer), then normalised where the q/k norms act on the rotated heads (Hunyuan), then
+    each query row t times its position's scale (query_position_scale)."""
+    if cfg.rotates(layer):
+        windowed = cfg.window(layer) is not None
+        q_h, k_h = _rope_rows(cfg, q_h, windowed), _rope_rows(cfg, k_h, windowed)
+    if cfg.qk_norm and cfg.qk_norm_scope == "head" and cfg.qk_norm_position == "after_rope":
+        q_h = _qk_norm(cfg, q_h, w, f"{p}.attn.q_norm")  # (T, Dh): one head
+        k_h = _qk_norm(cfg, k_h, w, f"{p}.attn.k_norm")
+    if cfg.scales_queries(layer):
+        q_h = torch.stack([_query_scale(cfg, t) * q_h[t] for t in range(q_h.shape[0])])
+    return q_h, k_h
+
+
+def _row_weights(scores: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """A row's attention weights over its visible keys: exp(s) / sum exp(s), or with a sink
+    logit b, exp(s) / (sum exp(s) + exp(b)) (the sink itself attends to nothing)."""
+    top = scores.max() if sink is None else torch.maximum(scores.max(), sink)
+    exps = torch.exp(scores - top)
+    total = exps.sum() if sink is None else exps.sum() + torch.exp(sink - top)
+    return exps / total
+
+
+def _query_scale(cfg: DecoderConfig, position: int) -> float:
+    """query_position_scale at a position: 1 + beta * ln(1 + floor((pos + offset) / length))."""
+    scale = cfg.query_position_scale
+    steps = (position + scale.get("offset", 0)) // scale["length"]
+    return 1.0 + scale["beta"] * math.log(1 + steps)
 
 
 def _vocab_blocks(vocab_size: int) -> list[slice]:
@@ -581,11 +627,15 @@ def _required_weights(cfg: DecoderConfig) -> list[str]:
             shifted = cfg.qk_norm_kind == "layernorm" and cfg.norm_bias
             names += [f"{p}.attn.{n}.{part}" for n in ("q_norm", "k_norm")
                       for part in (("weight", "bias") if shifted else ("weight",))]
+        if cfg.attn_sinks:
+            names.append(f"{p}.attn.sinks")
         mlps = [f"{p}.ffn"]
         if cfg.routes(layer):
             mlps = [f"{p}.ffn.experts.{e}" for e in range(cfg.n_experts)] + (
                 [f"{p}.ffn.shared"] if cfg.n_shared_experts else [])
             names.append(f"{p}.ffn.router.weight")
+            if cfg.router_bias:
+                names.append(f"{p}.ffn.router.bias")
             if cfg.router_selection_bias:
                 names.append(f"{p}.ffn.router.selection_bias")
             if cfg.shared_expert_gate:

@@ -92,7 +92,8 @@ def twin_unsupported(cfg: DecoderConfig) -> list[str]:
                         "Linears or neither")
     beyond = cfg.changed(("shared_norm", "residual_multiplier", "logit_scale", "nope_layers",
                           "position_offset", "latent_norm_eps", "embedding_norm", "post_norm",
-                          "final_norm", "qk_norm_kind"))
+                          "final_norm", "qk_norm_kind", "attn_sinks", "qk_norm_position",
+                          "query_position_scale"))
     if beyond:
         problems.append(f"{', '.join(beyond)}: the twin's block is seed 000's, with none of these")
     if cfg.norm_offset:
