@@ -39,7 +39,7 @@ def _instrumented() -> Iterator[_Tally]:
     of every check in registry.CHECKS plus Subject.prepare (the float64 working copy) to time
     them. Restored after."""
     from decoder_audit.gate import registry, subject
-    from decoder_audit.gate import spec as spec_checks  # where the gate calls oracle_logits
+    from decoder_audit.gate.checks import spec as spec_checks  # where the gate calls oracle_logits
 
     tally = _Tally()
     original_run, original_oracle = Decoder._run, spec_checks.oracle_logits

@@ -153,8 +153,15 @@ def presets_block() -> str:
 def expectations_block() -> str:
     from decoder_audit.gate import CHECKS
 
-    rows = [[f"`{c.name}`", c.title, c.expects] for c in CHECKS.values()]
-    return _table(["check", "what it compares", "where its expectation comes from"], rows)
+    rows = [[f"`{c.name}`", c.title, c.expects, f"`{_module_path(c.run)}`"]
+            for c in CHECKS.values()]
+    return _table(["check", "what it compares", "where its expectation comes from",
+                   "where it lives"], rows)
+
+
+def _module_path(function: Callable) -> str:
+    """src/decoder_audit/gate/checks/invariance.py for a check function of that module."""
+    return "src/" + function.__module__.replace(".", "/") + ".py"
 
 
 def _source(source) -> str:

@@ -552,6 +552,8 @@ def _black_box_section(built: list[Row]) -> list[str]:
              "| family | class | what it lacks |", "|---|---|---|"]
     for r in rows:
         why = r.skipped.get("oracle") or r.failed.get("oracle", "")
+        inner = re.search(r"converter can read \((.*)\)$", why)  # the reference's own reason
+        why = (inner[1] if inner else why).replace(f"{r.cls} ({r.family}) ", "")
         lines.append(f"| {r.family} | {r.cls} | {_cell(why.replace(r.cls, '(its class)'), 300)} |")
     return lines
 

@@ -14,7 +14,7 @@
 
 Each window is wider than the oracle's usual probes (T <= 12), so the window check sees it where
 it can read the layers (the first three, WindowLlama); where it cannot (learner_gpt), the oracle
-runs past the window (gate/spec.py, WINDOW_ORACLE_MAX).
+runs past the window (gate/checks/spec.py, WINDOW_ORACLE_MAX).
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@
     .venv/bin/python tools/mutation.py model oracle         # some of them
     .venv/bin/python tools/mutation.py gate --jobs 2        # parallel workers (default: 2)
     .venv/bin/python tools/mutation.py --commit HEAD model  # the committed code, not the work tree
-    .venv/bin/python tools/mutation.py gate --only 'src/decoder_audit/gate/invariance.py'
+    .venv/bin/python tools/mutation.py gate --only 'src/decoder_audit/gate/checks/invariance.py'
     .venv/bin/python tools/mutation.py --report model       # print the last run's score again
     .venv/bin/python tools/mutation.py gate --sample 200 --seed 1   # a random sample: an estimate
-    .venv/bin/python tools/mutation.py gate --mutants 'decoder_audit.gate.alignment.*'  # named mutants
+    .venv/bin/python tools/mutation.py gate --mutants 'decoder_audit.gate.checks.alignment.*'  # named mutants
 
 mutmut (the `dev` extra: `pip install -c constraints.txt -e ".[dev]"`) plants one small change
 at a time in the package's source (an operator, a constant, a dropped argument, ...) and runs the
@@ -91,7 +91,7 @@ PACKAGES = {
         # in bf16 run the same code in the same dtypes
         deselect=("tests/gate/test_dtypes.py::test_presets_pass_in_16_bit",)),
     "spec": Package(
-        ("src/decoder_audit/gate/spec.py", "src/decoder_audit/references/layouts.py"),
+        ("src/decoder_audit/gate/checks/spec.py", "src/decoder_audit/references/layouts.py"),
         ("tests/gate/test_spec.py", "tests/gate/test_spec_families.py",
          "tests/gate/test_spec_lens.py", "tests/references/test_hf_families.py"),
         "a declared architecture on modules we did not write: each outside style's correct "
@@ -331,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
                              "of the working tree, so edits in progress stay out")
     parser.add_argument("--only", action="append", metavar="GLOB",
                         help="mutate only these files of the package (repeatable), e.g. "
-                             "'src/decoder_audit/gate/invariance.py'")
+                             "'src/decoder_audit/gate/checks/invariance.py'")
     parser.add_argument("--sample", type=int, metavar="N",
                         help="run a uniform random sample of N mutants: an estimate, with its "
                              "95%% confidence interval")

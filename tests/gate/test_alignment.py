@@ -1,4 +1,4 @@
-"""loss_alignment (gate/alignment.py)."""
+"""loss_alignment (gate/checks/alignment.py)."""
 
 from __future__ import annotations
 

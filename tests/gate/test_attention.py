@@ -1,4 +1,4 @@
-"""attention_rows (gate/attention.py): how keys map to positions."""
+"""attention_rows (gate/checks/attention.py): how keys map to positions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ def test_future_keys_with_the_extra_keys_first():
     """attention._future_mask with k = S - T extra keys first (a cache, sink tokens): key j is
     position j - k, in query i's future when j - k > i; with them last, key j < T is position
     j and the extra keys are visible. Written out for T = 3, S = 5 (mutant: j + k > i)."""
-    from decoder_audit.gate import attention
+    from decoder_audit.gate.checks import attention
 
     f, t = False, True
     # private: which keys count as future for a layout no public model yields exactly
@@ -24,7 +24,7 @@ def test_a_traced_sink_share_completes_each_row_to_one():
     without its shares (the shares, not a looser tolerance, make the first pass)."""
     import torch
 
-    from decoder_audit.gate import attention
+    from decoder_audit.gate.checks import attention
 
     pattern = torch.tensor([[[[0.6, 0.0], [0.3, 0.3]]]])  # (B, H, T, T) = (1, 1, 2, 2)
     _, problems = attention._judge_patterns([pattern], 2,

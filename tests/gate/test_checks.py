@@ -396,7 +396,7 @@ def _unshifted(sequences):
 def test_loss_alignment_catches_a_broken_shift_or_flattening(monkeypatch, helper, broken):
     """loss_alignment proves the objective's helpers on the model's logits; its defects are in
     those helpers, not in a model, so they are planted here rather than in the zoo."""
-    from decoder_audit.gate import alignment
+    from decoder_audit.gate.checks import alignment
 
     monkeypatch.setattr(alignment, helper, broken)
     check = da.audit(zoo.decoder(), checks=["loss_alignment"])["loss_alignment"]

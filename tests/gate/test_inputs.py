@@ -1,4 +1,4 @@
-"""The input and output contract checks (gate/inputs.py): shapes, raw logits, overlength."""
+"""The input and output contract checks (gate/checks/inputs.py): shapes, raw logits, overlength."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_the_no_hard_limit_hint_goes_to_black_boxes_only():
     """An accepted overlength input fails both models; the hint to audit with max_seq_len=None
     fits a black box (a stock rotary model may have no limit by design), never our Decoder,
     whose max_seq_len is its own config's limit (mutant 81: `if s.whitebox`, hint swapped)."""
-    from decoder_audit.gate.inputs import NO_HARD_LIMIT_HINT
+    from decoder_audit.gate.checks.inputs import NO_HARD_LIMIT_HINT
 
     ours = da.audit(zoo.decoder(cls=zoo.WrapsPositions), checks=["overlength"])["overlength"]
     assert not ours.passed and "hint" not in ours.evidence

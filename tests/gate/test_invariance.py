@@ -1,4 +1,4 @@
-"""The behavioural invariants (gate/invariance.py): causal cuts, prefixes."""
+"""The behavioural invariants (gate/checks/invariance.py): causal cuts, prefixes."""
 
 from __future__ import annotations
 

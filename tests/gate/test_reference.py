@@ -1,4 +1,4 @@
-"""The oracle check (gate/reference.py): located mismatches, gradient passes, the ledger."""
+"""The oracle check (gate/checks/reference.py): located mismatches, gradient passes, the ledger."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import decoder_audit as da
 
 # private: _rows's view-or-copy and _chunks's grouping are memory behaviour, invisible in the
 # verdict (the gate's memory is measured in tests/gate/test_scale.py)
-from decoder_audit.gate.reference import _rows
+from decoder_audit.gate.checks.reference import _rows
 
 
 class _Params:
@@ -29,7 +29,7 @@ def test_a_tied_weight_gets_its_gradient_in_one_pass_only(monkeypatch, share):
     backward order, the lookup last) belongs to the pass of its first stage alone, and the
     passes' sizes add up to the unique parameters (mutant `id(None) not in seen` put it in
     both passes, so it was counted twice and its gradient taken twice)."""
-    from decoder_audit.gate import reference
+    from decoder_audit.gate.checks import reference
 
     monkeypatch.setattr(reference, "GRAD_SHARE", share)
     tied, block, norm = (torch.nn.Parameter(torch.zeros(n)) for n in (30, 20, 5))
@@ -50,7 +50,7 @@ def test_the_oracle_gradient_scale_is_the_largest_piece_not_at_least_one():
     largest |oracle gradient piece|; at gradients far below 1 it must be that piece, not 1
     (mutant `self.scale = 1.0` loosened the gradient comparison by 1 / max|grad|), and the
     error is exactly |fast - oracle|."""
-    from decoder_audit.gate import reference
+    from decoder_audit.gate.checks import reference
 
     weight = torch.nn.Parameter(torch.zeros(4, 3, dtype=torch.float64))
     oracle = 1e-3 * torch.arange(12, dtype=torch.float64).reshape(4, 3)

@@ -195,7 +195,7 @@ def test_the_expected_aux_loss_is_the_switch_transformer_formula():
     """The gate's aux (router_loss.load_balancing) against the definition written above, on
     random logits, and its tie bounds: a token whose k-th and (k+1)-th logits are equal may
     route either way, so the bounds span both choices."""
-    from decoder_audit.gate.router_loss import load_balancing
+    from decoder_audit.gate.checks.router_loss import load_balancing
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(40, 4, generator=gen, dtype=torch.float64)

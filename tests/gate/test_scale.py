@@ -20,7 +20,7 @@ import zoo
 from helpers import random_decoder
 
 import decoder_audit as da
-from decoder_audit.gate import reference
+from decoder_audit.gate.checks import reference
 from decoder_audit.references.oracle import READOUT_BLOCK, StreamedOracle, oracle_logits
 
 # A model big enough that its weights, not the interpreter, dominate the process (21M parameters,
@@ -309,7 +309,7 @@ def test_a_callers_own_gc_freeze_is_left_to_the_caller(monkeypatch):
 def test_clean_runs_are_shared_by_the_invariance_checks_and_forgotten_after_them(monkeypatch):
     """determinism, batch_independence and causal run the clean batch (and its row 0 at every
     index) once between them; the runner forgets those runs before the next check."""
-    from decoder_audit.gate import invariance
+    from decoder_audit.gate.checks import invariance
     from decoder_audit.gate.subject import Subject
 
     runs, kept = [], {}

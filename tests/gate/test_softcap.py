@@ -1,6 +1,6 @@
 """Soft-cap liveness: Gemma 2 at its released caps (scores 50, logits 30), where random and
 stress weights keep every score and logit far below the cap and c tanh(x / c) = x to within the
-tolerance. `oracle` writes capped weights (gate/stress.py) that drive them past the caps, so a
+tolerance. `oracle` writes capped weights (gate/checks/stress.py) that drive them past the caps, so a
 cap the module drops fails; the caps are patched out of transformers' own Gemma 2 modules."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import decoder_audit as da
-from decoder_audit.gate.stress import SOFTCAP_REACH, capped_spreads
+from decoder_audit.gate.checks.stress import SOFTCAP_REACH, capped_spreads
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()

@@ -264,7 +264,7 @@ def test_hugging_face_llama_defects_fail_against_its_config(name):
 
 
 def test_above_the_gradient_limit_only_the_logits_are_compared(monkeypatch):
-    from decoder_audit.gate import spec as spec_checks
+    from decoder_audit.gate.checks import spec as spec_checks
 
     monkeypatch.setattr(spec_checks, "GRADIENT_MAX_PARAMETERS", 1000)
     report = da.audit(zoo_styles.TuneLlama(), spec=zoo_styles.SPECS["tune"], checks=["oracle"])
@@ -466,7 +466,7 @@ def test_a_block_the_forward_never_runs_is_named_as_that_stage():
 
 
 def test_the_oracle_reports_its_progress_and_the_gradient_limit_is_inclusive(monkeypatch):
-    from decoder_audit.gate import spec as spec_checks
+    from decoder_audit.gate.checks import spec as spec_checks
 
     model = zoo_styles.TuneLlama()
     monkeypatch.setattr(spec_checks, "GRADIENT_MAX_PARAMETERS",

@@ -1,5 +1,5 @@
 """Train mode told apart from its noise, and the training shape probed in train mode
-(gate/training.py): a model whose identical train-mode calls differ (it reseeds its own dropout,
+(gate/checks/training.py): a model whose identical train-mode calls differ (it reseeds its own dropout,
 as Reformer does) is reported as nondeterministic and never called a leak; one that also leaks
 in train mode is still caught; a leak that lives only in train mode at the training batch size
 is caught by `causal`'s training-shape probe; packing is probed at the training batch size."""

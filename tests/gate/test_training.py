@@ -1,4 +1,4 @@
-"""The training-path checks (gate/training.py, and causal's training-shape probe): a correct
+"""The training-path checks (gate/checks/training.py, and causal's training-shape probe): a correct
 model with dropout passes every one; each leak that lives on one path is caught by that path's
 check and only there (the eval-mode checks pass it, as they did before these checks existed)."""
 

@@ -1,4 +1,4 @@
-"""The training shape (gate/trainshape.py): probed at the run's own length, past the audit's
+"""The training shape (gate/checks/trainshape.py): probed at the run's own length, past the audit's
 64-token probes; cut only by the model's hard limit or by memory, and then never called the
 training shape, with the length audited and the reason in the evidence."""
 
@@ -10,7 +10,7 @@ from torch import nn
 from zoo_training import PathLM, T, V
 
 import decoder_audit as da
-from decoder_audit.gate import trainshape
+from decoder_audit.gate.checks import trainshape
 from decoder_audit.gate.peak import PREDICTION_MARGIN
 
 

@@ -1,4 +1,4 @@
-"""The white-box weight checks (gate/weights.py): params, tying, tying_grad."""
+"""The white-box weight checks (gate/checks/weights.py): params, tying, tying_grad."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import zoo
 
 import decoder_audit as da
 from decoder_audit.accounting.ledger import parameter_ledger
-from decoder_audit.gate import weights
+from decoder_audit.gate.checks import weights
 
 
 def _seen(d_lookup, d_logits, h) -> dict[str, torch.Tensor]:
@@ -186,7 +186,7 @@ def test_parts_for_another_input_or_objective_are_named_not_judged():
 def test_a_table_looked_up_at_its_padding_index_alone_is_inert_not_dead():
     """RoCBert's shape and pronunciation tables are fed zeros, their padding_idx, when their ids
     are not given: that row never learns, by nn.Embedding's definition."""
-    from decoder_audit.gate import reach
+    from decoder_audit.gate.checks import reach
 
     table = torch.nn.Embedding(5, 3, padding_idx=0)
     with reach.reached(table) as ran:

@@ -2,32 +2,30 @@
 
 `audit(model)` returns an `AuditReport` whose checks (a `CheckResult` each) come in the seeds'
 diagnosis order; `report.first_failure` names the first contract that broke.
-    registry.py    the one table of checks: name, title, family, function, what it needs
+
+The engine, here:
+    registry.py    the one table of checks: name, title, family, function, what it needs, what
+                   its expectation comes from
     runner.py      audit(): the working copy, the checks in order, the cost line
     facts.py       ModelFacts: what the gate knows of the model, decided once
-    subject.py     the model under audit as every check sees it
-    wrappers.py    what is audited inside DDP, torch.compile, FSDP2 and a PEFT model
-    tolerances.py  every tolerance, declared and justified
+    subject.py     the model under audit as every check sees it (state.py: put back as found;
+                   wrappers.py: what is audited inside DDP, torch.compile, FSDP2, PEFT)
+    tolerances.py  every tolerance, declared and justified; measure.py the measurements
     result.py      CheckResult; report.py AuditReport; render.py the text; pictures.py PNGs
-One module per family of checks:
-    inputs.py      inputs, overlength, shapes, raw_logits
-    invariance.py  determinism, batch_independence, causal, prefix
-    attention.py   attention_rows
-    weights.py     params, tying, tying_grad
-    training.py    train_mode, autocast
-    reference.py   oracle
-    alignment.py   loss_alignment
-    batch.py       audit_batch: a collator's batches (labels, shift, pads, EOS/BOS, packing)
-    documents.py   the documents a batch declares (position_ids, cu_seq_lens, 4-D masks)
-    trainshape.py  the training shape: causal and batch independence at the run's (B, T)
+    peak.py, oom.py, sharding.py   the gate's memory, out of memory, several ranks
+    batch.py       audit_batch: a collator's batches (labels, shift, pads, EOS/BOS, packing);
+                   documents.py the documents a batch declares (position_ids, cu_seq_lens, 4-D
+                   masks)
+The checks, one module per family of checks: checks/ (its __init__ says which check lives
+where).
 Nothing outside this package imports a module of it other than through these names.
 """
 
 from .batch import BatchReport, audit_batch
 from .documents import spans as declared_documents
 from .facts import ModelFacts, TrainingPath, input_embedding, model_facts
+from .checks.packing import packed_call
 from .measure import allocate_large_blocks_apart
-from .packing import packed_call
 from .peak import GatePeak, check_gate_fits, gate_peak
 from .registry import CHECK_ORDER, CHECK_TITLES, CHECKS, Check
 from .render import print_report, to_json

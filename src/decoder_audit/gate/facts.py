@@ -47,7 +47,7 @@ from ..generation.convention import Convention, convention
 from .sharding import class_name, local, on_every_rank
 from .wrappers import adapter_update, forwarded_to, is_fsdp, unwrapped
 
-# The forms a packed row is sent in (gate/packing.py says what each sends).
+# The forms a packed row is sent in (gate/checks/packing.py says what each sends).
 PACK_FORMS = ("document_ids", "4d_mask", "position_ids", "flash_kwargs")
 
 # Causal and prefix interventions run at most this long by default (batched cuts cost

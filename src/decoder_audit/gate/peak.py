@@ -9,14 +9,14 @@ and `gate_peak(cfg, dtype)` adds these up check by check, from the code of each 
 
   build        the Decoder built directly in the dtype (sources.py): the weights alone.
   inputs       the longest probe: one forward at T = max_seq_len (B = 1 past 4 x 32 tokens,
-               gate/inputs.py), no grad: its logits B x T x V plus the widest activations of one
+               gate/checks/inputs.py), no grad: its logits B x T x V plus the widest activations of one
                block (the MLP's w1 and w3 outputs and their product, q, k, v, the stream).
   invariance   determinism, batch_independence, causal, prefix, train_mode at the intervention
                length Ti = min(max_seq_len, 64): a few (B, Ti, V) logits alive at once (the two
                clean runs the Subject keeps, the intervention, its difference).
   tying_grad   (tied only) one backward into the shared V x D weight: the readout's gradient, the
                lookup's dense gradient and their sum, each V x D in the dtype.
-  oracle       the fast model's gradients for one pass (gate/reference.py: consecutive stages,
+  oracle       the fast model's gradients for one pass (gate/checks/reference.py: consecutive stages,
                readout first, within GRAD_SHARE of the parameters or one stage if larger; grouped
                here as the check groups them, from the parameter ledger), alive while the float64
                oracle recomputes a stage of that pass: a layer's weights and their gradients in
@@ -67,10 +67,10 @@ from ..accounting.memory import _gb, available_bytes
 from ..config import DecoderConfig
 from ..errors import ConfigError
 from .facts import DEFAULT_INTERVENTION_LEN
-from .inputs import _plan
+from .checks.inputs import _plan
 from .measure import batch_not_equal
-from .reference import GRAD_SHARE
-from .weights import DEAD_SHARE
+from .checks.reference import GRAD_SHARE
+from .checks.weights import DEAD_SHARE
 
 # VmHWM of `decoder-audit verify --preset tiny-368 --json` (368 weights: the interpreter, torch,
 # decoder-audit and its CLI imports, a gate of tiny tensors): 251.7 MiB in three runs, measured on
@@ -106,7 +106,7 @@ RUNTIME_CAP = 192 * 2**20
 # stage: autograd lays the gradient of W (computed for W.T) out as W, and the comparison takes
 # |oracle - fast| of a whole gradient.
 F64_MATRIX_COPIES = 2
-# The dead_parameters probe: one forward at (3, 16) (gate/weights.py).
+# The dead_parameters probe: one forward at (3, 16) (gate/checks/weights.py).
 DEAD_BATCH, DEAD_LEN = 3, 16
 
 
@@ -389,7 +389,7 @@ def _oracle(s: _Shape) -> list[GateTerm]:
 def _dead_parameters(s: _Shape) -> list[GateTerm]:
 
     cfg, e = s.cfg, s.e
-    # gate/weights.py's _shares: consecutive weights, at most DEAD_SHARE of P (a bigger one
+    # gate/checks/weights.py's _shares: consecutive weights, at most DEAD_SHARE of P (a bigger one
     # alone); the first share holds the embedding (registered first), with its extra copies.
     share = max(int(DEAD_SHARE * s.P), s.largest_weight)
     return [GateTerm(f"gradients of one share of the weights (DEAD_SHARE={DEAD_SHARE:g})",
@@ -420,7 +420,7 @@ def _graph(s: _Shape, batch: int, seq_len: int) -> GateTerm:
 
 def _oracle_chunks(s: _Shape, share: float) -> list[tuple[int, list[str]]]:
     """(new weights, stages) of each backward pass of the oracle check, grouped as
-    gate/reference.py's _chunks groups the stages: consecutive stages in backward order while
+    gate/checks/reference.py's _chunks groups the stages: consecutive stages in backward order while
     their new weights stay within `share` of the parameters (a bigger stage alone)."""
     budget = share * s.P
     chunks: list[tuple[int, list[str]]] = [(0, [])]

@@ -23,9 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import (alignment, attention, checkpointing, generation, inputs, invariance, kv_cache,
-               model_loss, packing, reference, router_loss, routing, spec, training, weights,
-               window)
+from .checks import alignment, attention, checkpointing, generation, inputs, invariance, kv_cache, model_loss, packing, reference, router_loss, routing, spec, training, weights, window
 from .facts import ModelFacts
 from .result import CheckResult
 from .subject import Subject

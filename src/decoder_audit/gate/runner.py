@@ -43,7 +43,8 @@ from torch import nn
 from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..references.layouts import WeightsMap
-from . import attention, generation, inputs, model_loss, tolerances, training
+from . import tolerances
+from .checks import attention, generation, inputs, model_loss, training
 from .facts import ModelFacts, TrainingPath, model_facts
 from .measure import return_freed_memory
 from .peak import check_probes_fit

@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..objective import logits_of
-from ..references.oracle import StreamedOracle
-from . import tolerances
-from .measure import batch_not_equal, largest, scaled_excess
-from .result import CheckResult
-from .sharding import whole
+from ...objective import logits_of
+from ...references.oracle import StreamedOracle
+from .. import tolerances
+from ..measure import batch_not_equal, largest, scaled_excess
+from ..result import CheckResult
+from ..sharding import whole
 from .stress import declares_softcap
 from .spec import check_spec_oracle
-from .subject import Subject, own_weight
+from ..subject import Subject, own_weight
 
 GRAD_SHARE = 0.25
 """At most this share of the parameters (or one oracle stage, if larger) gets gradients in one

@@ -17,11 +17,12 @@ from collections.abc import Callable
 
 import torch
 
-from ..references.hf_models import eager_experts
-from . import tolerances, trainshape
-from .measure import batch_not_equal, index_noise, sample_positions, scaled_excess, value_scale
-from .result import CheckResult
-from .subject import Subject
+from ...references.hf_models import eager_experts
+from .. import tolerances
+from . import trainshape
+from ..measure import batch_not_equal, index_noise, sample_positions, scaled_excess, value_scale
+from ..result import CheckResult
+from ..subject import Subject
 
 # Cuts of the causal intervention: every position up to this many, sampled beyond.
 MAX_CUTS = 16

@@ -32,13 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..objective import logits_of
-from . import tolerances
-from .measure import largest
+from ...objective import logits_of
+from .. import tolerances
+from ..measure import largest
 from .model_loss import loss_of
-from .result import CheckResult
+from ..result import CheckResult
 from .routing import placed_routers
-from .subject import Subject
+from ..subject import Subject
 from .training import in_train_mode
 
 NAME = "router_aux_loss"

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import tolerances
-from .measure import index_noise, sample_positions, value_scale
-from .peak import PREDICTION_MARGIN, memory_available
-from .subject import Subject
+from .. import tolerances
+from ..measure import index_noise, sample_positions, value_scale
+from ..peak import PREDICTION_MARGIN, memory_available
+from ..subject import Subject
 
 MIN_SHAPE_CUTS = 4
 """Cuts of the training-shape probe at the least: with fewer rows than cuts + 1 (one flattened

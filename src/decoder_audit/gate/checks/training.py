@@ -30,14 +30,15 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ..objective import logits_of
-from . import tolerances, trainshape
+from ...objective import logits_of
+from .. import tolerances
+from . import trainshape
 from .invariance import clean_batch, copies_noise, cut_changes, leaks_at
-from .measure import all_finite, sample_positions, value_scale
-from .result import CheckResult
-from .sharding import on_every_rank
-from .state import host_rngs_kept, seed_host_rngs
-from .subject import Subject
+from ..measure import all_finite, sample_positions, value_scale
+from ..result import CheckResult
+from ..sharding import on_every_rank
+from ..state import host_rngs_kept, seed_host_rngs
+from ..subject import Subject
 
 # Cuts of the train-mode and autocast interventions (the eval-mode `causal` samples 16).
 PATH_CUTS = 8

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import tolerances
-from .measure import batch_not_equal
-from .result import CheckResult
-from .subject import Subject
+from .. import tolerances
+from ..measure import batch_not_equal
+from ..result import CheckResult
+from ..subject import Subject
 
 # Attention pictures keep at most this many positions per side.
 PICTURE_LEN = 16

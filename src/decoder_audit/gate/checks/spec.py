@@ -45,17 +45,17 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
-from ..config import DecoderConfig
-from ..objective import logits_of
-from ..references.layouts import Placement, WeightsMapError, expected_weights, placeable
-from ..references.oracle import StreamedOracle, oracle_logits
-from . import tolerances
-from .measure import batch_not_equal, largest, scaled_excess
-from .result import CheckResult
+from ...accounting.ledger import measured_ledger, parameter_ledger, reconcile
+from ...config import DecoderConfig
+from ...objective import logits_of
+from ...references.layouts import Placement, WeightsMapError, expected_weights, placeable
+from ...references.oracle import StreamedOracle, oracle_logits
+from .. import tolerances
+from ..measure import batch_not_equal, largest, scaled_excess
+from ..result import CheckResult
 from .stress import (capped_spreads, capped_values, declares_softcap, quiet_values,
                      quiet_variance, stress_values)
-from .subject import Subject
+from ..subject import Subject
 
 WINDOW_ORACLE_MAX = 64
 """A declared sliding window of at most this many positions that the `window` check cannot read

@@ -27,12 +27,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..generation.convention import Convention, Stepper, established, numbered
-from ..objective import logits_of
-from . import tolerances
-from .measure import all_finite, sample_positions, scaled_excess
-from .result import CheckResult
-from .subject import Subject, model_failures_carried
+from ...generation.convention import Convention, Stepper, established, numbered
+from ...objective import logits_of
+from .. import tolerances
+from ..measure import all_finite, sample_positions, scaled_excess
+from ..result import CheckResult
+from ..subject import Subject, model_failures_carried
 
 # Tokens the padding probes cover (capped by max_seq_len).
 PAD_LEN = 12

@@ -24,11 +24,11 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ..objective import logits_of
-from .facts import input_embedding
-from .measure import value_scale
-from .result import CheckResult
-from .subject import Subject
+from ...objective import logits_of
+from ..facts import input_embedding
+from ..measure import value_scale
+from ..result import CheckResult
+from ..subject import Subject
 from .training import DROPOUT_SEED, in_train_mode
 
 # A module's own attributes that say whether and how it checkpoints (Hugging Face's names, ours).

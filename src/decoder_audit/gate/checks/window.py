@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from .measure import value_scale
-from .result import CheckResult
-from .subject import Subject, get_attr
+from ..measure import value_scale
+from ..result import CheckResult
+from ..subject import Subject, get_attr
 
 # The changed key is this many times the RMS of the attention input: its value (and, through
 # q.k, its weight) then moves every output that reads it by order 1, far above rounding even

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..objective import logits_of
-from . import tolerances
-from .result import CheckResult
-from .subject import Subject
+from ...objective import logits_of
+from .. import tolerances
+from ..result import CheckResult
+from ..subject import Subject
 
 
 PUSH_DOWN = 30.0

@@ -32,11 +32,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..generation.convention import Convention, call
-from ..objective import logits_of
-from .measure import value_scale
-from .result import CheckResult
-from .subject import Subject
+from ...generation.convention import Convention, call
+from ...objective import logits_of
+from ..measure import value_scale
+from ..result import CheckResult
+from ..subject import Subject
 
 # Positions of the packing probe (capped by max_seq_len): three documents of unequal lengths.
 PACK_LEN = 16
@@ -60,7 +60,7 @@ def packed_call(model: nn.Module, form: str, document_ids: torch.Tensor, *,
     (B, T). `use_cache` is passed as given (None: not passed, the model's own default), except
     to document_ids, which takes no cache. The ids go in as input_ids=, or as `convention`
     passes them. The trainer packs through it too."""
-    from ..model.decoder import packed_documents
+    from ...model.decoder import packed_documents
 
     if form == "document_ids":
         return lambda ids: model(ids, document_ids=document_ids.to(ids.device))

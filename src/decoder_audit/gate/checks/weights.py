@@ -12,16 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..accounting.ledger import measured_ledger, parameter_ledger, reconcile
-from ..objective import logits_of
-from . import tolerances
-from .measure import batch_not_equal, largest
+from ...accounting.ledger import measured_ledger, parameter_ledger, reconcile
+from ...objective import logits_of
+from .. import tolerances
+from ..measure import batch_not_equal, largest
 from .reach import other_inputs, reached
-from .result import CheckResult
-from .sharding import is_sharded, whole
+from ..result import CheckResult
+from ..sharding import is_sharded, whole
 from .spec import check_spec_params
-from .subject import Subject
-from .wrappers import adapter_update
+from ..subject import Subject
+from ..wrappers import adapter_update
 
 
 def check_params(s: Subject) -> CheckResult:

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from ..generation.convention import Stepper
-from ..references.hf_caches import caller_caches, slots_kept
-from .measure import batch_not_equal, scaled_excess
-from .result import CheckResult
-from .subject import Subject
+from ...generation.convention import Stepper
+from ...references.hf_caches import caller_caches, slots_kept
+from ..measure import batch_not_equal, scaled_excess
+from ..result import CheckResult
+from ..subject import Subject
 
 # Tokens the cache probes cover (capped by max_seq_len): a decode step reads every weight, so
 # the cost is in calls, not tokens; 16 positions give every schedule several steps.

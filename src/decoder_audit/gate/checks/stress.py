@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from ..config import DecoderConfig
+from ...config import DecoderConfig
 
 STRESS_GAIN_STD = 0.2
 """Spread of the stress weights' norm gains around 1 and of their biases and shifts around 0."""

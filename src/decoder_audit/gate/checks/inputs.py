@@ -11,12 +11,12 @@ import re
 
 import torch
 
-from ..errors import DecoderInputError
-from ..objective import OutputError
-from . import tolerances
-from .measure import all_finite, batch_not_equal
-from .result import CheckResult
-from .subject import SHORT_CONTEXT, Subject
+from ...errors import DecoderInputError
+from ...objective import OutputError
+from .. import tolerances
+from ..measure import all_finite, batch_not_equal
+from ..result import CheckResult
+from ..subject import SHORT_CONTEXT, Subject
 
 
 def _probe_lengths(s: Subject) -> list[int]:
@@ -97,7 +97,7 @@ def _inside_declared_context(s: Subject) -> str:
     limit = s.facts.length_limit
     if limit is None or not s.facts.hugging_face:
         return ""
-    from ..references.hf_models import config_length
+    from ...references.hf_models import config_length
 
     declared = config_length(getattr(s.work, "config", None))
     if declared is None or declared <= limit:

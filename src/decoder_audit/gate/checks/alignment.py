@@ -11,12 +11,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..objective import flatten_for_loss, next_token_batch
-from ..text.tokenizer import TINY_VOCAB, decode, encode
-from . import tolerances
-from .measure import batch_not_equal
-from .result import CheckResult
-from .subject import Subject
+from ...objective import flatten_for_loss, next_token_batch
+from ...text.tokenizer import TINY_VOCAB, decode, encode
+from .. import tolerances
+from ..measure import batch_not_equal
+from ..result import CheckResult
+from ..subject import Subject
 
 
 def _describe(ids: list[int], tiny: bool) -> str:

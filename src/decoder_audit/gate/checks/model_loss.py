@@ -39,10 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..generation.convention import is_signature_error
-from . import tolerances
-from .result import CheckResult
-from .subject import Subject
+from ...generation.convention import is_signature_error
+from .. import tolerances
+from ..result import CheckResult
+from ..subject import Subject
 
 IGNORE_INDEX = -100
 
