@@ -271,7 +271,6 @@ def test_a_skip_reason_reads_as_a_sentence(modules, capsys):
 
 
 def test_prepare_names_a_tokenizer_file_once(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "1000")  # the line unwrapped
     tokenizers = pytest.importorskip("tokenizers")
     vocab = {f"w{i}": i for i in range(20)} | {"</s>": 20}
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="</s>"))
@@ -279,9 +278,11 @@ def test_prepare_names_a_tokenizer_file_once(tmp_path, capsys, monkeypatch):
     (tmp_path / "words").mkdir()
     backend.save(str(tmp_path / "words" / "tokenizer.json"))
     (tmp_path / "text.txt").write_text(" ".join(f"w{i % 20}" for i in range(200)))
-    given = str(tmp_path / "words" / "tokenizer.json")
-    assert main(["prepare", "--text", str(tmp_path / "text.txt"), "--tokenizer", given,
-                 "--out", str(tmp_path / "data")]) == 0
+    # a short relative path: the console is 100 columns wide whatever the terminal, and a long
+    # temporary folder's path (pytest-xdist's workers nest one level deeper) would wrap the line
+    monkeypatch.chdir(tmp_path)
+    given = "words/tokenizer.json"
+    assert main(["prepare", "--text", "text.txt", "--tokenizer", given, "--out", "data"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines()
                 if line.startswith("tokenizer "))
     assert line.count("tokenizer.json") == 1 and given in line, line
