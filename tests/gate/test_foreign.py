@@ -348,3 +348,31 @@ def test_a_call_convention_guessed_from_names_is_established_by_calling(wrapper)
     assert not conv.ids_keyword and not conv.cached
     assert report["kv_cache"].skipped and "no cache" in report["kv_cache"].detail
     assert report["padding"].skipped == (wrapper is not BridgeLike)
+
+
+def test_a_model_whose_forward_requires_an_attention_mask_is_audited_with_one():
+    """A forward with attention_mask as a required argument: every check's plain call raised
+    TypeError (missing argument), so a correct model failed most of the gate. The gate passes
+    the all-ones mask a batch without pads has; a leak planted in it still fails `causal`."""
+    tf = pytest.importorskip("transformers")
+
+    class NeedsMask(tf.LlamaForCausalLM):
+        def forward(self, input_ids, attention_mask, **kwargs):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=37, hidden_size=16, intermediate_size=24,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            max_position_embeddings=32)
+    report = da.audit(NeedsMask(config).eval())
+    assert report.passed, [(c.name, c.detail) for c in report.failures]
+    assert report.facts.convention.mask_required
+
+    class LeaksWithMask(NeedsMask):
+        def forward(self, input_ids, attention_mask, **kwargs):
+            out = super().forward(input_ids, attention_mask, **kwargs)
+            out.logits = out.logits + 0.1 * out.logits.flip(1)  # each row reads a later one
+            return out
+
+    torch.manual_seed(0)
+    assert not da.audit(LeaksWithMask(config).eval(), checks=["causal"])["causal"].passed

@@ -278,7 +278,7 @@ class Subject:
             self._restore_state()
         self.count(ids)
         with torch.no_grad(), model_failures_carried(self):
-            logits = logits_of(self.work(ids))  # the plain call: ids positionally, nothing else
+            logits = logits_of(self.forward(ids))  # the plain call: ids positionally
         if isinstance(logits, torch.Tensor) and logits.device.type == "meta":
             raise MetaLogits(f"the model returned logits {tuple(logits.shape)} on the meta "
                              "device: shapes without values (weights never materialised, or "
@@ -287,6 +287,14 @@ class Subject:
                 not all_finite(logits):
             raise NonFiniteLogits(non_finite_message(logits, self.dtype))
         return logits
+
+    def forward(self, ids: torch.Tensor, **kwargs) -> Any:
+        """The working model called on ids (B, T) positionally with `kwargs`, and the all-ones
+        attention_mask its forward requires where it has no default (facts.convention): the
+        plain call every check makes, with nothing restored or counted (see `run`)."""
+        if self.convention.mask_required and kwargs.get("attention_mask") is None:
+            kwargs["attention_mask"] = torch.ones_like(ids)
+        return self.work(ids, **kwargs)
 
     def call(self, ids: torch.Tensor, **kwargs) -> Any:
         """The model's raw output for ids (B, T) and `kwargs` (labels=, position_ids=, ...), the

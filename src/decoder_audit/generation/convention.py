@@ -89,10 +89,27 @@ class Convention:
     position_origin: int = 0  # position_ids of a padded row start here (`position_origin` below)
     ids_keyword: bool = True  # Hugging Face: the ids go in as input_ids=; False: positionally
     """How the ids go in is established by calling (`established`), not read from a name."""
+    mask_required: bool = False
+    """Its forward requires an attention_mask (no default): every call passes one, all ones
+    where the caller gives none (a batch without pads is all real tokens)."""
 
 
 def convention(model: nn.Module) -> Convention:
     """The call convention of `model`, from the parameter names of its forward."""
+    return replace(_convention(model), mask_required=_requires(model, "attention_mask"))
+
+
+def _requires(model: nn.Module, name: str) -> bool:
+    """Whether `model`'s forward takes `name` and has no default for it."""
+    try:
+        param = inspect.signature(model.forward).parameters.get(name)
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is inspect.Parameter.empty and param.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _convention(model: nn.Module) -> Convention:
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -327,7 +344,10 @@ class Stepper:
 def call(model: nn.Module, conv: Convention, ids: torch.Tensor, **kwargs: Any) -> Any:
     """`model` called on ids (B, T) and `kwargs` the way its convention passes ids: as input_ids=
     where the Hugging Face convention was established with it, else positionally (every model
-    the gate audits takes its ids first)."""
+    the gate audits takes its ids first); an all-ones attention_mask where its forward requires
+    one and the caller gave none."""
+    if conv.mask_required and kwargs.get("attention_mask") is None:
+        kwargs["attention_mask"] = torch.ones_like(ids)
     if conv.name == "hugging face" and conv.ids_keyword:
         return model(input_ids=ids, **kwargs)
     return model(ids, **kwargs)

@@ -88,7 +88,7 @@ def _attention_outputs(s: Subject, ids: torch.Tensor) -> list | None:
     """The model's `output_attentions=True` tuple for ids, or None when it gives none."""
     try:
         with torch.no_grad():
-            out = s.work(ids.to(s.device), output_attentions=True)
+            out = s.forward(ids.to(s.device), output_attentions=True)
     except Exception:  # noqa: BLE001 - a model that takes no such argument exposes nothing
         return None
     s.count(ids)

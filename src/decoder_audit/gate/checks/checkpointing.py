@@ -107,7 +107,7 @@ def _projected_backward(s: Subject, ids: torch.Tensor, projection: torch.Tensor,
             devices=[s.device] if s.device.type == "cuda" else []):
         torch.manual_seed(DROPOUT_SEED)
         s.count(ids)
-        logits = logits_of(s.work(ids))
+        logits = logits_of(s.forward(ids))
         (logits.double() * projection.double()).sum().backward()
         grads = {name: (None if p.grad is None else p.grad.detach().clone())
                  for name, p in s.work.named_parameters() if id(p) not in frozen}

@@ -362,7 +362,7 @@ def _input_gradient(s: Subject, ids: torch.Tensor, positions: list[int],
     try:
         with torch.enable_grad():
             s.count(ids)
-            logits = logits_of((run or s.work)(ids))  # (B, T, V)
+            logits = logits_of((run or s.forward)(ids))  # (B, T, V)
             if not captured or not captured[0].shape[:2] == ids.shape:
                 raise _NoInputGradient(f"{type(embedding).__name__} found as the input embedding "
                                        "produced no (B, T, D) output in forward")

@@ -324,7 +324,7 @@ def _compare_grads(s: Subject, named: dict[str, nn.Parameter], oracle: StreamedO
     by_stage = itertools.groupby(oracle.backward(projection), key=lambda piece: piece[0])
     device_ids, device_projection = ids.to(s.device), projection.to(s.device)
     def objective() -> torch.Tensor | None:
-        fast = logits_of(s.work(device_ids))
+        fast = logits_of(s.forward(device_ids))
         s.count(ids)
         # No weight reaches the logits when fast does not require grad: every gradient is 0.
         return (fast.double() * device_projection).sum() if fast.requires_grad else None

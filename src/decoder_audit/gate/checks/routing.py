@@ -260,7 +260,7 @@ def check_expert_gradients(s: Subject) -> CheckResult:
 
     def loss() -> torch.Tensor | None:
         s.count(ids)
-        logits = logits_of(s.work(ids))
+        logits = logits_of(s.forward(ids))
         value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
         return value if value.requires_grad else None
 

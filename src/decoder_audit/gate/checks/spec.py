@@ -425,7 +425,7 @@ def _compare_grads(s: Subject, placement: Placement, named: Mapping[str, nn.Para
     placed = {id(p): name for name, p in named.items() if leaves[id(p)].grad is not None}
     params = [p for p in s.parameters() if id(p) in placed]
     with s.gradients_for(params):
-        fast = logits_of(s.work(ids.to(s.device)))
+        fast = logits_of(s.forward(ids.to(s.device)))
         s.count(ids)
         (fast.double() * projection.to(fast.device)).sum().backward()
         errors = {placed[id(p)]: largest((_dense(p) .double().cpu() - leaves[id(p)].grad))

@@ -300,7 +300,7 @@ def check_dead_parameters(s: Subject) -> CheckResult:
 
     def loss() -> torch.Tensor | None:
         s.count(ids)
-        logits = logits_of(s.work(ids))
+        logits = logits_of(s.forward(ids))
         value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
         return value if value.requires_grad else None  # no weight reaches it: every grad is 0
 
