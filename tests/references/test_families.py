@@ -62,6 +62,9 @@ def _audit(model: torch.nn.Module) -> da.AuditReport:
 def test_each_family_is_read_as_its_spec_and_passes(model_type):
     model = _tiny(model_type)
     report = _audit(model)
+    if report.facts.spec is None and ("this release" in report.facts.reference_reason or
+                                      "transformers 4 release" in report.facts.reference_reason):
+        pytest.skip(report.facts.reference_reason)  # an older release's modules, said so
     assert report.facts.spec is not None, report["oracle"].detail  # white-box, no argument
     assert report["params"].passed, report["params"].detail
     assert report["oracle"].passed, report["oracle"].detail
@@ -388,3 +391,18 @@ def test_a_family_left_black_box_says_what_it_lacks(model_type, words):
     report = _audit(model)
     assert report.facts.spec is None and report["oracle"].skipped
     assert words in report["oracle"].detail and model_type in report["oracle"].detail
+
+
+def test_a_family_whose_modules_lie_in_another_form_is_black_box_saying_so():
+    """A release whose modules keep a family's weights under other names than the table places
+    (GraniteMoE's experts before transformers 5: one fused input_linear per layer) is audited
+    black-box with the reason, not failed on params: the weights are there, under names the
+    table does not know. Planted here as the same weights renamed."""
+    model = _tiny("granitemoe")
+    layer = model.model.layers[0].block_sparse_moe
+    layer.renamed_router = layer.router
+    del layer.router  # the router's weight now lies under another name
+    report = _audit(model)
+    assert report.facts.spec is None and report["oracle"].skipped
+    assert "form the families table does not place" in report.facts.reference_reason
+    assert "renamed_router" in report.facts.reference_reason
