@@ -193,7 +193,7 @@ def families_block() -> str:
 
 
 def black_box_block() -> str:
-    from decoder_audit.references.families import BLACK_BOX
+    from decoder_audit.references.family_black_box import BLACK_BOX
 
     lacks: dict[str, list[str]] = {}
     for model_type, why in BLACK_BOX.items():

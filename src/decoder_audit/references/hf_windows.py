@@ -19,8 +19,9 @@ it.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
+
+from .family_entry import takes
 
 
 def _text_config(config: Any) -> Any:
@@ -29,13 +30,6 @@ def _text_config(config: Any) -> Any:
         return getter() if callable(getter) else config
     except Exception:  # noqa: BLE001 - a composite config without a text part: use it whole
         return config
-
-
-def _takes(config_class: type, field: str) -> bool:
-    try:
-        return field in inspect.signature(config_class.__init__).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def layer_kinds(config: Any, family: str | None = None) -> list[str] | None:
@@ -48,7 +42,7 @@ def layer_kinds(config: Any, family: str | None = None) -> list[str] | None:
     family = family or getattr(text, "model_type", None)
     layers = getattr(text, "num_hidden_layers", None)
     types = getattr(text, "layer_types", None)
-    if types and (_takes(type(text), "layer_types") or family not in _LEGACY):
+    if types and (takes(type(text), "layer_types") or family not in _LEGACY):
         return list(types)
     if not isinstance(layers, int) or layers < 1:
         return None
