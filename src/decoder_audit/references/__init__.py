@@ -9,7 +9,8 @@
     families.py      the families table (FAMILIES): every family read as a spec, in the writer's
                      order; its entries written by group in families_llama.py (Llama's block
                      under other names), families_gpt.py (GPT-style blocks, other positions and
-                     norm placements), families_routed.py (routed experts, latent attention)
+                     norm placements), families_routed.py (routed experts),
+                     families_latent.py (DeepSeek's latent attention)
     family_entry.py  an entry of the table (`Family`, `llama()`), Llama's defaults, `takes`
     family_errors.py the two ways a family's config fails to be read
     family_black_box.py  the families left black-box on purpose, with what they lack

@@ -7,8 +7,9 @@ are written in their groups' modules, beside the functions they read fields thro
     families_llama.py    Llama's block under other names (Llama, Mistral, Qwen2, Gemma, ...)
     families_gpt.py      GPT-style blocks (GPT-2, GPT-NeoX, GPT-J, OPT, Falcon, ...) and other
                          positions and norm placements (BLOOM, MPT, XGLM, GPT-1, Persimmon)
-    families_routed.py   routed experts and DeepSeek's latent attention (Mixtral, Qwen-MoE,
-                         DeepSeek V2 / V3, GLM-4.5, GPT-OSS, Cohere 2 MoE, ...)
+    families_routed.py   Llama's attention before routed experts (Mixtral, Qwen-MoE, GLM-4.5,
+                         GPT-OSS, Cohere 2 MoE, ...)
+    families_latent.py   DeepSeek's latent attention (DeepSeek V2 / V3, MiniCPM3, ...)
 
 and the families left black-box, with what they lack, in family_black_box.py. Nothing here
 imports transformers: the classes are named, and looked up in the release at hand (`present`).
@@ -23,8 +24,8 @@ from typing import Any
 from .families_gpt import GPT2, GPT_NEOX, GPT_STYLE, POSITION_FAMILIES
 from .families_llama import (CONVERTER_LLAMAS, HUNYUAN_DENSE, LLAMA_DERIVED, LLAMA_NAMED,
                              SCALED_DENSE)
-from .families_routed import (DEEPSEEK, GPT_OSS, HUNYUAN_MOE, ROUTED, ROUTED_DERIVED,
-                              WINDOWED_ROUTED)
+from .families_latent import DEEPSEEK, LATENT_DERIVED
+from .families_routed import GPT_OSS, HUNYUAN_MOE, ROUTED, ROUTED_DERIVED, WINDOWED_ROUTED
 from .family_entry import Family
 
 FAMILIES: tuple[Family, ...] = (
@@ -32,7 +33,7 @@ FAMILIES: tuple[Family, ...] = (
     *LLAMA_DERIVED, GPT_NEOX,  # the first the layouts placed (rotate-half RoPE kept)
     *ROUTED, *DEEPSEEK,
     *GPT_STYLE,
-    *ROUTED_DERIVED,
+    *ROUTED_DERIVED, *LATENT_DERIVED,
     *LLAMA_NAMED,
     *POSITION_FAMILIES,
     # sinks, the clamped SwiGLU, biased routers and experts, q/k norms after RoPE,

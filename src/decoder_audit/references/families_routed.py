@@ -1,9 +1,9 @@
-"""The routed and latent families of the families table (`families.FAMILIES`): Llama's
-attention (or DeepSeek's latent attention) in front of routed experts. Mixtral, Qwen-MoE, OLMoE
-and DeepSeek V2 / V3 first; then the routers derived from them (FlexOlmo, dots.llm1, GLM-4.5,
-Solar Open, HY-V3, MiniMax-M2, Aria, Ernie 4.5 MoE, Mellum, GraniteMoE, EXAONE MoE, Kolibri 1)
-and latent attention before dense MLPs (Youtu, GLM-4.7-Flash, MiniCPM3); then the routers with
-biases, sinks or windowed RoPE (GPT-OSS, Hunyuan MoE, GraniteMoe SWA, Flint, Cohere 2 MoE).
+"""The routed families of the families table (`families.FAMILIES`): Llama's attention in front
+of routed experts (DeepSeek's latent attention is families_latent.py's). Mixtral, Qwen-MoE and
+OLMoE first; then the routers derived from them and from DeepSeek-V3's (FlexOlmo, dots.llm1,
+GLM-4.5, Solar Open, HY-V3, MiniMax-M2, Aria, Ernie 4.5 MoE, Mellum, GraniteMoE, EXAONE MoE,
+Kolibri 1); then the routers with biases, sinks or windowed RoPE (GPT-OSS, Hunyuan MoE,
+GraniteMoe SWA, Flint, Cohere 2 MoE).
 Beside the entries, the functions they read fields through (`Family.read`) and their inverses
 for the writer (`Family.write`). Each reads exactly what the family's modeling code computes
 with, and raises `Unexpressed` (named among the refusals) or `InvalidHFConfig` (no model) where
@@ -73,36 +73,14 @@ ROUTED: tuple[Family, ...] = (
 )
 
 
-# ---- DeepSeek's latent attention -----------------------------------------------------------------
+# ---- routed families (helper fam-moe) ----------------------------------------------------------
 
-def _first_k_dense(config: Any) -> int:
+def first_k_dense(config: Any) -> int:
+    """DeepSeek's dense layers first: first_k_dense_replace."""
     return config.first_k_dense_replace or 0  # Dots1's may be None: no dense layer
 
 
-# transformers' RMSNorm default: latent attention's norms (q_a_layernorm, kv_a_layernorm) are
-# built without the config's rms_norm_eps, the block norms with it
-_LATENT_NORM_EPS = 1e-6
-
-
-def _latent_norm_eps(config: Any) -> float | None:
-    """The latent norms' eps, where it is not the block norms' rms_norm_eps."""
-    return None if float(config.rms_norm_eps) == _LATENT_NORM_EPS else _LATENT_NORM_EPS
-
-DEEPSEEK: tuple[Family, ...] = (
-    Family("deepseek_v3", "DeepseekV3ForCausalLM", block="latent", experts="deepseek_v3",
-           windows=False, read={"first_dense_layers": _first_k_dense,
-                                "latent_norm_eps": _latent_norm_eps}),
-    # V2 rotates interleaved pairs (as complex numbers) whatever a rope_interleave says
-    Family("deepseek_v2", "DeepseekV2ForCausalLM", block="latent", experts="deepseek_v2",
-           windows=False, read={"first_dense_layers": _first_k_dense,
-                                "latent_norm_eps": _latent_norm_eps},
-           fixed={"rope_layout": "interleaved"}),
-)
-
-
-# ---- routed families (helper fam-moe) ----------------------------------------------------------
-
-def _dense_prefix(attribute: str) -> Callable[[Any], int]:
+def dense_prefix(attribute: str) -> Callable[[Any], int]:
     """first_dense_layers from a per-layer list of MLP kinds ("dense" / "sparse": HY-V3's,
     Mellum's, EXAONE MoE's mlp_layer_types), whose dense layers must be the first ones."""
     def read(config: Any) -> int:
@@ -115,7 +93,7 @@ def _dense_prefix(attribute: str) -> Callable[[Any], int]:
     return read
 
 
-def _dense_prefix_write(attribute: str) -> Callable[[Any, type], dict[str, Any]]:
+def dense_prefix_write(attribute: str) -> Callable[[Any, type], dict[str, Any]]:
     def write(cfg: Any, config_class: type) -> dict[str, Any]:
         return {attribute: ["sparse" if cfg.routes(i) else "dense" for i in range(cfg.n_layers)]}
     return write
@@ -160,19 +138,8 @@ def _mellum_write(cfg: Any, config_class: type) -> dict[str, Any]:
     """Mellum's dense layers, and its RoPE per layer type (its rotary module reads both)."""
     full = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     local = {"rope_type": "default", "rope_theta": cfg.window_rope_theta or cfg.rope_theta}
-    return {**_dense_prefix_write("mlp_layer_types")(cfg, config_class),
+    return {**dense_prefix_write("mlp_layer_types")(cfg, config_class),
             "rope_parameters": {"full_attention": full, "sliding_attention": local}}
-
-
-def _minicpm3_residual(config: Any) -> float:
-    """MiniCPM3's residual_scale: scale_depth / sqrt(num_hidden_layers)."""
-    return config.scale_depth / config.num_hidden_layers ** 0.5
-
-
-def _minicpm3_write(cfg: Any, config_class: type) -> dict[str, Any]:
-    return {"scale_emb": cfg.embedding_scale or 1.0,
-            "scale_depth": cfg.residual_multiplier * cfg.n_layers ** 0.5,
-            "dim_model_base": cfg.logit_scale * cfg.d_model}
 
 
 def _granite_write(cfg: Any, config_class: type) -> dict[str, Any]:
@@ -203,7 +170,7 @@ _TOPK_SOFTMAX = {"router_scoring": "softmax", "router_order": "topk_score",
                  "normalize_topk": True}
 
 
-def _no_shared_mlp(attribute: str) -> tuple:
+def no_shared_mlp(attribute: str) -> tuple:
     """A block that builds its shared MLP whatever: of width 0 where `attribute` is 0, its
     zero-size weights a shape no DecoderConfig has (refused, never left over in params)."""
     return (attribute, "a shared MLP of width 0 (zero-size weights; no shared experts is "
@@ -221,20 +188,20 @@ ROUTED_DERIVED: tuple[Family, ...] = (
                  "qk_norm_scope": "projection"}, read=_OLMOE_READ),
     # dots.llm1: Qwen3's attention, DeepSeek-V3's router and shared experts
     llama("dots1", "Dots1ForCausalLM", **_V3_ROUTED, fixed={**_V3_FIXED, "qk_norm": True},
-          refused=(_no_shared_mlp("n_shared_experts"),),
+          refused=(no_shared_mlp("n_shared_experts"),),
           read={**_V3_READ, "n_experts": "n_routed_experts",
-                "n_shared_experts": "n_shared_experts", "first_dense_layers": _first_k_dense}),
+                "n_shared_experts": "n_shared_experts", "first_dense_layers": first_k_dense}),
     # GLM-4.5 (and Sarvam-MoE, whose config is read by this class): the first half of each head
     # rotated (partial_rotary_factor 0.5), q/k/v biases without an output bias, optional
     # per-head q/k norms, DeepSeek-V3's router
     llama("glm4_moe", "Glm4MoeForCausalLM", **_V3_ROUTED, partial_rotary=True,
-          refused=(_no_shared_mlp("n_shared_experts"),),
+          refused=(no_shared_mlp("n_shared_experts"),),
           fixed={**_V3_FIXED, "attn_output_bias": False},
           read={**_V3_READ, "n_experts": "n_routed_experts", "qk_norm": "use_qk_norm",
-                "n_shared_experts": "n_shared_experts", "first_dense_layers": _first_k_dense}),
+                "n_shared_experts": "n_shared_experts", "first_dense_layers": first_k_dense}),
     # Solar Open: Llama's attention without an output bias, every layer routed as GLM-4.5's
     llama("solar_open", "SolarOpenForCausalLM", **_V3_ROUTED,
-          refused=(_no_shared_mlp("n_shared_experts"),),
+          refused=(no_shared_mlp("n_shared_experts"),),
           fixed={**_V3_FIXED, "attn_output_bias": False},
           read={**_V3_READ, "n_experts": "n_routed_experts", "n_shared_experts":
                 "n_shared_experts", "d_ff": "moe_intermediate_size"}),  # no dense layer
@@ -245,8 +212,8 @@ ROUTED_DERIVED: tuple[Family, ...] = (
                 "expert_width": "moe_intermediate_size",
                 "routed_scaling": "router_scaling_factor", "n_shared_experts": _hy_v3_shared,
                 "shared_expert_width": _hy_v3_shared_width,
-                "first_dense_layers": _dense_prefix("mlp_layer_types")},
-          write=_dense_prefix_write("mlp_layer_types")),
+                "first_dense_layers": dense_prefix("mlp_layer_types")},
+          write=dense_prefix_write("mlp_layer_types")),
     # MiniMax-M2: q/k norms over the projections, partial rotary, a sigmoid router chosen with
     # a selection bias, always renormalised, every layer routed
     llama("minimax_m2", "MiniMaxM2ForCausalLM", experts="deepseek_v3", partial_rotary=True,
@@ -255,7 +222,7 @@ ROUTED_DERIVED: tuple[Family, ...] = (
           read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"}),
     # Aria's text model: the k largest logits softmaxed, shared experts of intermediate_size
     llama("aria_text", "AriaTextForCausalLM", experts="mixtral",
-          refused=(_BIASED_MLPS, _no_shared_mlp("moe_num_shared_experts")),
+          refused=(_BIASED_MLPS, no_shared_mlp("moe_num_shared_experts")),
           fixed=_TOPK_SOFTMAX,
           read={"n_experts": "moe_num_experts", "experts_per_token": "moe_topk",
                 "n_shared_experts": "moe_num_shared_experts"}),
@@ -275,7 +242,7 @@ ROUTED_DERIVED: tuple[Family, ...] = (
           fixed={**_ROUTED["fixed"], "qk_norm": True},
           read={"n_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
                 "normalize_topk": "norm_topk_prob", "expert_width": "moe_intermediate_size",
-                "first_dense_layers": _dense_prefix("mlp_layer_types")},
+                "first_dense_layers": dense_prefix("mlp_layer_types")},
           write=_mellum_write),
     # GraniteMoE: Granite's multipliers, the k largest logits softmaxed, every layer routed;
     # GraniteMoeShared adds one shared MLP of shared_intermediate_size (0: none)
@@ -289,14 +256,14 @@ ROUTED_DERIVED: tuple[Family, ...] = (
     # EXAONE MoE: EXAONE 4's attention (per-head q/k norms, the full layers NoPE where a window
     # is set), DeepSeek-V3's router and shared experts, dense layers from mlp_layer_types
     llama("exaone_moe", "ExaoneMoeForCausalLM", **_V3_ROUTED, fixed={**_V3_FIXED, "qk_norm": True},
-          refused=(_no_shared_mlp("num_shared_experts"),),
+          refused=(no_shared_mlp("num_shared_experts"),),
           read={**_V3_READ, "n_experts": "num_experts", "n_shared_experts": "num_shared_experts",
-                "first_dense_layers": _dense_prefix("mlp_layer_types"),
+                "first_dense_layers": dense_prefix("mlp_layer_types"),
                 "nope_layers": rope_only_where_windowed}),
     # Kolibri 1: EXAONE 4's attention in GLM-4's sandwich block; the k largest biased logits
     # chosen, each weighed by its own logit's sigmoid; one shared expert; every layer routed
     llama("kolibri1", "Kolibri1ForCausalLM", experts="kolibri",
-          refused=(_no_shared_mlp("shared_expert_intermediate_size"),),
+          refused=(no_shared_mlp("shared_expert_intermediate_size"),),
           fixed={"router_scoring": "sigmoid", "router_order": "topk_score",
                  "router_selection_bias": True, "qk_norm": True, "sandwich_norm": True,
                  "n_shared_experts": 1},
@@ -305,23 +272,6 @@ ROUTED_DERIVED: tuple[Family, ...] = (
                 "shared_expert_width": "shared_expert_intermediate_size",
                 "d_ff": "moe_intermediate_size",  # no dense layer
                 "nope_layers": rope_only_where_windowed}),
-    # Youtu: DeepSeek-V3's latent attention in front of a dense MLP in every layer
-    Family("youtu", "YoutuForCausalLM", block="latent", windows=False,
-           read={"latent_norm_eps": _latent_norm_eps}),
-    # GLM-4.7-Flash: DeepSeek-V3's latent attention and router, dense layers from mlp_layer_types
-    Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", block="latent", experts="deepseek_v3",
-           refused=(_no_shared_mlp("n_shared_experts"),),
-           windows=False, write=_dense_prefix_write("mlp_layer_types"),
-           read={"first_dense_layers": _dense_prefix("mlp_layer_types"),
-                 "latent_norm_eps": _latent_norm_eps}),
-    # MiniCPM3: DeepSeek-V2's latent attention turning its rotary part on halves, dense MLPs,
-    # the embeddings x scale_emb, each sublayer's output x scale_depth / sqrt(L), the final
-    # hidden state divided by hidden_size / dim_model_base before the readout
-    Family("minicpm3", "MiniCPM3ForCausalLM", block="latent", windows=False,
-           fixed={"rope_layout": "rotate_half"}, write=_minicpm3_write,
-           read={"latent_norm_eps": _latent_norm_eps, "embedding_scale": "scale_emb",
-                 "residual_multiplier": _minicpm3_residual,
-                 "logit_scale": lambda c: c.dim_model_base / c.hidden_size}),
 )
 
 
@@ -438,7 +388,7 @@ WINDOWED_ROUTED: tuple[Family, ...] = (
                  "logit_scale": "logit_scale", "n_experts": "num_experts",
                  "experts_per_token": "num_experts_per_tok", "expert_width": "intermediate_size",
                  "d_ff": _cohere2_moe_dense_width,
-                 "first_dense_layers": _dense_prefix("mlp_layer_types"),
+                 "first_dense_layers": dense_prefix("mlp_layer_types"),
                  "router_scoring": _cohere2_moe_scoring,
                  "normalize_topk": lambda c: c.expert_selection_fn == "softmax"
                  or c.norm_topk_prob,

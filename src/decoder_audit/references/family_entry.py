@@ -35,9 +35,10 @@ rotated halves, no biases unless `attention_bias` / `mlp_bias` say so), then tak
                  (GPT-BigCode's c_attn: GPT-2's name and shape, its rows by KV group).
 
 Adding a family is one entry in its group's module (families_llama.py, families_gpt.py,
-families_routed.py), a correct tiny model that passes and a planted defect that fails
-(tests/references/test_families.py walks the table). Nothing here imports transformers: the
-classes are named, and looked up in the release at hand (`families.present`).
+families_routed.py, families_latent.py), a correct tiny model that passes and a planted defect
+that fails (tests/references/test_families.py walks the table). Nothing here imports
+transformers: the classes are named, and looked up in the release at hand
+(`families.present`).
 """
 
 from __future__ import annotations
