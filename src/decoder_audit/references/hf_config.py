@@ -26,7 +26,7 @@ from . import families
 from .family_entry import Family, Source
 from .family_errors import InvalidHFConfig, Unexpressed
 from .hf_rope import rope_config_fields, rope_fields
-from .hf_windows import layer_kinds
+from .hf_windows import layer_kinds, text_config
 
 # As the README installs: through the constraints (pip would otherwise take a transformers the
 # tests never ran, and on Linux a multi-GB CUDA build of torch with it).
@@ -65,14 +65,6 @@ def quiet(tf: Any) -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-def _text_config(config: Any) -> Any:
-    getter = getattr(config, "get_text_config", None)
-    try:
-        return getter() if callable(getter) else config
-    except Exception:  # noqa: BLE001 - a composite config without a text part: use it whole
-        return config
-
-
 # Sizes every family names the same way (transformers maps a family's own names onto these:
 # GPT-2's n_layer is num_hidden_layers), with the least each may be. transformers checks few of
 # them: "n_layer": -2 builds a model with no layers at all, "n_head": 0 divides by zero. A width
@@ -92,7 +84,7 @@ def refuse_bad_sizes(config: Any, config_path: Path, *,
                      error: type[Exception] = CheckpointError) -> None:
     """`error` naming the file and the field when a size is not an integer of at least its
     SIZE_FIELDS least (None, a size left to its default, is fine)."""
-    for part in {id(c): c for c in (config, _text_config(config))}.values():
+    for part in {id(c): c for c in (config, text_config(config))}.values():
         for name, least in SIZE_FIELDS.items():
             try:
                 value = getattr(part, name)
