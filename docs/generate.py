@@ -15,11 +15,12 @@ pages always say what the code does.
     config    DecoderConfig's fields (config.py): name, type, default, its attribute docstring
     commands  the subcommands and their one-line help (cli/)
     sources   which model-source flag each subcommand takes (cli/, from its parser)
-    layouts   the weight layouts a --spec finds by their names (references/layouts.py LAYOUTS)
+    layouts   the weight layouts a --spec finds by their names (references/layout_table.py LAYOUTS)
     presets   the named configurations and their analytic parameter counts
     families  the Hugging Face families read as a spec (references/families.py FAMILIES): what
               each changes relative to Llama's block
-    black-box the families left black-box on purpose (FAMILIES' BLACK_BOX): what each lacks
+    black-box the families left black-box on purpose (references/family_black_box.py
+              BLACK_BOX): what each lacks
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def sources_block() -> str:
 
 
 def layouts_block() -> str:
-    from decoder_audit.references.layouts import LAYOUTS
+    from decoder_audit.references.layout_table import LAYOUTS
 
     rows = [[layout.name, f"`{layout.embedding}`", f"`{layout.block}`",
              f"`{layout.final_norm}`" if layout.final_norm else "none (GPT-1)",
@@ -200,7 +201,7 @@ def families_block() -> str:
 
 
 def black_box_block() -> str:
-    from decoder_audit.references.families import BLACK_BOX
+    from decoder_audit.references.family_black_box import BLACK_BOX
 
     lacks: dict[str, list[str]] = {}
     for model_type, why in BLACK_BOX.items():

@@ -546,7 +546,7 @@ def _oracle_paragraph(built: list[Row], tf) -> str:
 
 def _black_box_section(built: list[Row]) -> list[str]:
     """Every built family the oracle did not run on, with what it lacks: the oracle's skip
-    reason (what the reader refused, or references.families.BLACK_BOX)."""
+    reason (what the reader refused, or references.family_black_box.BLACK_BOX)."""
     rows = [r for r in built if "oracle" not in r.ran]
     lines = ["", f"## Left black-box ({len(rows)} families)", "",
              "| family | class | what it lacks |", "|---|---|---|"]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from decoder_audit.references.families import takes
+from decoder_audit.references.family_entry import takes
 from decoder_audit.references.hf_rope import holds_rope_parameters
 
 

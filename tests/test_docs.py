@@ -105,7 +105,7 @@ def test_train_help_names_as_not_refused_exactly_the_checks_off_trainings_path(c
 
 
 def test_verify_help_names_every_layout_a_spec_is_found_in(capsys, monkeypatch):
-    from decoder_audit.references.layouts import LAYOUTS
+    from decoder_audit.references.layout_table import LAYOUTS
 
     text = _help(["verify", "--help"], capsys, monkeypatch)
     spec_help = re.search(r"^\s+--spec CONFIG.json\s+(.*)$", text, re.M)[1]

@@ -91,7 +91,10 @@ PACKAGES = {
         # in bf16 run the same code in the same dtypes
         deselect=("tests/gate/test_dtypes.py::test_presets_pass_in_16_bit",)),
     "spec": Package(
-        ("src/decoder_audit/gate/checks/spec.py", "src/decoder_audit/references/layouts.py"),
+        ("src/decoder_audit/gate/checks/spec.py", "src/decoder_audit/references/layouts.py",
+         "src/decoder_audit/references/layout_types.py",
+         "src/decoder_audit/references/spec_weights.py",
+         "src/decoder_audit/references/weights_map.py"),
         ("tests/gate/test_spec.py", "tests/gate/test_spec_families.py",
          "tests/gate/test_spec_lens.py", "tests/references/test_hf_families.py"),
         "a declared architecture on modules we did not write: each outside style's correct "

@@ -457,7 +457,7 @@ def test_experts_per_token_outside_one_to_the_experts_is_refused_naming_the_fiel
     import json
 
     from decoder_audit.cli import main
-    from decoder_audit.references.hf_config import InvalidHFConfig
+    from decoder_audit.references.family_errors import InvalidHFConfig
 
     folder = tmp_path / "mixtral"
     _model("mixtral").save_pretrained(folder)

@@ -17,6 +17,7 @@ import zoo_styles
 
 import decoder_audit as da
 from decoder_audit.references import layouts
+from decoder_audit.references.weights_map import WeightsMapError
 
 SPEC = zoo_styles.SPECS["tune"]
 
@@ -76,7 +77,7 @@ def test_a_map_returning_no_dict_of_tensors_is_a_config_error_naming_what_it_ret
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     with pytest.raises(da.ConfigError) as raised:
         da.audit(model, spec=SPEC, weights_map=weights_map)
-    assert isinstance(raised.value, layouts.WeightsMapError)
+    assert isinstance(raised.value, WeightsMapError)
     said = str(raised.value)
     assert weights_map.__name__ in said and RETURNS[weights_map] in said, said
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())

@@ -208,7 +208,7 @@ def test_the_torch_twin_and_the_converter_refuse_them_naming_the_field(name, fie
 @pytest.mark.parametrize("name", ["moe-softmax-shared", "mla-moe", "moe-shared-gate",
                                   "moe-sigmoid-bias"])
 def test_expected_weights_are_the_decoders_own(name):
-    from decoder_audit.references.layouts import expected_weights
+    from decoder_audit.references.spec_weights import expected_weights
 
     cfg = configs.named(name)
     model = da.Decoder(cfg, device="meta")

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from conformance import Unbuildable, build_tiny, tiny_config
 
 import decoder_audit as da
-from decoder_audit.references.families import BLACK_BOX, FAMILIES
+from decoder_audit.references.families import FAMILIES
+from decoder_audit.references.family_black_box import BLACK_BOX
 from decoder_audit.references.hf import from_hf, to_hf
 from decoder_audit.references.hf_config import config_from_hf
 from decoder_audit.references.hf_models import eager_experts

@@ -103,7 +103,7 @@ def test_gptj_without_a_rotary_dim_is_refused_as_no_model_computes_with_it():
     """rotary_dim=None makes GPT-J's sin/cos table hidden_size wide: with more than one head its
     forward fails, so the config is refused outright (not audited black-box). transformers 4
     configs take it; 5's strict config class refuses it, so it is set past the validation."""
-    from decoder_audit.references.families import InvalidHFConfig
+    from decoder_audit.references.family_errors import InvalidHFConfig
 
     config = _config("gptj")
     object.__setattr__(config, "rotary_dim", None)

@@ -13,7 +13,7 @@ import pytest
 from conformance import tiny_config
 
 import decoder_audit as da
-from decoder_audit.references.families import InvalidHFConfig
+from decoder_audit.references.family_errors import InvalidHFConfig
 from decoder_audit.references.hf_config import config_from_hf
 
 tf = pytest.importorskip("transformers")

@@ -18,7 +18,7 @@ from hf_compat import deepseek_class, hf_class, skip_unless_it_runs
 
 import decoder_audit as da
 from decoder_audit.references import hf as hfref
-from decoder_audit.references.families import takes
+from decoder_audit.references.family_entry import takes
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()

@@ -1,15 +1,15 @@
 """The parts of `--help` that are facts of the code, written from the code that decides them:
 the checks from the gate's registry, the paths each refuses, the layouts a --spec is found in.
-A check added to the registry or a layout added to `references.layouts` appears here without an
-edit, so `--help` never names fewer than there are (docs/generate.py writes the docs' tables
-from the same sources)."""
+A check added to the registry or a layout added to `references.layout_table` appears here
+without an edit, so `--help` never names fewer than there are (docs/generate.py writes the
+docs' tables from the same sources)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..gate import CHECKS
-from ..references.layouts import LAYOUTS
+from ..references.layout_table import LAYOUTS
 
 class ListingFormatter(argparse.HelpFormatter):
     """Wraps the description as argparse does and keeps the epilog's lines as written (a table

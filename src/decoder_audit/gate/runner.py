@@ -42,7 +42,7 @@ from torch import nn
 
 from ..config import DecoderConfig
 from ..errors import ConfigError
-from ..references.layouts import WeightsMap
+from ..references.weights_map import WeightsMap
 from . import tolerances
 from .checks import attention, generation, inputs, model_loss, training
 from .facts import ModelFacts, TrainingPath, model_facts

@@ -10,7 +10,7 @@ from them (`get_attention_masks`); the gate calls a model with ids alone. `Titan
 call: positions 0..T-1 (or the restarting `position_ids` of packed documents, the form its
 dataloaders send, which the gate's packing check sends too) and the masks built from them where
 the attention takes masks. Its weights keep their names under `model.`, where the layout
-"torchtitan Llama 3" (references.layouts) finds them: tok_embeddings, attention.qkv_linear.wq
+"torchtitan Llama 3" (references.layout_table) finds them: tok_embeddings, attention.qkv_linear.wq
 (or the fused wqkv), attention.wo, feed_forward.w1..w3, attention_norm, ffn_norm, norm, lm_head.
 
 `spec_of` reads a Llama 3 config as a DecoderConfig. torchtitan's DeepSeek-V3 is out of reach:

@@ -1,6 +1,7 @@
 """The two ways a family's config fails to be read (references/families.py): a value no model
-computes with, and one we do not express. Apart from the table so that the functions its
-entries read through (family_reads.py) raise them without importing it."""
+computes with, and one we do not express. Raised by the functions the entries read fields
+through (families_*.py, hf_latent.py) and caught by the reader (hf_config.py), none of which
+needs the table for it."""
 
 from __future__ import annotations
 

@@ -39,7 +39,9 @@ from ..errors import CheckpointError, ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import copy_into_parameters, decoder_from_tensors
 from ..storage.folder import write_folder_atomically
-from .families import BLACK_BOX, FAMILIES, InvalidHFConfig, family
+from .families import FAMILIES, family
+from .family_black_box import BLACK_BOX
+from .family_errors import InvalidHFConfig
 from .hf_config import (
     _transformers,
     config_from_hf,

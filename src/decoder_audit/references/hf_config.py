@@ -23,9 +23,10 @@ from typing import Any
 from ..config import DecoderConfig
 from ..errors import CheckpointError, ConfigError
 from . import families
-from .families import InvalidHFConfig
+from .family_entry import Family, Source
+from .family_errors import InvalidHFConfig, Unexpressed
 from .hf_rope import rope_config_fields, rope_fields
-from .hf_windows import layer_kinds
+from .hf_windows import layer_kinds, text_config
 
 # As the README installs: through the constraints (pip would otherwise take a transformers the
 # tests never ran, and on Linux a multi-GB CUDA build of torch with it).
@@ -64,14 +65,6 @@ def quiet(tf: Any) -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-def _text_config(config: Any) -> Any:
-    getter = getattr(config, "get_text_config", None)
-    try:
-        return getter() if callable(getter) else config
-    except Exception:  # noqa: BLE001 - a composite config without a text part: use it whole
-        return config
-
-
 # Sizes every family names the same way (transformers maps a family's own names onto these:
 # GPT-2's n_layer is num_hidden_layers), with the least each may be. transformers checks few of
 # them: "n_layer": -2 builds a model with no layers at all, "n_head": 0 divides by zero. A width
@@ -91,7 +84,7 @@ def refuse_bad_sizes(config: Any, config_path: Path, *,
                      error: type[Exception] = CheckpointError) -> None:
     """`error` naming the file and the field when a size is not an integer of at least its
     SIZE_FIELDS least (None, a size left to its default, is fine)."""
-    for part in {id(c): c for c in (config, _text_config(config))}.values():
+    for part in {id(c): c for c in (config, text_config(config))}.values():
         for name, least in SIZE_FIELDS.items():
             try:
                 value = getattr(part, name)
@@ -216,7 +209,7 @@ def attribute(c: Any, name: str) -> Any:
     return c
 
 
-def read_source(c: Any, source: families.Source, problems: list[str]) -> Any:
+def read_source(c: Any, source: Source, problems: list[str]) -> Any:
     """A field's value from the config: the attribute, the first of several that is set, or
     the entry's function of the config (whose `Unexpressed` joins `problems`)."""
     if isinstance(source, str):
@@ -226,7 +219,7 @@ def read_source(c: Any, source: families.Source, problems: list[str]) -> Any:
                     None)
     try:
         return source(c)
-    except families.Unexpressed as exc:
+    except Unexpressed as exc:
         problems.append(str(exc))
         return None
 
@@ -239,7 +232,7 @@ def _cast(name: str, value: Any) -> Any:
     return value
 
 
-def _mlp(c: Any, family: families.Family, problems: list[str]) -> str | None:
+def _mlp(c: Any, family: Family, problems: list[str]) -> str | None:
     """Our `mlp` for the activation the config names, where the family's MLP computes it; None
     for a family whose MLP names none (its entry fixes `mlp`: BLOOM's tanh GELU)."""
     names = family.activation
@@ -254,7 +247,7 @@ def _mlp(c: Any, family: families.Family, problems: list[str]) -> str | None:
     return family.activations[value]
 
 
-def _positions(c: Any, family: families.Family, fields: dict[str, Any],
+def _positions(c: Any, family: Family, fields: dict[str, Any],
                problems: list[str]) -> dict[str, Any]:
     """RoPE's fields in the family's layout (rotated halves unless the entry fixes another),
     and the windows where the family's attention applies them."""
@@ -270,7 +263,7 @@ def _positions(c: Any, family: families.Family, fields: dict[str, Any],
             **window}
 
 
-def refusals(c: Any, family: families.Family) -> list[str]:
+def refusals(c: Any, family: Family) -> list[str]:
     """The options of `family.refused` this config sets, each naming its value and why."""
     found = []
     for name, why, *rule in family.refused:
@@ -280,7 +273,7 @@ def refusals(c: Any, family: families.Family) -> list[str]:
     return found
 
 
-def _routed(fields: dict[str, Any], c: Any, family: families.Family) -> None:
+def _routed(fields: dict[str, Any], c: Any, family: Family) -> None:
     """A routed family's config without experts (Qwen-MoE's num_experts=0: every layer dense)
     keeps no routed field; one with experts must send each token to 1..E of them, or no model
     computes with it (num_experts_per_tok=0 routes nothing; more than E cannot be chosen)."""
@@ -314,7 +307,7 @@ def _refuse(family: str, problems: list[str]) -> None:
         raise ConfigError(f"cannot convert this {family} config: " + "; ".join(problems))
 
 
-def _window_fields(c: Any, family: families.Family, problems: list[str]) -> dict[str, Any]:
+def _window_fields(c: Any, family: Family, problems: list[str]) -> dict[str, Any]:
     """sliding_window and window_layers from a config's sliding_window and its windowed layers
     (`layer_types`, or the rule of a release before them: `hf_windows.layer_kinds`); Qwen2's
     use_sliding_window=False turns its window off."""

@@ -29,7 +29,8 @@ from ..config import DecoderConfig
 from ..errors import ConfigError
 from ..model.decoder import Decoder
 from ..storage.checkpoint import decoder_from_tensors
-from .families import FAMILIES, Family, takes
+from .families import FAMILIES
+from .family_entry import Family, takes
 from .hf_config import ATTN_IMPLEMENTATION, config_from_hf, family_layout, spec_classes
 from .hf_rope import rope_config_fields
 from .hf_models import eager_experts

@@ -14,7 +14,8 @@ from typing import Any
 
 from ..config import DecoderConfig
 from ..errors import ConfigError
-from .families import Family, InvalidHFConfig
+from .family_entry import Family
+from .family_errors import InvalidHFConfig
 from .hf_rope import holds_rope_parameters, rope_fields, rope_parameters_of
 
 

@@ -38,8 +38,9 @@ from torch import nn
 
 from ..accounting.memory import available_bytes
 from ..errors import CheckpointError, ConfigError
-from .hf_config import _text_config, _transformers, json_name, quiet, refuse_bad_sizes
+from .hf_config import _transformers, json_name, quiet, refuse_bad_sizes
 from .hf_weights import stored_shapes, weight_files, weights_name
+from .hf_windows import text_config
 
 # Config fields that hold a model's context length, in the order they are looked for.
 LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
@@ -67,7 +68,7 @@ class HFFacts:
 
 def config_length(config: Any) -> int | None:
     """The context length a config declares (None when it declares none)."""
-    for source in (_text_config(config), config):
+    for source in (text_config(config), config):
         for name in LENGTH_FIELDS:
             value = getattr(source, name, None)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -84,7 +85,7 @@ def audit_facts(model: nn.Module) -> HFFacts:
     """V, the input vocabulary and the length policy of a Hugging Face model, read from its
     output and input embeddings and its config (see the module docstring)."""
     config = getattr(model, "config", None)
-    text = _text_config(config) if config is not None else None
+    text = text_config(config) if config is not None else None
     declared_v = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None)
     inp = _call(model, "get_input_embeddings")
     out = _call(model, "get_output_embeddings")
@@ -277,7 +278,7 @@ class Declared:
 def declare(cls: type, config: Any, config_path: Path) -> Declared:
     """`cls(config)` measured on the meta device: the whole model, or for a very deep one
     copies of 1, 2 and 3 layers, extrapolated when each layer adds the same."""
-    layers = getattr(_text_config(config), "num_hidden_layers", None)
+    layers = getattr(text_config(config), "num_hidden_layers", None)
     if isinstance(layers, int) and layers > FULL_COUNT_LAYERS:
         counts = [_count(_meta_model(cls, config, config_path, depth)) for depth in (1, 2, 3)]
         per_layer = counts[1] - counts[0]
@@ -295,7 +296,7 @@ def _meta_model(cls: type, config: Any, config_path: Path, layers: int | None = 
                 ) -> nn.Module:
     if layers is not None:
         config = copy.deepcopy(config)
-        _text_config(config).num_hidden_layers = layers
+        text_config(config).num_hidden_layers = layers
     tf = _transformers()
     # Skipping the initialisers: on meta they do nothing, slowly (torch's reference normal_).
     # transformers 5 has them in `initialization`, 4.x in `modeling_utils`.
@@ -351,7 +352,7 @@ def _load_dtype(config: Any, stored: dict[str, tuple[tuple[int, ...], str]]) -> 
 
 
 def _sizes_said(config: Any) -> str:
-    text = _text_config(config)
+    text = text_config(config)
     said = [f"{json_name(text, name)}={getattr(text, name)}"
             for name in ("num_hidden_layers", "hidden_size", "vocab_size")
             if getattr(text, name, None) is not None]

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..config import DecoderConfig
 from ..errors import ConfigError
-from .families import Family, takes
+from .family_entry import Family, takes
 
 SCALINGS = ("linear", "dynamic", "llama3", "yarn")
 

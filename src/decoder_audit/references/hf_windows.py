@@ -19,23 +19,19 @@ it.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
+from .family_entry import takes
 
-def _text_config(config: Any) -> Any:
+
+def text_config(config: Any) -> Any:
+    """The config of the text model (a composite config's text part, `get_text_config`), or the
+    config itself."""
     getter = getattr(config, "get_text_config", None)
     try:
         return getter() if callable(getter) else config
     except Exception:  # noqa: BLE001 - a composite config without a text part: use it whole
         return config
-
-
-def _takes(config_class: type, field: str) -> bool:
-    try:
-        return field in inspect.signature(config_class.__init__).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def layer_kinds(config: Any, family: str | None = None) -> list[str] | None:
@@ -44,11 +40,11 @@ def layer_kinds(config: Any, family: str | None = None) -> list[str] | None:
     `sliding_window`, if any, holds on every layer). `family` (the class's, e.g. "gemma2")
     defaults to the config's model_type. `layer_types` counts only where the config's class
     takes it: before 4.53, Gemma 2 windowed its even layers whatever the attribute said."""
-    text = _text_config(config)
+    text = text_config(config)
     family = family or getattr(text, "model_type", None)
     layers = getattr(text, "num_hidden_layers", None)
     types = getattr(text, "layer_types", None)
-    if types and (_takes(type(text), "layer_types") or family not in _LEGACY):
+    if types and (takes(type(text), "layer_types") or family not in _LEGACY):
         return list(types)
     if not isinstance(layers, int) or layers < 1:
         return None
@@ -72,7 +68,7 @@ _LEGACY = ("gemma2", "gemma3", "gemma3_text", "qwen2", "cohere2")
 def window_size(config: Any) -> int | None:
     """The window `config` declares (its text config's sliding_window, GPT-Neo's window_size),
     whichever layers it is on; None without one."""
-    text = _text_config(config)
+    text = text_config(config)
     size = getattr(text, "sliding_window", None)
     if size is None and "local" in (getattr(text, "attention_layers", None) or ()):
         size = getattr(text, "window_size", None)
@@ -84,7 +80,7 @@ def declared_windows(config: Any) -> tuple[int | None, ...] | None:
     declares no window (no sliding_window, or one switched off). A window switched on and
     scoped to no layer (`_scoped`) gives every layer None: each is then held to full attention
     past that window."""
-    text = _text_config(config)
+    text = text_config(config)
     window, layers = getattr(text, "sliding_window", None), getattr(text, "num_hidden_layers", None)
     kinds = getattr(text, "attention_layers", None)  # GPT-Neo: "local" layers of window_size
     if window is None and isinstance(kinds, (list, tuple)) and "local" in kinds:

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layouts import Spot, placeable, placed_on
+from .layout_types import Spot
+from .layouts import placeable, placed_on
 from .peer_record import PeerSpec, read_spec
 
 _ACTIVATIONS = {("GELU", False): "gelu", ("GELU", True): None, ("SiLU", True): "swiglu",

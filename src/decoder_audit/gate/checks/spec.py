@@ -48,8 +48,10 @@ from torch import nn
 from ...accounting.ledger import measured_ledger, parameter_ledger, reconcile
 from ...config import DecoderConfig
 from ...objective import logits_of
-from ...references.layouts import Placement, WeightsMapError, expected_weights, placeable
+from ...references.layouts import Placement, placeable
 from ...references.oracle import StreamedOracle, oracle_logits
+from ...references.spec_weights import expected_weights
+from ...references.weights_map import WeightsMapError
 from .. import tolerances
 from ..measure import batch_not_equal, largest, scaled_excess
 from ..result import CheckResult
