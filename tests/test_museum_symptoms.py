@@ -83,3 +83,37 @@ def test_dead_gradients_counts_a_parameter_the_forward_never_reads():
 
 def test_packed_leak_reads_zero_where_position_ids_mark_the_documents():
     assert symptoms.packed_leak(_llama(), V, use_cache=False) == 0.0
+
+
+def test_aux_loss_gradient_reads_zero_on_a_router_that_returns_its_logits_and_flags_a_softmax():
+    """transformers#45120 planted: the router returns its probabilities where its logits belong,
+    and the load-balancing loss takes a softmax of them again."""
+    def routers(model):
+        found = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+        if not found:
+            pytest.skip("this release's routers are no module returning (logits, weights, "
+                        "indices)")
+        return found
+
+    correct, _ = builders.mixtral_moe()
+    routers(correct)
+    assert symptoms.aux_loss_gradient(correct, V) < ROUNDING
+
+    def softmaxed(module, inputs, output):
+        logits, weights, chosen = output
+        return logits.float().softmax(-1), weights, chosen
+
+    planted, _ = builders.mixtral_moe()  # planted before its first forward, where transformers
+    for router in routers(planted):      # hooks its recorder of the returned logits
+        router.register_forward_hook(softmaxed)
+    assert symptoms.aux_loss_gradient(planted, V) > 0.5  # 1 - 1/E of the gradient lost, E = 4
+
+
+def test_attention_vs_definition_reads_zero_on_opt_and_flags_scores_divided_by_d():
+    """transformers#38277 planted: OPT's query scaled by 1/d where 1/sqrt(d) belongs (what the
+    4.52 refactor did by scaling twice)."""
+    model, _ = builders.opt_lm()
+    assert symptoms.attention_vs_definition(model, V) < ROUNDING
+    for layer in model.model.decoder.layers:
+        layer.self_attn.scaling = layer.self_attn.head_dim ** -1.0
+    assert symptoms.attention_vs_definition(model, V) > 1e-2

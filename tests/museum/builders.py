@@ -90,6 +90,10 @@ def gemma2_windowed():
     return _hf("Gemma2", num_key_value_heads=2, head_dim=8, sliding_window=WINDOW), V
 
 
+def opt_lm():
+    return _hf("OPT", ffn_dim=64, word_embed_proj_dim=32), V
+
+
 def nemotron_lm():
     return _hf("Nemotron", num_key_value_heads=2), V
 
@@ -116,6 +120,18 @@ def zamba2_lm():
     """A Mamba-2 layer, then a hybrid layer (Mamba-2 with the shared attention block)."""
     return _hf("Zamba2", num_key_value_heads=2, mamba_headdim=16, n_mamba_heads=4,
                layers_block_type=["mamba", "hybrid"], **MAMBA2), V
+
+
+# --- transformers: routed experts ------------------------------------------------------------
+EXPERTS = dict(num_key_value_heads=2, num_experts_per_tok=2)  # 4 experts, 2 chosen per token
+
+
+def mixtral_moe():
+    return _hf("Mixtral", num_local_experts=4, **EXPERTS), V
+
+
+def flex_olmo_moe():
+    return _hf("FlexOlmo", num_experts=4, **EXPERTS), V
 
 
 # --- transformers: the loss a model computes from labels= -----------------------------------

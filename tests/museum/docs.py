@@ -23,6 +23,10 @@ SYMPTOM_WORDS = {
     "softcap_dropped": "the default attention path differs from the soft-capped one",
     "litgpt_cached_vs_full": "cached decoding differs from the full forward",
     "lens_cached_vs_full": "cached decoding differs from the full forward",
+    "attention_vs_definition": "the first attention layer's output differs from causal "
+                               "softmax(q k^T / sqrt(d)) v of its own projections",
+    "aux_loss_gradient": "the load-balancing loss's gradient on the routers' weights differs "
+                         "from its definition's (relative)",
 }
 
 INTRO = """# The museum: real released bugs, rebuilt

@@ -99,6 +99,13 @@ LOSS_517 = ("its labels= loss is written by hand or called without the caller's 
             "until #48493 passed them through (5.17.0)")
 
 
+DOUBLE_SOFTMAX = ("from 5.0.0 to 5.5.4 the router returns its softmax probabilities as "
+                  "router_logits (the variable reused), and load_balancing_loss_func softmaxes "
+                  "them again: the aux loss sees distributions flattened towards 1/E and sends "
+                  "the routers a fraction of its gradient (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, "
+                  "FlexOlmo, MiniMax, Qwen3-Next and the Qwen3 VL/Omni/3.5 MoEs)")
+
+
 def _t(version: str) -> tuple[str, ...]:
     return (f"transformers=={version}",)
 
@@ -263,6 +270,28 @@ ENTRIES: tuple[Entry, ...] = (
                "and config.use_cache=False; with use_cache on, the leak remains in every release "
                "through 5.24 (a cache disables the boundary detection), which the packing check "
                "fails on any release"),
+    # --- attention numerics -----------------------------------------------------------------
+    Entry("opt-attention-scaled-twice", "transformers", _t("4.52.1"), _t("4.52.4"),
+          ref="huggingface/transformers#38277", fix="#38290 (4.52.4)",
+          summary="the 4.52 attention refactor of OPT kept its query scaled by 1/sqrt(d) in the "
+                  "projection and also handed scaling=1/sqrt(d) to the attention function: every "
+                  "score is divided by d instead of sqrt(d) (4.52.0 to 4.52.3, eager and SDPA)",
+          builder="opt_lm", symptom="attention_vs_definition", check="oracle", today="caught",
+          threshold=1e-2, standing=("inputs",),
+          note="inputs fails on both releases (OPT accepts rank-3 ids and flattens them), a "
+               "standing finding"),
+    # --- routed experts ---------------------------------------------------------------------
+    Entry("mixtral-router-double-softmax", "transformers", _t("5.5.4"), _t("5.6.0"),
+          ref="huggingface/transformers#45120", fix="#45131 (5.6.0)",
+          summary=f"MixtralForCausalLM: {DOUBLE_SOFTMAX}",
+          builder="mixtral_moe", symptom="aux_loss_gradient", check="router_aux_loss",
+          today="caught", threshold=0.1),
+    Entry("flex-olmo-router-double-softmax", "transformers", _t("5.5.4"), _t("5.6.0"),
+          ref="huggingface/transformers#45120 (same cause: FlexOlmo's router, fixed by the same "
+              "PR; found by diffing the 5.5.4 and 5.6.0 wheels)", fix="#45131 (5.6.0)",
+          summary=f"FlexOlmoForCausalLM: {DOUBLE_SOFTMAX}",
+          builder="flex_olmo_moe", symptom="aux_loss_gradient", check="router_aux_loss",
+          today="caught", threshold=0.1),
     # --- the model's own loss ---------------------------------------------------------------
     Entry("xglm-pad-target", "transformers", _t("4.49.0"), _t("4.50.0"),
           ref="huggingface/transformers#35878", fix="#35878 (4.50.0)",

@@ -188,6 +188,75 @@ def softcap_dropped(model: nn.Module, V: int, T: int = 12, scale: float = 30.0) 
     return (default - _logits(probe, ids, use_cache=False)).abs().max().item()
 
 
+def aux_loss_gradient(model: nn.Module, V: int, T: int = 12) -> float:
+    """How far the gradient the model's load-balancing loss (out.aux_loss, output_router_logits=
+    True) sends into its routers' weights is from the gradient of the loss by its definition
+    (Switch Transformer: E x sum_e F_e P_e over every routed token, F_e the share of tokens that
+    chose expert e among their top k, P_e the mean softmax probability of e), computed from the
+    logits each router's weight gives on the input it received: |g - g_def| / |g_def|. The
+    routers are transformers 5's modules named *TopKRouter (weight (E, D)); their inputs are kept
+    in the graph, so both losses depend on the weights along the same paths."""
+    model.eval()  # no jitter noise: the same forward for both losses
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    assert routers, f"{type(model).__name__}: no *TopKRouter module"
+    received: dict[int, torch.Tensor] = {}
+    hooks = [r.register_forward_pre_hook(lambda m, a, i=i: received.__setitem__(i, a[0]))
+             for i, r in enumerate(routers)]
+    try:
+        returned = model(input_ids=_ids(V, 2, T), output_router_logits=True).aux_loss
+    finally:
+        for hook in hooks:
+            hook.remove()
+    logits = torch.cat([received[i].reshape(-1, r.weight.shape[1]).double() @ r.weight.double().T
+                        for i, r in enumerate(routers)])  # (L B T, E)
+    probs = logits.softmax(-1)
+    chosen = probs.topk(model.config.num_experts_per_tok, -1).indices  # (L B T, k)
+    share = torch.zeros_like(probs).scatter(-1, chosen, 1.0).mean(0)  # (E,) F_e
+    defined = probs.shape[-1] * (share * probs.mean(0)).sum()
+    weights = [r.weight for r in routers]
+    got = torch.autograd.grad(returned, weights, retain_graph=True)
+    want = torch.autograd.grad(defined, weights)
+    off = sum(((g.double() - w) ** 2).sum() for g, w in zip(got, want)).sqrt()
+    return float(off / sum((w ** 2).sum() for w in want).sqrt())
+
+
+@torch.no_grad()
+def attention_vs_definition(model: nn.Module, V: int, T: int = 12, scale: float = 30.0) -> float:
+    """How far the first attention layer's output (what its out_proj receives) is from causal
+    softmax(q k^T / sqrt(d)) v written from its definition, q, k, v being its own q_proj, k_proj,
+    v_proj on the input it received (a layer without rotary positions: OPT, BioGPT, XGLM). The
+    query and key weights are scaled up first (on a copy) so that the scores are far from 0 and a
+    wrong scale shows."""
+    import copy
+    import math
+
+    probe = copy.deepcopy(model).eval()
+    attn = next(m for m in probe.modules()
+                if all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj", "out_proj")))
+    for proj in (attn.q_proj, attn.k_proj):
+        proj.weight.mul_(scale)
+    seen: dict[str, torch.Tensor] = {}
+
+    def took(module, args, kwargs):
+        seen["x"] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+    hooks = [attn.register_forward_pre_hook(took, with_kwargs=True),
+             attn.out_proj.register_forward_pre_hook(lambda m, a: seen.__setitem__("o", a[0]))]
+    try:
+        _logits(probe, _ids(V, 1, T), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    H = probe.config.num_attention_heads
+    x = seen["x"].double()  # (1, T, D)
+    q, k, v = (F.linear(x, p.weight.double(), None if p.bias is None else p.bias.double())
+               .view(1, T, H, -1).transpose(1, 2) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (1, H, T, T)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    defined = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, T, -1)  # (1, T, H d)
+    return (seen["o"].double() - defined).abs().max().item()
+
+
 def next_token_ce(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
                   ) -> torch.Tensor:
     """Cross entropy of the next token, written from its definition: the logits at t predict
@@ -252,4 +321,5 @@ def dead_gradients(model: nn.Module, V: int, T: int = 12) -> float:
 SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, full_layer_windowed, cached_vs_full, forward_raises,
                                     packed_leak, softcap_dropped, litgpt_cached_vs_full, lens_cached_vs_full,
                                     loss_with_items,
-                                    loss_with_shift_labels, loss_with_labels, dead_gradients)}
+                                    loss_with_shift_labels, loss_with_labels, dead_gradients,
+                                    aux_loss_gradient, attention_vs_definition)}
