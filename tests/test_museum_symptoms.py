@@ -117,3 +117,22 @@ def test_attention_vs_definition_reads_zero_on_opt_and_flags_scores_divided_by_d
     for layer in model.model.decoder.layers:
         layer.self_attn.scaling = layer.self_attn.head_dim ** -1.0
     assert symptoms.attention_vs_definition(model, V) > 1e-2
+
+
+def test_routed_outside_groups_reads_zero_on_glm4_moe_and_flags_choices_in_another_group(
+        monkeypatch):
+    """Choices moved into the group the scores did not choose (each expert index shifted by one
+    group of 2), as transformers#45440's 0.0 fill did once the biased scores were negative."""
+    model, _ = builders.glm4_moe_grouped()
+    blocks = [m for m in model.modules() if hasattr(m, "route_tokens_to_experts")]
+    if not blocks:
+        pytest.skip("this release's Glm4Moe blocks route inside their forward")
+    assert symptoms.routed_outside_groups(model, V) == 0.0
+    route = type(blocks[0]).route_tokens_to_experts
+
+    def other_group(self, router_logits):
+        indices, weights = route(self, router_logits)
+        return (indices + 2) % 4, weights
+
+    monkeypatch.setattr(type(blocks[0]), "route_tokens_to_experts", other_group)
+    assert symptoms.routed_outside_groups(model, V) == 1.0

@@ -134,6 +134,21 @@ def flex_olmo_moe():
     return _hf("FlexOlmo", num_experts=4, **EXPERTS), V
 
 
+def glm4_moe_grouped():
+    """GLM-4.5's MoE (Glm4Moe) routing by groups: 4 experts in 2 groups, the best group chosen
+    per token, then 2 experts inside it; every layer routed, one shared expert. The selection
+    bias (e_score_correction_bias, zeros at init) is set below zero as an aux-loss-free balancer
+    leaves it when it has pushed down overloaded experts: sigmoid(logit) + bias < 0."""
+    model = _hf("Glm4Moe", head_dim=8, n_routed_experts=4, n_group=2,
+                topk_group=1, first_k_dense_replace=0, n_shared_experts=1,
+                moe_intermediate_size=16, **EXPERTS)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                module.e_score_correction_bias.copy_(torch.linspace(-1.2, -0.8, 4))
+    return model, V
+
+
 # --- transformers: the loss a model computes from labels= -----------------------------------
 
 def bloom_lm():

@@ -25,6 +25,8 @@ SYMPTOM_WORDS = {
     "lens_cached_vs_full": "cached decoding differs from the full forward",
     "attention_vs_definition": "the first attention layer's output differs from causal "
                                "softmax(q k^T / sqrt(d)) v of its own projections",
+    "routed_outside_groups": "tokens routed to experts outside the groups their scores "
+                             "choose (share of choices)",
     "aux_loss_gradient": "the load-balancing loss's gradient on the routers' weights differs "
                          "from its definition's (relative)",
 }

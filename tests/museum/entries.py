@@ -292,6 +292,20 @@ ENTRIES: tuple[Entry, ...] = (
           summary=f"FlexOlmoForCausalLM: {DOUBLE_SOFTMAX}",
           builder="flex_olmo_moe", symptom="aux_loss_gradient", check="router_aux_loss",
           today="caught", threshold=0.1),
+    Entry("glm4-moe-masked-groups-zero", "transformers", _t("5.5.4"), _t("5.6.0"),
+          ref="huggingface/transformers#45440", fix="#45441 (5.6.0)",
+          summary="routing by groups (DeepSeek-V3's router, copied into GLM-4.5's Glm4Moe, "
+                  "Dots1, Solar Open, EXAONE MoE, GLM-4.7-Flash) fills the experts of the groups "
+                  "not chosen with 0.0, not -inf: once the selection bias makes sigmoid(logit) + "
+                  "bias negative, those experts outrank the chosen group's and tokens go to "
+                  "experts outside their groups (every release through 5.5.4)",
+          builder="glm4_moe_grouped", symptom="routed_outside_groups", check="oracle",
+          today="caught", threshold=0.1, tolerance=0.0,
+          note="the tiny model's selection biases are set below zero (linspace(-1.2, -0.8)), as "
+               "an aux-loss-free balancer leaves them: at their init (zeros) the scores stay "
+               "positive and the two releases agree. Every release of this router before 5.0 is "
+               "also buggy, but there the gate's layout table does not read Glm4Moe's experts "
+               "(a ModuleList in transformers 4): params and oracle fail both sides"),
     # --- the model's own loss ---------------------------------------------------------------
     Entry("xglm-pad-target", "transformers", _t("4.49.0"), _t("4.50.0"),
           ref="huggingface/transformers#35878", fix="#35878 (4.50.0)",

@@ -257,6 +257,47 @@ def attention_vs_definition(model: nn.Module, V: int, T: int = 12, scale: float 
     return (seen["o"].double() - defined).abs().max().item()
 
 
+@torch.no_grad()
+def routed_outside_groups(model: nn.Module, V: int, T: int = 12) -> float:
+    """The share of the expert choices (token, slot) that fall outside the groups the token's
+    scores choose, in a model routing by groups (DeepSeek-V3's form: each group scored by the sum
+    of its two best sigmoid(logit) + bias, the topk_group best kept, the experts chosen inside
+    them only). The choices are those each MoE block's route_tokens_to_experts returned, the
+    groups recomputed here from the router logits it received."""
+    model.eval()
+    blocks = [m for m in model.modules() if hasattr(m, "route_tokens_to_experts")
+              and hasattr(m, "n_group")]
+    assert blocks, f"{type(model).__name__}: no block routing by groups"
+    seen: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+
+    def recorded(block):
+        route = block.route_tokens_to_experts
+
+        def route_and_record(router_logits):
+            indices, weights = route(router_logits)
+            seen.append((block, router_logits.detach(), indices))
+            return indices, weights
+        return route_and_record
+
+    for block in blocks:  # an instance attribute: the block's forward calls it by name
+        block.route_tokens_to_experts = recorded(block)
+    try:
+        _logits(model, _ids(V, 2, T), use_cache=False)
+    finally:
+        for block in blocks:
+            del block.route_tokens_to_experts
+    outside = total = 0
+    for block, logits, chosen in seen:
+        E, groups = logits.shape[-1], block.n_group
+        scores = logits.float().sigmoid() + block.gate.e_score_correction_bias  # (N, E)
+        best = scores.view(-1, groups, E // groups).topk(2, -1).values.sum(-1)  # (N, groups)
+        kept = best.topk(block.topk_group, -1).indices  # (N, topk_group)
+        group_of = chosen // (E // groups)  # (N, k)
+        outside += int((group_of[..., None] != kept[:, None, :]).all(-1).sum())
+        total += chosen.numel()
+    return outside / total
+
+
 def next_token_ce(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
                   ) -> torch.Tensor:
     """Cross entropy of the next token, written from its definition: the logits at t predict
@@ -322,4 +363,5 @@ SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, full_layer_windowe
                                     packed_leak, softcap_dropped, litgpt_cached_vs_full, lens_cached_vs_full,
                                     loss_with_items,
                                     loss_with_shift_labels, loss_with_labels, dead_gradients,
-                                    aux_loss_gradient, attention_vs_definition)}
+                                    aux_loss_gradient, attention_vs_definition,
+                                    routed_outside_groups)}
