@@ -124,15 +124,31 @@ def test_routed_outside_groups_reads_zero_on_glm4_moe_and_flags_choices_in_anoth
     """Choices moved into the group the scores did not choose (each expert index shifted by one
     group of 2), as transformers#45440's 0.0 fill did once the biased scores were negative."""
     model, _ = builders.glm4_moe_grouped()
-    blocks = [m for m in model.modules() if hasattr(m, "route_tokens_to_experts")]
-    if not blocks:
-        pytest.skip("this release's Glm4Moe blocks route inside their forward")
     assert symptoms.routed_outside_groups(model, V) == 0.0
-    route = type(blocks[0]).route_tokens_to_experts
+    router = next(m for m in model.modules() if hasattr(m, "e_score_correction_bias"))
+    assert hasattr(router, "num_group"), "this release routes inside the MoE block"
+    forward = type(router).forward
 
-    def other_group(self, router_logits):
-        indices, weights = route(self, router_logits)
-        return (indices + 2) % 4, weights
+    def other_group(self, hidden_states):
+        logits, weights, indices = forward(self, hidden_states)
+        return logits, weights, (indices + 2) % 4
 
-    monkeypatch.setattr(type(blocks[0]), "route_tokens_to_experts", other_group)
+    monkeypatch.setattr(type(router), "forward", other_group)
     assert symptoms.routed_outside_groups(model, V) == 1.0
+
+
+def test_attention_vs_definition_reads_multi_query_gpt_bigcode_and_flags_an_inverted_scale():
+    """transformers#40041 planted: GPT-BigCode's scores multiplied by sqrt(d), not divided."""
+    model, _ = builders.gpt_bigcode_lm()
+    assert symptoms.attention_vs_definition(model, V) < ROUNDING
+    for block in model.transformer.h:
+        block.attn.scaling = block.attn.head_dim ** 0.5
+    assert symptoms.attention_vs_definition(model, V) > 1e-2
+
+
+def test_checkpoint_readout_bias_holds_phi_and_flags_a_readout_that_drops_the_bias():
+    """A Llama (no readout bias in its class) loading a checkpoint that carries lm_head.bias
+    drops it, as Phi's class did in 4.48.0 (transformers#35625)."""
+    phi, _ = builders.phi_lm()
+    assert symptoms.checkpoint_readout_bias(phi, V) < ROUNDING
+    assert symptoms.checkpoint_readout_bias(_llama(), V) > 1e-2

@@ -94,6 +94,16 @@ def opt_lm():
     return _hf("OPT", ffn_dim=64, word_embed_proj_dim=32), V
 
 
+def gpt_bigcode_lm():
+    """StarCoder's block (multi-query attention: one key/value head)."""
+    return _hf("GPTBigCode", n_embd=32, n_head=4, n_inner=64, n_layer=2, n_positions=128), V
+
+
+def phi_lm():
+    """Phi-1/1.5/2's block (parallel attention and MLP, partial rotary, a readout bias)."""
+    return _hf("Phi", num_key_value_heads=4), V
+
+
 def nemotron_lm():
     return _hf("Nemotron", num_key_value_heads=2), V
 

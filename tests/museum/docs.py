@@ -27,6 +27,8 @@ SYMPTOM_WORDS = {
                                "softmax(q k^T / sqrt(d)) v of its own projections",
     "routed_outside_groups": "tokens routed to experts outside the groups their scores "
                              "choose (share of choices)",
+    "checkpoint_readout_bias": "a checkpoint's readout bias (lm_head.bias) is missing from "
+                               "the loaded model's logits",
     "aux_loss_gradient": "the load-balancing loss's gradient on the routers' weights differs "
                          "from its definition's (relative)",
 }

@@ -280,6 +280,23 @@ ENTRIES: tuple[Entry, ...] = (
           threshold=1e-2, standing=("inputs",),
           note="inputs fails on both releases (OPT accepts rank-3 ids and flattens them), a "
                "standing finding"),
+    Entry("gpt-bigcode-attention-scale-inverted", "transformers", _t("4.55.0"), _t("4.55.4"),
+          ref="huggingface/transformers#40041", fix="#40041 (4.55.1)",
+          summary="GPT-BigCode's move to the attention interface (4.54.0) set its scaling to "
+                  "head_dim**0.5 where head_dim**-0.5 belongs: StarCoder and SantaCoder's scores "
+                  "are multiplied by sqrt(d) instead of divided by it (4.54.0 to 4.55.0, eager and "
+                  "SDPA)",
+          builder="gpt_bigcode_lm", symptom="attention_vs_definition", check="oracle",
+          today="caught", threshold=1e-2,
+          note="the control is 4.55.4, a later fixed release whose environment other rows "
+               "already build (the first fixed release is 4.55.1)"),
+    Entry("phi-lm-head-bias-dropped", "transformers", _t("4.48.0"), _t("4.48.1"),
+          ref="huggingface/transformers#35625", fix="#35650 (4.48.1)",
+          summary="the 4.48 refactor built PhiForCausalLM's lm_head with bias=False: the readout "
+                  "bias that Phi-1, 1.5 and 2 checkpoints carry is dropped at load (an unused "
+                  "weight), and every logit misses it",
+          builder="phi_lm", symptom="checkpoint_readout_bias", check="params", today="caught",
+          threshold=1e-2),
     # --- routed experts ---------------------------------------------------------------------
     Entry("mixtral-router-double-softmax", "transformers", _t("5.5.4"), _t("5.6.0"),
           ref="huggingface/transformers#45120", fix="#45131 (5.6.0)",

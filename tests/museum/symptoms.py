@@ -220,28 +220,44 @@ def aux_loss_gradient(model: nn.Module, V: int, T: int = 12) -> float:
     return float(off / sum((w ** 2).sum() for w in want).sqrt())
 
 
+def _attention_parts(model: nn.Module):
+    """The first attention module, its query, key and value weights and biases (views of the
+    module's parameters), and its output projection: three projections (q_proj, k_proj, v_proj,
+    out_proj: OPT, BioGPT, XGLM) or GPT-BigCode's multi-query c_attn, whose rows hold the query
+    (D), then one key head and one value head (d each)."""
+    for m in model.modules():
+        if all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj", "out_proj")):
+            return m, [(p.weight, p.bias) for p in (m.q_proj, m.k_proj, m.v_proj)], m.out_proj
+        if hasattr(m, "c_attn") and getattr(m, "multi_query", False):
+            D, d = m.embed_dim, m.head_dim
+            W, b = m.c_attn.weight, m.c_attn.bias
+            rows = (slice(0, D), slice(D, D + d), slice(D + d, D + 2 * d))
+            return m, [(W[r], None if b is None else b[r]) for r in rows], m.c_proj
+    raise AssertionError(f"{type(model).__name__}: no attention module of a known layout")
+
+
 @torch.no_grad()
 def attention_vs_definition(model: nn.Module, V: int, T: int = 12, scale: float = 30.0) -> float:
-    """How far the first attention layer's output (what its out_proj receives) is from causal
-    softmax(q k^T / sqrt(d)) v written from its definition, q, k, v being its own q_proj, k_proj,
-    v_proj on the input it received (a layer without rotary positions: OPT, BioGPT, XGLM). The
-    query and key weights are scaled up first (on a copy) so that the scores are far from 0 and a
+    """How far the first attention layer's output (what its output projection receives) is from
+    causal softmax(q k^T / sqrt(d)) v written from its definition, q, k, v being its own
+    projections on the input it received (a layer without rotary positions: OPT, BioGPT, XGLM,
+    GPT-BigCode; key/value heads shared across query heads where there are fewer). The query
+    and key weights are scaled up first (on a copy) so that the scores are far from 0 and a
     wrong scale shows."""
     import copy
     import math
 
     probe = copy.deepcopy(model).eval()
-    attn = next(m for m in probe.modules()
-                if all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj", "out_proj")))
-    for proj in (attn.q_proj, attn.k_proj):
-        proj.weight.mul_(scale)
+    attn, parts, out_proj = _attention_parts(probe)
+    for weight, _ in parts[:2]:
+        weight.mul_(scale)
     seen: dict[str, torch.Tensor] = {}
 
     def took(module, args, kwargs):
         seen["x"] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
 
     hooks = [attn.register_forward_pre_hook(took, with_kwargs=True),
-             attn.out_proj.register_forward_pre_hook(lambda m, a: seen.__setitem__("o", a[0]))]
+             out_proj.register_forward_pre_hook(lambda m, a: seen.__setitem__("o", a[0]))]
     try:
         _logits(probe, _ids(V, 1, T), use_cache=False)
     finally:
@@ -249,12 +265,38 @@ def attention_vs_definition(model: nn.Module, V: int, T: int = 12, scale: float 
             hook.remove()
     H = probe.config.num_attention_heads
     x = seen["x"].double()  # (1, T, D)
-    q, k, v = (F.linear(x, p.weight.double(), None if p.bias is None else p.bias.double())
-               .view(1, T, H, -1).transpose(1, 2) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (1, H, T, T)
+    q, k, v = (F.linear(x, w.double(), None if b is None else b.double()) for w, b in parts)
+    d = q.shape[-1] // H
+    q, k, v = (t.view(1, T, -1, d).transpose(1, 2) for t in (q, k, v))  # (1, heads, T, d)
+    k, v = (t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v))  # (1, H, T, d)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d)  # (1, H, T, T)
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     defined = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, T, -1)  # (1, T, H d)
     return (seen["o"].double() - defined).abs().max().item()
+
+
+def _recording_group_routings(model: nn.Module, seen: list) -> list:
+    """Record into `seen`, for each routing by groups a forward makes, (router logits, chosen
+    expert indices, selection bias, groups, groups kept), in either of transformers' two forms:
+    a router module returning (logits, weights, indices) (later releases), or an MoE block whose
+    route_tokens_to_experts(logits) returns (indices, weights) (5.0 to 5.6). Returns the undo
+    functions."""
+    undo = []
+    for m in model.modules():
+        if hasattr(m, "e_score_correction_bias") and hasattr(m, "num_group"):
+            hook = m.register_forward_hook(lambda m, a, out: seen.append(
+                (out[0], out[2], m.e_score_correction_bias, m.num_group, m.topk_group)))
+            undo.append(hook.remove)
+        elif hasattr(m, "route_tokens_to_experts") and hasattr(m, "n_group"):
+            def recorded(router_logits, m=m, route=m.route_tokens_to_experts):
+                indices, weights = route(router_logits)
+                seen.append((router_logits, indices, m.gate.e_score_correction_bias, m.n_group,
+                             m.topk_group))
+                return indices, weights
+            m.route_tokens_to_experts = recorded  # the block's forward calls it by name
+            undo.append(lambda m=m: delattr(m, "route_tokens_to_experts"))
+    assert undo, f"{type(model).__name__}: no routing by groups"
+    return undo
 
 
 @torch.no_grad()
@@ -262,40 +304,56 @@ def routed_outside_groups(model: nn.Module, V: int, T: int = 12) -> float:
     """The share of the expert choices (token, slot) that fall outside the groups the token's
     scores choose, in a model routing by groups (DeepSeek-V3's form: each group scored by the sum
     of its two best sigmoid(logit) + bias, the topk_group best kept, the experts chosen inside
-    them only). The choices are those each MoE block's route_tokens_to_experts returned, the
-    groups recomputed here from the router logits it received."""
+    them only). The choices are those the model's routing returned, the groups recomputed here
+    from the router logits it computed."""
     model.eval()
-    blocks = [m for m in model.modules() if hasattr(m, "route_tokens_to_experts")
-              and hasattr(m, "n_group")]
-    assert blocks, f"{type(model).__name__}: no block routing by groups"
-    seen: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
-
-    def recorded(block):
-        route = block.route_tokens_to_experts
-
-        def route_and_record(router_logits):
-            indices, weights = route(router_logits)
-            seen.append((block, router_logits.detach(), indices))
-            return indices, weights
-        return route_and_record
-
-    for block in blocks:  # an instance attribute: the block's forward calls it by name
-        block.route_tokens_to_experts = recorded(block)
+    seen: list = []
+    undo = _recording_group_routings(model, seen)
     try:
         _logits(model, _ids(V, 2, T), use_cache=False)
     finally:
-        for block in blocks:
-            del block.route_tokens_to_experts
+        for step in undo:
+            step()
     outside = total = 0
-    for block, logits, chosen in seen:
-        E, groups = logits.shape[-1], block.n_group
-        scores = logits.float().sigmoid() + block.gate.e_score_correction_bias  # (N, E)
+    for logits, chosen, bias, groups, kept_groups in seen:
+        E = logits.shape[-1]
+        scores = logits.float().sigmoid() + bias  # (N, E)
         best = scores.view(-1, groups, E // groups).topk(2, -1).values.sum(-1)  # (N, groups)
-        kept = best.topk(block.topk_group, -1).indices  # (N, topk_group)
+        kept = best.topk(kept_groups, -1).indices  # (N, topk_group)
         group_of = chosen // (E // groups)  # (N, k)
         outside += int((group_of[..., None] != kept[:, None, :]).all(-1).sum())
         total += chosen.numel()
     return outside / total
+
+
+@torch.no_grad()
+def checkpoint_readout_bias(model: nn.Module, V: int, T: int = 12) -> float:
+    """A checkpoint that carries a readout bias (lm_head.bias, as Phi-1, 1.5 and 2 ship) is
+    written from the model (save_pretrained, the bias set to seeded values, added where the model
+    has none) and loaded back (from_pretrained): how far the loaded model's logits are from its
+    readout's input times its weight plus the checkpoint's bias."""
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(SEED)
+    bias = 0.5 * torch.randn(V, generator=g)  # (V,)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        path = f"{folder}/model.safetensors"
+        tensors = load_file(path)
+        tensors["lm_head.bias"] = bias
+        save_file(tensors, path, metadata={"format": "pt"})
+        loaded = type(model).from_pretrained(folder).eval()
+    seen: dict[str, torch.Tensor] = {}
+    readout = loaded.get_output_embeddings()
+    hook = readout.register_forward_pre_hook(lambda m, a: seen.__setitem__("h", a[0]))
+    try:
+        logits = _logits(loaded, _ids(V, 1, T))  # (1, T, V)
+    finally:
+        hook.remove()
+    expected = seen["h"].double() @ readout.weight.double().T + bias.double()
+    return (logits.double() - expected).abs().max().item()
 
 
 def next_token_ce(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
@@ -364,4 +422,4 @@ SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, full_layer_windowe
                                     loss_with_items,
                                     loss_with_shift_labels, loss_with_labels, dead_gradients,
                                     aux_loss_gradient, attention_vs_definition,
-                                    routed_outside_groups)}
+                                    routed_outside_groups, checkpoint_readout_bias)}
