@@ -152,3 +152,12 @@ def test_checkpoint_readout_bias_holds_phi_and_flags_a_readout_that_drops_the_bi
     phi, _ = builders.phi_lm()
     assert symptoms.checkpoint_readout_bias(phi, V) < ROUNDING
     assert symptoms.checkpoint_readout_bias(_llama(), V) > 1e-2
+
+
+def test_rotary_vs_declared_holds_a_partial_rotation_and_flags_a_whole_head_one():
+    """transformers#48241 planted: a MiniMax-M2 rotating its whole head (no partial factor)
+    where its checkpoint declares 4 of 8 features."""
+    partial, _ = builders.minimax_m2_legacy_rotary()
+    assert symptoms.rotary_vs_declared(partial, V, rotary_dim=4) < ROUNDING
+    whole = builders._hf("MiniMaxM2", head_dim=8, num_local_experts=4, **builders.EXPERTS)
+    assert symptoms.rotary_vs_declared(whole, V, rotary_dim=4) > 1e-2

@@ -159,6 +159,12 @@ def glm4_moe_grouped():
     return model, V
 
 
+def minimax_m2_legacy_rotary():
+    """MiniMax-M2 configured as its released checkpoints' config.json says it: partial RoPE
+    given by the legacy field rotary_dim (here 4 of head_dim 8; the checkpoints: 64 of 128)."""
+    return _hf("MiniMaxM2", head_dim=8, rotary_dim=4, num_local_experts=4, **EXPERTS), V
+
+
 # --- transformers: the loss a model computes from labels= -----------------------------------
 
 def bloom_lm():

@@ -29,6 +29,8 @@ SYMPTOM_WORDS = {
                              "choose (share of choices)",
     "checkpoint_readout_bias": "a checkpoint's readout bias (lm_head.bias) is missing from "
                                "the loaded model's logits",
+    "rotary_vs_declared": "the rotary tables differ from RoPE over the checkpoint's declared "
+                          "rotary_dim",
     "aux_loss_gradient": "the load-balancing loss's gradient on the routers' weights differs "
                          "from its definition's (relative)",
 }
@@ -65,11 +67,10 @@ tests/test_museum_table.py holds it to the table.
 """
 
 
-TRIAL_INTRO = """## With the gate's pending range work tried
+TRIAL_INTRO = """## With the pending gate work tried
 
-The rows marked *crash* run transformers releases older than 4.51, where the gate raises today
-(its table of spec classes names classes those releases lack). With branch `range` (issue 32,
-part 2) merged into a local copy, the plain call did this:"""
+For these rows the gate work their *pending* names was tried in a local copy (not merged); with
+it, the plain call did this:"""
 
 
 def _row(entry: Entry) -> str:

@@ -297,6 +297,22 @@ ENTRIES: tuple[Entry, ...] = (
                   "weight), and every logit misses it",
           builder="phi_lm", symptom="checkpoint_readout_bias", check="params", today="caught",
           threshold=1e-2),
+    Entry("minimax-m2-legacy-rotary-dim", "transformers", _t("5.17.0"), _t("5.18.0"),
+          ref="huggingface/transformers#48241", fix="#48486 (5.18.0)",
+          summary="MiniMaxM2Config keeps the legacy rotary_dim that every released MiniMax-M2 "
+                  "checkpoint declares its partial RoPE with (64 of head_dim 128) as an unread "
+                  "attribute: rope_parameters gets no partial_rotary_factor and every layer "
+                  "rotates the whole head on a full-width frequency ladder",
+          builder="minimax_m2_legacy_rotary", symptom="rotary_vs_declared",
+          args={"rotary_dim": 4}, check="oracle", today="missed", threshold=1e-2,
+          pending="the minimax_m2 family entry reads the legacy rotary_dim its checkpoints carry "
+                  "(partial_rotary_factor = rotary_dim / head_dim) where rope_parameters holds "
+                  "no factor: the gate reads rope_parameters only, so its spec rotates the whole "
+                  "head as the module does, and the two agree",
+          trial="with that reading tried locally (a wrapper on "
+                "references.hf_rope.rope_parameters_of), the plain call fails oracle on 5.17.0 "
+                "(logits differ by 0.14, allowed 1.2e-05; first at layer 0) and passes on "
+                "5.18.0"),
     # --- routed experts ---------------------------------------------------------------------
     Entry("mixtral-router-double-softmax", "transformers", _t("5.5.4"), _t("5.6.0"),
           ref="huggingface/transformers#45120", fix="#45131 (5.6.0)",

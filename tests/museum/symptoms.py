@@ -356,6 +356,29 @@ def checkpoint_readout_bias(model: nn.Module, V: int, T: int = 12) -> float:
     return (logits.double() - expected).abs().max().item()
 
 
+@torch.no_grad()
+def rotary_vs_declared(model: nn.Module, V: int, rotary_dim: int, T: int = 16) -> float:
+    """How far the cos and sin tables the model's rotary embedding gives for positions 0..T-1
+    are from RoPE over the first `rotary_dim` features of each head (the checkpoint's declared
+    width; inverse frequencies theta^(-2i / rotary_dim), rotated halves) with the remaining
+    features passed through (cos 1, sin 0). A table narrower than the head is that partial
+    rotation (its features past the table are passed through)."""
+    config = model.config
+    theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta") or config.rope_theta
+    head = config.head_dim
+    x = torch.zeros(1, T, head)
+    cos, sin = model.model.rotary_emb(x, torch.arange(T)[None])  # (1, T, width)
+    width = cos.shape[-1]
+    cos = torch.cat([cos[0].double(), torch.ones(T, head - width, dtype=torch.double)], -1)
+    sin = torch.cat([sin[0].double(), torch.zeros(T, head - width, dtype=torch.double)], -1)
+    inv = theta ** (-torch.arange(0, rotary_dim, 2, dtype=torch.double) / rotary_dim)  # (R/2,)
+    angles = torch.arange(T, dtype=torch.double)[:, None] * inv  # (T, R/2)
+    rest = head - rotary_dim
+    want_cos = torch.cat([angles.cos(), angles.cos(), torch.ones(T, rest, dtype=torch.double)], -1)
+    want_sin = torch.cat([angles.sin(), angles.sin(), torch.zeros(T, rest, dtype=torch.double)], -1)
+    return max((cos - want_cos).abs().max().item(), (sin - want_sin).abs().max().item())
+
+
 def next_token_ce(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
                   ) -> torch.Tensor:
     """Cross entropy of the next token, written from its definition: the logits at t predict
@@ -422,4 +445,5 @@ SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, full_layer_windowe
                                     loss_with_items,
                                     loss_with_shift_labels, loss_with_labels, dead_gradients,
                                     aux_loss_gradient, attention_vs_definition,
-                                    routed_outside_groups, checkpoint_readout_bias)}
+                                    routed_outside_groups, checkpoint_readout_bias,
+                                    rotary_vs_declared)}
