@@ -161,3 +161,18 @@ def test_rotary_vs_declared_holds_a_partial_rotation_and_flags_a_whole_head_one(
     assert symptoms.rotary_vs_declared(partial, V, rotary_dim=4) < ROUNDING
     whole = builders._hf("MiniMaxM2", head_dim=8, num_local_experts=4, **builders.EXPERTS)
     assert symptoms.rotary_vs_declared(whole, V, rotary_dim=4) > 1e-2
+
+
+def test_padded_cached_vs_alone_holds_a_llama_and_flags_a_cache_that_keeps_the_pads():
+    """A left-padded row through the cache equals the row alone on a correct model; planted: the
+    steps are sent without the mask, so the row's pads count as keys (what a mask cut at the
+    wrong offset does)."""
+    model = _llama()
+    assert symptoms.padded_cached_vs_alone(model, V) < ROUNDING
+    forward = model.forward
+
+    def unmasked(*args, attention_mask=None, **kwargs):
+        return forward(*args, **kwargs)
+
+    model.forward = unmasked
+    assert symptoms.padded_cached_vs_alone(model, V) > 1e-3

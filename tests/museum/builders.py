@@ -104,6 +104,12 @@ def phi_lm():
     return _hf("Phi", num_key_value_heads=4), V
 
 
+def cohere2_windowed():
+    """Cohere 2's alternation (sliding_window_pattern 2): layer 0 windowed, layer 1 full."""
+    return _hf("Cohere2", num_key_value_heads=2, sliding_window=WINDOW,
+               sliding_window_pattern=2), V
+
+
 def nemotron_lm():
     return _hf("Nemotron", num_key_value_heads=2), V
 

@@ -31,6 +31,8 @@ SYMPTOM_WORDS = {
                                "the loaded model's logits",
     "rotary_vs_declared": "the rotary tables differ from RoPE over the checkpoint's declared "
                           "rotary_dim",
+    "padded_cached_vs_alone": "a left-padded row decoded through the cache differs from the "
+                              "row alone",
     "aux_loss_gradient": "the load-balancing loss's gradient on the routers' weights differs "
                          "from its definition's (relative)",
 }

@@ -219,6 +219,24 @@ ENTRIES: tuple[Entry, ...] = (
           note="both releases fail oracle: Gemma 2's default SDPA path drops "
                "attn_logit_softcapping in every release before 5.21.0 (the bug of "
                "gemma2-sdpa-drops-softcap), a standing finding"),
+    Entry("cohere2-padded-window-cache", "transformers", _t("4.48.1"), _t("4.48.2"),
+          ref="huggingface/transformers#35681 (the same fix, in Cohere 2's copy of Gemma 2's "
+              "layer; found by diffing the 4.48.1 and 4.48.2 wheels)", fix="#35681 (4.48.2)",
+          summary="after the 4.48 attention refactor, Cohere 2's windowed layers cut a decode "
+                  "step's mask to its last sliding_window columns, not at the offset the "
+                  "HybridCache's window sits at: a left-padded row decoded through the cache "
+                  "past its window is masked off its own keys (its pads no longer where the mask "
+                  "says)",
+          builder="cohere2_windowed", symptom="padded_cached_vs_alone",
+          args={"cache": "hybrid", "prefill": 6}, check="padding", today="caught",
+          threshold=1e-3, standing=("kv_cache",),
+          note="both releases fail kv_cache the same way, a standing finding of these "
+               "releases: the gate's cached decode raises inside Cohere 2's HybridCache "
+               "(RuntimeError: size of tensor a (3) must match b (2)), and with a cache sized "
+               "for the row a chunk of 3 tokens after the prefill differs from the full forward "
+               "(0.0077 on 4.48.2), the chunk bug of gemma2-hybrid-cache-chunk. The symptom's "
+               "prefill (6) is past the window (4): a shorter one meets the bug of "
+               "gemma2-hybrid-cache-past-window on both releases"),
     Entry("nemotron-prefill-no-cache", "transformers", _t("4.46.3"), _t("4.47.0"),
           ref="huggingface/transformers#34739", fix="#34742 (4.47.0)",
           summary="NemotronModel never creates a cache when called with use_cache=True and no "

@@ -88,6 +88,40 @@ def cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 10, chu
     return worst
 
 
+@torch.no_grad()
+def padded_cached_vs_alone(model: nn.Module, V: int, pad: int = 2, prefill: int = 3,
+                           T: int = 12, cache: str | None = None) -> float:
+    """A row left-padded by `pad` pad tokens (masked out, positions counted from its first real
+    token, as generate sends them) decoded through the cache, a prefill and one-token steps,
+    against the same row alone on the same path: the largest difference of the logits of its
+    real tokens. `cache` as in cached_vs_full (the caller's cache, sized for the row)."""
+    model.eval()
+    ids = _ids(V, 1, T)
+    pad_id = model.config.pad_token_id or 0
+    padded = torch.cat([torch.full((1, pad), pad_id), ids], 1)  # (1, pad + T)
+    mask = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.ones(1, T, dtype=torch.long)],
+                     1)  # (1, pad + T)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (1, pad + T)
+
+    def decode(row, row_mask, row_positions, start):
+        n = row.shape[1]
+        kwargs = {"use_cache": True}
+        if cache is not None:
+            kwargs["past_key_values"] = _caller_cache(model, cache, n)
+        logits = []
+        for lo, hi in [(0, start)] + [(t, t + 1) for t in range(start, n)]:
+            out = model(input_ids=row[:, lo:hi], attention_mask=row_mask[:, :hi],
+                        position_ids=row_positions[:, lo:hi], cache_position=torch.arange(lo, hi),
+                        **kwargs)
+            kwargs["past_key_values"] = out.past_key_values
+            logits.append(out.logits)
+        return torch.cat(logits, 1)  # (1, n, V)
+
+    alone = decode(ids, mask[:, pad:], positions[:, pad:], prefill)
+    padded_out = decode(padded, mask, positions, pad + prefill)
+    return (padded_out[:, pad:] - alone).abs().max().item()
+
+
 def _caller_cache(model: nn.Module, kind: str, T: int):
     """The cache `generate` builds for a model whose layers mix windowed and full attention,
     sized for T positions, under the keyword names of the release that runs (batch_size became
@@ -446,4 +480,4 @@ SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, full_layer_windowe
                                     loss_with_shift_labels, loss_with_labels, dead_gradients,
                                     aux_loss_gradient, attention_vs_definition,
                                     routed_outside_groups, checkpoint_readout_bias,
-                                    rotary_vs_declared)}
+                                    rotary_vs_declared, padded_cached_vs_alone)}
