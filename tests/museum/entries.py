@@ -448,6 +448,19 @@ NOT_REBUILT: tuple[tuple[str, str], ...] = (
     ("TransformerLensOrg/TransformerLens#1681",
      "Gemma-2 windowed on the wrong half of its layers, T5's unmasked decoder: in the "
      "conversion of a hub checkpoint's config (from_pretrained), which needs the checkpoint"),
+    ("huggingface/transformers#39581",
+     "Ernie 4.5 MoE's selection bias (moe_statics) added to the routing weights: fixed before "
+     "the first release holding the family (4.54.0 already gathers the unbiased weights)"),
+    ("huggingface/transformers#41647, #41663",
+     "DeepSeek-V3's and Dots1's gating weights taken from the biased scores (introduced by "
+     "#40132): fixed on main before any release (4.57.x and 5.0.0 gather the unbiased scores)"),
+    ("huggingface/transformers#45945, allenai/OLMo-core#685",
+     "OLMo 3's YaRN applied to its windowed layers too: the PR was closed unmerged, the code is "
+     "unchanged through 5.25, and whether the windowed layers should be scaled is disputed "
+     "(vllm-project/vllm#43419): no fixed release"),
+    ("huggingface/transformers#43756",
+     "SmolLM3's no_rope_layers read as use_rope: open, the convention disputed, no release "
+     "changes it"),
     ("huggingface/transformers#36150",
      "cited in DEFECTS.md as a config field ignored by a backend; not reproduced in the time "
      "given"),
