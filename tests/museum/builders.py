@@ -110,6 +110,11 @@ def cohere2_windowed():
                sliding_window_pattern=2), V
 
 
+def vaultgemma_lm():
+    """VaultGemma: Gemma 2's soft-capped attention (attn_logit_softcapping 50 by default)."""
+    return _hf("VaultGemma", num_key_value_heads=2, head_dim=8), V
+
+
 def nemotron_lm():
     return _hf("Nemotron", num_key_value_heads=2), V
 

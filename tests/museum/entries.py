@@ -177,6 +177,15 @@ ENTRIES: tuple[Entry, ...] = (
                   "makes eager the default and SDPA refuses a soft-cap",
           builder="gemma2_windowed", symptom="softcap_dropped", check="oracle",
           today="caught"),
+    Entry("vaultgemma-sdpa-drops-softcap", "transformers", _t("5.20.2"), _t("5.21.0"),
+          ref="huggingface/transformers#31887 (SDPA cannot soft-cap, said there; found by "
+              "diffing the 5.20.2 and 5.21.0 wheels)", fix="5.21.0",
+          summary="VaultGemma (Gemma 2's block, from 4.57.0) runs on SDPA by default and "
+                  "silently drops attn_logit_softcapping (50), as Gemma 2 did: scores beyond the "
+                  "cap are not squashed; 5.21.0 makes eager the default and SDPA refuses a "
+                  "soft-cap",
+          builder="vaultgemma_lm", symptom="softcap_dropped", args={"scale": 300.0},
+          check="oracle", today="caught", threshold=1e-2),
     # --- caches -----------------------------------------------------------------------------
     Entry("gemma2-hybrid-cache-past-window", "transformers", _t("4.51.3"), _t("4.52.1"),
           ref="huggingface/transformers#37574", fix="#38046 (4.52.1)",
