@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .entries import ENTRIES, NOT_REBUILT, TODAY, Entry
+from .entries import ENTRIES, TODAY, Entry
+from .not_rebuilt import NOT_REBUILT
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "museum.md"
 
