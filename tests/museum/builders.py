@@ -90,6 +90,31 @@ def gemma2_windowed():
     return _hf("Gemma2", num_key_value_heads=2, head_dim=8, sliding_window=WINDOW), V
 
 
+def opt_lm():
+    return _hf("OPT", ffn_dim=64, word_embed_proj_dim=32), V
+
+
+def gpt_bigcode_lm():
+    """StarCoder's block (multi-query attention: one key/value head)."""
+    return _hf("GPTBigCode", n_embd=32, n_head=4, n_inner=64, n_layer=2, n_positions=128), V
+
+
+def phi_lm():
+    """Phi-1/1.5/2's block (parallel attention and MLP, partial rotary, a readout bias)."""
+    return _hf("Phi", num_key_value_heads=4), V
+
+
+def cohere2_windowed():
+    """Cohere 2's alternation (sliding_window_pattern 2): layer 0 windowed, layer 1 full."""
+    return _hf("Cohere2", num_key_value_heads=2, sliding_window=WINDOW,
+               sliding_window_pattern=2), V
+
+
+def vaultgemma_lm():
+    """VaultGemma: Gemma 2's soft-capped attention (attn_logit_softcapping 50 by default)."""
+    return _hf("VaultGemma", num_key_value_heads=2, head_dim=8), V
+
+
 def nemotron_lm():
     return _hf("Nemotron", num_key_value_heads=2), V
 
@@ -116,6 +141,39 @@ def zamba2_lm():
     """A Mamba-2 layer, then a hybrid layer (Mamba-2 with the shared attention block)."""
     return _hf("Zamba2", num_key_value_heads=2, mamba_headdim=16, n_mamba_heads=4,
                layers_block_type=["mamba", "hybrid"], **MAMBA2), V
+
+
+# --- transformers: routed experts ------------------------------------------------------------
+EXPERTS = dict(num_key_value_heads=2, num_experts_per_tok=2)  # 4 experts, 2 chosen per token
+
+
+def mixtral_moe():
+    return _hf("Mixtral", num_local_experts=4, **EXPERTS), V
+
+
+def flex_olmo_moe():
+    return _hf("FlexOlmo", num_experts=4, **EXPERTS), V
+
+
+def glm4_moe_grouped():
+    """GLM-4.5's MoE (Glm4Moe) routing by groups: 4 experts in 2 groups, the best group chosen
+    per token, then 2 experts inside it; every layer routed, one shared expert. The selection
+    bias (e_score_correction_bias, zeros at init) is set below zero as an aux-loss-free balancer
+    leaves it when it has pushed down overloaded experts: sigmoid(logit) + bias < 0."""
+    model = _hf("Glm4Moe", head_dim=8, n_routed_experts=4, n_group=2,
+                topk_group=1, first_k_dense_replace=0, n_shared_experts=1,
+                moe_intermediate_size=16, **EXPERTS)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                module.e_score_correction_bias.copy_(torch.linspace(-1.2, -0.8, 4))
+    return model, V
+
+
+def minimax_m2_legacy_rotary():
+    """MiniMax-M2 configured as its released checkpoints' config.json says it: partial RoPE
+    given by the legacy field rotary_dim (here 4 of head_dim 8; the checkpoints: 64 of 128)."""
+    return _hf("MiniMaxM2", head_dim=8, rotary_dim=4, num_local_experts=4, **EXPERTS), V
 
 
 # --- transformers: the loss a model computes from labels= -----------------------------------

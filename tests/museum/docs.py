@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .entries import ENTRIES, NOT_REBUILT, TODAY, Entry
+from .entries import ENTRIES, TODAY, Entry
+from .not_rebuilt import NOT_REBUILT
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "museum.md"
 
@@ -23,6 +24,18 @@ SYMPTOM_WORDS = {
     "softcap_dropped": "the default attention path differs from the soft-capped one",
     "litgpt_cached_vs_full": "cached decoding differs from the full forward",
     "lens_cached_vs_full": "cached decoding differs from the full forward",
+    "attention_vs_definition": "the first attention layer's output differs from causal "
+                               "softmax(q k^T / sqrt(d)) v of its own projections",
+    "routed_outside_groups": "tokens routed to experts outside the groups their scores "
+                             "choose (share of choices)",
+    "checkpoint_readout_bias": "a checkpoint's readout bias (lm_head.bias) is missing from "
+                               "the loaded model's logits",
+    "rotary_vs_declared": "the rotary tables differ from RoPE over the checkpoint's declared "
+                          "rotary_dim",
+    "padded_cached_vs_alone": "a left-padded row decoded through the cache differs from the "
+                              "row alone",
+    "aux_loss_gradient": "the load-balancing loss's gradient on the routers' weights differs "
+                         "from its definition's (relative)",
 }
 
 INTRO = """# The museum: real released bugs, rebuilt
@@ -57,11 +70,10 @@ tests/test_museum_table.py holds it to the table.
 """
 
 
-TRIAL_INTRO = """## With the gate's pending range work tried
+TRIAL_INTRO = """## With the pending gate work tried
 
-The rows marked *crash* run transformers releases older than 4.51, where the gate raises today
-(its table of spec classes names classes those releases lack). With branch `range` (issue 32,
-part 2) merged into a local copy, the plain call did this:"""
+For these rows the gate work their *pending* names was tried in a local copy (not merged); with
+it, the plain call did this:"""
 
 
 def _row(entry: Entry) -> str:

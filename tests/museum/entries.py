@@ -99,6 +99,13 @@ LOSS_517 = ("its labels= loss is written by hand or called without the caller's 
             "until #48493 passed them through (5.17.0)")
 
 
+DOUBLE_SOFTMAX = ("from 5.0.0 to 5.5.4 the router returns its softmax probabilities as "
+                  "router_logits (the variable reused), and load_balancing_loss_func softmaxes "
+                  "them again: the aux loss sees distributions flattened towards 1/E and sends "
+                  "the routers a fraction of its gradient (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, "
+                  "FlexOlmo, MiniMax, Qwen3-Next and the Qwen3 VL/Omni/3.5 MoEs)")
+
+
 def _t(version: str) -> tuple[str, ...]:
     return (f"transformers=={version}",)
 
@@ -170,6 +177,15 @@ ENTRIES: tuple[Entry, ...] = (
                   "makes eager the default and SDPA refuses a soft-cap",
           builder="gemma2_windowed", symptom="softcap_dropped", check="oracle",
           today="caught"),
+    Entry("vaultgemma-sdpa-drops-softcap", "transformers", _t("5.20.2"), _t("5.21.0"),
+          ref="huggingface/transformers#31887 (SDPA cannot soft-cap, said there; found by "
+              "diffing the 5.20.2 and 5.21.0 wheels)", fix="5.21.0",
+          summary="VaultGemma (Gemma 2's block, from 4.57.0) runs on SDPA by default and "
+                  "silently drops attn_logit_softcapping (50), as Gemma 2 did: scores beyond the "
+                  "cap are not squashed; 5.21.0 makes eager the default and SDPA refuses a "
+                  "soft-cap",
+          builder="vaultgemma_lm", symptom="softcap_dropped", args={"scale": 300.0},
+          check="oracle", today="caught", threshold=1e-2),
     # --- caches -----------------------------------------------------------------------------
     Entry("gemma2-hybrid-cache-past-window", "transformers", _t("4.51.3"), _t("4.52.1"),
           ref="huggingface/transformers#37574", fix="#38046 (4.52.1)",
@@ -212,6 +228,24 @@ ENTRIES: tuple[Entry, ...] = (
           note="both releases fail oracle: Gemma 2's default SDPA path drops "
                "attn_logit_softcapping in every release before 5.21.0 (the bug of "
                "gemma2-sdpa-drops-softcap), a standing finding"),
+    Entry("cohere2-padded-window-cache", "transformers", _t("4.48.1"), _t("4.48.2"),
+          ref="huggingface/transformers#35681 (the same fix, in Cohere 2's copy of Gemma 2's "
+              "layer; found by diffing the 4.48.1 and 4.48.2 wheels)", fix="#35681 (4.48.2)",
+          summary="after the 4.48 attention refactor, Cohere 2's windowed layers cut a decode "
+                  "step's mask to its last sliding_window columns, not at the offset the "
+                  "HybridCache's window sits at: a left-padded row decoded through the cache "
+                  "past its window is masked off its own keys (its pads no longer where the mask "
+                  "says)",
+          builder="cohere2_windowed", symptom="padded_cached_vs_alone",
+          args={"cache": "hybrid", "prefill": 6}, check="padding", today="caught",
+          threshold=1e-3, standing=("kv_cache",),
+          note="both releases fail kv_cache the same way, a standing finding of these "
+               "releases: the gate's cached decode raises inside Cohere 2's HybridCache "
+               "(RuntimeError: size of tensor a (3) must match b (2)), and with a cache sized "
+               "for the row a chunk of 3 tokens after the prefill differs from the full forward "
+               "(0.0077 on 4.48.2), the chunk bug of gemma2-hybrid-cache-chunk. The symptom's "
+               "prefill (6) is past the window (4): a shorter one meets the bug of "
+               "gemma2-hybrid-cache-past-window on both releases"),
     Entry("nemotron-prefill-no-cache", "transformers", _t("4.46.3"), _t("4.47.0"),
           ref="huggingface/transformers#34739", fix="#34742 (4.47.0)",
           summary="NemotronModel never creates a cache when called with use_cache=True and no "
@@ -263,6 +297,75 @@ ENTRIES: tuple[Entry, ...] = (
                "and config.use_cache=False; with use_cache on, the leak remains in every release "
                "through 5.24 (a cache disables the boundary detection), which the packing check "
                "fails on any release"),
+    # --- attention numerics -----------------------------------------------------------------
+    Entry("opt-attention-scaled-twice", "transformers", _t("4.52.1"), _t("4.52.4"),
+          ref="huggingface/transformers#38277", fix="#38290 (4.52.4)",
+          summary="the 4.52 attention refactor of OPT kept its query scaled by 1/sqrt(d) in the "
+                  "projection and also handed scaling=1/sqrt(d) to the attention function: every "
+                  "score is divided by d instead of sqrt(d) (4.52.0 to 4.52.3, eager and SDPA)",
+          builder="opt_lm", symptom="attention_vs_definition", check="oracle", today="caught",
+          threshold=1e-2, standing=("inputs",),
+          note="inputs fails on both releases (OPT accepts rank-3 ids and flattens them), a "
+               "standing finding"),
+    Entry("gpt-bigcode-attention-scale-inverted", "transformers", _t("4.55.0"), _t("4.55.4"),
+          ref="huggingface/transformers#40041", fix="#40041 (4.55.1)",
+          summary="GPT-BigCode's move to the attention interface (4.54.0) set its scaling to "
+                  "head_dim**0.5 where head_dim**-0.5 belongs: StarCoder and SantaCoder's scores "
+                  "are multiplied by sqrt(d) instead of divided by it (4.54.0 to 4.55.0, eager and "
+                  "SDPA)",
+          builder="gpt_bigcode_lm", symptom="attention_vs_definition", check="oracle",
+          today="caught", threshold=1e-2,
+          note="the control is 4.55.4, a later fixed release whose environment other rows "
+               "already build (the first fixed release is 4.55.1)"),
+    Entry("phi-lm-head-bias-dropped", "transformers", _t("4.48.0"), _t("4.48.1"),
+          ref="huggingface/transformers#35625", fix="#35650 (4.48.1)",
+          summary="the 4.48 refactor built PhiForCausalLM's lm_head with bias=False: the readout "
+                  "bias that Phi-1, 1.5 and 2 checkpoints carry is dropped at load (an unused "
+                  "weight), and every logit misses it",
+          builder="phi_lm", symptom="checkpoint_readout_bias", check="params", today="caught",
+          threshold=1e-2),
+    Entry("minimax-m2-legacy-rotary-dim", "transformers", _t("5.17.0"), _t("5.18.0"),
+          ref="huggingface/transformers#48241", fix="#48486 (5.18.0)",
+          summary="MiniMaxM2Config keeps the legacy rotary_dim that every released MiniMax-M2 "
+                  "checkpoint declares its partial RoPE with (64 of head_dim 128) as an unread "
+                  "attribute: rope_parameters gets no partial_rotary_factor and every layer "
+                  "rotates the whole head on a full-width frequency ladder",
+          builder="minimax_m2_legacy_rotary", symptom="rotary_vs_declared",
+          args={"rotary_dim": 4}, check="oracle", today="missed", threshold=1e-2,
+          pending="the minimax_m2 family entry reads the legacy rotary_dim its checkpoints carry "
+                  "(partial_rotary_factor = rotary_dim / head_dim) where rope_parameters holds "
+                  "no factor: the gate reads rope_parameters only, so its spec rotates the whole "
+                  "head as the module does, and the two agree",
+          trial="with that reading tried locally (a wrapper on "
+                "references.hf_rope.rope_parameters_of), the plain call fails oracle on 5.17.0 "
+                "(logits differ by 0.14, allowed 1.2e-05; first at layer 0) and passes on "
+                "5.18.0"),
+    # --- routed experts ---------------------------------------------------------------------
+    Entry("mixtral-router-double-softmax", "transformers", _t("5.5.4"), _t("5.6.0"),
+          ref="huggingface/transformers#45120", fix="#45131 (5.6.0)",
+          summary=f"MixtralForCausalLM: {DOUBLE_SOFTMAX}",
+          builder="mixtral_moe", symptom="aux_loss_gradient", check="router_aux_loss",
+          today="caught", threshold=0.1),
+    Entry("flex-olmo-router-double-softmax", "transformers", _t("5.5.4"), _t("5.6.0"),
+          ref="huggingface/transformers#45120 (same cause: FlexOlmo's router, fixed by the same "
+              "PR; found by diffing the 5.5.4 and 5.6.0 wheels)", fix="#45131 (5.6.0)",
+          summary=f"FlexOlmoForCausalLM: {DOUBLE_SOFTMAX}",
+          builder="flex_olmo_moe", symptom="aux_loss_gradient", check="router_aux_loss",
+          today="caught", threshold=0.1),
+    Entry("glm4-moe-masked-groups-zero", "transformers", _t("5.5.4"), _t("5.6.0"),
+          ref="huggingface/transformers#45440", fix="#45441 (5.6.0)",
+          summary="routing by groups (DeepSeek-V3's router, copied into GLM-4.5's Glm4Moe, "
+                  "Dots1, Solar Open, EXAONE MoE, GLM-4.7-Flash) fills the experts of the groups "
+                  "not chosen with 0.0, not -inf: once the selection bias makes sigmoid(logit) + "
+                  "bias negative, those experts outrank the chosen group's and tokens go to "
+                  "experts outside their groups (every release through 5.5.4)",
+          builder="glm4_moe_grouped", symptom="routed_outside_groups", check="oracle",
+          today="caught", threshold=0.1, tolerance=0.0,
+          note="the tiny model's selection biases are set below zero (linspace(-1.2, -0.8)), as "
+               "an aux-loss-free balancer leaves them: at their init (zeros) the scores stay "
+               "positive and the two releases agree. Every release of this router before 5.0 is "
+               "also buggy, but there the gate's layout table does not read Glm4Moe's experts "
+               "(a ModuleList in transformers 4): params and oracle fail both sides"),
     # --- the model's own loss ---------------------------------------------------------------
     Entry("xglm-pad-target", "transformers", _t("4.49.0"), _t("4.50.0"),
           ref="huggingface/transformers#35878", fix="#35878 (4.50.0)",
@@ -314,47 +417,3 @@ ENTRIES: tuple[Entry, ...] = (
 )
 
 BY_ID: dict[str, Entry] = {entry.id: entry for entry in ENTRIES}
-
-# Bugs looked at and not rebuilt: (ref, why).
-NOT_REBUILT: tuple[tuple[str, str], ...] = (
-    ("huggingface/transformers#28980 (fix #30127, 4.40.0)",
-     "Mistral's SDPA path without its window: rebuilt and shown (4.39.3 reads token 0 past the "
-     "window), but below the declared floor, where the gate does not run even with branch "
-     "range (its floor is 4.45), so not a row"),
-    ("huggingface/transformers#32330, #29402, #21381, #26221",
-     "llama3 RoPE frequencies (4.43), Gemma's exact GELU (4.38), reentrant checkpointing with "
-     "frozen inputs (4.2x-4.35): all fixed below the declared floor"),
-    ("huggingface/transformers#34191, #35438, #37766",
-     "the Trainer's normalisation under gradient accumulation: the Trainer's code, not the "
-     "model's; the model's half is rebuilt (gpt-neox-items-dropped, xglm-items-dropped, "
-     "mamba-items-dropped)"),
-    ("huggingface/transformers#23530, huggingface/trl#3067, #1230, #2834",
-     "labels built by a collator, packing done by TRL's trainer: data and trainer code, which "
-     "audit_batch and the packing check see, not a decoder release"),
-    ("huggingface/transformers#46634",
-     "a 2-D all-ones attention_mask disables packed-sequence detection: the PR was closed "
-     "unmerged and the leak is in every release through 5.24, so there is no fixed release to "
-     "be the control"),
-    ("position ids only, default use_cache (found here)",
-     "Llama with packed rows told apart by position ids and the default use_cache leaks across "
-     "documents in every release through 5.24 (the cache turns the boundary detection off): no "
-     "fixed release; the use_cache=False form is the row llama-packed-position-ids"),
-    ("modelscope/ms-swift#9618",
-     "Qwen3.5 / Qwen3-Next gated-delta-net layers leak across packed documents: measured here "
-     "on the CPU torch path in 5.8.1 through 5.24 (0.023 with use_cache=False), no fixed release"),
-    ("huggingface/transformers#42801, #31887 (flash-attention soft-cap)",
-     "flash-attention kernels (packed position ids, soft-capping): GPU-only kernels, not "
-     "installable here"),
-    ("sgl-project/sglang#33915, #33558, #22711; vllm-project/vllm#41236, #43770, #16976",
-     "inference servers and their GPU kernels (YaRN mscale, dynamic NTK, partial rotary, a "
-     "doubled BOS): not a decoder a user audits with da.audit, and not runnable on CPU"),
-    ("lucidrains/x-transformers#311",
-     "cached decoding of a cross-attending decoder: an encoder-decoder, outside the gate's "
-     "decoder-only contract"),
-    ("TransformerLensOrg/TransformerLens#1681",
-     "Gemma-2 windowed on the wrong half of its layers, T5's unmasked decoder: in the "
-     "conversion of a hub checkpoint's config (from_pretrained), which needs the checkpoint"),
-    ("huggingface/transformers#36150",
-     "cited in DEFECTS.md as a config field ignored by a backend; not reproduced in the time "
-     "given"),
-)

@@ -14,24 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SEED = 1  # the probe ids; the weights are seeded by the builders
-
-
-def _ids(V: int, B: int, T: int, low: int = 3) -> torch.Tensor:
-    """Ids drawn away from the special ids (0, 1, 2: pad, bos, eos in the builders' configs)."""
-    g = torch.Generator().manual_seed(SEED)
-    return torch.randint(low, V, (B, T), generator=g)  # (B, T)
-
-
-def _logits(model: nn.Module, ids: torch.Tensor, **kwargs) -> torch.Tensor:
-    out = model(input_ids=ids, **kwargs) if _takes_input_ids(model) else model(ids, **kwargs)
-    return out if isinstance(out, torch.Tensor) else out.logits  # (B, T, V)
-
-
-def _takes_input_ids(model: nn.Module) -> bool:
-    import inspect
-
-    return "input_ids" in inspect.signature(model.forward).parameters
+from . import numerics
+from .calls import ids as _ids
+from .calls import logits as _logits
 
 
 @torch.no_grad()
@@ -86,6 +71,40 @@ def cached_vs_full(model: nn.Module, V: int, T: int = 16, prefill: int = 10, chu
                     cache_position=span)
         worst = max(worst, (out.logits - full[:, span]).abs().max().item())
     return worst
+
+
+@torch.no_grad()
+def padded_cached_vs_alone(model: nn.Module, V: int, pad: int = 2, prefill: int = 3,
+                           T: int = 12, cache: str | None = None) -> float:
+    """A row left-padded by `pad` pad tokens (masked out, positions counted from its first real
+    token, as generate sends them) decoded through the cache, a prefill and one-token steps,
+    against the same row alone on the same path: the largest difference of the logits of its
+    real tokens. `cache` as in cached_vs_full (the caller's cache, sized for the row)."""
+    model.eval()
+    ids = _ids(V, 1, T)
+    pad_id = model.config.pad_token_id or 0
+    padded = torch.cat([torch.full((1, pad), pad_id), ids], 1)  # (1, pad + T)
+    mask = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.ones(1, T, dtype=torch.long)],
+                     1)  # (1, pad + T)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (1, pad + T)
+
+    def decode(row, row_mask, row_positions, start):
+        n = row.shape[1]
+        kwargs = {"use_cache": True}
+        if cache is not None:
+            kwargs["past_key_values"] = _caller_cache(model, cache, n)
+        logits = []
+        for lo, hi in [(0, start)] + [(t, t + 1) for t in range(start, n)]:
+            out = model(input_ids=row[:, lo:hi], attention_mask=row_mask[:, :hi],
+                        position_ids=row_positions[:, lo:hi], cache_position=torch.arange(lo, hi),
+                        **kwargs)
+            kwargs["past_key_values"] = out.past_key_values
+            logits.append(out.logits)
+        return torch.cat(logits, 1)  # (1, n, V)
+
+    alone = decode(ids, mask[:, pad:], positions[:, pad:], prefill)
+    padded_out = decode(padded, mask, positions, pad + prefill)
+    return (padded_out[:, pad:] - alone).abs().max().item()
 
 
 def _caller_cache(model: nn.Module, kind: str, T: int):
@@ -249,7 +268,9 @@ def dead_gradients(model: nn.Module, V: int, T: int = 12) -> float:
     return float(len(dead))
 
 
-SYMPTOMS = {f.__name__: f for f in (future_leak, window_read, full_layer_windowed, cached_vs_full, forward_raises,
-                                    packed_leak, softcap_dropped, litgpt_cached_vs_full, lens_cached_vs_full,
-                                    loss_with_items,
-                                    loss_with_shift_labels, loss_with_labels, dead_gradients)}
+SYMPTOMS = {f.__name__: f for f in (
+    future_leak, window_read, full_layer_windowed, cached_vs_full, padded_cached_vs_alone,
+    forward_raises, packed_leak, softcap_dropped, litgpt_cached_vs_full, lens_cached_vs_full,
+    loss_with_items, loss_with_shift_labels, loss_with_labels, dead_gradients,
+    numerics.aux_loss_gradient, numerics.attention_vs_definition, numerics.routed_outside_groups,
+    numerics.checkpoint_readout_bias, numerics.rotary_vs_declared)}
