@@ -331,15 +331,7 @@ ENTRIES: tuple[Entry, ...] = (
                   "attribute: rope_parameters gets no partial_rotary_factor and every layer "
                   "rotates the whole head on a full-width frequency ladder",
           builder="minimax_m2_legacy_rotary", symptom="rotary_vs_declared",
-          args={"rotary_dim": 4}, check="oracle", today="missed", threshold=1e-2,
-          pending="the minimax_m2 family entry reads the legacy rotary_dim its checkpoints carry "
-                  "(partial_rotary_factor = rotary_dim / head_dim) where rope_parameters holds "
-                  "no factor: the gate reads rope_parameters only, so its spec rotates the whole "
-                  "head as the module does, and the two agree",
-          trial="with that reading tried locally (a wrapper on "
-                "references.hf_rope.rope_parameters_of), the plain call fails oracle on 5.17.0 "
-                "(logits differ by 0.14, allowed 1.2e-05; first at layer 0) and passes on "
-                "5.18.0"),
+          args={"rotary_dim": 4}, check="oracle", today="caught", threshold=1e-2),
     # --- routed experts ---------------------------------------------------------------------
     Entry("mixtral-router-double-softmax", "transformers", _t("5.5.4"), _t("5.6.0"),
           ref="huggingface/transformers#45120", fix="#45131 (5.6.0)",

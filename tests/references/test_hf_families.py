@@ -206,7 +206,17 @@ def test_a_decoder_rotating_interleaved_pairs_is_written_by_the_family_that_does
                            expert_width=8, n_shared_experts=1, router_selection_bias=True,
                            first_dense_layers=1)
     ours = random_decoder(cfg, dtype=torch.float64)
-    model = hfref.to_hf(ours)
+    try:
+        model = hfref.to_hf(ours)
+    except da.ConfigError:
+        config_class = hf_class("Ernie4_5_MoeConfig")
+        built = hf_class("Ernie4_5_MoeForCausalLM")(config_class(
+            vocab_size=37, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, moe_num_experts=4, moe_k=2))
+        if not any(name.endswith("experts.gate_up_proj") for name, _ in built.named_parameters()):
+            pytest.skip("this release keeps one module per expert, a form the table does not "
+                        "write (transformers 5 fuses them)")
+        raise
     assert type(model).__name__ == "Ernie4_5_MoeForCausalLM"
     ids = torch.randint(0, 37, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

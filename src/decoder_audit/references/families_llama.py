@@ -158,8 +158,20 @@ _COHERE = dict(fixed={"norm": "layernorm", "norm_bias": False, "rope_layout": "i
 # Granite's multipliers as its own config holds them (an embedding_multiplier of 1 read as 1)
 _GRANITE = {"residual_multiplier": "residual_multiplier", "embedding_scale": "embedding_multiplier",
             "attn_scale": "attention_multiplier"}
+def _glm_fixed_half(config: Any) -> int | None:
+    """GLM's rotated width where its config names no factor: transformers 4.46's module rotated
+    half of each head whatever the config said (4.47 added partial_rotary_factor, default 0.5);
+    None where the config holds the factor (the RoPE reader reads it)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if "partial_rotary_factor" in rope or hasattr(config, "partial_rotary_factor"):
+        return None
+    return (getattr(config, "head_dim", None) or
+            config.hidden_size // config.num_attention_heads) // 2
+
+
 _GLM = dict(partial_rotary=True,  # the first R features, pairs interleaved within them
-            fixed={"rope_layout": "interleaved", "attn_output_bias": False, "mlp_bias": False})
+            fixed={"rope_layout": "interleaved", "attn_output_bias": False, "mlp_bias": False},
+            read={"rotary_dim": _glm_fixed_half})
 
 LLAMA_NAMED: tuple[Family, ...] = (
     # Mistral's block under Qwen2's modules without their biases

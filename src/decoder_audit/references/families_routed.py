@@ -170,6 +170,19 @@ _TOPK_SOFTMAX = {"router_scoring": "softmax", "router_order": "topk_score",
                  "normalize_topk": True}
 
 
+def _checkpoint_rotary_dim(config: Any) -> int | None:
+    """MiniMax-M2's checkpoints declare the rotated width as rotary_dim (64 of each 128-wide
+    head). transformers 5.18 (#48486) reads it into rope_parameters' partial_rotary_factor; 5.17
+    kept it as an attribute nothing read and rotated every feature (#48241). The declared
+    architecture is the checkpoint's: its rotary_dim where the RoPE fields hold no factor (None
+    leaves them to the RoPE reader)."""
+    declared = getattr(config, "rotary_dim", None)
+    factor = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+    if isinstance(declared, int) and not isinstance(declared, bool) and factor == 1.0:
+        return declared if declared < config.head_dim else None
+    return None
+
+
 def no_shared_mlp(attribute: str) -> tuple:
     """A block that builds its shared MLP whatever: of width 0 where `attribute` is 0, its
     zero-size weights a shape no DecoderConfig has (refused, never left over in params)."""
@@ -219,7 +232,8 @@ ROUTED_DERIVED: tuple[Family, ...] = (
     llama("minimax_m2", "MiniMaxM2ForCausalLM", experts="deepseek_v3", partial_rotary=True,
           fixed={**_V3_FIXED, "qk_norm": True, "qk_norm_scope": "projection",
                  "normalize_topk": True},
-          read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"}),
+          read={"n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                "rotary_dim": _checkpoint_rotary_dim}),
     # Aria's text model: the k largest logits softmaxed, shared experts of intermediate_size
     llama("aria_text", "AriaTextForCausalLM", experts="mixtral",
           refused=(_BIASED_MLPS, no_shared_mlp("moe_num_shared_experts")),
