@@ -102,3 +102,22 @@ def verdict_facts(text: str) -> tuple[list[int], list[str]]:
     known = set(CHECKS) | set(BatchReport.CHECK_TITLES)
     return ([int(n) for n in re.findall(r"(?<![\w.])\d+(?![\w.])", line)],
             [word for word in re.findall(r"\w+", line) if word in known])
+
+
+def assert_read_and_written_back(model: nn.Module) -> None:
+    """A Hugging Face model whose config the gate reads: its spec is found, params and the oracle
+    pass, and in float64 the decoder read from it (from_hf) and that decoder written back (to_hf)
+    give its own logits."""
+    from decoder_audit.references.hf import from_hf, to_hf
+    report = da.audit(model, checks=["params", "oracle"])
+    assert report.facts.spec is not None, report["oracle"].detail
+    assert report["params"].passed, report["params"].detail
+    assert report["oracle"].passed, report["oracle"].detail
+    model = model.double()
+    ids = torch.randint(0, model.config.vocab_size, (2, 7),
+                        generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = model(input_ids=ids).logits
+        ours = from_hf(model)
+        torch.testing.assert_close(ours(ids), theirs, atol=1e-6, rtol=0)
+        torch.testing.assert_close(to_hf(ours)(input_ids=ids).logits, theirs, atol=1e-6, rtol=0)

@@ -12,13 +12,12 @@ from __future__ import annotations
 import configs
 import pytest
 import torch
-from helpers import random_decoder
+from helpers import assert_read_and_written_back, random_decoder
 from hf_compat import hf_class
 
 import decoder_audit as da
 from decoder_audit.model.positions import alibi_slopes, sinusoids
 from decoder_audit.references import hf as hfref
-from decoder_audit.references.hf import from_hf, to_hf
 from decoder_audit.references.hf_config import config_to_hf
 from decoder_audit.references.torch_twin import twin_unsupported
 
@@ -156,17 +155,7 @@ def _form(name: str) -> torch.nn.Module:
 @pytest.mark.parametrize("name", sorted(FORMS))
 def test_forms_of_other_families_the_new_fields_express_are_read_and_pass(name):
     model = _form(name)
-    report = da.audit(model, checks=["params", "oracle"])
-    assert report.facts.spec is not None, report["oracle"].detail
-    assert report["params"].passed and report["oracle"].passed, report["oracle"].detail
-    model = model.double()
-    ids = torch.randint(0, model.config.vocab_size, (2, 7),
-                        generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        theirs = model(input_ids=ids).logits
-        ours = from_hf(model)
-        torch.testing.assert_close(ours(ids), theirs, atol=1e-6, rtol=0)
-        torch.testing.assert_close(to_hf(ours)(input_ids=ids).logits, theirs, atol=1e-6, rtol=0)
+    assert_read_and_written_back(model)
 
 
 def test_a_post_norm_opt_run_as_pre_norm_fails_the_oracle():

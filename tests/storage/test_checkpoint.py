@@ -223,13 +223,9 @@ def test_crash_after_the_swap_leaves_the_new_checkpoint(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
 
 
-def test_crash_between_the_two_renames(tmp_path, monkeypatch):
-    """The old folder is moved aside first; a crash before the new one is renamed into place
-    leaves no `c/` at all, but two complete checkpoints beside it. load_checkpoint("c") takes
-    the newer, a save that fails deletes neither, and only a save that completes removes them."""
-    cfg = configs.named("gqa-odd")
-    old, new = random_decoder(cfg, seed=0), random_decoder(cfg, seed=1)
-    path = save_checkpoint(old, tmp_path / "c")
+def _save_torn_between_the_renames(model, path) -> None:
+    """Saves `model` over `path`, crashing (KeyboardInterrupt) after the old folder is moved
+    aside and before the new one is renamed into place; os.rename is restored afterwards."""
     real_rename = os.rename
 
     def die_before_the_rename_into_place(src, dst):
@@ -237,10 +233,20 @@ def test_crash_between_the_two_renames(tmp_path, monkeypatch):
             raise KeyboardInterrupt("simulated crash between the renames")
         real_rename(src, dst)
 
-    monkeypatch.setattr(atomic.os, "rename", die_before_the_rename_into_place)
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(new, path)
-    monkeypatch.setattr(atomic.os, "rename", real_rename)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(atomic.os, "rename", die_before_the_rename_into_place)
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(model, path)
+
+
+def test_crash_between_the_two_renames(tmp_path):
+    """The old folder is moved aside first; a crash before the new one is renamed into place
+    leaves no `c/` at all, but two complete checkpoints beside it. load_checkpoint("c") takes
+    the newer, a save that fails deletes neither, and only a save that completes removes them."""
+    cfg = configs.named("gqa-odd")
+    old, new = random_decoder(cfg, seed=0), random_decoder(cfg, seed=1)
+    path = save_checkpoint(old, tmp_path / "c")
+    _save_torn_between_the_renames(new, path)
     assert not path.exists()
     with pytest.warns(UserWarning, match="is missing"):
         _assert_same_model(new, load_checkpoint(path))  # the newest complete checkpoint
@@ -260,8 +266,7 @@ def test_crash_between_the_two_renames(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
 
 
-def test_the_command_line_says_a_stranded_copy_in_one_line_of_its_own(tmp_path, monkeypatch,
-                                                                      capsys):
+def test_the_command_line_says_a_stranded_copy_in_one_line_of_its_own(tmp_path, capsys):
     """A save torn between its renames leaves no `c/`; a command reading `c` takes the newest
     complete copy and says so in one line, `decoder-audit sample: warning: ...`, naming both
     folders: not Python's warning with its file, line and source line (issue 44)."""
@@ -271,17 +276,7 @@ def test_the_command_line_says_a_stranded_copy_in_one_line_of_its_own(tmp_path, 
     from decoder_audit.cli import main
 
     path = save_checkpoint(tiny_decoder(0), tmp_path / "c")
-    real_rename = os.rename
-
-    def die_before_the_rename_into_place(src, dst):
-        if os.fspath(dst) == str(path):
-            raise KeyboardInterrupt("simulated crash between the renames")
-        real_rename(src, dst)
-
-    monkeypatch.setattr(atomic.os, "rename", die_before_the_rename_into_place)
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(tiny_decoder(1), path)
-    monkeypatch.undo()
+    _save_torn_between_the_renames(tiny_decoder(1), path)
     copy = atomic.stranded_copies(path)[0]
 
     def as_python_shows(message, category, filename, lineno, file=None, line=None):
