@@ -1,4 +1,4 @@
-"""torchtune (the real package, 0.6.1 with torchao 0.11.0): a TransformerDecoder keeps no config,
+"""torchtune (the real package, 0.6.1 with torchao 0.17.0): a TransformerDecoder keeps no config,
 so its spec is read from the arguments its modules keep (references/peer_configs.py): heads,
 key/value heads and head width from MultiHeadAttention, the RoPE module's class (interleaved or
 rotating halves), base and Llama 3.1 scaling, the norms' eps, the FeedForward's activation and
