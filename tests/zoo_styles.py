@@ -18,8 +18,8 @@ defect plantable at a time (`defect=`), for the declared-architecture checks (sp
                  no `model.` wrapper), RoPE rotating halves, grouped-query attention 4/2.
 
 Each is a re-implementation: nanoGPT and LLMs-from-scratch are not packages on the registry;
-torchtune 0.6.1 imports torchao.dtypes.nf4tensor, which torchao 0.18 no longer has (the test
-extra pins torchao 0.17.0 beside it: tests/gate/test_peer_torchtune.py runs the real one);
+torchtune 0.6.1 imports torchao.dtypes.nf4tensor, which torchao 0.18 no longer has, while peft
+refuses a torchao older than 0.16 (.ci/torchtune runs the real one in an environment of its own);
 litgpt 0.5.9 pins numpy<2, and 0.5.10-0.5.13 a huggingface-hub older than transformers 5 needs
 (.ci/litgpt runs the real one in an environment of its own). The names, shapes and arithmetic follow the originals (litgpt's
 read from its 0.5.13 wheel), written here in our own words. `SPECS` holds the architecture

@@ -3,8 +3,8 @@ as its spec (references/peer_configs.py) and runs params and oracle on it, with 
 vocab_size=. For each library: correct tiny models pass; a defect planted in the library's own
 module (a forward or a buffer monkeypatched) fails oracle or params; an option no DecoderConfig
 expresses fails both, named. TransformerLens and x-transformers are the real packages; nanoGPT
-and litgpt are stand-ins (tests/zoo_peers.py says why). torchtune: test_peer_torchtune.py; the
-real litgpt: test_peer_litgpt.py (.ci/litgpt)."""
+and litgpt are stand-ins (tests/zoo_peers.py says why). the real torchtune: test_peer_torchtune.py
+(.ci/torchtune); the real litgpt: test_peer_litgpt.py (.ci/litgpt)."""
 
 from __future__ import annotations
 

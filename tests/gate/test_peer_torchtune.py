@@ -1,10 +1,17 @@
-"""torchtune (the real package, 0.6.1 with torchao 0.17.0): a TransformerDecoder keeps no config,
+"""torchtune (the real package, 0.6.1 with torchao 0.11.0): a TransformerDecoder keeps no config,
 so its spec is read from the arguments its modules keep (references/peer_configs.py): heads,
 key/value heads and head width from MultiHeadAttention, the RoPE module's class (interleaved or
 rotating halves), base and Llama 3.1 scaling, the norms' eps, the FeedForward's activation and
 gating, biases, a TiedLinear readout. `da.audit(model)` then runs params and oracle with no
 spec=; a defect planted in its own modules fails one of them; an option no DecoderConfig
-expresses fails both, named."""
+expresses fails both, named.
+
+torchtune cannot be installed beside the project's pins (pyproject.toml says why: 0.6.1 needs a
+torchao older than 0.18, and peft 0.21 refuses one older than 0.16), so these tests skip in the
+project's environment and run in one of their own over it, as .ci/torchtune does:
+
+    python=$(.venv/bin/python tests/releases.py torchtune==0.6.1 torchao==0.11.0)
+    PYTHONPATH=src $python -m pytest tests/gate/test_peer_torchtune.py"""
 
 from __future__ import annotations
 
