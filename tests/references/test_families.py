@@ -294,6 +294,7 @@ SPECIFIC: dict[tuple[str, str], tuple] = {
     ("cohere2", "NoPE full layer rotated"): (
         _setting(_attention(1), sliding_window=lambda m: m.config.sliding_window), "oracle"),
     ("apertus", "xIELU without softplus"): (_xielu_without_softplus, "oracle"),
+    ("apertus1p5_text", "xIELU without softplus"): (_xielu_without_softplus, "oracle"),
     # ---- position and norm placements (helper fam-positions): tests/families_positions.py ----
     **families_positions.SPECIFIC,
     # ---- sinks, the clamped SwiGLU, biased routers and experts, q/k norms after RoPE,
@@ -319,18 +320,19 @@ def test_a_defect_of_what_the_family_changes_fails_its_check(family, defect):
 
 @pytest.mark.parametrize("model_type, option, value, named", [
     ("cohere", "use_qk_norm", True, "use_qk_norm=True"),  # per-head LayerNorms, gains (H, Dh)
+    ("apertus1p5_text", "output_vocab_size", 20, "output_vocab_size=20"),  # a pruned readout
     ("granite", "logits_scaling", 0.0, "logits_scaling=0.0"),  # the logits divided by 0
 ])
 def test_an_option_no_spec_expresses_is_refused_naming_it(model_type, option, value, named):
-    """Cohere's q/k LayerNorms are refused: the model is audited black-box, the option named
-    where the oracle would run. A value no model computes with (Granite's logits_scaling=0) is
-    refused outright, naming it."""
+    """Cohere's q/k LayerNorms and Apertus 1.5's pruned readout are refused: the model is
+    audited black-box, the option named where the oracle would run. A value no model computes
+    with (Granite's logits_scaling=0) is refused outright, naming it."""
     family = next(f for f in FAMILIES if f.model_type == model_type)
     config = tiny_config(model_type)
     setattr(config, option, value)
     with pytest.raises(da.ConfigError, match=re.escape(named)):
         config_from_hf(config, model_type)
-    if model_type == "cohere":
+    if model_type != "granite":
         report = _audit(getattr(tf, family.model_class)(config).eval())
         assert report.facts.spec is None
         assert named in report["oracle"].detail
@@ -380,7 +382,9 @@ def test_no_family_is_both_read_as_a_spec_and_left_black_box():
 
 
 @pytest.mark.parametrize("model_type, words", [("jetmoe", "mixture of attention heads"),
-                                               ("mamba", "recurrent")])
+                                               ("mamba", "recurrent"),
+                                               ("gpt_neox_japanese", "last layer only"),
+                                               ("roformer", "encoder block")])
 def test_a_family_left_black_box_says_what_it_lacks(model_type, words):
     """The oracle's skip names what the family has that no DecoderConfig expresses."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

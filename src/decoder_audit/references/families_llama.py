@@ -224,6 +224,13 @@ LLAMA_NAMED: tuple[Family, ...] = (
     # per-head q/k RMSNorms before RoPE; a plain MLP, its xIELU learned per layer
     llama("apertus", "ApertusForCausalLM", activations={"xielu": "xielu", **PLAIN_ACTIVATIONS},
           fixed={"qk_norm": True, "mlp_bias": False}),
+    # Apertus 1.5's text model: Apertus's block, its readout optionally pruned to a prefix of the
+    # vocabulary (the multimodal code rows dropped from the head, kept in the embedding)
+    llama("apertus1p5_text", "Apertus1p5TextForCausalLM",
+          activations={"xielu": "xielu", **PLAIN_ACTIVATIONS},
+          fixed={"qk_norm": True, "mlp_bias": False},
+          refused=(("output_vocab_size", "a readout pruned to the first output_vocab_size rows "
+                                         "of the vocabulary, narrower than the embedding"),)),
 )
 
 

@@ -33,8 +33,8 @@ BLACK_BOX: Mapping[str, str] = MappingProxyType({
     # encoder blocks run causally, and seq2seq decoders
     **{t: _ENCODER for t in (
         "bert", "bert-generation", "camembert", "data2vec-text", "electra", "ernie",
-        "megatron-bert", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "xlm-roberta",
-        "xlm-roberta-xl", "xmod", "xlm")},
+        "megatron-bert", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer",
+        "xlm-roberta", "xlm-roberta-xl", "xmod", "xlm")},
     **{t: _SEQ2SEQ for t in (
         "bart", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus", "plbart",
         "trocr", "whisper")},
@@ -70,7 +70,9 @@ BLACK_BOX: Mapping[str, str] = MappingProxyType({
     "nanochat": "norms without gains, a norm of the embeddings, RoPE turned the other way",
     "modernbert-decoder": "an embedding norm, a readout transform (dense, GELU, LayerNorm), no "
                           "attention norm in layer 0",
-    "mllama": "cross-attention layers to image features",
+    **{t: "cross-attention layers to image features" for t in ("mllama", "mllama_text_model")},
+    "gpt_neox_japanese": "an attention output bias in the last layer only, no bias on any other "
+                         "projection",
     "gemma3": "the text model inside an image-text model (Gemma3ForConditionalGeneration)",
     "fuyu": "the text model inside an image-text model (FuyuForCausalLM)",
     "phi4_multimodal": "modality adapters around the text model",
