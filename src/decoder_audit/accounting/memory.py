@@ -88,5 +88,23 @@ def check_fits(cfg: DecoderConfig, *, copies: float = 1.0, what: str = "its weig
         f"n_layers={cfg.n_layers}; `decoder-audit account` sizes a config without building it)")
 
 
+def check_logits_fit(rows: int, seq_len: int, vocab_size: int, *, element_bytes: int,
+                     device: str | torch.device = "cpu", available: int | None = None,
+                     what: str = "") -> None:
+    """ConfigError when one forward's logits alone, rows x seq_len x vocab_size values of
+    `element_bytes`, exceed the memory available on `device`: a floor of what any step of that
+    batch takes (whatever the model's blocks, checkpointing or sharding), so a batch refused
+    here could never run, and one that passes may still be cut by the gate's own fit. `what`
+    names the setting that chose the rows. Nothing is allocated."""
+    need = rows * seq_len * vocab_size * element_bytes
+    have = available_bytes(device) if available is None else available
+    if have is None or need <= have:
+        return
+    raise ConfigError(
+        f"{what}: one forward's logits alone are {rows:,} rows x {seq_len:,} tokens x "
+        f"{vocab_size:,} values x {element_bytes} bytes = {_gb(need)}, but only {_gb(have)} is "
+        f"available on {torch.device(device).type}; nothing was allocated")
+
+
 def _gb(n_bytes: int) -> str:
     return f"{n_bytes / 1e9:,.1f} GB"

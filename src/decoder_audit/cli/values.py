@@ -18,11 +18,10 @@ import argparse
 import math
 from collections.abc import Callable
 
+from ..training.settings import SEED_BOUND, SEED_MAX
+
 INT64_MAX = (1 << 63) - 1
 INT64_MIN = -(1 << 63)
-# One seed range for every command: torch takes [-2^63, 2^64), numpy's legacy seeding [0, 2^32),
-# and the gate derives its checks' streams as seed * 1000003 + salt, which must stay below 2^64.
-SEED_MAX = (1 << 32) - 1
 # torch.set_num_threads takes a C int.
 INT32_MAX = (1 << 31) - 1
 
@@ -51,7 +50,7 @@ def count(low: int = 1) -> Callable[[str], int]:
 
 
 # The one seed type.
-seed = integer(0, SEED_MAX, "2^32 - 1: what torch, numpy and Python's random all take as a seed")
+seed = integer(0, SEED_MAX, SEED_BOUND)
 # An id or label value: any int64 (a tensor's element).
 token_value = integer(INT64_MIN, INT64_MAX, "an int64")
 # A thread count (torch.set_num_threads takes a C int).

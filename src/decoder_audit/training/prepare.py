@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..accounting.memory import check_fits
+from ..accounting.memory import check_fits, check_logits_fit
 from ..config import DecoderConfig
 from ..console import literal
 from ..errors import CheckpointError, ConfigError
@@ -67,6 +67,14 @@ def prepare(setting: Setting, model: Any) -> Prepared:
                           "(--intervention-len) where it has no hard length limit, to be "
                           "audited and trained")
     task = _task(cfg, opts, facts.vocab_size, length)
+    # before the gate, whose probe runs at the training shape: a batch whose logits alone
+    # outgrow the memory would stall or die there
+    check_logits_fit(cfg.batch_size // rows, task.seq_len, facts.vocab_size,
+                     element_bytes=2 if cfg.precision == "bf16" else 4, device=opts.device,
+                     what=f"batch_size={cfg.batch_size} cannot be trained here "
+                          f"({cfg.batch_size // rows} rows per forward with grad_accum="
+                          f"{cfg.grad_accum} over {setting.ranks.world_size} process(es): lower "
+                          "batch_size or raise grad_accum)")
     # The path training takes, for the gate to audit too: each forward's rows (one micro-batch
     # of one rank), the task's length, the precision.
     if cfg.pack:

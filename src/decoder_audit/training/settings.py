@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,11 @@ from ..errors import ConfigError
 DEFAULT_LR = {"counting": 3e-2, "bytes": 3e-3, "tokens": 3e-3}
 # Training precisions: fp32, or bfloat16 autocast around forward and loss over float32 weights.
 PRECISIONS = ("fp32", "bf16")
+# One seed range for the library and every command: torch takes [-2^63, 2^64), numpy's legacy
+# seeding [0, 2^32), and the gate derives its checks' streams as seed * 1000003 + salt, which
+# must stay below 2^64.
+SEED_MAX = (1 << 32) - 1
+SEED_BOUND = "2^32 - 1: what torch, numpy and Python's random all take as a seed"
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,23 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{name}={value!r} must be a positive integer")
+        if (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                or not 0 <= self.seed <= SEED_MAX):
+            problems.append(f"seed={self.seed!r} must be an integer from 0 to {SEED_MAX} "
+                            f"({SEED_BOUND})")
+        # NaN compares False with every bound below, so it would pass them all: refused first
+        not_finite = []
+        numbers = {"lr": self.lr, "min_lr_ratio": self.min_lr_ratio,
+                   "weight_decay": self.weight_decay, "grad_clip": self.grad_clip,
+                   "val_fraction": self.val_fraction, "betas": self.betas}
+        for name, value in numbers.items():
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            if any(v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                          and math.isfinite(v)) for v in values):
+                not_finite.append(f"{name}={value!r} must be finite numbers" if name == "betas"
+                                  else f"{name}={value!r} must be a finite number")
+        if not_finite:  # the bounds below compare them
+            raise ConfigError("invalid TrainConfig: " + "; ".join(problems + not_finite))
         if not isinstance(self.warmup, int) or self.warmup < 0:
             problems.append(f"warmup={self.warmup!r} must be an integer >= 0")
         if self.lr is not None and not (isinstance(self.lr, (int, float)) and self.lr > 0):
