@@ -1,6 +1,8 @@
 """`router_aux_loss` on transformers' own routed classes (Mixtral, Qwen2-MoE with a dense first
-layer, OLMoE): a training step with output_router_logits=True, held to the routers' own
-weights. Each defect is planted in the library's module; the correct models pass.
+layer, OLMoE; gpt-oss, whose router adds a bias and takes the top k before its softmax;
+GraniteMoE, top k before the softmax; MiniMax-M2, a sigmoid router with a selection bias): a
+training step with output_router_logits=True, held to the routers' own weights. Each defect is
+planted in the library's module; the correct models pass.
 
 The expectations are independent of the model: the router logits from each router's weight on
 the input it received, the aux loss by its formula (written here once more, in the test, from
@@ -9,11 +11,14 @@ config's coefficient times it."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 import decoder_audit as da
+from decoder_audit.gate import model_facts
 from hf_compat import _router_logits_softmaxed, hf_class
 
 tf = pytest.importorskip("transformers")
@@ -27,20 +32,46 @@ FAMILIES = {"mixtral": ("Mixtral", dict(num_local_experts=4)),
             "qwen2_moe": ("Qwen2Moe", dict(num_experts=4, moe_intermediate_size=8,
                                            shared_expert_intermediate_size=12,
                                            mlp_only_layers=[0])),
-            "olmoe": ("Olmoe", dict(num_experts=4, norm_topk_prob=False))}
+            "olmoe": ("Olmoe", dict(num_experts=4, norm_topk_prob=False)),
+            "gpt_oss": ("GptOss", dict(num_local_experts=4, head_dim=8, sliding_window=4)),
+            "granitemoe": ("GraniteMoe", dict(num_local_experts=4)),
+            "minimax_m2": ("MiniMaxM2", dict(num_local_experts=4, head_dim=8))}
 
 
 def _built(family: str = "mixtral", **config) -> nn.Module:
     torch.manual_seed(0)
     name, fields = FAMILIES[family]
     c = hf_class(f"{name}Config")(**{**COMMON, **fields, **config})
-    return hf_class(f"{name}ForCausalLM")(c).eval()
+    model = hf_class(f"{name}ForCausalLM")(c).eval()
+    with torch.no_grad():  # a router bias (gpt-oss) initialised at 0 would hide a dropped one
+        for router in _routers(model):
+            if getattr(router, "bias", None) is not None:
+                router.bias.normal_(0.0, 1.0)
+    return model
+
+
+def _routers(model: nn.Module) -> list[nn.Module]:
+    """The routed layers' router modules, in layer order (mlp.gate, mlp.router or
+    block_sparse_moe.gate, by family)."""
+    blocks = [getattr(layer, "mlp", None) or layer.block_sparse_moe
+              for layer in model.model.layers]
+    return [getattr(block, "router", None) or block.gate for block in blocks
+            if hasattr(block, "experts")]
+
+
+def _read(family: str, model: nn.Module) -> nn.Module:
+    """The model, skipped where this release lays the family out otherwise than the families
+    table reads it (gpt-oss and GraniteMoE before transformers 5.6): there the gate audits it
+    black-box, saying so, and router_aux_loss has no spec to hold it to."""
+    if model_facts(model).spec is None:
+        pytest.skip(f"{family} is audited black-box on transformers {tf.__version__}")
+    return model
 
 
 def _model(family: str = "mixtral", **config) -> nn.Module:
     """A correct model of the family; skipped on a release whose routers return probabilities
     (transformers#45120, 5.0 to 5.5): there the correct model is the defect (below)."""
-    model = _built(family, **config)
+    model = _read(family, _built(family, **config))
     if _router_logits_softmaxed(model):
         pytest.skip("this release's routers return probabilities as router_logits "
                     "(transformers#45120): `test_the_released_double_softmax_fails` holds it")
@@ -52,7 +83,7 @@ def test_the_released_double_softmax_fails(family):
     """transformers 5.0 to 5.5 (#45120, fixed in 5.6.0): the routers returned softmax
     probabilities as router_logits and the load-balancing loss softmaxed them again, a loss
     with no useful gradient. The gate fails it naming the layer; a release without it skips."""
-    model = _built(family)
+    model = _read(family, _built(family))
     if not _router_logits_softmaxed(model):
         pytest.skip("this release's routers return their logits (no #45120 here)")
     result = _audit(model)
@@ -62,12 +93,29 @@ def test_the_released_double_softmax_fails(family):
 def _router(model: nn.Module) -> nn.Module:
     """Layer 1's router where it is a module that returns (logits, weights, indices)
     (transformers 5); before it the block chose inside its own forward."""
-    block = model.model.layers[1]
-    gate = (getattr(block, "mlp", None) or block.block_sparse_moe).gate
+    gate = _routers(model)[-1]
     if isinstance(gate, nn.Linear):
         pytest.skip("the router is a Linear whose choice is made inside the block's forward "
                     "(transformers 4): no module returns the logits to plant the defect in")
     return gate
+
+
+def _planted(model: nn.Module, hook, router: nn.Module | None = None) -> nn.Module:
+    """`hook` on the last routed layer's router (or `router`); skipped where the router_logits
+    the model returns are not that module's output on this release (MiniMax-M2 in 5.0 records
+    them elsewhere), so the plant would change nothing the model returns."""
+    ids = torch.arange(6).reshape(1, 6) % COMMON["vocab_size"]
+    # transformers hooks its recorders on a model's first forward, after the plant: the plant
+    # runs first on the model, and a copy taken before it is the unplanted reference
+    unplanted = copy.deepcopy(model)
+    (router or _router(model)).register_forward_hook(hook)
+    with torch.no_grad():
+        before = unplanted(input_ids=ids, output_router_logits=True).router_logits[-1]
+        after = model(input_ids=ids, output_router_logits=True).router_logits[-1]
+    if torch.equal(before, after):
+        pytest.skip(f"transformers {tf.__version__} returns router_logits recorded elsewhere "
+                    "than the router module's output")
+    return model
 
 
 def _audit(model: nn.Module) -> da.CheckResult:
@@ -86,9 +134,7 @@ def _switch_aux(logits: torch.Tensor, experts: int, k: int) -> float:
 def test_a_training_step_with_the_load_balancing_loss_passes(family):
     model = _model(family)
     # the test's own record of what each router received in the check's forward
-    blocks = [getattr(layer, "mlp", None) or layer.block_sparse_moe
-              for layer in model.model.layers]
-    routers = [block.gate for block in blocks if hasattr(block, "experts")]
+    routers = _routers(model)
     inputs: dict[int, torch.Tensor] = {}
     for i, router in enumerate(routers):
         router.register_forward_pre_hook(
@@ -97,8 +143,10 @@ def test_a_training_step_with_the_load_balancing_loss_passes(family):
     assert result.passed and not result.skipped, result.detail
     ev = result.evidence
     assert ev["train_mode"] and ev["coef"] == 0.02
-    logits = torch.cat([inputs[i].reshape(-1, 16).double() @ r.weight.detach().double().T
-                        for i, r in enumerate(routers)])  # (L N, E)
+    logits = torch.cat([nn.functional.linear(
+        inputs[i].reshape(-1, 16).double(), r.weight.detach().double(),
+        None if getattr(r, "bias", None) is None else r.bias.detach().double())
+        for i, r in enumerate(routers)])  # (L N, E)
     assert ev["expected"] == pytest.approx(_switch_aux(logits, 4, 2), rel=1e-9)
     assert ev["added"] == pytest.approx(0.02 * ev["expected"], rel=1e-4)
     # every router's gradient holds the aux term, far above rounding
@@ -124,8 +172,7 @@ def test_returned_router_logits_that_are_not_the_routers_fail(family):
         logits, weights, chosen = output
         return logits.roll(1, -1), weights, chosen
 
-    _router(model).register_forward_hook(rolled)
-    result = _audit(model)
+    result = _audit(_planted(model, rolled))
     assert not result.passed
     assert "layers.1" in result.detail and "differ" in result.detail, result.detail
     moved = {r["layer"]: r for r in result.evidence["router_logits"]}[1]
@@ -142,10 +189,24 @@ def test_returned_router_logits_already_softmaxed_fail(family):
         logits, weights, chosen = output
         return logits.float().softmax(-1).to(logits.dtype), weights, chosen
 
-    _router(model).register_forward_hook(softmaxed)
-    result = _audit(model)
+    result = _audit(_planted(model, softmaxed))
     assert not result.passed
     assert "layers.1" in result.detail and "distribution" in result.detail, result.detail
+
+
+def test_gpt_oss_router_logits_returned_without_their_bias_fail():
+    """gpt-oss's router chooses and weighs by W x + b: logits returned without the bias are not
+    what it chose from (the load-balancing loss then balances other experts' shares); the
+    recomputation adds the bias the spec declares, so the returned tensor differs."""
+    model = _model("gpt_oss")
+
+    def unbiased(module, inputs, output):
+        logits, *rest = output
+        return (logits - module.bias, *rest)
+
+    result = _audit(_planted(model, unbiased))
+    assert not result.passed
+    assert "layers.1" in result.detail and "differ" in result.detail, result.detail
 
 
 def test_a_load_balancing_loss_left_out_of_the_loss_fails():

@@ -208,10 +208,11 @@ class ModelFacts:
 
     @property
     def returns_router_aux(self) -> bool:
-        """A routed spec (softmax, then the top k) whose model returns a load-balancing loss."""
+        """A routed spec whose model returns a load-balancing loss (its config declares a
+        coefficient), whatever its routers score and choose by: transformers' families take it
+        on the softmax of the raw router logits everywhere (router_loss.py)."""
         spec = self.spec
-        return (self.router_aux_coef is not None and spec is not None and spec.routed
-                and spec.router_scoring == "softmax" and spec.router_order == "score_topk")
+        return self.router_aux_coef is not None and spec is not None and spec.routed
 
     @property
     def traces_experts(self) -> bool:

@@ -90,9 +90,9 @@ NEED_REASONS: dict[str, Callable[[ModelFacts], str]] = {
     "routes_experts": lambda f: "no routed experts known (a DecoderConfig with n_experts, whose "
                                 "trace records each token's expert weights, or a declared spec "
                                 "with n_experts whose routers the layout placed)",
-    "returns_router_aux": lambda f: "no load-balancing loss returned (a routed spec, softmax "
-                                    "then top k, whose forward takes output_router_logits and "
-                                    "whose config has router_aux_loss_coef)",
+    "returns_router_aux": lambda f: "no load-balancing loss returned (a routed spec whose "
+                                    "forward takes output_router_logits and whose config has "
+                                    "router_aux_loss_coef)",
     "probes_experts": lambda f: "no routed experts whose router and every expert the probe can "
                                 "reach (a DecoderConfig with n_experts, or a declared routed "
                                 "spec whose routers and expert matrices the layout placed)",

@@ -3,14 +3,18 @@
 from the routers' own weights, never from another output of the same forward:
 
   router logits  each routed layer's router weight (E, D), placed by the layout, applied in
-                 float64 to the input its router module received (a forward pre-hook): the
-                 router_logits the model returns must equal them. A returned tensor that is
+                 float64 to the input its router module received (a forward pre-hook), plus its
+                 bias (E,) where the spec declares one (gpt-oss): the router_logits the model
+                 returns must equal them. A returned tensor that is
                  already a distribution (rows in [0, 1] summing to 1: a softmax applied before it
                  was returned, which the load-balancing loss then applies again) is named so.
   aux loss       Switch Transformer's load-balancing loss over the top k, as transformers' MoE
                  families define it, of the recomputed logits: over every routed layer's N tokens
                  together, P_e the mean softmax probability of expert e and F_e the share of
-                 tokens whose k chosen experts include e, aux = E * sum_e F_e P_e.
+                 tokens whose k most probable experts include e, aux = E * sum_e F_e P_e. The
+                 families define it so whatever their routers score and choose by (a sigmoid, a
+                 selection bias, the top k before the softmax): the loss always takes the
+                 softmax of the raw logits.
   loss           the cross entropy of the logits against the labels shifted once (model_loss
                  proves that term on its own) plus router_aux_loss_coef times the recomputed aux:
                  an aux loss left out or added with another coefficient fails.
@@ -59,14 +63,17 @@ def _router_inputs(routers: dict[int, nn.Module]) -> Iterator[list[tuple[int, to
             hook.remove()
 
 
-def _router_weights(s: Subject, layers) -> dict[int, torch.Tensor]:
-    """Each routed layer's router weight (E, D), a view of the module's own Parameter."""
+def _router_weights(s: Subject, layers) -> dict[int, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Each routed layer's router weight (E, D) and the bias on its logits (E,) where the spec
+    declares one (else None), views of the module's own Parameters."""
     spots = s.facts.placement.spots
     named = dict(s.work.named_parameters(remove_duplicate=False))
     out = {}
     for layer in layers:
         spot = spots[f"layers.{layer}.ffn.router.weight"]
-        out[layer] = spot.view(named[spot.source])
+        bias = spots.get(f"layers.{layer}.ffn.router.bias") if s.facts.spec.router_bias else None
+        out[layer] = (spot.view(named[spot.source]),
+                      None if bias is None else bias.view(named[bias.source]))
     return out
 
 
@@ -113,7 +120,9 @@ def _returned_problem(returned, seen, weights, experts: int, dtype: torch.dtype,
     recomputed, worst = [], []
     tol = tolerances.router_logits(dtype)
     for (layer, x), got in zip(seen, returned):
-        want = x.reshape(-1, x.shape[-1]).double() @ weights[layer].double().T  # (N, E)
+        weight, bias = weights[layer]
+        want = x.reshape(-1, x.shape[-1]).double() @ weight.double().T  # (N, E)
+        want = want if bias is None else want + bias.double()
         got = got.detach().double().reshape(-1, experts) if got.numel() % experts == 0 else got
         if tuple(got.shape) != tuple(want.shape):
             return (f"layers.{layer}: the returned router logits have shape "
