@@ -76,8 +76,8 @@ def check_fits(cfg: DecoderConfig, *, copies: float = 1.0, what: str = "its weig
     `device`; `what` names what the copies are for. Nothing is allocated."""
     params = parameter_ledger(cfg).total
     need = int(weight_bytes(cfg, dtype) * copies)
-    have = available_bytes(device) if available is None else available
-    if have is None or need <= have:
+    have = _short_of(need, device, available)
+    if have is None:
         return
     raise ConfigError(
         f"the model does not fit in memory: {what} need {_gb(need)} ({params:,} parameters x "
@@ -97,13 +97,20 @@ def check_logits_fit(rows: int, seq_len: int, vocab_size: int, *, element_bytes:
     here could never run, and one that passes may still be cut by the gate's own fit. `what`
     names the setting that chose the rows. Nothing is allocated."""
     need = rows * seq_len * vocab_size * element_bytes
-    have = available_bytes(device) if available is None else available
-    if have is None or need <= have:
+    have = _short_of(need, device, available)
+    if have is None:
         return
     raise ConfigError(
         f"{what}: one forward's logits alone are {rows:,} rows x {seq_len:,} tokens x "
         f"{vocab_size:,} values x {element_bytes} bytes = {_gb(need)}, but only {_gb(have)} is "
         f"available on {torch.device(device).type}; nothing was allocated")
+
+
+def _short_of(need: int, device: str | torch.device, available: int | None) -> int | None:
+    """The bytes available on `device` (or `available`) where `need` exceeds them; None where
+    it fits, or where the memory cannot be read (only what cannot possibly fit is refused)."""
+    have = available_bytes(device) if available is None else available
+    return have if have is not None and need > have else None
 
 
 def _gb(n_bytes: int) -> str:
