@@ -61,7 +61,7 @@ def _routers(model: nn.Module) -> list[nn.Module]:
 
 def _read(family: str, model: nn.Module) -> nn.Module:
     """The model, skipped where this release lays the family out otherwise than the families
-    table reads it (gpt-oss and GraniteMoE before transformers 5.6): there the gate audits it
+    table reads it (GraniteMoE's experts before transformers 5): there the gate audits it
     black-box, saying so, and router_aux_loss has no spec to hold it to."""
     if model_facts(model).spec is None:
         pytest.skip(f"{family} is audited black-box on transformers {tf.__version__}")
@@ -74,7 +74,8 @@ def _model(family: str = "mixtral", **config) -> nn.Module:
     model = _read(family, _built(family, **config))
     if _router_logits_softmaxed(model):
         pytest.skip("this release's routers return probabilities as router_logits "
-                    "(transformers#45120): `test_the_released_double_softmax_fails` holds it")
+                    "(#45120; gpt-oss's in 4.55-4.57): `test_the_released_double_softmax_fails` "
+                    "holds it")
     return model
 
 
@@ -82,7 +83,9 @@ def _model(family: str = "mixtral", **config) -> nn.Module:
 def test_the_released_double_softmax_fails(family):
     """transformers 5.0 to 5.5 (#45120, fixed in 5.6.0): the routers returned softmax
     probabilities as router_logits and the load-balancing loss softmaxed them again, a loss
-    with no useful gradient. The gate fails it naming the layer; a release without it skips."""
+    with no useful gradient. gpt-oss in 4.55 to 4.57 the same way: its router returned the
+    routing scores (the top k's softmax scattered over E), recorded as router_logits (fixed in
+    5.0.0). The gate fails it naming the layer; a release without it skips."""
     model = _read(family, _built(family))
     if not _router_logits_softmaxed(model):
         pytest.skip("this release's routers return their logits (no #45120 here)")
@@ -272,3 +275,27 @@ def test_the_expected_aux_loss_is_the_switch_transformer_formula():
     assert info["near_ties"] == 1
     assert info["bounds"][0] == pytest.approx(either[0], abs=1e-8)
     assert info["bounds"][1] == pytest.approx(either[1], abs=1e-8)
+
+
+def test_gpt_oss_older_router_form_is_read_by_the_routing_checks():
+    """gpt-oss in 4.55 to 4.57: its router returns (weights (N, E), indices), not transformers
+    5's (logits, weights, indices). routing_independence reads its weights and expert_gradients
+    forces its choice through that form: a correct model passes both (they raised on the tuple
+    before); a router whose weights come from another row of the batch fails
+    routing_independence. Transformers 5 skips (the 3-tuple form is tested above)."""
+    model = _read("gpt_oss", _built("gpt_oss"))
+    router = _routers(model)[-1]
+    with torch.no_grad():
+        form = router(torch.zeros(3, COMMON["hidden_size"]))
+    if len(form) != 2:
+        pytest.skip(f"transformers {tf.__version__}'s gpt-oss router returns {len(form)} values")
+    report = da.audit(model, checks=["routing_independence", "expert_gradients"])
+    assert report.passed, report.first_failure
+
+    def from_the_next_row(module, inputs, output):
+        weights, chosen = output  # (N, E), (N, k): token n given token n + 1's weights
+        return weights.roll(-1, 0), chosen.roll(-1, 0)
+
+    router.register_forward_hook(from_the_next_row)
+    result = da.audit(model, checks=["routing_independence"])["routing_independence"]
+    assert not result.passed, result.detail

@@ -352,6 +352,17 @@ def _cohere2_moe_write(cfg: Any, config_class: type) -> dict[str, Any]:
             "shared_expert_combination_strategy": "average" if averaged else "sum"}
 
 
+def _swiglu_clamp(field: str, hard_coded: float) -> Callable[[Any], Any]:
+    """gpt-oss's clamped SwiGLU constant `field` from its config, or, from a release whose config
+    has no such field (4.55 to 4.57: GptOssExperts set alpha = 1.702 and limit = 7.0 itself), the
+    value that release's module computes with."""
+    def read(config: Any) -> Any:
+        return getattr(config, field) if hasattr(config, field) else hard_coded
+
+    read.__name__ = field
+    return read
+
+
 # GPT-OSS: sinks in every layer, alternating windows, YaRN; the router's biased logits, top k of
 # them, then their softmax; experts with biases on the clamped SwiGLU (its config's hidden_act is
 # read by no module: silu is the only value taken, the experts compute theirs)
@@ -361,7 +372,8 @@ GPT_OSS = llama("gpt_oss", "GptOssForCausalLM", experts="gpt_oss",
                        "expert_bias": True, "mlp_bias": False},
                 read={"n_experts": "num_local_experts",
                       "experts_per_token": "num_experts_per_tok",
-                      "swiglu_alpha": "swiglu_alpha", "swiglu_limit": "swiglu_limit"})
+                      "swiglu_alpha": _swiglu_clamp("swiglu_alpha", 1.702),
+                      "swiglu_limit": _swiglu_clamp("swiglu_limit", 7.0)})
 # Hunyuan MoE: Hunyuan's attention (`families_llama.HUNYUAN_DENSE`); the router (softmax, top k,
 # renormalised) in front of E experts and one shared MLP, all intermediate_size wide
 HUNYUAN_MOE = llama("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", windows=False,

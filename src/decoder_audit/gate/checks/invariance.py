@@ -12,8 +12,10 @@ shape-change tolerance. See tolerances.py.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -269,7 +271,8 @@ def check_causal(s: Subject) -> CheckResult:
             blind.append(records[-1])
     shape = trainshape.probe(s)
     if leaks:
-        confirmed = _confirm_in_float64(s, cuts, leaks, scale)
+        worst = max(record["max_change_earlier"] for record in leaks)
+        confirmed = confirm_in_float64(s, cuts, worst, scale)
         if confirmed is not None and confirmed["passed"]:
             for record in leaks:
                 record["moved_rows"] = []  # rounding, confirmed: see evidence["float64"]
@@ -324,18 +327,19 @@ def _in_float64(s: Subject, measure: Callable[[Subject], tuple[float, float]]
         s.tokens, s.calls = s.tokens + twin.tokens, s.calls + twin.calls
 
 
-def _confirm_in_float64(s: Subject, cuts: list[int], leaks: list[dict],
-                        scale: float) -> dict | None:
-    """Earlier rows that moved by a rounding-sized amount (`rounding_sized`), rerun on the
-    float64 twin: {"passed": whether they stay within FLOAT64_CONFIRM there, ...}, or None when
-    there is nothing to confirm (a larger movement, a float64 model) or the twin cannot be made
-    or run: the movement then stays a failure."""
-    worst = max(record["max_change_earlier"] for record in leaks)
+def confirm_in_float64(s: Subject, cuts: list[int], worst: float, scale: float,
+                       mode: Callable[[Subject], Any] | None = None) -> dict | None:
+    """Earlier rows that moved by a rounding-sized amount `worst` (`rounding_sized`), rerun on
+    the float64 twin: {"passed": whether they stay within FLOAT64_CONFIRM there, ...}, or None
+    when there is nothing to confirm (a larger movement, a float64 model) or the twin cannot be
+    made or run: the movement then stays a failure. `mode(twin)`: a context in which, and the
+    call through which, the twin runs (train mode's; default: eval mode, twin.logits)."""
     if not rounding_sized(worst, s, scale):
         return None
 
     def earlier_rows(twin: Subject) -> tuple[float, float]:
-        change, _, scale64, _ = cut_changes(twin, cuts)
+        with (contextlib.nullcontext(None) if mode is None else mode(twin)) as call:
+            change, _, scale64, _ = cut_changes(twin, cuts, call)
         return max((float(change[k, :cut].max()) for k, cut in enumerate(cuts) if cut),
                    default=0.0), scale64
 

@@ -68,6 +68,8 @@ def _gates(s: Subject, ids: torch.Tensor) -> dict[int, torch.Tensor]:
                 dense = torch.zeros(chosen.shape[0], experts, dtype=torch.float32,
                                     device=chosen.device)
                 seen[layer] = dense.scatter(1, chosen, weights.float())  # (N, E)
+            elif isinstance(output, tuple) and len(output) == 2:  # (weights (N, E), indices)
+                seen[layer] = output[0].detach().float().reshape(-1, experts)  # gpt-oss in 4.5x
             else:  # a router that returns its logits (N, E): the block chooses from them
                 seen[layer] = output.detach().float().reshape(-1, experts)
         return hook
@@ -193,7 +195,9 @@ def _placed_routed_to_each(s: Subject, tokens: int):
     """`_routed_to_each` for a declared spec's placed routers: a router module that returns
     (logits, weights, indices) (transformers 5) has its choice replaced, token n's k experts
     n, n + 1, ... mod E, weighed by their softmax probabilities (differentiable, so the experts
-    and the router keep their gradients); one that returns its logits has them moved as ours."""
+    and the router keep their gradients); one that returns (weights (N, E), indices) (gpt-oss
+    in 4.55 to 4.57) the same, its logits recomputed from its own weight and bias on its input;
+    one that returns its logits has them moved as ours."""
     spec = s.facts.spec
     experts, k = spec.n_experts, spec.experts_per_token
     chosen = (torch.arange(tokens)[:, None] + torch.arange(k)[None, :]) % experts  # (N, k)
@@ -205,6 +209,14 @@ def _placed_routed_to_each(s: Subject, tokens: int):
             picked = chosen.to(logits.device)
             probs = logits.float().softmax(-1).gather(1, picked)  # (N, k)
             return logits, probs.to(weights.dtype), picked
+        if isinstance(output, tuple) and len(output) == 2:
+            weights = output[0]  # (N, E): zero but for each token's k experts
+            x = inputs[0].reshape(-1, module.weight.shape[1])  # (N, D)
+            logits = F.linear(x, module.weight, getattr(module, "bias", None))  # (N, E)
+            picked = chosen.to(logits.device)
+            probs = logits.float().softmax(-1).gather(1, picked)  # (N, k)
+            dense = torch.zeros_like(weights).scatter(1, picked, probs.to(weights.dtype))
+            return dense, picked
         return _target_raised(output, target, experts)
 
     hooks = [module.register_forward_hook(route) for module in placed_routers(s).values()]

@@ -33,7 +33,7 @@ from torch import nn
 from ...objective import logits_of
 from .. import tolerances
 from . import trainshape
-from .invariance import clean_batch, copies_noise, cut_changes, leaks_at
+from .invariance import clean_batch, confirm_in_float64, copies_noise, cut_changes, leaks_at
 from ..measure import all_finite, sample_positions, value_scale
 from ..result import CheckResult
 from ..sharding import on_every_rank
@@ -60,6 +60,13 @@ def in_train_mode(s: Subject) -> Iterator[None]:
     finally:
         for module, training in flags:
             module.training = training
+
+
+@contextmanager
+def _train_mode_twin(twin: Subject) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    """The float64 twin in train mode, called as the probe calls the model (`_seeded`)."""
+    with in_train_mode(twin):
+        yield _seeded(twin)
 
 
 def _seeded(s: Subject) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -138,12 +145,15 @@ def _changes_mode(model: nn.Module) -> list[str]:
 
 def _path_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor], how: str,
                 evidence: dict, noise: float | None = None,
-                clean: torch.Tensor | None = None) -> list[str]:
+                clean: torch.Tensor | None = None, twin_mode=None) -> list[str]:
     """Causal cuts and batch independence through `call`, judged exactly (up to the noise floor
     of identical rows measured through `call` itself, or `noise` when that floor is not
     rounding: in train mode identical rows at two batch indices get two dropout masks).
-    `clean`: `call`'s logits of clean_batch where the caller has them. Problems found, each
-    naming `how`."""
+    `clean`: `call`'s logits of clean_batch where the caller has them. `twin_mode`: how the
+    float64 twin runs `call`'s way (`_train_mode_twin`), where earlier rows that moved by a
+    rounding-sized amount are confirmed as `causal` confirms them (identical rows can agree to
+    the bit while rows beside other tokens round otherwise: routed experts' loops group the
+    tokens each expert receives); None: not confirmed. Problems found, each naming `how`."""
     seq_len = s.intervention_len()
     cuts = sample_positions(seq_len, PATH_CUTS)
     # copies: row 0 beside copies of itself, the cuts' reference run once for both comparisons
@@ -151,6 +161,11 @@ def _path_probe(s: Subject, call: Callable[[torch.Tensor], torch.Tensor], how: s
     noise = measured if noise is None else noise
     allowed = tolerances.same_shape(noise) * scale
     leaks = leaks_at(change, cuts, allowed)
+    if leaks and twin_mode is not None:
+        worst = max(leak["max_change"] for leak in leaks)
+        evidence["float64"] = confirmed = confirm_in_float64(s, cuts, worst, scale, twin_mode)
+        if confirmed is not None and confirmed["passed"]:
+            leaks = []  # rounding, confirmed in float64
     # row 0 beside rows that differ at every position
     base = (call(clean_batch(s)) if clean is None else clean)[0]  # (T, V)
     moved = float((base - copies).abs().max())
@@ -204,7 +219,8 @@ def check_train_mode(s: Subject) -> CheckResult:
             how, floor = _steadied(s, call, ids, unsteady, off, noise, evidence)
             # a steady call of the clean batch gives in_train again: the probe reuses it
             problems = _path_probe(s, call, how, evidence, floor,
-                                   clean=in_train if unsteady is None else None)
+                                   clean=in_train if unsteady is None else None,
+                                   twin_mode=_train_mode_twin if unsteady is None else None)
             spread = (unsteady or {}).get("spread_checked", 0.0)  # a bounded check's floor
             problems += _at_training_shape(s, call, how, max(shape_noise, spread), evidence,
                                            steady=unsteady is None)
