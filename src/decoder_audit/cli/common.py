@@ -18,6 +18,7 @@ nothing.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import shlex
@@ -131,7 +132,7 @@ def hf_folder(flag: str, path: str) -> str:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"{flag} {path!r} has no config.json; not a Hugging Face model folder")
     try:
-        import transformers  # noqa: F401 - only whether it imports
+        importlib.import_module("transformers")  # only whether it imports
     except ImportError as exc:
         from ..references.hf_config import INSTALL_HINT
 
